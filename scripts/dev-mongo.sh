@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The dev MongoDB-wire server (SecantusDB, a single-node replica set on WiredTiger).
+#
+#   scripts/dev-mongo.sh [start]   install if needed, start if not running, print the URI
+#   scripts/dev-mongo.sh stop      stop the server this script started
+#   scripts/dev-mongo.sh status    say whether it answers
+#   scripts/dev-mongo.sh uri       print the URI only
+#
+# With MONGODB_URI set, every command uses that server instead and starts nothing.
+# Port: SLOTPOOL_DEV_PORT (default 27777). Data: .state/mongo-data (git-ignored).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.state"
+VENV="$ROOT/.venv"
+PORT="${SLOTPOOL_DEV_PORT:-27777}"
+PIDFILE="$STATE/mongo-$PORT.pid"
+LOG="$STATE/mongo-$PORT.log"
+DATA="$STATE/mongo-data-$PORT"
+PACKAGE="SecantusDB==0.7.0b3"
+DEV_URI="mongodb://127.0.0.1:$PORT/slotpool?directConnection=true"
+
+say() { echo "dev-mongo: $*" >&2; }
+
+install() {
+  if [[ -x "$VENV/bin/secantusd-py" ]]; then return; fi
+  say "installing $PACKAGE into $VENV (once)"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --pre "$PACKAGE"
+}
+
+answers() {
+  local uri="$1"
+  "$VENV/bin/python" - "$uri" <<'PY' >/dev/null 2>&1
+import sys, pymongo
+pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=500).admin.command("ping")
+PY
+}
+
+running_pid() {
+  [[ -f "$PIDFILE" ]] || return 1
+  local pid; pid="$(cat "$PIDFILE")"
+  kill -0 "$pid" 2>/dev/null || return 1
+  echo "$pid"
+}
+
+start() {
+  if [[ -n "${MONGODB_URI:-}" ]]; then echo "$MONGODB_URI"; return; fi
+  install
+  mkdir -p "$STATE"
+  if running_pid >/dev/null && answers "$DEV_URI"; then echo "$DEV_URI"; return; fi
+  if answers "$DEV_URI"; then
+    say "something already answers on port $PORT; using it"
+    echo "$DEV_URI"; return
+  fi
+  say "starting SecantusDB on 127.0.0.1:$PORT (data: $DATA, log: $LOG)"
+  nohup "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$PORT" --storage-path "$DATA" \
+    --log-level WARNING >>"$LOG" 2>&1 </dev/null &
+  echo $! >"$PIDFILE"
+  for _ in $(seq 1 120); do
+    if answers "$DEV_URI"; then echo "$DEV_URI"; return; fi
+    if ! running_pid >/dev/null; then
+      say "the server exited; last lines of $LOG:"; tail -n 20 "$LOG" >&2; exit 1
+    fi
+    sleep 0.5
+  done
+  say "the server did not answer within 60 s; see $LOG"; exit 1
+}
+
+stop() {
+  if [[ -n "${MONGODB_URI:-}" ]]; then say "MONGODB_URI is set: not stopping a server this script did not start"; return; fi
+  local pid
+  if pid="$(running_pid)"; then
+    kill "$pid"
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$pid" 2>/dev/null || true
+    say "stopped (pid $pid)"
+  else
+    say "not running"
+  fi
+  rm -f "$PIDFILE"
+}
+
+status() {
+  local uri="${MONGODB_URI:-$DEV_URI}"
+  install
+  if answers "$uri"; then say "up: $uri"; else say "down: nothing answers at $uri"; exit 1; fi
+}
+
+case "${1:-start}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  uri) echo "${MONGODB_URI:-$DEV_URI}" ;;
+  *) say "usage: $0 [start|stop|status|uri]"; exit 2 ;;
+esac

@@ -1,0 +1,38 @@
+use clap::Args;
+
+use crate::store::Store;
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// How many slots the pool has (1 to 999). Run again to grow; shrinking removes
+    /// the highest-numbered slots and refuses while any of them has robots.
+    #[arg(long)]
+    slots: u32,
+    /// Print what was done as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
+    let report = store.init(args.slots).await?;
+    if args.json {
+        super::print_json(&serde_json::to_value(&report)?);
+        return Ok(());
+    }
+    println!(
+        "initialised database {:?}: {} slot(s){}{}",
+        store.db().name(),
+        report.total,
+        if report.added.is_empty() {
+            String::new()
+        } else {
+            format!(", added {}", report.added.join(" "))
+        },
+        if report.removed.is_empty() {
+            String::new()
+        } else {
+            format!(", removed {}", report.removed.join(" "))
+        },
+    );
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! The command line: one module per command group.
+
+mod init;
+mod robots;
+mod slots;
+mod status;
+mod worker;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use crate::store::Store;
+
+const DEFAULT_URI: &str = "mongodb://127.0.0.1:27017/slotpool";
+
+/// Keeps stateful robots alive on a pool of identical workers, coordinated through
+/// MongoDB slot leases.
+///
+/// Typical start: `slotpool init --slots 3`, then one `slotpool worker` per container
+/// (more workers than slots: the extra ones are hot standbys), then
+/// `slotpool robot create --name r1 --kind counter`. Inspect with `slotpool status`.
+#[derive(Debug, Parser)]
+#[command(name = "slotpool", version, propagate_version = true)]
+pub struct Cli {
+    /// MongoDB connection string. Its path names the database (default `slotpool`).
+    /// Needs a replica set for instant handoff (change streams); works without.
+    #[arg(long, global = true, env = "MONGODB_URI", default_value = DEFAULT_URI, hide_env_values = true)]
+    pub mongodb_uri: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a worker: stand by, claim a slot, run its robots, hand it over on exit.
+    Worker(worker::WorkerArgs),
+    /// Create or update collections, validators, indexes and exactly N slots.
+    Init(init::InitArgs),
+    /// Inspect and drain slots.
+    #[command(subcommand)]
+    Slots(slots::SlotsCommand),
+    /// Create, list, move, pause and delete robots.
+    #[command(subcommand)]
+    Robot(robots::RobotCommand),
+    /// The pool at a glance: slots, holders, robots, standbys, failures it can absorb.
+    Status(status::StatusArgs),
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let uri = cli.mongodb_uri;
+    match cli.command {
+        Command::Worker(args) => worker::run(&uri, args).await,
+        Command::Init(args) => init::run(&connect(&uri).await?, args).await,
+        Command::Slots(cmd) => slots::run(&connect(&uri).await?, cmd).await,
+        Command::Robot(cmd) => robots::run(&connect(&uri).await?, cmd).await,
+        Command::Status(args) => status::run(&connect(&uri).await?, args).await,
+    }
+}
+
+async fn connect(uri: &str) -> anyhow::Result<Store> {
+    Store::connect(uri)
+        .await
+        .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")
+}
+
+/// Prints rows as aligned columns under a header.
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
+            }
+        }
+        println!("{}", s.trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// `1.2s`, `340ms`, `3m05s`, or `-` when unknown.
+fn age(ms: Option<i64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms < 0 => "0ms".into(),
+        Some(ms) if ms < 1000 => format!("{ms}ms"),
+        Some(ms) if ms < 60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        Some(ms) if ms < 3_600_000 => format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60),
+        Some(ms) => format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60),
+    }
+}
+
+/// Prints a value as pretty JSON on stdout.
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+fn int(d: &bson::Document, key: &str) -> Option<i64> {
+    match d.get(key) {
+        Some(bson::Bson::Int64(v)) => Some(*v),
+        Some(bson::Bson::Int32(v)) => Some(*v as i64),
+        Some(bson::Bson::Double(v)) => Some(*v as i64),
+        _ => None,
+    }
+}
+
+fn text(d: &bson::Document, key: &str) -> Option<String> {
+    match d.get(key) {
+        Some(bson::Bson::String(s)) => Some(s.clone()),
+        Some(bson::Bson::Null) | None => None,
+        Some(other) => Some(other.to_string()),
+    }
+}

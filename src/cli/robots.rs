@@ -1,0 +1,448 @@
+use anyhow::{bail, Context as _};
+use bson::{doc, oid::ObjectId, Bson, Document};
+use clap::{Args, Subcommand};
+use futures::TryStreamExt;
+use serde_json::json;
+
+use super::{age, int, print_json, print_table, text};
+use crate::placement;
+use crate::robot::Registry;
+use crate::store::{is_duplicate_key, Store};
+
+/// At most this many robots per `create` call.
+const MAX_COUNT: u32 = 100_000;
+
+#[derive(Debug, Subcommand)]
+pub enum RobotCommand {
+    /// Create robots bound to the least-loaded live slot(s).
+    Create(CreateArgs),
+    /// All robots with slot, holder, status and last checkpoint age.
+    List {
+        /// Only this slot's robots.
+        #[arg(long)]
+        slot: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One robot's whole document (context included) and its holder.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a robot; its holder stops it within a tick. Its context is gone.
+    Delete {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bind a robot to another slot; the old holder stops it, the new one starts it
+    /// from its last checkpoint.
+    Move {
+        name: String,
+        /// Destination slot id, e.g. slot-002.
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a robot (after a last checkpoint) and keep it stopped.
+    Pause {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a paused robot again from its context.
+    Resume {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Robot name (unique). With --count C > 1: NAME-1 … NAME-C.
+    #[arg(long)]
+    name: String,
+    /// Robot kind: `counter`, `exec`, or one registered by your own worker build
+    /// (with --unchecked).
+    #[arg(long)]
+    kind: String,
+    /// The kind's settings as a JSON object, e.g. '{"interval_ms": 500}' or
+    /// '{"command": "/opt/robots/poll.sh", "args": ["--fast"]}'.
+    #[arg(long)]
+    spec: Option<String>,
+    /// counter: milliseconds between steps (sets spec.interval_ms).
+    #[arg(long)]
+    interval_ms: Option<i64>,
+    /// exec: the program to run (sets spec.command).
+    #[arg(long)]
+    command: Option<String>,
+    /// exec: one argument for the program; repeat for more (sets spec.args).
+    #[arg(long = "arg", allow_hyphen_values = true)]
+    args: Vec<String>,
+    /// Keep the last N checkpoint records (seq, epoch, worker, time) in the robot's
+    /// `history` (sets spec.history).
+    #[arg(long)]
+    history: Option<i64>,
+    /// How many robots to create.
+    #[arg(long, default_value_t = 1)]
+    count: u32,
+    /// Accept a kind this CLI does not know (a custom kind of your own worker build).
+    #[arg(long)]
+    unchecked: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
+    match cmd {
+        RobotCommand::Create(args) => create(store, args).await,
+        RobotCommand::List { slot, json } => list(store, slot, json).await,
+        RobotCommand::Show { name, json } => show(store, &name, json).await,
+        RobotCommand::Delete { name, json } => delete(store, &name, json).await,
+        RobotCommand::Move { name, to, json } => move_to(store, &name, &to, json).await,
+        RobotCommand::Pause { name, json } => set_paused(store, &name, true, json).await,
+        RobotCommand::Resume { name, json } => set_paused(store, &name, false, json).await,
+    }
+}
+
+fn build_spec(args: &CreateArgs) -> anyhow::Result<Document> {
+    let mut spec = match &args.spec {
+        None => Document::new(),
+        Some(text) => {
+            let v: serde_json::Value = serde_json::from_str(text)
+                .with_context(|| format!("--spec is not valid JSON: {text}"))?;
+            if !v.is_object() {
+                bail!("--spec must be a JSON object, like '{{\"interval_ms\": 500}}'");
+            }
+            bson::to_document(&v).context("--spec cannot be stored")?
+        }
+    };
+    if let Some(ms) = args.interval_ms {
+        spec.insert("interval_ms", ms);
+    }
+    if let Some(c) = &args.command {
+        spec.insert("command", c.as_str());
+    }
+    if !args.args.is_empty() {
+        spec.insert("args", args.args.clone());
+    }
+    if let Some(h) = args.history {
+        spec.insert("history", h);
+    }
+    Ok(spec)
+}
+
+fn names(base: &str, count: u32) -> Vec<String> {
+    if count == 1 {
+        vec![base.to_string()]
+    } else {
+        (1..=count).map(|i| format!("{base}-{i}")).collect()
+    }
+}
+
+async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
+    if args.count == 0 || args.count > MAX_COUNT {
+        bail!("--count must be between 1 and {MAX_COUNT}, got {}", args.count);
+    }
+    if args.name.trim().is_empty() || args.name.len() > 200 {
+        bail!("--name must be 1 to 200 characters");
+    }
+    let spec = build_spec(&args)?;
+    if let Err(e) = Registry::builtin().check(&args.kind, &spec) {
+        let unknown = Registry::builtin().get(&args.kind).is_none();
+        if !(unknown && args.unchecked) {
+            if unknown {
+                bail!("{e} (a kind registered by your own worker build: add --unchecked)");
+            }
+            bail!("invalid spec for kind {:?}: {e}", args.kind);
+        }
+    }
+    let names = names(&args.name, args.count);
+    let taken: Vec<String> = store
+        .robots()
+        .find(doc! {"name": {"$in": &names}})
+        .projection(doc! {"name": 1})
+        .limit(10)
+        .await?
+        .try_collect::<Vec<Document>>()
+        .await?
+        .iter()
+        .filter_map(|d| text(d, "name"))
+        .collect();
+    if !taken.is_empty() {
+        bail!("a robot named {} already exists; names are unique", taken.join(", "));
+    }
+    let placement = placement::reserve(store, names.len()).await?;
+    if placement.no_live_slot {
+        eprintln!("warning: no slot is held by a live worker; robots were bound to the least-loaded slot and start when a worker claims it");
+    }
+    let now = store.server_now().await?;
+    let docs: Vec<Document> = names
+        .iter()
+        .zip(&placement.slots)
+        .map(|(name, slot)| {
+            doc! {
+                "_id": ObjectId::new(), "name": name, "kind": &args.kind, "spec": spec.clone(),
+                "slot_id": slot, "epoch": 0_i64, "context": {}, "seq": 0_i64, "paused": false,
+                "status": "pending", "error": Bson::Null, "restarts": 0_i64, "worker": Bson::Null,
+                "created_at": now, "checkpointed_at": Bson::Null,
+            }
+        })
+        .collect();
+    let inserted = insert_all(store, &docs).await;
+    let failed: Vec<&String> = placement.slots[inserted..].iter().collect();
+    for slot in &failed {
+        placement::adjust(store, slot, -1, false).await?;
+    }
+    placement::bump_revs(store, &placement.slots[..inserted]).await?;
+    if let Some(e) = insert_error(inserted, docs.len(), store, &docs).await {
+        bail!("created {inserted} of {} robots: {e}", docs.len());
+    }
+    report_created(&names, &placement.slots, args.json);
+    Ok(())
+}
+
+/// Inserts in order; returns how many landed.
+async fn insert_all(store: &Store, docs: &[Document]) -> usize {
+    let mut done = 0;
+    for chunk in docs.chunks(1000) {
+        match store.robots().insert_many(chunk.to_vec()).ordered(true).await {
+            Ok(_) => done += chunk.len(),
+            Err(_) => {
+                // Ordered: the ones before the failure landed. Count them.
+                let ids: Vec<Bson> = chunk.iter().filter_map(|d| d.get("_id").cloned()).collect();
+                let landed = store
+                    .robots()
+                    .count_documents(doc! {"_id": {"$in": ids}})
+                    .await
+                    .unwrap_or(0);
+                return done + landed as usize;
+            }
+        }
+    }
+    done
+}
+
+async fn insert_error(
+    inserted: usize,
+    total: usize,
+    store: &Store,
+    docs: &[Document],
+) -> Option<String> {
+    if inserted == total {
+        return None;
+    }
+    // Find out why the first missing one failed, for the message.
+    let name = text(&docs[inserted], "name").unwrap_or_default();
+    match store.robots().insert_one(docs[inserted].clone()).await {
+        Err(e) if is_duplicate_key(&e) => Some(format!("robot {name:?} was created by someone else meanwhile")),
+        Err(e) => Some(e.to_string()),
+        Ok(_) => {
+            let _ = store.robots().delete_one(doc! {"_id": docs[inserted].get_object_id("_id").ok()}).await;
+            Some("insert failed".into())
+        }
+    }
+}
+
+fn report_created(names: &[String], slots: &[String], as_json: bool) {
+    if as_json {
+        let v: Vec<_> = names
+            .iter()
+            .zip(slots)
+            .map(|(n, s)| json!({"name": n, "slot": s}))
+            .collect();
+        print_json(&json!({"created": v}));
+        return;
+    }
+    if names.len() <= 10 {
+        for (n, s) in names.iter().zip(slots) {
+            println!("created {n} on {s}");
+        }
+    } else {
+        let mut per: std::collections::BTreeMap<&String, usize> = Default::default();
+        for s in slots {
+            *per.entry(s).or_default() += 1;
+        }
+        let spread: Vec<String> = per.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+        println!("created {} robots ({})", names.len(), spread.join(", "));
+    }
+}
+
+async fn find(store: &Store, name: &str) -> anyhow::Result<Document> {
+    store
+        .robots()
+        .find_one(doc! {"name": name})
+        .projection(doc! {"history": 0})
+        .await?
+        .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))
+}
+
+fn slot_of(d: &Document) -> anyhow::Result<String> {
+    text(d, "slot_id").context("this robot's slot_id is missing or not a string; fix it by hand")
+}
+
+async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Result<()> {
+    let filter = match &slot {
+        Some(s) => doc! {"slot_id": s},
+        None => doc! {},
+    };
+    let pipeline = vec![
+        doc! {"$match": filter},
+        doc! {"$sort": {"name": 1}},
+        doc! {"$lookup": {"from": "slots", "localField": "slot_id", "foreignField": "_id", "as": "_slot"}},
+        doc! {"$project": {
+            "name": 1, "kind": 1, "slot_id": 1, "status": 1, "error": 1, "seq": 1, "paused": 1,
+            "epoch": 1, "restarts": 1, "worker": 1,
+            "_slot.owner": 1,
+            "checkpoint_age_ms": {"$cond": [
+                {"$eq": [{"$type": "$checkpointed_at"}, "date"]},
+                {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$checkpointed_at"}]},
+                Bson::Null,
+            ]},
+        }},
+    ];
+    let mut docs: Vec<Document> = store.robots().aggregate(pipeline).await?.try_collect().await?;
+    for d in &mut docs {
+        let holder = match d.get("_slot") {
+            Some(Bson::Array(a)) => a.first().and_then(|s| s.as_document()).and_then(|s| text(s, "owner")),
+            _ => None,
+        };
+        d.remove("_slot");
+        d.insert("holder", holder.map_or(Bson::Null, Bson::String));
+    }
+    if as_json {
+        let v: Vec<_> = docs
+            .iter()
+            .map(|d| {
+                json!({
+                    "name": text(d, "name"), "kind": text(d, "kind"), "slot": text(d, "slot_id"),
+                    "holder": text(d, "holder"), "status": text(d, "status"), "error": text(d, "error"),
+                    "paused": d.get_bool("paused").unwrap_or(false), "seq": int(d, "seq"),
+                    "epoch": int(d, "epoch"), "restarts": int(d, "restarts"),
+                    "checkpoint_age_ms": int(d, "checkpoint_age_ms"),
+                })
+            })
+            .collect();
+        print_json(&json!({"robots": v}));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = docs
+        .iter()
+        .map(|d| {
+            let mut status = text(d, "status").unwrap_or_else(|| "?".into());
+            if let Some(e) = text(d, "error") {
+                status = format!("{status}: {e}");
+            }
+            vec![
+                text(d, "name").unwrap_or_default(),
+                text(d, "kind").unwrap_or_default(),
+                text(d, "slot_id").unwrap_or_default(),
+                text(d, "holder").unwrap_or_else(|| "-".into()),
+                int(d, "seq").map_or("-".into(), |s| s.to_string()),
+                age(int(d, "checkpoint_age_ms")),
+                status,
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("no robots{}", slot.map(|s| format!(" on {s}")).unwrap_or_default());
+        return Ok(());
+    }
+    print_table(&["NAME", "KIND", "SLOT", "HOLDER", "SEQ", "CHECKPOINT", "STATUS"], &rows);
+    Ok(())
+}
+
+async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
+    let full = store
+        .robots()
+        .find_one(doc! {"name": name})
+        .await?
+        .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))?;
+    let holder = match text(&full, "slot_id") {
+        Some(s) => store
+            .slots()
+            .find_one(doc! {"_id": s})
+            .await?
+            .and_then(|d| text(&d, "owner")),
+        None => None,
+    };
+    let mut v = Bson::Document(full).into_relaxed_extjson();
+    v["holder"] = json!(holder);
+    if as_json {
+        print_json(&v);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    Ok(())
+}
+
+async fn delete(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
+    let d = find(store, name).await?;
+    let slot = text(&d, "slot_id");
+    let r = store.robots().delete_one(doc! {"_id": d.get("_id")}).await?;
+    if r.deleted_count == 1 {
+        if let Some(s) = &slot {
+            placement::adjust(store, s, -1, true).await?;
+        }
+    }
+    done(as_json, json!({"deleted": name, "slot": slot}), format!("deleted {name}"));
+    Ok(())
+}
+
+async fn move_to(store: &Store, name: &str, to: &str, as_json: bool) -> anyhow::Result<()> {
+    let d = find(store, name).await?;
+    let from = slot_of(&d)?;
+    if from == to {
+        done(as_json, json!({"moved": name, "from": from, "to": to}), format!("{name} is already on {to}"));
+        return Ok(());
+    }
+    if store.slots().find_one(doc! {"_id": to}).await?.is_none() {
+        bail!("no slot {to:?}: see `slotpool slots list`");
+    }
+    // epoch back to 0: epochs are per slot, and the new holder adopts it with its own.
+    // The old holder's writes now fail the slot_id fence.
+    let r = store
+        .robots()
+        .update_one(
+            doc! {"_id": d.get("_id"), "slot_id": &from},
+            doc! {"$set": {"slot_id": to, "epoch": 0_i64, "status": "pending", "worker": Bson::Null}},
+        )
+        .await?;
+    if r.matched_count == 0 {
+        bail!("{name} changed while moving it; try again");
+    }
+    placement::adjust(store, &from, -1, true).await?;
+    placement::adjust(store, to, 1, true).await?;
+    done(as_json, json!({"moved": name, "from": from, "to": to}), format!("moved {name} from {from} to {to}"));
+    Ok(())
+}
+
+async fn set_paused(store: &Store, name: &str, paused: bool, as_json: bool) -> anyhow::Result<()> {
+    let d = find(store, name).await?;
+    let slot = slot_of(&d)?;
+    let mut set = doc! {"paused": paused};
+    if paused {
+        set.insert("status", "paused");
+    } else {
+        set.insert("status", "pending");
+    }
+    store
+        .robots()
+        .update_one(doc! {"_id": d.get("_id")}, doc! {"$set": set})
+        .await?;
+    placement::adjust(store, &slot, 0, true).await?;
+    let word = if paused { "paused" } else { "resumed" };
+    done(as_json, json!({word: name, "slot": slot}), format!("{word} {name}"));
+    Ok(())
+}
+
+fn done(as_json: bool, v: serde_json::Value, line: String) {
+    if as_json {
+        print_json(&v);
+    } else {
+        println!("{line}");
+    }
+}

@@ -1,0 +1,160 @@
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use tokio::net::TcpListener;
+
+use crate::config::{parse_duration, ConfigError, Identity, LeaseTiming};
+use crate::http::{self, HttpState};
+use crate::robot::exec::ExecPolicy;
+use crate::robot::Registry;
+use crate::store::Store;
+use crate::worker::{Worker, WorkerSettings};
+
+pub const DEFAULT_PORT: u16 = 7700;
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// This worker's identity, IP:PORT, as other machines reach it. Written into
+    /// `slots.owner`; the port also serves /healthz, /metrics and /status.
+    /// Default: this host's address and port 7700.
+    #[arg(long, env = "SLOTPOOL_ADVERTISE", value_parser = parse_identity)]
+    advertise: Option<Identity>,
+
+    /// Address to bind the HTTP port to. Default: 0.0.0.0 on the advertised port.
+    #[arg(long, env = "SLOTPOOL_LISTEN")]
+    listen: Option<SocketAddr>,
+
+    /// Renewal period T. The lease is L = 2 × T: a dead holder's slot is taken over
+    /// about L after its last renewal.
+    #[arg(long, env = "SLOTPOOL_TICK", default_value = "1s", value_parser = parse_duration_arg, allow_hyphen_values = true)]
+    tick: Duration,
+
+    /// How long before the lease could expire the holder stops its robots if it
+    /// cannot renew. Default 0.7 × T; must exceed --stop-grace and be below T.
+    #[arg(long, env = "SLOTPOOL_FENCE_MARGIN", value_parser = parse_duration_arg, allow_hyphen_values = true)]
+    fence_margin: Option<Duration>,
+
+    /// How long a robot gets to stop (exec: SIGTERM, then SIGKILL). Default 0.5 × T.
+    #[arg(long, env = "SLOTPOOL_STOP_GRACE", value_parser = parse_duration_arg, allow_hyphen_values = true)]
+    stop_grace: Option<Duration>,
+
+    /// Restrict `exec` robots to these commands (repeat, or comma-separate). An entry
+    /// ending in `/` allows every command under that directory. Default: any command —
+    /// anyone who can write to the database can then run commands on this worker.
+    #[arg(long = "exec-allow", env = "SLOTPOOL_EXEC_ALLOW", value_delimiter = ',')]
+    exec_allow: Vec<String>,
+
+    /// Benchmarks only: every worker tries the first expired slot first.
+    #[arg(long, hide = true)]
+    no_hash: bool,
+}
+
+fn parse_identity(s: &str) -> Result<Identity, ConfigError> {
+    s.parse()
+}
+
+fn parse_duration_arg(s: &str) -> Result<Duration, ConfigError> {
+    parse_duration(s)
+}
+
+pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
+    let defaults = LeaseTiming::from_tick(args.tick);
+    let timing = LeaseTiming {
+        tick: args.tick,
+        margin: args.fence_margin.unwrap_or(defaults.margin),
+        stop_grace: args.stop_grace.unwrap_or(defaults.stop_grace),
+    };
+    timing.validate()?;
+    let identity = match args.advertise {
+        Some(id) => id,
+        None => default_identity().await,
+    };
+    let listen = args
+        .listen
+        .unwrap_or_else(|| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), identity.port));
+    let listener = TcpListener::bind(listen).await.with_context(|| {
+        format!("cannot listen on {listen} (is another worker already using port {}?)", listen.port())
+    })?;
+    let store = Store::connect(uri)
+        .await
+        .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
+    let policy = if args.exec_allow.is_empty() {
+        ExecPolicy::allow_all()
+    } else {
+        ExecPolicy::only(args.exec_allow.clone())
+    };
+    tracing::info!(
+        worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(),
+        lease_ms = timing.lease_ms(), margin_ms = timing.margin.as_millis() as u64,
+        stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %policy.describe(),
+        "starting worker"
+    );
+    let settings = WorkerSettings {
+        identity,
+        listen,
+        timing,
+        hashing: !args.no_hash,
+    };
+    let worker = Worker::new(settings, store, Registry::builtin_with(policy));
+    let shutdown = worker.shutdown_token();
+    let state = HttpState {
+        metrics: worker.metrics(),
+        status: worker.status(),
+    };
+    tokio::spawn(http::serve(listener, state, shutdown.child_token()));
+    tokio::spawn(on_signals(shutdown));
+    worker.run().await;
+    Ok(())
+}
+
+/// SIGTERM or SIGINT: graceful stop (robots stopped, slot released). A second signal
+/// exits at once.
+async fn on_signals(shutdown: tokio_util::sync::CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping robots and releasing the slot"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping robots and releasing the slot"),
+    }
+    shutdown.cancel();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::warn!("second signal: exiting now");
+    std::process::exit(130);
+}
+
+/// This host's address as its name resolves (in a container: the container's
+/// address), else loopback.
+async fn default_identity() -> Identity {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let mut ip = None;
+    if !host.is_empty() {
+        if let Ok(addrs) = tokio::net::lookup_host((host.as_str(), DEFAULT_PORT)).await {
+            ip = addrs
+                .map(|a| a.ip())
+                .find(|ip| !ip.is_loopback() && !ip.is_unspecified());
+        }
+    }
+    let ip = ip.unwrap_or_else(|| {
+        tracing::warn!("could not find this host's address; advertising 127.0.0.1 (set --advertise)");
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    });
+    Identity {
+        ip,
+        port: DEFAULT_PORT,
+    }
+}

@@ -1,0 +1,261 @@
+//! Fenced context reads and checkpoints.
+//!
+//! Every write proves the robot is still bound to this slot and that this holder's
+//! epoch is the robot's epoch. Zero matched means *fenced*: a newer holder adopted the
+//! robot, it was moved or deleted. The caller must stop that robot and never write
+//! again.
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+use mongodb::Collection;
+
+use crate::clock::SharedClock;
+use crate::metrics::Metrics;
+use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
+
+/// The holder's lease deadline as robots see it. Checked before every write, so a
+/// process that was paused past its deadline refuses to write even in the moment
+/// before the new holder's adoption would fence it in the database.
+#[derive(Debug, Clone)]
+pub struct WriteGuard {
+    deadline: Arc<Mutex<Instant>>,
+    clock: SharedClock,
+}
+
+impl WriteGuard {
+    pub fn new(deadline: Instant, clock: SharedClock) -> Self {
+        WriteGuard {
+            deadline: Arc::new(Mutex::new(deadline)),
+            clock,
+        }
+    }
+
+    /// Moves the deadline after a successful renewal.
+    pub fn extend(&self, deadline: Instant) {
+        *self.deadline.lock().expect("guard lock") = deadline;
+    }
+
+    /// Ends writing at once (lease lost or self-fenced).
+    pub fn revoke(&self) {
+        *self.deadline.lock().expect("guard lock") = self.clock.now();
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.clock.now() < *self.deadline.lock().expect("guard lock")
+    }
+}
+
+/// How many checkpoint records a robot keeps in its `history` array when its spec
+/// asks for one (`"history": N`).
+pub const MAX_HISTORY: i64 = 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    #[error("fenced: robot {robot} is no longer bound to {slot} at epoch {epoch} (adopted by a newer holder, moved or deleted)")]
+    Fenced {
+        robot: String,
+        slot: String,
+        epoch: i64,
+    },
+    #[error("robot {robot}: its context is not a document (found {found}); fix it with `slotpool robot reset-context` or by hand")]
+    NotADocument { robot: String, found: String },
+    #[error("database error: {0}")]
+    Db(#[from] mongodb::error::Error),
+}
+
+/// Where one holder (slot + epoch) reads and writes its robots' contexts.
+#[derive(Debug, Clone)]
+pub struct ContextStore {
+    robots: Collection<Document>,
+    slot_id: String,
+    epoch: i64,
+    worker: String,
+    metrics: Arc<Metrics>,
+    guard: WriteGuard,
+}
+
+/// A robot as its holder loads it to start.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub name: String,
+    pub kind: String,
+    pub spec: Document,
+    pub context: Document,
+    pub seq: i64,
+}
+
+impl ContextStore {
+    pub fn new(
+        robots: Collection<Document>,
+        slot_id: &str,
+        epoch: i64,
+        worker: &str,
+        metrics: Arc<Metrics>,
+        guard: WriteGuard,
+    ) -> Self {
+        ContextStore {
+            robots,
+            slot_id: slot_id.to_string(),
+            epoch,
+            worker: worker.to_string(),
+            metrics,
+            guard,
+        }
+    }
+
+    pub fn slot_id(&self) -> &str {
+        &self.slot_id
+    }
+
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+
+    /// Raises the fencing epoch of every robot of the slot to ours. From here on, a
+    /// previous holder's checkpoints match nothing. One update for the whole slot.
+    pub async fn adopt_all(&self) -> Result<u64, ContextError> {
+        let r = self
+            .robots
+            .update_many(
+                doc! {"slot_id": &self.slot_id, "epoch": {"$lt": self.epoch}},
+                doc! {"$set": {"epoch": self.epoch}},
+            )
+            .await?;
+        Ok(r.modified_count)
+    }
+
+    fn fence(&self, id: &ObjectId) -> Document {
+        doc! {"_id": id, "slot_id": &self.slot_id, "epoch": self.epoch}
+    }
+
+    fn fenced(&self, name: &str) -> ContextError {
+        ContextError::Fenced {
+            robot: name.to_string(),
+            slot: self.slot_id.clone(),
+            epoch: self.epoch,
+        }
+    }
+
+    /// Reads a robot for (re)starting it, only if still ours.
+    pub async fn load(&self, id: &ObjectId, name: &str) -> Result<Loaded, ContextError> {
+        let d = self
+            .robots
+            .find_one(self.fence(id))
+            .projection(doc! {"name": 1, "kind": 1, "spec": 1, "context": 1, "seq": 1})
+            .await?
+            .ok_or_else(|| self.fenced(name))?;
+        let context = match d.get("context") {
+            Some(Bson::Document(c)) => c.clone(),
+            Some(Bson::Null) | None => Document::new(),
+            Some(other) => {
+                return Err(ContextError::NotADocument {
+                    robot: name.to_string(),
+                    found: type_name(other).to_string(),
+                })
+            }
+        };
+        Ok(Loaded {
+            name: d.get_str("name").unwrap_or(name).to_string(),
+            kind: d.get_str("kind").unwrap_or("").to_string(),
+            spec: d.get_document("spec").cloned().unwrap_or_default(),
+            context,
+            seq: match d.get("seq") {
+                Some(Bson::Int64(s)) => *s,
+                Some(Bson::Int32(s)) => *s as i64,
+                _ => 0,
+            },
+        })
+    }
+
+    /// Persists a new context: `seq + 1`, `checkpointed_at = $$NOW`, and when
+    /// `history > 0` a `{seq, epoch, worker, at}` record appended atomically.
+    pub async fn checkpoint(
+        &self,
+        id: &ObjectId,
+        name: &str,
+        context: Document,
+        history: i64,
+    ) -> Result<(), ContextError> {
+        if !self.guard.is_open() {
+            self.metrics.fenced_writes.inc();
+            return Err(self.fenced(name));
+        }
+        let mut set = doc! {
+            "context": {"$literal": context},
+            "seq": {"$add": ["$seq", 1_i64]},
+            "checkpointed_at": "$$NOW",
+        };
+        if history > 0 {
+            let entry = doc! {
+                "seq": {"$add": ["$seq", 1_i64]},
+                "epoch": self.epoch,
+                "worker": &self.worker,
+                "at": "$$NOW",
+            };
+            set.insert(
+                "history",
+                doc! {"$slice": [
+                    {"$concatArrays": [{"$ifNull": ["$history", []]}, [entry]]},
+                    -history.min(MAX_HISTORY),
+                ]},
+            );
+        }
+        let r = self
+            .robots
+            .update_one(self.fence(id), vec![doc! {"$set": set}])
+            .await?;
+        if r.matched_count == 0 {
+            self.metrics.fenced_writes.inc();
+            return Err(self.fenced(name));
+        }
+        self.metrics.checkpoints.inc();
+        Ok(())
+    }
+
+    /// Records the robot's lifecycle status, fenced like a checkpoint.
+    pub async fn set_status(
+        &self,
+        id: &ObjectId,
+        status: &str,
+        error: Option<&str>,
+        restarts: Option<i64>,
+    ) -> Result<bool, ContextError> {
+        if !self.guard.is_open() {
+            return Ok(false);
+        }
+        let mut set = doc! {
+            "status": status,
+            "error": error.map_or(Bson::Null, |e| Bson::String(e.to_string())),
+            "worker": &self.worker,
+            "status_at": "$$NOW",
+        };
+        if let Some(n) = restarts {
+            set.insert("restarts", n);
+        }
+        let r = self
+            .robots
+            .update_one(self.fence(id), vec![doc! {"$set": set}])
+            .await?;
+        Ok(r.matched_count == 1)
+    }
+}
+
+pub(crate) fn type_name(b: &Bson) -> &'static str {
+    match b {
+        Bson::Double(_) => "double",
+        Bson::String(_) => "string",
+        Bson::Array(_) => "array",
+        Bson::Document(_) => "document",
+        Bson::Boolean(_) => "bool",
+        Bson::Null => "null",
+        Bson::Int32(_) => "int",
+        Bson::Int64(_) => "long",
+        Bson::DateTime(_) => "date",
+        Bson::ObjectId(_) => "objectId",
+        _ => "other",
+    }
+}

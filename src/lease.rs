@@ -1,0 +1,397 @@
+//! The slot lease protocol: survey, claim, renew, release, and the expiry predicate.
+//!
+//! Every timestamp is the database server's `$$NOW`, and expiry is judged by the
+//! server, so no worker's wall clock matters. A slot is *expired* when
+//!
+//! ```text
+//! time == null  OR  toLong(time) < toLong($$NOW) - L          (L = 2 × tick)
+//! ```
+//!
+//! compared as milliseconds (`$toLong`): the dev server mis-compares two dates inside
+//! `$expr`, and the millisecond form is also right on MongoDB.
+//!
+//! The holder additionally keeps a *local monotonic* deadline, `instant the last
+//! successful renew was sent + L - margin`. Past it, the lease is self-fenced: the
+//! holder stops its robots and can only come back through a fresh claim, which bumps
+//! the slot's `epoch` (the fencing token robots' checkpoints must carry).
+
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+use mongodb::options::ReturnDocument;
+use mongodb::Collection;
+use tokio::time::Instant;
+
+use crate::clock::SharedClock;
+use crate::config::{Identity, LeaseTiming};
+
+/// Why a lease ended or an operation on it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The renewal matched nothing: another worker claimed the slot (new epoch), an
+    /// operator released it, or the slot was removed.
+    #[error("lost slot {slot} (epoch {epoch}): it is no longer held by this worker under this epoch")]
+    Lost { slot: String, epoch: i64 },
+    /// No successful renewal before the local deadline; never renew this lease again.
+    #[error("self-fenced on slot {slot} (epoch {epoch}): no successful renewal before the local deadline")]
+    SelfFenced { slot: String, epoch: i64 },
+    #[error("database error: {0}")]
+    Db(#[from] mongodb::error::Error),
+}
+
+/// A claimed slot, held while renewals keep succeeding before [`Lease::deadline`].
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub slot_id: String,
+    pub epoch: i64,
+    /// The slot's `rev` as of the last claim or renewal.
+    pub rev: i64,
+    deadline: Instant,
+    last_renewed: Instant,
+    fenced: bool,
+}
+
+impl Lease {
+    /// The local monotonic instant past which this lease must be treated as lost.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// When the last successful claim or renewal was sent.
+    pub fn last_renewed(&self) -> Instant {
+        self.last_renewed
+    }
+
+    /// True once the lease self-fenced or was lost; it can never be renewed again.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced
+    }
+}
+
+/// One non-draining slot as the server judged it at survey time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub id: String,
+    pub time: Option<bson::DateTime>,
+    pub epoch: i64,
+}
+
+/// A slot document that could not be used, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InvalidSlot {
+    pub id: String,
+    pub why: String,
+}
+
+/// The standby's view of the slots, from one aggregation.
+#[derive(Debug, Clone, Default)]
+pub struct Survey {
+    /// Expired, non-draining slots, sorted by `_id`.
+    pub expired: Vec<Candidate>,
+    /// Server-side time until the earliest held lease expires.
+    pub next_expiry: Option<Duration>,
+    /// Hand-edited or otherwise broken slot documents, skipped.
+    pub invalid: Vec<InvalidSlot>,
+}
+
+/// What a successful renewal learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewed {
+    pub rev: i64,
+    /// An operator asked for the slot back (`slotpool slots drain`).
+    pub draining: bool,
+}
+
+/// What a claim attempt did.
+#[derive(Debug, Default)]
+pub struct ClaimOutcome {
+    pub lease: Option<Lease>,
+    /// Compare-and-set updates sent.
+    pub attempts: u32,
+    /// Of those, how many lost the race.
+    pub conflicts: u32,
+}
+
+/// Runs the protocol for one worker identity.
+#[derive(Debug, Clone)]
+pub struct LeaseProtocol {
+    slots: Collection<Document>,
+    identity: Identity,
+    owner: String,
+    timing: LeaseTiming,
+    clock: SharedClock,
+    hashing: bool,
+}
+
+impl LeaseProtocol {
+    pub fn new(
+        slots: Collection<Document>,
+        identity: Identity,
+        timing: LeaseTiming,
+        clock: SharedClock,
+    ) -> Self {
+        LeaseProtocol {
+            slots,
+            owner: identity.to_string(),
+            identity,
+            timing,
+            clock,
+            hashing: true,
+        }
+    }
+
+    /// Turns off the hash start point (every worker tries the first expired slot
+    /// first). Only for benchmarks showing what hashing buys.
+    pub fn without_hashing(mut self) -> Self {
+        self.hashing = false;
+        self
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    pub fn timing(&self) -> LeaseTiming {
+        self.timing
+    }
+
+    /// Reads every non-draining slot once and lets the server say which are expired
+    /// and how long until the next one expires.
+    pub async fn survey(&self) -> Result<Survey, LeaseError> {
+        let lease_ms = self.timing.lease_ms();
+        let pipeline = vec![
+            doc! {"$match": {"draining": {"$ne": true}}},
+            doc! {"$sort": {"_id": 1}},
+            doc! {"$project": {
+                "time": 1, "epoch": 1,
+                "id_type": {"$type": "$_id"},
+                "time_type": {"$type": "$time"},
+                "epoch_type": {"$type": "$epoch"},
+                "remaining_ms": {"$cond": [
+                    {"$eq": [{"$type": "$time"}, "date"]},
+                    {"$subtract": [{"$add": [{"$toLong": "$time"}, lease_ms]}, {"$toLong": "$$NOW"}]},
+                    Bson::Null,
+                ]},
+            }},
+        ];
+        let mut cursor = self.slots.aggregate(pipeline).await?;
+        let mut survey = Survey::default();
+        while let Some(d) = cursor.try_next().await? {
+            match judge(&d) {
+                Ok((_, Some(remaining))) if remaining >= 0 => {
+                    let wait = Duration::from_millis(remaining as u64 + 1);
+                    survey.next_expiry = Some(survey.next_expiry.map_or(wait, |w| w.min(wait)));
+                }
+                Ok((candidate, _)) => survey.expired.push(candidate),
+                Err(bad) => survey.invalid.push(bad),
+            }
+        }
+        Ok(survey)
+    }
+
+    /// Tries to claim one of the surveyed expired slots, starting at this worker's
+    /// hash position and wrapping around once. Each try is a compare-and-set on the
+    /// `time` and `epoch` seen by the survey: time only moves forward, so an unchanged
+    /// slot is still expired, and a changed one means another worker won.
+    pub async fn claim(&self, survey: &Survey) -> Result<ClaimOutcome, LeaseError> {
+        let mut outcome = ClaimOutcome::default();
+        let n = survey.expired.len();
+        if n == 0 {
+            return Ok(outcome);
+        }
+        let start = if self.hashing {
+            (stable_hash(&self.owner) % n as u64) as usize
+        } else {
+            0
+        };
+        for i in 0..n {
+            let c = &survey.expired[(start + i) % n];
+            outcome.attempts += 1;
+            match self.try_claim(c).await? {
+                Some(lease) => {
+                    outcome.lease = Some(lease);
+                    return Ok(outcome);
+                }
+                None => outcome.conflicts += 1,
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn try_claim(&self, c: &Candidate) -> Result<Option<Lease>, LeaseError> {
+        let seen_time = c.time.map_or(Bson::Null, Bson::DateTime);
+        let filter = doc! {"_id": &c.id, "time": seen_time, "epoch": c.epoch};
+        let update = vec![doc! {"$set": {
+            "owner": &self.owner,
+            "ip": self.identity.ip.to_string(),
+            "port": self.identity.port as i32,
+            "time": "$$NOW",
+            "lease_ms": self.timing.lease_ms(),
+            "epoch": {"$add": ["$epoch", 1_i64]},
+        }}];
+        let sent = self.clock.now();
+        let claimed = self
+            .slots
+            .find_one_and_update(filter, update)
+            .return_document(ReturnDocument::After)
+            .projection(doc! {"epoch": 1, "rev": 1})
+            .await?;
+        Ok(claimed.map(|d| Lease {
+            slot_id: c.id.clone(),
+            epoch: int64(&d, "epoch").unwrap_or(c.epoch + 1),
+            rev: int64(&d, "rev").unwrap_or(0),
+            deadline: sent + self.fence_window(),
+            last_renewed: sent,
+            fenced: false,
+        }))
+    }
+
+    /// `L - margin`: how long after sending a successful renewal the lease stays good.
+    fn fence_window(&self) -> Duration {
+        self.timing.lease() - self.timing.margin
+    }
+
+    /// Proves ownership and epoch and moves `time` to the server's now. Returns the
+    /// slot's `rev` and `draining`, so robot changes and drain requests are noticed
+    /// without another query.
+    ///
+    /// Refuses without touching the database once the local deadline has passed. A
+    /// renewal still in flight at the deadline is abandoned, and one whose reply comes
+    /// after the deadline (a paused process) does not count: the robots were due to be
+    /// stopped, so the lease is fenced anyway.
+    pub async fn renew(&self, lease: &mut Lease) -> Result<Renewed, LeaseError> {
+        let fenced = |lease: &mut Lease| {
+            lease.fenced = true;
+            LeaseError::SelfFenced {
+                slot: lease.slot_id.clone(),
+                epoch: lease.epoch,
+            }
+        };
+        let sent = self.clock.now();
+        if lease.fenced || sent >= lease.deadline {
+            return Err(fenced(lease));
+        }
+        let request = self
+            .slots
+            .find_one_and_update(
+                doc! {"_id": &lease.slot_id, "owner": &self.owner, "epoch": lease.epoch},
+                vec![doc! {"$set": {"time": "$$NOW"}}],
+            )
+            .return_document(ReturnDocument::After)
+            .projection(doc! {"rev": 1, "draining": 1});
+        let reply = tokio::time::timeout(lease.deadline - sent, std::future::IntoFuture::into_future(request)).await;
+        if self.clock.now() >= lease.deadline {
+            return Err(fenced(lease));
+        }
+        match reply {
+            Err(_elapsed) => Err(fenced(lease)),
+            Ok(Err(e)) => Err(LeaseError::Db(e)),
+            Ok(Ok(None)) => {
+                lease.fenced = true;
+                Err(LeaseError::Lost {
+                    slot: lease.slot_id.clone(),
+                    epoch: lease.epoch,
+                })
+            }
+            Ok(Ok(Some(d))) => {
+                lease.deadline = sent + self.fence_window();
+                lease.last_renewed = sent;
+                lease.rev = int64(&d, "rev").unwrap_or(lease.rev);
+                Ok(Renewed {
+                    rev: lease.rev,
+                    draining: matches!(d.get("draining"), Some(Bson::Boolean(true))),
+                })
+            }
+        }
+    }
+
+    /// Gives the slot back (owner and time to null) so a standby can take it at once.
+    /// Returns false when it was no longer ours. Call only after the robots stopped.
+    pub async fn release(&self, lease: &mut Lease) -> Result<bool, LeaseError> {
+        lease.fenced = true;
+        let result = self
+            .slots
+            .update_one(
+                doc! {"_id": &lease.slot_id, "owner": &self.owner, "epoch": lease.epoch},
+                doc! {"$set": {"owner": Bson::Null, "time": Bson::Null}},
+            )
+            .await?;
+        Ok(result.matched_count == 1)
+    }
+}
+
+/// Checks a surveyed document and returns it with its remaining lease (None = expired).
+fn judge(d: &Document) -> Result<(Candidate, Option<i64>), InvalidSlot> {
+    let id = match d.get("_id") {
+        Some(Bson::String(s)) => s.clone(),
+        Some(other) => {
+            return Err(InvalidSlot {
+                id: other.to_string(),
+                why: "_id is not a string".into(),
+            })
+        }
+        None => unreachable!("every document has an _id"),
+    };
+    let bad = |why: String| InvalidSlot {
+        id: id.clone(),
+        why,
+    };
+    let epoch = match d.get("epoch") {
+        Some(Bson::Int64(e)) if *e >= 0 => *e,
+        Some(Bson::Int32(e)) if *e >= 0 => *e as i64,
+        Some(other) => return Err(bad(format!("epoch must be a non-negative Int64, found {other}"))),
+        None => return Err(bad("epoch is missing".into())),
+    };
+    let time = match d.get("time") {
+        Some(Bson::DateTime(t)) => Some(*t),
+        Some(Bson::Null) | None => None,
+        Some(other) => return Err(bad(format!("time must be a date or null, found {other}"))),
+    };
+    let remaining = match d.get("remaining_ms") {
+        Some(Bson::Int64(r)) => Some(*r),
+        Some(Bson::Int32(r)) => Some(*r as i64),
+        _ => None,
+    };
+    Ok((Candidate { id, time, epoch }, remaining))
+}
+
+fn int64(d: &Document, key: &str) -> Option<i64> {
+    match d.get(key) {
+        Some(Bson::Int64(v)) => Some(*v),
+        Some(Bson::Int32(v)) => Some(*v as i64),
+        _ => None,
+    }
+}
+
+/// 64-bit FNV-1a: the same on every platform and build, unlike `std`'s `Hasher`s.
+pub fn stable_hash(s: &str) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    s.bytes()
+        .fold(OFFSET, |h, b| (h ^ b as u64).wrapping_mul(PRIME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_matches_reference_vectors() {
+        assert_eq!(stable_hash(""), 0xcbf29ce484222325);
+        assert_eq!(stable_hash("a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(stable_hash("foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn judge_rejects_nonsense() {
+        let ok = doc! {"_id": "slot-001", "epoch": 3_i64, "time": Bson::Null};
+        assert_eq!(judge(&ok).unwrap().0.epoch, 3);
+        let bad_epoch = doc! {"_id": "slot-001", "epoch": "three"};
+        assert!(judge(&bad_epoch).unwrap_err().why.contains("epoch"));
+        let bad_time = doc! {"_id": "slot-001", "epoch": 1_i64, "time": "yesterday"};
+        assert!(judge(&bad_time).unwrap_err().why.contains("time"));
+        let bad_id = doc! {"_id": 7, "epoch": 1_i64};
+        assert!(judge(&bad_id).is_err());
+    }
+}

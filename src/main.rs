@@ -1,0 +1,21 @@
+//! The `slotpool` command: parse arguments, set up logging, dispatch.
+
+use clap::Parser;
+use slotpool::cli::Cli;
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLOTPOOL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,mongodb=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    if let Err(e) = slotpool::cli::run(cli).await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

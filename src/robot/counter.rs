@@ -1,0 +1,79 @@
+//! `counter`: checkpoints `n + 1` every interval. Because every step is a checkpoint,
+//! a lost or doubled step shows up directly in `context.n` against `seq`, which is
+//! what tests and demos use it for.
+//!
+//! Spec: `{"interval_ms": 1000, "history": 0}` (both optional).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{doc, Bson, Document};
+
+use super::{RobotError, RobotKind, RobotRun};
+
+pub const DEFAULT_INTERVAL_MS: i64 = 1000;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counter;
+
+fn interval(spec: &Document) -> Result<Duration, String> {
+    let ms = match spec.get("interval_ms") {
+        None => DEFAULT_INTERVAL_MS,
+        Some(Bson::Int32(v)) => *v as i64,
+        Some(Bson::Int64(v)) => *v,
+        Some(other) => return Err(format!("spec.interval_ms must be an integer, found {other}")),
+    };
+    if !(10..=86_400_000).contains(&ms) {
+        return Err(format!("spec.interval_ms must be between 10 and 86400000, got {ms}"));
+    }
+    Ok(Duration::from_millis(ms as u64))
+}
+
+fn check_known_fields(spec: &Document) -> Result<(), String> {
+    for key in spec.keys() {
+        if !["interval_ms", "history"].contains(&key.as_str()) {
+            return Err(format!(
+                "unknown counter spec field {key:?} (known: interval_ms, history)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl RobotKind for Counter {
+    fn name(&self) -> &str {
+        "counter"
+    }
+
+    fn check_spec(&self, spec: &Document) -> Result<(), String> {
+        check_known_fields(spec)?;
+        interval(spec).map(|_| ())
+    }
+
+    async fn run(&self, run: RobotRun) -> Result<(), RobotError> {
+        let every = interval(run.spec()).map_err(RobotError::Invalid)?;
+        let mut n = match run.context().get("n") {
+            None => 0,
+            Some(Bson::Int64(n)) => *n,
+            Some(Bson::Int32(n)) => *n as i64,
+            Some(other) => {
+                return Err(RobotError::Invalid(format!(
+                    "context.n must be an integer, found {other}"
+                )))
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = run.stop().cancelled() => return Ok(()),
+                _ = tokio::time::sleep(every) => {}
+            }
+            // Do not start a step once asked to stop: the last checkpoint stands.
+            if run.stop().is_cancelled() {
+                return Ok(());
+            }
+            n += 1;
+            run.checkpoint(doc! {"n": n}).await?;
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Robot kinds: the [`RobotKind`] trait, the [`Registry`] of kinds a worker can run,
+//! and the built-in kinds `counter` and `exec`.
+//!
+//! A kind turns a robot's `spec` and persisted `context` into running work. It writes
+//! new context only through [`RobotRun::checkpoint`], which is fenced: once it returns
+//! [`RobotError::Fenced`] the robot must return at once.
+//!
+//! Registering a kind of your own, from another crate:
+//!
+//! ```no_run
+//! use async_trait::async_trait;
+//! use slotpool::robot::{Registry, RobotError, RobotKind, RobotRun};
+//!
+//! struct Greeter;
+//!
+//! #[async_trait]
+//! impl RobotKind for Greeter {
+//!     fn name(&self) -> &str { "greeter" }
+//!
+//!     fn check_spec(&self, spec: &bson::Document) -> Result<(), String> {
+//!         spec.get_str("greeting").map(|_| ()).map_err(|_| "spec.greeting must be a string".into())
+//!     }
+//!
+//!     async fn run(&self, run: RobotRun) -> Result<(), RobotError> {
+//!         let mut n = run.context().get_i64("greeted").unwrap_or(0);
+//!         while !run.stop().is_cancelled() {
+//!             n += 1;
+//!             run.checkpoint(bson::doc! {"greeted": n}).await?;
+//!             tokio::select! {
+//!                 _ = run.stop().cancelled() => break,
+//!                 _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+//!             }
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let mut registry = Registry::builtin();
+//! registry.register(Greeter);
+//! // then: slotpool::worker::Worker::new(settings, store, registry).run().await
+//! ```
+
+pub mod counter;
+pub mod exec;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bson::{oid::ObjectId, Document};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{ContextError, ContextStore};
+
+/// Why a robot run ended other than by being asked to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum RobotError {
+    /// A checkpoint was refused by the epoch fence: stop, never write again.
+    #[error("{0}")]
+    Fenced(String),
+    /// The robot's spec or context cannot work; retried slowly in case it is fixed.
+    #[error("{0}")]
+    Invalid(String),
+    /// It crashed or exited; restarted with backoff.
+    #[error("{0}")]
+    Crashed(String),
+    #[error("database error: {0}")]
+    Db(String),
+}
+
+impl From<ContextError> for RobotError {
+    fn from(e: ContextError) -> Self {
+        match e {
+            ContextError::Fenced { .. } => RobotError::Fenced(e.to_string()),
+            ContextError::NotADocument { .. } => RobotError::Invalid(e.to_string()),
+            ContextError::Db(_) => RobotError::Db(e.to_string()),
+        }
+    }
+}
+
+/// A kind of robot a worker knows how to run.
+#[async_trait]
+pub trait RobotKind: Send + Sync + 'static {
+    /// The `kind` string stored in robot documents.
+    fn name(&self) -> &str;
+
+    /// Checks a spec when a robot is created, and again before each start.
+    fn check_spec(&self, spec: &Document) -> Result<(), String>;
+
+    /// Runs the robot until `run.stop()` is cancelled (return `Ok`), or fails. Must
+    /// return within the stop grace after cancellation.
+    async fn run(&self, run: RobotRun) -> Result<(), RobotError>;
+}
+
+/// What a running robot gets: who it is, its spec, its restored context, a fenced
+/// checkpoint, and its stop signal.
+#[derive(Debug, Clone)]
+pub struct RobotRun {
+    pub(crate) id: ObjectId,
+    pub(crate) name: String,
+    pub(crate) spec: Document,
+    pub(crate) context: Document,
+    pub(crate) history: i64,
+    pub(crate) store: ContextStore,
+    pub(crate) stop: CancellationToken,
+    pub(crate) grace: Duration,
+}
+
+impl RobotRun {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+    pub fn spec(&self) -> &Document {
+        &self.spec
+    }
+    /// The context as last checkpointed (empty for a new robot).
+    pub fn context(&self) -> &Document {
+        &self.context
+    }
+    /// The fencing epoch this run writes under.
+    pub fn epoch(&self) -> i64 {
+        self.store.epoch()
+    }
+    /// Cancelled when the robot must stop (lease lost, release, pause, move, delete).
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+    /// How long the robot has after `stop` is cancelled before it is abandoned.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+    /// The worker (`ip:port`) running this robot.
+    pub fn worker(&self) -> &str {
+        self.store.worker()
+    }
+
+    /// Persists a new context, proving slot and epoch. `Err(Fenced)` means: return now.
+    pub async fn checkpoint(&self, context: Document) -> Result<(), RobotError> {
+        self.store
+            .checkpoint(&self.id, &self.name, context, self.history)
+            .await
+            .map_err(RobotError::from)
+    }
+}
+
+/// The kinds a worker can run, by name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    kinds: BTreeMap<String, Arc<dyn RobotKind>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.kinds.keys()).finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `counter` and `exec` (any command allowed).
+    pub fn builtin() -> Self {
+        Self::builtin_with(exec::ExecPolicy::allow_all())
+    }
+
+    /// `counter` and `exec`, with `exec` restricted by `policy`.
+    pub fn builtin_with(policy: exec::ExecPolicy) -> Self {
+        let mut r = Self::new();
+        r.register(counter::Counter);
+        r.register(exec::Exec::new(policy));
+        r
+    }
+
+    /// Adds a kind, replacing any kind of the same name.
+    pub fn register(&mut self, kind: impl RobotKind) {
+        self.kinds.insert(kind.name().to_string(), Arc::new(kind));
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn RobotKind>> {
+        self.kinds.get(name).cloned()
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.kinds.keys().map(String::as_str).collect()
+    }
+
+    /// Checks `kind` and `spec` as `robot create` does.
+    pub fn check(&self, kind: &str, spec: &Document) -> Result<(), String> {
+        let k = self.get(kind).ok_or_else(|| {
+            format!(
+                "unknown robot kind {kind:?}; known kinds: {}",
+                self.names().join(", ")
+            )
+        })?;
+        k.check_spec(spec)
+    }
+}
+
+/// Reads the optional `"history": N` spec field every kind honours.
+pub(crate) fn history_len(spec: &Document) -> i64 {
+    match spec.get("history") {
+        Some(bson::Bson::Int32(n)) => (*n as i64).max(0),
+        Some(bson::Bson::Int64(n)) => (*n).max(0),
+        _ => 0,
+    }
+}

@@ -1,0 +1,400 @@
+//! MongoDB handles, collection names, indexes and schema install (`slotpool init`).
+
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use mongodb::options::{ClientOptions, IndexOptions};
+use mongodb::{Client, Collection, Database, IndexModel};
+use serde::{Deserialize, Serialize};
+
+pub const SLOTS: &str = "slots";
+pub const ROBOTS: &str = "robots";
+pub const WORKERS: &str = "workers";
+pub const EVENTS: &str = "events";
+pub const DEFAULT_DATABASE: &str = "slotpool";
+/// The most slots `init` will create; slot ids are zero-padded to sort by `_id`.
+pub const MAX_SLOTS: u32 = 999;
+const EVENTS_CAP_BYTES: i64 = 16 * 1024 * 1024;
+
+const SCHEMAS: [(&str, &str); 4] = [
+    (SLOTS, include_str!("../schemas/slots.json")),
+    (ROBOTS, include_str!("../schemas/robots.json")),
+    (WORKERS, include_str!("../schemas/workers.json")),
+    (EVENTS, include_str!("../schemas/events.json")),
+];
+
+/// Errors a caller can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid MongoDB URI {uri}: {why}")]
+    BadUri { uri: String, why: String },
+    #[error("cannot reach MongoDB at {uri}: {why}")]
+    Unreachable { uri: String, why: String },
+    #[error("refusing to shrink to {wanted} slots: {slot} still has {robots} robot(s); move or delete them first")]
+    ShrinkWithRobots {
+        wanted: u32,
+        slot: String,
+        robots: u64,
+    },
+    #[error("--slots must be between 1 and {MAX_SLOTS}, got {0}")]
+    SlotCount(u32),
+    #[error(transparent)]
+    Db(#[from] mongodb::error::Error),
+}
+
+/// Replaces the password of a `mongodb://user:pass@host` URI with `****`.
+pub fn redact_uri(uri: &str) -> String {
+    let Some(scheme_end) = uri.find("://") else {
+        return uri.to_string();
+    };
+    let rest = &uri[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return uri.to_string();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    format!("{}://{}:****@{}", &uri[..scheme_end], user, &rest[at + 1..])
+}
+
+/// Removes every occurrence of the URI's password from a message (driver errors can
+/// echo parts of the connection string).
+pub fn scrub(message: &str, uri: &str) -> String {
+    let password = uri
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split('/').next())
+        .and_then(|auth| auth.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, p)| p)
+        .filter(|p| !p.is_empty());
+    match password {
+        Some(p) => message.replace(p, "****"),
+        None => message.to_string(),
+    }
+}
+
+/// A slot document as the protocol writes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Slot {
+    #[serde(rename = "_id")]
+    pub id: String,
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub ip: Option<String>,
+    #[serde(default)]
+    pub port: Option<i64>,
+    pub time: Option<bson::DateTime>,
+    pub epoch: i64,
+    pub rev: i64,
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// The connection and the database every component works in.
+#[derive(Clone)]
+pub struct Store {
+    client: Client,
+    db: Database,
+    /// Kept only to scrub its password out of messages; never printed.
+    uri: String,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("uri", &redact_uri(&self.uri))
+            .field("database", &self.db.name())
+            .finish()
+    }
+}
+
+impl Store {
+    /// Connects and pings, failing within a few seconds when the server is unreachable.
+    /// The database is the URI's path (`mongodb://host/NAME`), else `slotpool`.
+    pub async fn connect(uri: &str) -> Result<Store, StoreError> {
+        let shown = redact_uri(uri);
+        let mut options = ClientOptions::parse(uri)
+            .await
+            .map_err(|e| StoreError::BadUri {
+                uri: shown.clone(),
+                why: scrub(&e.to_string(), uri),
+            })?;
+        options
+            .server_selection_timeout
+            .get_or_insert(Duration::from_secs(5));
+        options.connect_timeout.get_or_insert(Duration::from_secs(3));
+        options.app_name.get_or_insert_with(|| "slotpool".into());
+        let name = options
+            .default_database
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DATABASE.to_string());
+        let client = Client::with_options(options).map_err(|e| StoreError::BadUri {
+            uri: shown.clone(),
+            why: scrub(&e.to_string(), uri),
+        })?;
+        let db = client.database(&name);
+        db.run_command(doc! {"ping": 1})
+            .await
+            .map_err(|e| StoreError::Unreachable {
+                uri: shown,
+                why: first_line(&scrub(&e.to_string(), uri)),
+            })?;
+        Ok(Store {
+            client,
+            db,
+            uri: uri.to_string(),
+        })
+    }
+
+    /// The connection string, for [`scrub`]bing messages. Do not print it.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The URI with its password replaced by `****`.
+    pub fn shown_uri(&self) -> String {
+        redact_uri(&self.uri)
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn db(&self) -> &Database {
+        &self.db
+    }
+
+    pub fn slots(&self) -> Collection<Document> {
+        self.db.collection(SLOTS)
+    }
+
+    pub fn robots(&self) -> Collection<Document> {
+        self.db.collection(ROBOTS)
+    }
+
+    pub fn workers(&self) -> Collection<Document> {
+        self.db.collection(WORKERS)
+    }
+
+    pub fn events(&self) -> Collection<Document> {
+        self.db.collection(EVENTS)
+    }
+
+    /// The server's clock, for timestamps written by inserts (which cannot use
+    /// `$$NOW`).
+    pub async fn server_now(&self) -> Result<bson::DateTime, mongodb::error::Error> {
+        let hello = self.db.run_command(doc! {"hello": 1}).await?;
+        Ok(hello
+            .get_datetime("localTime")
+            .copied()
+            .unwrap_or_else(|_| bson::DateTime::now()))
+    }
+
+    /// Appends to the capped `events` log. Inspection only: a failure is logged, never
+    /// fatal. `at` is the server's clock.
+    pub async fn record_event(&self, kind: &str, fields: Document) {
+        let mut set = doc! {"at": "$$NOW", "kind": kind};
+        set.extend(fields);
+        let result = self
+            .events()
+            .update_one(doc! {"_id": bson::oid::ObjectId::new()}, vec![doc! {"$set": set}])
+            .upsert(true)
+            .await;
+        if let Err(e) = result {
+            tracing::debug!(error = %e, kind, "could not record event");
+        }
+    }
+
+    /// Creates collections, validators and indexes, and makes exactly `count` slots
+    /// exist. Idempotent; growing adds slots, shrinking refuses while a removed slot
+    /// has robots.
+    pub async fn init(&self, count: u32) -> Result<InitReport, StoreError> {
+        if count == 0 || count > MAX_SLOTS {
+            return Err(StoreError::SlotCount(count));
+        }
+        self.install_schemas().await?;
+        self.create_indexes().await?;
+        self.resize_slots(count).await
+    }
+
+    async fn install_schemas(&self) -> Result<(), StoreError> {
+        let existing = self.db.list_collection_names().await?;
+        for (name, schema) in SCHEMAS {
+            let validator: Document = serde_json::from_str::<serde_json::Value>(schema)
+                .ok()
+                .and_then(|v| bson::to_document(&v).ok())
+                .expect("schemas/*.json are valid JSON objects, checked by tests");
+            if !existing.iter().any(|c| c == name) {
+                let create = self.db.create_collection(name);
+                let create = if name == EVENTS {
+                    create.capped(true).size(EVENTS_CAP_BYTES as u64)
+                } else {
+                    create
+                };
+                if let Err(e) = create.await {
+                    // Another `init` may have created it between the list and here.
+                    if !is_namespace_exists(&e) {
+                        return Err(e.into());
+                    }
+                }
+            }
+            self.db
+                .run_command(doc! {
+                    "collMod": name,
+                    "validator": validator,
+                    "validationLevel": "strict",
+                    "validationAction": "error",
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn create_indexes(&self) -> Result<(), StoreError> {
+        let unique = IndexOptions::builder().unique(true).build();
+        self.robots()
+            .create_index(
+                IndexModel::builder()
+                    .keys(doc! {"name": 1})
+                    .options(unique)
+                    .build(),
+            )
+            .await?;
+        self.robots()
+            .create_index(IndexModel::builder().keys(doc! {"slot_id": 1}).build())
+            .await?;
+        self.workers()
+            .create_index(IndexModel::builder().keys(doc! {"slot_id": 1}).build())
+            .await?;
+        Ok(())
+    }
+
+    async fn resize_slots(&self, count: u32) -> Result<InitReport, StoreError> {
+        let mut report = InitReport::default();
+        let wanted: Vec<String> = (1..=count).map(slot_id).collect();
+        let mut present: Vec<String> = Vec::new();
+        let mut cursor = self
+            .slots()
+            .find(doc! {})
+            .projection(doc! {"_id": 1})
+            .await?;
+        use futures::TryStreamExt;
+        while let Some(d) = cursor.try_next().await? {
+            if let Ok(id) = d.get_str("_id") {
+                present.push(id.to_string());
+            }
+        }
+        let extra: Vec<&String> = present.iter().filter(|p| !wanted.contains(p)).collect();
+        for slot in &extra {
+            let robots = self
+                .robots()
+                .count_documents(doc! {"slot_id": slot.as_str()})
+                .await?;
+            if robots > 0 {
+                return Err(StoreError::ShrinkWithRobots {
+                    wanted: count,
+                    slot: slot.to_string(),
+                    robots,
+                });
+            }
+        }
+        for slot in extra {
+            self.slots().delete_one(doc! {"_id": slot.as_str()}).await?;
+            report.removed.push(slot.clone());
+        }
+        for id in wanted {
+            let result = self
+                .slots()
+                .update_one(
+                    doc! {"_id": &id},
+                    doc! {"$setOnInsert": {
+                        "owner": Bson::Null, "ip": Bson::Null, "port": Bson::Null,
+                        "time": Bson::Null, "epoch": 0_i64, "rev": 0_i64, "draining": false,
+                        "robot_count": 0_i64,
+                    }},
+                )
+                .upsert(true)
+                .await?;
+            if result.upserted_id.is_some() {
+                report.added.push(id);
+            }
+        }
+        report.total = count;
+        crate::placement::reconcile_counts(self).await?;
+        Ok(report)
+    }
+}
+
+/// What `init` changed.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct InitReport {
+    pub total: u32,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+}
+
+/// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order.
+pub fn slot_id(n: u32) -> String {
+    format!("slot-{n:03}")
+}
+
+fn is_namespace_exists(e: &mongodb::error::Error) -> bool {
+    matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 48)
+}
+
+/// True for a duplicate-key error (code 11000).
+pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+    e.contains_label("DuplicateKey")
+        || match e.kind.as_ref() {
+            mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => {
+                w.code == 11000
+            }
+            mongodb::error::ErrorKind::Command(c) => c.code == 11000,
+            mongodb::error::ErrorKind::InsertMany(m) => m
+                .write_errors
+                .as_ref()
+                .is_some_and(|ws| ws.iter().any(|w| w.code == 11000)),
+            _ => false,
+        }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").chars().take(400).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_password() {
+        assert_eq!(
+            redact_uri("mongodb://alice:s3cret@db:27017/slotpool?tls=true"),
+            "mongodb://alice:****@db:27017/slotpool?tls=true"
+        );
+        assert_eq!(
+            redact_uri("mongodb://127.0.0.1:27017/x"),
+            "mongodb://127.0.0.1:27017/x"
+        );
+        assert_eq!(
+            scrub("auth failed for s3cret", "mongodb://a:s3cret@h/"),
+            "auth failed for ****"
+        );
+    }
+
+    #[test]
+    fn schemas_are_json_objects() {
+        for (name, text) in SCHEMAS {
+            let v: serde_json::Value = serde_json::from_str(text).expect(name);
+            assert!(v.get("$jsonSchema").is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn slot_ids_sort_numerically() {
+        let mut ids: Vec<String> = (1..=12).map(slot_id).collect();
+        let sorted = ids.clone();
+        ids.sort();
+        assert_eq!(ids, sorted);
+    }
+}
