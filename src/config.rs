@@ -11,7 +11,9 @@ use std::time::Duration;
 /// Why a setting was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error("invalid address {input:?}: {why} (expected IP:PORT, e.g. 10.0.0.5:7700 or [fd00::5]:7700)")]
+    #[error(
+        "invalid address {input:?}: {why} (expected IP:PORT, e.g. 10.0.0.5:7700 or [fd00::5]:7700)"
+    )]
     Address { input: String, why: String },
     #[error("invalid duration {input:?}: {why} (expected a positive duration such as 1s, 500ms or 2.5s)")]
     Duration { input: String, why: String },
@@ -57,7 +59,9 @@ impl FromStr for Identity {
             return Err(bad("port 0 is not a real port"));
         }
         if addr.ip().is_unspecified() {
-            return Err(bad("advertise an address others can reach, not 0.0.0.0 or ::"));
+            return Err(bad(
+                "advertise an address others can reach, not 0.0.0.0 or ::",
+            ));
         }
         Ok(Identity {
             ip: addr.ip(),
@@ -78,7 +82,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, ConfigError> {
     }
     let d = if let Some(secs) = t.strip_suffix('s').filter(|n| n.contains('.')) {
         let v: f64 = secs.parse().map_err(|_| bad("not a number"))?;
-        if !v.is_finite() || v < 0.0 || v > 1e9 {
+        if !v.is_finite() || !(0.0..=1e9).contains(&v) {
             return Err(bad("out of range"));
         }
         Duration::from_secs_f64(v)
@@ -159,7 +163,14 @@ mod tests {
         assert_eq!(id.to_string(), "10.0.0.5:7700");
         let v6: Identity = "[fd00::5]:7701".parse().unwrap();
         assert_eq!(v6.port, 7701);
-        for bad in ["10.0.0.5", "host:70000", "10.0.0.5:0", "0.0.0.0:7700", "nonsense", ""] {
+        for bad in [
+            "10.0.0.5",
+            "host:70000",
+            "10.0.0.5:0",
+            "0.0.0.0:7700",
+            "nonsense",
+            "",
+        ] {
             let e = bad.parse::<Identity>().unwrap_err();
             assert!(e.to_string().contains("expected IP:PORT"), "{bad}: {e}");
         }
@@ -184,12 +195,18 @@ mod tests {
             stop_grace: Duration::from_millis(800),
             ..t
         };
-        assert!(grace_too_long.validate().unwrap_err().to_string().contains("stop grace"));
+        assert!(grace_too_long
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("stop grace"));
         let margin_too_long = LeaseTiming {
             margin: Duration::from_secs(1),
             ..t
         };
         assert!(margin_too_long.validate().is_err());
-        assert!(LeaseTiming::from_tick(Duration::from_millis(10)).validate().is_err());
+        assert!(LeaseTiming::from_tick(Duration::from_millis(10))
+            .validate()
+            .is_err());
     }
 }

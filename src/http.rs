@@ -62,7 +62,14 @@ async fn handle(mut conn: TcpStream, state: HttpState) -> std::io::Result<()> {
     let path = target.split('?').next().unwrap_or("");
     let head_only = method == "HEAD";
     if method != "GET" && !head_only {
-        return respond(&mut conn, 405, "text/plain", "read-only: GET /healthz, /metrics, /status\n", false).await;
+        return respond(
+            &mut conn,
+            405,
+            "text/plain",
+            "read-only: GET /healthz, /metrics, /status\n",
+            false,
+        )
+        .await;
     }
     let (code, kind, body) = route(path, &state);
     respond(&mut conn, code, kind, &body, head_only).await
@@ -85,9 +92,17 @@ fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
         "/status" => {
             let mut s = state.status.lock().expect("status lock").clone();
             s.lease_age_ms = s.last_renewed.map(|t| t.elapsed().as_millis() as u64);
-            (200, "application/json", serde_json::to_string_pretty(&s).unwrap_or_default() + "\n")
+            (
+                200,
+                "application/json",
+                serde_json::to_string_pretty(&s).unwrap_or_default() + "\n",
+            )
         }
-        _ => (404, "text/plain", "not found: try /healthz, /metrics or /status\n".into()),
+        _ => (
+            404,
+            "text/plain",
+            "not found: try /healthz, /metrics or /status\n".into(),
+        ),
     }
 }
 

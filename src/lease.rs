@@ -31,7 +31,9 @@ use crate::config::{Identity, LeaseTiming};
 pub enum LeaseError {
     /// The renewal matched nothing: another worker claimed the slot (new epoch), an
     /// operator released it, or the slot was removed.
-    #[error("lost slot {slot} (epoch {epoch}): it is no longer held by this worker under this epoch")]
+    #[error(
+        "lost slot {slot} (epoch {epoch}): it is no longer held by this worker under this epoch"
+    )]
     Lost { slot: String, epoch: i64 },
     /// No successful renewal before the local deadline; never renew this lease again.
     #[error("self-fenced on slot {slot} (epoch {epoch}): no successful renewal before the local deadline")]
@@ -280,7 +282,11 @@ impl LeaseProtocol {
             )
             .return_document(ReturnDocument::After)
             .projection(doc! {"rev": 1, "draining": 1});
-        let reply = tokio::time::timeout(lease.deadline - sent, std::future::IntoFuture::into_future(request)).await;
+        let reply = tokio::time::timeout(
+            lease.deadline - sent,
+            std::future::IntoFuture::into_future(request),
+        )
+        .await;
         if self.clock.now() >= lease.deadline {
             return Err(fenced(lease));
         }
@@ -340,7 +346,11 @@ fn judge(d: &Document) -> Result<(Candidate, Option<i64>), InvalidSlot> {
     let epoch = match d.get("epoch") {
         Some(Bson::Int64(e)) if *e >= 0 => *e,
         Some(Bson::Int32(e)) if *e >= 0 => *e as i64,
-        Some(other) => return Err(bad(format!("epoch must be a non-negative Int64, found {other}"))),
+        Some(other) => {
+            return Err(bad(format!(
+                "epoch must be a non-negative Int64, found {other}"
+            )))
+        }
         None => return Err(bad("epoch is missing".into())),
     };
     let time = match d.get("time") {

@@ -103,29 +103,115 @@ impl Metrics {
         };
         let g = |v: &Gauge| v.get().to_string();
         let c = |v: &Counter| v.get().to_string();
-        one("slot_held", "gauge", "1 while this worker holds a slot", g(&self.slot_held));
-        one("epoch", "gauge", "epoch of the held slot (0 when standby)", g(&self.epoch));
-        one("lease_age_seconds", "gauge", "time since the last successful renewal was sent", format!("{:.3}", self.lease_age_ms.get() as f64 / 1000.0));
-        one("database_up", "gauge", "1 when the last database operation succeeded", g(&self.db_healthy));
+        one(
+            "slot_held",
+            "gauge",
+            "1 while this worker holds a slot",
+            g(&self.slot_held),
+        );
+        one(
+            "epoch",
+            "gauge",
+            "epoch of the held slot (0 when standby)",
+            g(&self.epoch),
+        );
+        one(
+            "lease_age_seconds",
+            "gauge",
+            "time since the last successful renewal was sent",
+            format!("{:.3}", self.lease_age_ms.get() as f64 / 1000.0),
+        );
+        one(
+            "database_up",
+            "gauge",
+            "1 when the last database operation succeeded",
+            g(&self.db_healthy),
+        );
         one("claims_total", "counter", "slots claimed", c(&self.claims));
-        one("claim_attempts_total", "counter", "compare-and-set claim updates sent", c(&self.claim_attempts));
-        one("claim_conflicts_total", "counter", "claim updates that lost the race", c(&self.claim_conflicts));
-        one("losses_total", "counter", "leases lost to another worker or removal", c(&self.losses));
-        one("self_fences_total", "counter", "leases dropped because the local deadline passed", c(&self.self_fences));
-        one("releases_total", "counter", "slots released on shutdown or drain", c(&self.releases));
-        one("renew_failures_total", "counter", "renewals that failed with a database error", c(&self.renew_failures));
-        one("fenced_writes_total", "counter", "robot writes refused by the epoch fence", c(&self.fenced_writes));
-        one("checkpoints_total", "counter", "robot checkpoints persisted", c(&self.checkpoints));
-        one("robot_restarts_total", "counter", "robot restarts after a crash or exit", c(&self.robot_restarts));
-        one("robots_running", "gauge", "robots running on this worker", g(&self.robots_running));
-        one("robots_restarting", "gauge", "robots waiting in restart backoff", g(&self.robots_restarting));
+        one(
+            "claim_attempts_total",
+            "counter",
+            "compare-and-set claim updates sent",
+            c(&self.claim_attempts),
+        );
+        one(
+            "claim_conflicts_total",
+            "counter",
+            "claim updates that lost the race",
+            c(&self.claim_conflicts),
+        );
+        one(
+            "losses_total",
+            "counter",
+            "leases lost to another worker or removal",
+            c(&self.losses),
+        );
+        one(
+            "self_fences_total",
+            "counter",
+            "leases dropped because the local deadline passed",
+            c(&self.self_fences),
+        );
+        one(
+            "releases_total",
+            "counter",
+            "slots released on shutdown or drain",
+            c(&self.releases),
+        );
+        one(
+            "renew_failures_total",
+            "counter",
+            "renewals that failed with a database error",
+            c(&self.renew_failures),
+        );
+        one(
+            "fenced_writes_total",
+            "counter",
+            "robot writes refused by the epoch fence",
+            c(&self.fenced_writes),
+        );
+        one(
+            "checkpoints_total",
+            "counter",
+            "robot checkpoints persisted",
+            c(&self.checkpoints),
+        );
+        one(
+            "robot_restarts_total",
+            "counter",
+            "robot restarts after a crash or exit",
+            c(&self.robot_restarts),
+        );
+        one(
+            "robots_running",
+            "gauge",
+            "robots running on this worker",
+            g(&self.robots_running),
+        );
+        one(
+            "robots_restarting",
+            "gauge",
+            "robots waiting in restart backoff",
+            g(&self.robots_restarting),
+        );
         let h = self.renew_latency.inner.lock().expect("histogram lock");
-        let _ = writeln!(out, "# HELP slotpool_renew_latency_seconds round trip of lease renewals");
+        let _ = writeln!(
+            out,
+            "# HELP slotpool_renew_latency_seconds round trip of lease renewals"
+        );
         let _ = writeln!(out, "# TYPE slotpool_renew_latency_seconds histogram");
         for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(out, "slotpool_renew_latency_seconds_bucket{{le=\"{b}\"}} {}", h.counts[i]);
+            let _ = writeln!(
+                out,
+                "slotpool_renew_latency_seconds_bucket{{le=\"{b}\"}} {}",
+                h.counts[i]
+            );
         }
-        let _ = writeln!(out, "slotpool_renew_latency_seconds_bucket{{le=\"+Inf\"}} {}", h.count);
+        let _ = writeln!(
+            out,
+            "slotpool_renew_latency_seconds_bucket{{le=\"+Inf\"}} {}",
+            h.count
+        );
         let _ = writeln!(out, "slotpool_renew_latency_seconds_sum {:.6}", h.sum);
         let _ = writeln!(out, "slotpool_renew_latency_seconds_count {}", h.count);
         out

@@ -198,7 +198,11 @@ pub async fn reconcile_counts(store: &Store) -> Result<(), mongodb::error::Error
             counts.insert(id.to_string(), n);
         }
     }
-    let mut slots = store.slots().find(doc! {}).projection(doc! {"_id": 1}).await?;
+    let mut slots = store
+        .slots()
+        .find(doc! {})
+        .projection(doc! {"_id": 1})
+        .await?;
     let mut ids = Vec::new();
     while let Some(d) = slots.try_next().await? {
         if let Ok(id) = d.get_str("_id") {

@@ -122,7 +122,9 @@ impl Store {
         options
             .server_selection_timeout
             .get_or_insert(Duration::from_secs(5));
-        options.connect_timeout.get_or_insert(Duration::from_secs(3));
+        options
+            .connect_timeout
+            .get_or_insert(Duration::from_secs(3));
         options.app_name.get_or_insert_with(|| "slotpool".into());
         let name = options
             .default_database
@@ -197,7 +199,10 @@ impl Store {
         set.extend(fields);
         let result = self
             .events()
-            .update_one(doc! {"_id": bson::oid::ObjectId::new()}, vec![doc! {"$set": set}])
+            .update_one(
+                doc! {"_id": bson::oid::ObjectId::new()},
+                vec![doc! {"$set": set}],
+            )
             .upsert(true)
             .await;
         if let Err(e) = result {

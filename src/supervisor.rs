@@ -145,7 +145,10 @@ impl Supervisor {
                 }
                 continue;
             };
-            let name = d.get_str("name").map(str::to_string).unwrap_or_else(|_| id.to_hex());
+            let name = d
+                .get_str("name")
+                .map(str::to_string)
+                .unwrap_or_else(|_| id.to_hex());
             let paused = matches!(d.get("paused"), Some(Bson::Boolean(true)));
             out.push((id, name.clone(), paused, preload(&d, &name)));
         }
@@ -213,7 +216,10 @@ impl Supervisor {
                 Ok(Some(_)) => {}
                 Ok(None) => break,
                 Err(_) => {
-                    tracing::warn!(left = self.tasks.len(), "robots still running after the stop grace; aborting them");
+                    tracing::warn!(
+                        left = self.tasks.len(),
+                        "robots still running after the stop grace; aborting them"
+                    );
                     self.tasks.abort_all();
                     while self.tasks.join_next().await.is_some() {}
                 }
@@ -265,10 +271,13 @@ impl Runner {
                 Err(RobotError::Fenced(why)) => {
                     tracing::warn!(robot = %self.name, "{why}; stopped on this worker");
                     self.store
-                        .record_event("fenced_write", doc! {
-                            "worker": self.ctx.worker(), "slot_id": self.ctx.slot_id(),
-                            "epoch": self.ctx.epoch(), "robot": &self.name, "detail": why,
-                        })
+                        .record_event(
+                            "fenced_write",
+                            doc! {
+                                "worker": self.ctx.worker(), "slot_id": self.ctx.slot_id(),
+                                "epoch": self.ctx.epoch(), "robot": &self.name, "detail": why,
+                            },
+                        )
                         .await;
                     break;
                 }
@@ -288,13 +297,12 @@ impl Runner {
             restarts += 1;
             self.metrics.robot_restarts.inc();
             tracing::warn!(robot = %self.name, restarts, backoff_ms = backoff.as_millis() as u64, "robot {status}: {error}");
-            match self
+            let recorded = self
                 .ctx
                 .set_status(&self.id, status, Some(&error.to_string()), Some(restarts))
-                .await
-            {
-                Ok(false) => break, // fenced: no longer ours
-                Ok(true) | Err(_) => {}
+                .await;
+            if let Ok(false) = recorded {
+                break; // fenced: no longer ours
             }
             self.metrics.robots_restarting.add(1);
             tokio::select! {

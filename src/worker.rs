@@ -160,8 +160,7 @@ impl Worker {
     /// One standby round: heartbeat, survey, claim. Remembers when to look again.
     async fn stand_by(&mut self) -> Option<Lease> {
         self.set_standby();
-        let (survey, heartbeat) = tokio::join!(self.protocol.survey(), self.heartbeat(None));
-        let _ = heartbeat;
+        let (survey, ()) = tokio::join!(self.protocol.survey(), self.heartbeat(None));
         let survey = match survey {
             Ok(s) => s,
             Err(e) => {
@@ -182,7 +181,10 @@ impl Worker {
                 self.metrics.claim_attempts.add(outcome.attempts as u64);
                 self.metrics.claim_conflicts.add(outcome.conflicts as u64);
                 if outcome.conflicts > 0 && outcome.lease.is_none() {
-                    tracing::debug!(conflicts = outcome.conflicts, "every expired slot was taken first by another worker");
+                    tracing::debug!(
+                        conflicts = outcome.conflicts,
+                        "every expired slot was taken first by another worker"
+                    );
                 }
                 outcome.lease
             }
@@ -205,7 +207,10 @@ impl Worker {
         self.metrics.slot_held.set(1);
         self.metrics.epoch.set(lease.epoch);
         self.store
-            .record_event("claim", doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch})
+            .record_event(
+                "claim",
+                doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch},
+            )
             .await;
         let guard = WriteGuard::new(lease.deadline(), self.clock.clone());
         let ctx = ContextStore::new(
@@ -245,7 +250,8 @@ impl Worker {
                         break Ended::Drained;
                     }
                     next = sent + self.tick();
-                    let (synced, _) = tokio::join!(supervisor.sync(renewed.rev), self.heartbeat(Some(&lease)));
+                    let (synced, _) =
+                        tokio::join!(supervisor.sync(renewed.rev), self.heartbeat(Some(&lease)));
                     if let Err(e) = synced {
                         tracing::warn!(slot = %lease.slot_id, "could not update robots: {e}; retrying next tick");
                     }
@@ -287,11 +293,18 @@ impl Worker {
                 self.metrics.releases.inc();
                 tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, "released slot");
                 self.store
-                    .record_event("release", doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch})
+                    .record_event(
+                        "release",
+                        doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch},
+                    )
                     .await;
             }
-            Ok(false) => tracing::warn!(slot = %lease.slot_id, "slot was no longer ours at release"),
-            Err(e) => tracing::warn!(slot = %lease.slot_id, "could not release slot (it expires by itself in {} ms): {}", self.settings.timing.lease_ms(), self.scrub(&e.to_string())),
+            Ok(false) => {
+                tracing::warn!(slot = %lease.slot_id, "slot was no longer ours at release")
+            }
+            Err(e) => {
+                tracing::warn!(slot = %lease.slot_id, "could not release slot (it expires by itself in {} ms): {}", self.settings.timing.lease_ms(), self.scrub(&e.to_string()))
+            }
         }
         self.left_slot();
         ended
@@ -323,7 +336,10 @@ impl Worker {
 
     fn db_ok(&mut self) {
         if let Some(since) = self.db_down_since.take() {
-            tracing::info!(down_ms = since.elapsed().as_millis() as u64, "database reachable again");
+            tracing::info!(
+                down_ms = since.elapsed().as_millis() as u64,
+                "database reachable again"
+            );
         }
         self.metrics.db_healthy.set(1);
         self.status.lock().expect("status lock").database_ok = true;
@@ -370,7 +386,11 @@ impl Worker {
     /// On a clean exit the worker leaves the `workers` list, so standbys are counted
     /// honestly.
     async fn leave(&self) {
-        let _ = self.store.workers().delete_one(doc! {"_id": self.owner()}).await;
+        let _ = self
+            .store
+            .workers()
+            .delete_one(doc! {"_id": self.owner()})
+            .await;
         tracing::info!(worker = %self.owner(), "worker stopped");
     }
 }

@@ -145,7 +145,10 @@ fn names(base: &str, count: u32) -> Vec<String> {
 
 async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
     if args.count == 0 || args.count > MAX_COUNT {
-        bail!("--count must be between 1 and {MAX_COUNT}, got {}", args.count);
+        bail!(
+            "--count must be between 1 and {MAX_COUNT}, got {}",
+            args.count
+        );
     }
     if args.name.trim().is_empty() || args.name.len() > 200 {
         bail!("--name must be 1 to 200 characters");
@@ -173,7 +176,10 @@ async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
         .filter_map(|d| text(d, "name"))
         .collect();
     if !taken.is_empty() {
-        bail!("a robot named {} already exists; names are unique", taken.join(", "));
+        bail!(
+            "a robot named {} already exists; names are unique",
+            taken.join(", ")
+        );
     }
     let placement = placement::reserve(store, names.len()).await?;
     if placement.no_live_slot {
@@ -209,7 +215,12 @@ async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
 async fn insert_all(store: &Store, docs: &[Document]) -> usize {
     let mut done = 0;
     for chunk in docs.chunks(1000) {
-        match store.robots().insert_many(chunk.to_vec()).ordered(true).await {
+        match store
+            .robots()
+            .insert_many(chunk.to_vec())
+            .ordered(true)
+            .await
+        {
             Ok(_) => done += chunk.len(),
             Err(_) => {
                 // Ordered: the ones before the failure landed. Count them.
@@ -238,10 +249,15 @@ async fn insert_error(
     // Find out why the first missing one failed, for the message.
     let name = text(&docs[inserted], "name").unwrap_or_default();
     match store.robots().insert_one(docs[inserted].clone()).await {
-        Err(e) if is_duplicate_key(&e) => Some(format!("robot {name:?} was created by someone else meanwhile")),
+        Err(e) if is_duplicate_key(&e) => Some(format!(
+            "robot {name:?} was created by someone else meanwhile"
+        )),
         Err(e) => Some(e.to_string()),
         Ok(_) => {
-            let _ = store.robots().delete_one(doc! {"_id": docs[inserted].get_object_id("_id").ok()}).await;
+            let _ = store
+                .robots()
+                .delete_one(doc! {"_id": docs[inserted].get_object_id("_id").ok()})
+                .await;
             Some("insert failed".into())
         }
     }
@@ -304,10 +320,18 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
             ]},
         }},
     ];
-    let mut docs: Vec<Document> = store.robots().aggregate(pipeline).await?.try_collect().await?;
+    let mut docs: Vec<Document> = store
+        .robots()
+        .aggregate(pipeline)
+        .await?
+        .try_collect()
+        .await?;
     for d in &mut docs {
         let holder = match d.get("_slot") {
-            Some(Bson::Array(a)) => a.first().and_then(|s| s.as_document()).and_then(|s| text(s, "owner")),
+            Some(Bson::Array(a)) => a
+                .first()
+                .and_then(|s| s.as_document())
+                .and_then(|s| text(s, "owner")),
             _ => None,
         };
         d.remove("_slot");
@@ -348,10 +372,24 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
         })
         .collect();
     if rows.is_empty() {
-        println!("no robots{}", slot.map(|s| format!(" on {s}")).unwrap_or_default());
+        println!(
+            "no robots{}",
+            slot.map(|s| format!(" on {s}")).unwrap_or_default()
+        );
         return Ok(());
     }
-    print_table(&["NAME", "KIND", "SLOT", "HOLDER", "SEQ", "CHECKPOINT", "STATUS"], &rows);
+    print_table(
+        &[
+            "NAME",
+            "KIND",
+            "SLOT",
+            "HOLDER",
+            "SEQ",
+            "CHECKPOINT",
+            "STATUS",
+        ],
+        &rows,
+    );
     Ok(())
 }
 
@@ -382,13 +420,20 @@ async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
 async fn delete(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
     let d = find(store, name).await?;
     let slot = text(&d, "slot_id");
-    let r = store.robots().delete_one(doc! {"_id": d.get("_id")}).await?;
+    let r = store
+        .robots()
+        .delete_one(doc! {"_id": d.get("_id")})
+        .await?;
     if r.deleted_count == 1 {
         if let Some(s) = &slot {
             placement::adjust(store, s, -1, true).await?;
         }
     }
-    done(as_json, json!({"deleted": name, "slot": slot}), format!("deleted {name}"));
+    done(
+        as_json,
+        json!({"deleted": name, "slot": slot}),
+        format!("deleted {name}"),
+    );
     Ok(())
 }
 
@@ -396,7 +441,11 @@ async fn move_to(store: &Store, name: &str, to: &str, as_json: bool) -> anyhow::
     let d = find(store, name).await?;
     let from = slot_of(&d)?;
     if from == to {
-        done(as_json, json!({"moved": name, "from": from, "to": to}), format!("{name} is already on {to}"));
+        done(
+            as_json,
+            json!({"moved": name, "from": from, "to": to}),
+            format!("{name} is already on {to}"),
+        );
         return Ok(());
     }
     if store.slots().find_one(doc! {"_id": to}).await?.is_none() {
@@ -416,7 +465,11 @@ async fn move_to(store: &Store, name: &str, to: &str, as_json: bool) -> anyhow::
     }
     placement::adjust(store, &from, -1, true).await?;
     placement::adjust(store, to, 1, true).await?;
-    done(as_json, json!({"moved": name, "from": from, "to": to}), format!("moved {name} from {from} to {to}"));
+    done(
+        as_json,
+        json!({"moved": name, "from": from, "to": to}),
+        format!("moved {name} from {from} to {to}"),
+    );
     Ok(())
 }
 
@@ -435,7 +488,11 @@ async fn set_paused(store: &Store, name: &str, paused: bool, as_json: bool) -> a
         .await?;
     placement::adjust(store, &slot, 0, true).await?;
     let word = if paused { "paused" } else { "resumed" };
-    done(as_json, json!({word: name, "slot": slot}), format!("{word} {name}"));
+    done(
+        as_json,
+        json!({word: name, "slot": slot}),
+        format!("{word} {name}"),
+    );
     Ok(())
 }
 

@@ -61,7 +61,8 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
         d.remove("_age_ms");
         let lease_ms = int(&d, "lease_ms");
         let owner = text(&d, "owner");
-        let live = matches!((&owner, lease_age_ms, lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
+        let live =
+            matches!((&owner, lease_age_ms, lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
         let state = if matches!(d.get("draining"), Some(Bson::Boolean(true))) {
             if live {
                 "draining"
@@ -143,13 +144,19 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
                 text(&r.doc, "_id").unwrap_or_default(),
                 r.state.to_string(),
                 text(&r.doc, "owner").unwrap_or_else(|| "-".into()),
-                r.doc.get("epoch").map(|e| e.to_string()).unwrap_or_else(|| "-".into()),
+                r.doc
+                    .get("epoch")
+                    .map(|e| e.to_string())
+                    .unwrap_or_else(|| "-".into()),
                 age(r.lease_age_ms),
                 int(&r.doc, "robot_count").unwrap_or(0).to_string(),
             ]
         })
         .collect();
-    print_table(&["SLOT", "STATE", "OWNER", "EPOCH", "LEASE AGE", "ROBOTS"], &table);
+    print_table(
+        &["SLOT", "STATE", "OWNER", "EPOCH", "LEASE AGE", "ROBOTS"],
+        &table,
+    );
     println!(
         "standbys: {}",
         if standbys.is_empty() {

@@ -43,17 +43,26 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let mut per_status = std::collections::BTreeMap::<String, i64>::new();
     let mut cursor = store
         .robots()
-        .aggregate(vec![doc! {"$group": {"_id": {"slot": "$slot_id", "status": "$status"}, "n": {"$sum": 1}}}])
+        .aggregate(vec![
+            doc! {"$group": {"_id": {"slot": "$slot_id", "status": "$status"}, "n": {"$sum": 1}}},
+        ])
         .await?;
     let mut per_slot = std::collections::BTreeMap::<String, i64>::new();
     while let Some(d) = cursor.try_next().await? {
         let key = d.get_document("_id").cloned().unwrap_or_default();
         let n = int(&d, "n").unwrap_or(0);
-        *per_slot.entry(text(&key, "slot").unwrap_or_default()).or_default() += n;
-        *per_status.entry(text(&key, "status").unwrap_or_else(|| "?".into())).or_default() += n;
+        *per_slot
+            .entry(text(&key, "slot").unwrap_or_default())
+            .or_default() += n;
+        *per_status
+            .entry(text(&key, "status").unwrap_or_else(|| "?".into()))
+            .or_default() += n;
     }
     let held = slots.iter().filter(|s| s.state == "held").count();
-    let claimable = slots.iter().filter(|s| matches!(s.state, "free" | "expired")).count();
+    let claimable = slots
+        .iter()
+        .filter(|s| matches!(s.state, "free" | "expired"))
+        .count();
     let standbys: Vec<String> = workers
         .iter()
         .filter(|w| text(w, "slot_id").is_none())
@@ -88,20 +97,57 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
                 id.clone(),
                 s.state.to_string(),
                 text(&s.doc, "owner").unwrap_or_else(|| "-".into()),
-                s.doc.get("epoch").map(Bson::to_string).unwrap_or_else(|| "-".into()),
+                s.doc
+                    .get("epoch")
+                    .map(Bson::to_string)
+                    .unwrap_or_else(|| "-".into()),
                 age(s.lease_age_ms),
                 per_slot.get(&id).copied().unwrap_or(0).to_string(),
             ]
         })
         .collect();
-    print_table(&["SLOT", "STATE", "HOLDER", "EPOCH", "LEASE AGE", "ROBOTS"], &rows);
+    print_table(
+        &["SLOT", "STATE", "HOLDER", "EPOCH", "LEASE AGE", "ROBOTS"],
+        &rows,
+    );
     let total: i64 = per_status.values().sum();
     let by: Vec<String> = per_status.iter().map(|(s, n)| format!("{n} {s}")).collect();
     println!();
-    println!("slots:    {held} of {} held{}", slots.len(), if claimable > 0 { format!(", {claimable} waiting for a worker") } else { String::new() });
-    println!("robots:   {total}{}", if by.is_empty() { String::new() } else { format!(" ({})", by.join(", ")) });
-    println!("workers:  {} live, {} standby{}", workers.len(), standbys.len(), if standbys.is_empty() { String::new() } else { format!(" ({})", standbys.join(", ")) });
-    println!("can absorb {absorb} holder failure(s) now{}", if absorb == 0 { ": add workers for redundancy" } else { "" });
+    println!(
+        "slots:    {held} of {} held{}",
+        slots.len(),
+        if claimable > 0 {
+            format!(", {claimable} waiting for a worker")
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "robots:   {total}{}",
+        if by.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", by.join(", "))
+        }
+    );
+    println!(
+        "workers:  {} live, {} standby{}",
+        workers.len(),
+        standbys.len(),
+        if standbys.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", standbys.join(", "))
+        }
+    );
+    println!(
+        "can absorb {absorb} holder failure(s) now{}",
+        if absorb == 0 {
+            ": add workers for redundancy"
+        } else {
+            ""
+        }
+    );
     let _ = int;
     Ok(())
 }

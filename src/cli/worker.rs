@@ -43,7 +43,11 @@ pub struct WorkerArgs {
     /// Restrict `exec` robots to these commands (repeat, or comma-separate). An entry
     /// ending in `/` allows every command under that directory. Default: any command —
     /// anyone who can write to the database can then run commands on this worker.
-    #[arg(long = "exec-allow", env = "SLOTPOOL_EXEC_ALLOW", value_delimiter = ',')]
+    #[arg(
+        long = "exec-allow",
+        env = "SLOTPOOL_EXEC_ALLOW",
+        value_delimiter = ','
+    )]
     exec_allow: Vec<String>,
 
     /// Benchmarks only: every worker tries the first expired slot first.
@@ -75,7 +79,10 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         .listen
         .unwrap_or_else(|| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), identity.port));
     let listener = TcpListener::bind(listen).await.with_context(|| {
-        format!("cannot listen on {listen} (is another worker already using port {}?)", listen.port())
+        format!(
+            "cannot listen on {listen} (is another worker already using port {}?)",
+            listen.port()
+        )
     })?;
     let store = Store::connect(uri)
         .await
@@ -110,7 +117,9 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
 }
 
 /// SIGTERM or SIGINT: graceful stop (robots stopped, slot released). A second signal
-/// exits at once.
+/// more than a second later exits at once; one sooner is the same request arriving
+/// twice (a terminal's Ctrl-C reaches the whole process group, and a supervisor may
+/// send its own SIGTERM too).
 async fn on_signals(shutdown: tokio_util::sync::CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
@@ -125,11 +134,17 @@ async fn on_signals(shutdown: tokio_util::sync::CancellationToken) {
         _ = int.recv() => tracing::info!("SIGINT: stopping robots and releasing the slot"),
     }
     shutdown.cancel();
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    let first = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        if first.elapsed() > Duration::from_secs(1) {
+            break;
+        }
     }
-    tracing::warn!("second signal: exiting now");
+    tracing::warn!("second signal: exiting now without waiting for robots");
     std::process::exit(130);
 }
 
@@ -150,7 +165,9 @@ async fn default_identity() -> Identity {
         }
     }
     let ip = ip.unwrap_or_else(|| {
-        tracing::warn!("could not find this host's address; advertising 127.0.0.1 (set --advertise)");
+        tracing::warn!(
+            "could not find this host's address; advertising 127.0.0.1 (set --advertise)"
+        );
         IpAddr::V4(Ipv4Addr::LOCALHOST)
     });
     Identity {

@@ -21,10 +21,16 @@ fn interval(spec: &Document) -> Result<Duration, String> {
         None => DEFAULT_INTERVAL_MS,
         Some(Bson::Int32(v)) => *v as i64,
         Some(Bson::Int64(v)) => *v,
-        Some(other) => return Err(format!("spec.interval_ms must be an integer, found {other}")),
+        Some(other) => {
+            return Err(format!(
+                "spec.interval_ms must be an integer, found {other}"
+            ))
+        }
     };
     if !(10..=86_400_000).contains(&ms) {
-        return Err(format!("spec.interval_ms must be between 10 and 86400000, got {ms}"));
+        return Err(format!(
+            "spec.interval_ms must be between 10 and 86400000, got {ms}"
+        ));
     }
     Ok(Duration::from_millis(ms as u64))
 }

@@ -105,7 +105,11 @@ fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
                 other => Err(format!("spec.args must hold strings, found {other}")),
             })
             .collect::<Result<_, _>>()?,
-        Some(other) => return Err(format!("spec.args must be an array of strings, found {other}")),
+        Some(other) => {
+            return Err(format!(
+                "spec.args must be an array of strings, found {other}"
+            ))
+        }
     };
     let env = match spec.get("env") {
         None => Vec::new(),
@@ -116,7 +120,11 @@ fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
                 other => Err(format!("spec.env.{k} must be a string, found {other}")),
             })
             .collect::<Result<_, _>>()?,
-        Some(other) => return Err(format!("spec.env must be a document of strings, found {other}")),
+        Some(other) => {
+            return Err(format!(
+                "spec.env must be a document of strings, found {other}"
+            ))
+        }
     };
     Ok(ExecSpec { command, args, env })
 }
@@ -248,7 +256,11 @@ async fn supervise_child(
 }
 
 /// SIGTERM, keep persisting what it prints, SIGKILL at the end of the grace.
-async fn stop_child(run: &RobotRun, child: &mut Child, lines: &mut Lines) -> Result<(), RobotError> {
+async fn stop_child(
+    run: &RobotRun,
+    child: &mut Child,
+    lines: &mut Lines,
+) -> Result<(), RobotError> {
     let deadline = Instant::now() + run.grace();
     signal_group(child, libc::SIGTERM);
     let mut open = true;
@@ -291,7 +303,10 @@ mod tests {
         );
         assert!(matches!(parse_line("hello"), Line::Log(_)));
         assert!(matches!(parse_line(r#"{"checkpoint": 3}"#), Line::Log(_)));
-        assert!(matches!(parse_line(r#"{"checkpoint": {}, "x": 1}"#), Line::Log(_)));
+        assert!(matches!(
+            parse_line(r#"{"checkpoint": {}, "x": 1}"#),
+            Line::Log(_)
+        ));
     }
 
     #[test]

@@ -1,0 +1,280 @@
+//! Test helpers: the dev server, a unique database per test, real worker processes,
+//! and waiting for conditions with deadlines.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Document};
+use slotpool::Store;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_slotpool");
+
+/// The server's base URI: `MONGODB_URI` if set, else the dev server, started once by
+/// `scripts/dev-mongo.sh`.
+pub fn base_uri() -> &'static str {
+    static URI: OnceLock<String> = OnceLock::new();
+    URI.get_or_init(|| {
+        if let Ok(uri) = std::env::var("MONGODB_URI") {
+            return uri;
+        }
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = Command::new("bash")
+            .arg(format!("{root}/scripts/dev-mongo.sh"))
+            .output()
+            .expect("run scripts/dev-mongo.sh");
+        assert!(
+            out.status.success(),
+            "scripts/dev-mongo.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    })
+}
+
+/// `base` with its database path replaced by `db`.
+pub fn with_database(base: &str, db: &str) -> String {
+    let (scheme, rest) = base.split_once("://").expect("a mongodb:// URI");
+    let (hosts, query) = match rest.find(['/', '?']) {
+        Some(i) => {
+            let tail = &rest[i..];
+            let q = tail.find('?').map(|j| &tail[j..]).unwrap_or("");
+            (&rest[..i], q)
+        }
+        None => (rest, ""),
+    };
+    format!("{scheme}://{hosts}/{db}{query}")
+}
+
+/// A database of its own for one test.
+pub struct TestDb {
+    pub uri: String,
+    pub name: String,
+    pub store: Store,
+    pub dir: PathBuf,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl TestDb {
+    pub async fn new(label: &str) -> TestDb {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let name = format!("t_{label}_{}_{n}_{nanos}", std::process::id());
+        let uri = with_database(base_uri(), &name);
+        let store = Store::connect(&uri)
+            .await
+            .expect("connect to the test server");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(&name);
+        std::fs::create_dir_all(&dir).unwrap();
+        TestDb {
+            uri,
+            name,
+            store,
+            dir,
+        }
+    }
+
+    pub async fn init(&self, slots: u32) {
+        self.store.init(slots).await.expect("init");
+    }
+
+    /// Runs the CLI against this database.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .env("MONGODB_URI", &self.uri)
+            .env("SLOTPOOL_LOG", "warn")
+            .output()
+            .expect("run slotpool")
+    }
+
+    /// Runs the CLI and insists it succeeded; returns stdout.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "slotpool {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn worker(&self, extra: &[&str]) -> WorkerProc {
+        WorkerProc::start(&self.uri, &self.dir, extra)
+    }
+
+    pub async fn slot(&self, id: &str) -> Document {
+        self.store
+            .slots()
+            .find_one(doc! {"_id": id})
+            .await
+            .unwrap()
+            .expect("slot exists")
+    }
+
+    pub async fn slots(&self) -> Vec<Document> {
+        use futures::TryStreamExt;
+        self.store
+            .slots()
+            .find(doc! {})
+            .sort(doc! {"_id": 1})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap()
+    }
+
+    pub async fn robot(&self, name: &str) -> Document {
+        self.store
+            .robots()
+            .find_one(doc! {"name": name})
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("robot {name} exists"))
+    }
+
+    pub async fn robots(&self) -> Vec<Document> {
+        use futures::TryStreamExt;
+        self.store
+            .robots()
+            .find(doc! {})
+            .sort(doc! {"name": 1})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap()
+    }
+}
+
+/// A free TCP port on loopback (bound and released; the worker binds it again).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A real `slotpool worker` process.
+pub struct WorkerProc {
+    pub child: Child,
+    pub id: String,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl WorkerProc {
+    pub fn start(uri: &str, dir: &Path, extra: &[&str]) -> WorkerProc {
+        let port = free_port();
+        let id = format!("127.0.0.1:{port}");
+        let log = dir.join(format!("worker-{port}.log"));
+        let file = File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["worker", "--advertise", &id, "--listen", &id])
+            .args(extra)
+            .env("MONGODB_URI", uri)
+            .env("SLOTPOOL_LOG", "info,slotpool=debug,mongodb=warn")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("spawn worker");
+        WorkerProc {
+            child,
+            id,
+            port,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.pid(), sig);
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to exit, up to `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Plain HTTP GET on the worker's port: (status code, body).
+    pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        let code = out.split_whitespace().nth(1)?.parse().ok()?;
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+        Some((code, body))
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        // A stopped process cannot die of SIGKILL until continued.
+        self.signal(libc::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` until it returns Some or `limit` passes; panics with `what` then.
+pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() > end {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn owner(slot: &Document) -> Option<String> {
+    slot.get_str("owner").ok().map(str::to_string)
+}
+
+pub fn epoch(slot: &Document) -> i64 {
+    slot.get_i64("epoch").unwrap()
+}

@@ -1,0 +1,278 @@
+//! The lease protocol against the real dev server, with the local clock under the
+//! test's control (ManualClock): claim, renew, lost race, expiry at L, self-fence.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, Bson};
+use common::{epoch, owner, TestDb};
+use slotpool::clock::ManualClock;
+use slotpool::{Identity, LeaseError, LeaseProtocol, LeaseTiming};
+
+fn timing() -> LeaseTiming {
+    LeaseTiming::from_tick(Duration::from_secs(1))
+}
+
+fn protocol(db: &TestDb, id: &str, clock: &ManualClock) -> LeaseProtocol {
+    let identity: Identity = id.parse().unwrap();
+    LeaseProtocol::new(
+        db.store.slots(),
+        identity,
+        timing(),
+        Arc::new(clock.clone()),
+    )
+}
+
+/// Puts a slot's `time` at `offset_ms` relative to the server's clock now.
+async fn set_time_relative(db: &TestDb, slot: &str, offset_ms: i64) {
+    let now = db.store.server_now().await.unwrap();
+    let t = bson::DateTime::from_millis(now.timestamp_millis() + offset_ms);
+    db.store
+        .slots()
+        .update_one(doc! {"_id": slot}, doc! {"$set": {"time": t}})
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn claim_then_renew_on_the_server_clock() {
+    let db = TestDb::new("claim").await;
+    db.init(1).await;
+    let clock = ManualClock::new();
+    let p = protocol(&db, "10.0.0.1:7700", &clock);
+
+    let survey = p.survey().await.unwrap();
+    assert_eq!(survey.expired.len(), 1, "a new slot is free");
+    let outcome = p.claim(&survey).await.unwrap();
+    let mut lease = outcome.lease.expect("claimed");
+    assert_eq!((lease.slot_id.as_str(), lease.epoch), ("slot-001", 1));
+    let slot = db.slot("slot-001").await;
+    assert_eq!(owner(&slot).as_deref(), Some("10.0.0.1:7700"));
+    assert_eq!(epoch(&slot), 1);
+    let claimed_at = slot.get_datetime("time").unwrap().timestamp_millis();
+
+    clock.advance(Duration::from_millis(500));
+    let deadline_before = lease.deadline();
+    let renewed = p.renew(&mut lease).await.unwrap();
+    assert_eq!(renewed.rev, 0);
+    assert!(!renewed.draining);
+    assert!(
+        lease.deadline() > deadline_before,
+        "a renewal extends the local deadline"
+    );
+    let renewed_at = db
+        .slot("slot-001")
+        .await
+        .get_datetime("time")
+        .unwrap()
+        .timestamp_millis();
+    assert!(renewed_at >= claimed_at, "time only moves forward");
+    assert_eq!(
+        epoch(&db.slot("slot-001").await),
+        1,
+        "renewal keeps the epoch"
+    );
+
+    // A held slot is not offered to anyone else; its expiry is reported instead.
+    let other = protocol(&db, "10.0.0.2:7700", &clock);
+    let survey = other.survey().await.unwrap();
+    assert!(survey.expired.is_empty());
+    let wait = survey
+        .next_expiry
+        .expect("the held lease expires at some point");
+    assert!(wait <= Duration::from_millis(2001), "{wait:?}");
+}
+
+#[tokio::test]
+async fn lost_race_falls_through_to_the_next_candidate_then_stands_by() {
+    let db = TestDb::new("race").await;
+    db.init(2).await;
+    let clock = ManualClock::new();
+    let a = protocol(&db, "10.0.0.1:7700", &clock);
+    let b = protocol(&db, "10.0.0.2:7700", &clock);
+    let c = protocol(&db, "10.0.0.3:7700", &clock);
+    // All three look at the same picture, then race.
+    let (sa, sb, sc) = (
+        a.survey().await.unwrap(),
+        b.survey().await.unwrap(),
+        c.survey().await.unwrap(),
+    );
+    let la = a.claim(&sa).await.unwrap();
+    let lb = b.claim(&sb).await.unwrap();
+    let lc = c.claim(&sc).await.unwrap();
+    let won: Vec<_> = [&la, &lb, &lc]
+        .iter()
+        .filter_map(|o| o.lease.as_ref())
+        .map(|l| l.slot_id.clone())
+        .collect();
+    assert_eq!(won.len(), 2, "two slots, two winners");
+    assert_ne!(won[0], won[1], "no slot claimed twice");
+    assert!(lc.lease.is_none(), "the last one finds both taken");
+    assert_eq!(lc.attempts, 2, "it tried every candidate once");
+    assert_eq!(lc.conflicts, 2);
+    // Each slot's epoch went up exactly once.
+    for s in db.slots().await {
+        assert_eq!(epoch(&s), 1);
+    }
+}
+
+#[tokio::test]
+async fn expiry_is_judged_at_exactly_l_on_the_server() {
+    let db = TestDb::new("expiry").await;
+    db.init(1).await;
+    let clock = ManualClock::new();
+    let holder = protocol(&db, "10.0.0.1:7700", &clock);
+    let s = holder.survey().await.unwrap();
+    holder.claim(&s).await.unwrap().lease.unwrap();
+    let standby = protocol(&db, "10.0.0.2:7700", &clock);
+    let l = timing().lease_ms();
+
+    // Renewed L - 400 ms ago: still held, and it expires in about 400 ms.
+    set_time_relative(&db, "slot-001", -(l - 400)).await;
+    let survey = standby.survey().await.unwrap();
+    assert!(survey.expired.is_empty(), "younger than L is held");
+    let wait = survey.next_expiry.unwrap();
+    assert!(
+        wait <= Duration::from_millis(401) && wait >= Duration::from_millis(200),
+        "{wait:?}"
+    );
+
+    // Renewed L + 1 ms before our read of the server clock: the server's now at the
+    // survey can only be later, so the age is over L: expired.
+    set_time_relative(&db, "slot-001", -(l + 1)).await;
+    let survey = standby.survey().await.unwrap();
+    assert_eq!(survey.expired.len(), 1, "older than L is expired");
+    let lease = standby
+        .claim(&survey)
+        .await
+        .unwrap()
+        .lease
+        .expect("the standby takes it");
+    assert_eq!(lease.epoch, 2, "a takeover bumps the epoch");
+}
+
+#[tokio::test]
+async fn self_fence_when_renewals_cannot_happen_and_no_renew_after_the_deadline() {
+    let db = TestDb::new("fence").await;
+    db.init(1).await;
+    let clock = ManualClock::new();
+    let p = protocol(&db, "10.0.0.1:7700", &clock);
+    let s = p.survey().await.unwrap();
+    let mut lease = p.claim(&s).await.unwrap().lease.unwrap();
+    let time_before = db
+        .slot("slot-001")
+        .await
+        .get_datetime("time")
+        .unwrap()
+        .timestamp_millis();
+
+    // The local deadline is L - margin after the claim was sent.
+    let t = timing();
+    clock.advance(t.lease() - t.margin);
+    let err = p.renew(&mut lease).await.unwrap_err();
+    assert!(matches!(err, LeaseError::SelfFenced { .. }), "{err}");
+    assert!(lease.is_fenced());
+    // Nothing was written: the database still shows the claim's time.
+    let time_after = db
+        .slot("slot-001")
+        .await
+        .get_datetime("time")
+        .unwrap()
+        .timestamp_millis();
+    assert_eq!(time_before, time_after, "a fenced lease never renews");
+    // Even if the clock could go back, the fenced lease stays dead.
+    let again = p.renew(&mut lease).await.unwrap_err();
+    assert!(matches!(again, LeaseError::SelfFenced { .. }));
+
+    // Coming back takes a fresh claim, which needs the slot to expire: new epoch.
+    set_time_relative(&db, "slot-001", -(t.lease_ms() + 1)).await;
+    let s = p.survey().await.unwrap();
+    let fresh = p.claim(&s).await.unwrap().lease.expect("a fresh claim");
+    assert_eq!(fresh.epoch, lease.epoch + 1);
+}
+
+#[tokio::test]
+async fn renew_after_takeover_is_lost_and_release_only_releases_our_own() {
+    let db = TestDb::new("lost").await;
+    db.init(1).await;
+    let clock = ManualClock::new();
+    let a = protocol(&db, "10.0.0.1:7700", &clock);
+    let b = protocol(&db, "10.0.0.2:7700", &clock);
+    let mut la = a
+        .claim(&a.survey().await.unwrap())
+        .await
+        .unwrap()
+        .lease
+        .unwrap();
+    set_time_relative(&db, "slot-001", -(timing().lease_ms() + 1)).await;
+    let mut lb = b
+        .claim(&b.survey().await.unwrap())
+        .await
+        .unwrap()
+        .lease
+        .unwrap();
+    assert_eq!(lb.epoch, 2);
+
+    let err = a.renew(&mut la).await.unwrap_err();
+    assert!(matches!(err, LeaseError::Lost { .. }), "{err}");
+    assert!(
+        !a.release(&mut la).await.unwrap(),
+        "the old holder cannot release it"
+    );
+    assert_eq!(
+        owner(&db.slot("slot-001").await).as_deref(),
+        Some("10.0.0.2:7700")
+    );
+
+    assert!(b.release(&mut lb).await.unwrap());
+    let slot = db.slot("slot-001").await;
+    assert_eq!(slot.get("owner"), Some(&Bson::Null));
+    assert_eq!(slot.get("time"), Some(&Bson::Null));
+    // A released slot is immediately claimable.
+    assert_eq!(a.survey().await.unwrap().expired.len(), 1);
+}
+
+#[tokio::test]
+async fn broken_slot_documents_are_reported_and_skipped() {
+    let db = TestDb::new("broken").await;
+    db.init(3).await;
+    let bad = [
+        ("slot-001", doc! {"$set": {"epoch": "seven"}}),
+        ("slot-002", doc! {"$set": {"time": "yesterday"}}),
+    ];
+    for (id, update) in bad {
+        db.store
+            .slots()
+            .update_one(doc! {"_id": id}, update)
+            .bypass_document_validation(true)
+            .await
+            .unwrap();
+    }
+    let clock = ManualClock::new();
+    let p = protocol(&db, "10.0.0.1:7700", &clock);
+    let survey = p.survey().await.unwrap();
+    let ids: Vec<_> = survey.invalid.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["slot-001", "slot-002"]);
+    assert!(survey.invalid[0].why.contains("epoch"));
+    assert!(survey.invalid[1].why.contains("time"));
+    let lease = p.claim(&survey).await.unwrap().lease.unwrap();
+    assert_eq!(lease.slot_id, "slot-003");
+}
+
+#[tokio::test]
+async fn validators_reject_bad_documents() {
+    let db = TestDb::new("schema").await;
+    db.init(1).await;
+    let err = db
+        .store
+        .slots()
+        .insert_one(doc! {"_id": "slot-x", "epoch": "nope"})
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("121") || err.to_string().to_lowercase().contains("validation"),
+        "{err}"
+    );
+}

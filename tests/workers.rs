@@ -1,0 +1,314 @@
+//! Real `slotpool worker` processes against the dev server: takeover after kill -9,
+//! a paused zombie, graceful handoff, many workers over few slots, bad input.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bson::doc;
+use common::{epoch, owner, TestDb, WorkerProc, BIN};
+
+const L: Duration = Duration::from_secs(2);
+
+/// Waits until `slot` is held by one of `workers`; returns that worker's index.
+async fn held_by(db: &TestDb, slot: &str, workers: &[WorkerProc], limit: Duration) -> usize {
+    common::wait_for(limit, &format!("{slot} to be held"), || async {
+        let o = owner(&db.slot(slot).await)?;
+        workers.iter().position(|w| w.id == o)
+    })
+    .await
+}
+
+async fn live_workers(db: &TestDb, n: u64) {
+    common::wait_for(
+        Duration::from_secs(15),
+        &format!("{n} workers' heartbeats"),
+        || async { (db.store.workers().count_documents(doc! {}).await.ok()? >= n).then_some(()) },
+    )
+    .await
+}
+
+/// Waits until a slot is owned by someone other than `not`; returns the new owner.
+async fn taken_from(db: &TestDb, slot: &str, not: &str, limit: Duration) -> String {
+    common::wait_for(limit, "takeover", || async {
+        let o = owner(&db.slot(slot).await)?;
+        (o != not).then_some(o)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_holder_standby_takes_over_within_l_plus_1s() {
+    let db = TestDb::new("kill9").await;
+    db.init(1).await;
+    let mut w = vec![db.worker(&[]), db.worker(&[])];
+    let h = held_by(&db, "slot-001", &w, Duration::from_secs(15)).await;
+    live_workers(&db, 2).await;
+    let epoch_before = epoch(&db.slot("slot-001").await);
+    let killed = w[h].id.clone();
+    let t0 = Instant::now();
+    w[h].kill9();
+    let new_owner = taken_from(&db, "slot-001", &killed, L + Duration::from_secs(10)).await;
+    let took = t0.elapsed();
+    println!("takeover after kill -9: {took:?} (bound: L + 1s = 3s)");
+    assert!(took <= L + Duration::from_secs(1), "takeover took {took:?}");
+    assert_eq!(new_owner, w[1 - h].id);
+    assert_eq!(
+        epoch(&db.slot("slot-001").await),
+        epoch_before + 1,
+        "epoch up by one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigstopped_holder_self_fences_and_never_renews_the_old_epoch() {
+    let db = TestDb::new("zombie").await;
+    db.init(1).await;
+    let w = vec![db.worker(&[]), db.worker(&[])];
+    let h = held_by(&db, "slot-001", &w, Duration::from_secs(15)).await;
+    live_workers(&db, 2).await;
+    let zombie = &w[h];
+    let old_epoch = epoch(&db.slot("slot-001").await);
+    zombie.signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    taken_from(&db, "slot-001", &zombie.id, L + Duration::from_secs(10)).await;
+    // Keep it paused for 3 × L in all.
+    while stopped.elapsed() < 3 * L {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let taken = db.slot("slot-001").await;
+    zombie.signal(libc::SIGCONT);
+    common::wait_for(
+        Duration::from_secs(10),
+        "the zombie to report its self-fence",
+        || async { zombie.log_text().contains("self-fenced").then_some(()) },
+    )
+    .await;
+    // A few more ticks: the slot stays with the standby under its epoch.
+    let until = Instant::now() + 3 * L / 2;
+    while Instant::now() < until {
+        let s = db.slot("slot-001").await;
+        assert_eq!(owner(&s), owner(&taken));
+        assert_eq!(epoch(&s), old_epoch + 1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = zombie.log_text();
+    assert!(
+        !log.contains("lost slot"),
+        "the zombie tried to renew after its deadline:\n{log}"
+    );
+    let fence = db
+        .store
+        .events()
+        .find_one(doc! {"kind": "self_fence", "worker": &zombie.id, "epoch": old_epoch})
+        .await
+        .unwrap();
+    assert!(fence.is_some(), "a self_fence event is recorded");
+    // It is a standby again.
+    common::wait_for(Duration::from_secs(5), "the zombie to stand by", || async {
+        let d = db
+            .store
+            .workers()
+            .find_one(doc! {"_id": &zombie.id})
+            .await
+            .ok()??;
+        matches!(d.get("slot_id"), Some(bson::Bson::Null)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_hands_the_slot_to_the_standby_within_a_tick_and_a_half() {
+    let db = TestDb::new("sigterm").await;
+    db.init(1).await;
+    let mut w = vec![db.worker(&[]), db.worker(&[])];
+    let h = held_by(&db, "slot-001", &w, Duration::from_secs(15)).await;
+    live_workers(&db, 2).await;
+    let old = w[h].id.clone();
+    let t0 = Instant::now();
+    w[h].signal(libc::SIGTERM);
+    let new_owner = taken_from(&db, "slot-001", &old, Duration::from_secs(10)).await;
+    let took = t0.elapsed();
+    println!("handoff after SIGTERM: {took:?} (bound: 1 tick + 0.5 s)");
+    assert!(took <= Duration::from_millis(1500), "handoff took {took:?}");
+    assert_eq!(new_owner, w[1 - h].id);
+    let status = w[h]
+        .wait_exit(Duration::from_secs(10))
+        .expect("the old holder exits");
+    assert!(status.success(), "clean exit after SIGTERM: {status:?}");
+    assert!(w[h].log_text().contains("released slot"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn five_workers_three_slots_all_held_two_standbys_none_doubled() {
+    let db = TestDb::new("five").await;
+    db.init(3).await;
+    let w: Vec<WorkerProc> = (0..5).map(|_| db.worker(&[])).collect();
+    let owners = common::wait_for(Duration::from_secs(20), "all three slots held", || async {
+        let owners: Vec<String> = db.slots().await.iter().filter_map(owner).collect();
+        (owners.len() == 3).then_some(owners)
+    })
+    .await;
+    let mut distinct = owners.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "no worker holds two slots: {owners:?}");
+    for o in &owners {
+        assert!(w.iter().any(|x| &x.id == o), "owner {o} is one of ours");
+    }
+    live_workers(&db, 5).await;
+    let out = db.cli_ok(&["slots", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["standbys"].as_array().unwrap().len(), 2, "{out}");
+    assert!(
+        v["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["state"] == "held"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hand_edited_slot_is_logged_and_the_others_still_served() {
+    let db = TestDb::new("garbage").await;
+    db.init(2).await;
+    db.store
+        .slots()
+        .update_one(
+            doc! {"_id": "slot-001"},
+            doc! {"$set": {"epoch": "banana", "time": 42}},
+        )
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    let w = vec![db.worker(&[]), db.worker(&[])];
+    held_by(&db, "slot-002", &w, Duration::from_secs(15)).await;
+    common::wait_for(
+        Duration::from_secs(10),
+        "the broken slot to be reported",
+        || async {
+            w.iter()
+                .any(|x| x.log_text().contains("skipping broken slot document"))
+                .then_some(())
+        },
+    )
+    .await;
+    let out = db.cli_ok(&["slots", "list"]);
+    assert!(out.contains("invalid"), "{out}");
+    assert_eq!(
+        db.slot("slot-001").await.get_str("epoch").unwrap(),
+        "banana",
+        "left alone"
+    );
+}
+
+fn run(args: &[&str], uri: &str) -> (Option<i32>, String, Duration) {
+    let t0 = Instant::now();
+    let out = Command::new(BIN)
+        .args(args)
+        .env("MONGODB_URI", uri)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text, t0.elapsed())
+}
+
+#[test]
+fn bad_worker_flags_fail_fast_and_clearly() {
+    let uri = "mongodb://127.0.0.1:1/x";
+    for (args, expect) in [
+        (vec!["worker", "--advertise", "10.0.0.5"], "missing :PORT"),
+        (
+            vec!["worker", "--advertise", "not-an-address:99"],
+            "expected IP:PORT",
+        ),
+        (vec!["worker", "--advertise", "10.0.0.5:0"], "port 0"),
+        (
+            vec!["worker", "--advertise", "127.0.0.1:7700", "--tick", "0s"],
+            "greater than zero",
+        ),
+        (
+            vec!["worker", "--advertise", "127.0.0.1:7700", "--tick", "-1s"],
+            "negative",
+        ),
+        (
+            vec!["worker", "--advertise", "127.0.0.1:7700", "--tick", "soon"],
+            "expected a positive duration",
+        ),
+        (
+            vec![
+                "worker",
+                "--advertise",
+                "127.0.0.1:7700",
+                "--stop-grace",
+                "900ms",
+            ],
+            "stop grace",
+        ),
+    ] {
+        let (code, text, _) = run(&args, uri);
+        assert_ne!(code, Some(0), "{args:?} must fail");
+        assert!(
+            text.contains(expect),
+            "{args:?}: expected {expect:?} in:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn unreachable_database_fails_within_seconds_without_leaking_the_password() {
+    let port = common::free_port();
+    let uri = format!(
+        "mongodb://admin:hunter2secret@127.0.0.1:{port}/slotpool?serverSelectionTimeoutMS=2000"
+    );
+    let args = [
+        "worker",
+        "--advertise",
+        "127.0.0.1:7799",
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    let (code, text, took) = run(&args, &uri);
+    assert_ne!(code, Some(0));
+    assert!(text.contains("cannot reach MongoDB"), "{text}");
+    assert!(
+        text.contains("admin:****@"),
+        "the URI is shown redacted: {text}"
+    );
+    assert!(!text.contains("hunter2secret"), "password leaked: {text}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // The CLI commands behave the same.
+    let (code, text, took) = run(&["slots", "list"], &uri);
+    assert_ne!(code, Some(0));
+    assert!(
+        !text.contains("hunter2secret") && text.contains("cannot reach MongoDB"),
+        "{text}"
+    );
+    assert!(took < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn init_is_idempotent_grows_and_refuses_to_shrink_under_robots() {
+    let db = TestDb::new("init").await;
+    db.cli_ok(&["init", "--slots", "2"]);
+    db.cli_ok(&["init", "--slots", "2"]);
+    assert_eq!(db.slots().await.len(), 2);
+    let out = db.cli_ok(&["init", "--slots", "4"]);
+    assert!(out.contains("added slot-003 slot-004"), "{out}");
+    db.cli_ok(&[
+        "robot", "create", "--name", "r", "--kind", "counter", "--count", "4",
+    ]);
+    let out = db.cli(&["init", "--slots", "1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refusing to shrink"));
+    assert_eq!(db.slots().await.len(), 4, "nothing removed");
+    let out = db.cli(&["init", "--slots", "0"]);
+    assert!(!out.status.success());
+}
