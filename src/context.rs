@@ -59,7 +59,7 @@ pub enum ContextError {
     },
     #[error("robot {robot}: its context is not a document (found {found}); fix it with `slotpool robot reset-context` or by hand")]
     NotADocument { robot: String, found: String },
-    #[error("database error: {0}")]
+    #[error("database error: {}", crate::store::brief(.0))]
     Db(#[from] mongodb::error::Error),
 }
 
@@ -194,6 +194,7 @@ impl ContextStore {
                 "seq": {"$add": ["$seq", 1_i64]},
                 "epoch": self.epoch,
                 "worker": &self.worker,
+                "slot": &self.slot_id,
                 "at": "$$NOW",
             };
             set.insert(

@@ -38,7 +38,7 @@ pub enum LeaseError {
     /// No successful renewal before the local deadline; never renew this lease again.
     #[error("self-fenced on slot {slot} (epoch {epoch}): no successful renewal before the local deadline")]
     SelfFenced { slot: String, epoch: i64 },
-    #[error("database error: {0}")]
+    #[error("database error: {}", crate::store::brief(.0))]
     Db(#[from] mongodb::error::Error),
 }
 

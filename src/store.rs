@@ -247,7 +247,10 @@ impl Store {
                 .run_command(doc! {
                     "collMod": name,
                     "validator": validator,
-                    "validationLevel": "strict",
+                    // moderate: a document someone hand-edited past the validator
+                    // can still be updated (fenced, status), so one broken robot
+                    // cannot block its slot; valid documents cannot turn invalid.
+                    "validationLevel": "moderate",
                     "validationAction": "error",
                 })
                 .await?;
@@ -361,6 +364,20 @@ pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
                 .is_some_and(|ws| ws.iter().any(|w| w.code == 11000)),
             _ => false,
         }
+}
+
+/// A one-line summary of a driver error, for logs and robot status (the full error
+/// carries the server's whole reply).
+pub fn brief(e: &mongodb::error::Error) -> String {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    match e.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(w)) => format!("{} (code {})", w.message, w.code),
+        ErrorKind::Write(WriteFailure::WriteConcernError(w)) => {
+            format!("{} (code {})", w.message, w.code)
+        }
+        ErrorKind::Command(c) => format!("{} (code {})", c.message, c.code),
+        _ => first_line(&e.to_string()),
+    }
 }
 
 fn first_line(s: &str) -> String {

@@ -84,10 +84,7 @@ impl Supervisor {
         if self.synced_rev == Some(rev) {
             return Ok(0);
         }
-        self.ctx.adopt_all().await.map_err(|e| match e {
-            crate::context::ContextError::Db(e) => e,
-            other => unreachable!("adopt only fails on the database: {other}"),
-        })?;
+        self.adopt().await?;
         let robots = self.list().await?;
         let mut complete = true;
         let mut wanted: HashMap<ObjectId, ()> = HashMap::new();
@@ -124,6 +121,41 @@ impl Supervisor {
         }
         self.synced_rev = complete.then_some(rev);
         Ok(started)
+    }
+
+    /// Raises every robot of the slot to our epoch: one update for all, or, when a
+    /// document refuses the update, one by one so the others are not held back.
+    async fn adopt(&mut self) -> Result<(), mongodb::error::Error> {
+        match self.ctx.adopt_all().await {
+            Ok(_) => return Ok(()),
+            Err(crate::context::ContextError::Db(e)) if is_network(&e) => return Err(e),
+            Err(e) => {
+                tracing::warn!(slot = %self.ctx.slot_id(), "adopting robots at once failed ({e}); adopting one by one")
+            }
+        }
+        let mut cursor = self
+            .store
+            .robots()
+            .find(doc! {"slot_id": self.ctx.slot_id(), "epoch": {"$lt": self.ctx.epoch()}})
+            .projection(doc! {"_id": 1, "name": 1})
+            .await?;
+        while let Some(d) = cursor.try_next().await? {
+            let r = self
+                .store
+                .robots()
+                .update_one(
+                    doc! {"_id": d.get("_id"), "slot_id": self.ctx.slot_id(), "epoch": {"$lt": self.ctx.epoch()}},
+                    doc! {"$set": {"epoch": self.ctx.epoch()}},
+                )
+                .await;
+            if let Err(e) = r {
+                let key = format!("adopt:{:?}", d.get("_id"));
+                if self.warned.insert(key) {
+                    tracing::error!(robot = ?d.get("name"), "cannot adopt robot, skipping it: {}", crate::store::brief(&e));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The slot's robots: (id, name, paused, loaded-or-None when the doc is broken).
@@ -227,6 +259,16 @@ impl Supervisor {
         }
         self.running.clear();
     }
+}
+
+fn is_network(e: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    matches!(
+        e.kind.as_ref(),
+        ErrorKind::Io(_)
+            | ErrorKind::ServerSelection { .. }
+            | ErrorKind::ConnectionPoolCleared { .. }
+    ) || e.contains_label("RetryableWriteError")
 }
 
 /// Turns a listed document into what a first start needs, or None to load it fresh

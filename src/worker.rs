@@ -231,7 +231,7 @@ impl Worker {
         self.set_holder(&lease, supervisor.running());
         let (synced, _) = tokio::join!(supervisor.sync(lease.rev), self.heartbeat(Some(&lease)));
         if let Err(e) = synced {
-            tracing::warn!(slot = %lease.slot_id, "could not start robots yet: {e}; retrying next tick");
+            tracing::warn!(slot = %lease.slot_id, "could not start robots yet: {}; retrying next tick", crate::store::brief(&e));
         }
         let mut next = lease.last_renewed() + self.tick();
         let ended = loop {
@@ -253,15 +253,15 @@ impl Worker {
                     let (synced, _) =
                         tokio::join!(supervisor.sync(renewed.rev), self.heartbeat(Some(&lease)));
                     if let Err(e) = synced {
-                        tracing::warn!(slot = %lease.slot_id, "could not update robots: {e}; retrying next tick");
+                        tracing::warn!(slot = %lease.slot_id, "could not update robots: {}; retrying next tick", crate::store::brief(&e));
                     }
                     self.set_holder(&lease, supervisor.running());
                 }
                 Err(LeaseError::Db(e)) => {
                     self.metrics.renew_failures.inc();
                     let left = lease.deadline().saturating_duration_since(self.clock.now());
-                    tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, left_ms = left.as_millis() as u64, "renewal failed: {}", self.scrub(&e.to_string()));
-                    self.db_failed(&e.to_string());
+                    tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, left_ms = left.as_millis() as u64, "renewal failed: {}", self.scrub(&crate::store::brief(&e)));
+                    self.db_failed(&crate::store::brief(&e));
                     next = self.clock.now() + (self.tick() / 4).min(left);
                 }
                 Err(e) => {
@@ -379,7 +379,7 @@ impl Worker {
             .upsert(true)
             .await;
         if let Err(e) = r {
-            tracing::debug!("heartbeat failed: {}", self.scrub(&e.to_string()));
+            tracing::debug!("heartbeat failed: {}", self.scrub(&crate::store::brief(&e)));
         }
     }
 

@@ -1,0 +1,577 @@
+//! Robots on real worker processes: restore after kill -9, zombie fencing, exec
+//! robots, move/delete/pause, bad input.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, Document};
+use common::{owner, TestDb, WorkerProc};
+
+fn seq(r: &Document) -> i64 {
+    r.get_i64("seq").unwrap()
+}
+
+fn n(r: &Document) -> i64 {
+    r.get_document("context")
+        .ok()
+        .and_then(|c| c.get_i64("n").ok())
+        .unwrap_or(0)
+}
+
+/// (seq, epoch, worker, slot) of every recorded checkpoint, in seq order.
+fn history(r: &Document) -> Vec<(i64, i64, String, String)> {
+    r.get_array("history")
+        .map(|a| {
+            a.iter()
+                .filter_map(Bson::as_document)
+                .map(|h| {
+                    (
+                        h.get_i64("seq").unwrap(),
+                        h.get_i64("epoch").unwrap(),
+                        h.get_str("worker").unwrap().to_string(),
+                        h.get_str("slot").unwrap().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The invariants every counter must hold: seq consecutive, n == seq (a double run
+/// or a lost checkpoint breaks it), a slot's epochs never go back, and one worker per
+/// (slot, epoch).
+fn assert_counter_invariants(r: &Document) {
+    let name = r.get_str("name").unwrap();
+    assert_eq!(
+        n(r),
+        seq(r),
+        "{name}: context.n must equal seq (nothing lost or done twice)"
+    );
+    let h = history(r);
+    for w in h.windows(2) {
+        assert_eq!(w[1].0, w[0].0 + 1, "{name}: seq skipped in {h:?}");
+        if w[1].3 == w[0].3 {
+            assert!(
+                w[1].1 >= w[0].1,
+                "{name}: a checkpoint from an older epoch landed after a newer one: {w:?}"
+            );
+        }
+    }
+    let mut per_epoch: BTreeMap<(&str, i64), &str> = BTreeMap::new();
+    for (_, e, w, slot) in &h {
+        let first = per_epoch.entry((slot, *e)).or_insert(w);
+        assert_eq!(first, w, "{name}: two workers wrote under {slot} epoch {e}");
+    }
+}
+
+async fn all_held(db: &TestDb, slots: usize) -> Vec<String> {
+    common::wait_for(Duration::from_secs(20), "every slot held", || async {
+        let owners: Vec<String> = db.slots().await.iter().filter_map(owner).collect();
+        (owners.len() == slots).then_some(owners)
+    })
+    .await
+}
+
+async fn wait_all_seq(db: &TestDb, at_least: i64, limit: Duration) {
+    common::wait_for(
+        limit,
+        &format!("every robot at seq >= {at_least}"),
+        || async {
+            db.robots()
+                .await
+                .iter()
+                .all(|r| seq(r) >= at_least)
+                .then_some(())
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thirty_counters_run_once_each_and_resume_after_kill_9() {
+    let db = TestDb::new("thirty").await;
+    db.init(3).await;
+    let mut w: Vec<WorkerProc> = (0..4).map(|_| db.worker(&[])).collect();
+    all_held(&db, 3).await;
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "c",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "250",
+        "--history",
+        "100",
+        "--count",
+        "30",
+    ]);
+    let per_slot = db.cli_ok(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&per_slot).unwrap();
+    for s in v["slots"].as_array().unwrap() {
+        assert_eq!(s["robots"], 10, "30 robots spread evenly: {per_slot}");
+    }
+    wait_all_seq(&db, 4, Duration::from_secs(20)).await;
+    for r in db.robots().await {
+        assert_counter_invariants(&r);
+        assert_eq!(r.get_str("status").unwrap(), "running");
+    }
+
+    // kill -9 the holder of slot-001: its robots resume on the standby.
+    let victim_id = owner(&db.slot("slot-001").await).unwrap();
+    let victim = w.iter().position(|x| x.id == victim_id).unwrap();
+    let before: BTreeMap<String, i64> = db
+        .robots()
+        .await
+        .iter()
+        .filter(|r| r.get_str("slot_id").unwrap() == "slot-001")
+        .map(|r| (r.get_str("name").unwrap().to_string(), seq(r)))
+        .collect();
+    assert_eq!(before.len(), 10);
+    w[victim].kill9();
+    common::wait_for(
+        Duration::from_secs(10),
+        "robots to resume elsewhere",
+        || async {
+            let robots = db.robots().await;
+            robots
+                .iter()
+                .filter(|r| before.contains_key(r.get_str("name").unwrap()))
+                .all(|r| {
+                    seq(r) >= before[r.get_str("name").unwrap()] + 3
+                        && r.get_str("worker").unwrap() != victim_id
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    for r in db.robots().await {
+        assert_counter_invariants(&r);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_zombie_lands_no_checkpoint_after_takeover() {
+    let db = TestDb::new("zombierobots").await;
+    db.init(1).await;
+    let w = vec![db.worker(&[]), db.worker(&[])];
+    let holder = all_held(&db, 1).await.remove(0);
+    let z = w.iter().position(|x| x.id == holder).unwrap();
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "z",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "100",
+        "--history",
+        "200",
+        "--count",
+        "5",
+    ]);
+    wait_all_seq(&db, 5, Duration::from_secs(15)).await;
+    w[z].signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    common::wait_for(Duration::from_secs(15), "takeover", || async {
+        (owner(&db.slot("slot-001").await)? != holder).then_some(())
+    })
+    .await;
+    let new_epoch = db.slot("slot-001").await.get_i64("epoch").unwrap();
+    while stopped.elapsed() < Duration::from_secs(6) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    w[z].signal(libc::SIGCONT);
+    common::wait_for(
+        Duration::from_secs(10),
+        "the zombie to fence itself",
+        || async { w[z].log_text().contains("self-fenced").then_some(()) },
+    )
+    .await;
+    // Give it time to try anything it would try.
+    let base: Vec<i64> = db.robots().await.iter().map(seq).collect();
+    wait_all_seq(&db, base.iter().max().unwrap() + 5, Duration::from_secs(10)).await;
+    for r in db.robots().await {
+        assert_counter_invariants(&r);
+        let h = history(&r);
+        let first_new = h
+            .iter()
+            .position(|x| x.1 == new_epoch)
+            .expect("the new holder checkpointed");
+        assert!(
+            h[first_new..].iter().all(|x| x.1 == new_epoch),
+            "old-epoch checkpoint after takeover: {h:?}"
+        );
+        assert!(h[first_new..].iter().all(|x| x.2 != holder));
+    }
+    // Its robots are stopped: nothing it logs after resuming is a checkpoint or start.
+    assert_eq!(
+        db.store
+            .workers()
+            .find_one(doc! {"_id": &holder})
+            .await
+            .unwrap()
+            .unwrap()
+            .get("slot_id"),
+        Some(&Bson::Null)
+    );
+}
+
+fn script(db: &TestDb, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = db.dir.join(name);
+    std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_robot_context_in_checkpoints_out_restarts_and_stops_on_sigterm() {
+    let db = TestDb::new("exec").await;
+    db.init(1).await;
+    // Counts in its context; exits after 3 steps per run (so it is restarted), and
+    // checkpoints once more on SIGTERM.
+    let cmd = script(
+        &db,
+        "robot.sh",
+        r#"
+count=$(printf '%s' "$SLOTPOOL_CONTEXT" | sed -n 's/.*"count"[^0-9]*\([0-9][0-9]*\).*/\1/p')
+count=${count:-0}
+runs=$(printf '%s' "$SLOTPOOL_CONTEXT" | sed -n 's/.*"runs"[^0-9]*\([0-9][0-9]*\).*/\1/p')
+runs=$(( ${runs:-0} + 1 ))
+echo "hello from $SLOTPOOL_ROBOT epoch $SLOTPOOL_EPOCH run $runs uri=${MONGODB_URI:-none}"
+trap 'echo "{\"checkpoint\": {\"count\": $count, \"runs\": $runs, \"stopped\": true}}"; exit 0' TERM
+for i in 1 2 3; do
+  sleep 0.1 & wait $!
+  count=$((count + 1))
+  echo "{\"checkpoint\": {\"count\": $count, \"runs\": $runs}}"
+done
+while [ "$runs" -ge 3 ]; do sleep 0.1 & wait $!; done
+exit 3
+"#,
+    );
+    let mut w = db.worker(&[]);
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "x",
+        "--kind",
+        "exec",
+        "--command",
+        &cmd,
+    ]);
+    // Runs 1 and 2 exit (restart with backoff); run 3 stays up.
+    let r = common::wait_for(Duration::from_secs(20), "three runs", || async {
+        let r = db.robot("x").await;
+        (r.get_document("context").ok()?.get_i64("runs").ok()? == 3 && seq(&r) == 9).then_some(r)
+    })
+    .await;
+    assert_eq!(
+        r.get_document("context").unwrap().get_i64("count").unwrap(),
+        9,
+        "the context survived each restart"
+    );
+    assert!(r.get_i64("restarts").unwrap() >= 2);
+    let log = w.log_text();
+    assert!(
+        log.contains("hello from x epoch 1 run 1 uri=none"),
+        "context, name and epoch passed in; no URI leaked:\n{log}"
+    );
+    assert!(log.contains("command exited"), "{log}");
+    // SIGTERM to the worker: the robot gets SIGTERM and its last checkpoint lands.
+    w.signal(libc::SIGTERM);
+    w.wait_exit(Duration::from_secs(10)).expect("worker exits");
+    let r = db.robot("x").await;
+    assert_eq!(
+        r.get_document("context").unwrap().get_bool("stopped"),
+        Ok(true),
+        "{r}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_robot_ignoring_sigterm_is_killed_after_the_grace() {
+    let db = TestDb::new("stubborn").await;
+    db.init(1).await;
+    let pidfile = db.dir.join("pid");
+    let cmd = script(
+        &db,
+        "stubborn.sh",
+        &format!(
+            "trap '' TERM\necho $$ > {}\nwhile true; do sleep 0.05; done\n",
+            pidfile.display()
+        ),
+    );
+    let mut w = db.worker(&["--stop-grace", "300ms"]);
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "s",
+        "--kind",
+        "exec",
+        "--command",
+        &cmd,
+    ]);
+    let pid: i32 = common::wait_for(Duration::from_secs(15), "the robot to start", || async {
+        std::fs::read_to_string(&pidfile).ok()?.trim().parse().ok()
+    })
+    .await;
+    let t0 = Instant::now();
+    w.signal(libc::SIGTERM);
+    w.wait_exit(Duration::from_secs(10)).expect("worker exits");
+    let took = t0.elapsed();
+    // SAFETY: kill(pid, 0) only checks for existence.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    assert!(!alive, "the robot process survived");
+    assert!(took < Duration::from_secs(3), "stop took {took:?}");
+    assert!(w.log_text().contains("sending SIGKILL"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn move_delete_pause_resume_take_effect_within_two_ticks() {
+    let db = TestDb::new("lifecycle").await;
+    db.init(2).await;
+    let _w = vec![db.worker(&[]), db.worker(&[])];
+    let owners = all_held(&db, 2).await;
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "m",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "100",
+        "--history",
+        "200",
+    ]);
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "d",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "100",
+    ]);
+    wait_all_seq(&db, 3, Duration::from_secs(10)).await;
+    let two_ticks = Duration::from_secs(2) + Duration::from_millis(500);
+
+    // move
+    let from = db.robot("m").await.get_str("slot_id").unwrap().to_string();
+    let to = if from == "slot-001" {
+        "slot-002"
+    } else {
+        "slot-001"
+    };
+    let to_owner = owner(&db.slot(to).await).unwrap();
+    db.cli_ok(&["robot", "move", "m", "--to", to]);
+    let t0 = Instant::now();
+    common::wait_for(two_ticks, "the robot to run on its new slot", || async {
+        let r = db.robot("m").await;
+        history(&r)
+            .last()
+            .is_some_and(|h| h.2 == to_owner)
+            .then_some(())
+    })
+    .await;
+    println!("move took effect after {:?}", t0.elapsed());
+    let r = db.robot("m").await;
+    assert_eq!(n(&r), seq(&r), "moved with its context: {r}");
+    assert!(owners.contains(&to_owner));
+
+    // pause: seq stops moving
+    db.cli_ok(&["robot", "pause", "m"]);
+    tokio::time::sleep(two_ticks).await;
+    let paused_at = seq(&db.robot("m").await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        seq(&db.robot("m").await),
+        paused_at,
+        "a paused robot does not run"
+    );
+    assert_eq!(db.robot("m").await.get_str("status").unwrap(), "paused");
+    // resume: it goes on from where it stopped
+    db.cli_ok(&["robot", "resume", "m"]);
+    common::wait_for(two_ticks, "the resumed robot to run", || async {
+        (seq(&db.robot("m").await) > paused_at + 2).then_some(())
+    })
+    .await;
+    assert_counter_invariants(&db.robot("m").await);
+
+    // delete
+    db.cli_ok(&["robot", "delete", "d"]);
+    assert!(db
+        .store
+        .robots()
+        .find_one(doc! {"name": "d"})
+        .await
+        .unwrap()
+        .is_none());
+    let slots: i64 = db
+        .slots()
+        .await
+        .iter()
+        .map(|s| s.get_i64("robot_count").unwrap())
+        .sum();
+    assert_eq!(slots, 1, "robot counts follow deletes and moves");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
+    let db = TestDb::new("badrobots").await;
+    db.init(1).await;
+    let refuse = |args: &[&str], expect: &str| {
+        let out = db.cli(args);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(
+            err.contains(expect),
+            "{args:?}: expected {expect:?} in {err}"
+        );
+    };
+    refuse(
+        &["robot", "create", "--name", "a", "--kind", "teleport"],
+        "unknown robot kind \"teleport\"",
+    );
+    refuse(
+        &[
+            "robot",
+            "create",
+            "--name",
+            "a",
+            "--kind",
+            "counter",
+            "--spec",
+            "{not json",
+        ],
+        "not valid JSON",
+    );
+    refuse(
+        &[
+            "robot", "create", "--name", "a", "--kind", "counter", "--spec", "[1]",
+        ],
+        "must be a JSON object",
+    );
+    refuse(
+        &[
+            "robot",
+            "create",
+            "--name",
+            "a",
+            "--kind",
+            "counter",
+            "--interval-ms",
+            "0",
+        ],
+        "interval_ms",
+    );
+    refuse(
+        &[
+            "robot", "create", "--name", "a", "--kind", "counter", "--count", "0",
+        ],
+        "--count",
+    );
+    refuse(
+        &["robot", "create", "--name", "a", "--kind", "exec"],
+        "spec.command",
+    );
+    refuse(
+        &["robot", "move", "ghost", "--to", "slot-001"],
+        "no robot named \"ghost\"",
+    );
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "a",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "100",
+    ]);
+    refuse(
+        &["robot", "create", "--name", "a", "--kind", "counter"],
+        "already exists",
+    );
+    refuse(
+        &["robot", "move", "a", "--to", "slot-404"],
+        "no slot \"slot-404\"",
+    );
+    assert_eq!(db.robots().await.len(), 1, "nothing half-created");
+
+    // A context hand-edited into a string, and a command that does not exist.
+    db.cli_ok(&["robot", "create", "--name", "broken", "--kind", "counter"]);
+    db.store
+        .robots()
+        .update_one(doc! {"name": "broken"}, doc! {"$set": {"context": "oops"}})
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "nocmd",
+        "--kind",
+        "exec",
+        "--command",
+        "/nonexistent/robot",
+    ]);
+    let _w = db.worker(&[]);
+    let status_of = |name: &'static str| {
+        let db = &db;
+        async move {
+            db.robot(name)
+                .await
+                .get_str("status")
+                .unwrap_or("")
+                .to_string()
+        }
+    };
+    common::wait_for(
+        Duration::from_secs(15),
+        "broken robots to report",
+        || async {
+            (status_of("broken").await == "failed" && status_of("nocmd").await == "restarting")
+                .then_some(())
+        },
+    )
+    .await;
+    let broken = db.robot("broken").await;
+    assert!(
+        broken
+            .get_str("error")
+            .unwrap()
+            .contains("context is not a document"),
+        "{broken}"
+    );
+    let nocmd = db.robot("nocmd").await;
+    assert!(
+        nocmd
+            .get_str("error")
+            .unwrap()
+            .contains("cannot start command \"/nonexistent/robot\""),
+        "{nocmd}"
+    );
+    // The healthy one keeps running.
+    let s0 = seq(&db.robot("a").await);
+    common::wait_for(
+        Duration::from_secs(5),
+        "the healthy robot to keep running",
+        || async { (seq(&db.robot("a").await) > s0 + 5).then_some(()) },
+    )
+    .await;
+    let out = db.cli_ok(&["robot", "list"]);
+    assert!(
+        out.contains("failed: robot broken: its context is not a document"),
+        "{out}"
+    );
+}
