@@ -157,7 +157,7 @@ async fn thirty_counters_run_once_each_and_resume_after_kill_9() {
 async fn a_paused_zombie_lands_no_checkpoint_after_takeover() {
     let db = TestDb::new("zombierobots").await;
     db.init(1).await;
-    let w = vec![db.worker(&[]), db.worker(&[])];
+    let w = [db.worker(&[]), db.worker(&[])];
     let holder = all_held(&db, 1).await.remove(0);
     let z = w.iter().position(|x| x.id == holder).unwrap();
     db.cli_ok(&[
@@ -337,7 +337,7 @@ async fn exec_robot_ignoring_sigterm_is_killed_after_the_grace() {
 async fn move_delete_pause_resume_take_effect_within_two_ticks() {
     let db = TestDb::new("lifecycle").await;
     db.init(2).await;
-    let _w = vec![db.worker(&[]), db.worker(&[])];
+    let _w = [db.worker(&[]), db.worker(&[])];
     let owners = all_held(&db, 2).await;
     db.cli_ok(&[
         "robot",

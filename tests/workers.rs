@@ -65,7 +65,7 @@ async fn kill_9_holder_standby_takes_over_within_l_plus_1s() {
 async fn sigstopped_holder_self_fences_and_never_renews_the_old_epoch() {
     let db = TestDb::new("zombie").await;
     db.init(1).await;
-    let w = vec![db.worker(&[]), db.worker(&[])];
+    let w = [db.worker(&[]), db.worker(&[])];
     let h = held_by(&db, "slot-001", &w, Duration::from_secs(15)).await;
     live_workers(&db, 2).await;
     let zombie = &w[h];
@@ -184,7 +184,7 @@ async fn a_hand_edited_slot_is_logged_and_the_others_still_served() {
         .bypass_document_validation(true)
         .await
         .unwrap();
-    let w = vec![db.worker(&[]), db.worker(&[])];
+    let w = [db.worker(&[]), db.worker(&[])];
     held_by(&db, "slot-002", &w, Duration::from_secs(15)).await;
     common::wait_for(
         Duration::from_secs(10),
