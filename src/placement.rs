@@ -237,6 +237,7 @@ mod tests {
         let slots = [load("a", 5), load("b", 0), load("c", 2)];
         assert_eq!(plan(&slots, 1), vec![0, 1, 0]);
         assert_eq!(plan(&slots, 5), vec![0, 4, 1]);
-        assert_eq!(plan(&slots, 8), vec![1, 5, 2]);
+        assert_eq!(plan(&slots, 8), vec![0, 5, 3]);
+        assert_eq!(plan(&slots, 11), vec![1, 6, 4]);
     }
 }
