@@ -5,6 +5,7 @@
 #   scripts/dev-mongo.sh stop      stop the server this script started
 #   scripts/dev-mongo.sh status    say whether it answers
 #   scripts/dev-mongo.sh uri       print the URI only
+#   scripts/dev-mongo.sh fresh     stop, wipe its data, start again (what scripts/test.sh uses)
 #
 # With MONGODB_URI set, every command uses that server instead and starts nothing.
 # Port: SLOTPOOL_DEV_PORT (default 27777). Data: .state/mongo-data (git-ignored).
@@ -92,5 +93,8 @@ case "${1:-start}" in
   stop) stop ;;
   status) status ;;
   uri) echo "${MONGODB_URI:-$DEV_URI}" ;;
-  *) say "usage: $0 [start|stop|status|uri]"; exit 2 ;;
+  fresh)
+    if [[ -n "${MONGODB_URI:-}" ]]; then echo "$MONGODB_URI"; exit 0; fi
+    stop 2>/dev/null; rm -rf "$DATA"; start ;;
+  *) say "usage: $0 [start|stop|status|uri|fresh]"; exit 2 ;;
 esac

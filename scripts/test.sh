@@ -5,8 +5,17 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-echo "== dev database"
-URI="$(scripts/dev-mongo.sh start)"
+echo "== test database"
+# A throwaway server of its own (port SLOTPOOL_TEST_PORT, default 27778), fresh each
+# run: the dev server's latency creeps up over a long process life, and tests should
+# not depend on what the demo left behind. With MONGODB_URI set, that server is used.
+if [[ -z "${MONGODB_URI:-}" ]]; then
+  export SLOTPOOL_DEV_PORT="${SLOTPOOL_TEST_PORT:-27778}"
+  trap 'scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
+  URI="$(scripts/dev-mongo.sh fresh)"
+else
+  URI="$MONGODB_URI"
+fi
 export MONGODB_URI="$URI"
 echo "using $(echo "$URI" | sed -E 's#://([^:@/]+):[^@/]*@#://\1:****@#')"
 

@@ -110,13 +110,20 @@ pub struct LeaseTiming {
 }
 
 impl LeaseTiming {
-    /// Defaults that scale with the tick: margin 0.7 T, stop grace 0.5 T.
+    /// Defaults that scale with the tick: margin 0.45 T, stop grace 0.3 T. A renewal
+    /// may then take up to 0.55 T before the holder fences itself.
     pub fn from_tick(tick: Duration) -> Self {
         LeaseTiming {
             tick,
-            margin: tick.mul_f64(0.7),
-            stop_grace: tick.mul_f64(0.5),
+            margin: tick.mul_f64(0.45),
+            stop_grace: tick.mul_f64(0.3),
         }
+    }
+
+    /// How long past the grace the supervisor waits for robot tasks to return before
+    /// aborting them: half the room between grace and margin.
+    pub fn abort_slack(&self) -> Duration {
+        self.margin.saturating_sub(self.stop_grace) / 2
     }
 
     pub fn lease(&self) -> Duration {
@@ -192,7 +199,7 @@ mod tests {
         assert_eq!(t.lease(), Duration::from_secs(2));
         t.validate().unwrap();
         let grace_too_long = LeaseTiming {
-            stop_grace: Duration::from_millis(800),
+            stop_grace: Duration::from_millis(450),
             ..t
         };
         assert!(grace_too_long

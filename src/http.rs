@@ -92,6 +92,8 @@ fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
         "/status" => {
             let mut s = state.status.lock().expect("status lock").clone();
             s.lease_age_ms = s.last_renewed.map(|t| t.elapsed().as_millis() as u64);
+            s.robots_running = state.metrics.robots_running.get();
+            s.robots_restarting = state.metrics.robots_restarting.get();
             (
                 200,
                 "application/json",

@@ -1,5 +1,6 @@
 //! MongoDB handles, collection names, indexes and schema install (`slotpool init`).
 
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
@@ -197,16 +198,17 @@ impl Store {
     pub async fn record_event(&self, kind: &str, fields: Document) {
         let mut set = doc! {"at": "$$NOW", "kind": kind};
         set.extend(fields);
-        let result = self
-            .events()
+        let events = self.events();
+        let write = events
             .update_one(
                 doc! {"_id": bson::oid::ObjectId::new()},
                 vec![doc! {"$set": set}],
             )
-            .upsert(true)
-            .await;
-        if let Err(e) = result {
-            tracing::debug!(error = %e, kind, "could not record event");
+            .upsert(true);
+        match tokio::time::timeout(Duration::from_secs(2), write.into_future()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(kind, "could not record event: {}", brief(&e)),
+            Err(_) => tracing::debug!(kind, "could not record event: no answer within 2s"),
         }
     }
 

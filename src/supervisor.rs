@@ -242,7 +242,7 @@ impl Supervisor {
     /// tasks to return), then abort whatever is left.
     pub async fn stop_all(mut self) {
         self.root.cancel();
-        let limit = Instant::now() + self.timing.stop_grace + Duration::from_millis(100);
+        let limit = Instant::now() + self.timing.stop_grace + self.timing.abort_slack();
         while !self.tasks.is_empty() {
             match tokio::time::timeout_at(limit, self.tasks.join_next()).await {
                 Ok(Some(_)) => {}

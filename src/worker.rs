@@ -8,12 +8,13 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Bson};
 use futures::StreamExt;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -47,7 +48,9 @@ pub struct WorkerStatus {
     #[serde(skip)]
     pub last_renewed: Option<Instant>,
     pub lease_age_ms: Option<u64>,
-    pub robots: usize,
+    /// Filled in from the metrics when served.
+    pub robots_running: i64,
+    pub robots_restarting: i64,
     pub database_ok: bool,
     pub tick_ms: u64,
     pub version: &'static str,
@@ -160,12 +163,21 @@ impl Worker {
     /// One standby round: heartbeat, survey, claim. Remembers when to look again.
     async fn stand_by(&mut self) -> Option<Lease> {
         self.set_standby();
-        let (survey, ()) = tokio::join!(self.protocol.survey(), self.heartbeat(None));
+        let limit = self.op_timeout();
+        let (survey, ()) = tokio::join!(
+            tokio::time::timeout(limit, self.protocol.survey()),
+            self.bounded_heartbeat(None)
+        );
         let survey = match survey {
-            Ok(s) => s,
-            Err(e) => {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
                 self.db_failed(&e.to_string());
                 self.next_wait = self.tick();
+                return None;
+            }
+            Err(_) => {
+                self.db_failed(&format!("no answer within {} ms", limit.as_millis()));
+                self.next_wait = Duration::ZERO;
                 return None;
             }
         };
@@ -176,8 +188,17 @@ impl Worker {
             }
         }
         self.next_wait = survey.next_expiry.unwrap_or(self.tick()).min(self.tick());
-        match self.protocol.claim(&survey).await {
-            Ok(outcome) => {
+        match tokio::time::timeout(limit, self.protocol.claim(&survey)).await {
+            Err(_) => {
+                // A claim may have landed without its answer: that slot then expires
+                // unrenewed after L and is claimed again, with a new epoch.
+                self.db_failed(&format!(
+                    "no answer to a claim within {} ms",
+                    limit.as_millis()
+                ));
+                None
+            }
+            Ok(Ok(outcome)) => {
                 self.metrics.claim_attempts.add(outcome.attempts as u64);
                 self.metrics.claim_conflicts.add(outcome.conflicts as u64);
                 if outcome.conflicts > 0 && outcome.lease.is_none() {
@@ -188,7 +209,7 @@ impl Worker {
                 }
                 outcome.lease
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.db_failed(&e.to_string());
                 None
             }
@@ -199,40 +220,26 @@ impl Worker {
         self.next_wait
     }
 
-    /// Holds a freshly claimed lease until it is lost, fenced or shut down.
+    /// Holds a freshly claimed lease until it is lost, fenced, drained or shut down.
+    ///
+    /// Renewals run here; robots run in a separate supervisor task that is told each
+    /// new `rev`, so no robot work can delay a renewal.
     async fn hold(&mut self, mut lease: Lease) -> Ended {
         let owner = self.owner();
         tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, worker = %owner, "claimed slot");
         self.metrics.claims.inc();
         self.metrics.slot_held.set(1);
         self.metrics.epoch.set(lease.epoch);
+        let guard = WriteGuard::new(lease.deadline(), self.clock.clone());
+        let robots = self.start_supervisor(&lease, guard.clone());
+        self.set_holder(&lease);
         self.store
             .record_event(
                 "claim",
                 doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch},
             )
             .await;
-        let guard = WriteGuard::new(lease.deadline(), self.clock.clone());
-        let ctx = ContextStore::new(
-            self.store.robots(),
-            &lease.slot_id,
-            lease.epoch,
-            &owner,
-            self.metrics.clone(),
-            guard.clone(),
-        );
-        let mut supervisor = Supervisor::new(
-            self.store.clone(),
-            ctx,
-            self.registry.clone(),
-            self.settings.timing,
-            self.metrics.clone(),
-        );
-        self.set_holder(&lease, supervisor.running());
-        let (synced, _) = tokio::join!(supervisor.sync(lease.rev), self.heartbeat(Some(&lease)));
-        if let Err(e) = synced {
-            tracing::warn!(slot = %lease.slot_id, "could not start robots yet: {}; retrying next tick", crate::store::brief(&e));
-        }
+        self.bounded_heartbeat(Some(&lease)).await;
         let mut next = lease.last_renewed() + self.tick();
         let ended = loop {
             tokio::select! {
@@ -243,6 +250,7 @@ impl Worker {
             match self.protocol.renew(&mut lease).await {
                 Ok(renewed) => {
                     self.metrics.renew_latency.observe(sent.elapsed());
+                    tracing::debug!(slot = %lease.slot_id, rev = renewed.rev, latency_ms = sent.elapsed().as_millis() as u64, "renewed");
                     guard.extend(lease.deadline());
                     self.db_ok();
                     if renewed.draining {
@@ -250,12 +258,11 @@ impl Worker {
                         break Ended::Drained;
                     }
                     next = sent + self.tick();
-                    let (synced, _) =
-                        tokio::join!(supervisor.sync(renewed.rev), self.heartbeat(Some(&lease)));
-                    if let Err(e) = synced {
-                        tracing::warn!(slot = %lease.slot_id, "could not update robots: {}; retrying next tick", crate::store::brief(&e));
-                    }
-                    self.set_holder(&lease, supervisor.running());
+                    robots
+                        .revs
+                        .send_if_modified(|r| std::mem::replace(r, renewed.rev) != renewed.rev);
+                    self.bounded_heartbeat(Some(&lease)).await;
+                    self.set_holder(&lease);
                 }
                 Err(LeaseError::Db(e)) => {
                     self.metrics.renew_failures.inc();
@@ -271,10 +278,11 @@ impl Worker {
                         "lost"
                     } else {
                         self.metrics.self_fences.inc();
+                        self.db_failed("no renewal succeeded before the local deadline");
                         "self_fence"
                     };
                     tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, "{e}; stopping its robots");
-                    supervisor.stop_all().await;
+                    robots.stop().await;
                     self.store
                         .record_event(kind, doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch, "detail": e.to_string()})
                         .await;
@@ -285,11 +293,13 @@ impl Worker {
         };
         // Shutdown or drain: robots first (each may write a last checkpoint), then the
         // slot.
-        tracing::info!(slot = %lease.slot_id, robots = supervisor.running(), "releasing: stopping robots");
-        supervisor.stop_all().await;
+        tracing::info!(slot = %lease.slot_id, robots = robots.running.load(Ordering::Relaxed), "releasing: stopping robots");
+        robots.stop().await;
         guard.revoke();
-        match self.protocol.release(&mut lease).await {
-            Ok(true) => {
+        let released =
+            tokio::time::timeout(self.op_timeout(), self.protocol.release(&mut lease)).await;
+        match released {
+            Ok(Ok(true)) => {
                 self.metrics.releases.inc();
                 tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, "released slot");
                 self.store
@@ -299,24 +309,77 @@ impl Worker {
                     )
                     .await;
             }
-            Ok(false) => {
+            Ok(Ok(false)) => {
                 tracing::warn!(slot = %lease.slot_id, "slot was no longer ours at release")
             }
-            Err(e) => {
-                tracing::warn!(slot = %lease.slot_id, "could not release slot (it expires by itself in {} ms): {}", self.settings.timing.lease_ms(), self.scrub(&e.to_string()))
+            Ok(Err(e)) => {
+                tracing::warn!(slot = %lease.slot_id, "could not release slot (it expires by itself within {} ms): {}", self.settings.timing.lease_ms(), self.scrub(&e.to_string()))
+            }
+            Err(_) => {
+                tracing::warn!(slot = %lease.slot_id, "no answer to the release (the slot expires by itself within {} ms)", self.settings.timing.lease_ms())
             }
         }
         self.left_slot();
         ended
     }
 
-    fn set_holder(&self, lease: &Lease, robots: usize) {
+    /// Starts the robots of a new lease in their own task.
+    fn start_supervisor(&self, lease: &Lease, guard: WriteGuard) -> SupervisorHandle {
+        let ctx = ContextStore::new(
+            self.store.robots(),
+            &lease.slot_id,
+            lease.epoch,
+            &self.owner(),
+            self.metrics.clone(),
+            guard,
+        );
+        let supervisor = Supervisor::new(
+            self.store.clone(),
+            ctx,
+            self.registry.clone(),
+            self.settings.timing,
+            self.metrics.clone(),
+        );
+        let (revs, rx) = watch::channel(lease.rev);
+        let stop = CancellationToken::new();
+        let running = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(supervise(
+            supervisor,
+            rx,
+            stop.clone(),
+            self.tick(),
+            running.clone(),
+        ));
+        SupervisorHandle {
+            revs,
+            stop,
+            running,
+            task,
+        }
+    }
+
+    /// How long a standby or bookkeeping operation may take before it counts as a
+    /// database failure (the driver has no socket timeout).
+    fn op_timeout(&self) -> Duration {
+        (self.tick() * 2).max(Duration::from_secs(2))
+    }
+
+    async fn bounded_heartbeat(&self, lease: Option<&Lease>) {
+        let limit = (self.tick() / 2).max(Duration::from_millis(100));
+        if tokio::time::timeout(limit, self.heartbeat(lease))
+            .await
+            .is_err()
+        {
+            tracing::debug!("heartbeat got no answer within {} ms", limit.as_millis());
+        }
+    }
+
+    fn set_holder(&self, lease: &Lease) {
         let mut s = self.status.lock().expect("status lock");
         s.role = "holder";
         s.slot_id = Some(lease.slot_id.clone());
         s.epoch = Some(lease.epoch);
         s.last_renewed = Some(lease.last_renewed());
-        s.robots = robots;
     }
 
     fn set_standby(&self) {
@@ -325,7 +388,6 @@ impl Worker {
         s.slot_id = None;
         s.epoch = None;
         s.last_renewed = None;
-        s.robots = 0;
     }
 
     fn left_slot(&self) {
@@ -393,6 +455,62 @@ impl Worker {
             .await;
         tracing::info!(worker = %self.owner(), "worker stopped");
     }
+}
+
+/// The worker's side of a running supervisor task.
+struct SupervisorHandle {
+    revs: watch::Sender<i64>,
+    stop: CancellationToken,
+    running: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SupervisorHandle {
+    /// Stops every robot and waits for that (bounded by the stop grace).
+    async fn stop(self) {
+        self.stop.cancel();
+        if let Err(e) = self.task.await {
+            tracing::error!("robot supervisor failed: {e}");
+        }
+    }
+}
+
+/// The supervisor task: sync on every new `rev` (and each tick, to retry and to
+/// notice robots that ended), until told to stop; then stop every robot.
+async fn supervise(
+    mut supervisor: Supervisor,
+    mut revs: watch::Receiver<i64>,
+    stop: CancellationToken,
+    tick: Duration,
+    running: Arc<AtomicUsize>,
+) {
+    let mut failing = false;
+    loop {
+        let rev = *revs.borrow_and_update();
+        let synced = tokio::select! {
+            _ = stop.cancelled() => break,
+            r = supervisor.sync(rev) => r,
+        };
+        match synced {
+            Ok(_) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(
+                    "could not update robots: {}; retrying every tick",
+                    crate::store::brief(&e)
+                );
+            }
+            Err(_) => {}
+        }
+        running.store(supervisor.running(), Ordering::Relaxed);
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            changed = revs.changed() => if changed.is_err() { break },
+            _ = tokio::time::sleep(tick) => {}
+        }
+    }
+    supervisor.stop_all().await;
+    running.store(0, Ordering::Relaxed);
 }
 
 /// Wakes standbys the moment a slot is released or added, instead of at their next

@@ -248,7 +248,7 @@ fn bad_worker_flags_fail_fast_and_clearly() {
                 "--advertise",
                 "127.0.0.1:7700",
                 "--stop-grace",
-                "900ms",
+                "500ms",
             ],
             "stop grace",
         ),

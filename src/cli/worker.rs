@@ -32,11 +32,11 @@ pub struct WorkerArgs {
     tick: Duration,
 
     /// How long before the lease could expire the holder stops its robots if it
-    /// cannot renew. Default 0.7 × T; must exceed --stop-grace and be below T.
+    /// cannot renew. Default 0.45 × T; must exceed --stop-grace and be below T.
     #[arg(long, env = "SLOTPOOL_FENCE_MARGIN", value_parser = parse_duration_arg, allow_hyphen_values = true)]
     fence_margin: Option<Duration>,
 
-    /// How long a robot gets to stop (exec: SIGTERM, then SIGKILL). Default 0.5 × T.
+    /// How long a robot gets to stop (exec: SIGTERM, then SIGKILL). Default 0.3 × T.
     #[arg(long, env = "SLOTPOOL_STOP_GRACE", value_parser = parse_duration_arg, allow_hyphen_values = true)]
     stop_grace: Option<Duration>,
 

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use bson::{doc, Document};
 use slotpool::Store;
 
+pub mod proxy;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_slotpool");
 
 /// The server's base URI: `MONGODB_URI` if set, else the dev server, started once by
@@ -277,4 +279,20 @@ pub fn owner(slot: &Document) -> Option<String> {
 
 pub fn epoch(slot: &Document) -> i64 {
     slot.get_i64("epoch").unwrap()
+}
+
+/// The host:port of a mongodb:// URI (the first host).
+pub fn uri_addr(uri: &str) -> std::net::SocketAddr {
+    let rest = uri.split_once("://").unwrap().1;
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let end = rest.find(['/', '?', ',']).unwrap_or(rest.len());
+    use std::net::ToSocketAddrs;
+    rest[..end].to_socket_addrs().unwrap().next().unwrap()
+}
+
+impl TestDb {
+    /// A worker whose database traffic goes through `proxy`.
+    pub fn worker_via(&self, proxy: &proxy::Proxy, extra: &[&str]) -> WorkerProc {
+        WorkerProc::start(&proxy.uri(&self.uri), &self.dir, extra)
+    }
 }
