@@ -19,8 +19,9 @@ fi
 export MONGODB_URI="$URI"
 echo "using $(echo "$URI" | sed -E 's#://([^:@/]+):[^@/]*@#://\1:****@#')"
 
-echo "== mongosh (for the inspection tests)"
-scripts/mongosh.sh --install-only
+echo "== tools: mongosh (inspection tests), faketime (clock-skew chaos test)"
+scripts/mongosh.sh --install-only >/dev/null
+scripts/ensure-tools.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

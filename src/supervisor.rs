@@ -30,6 +30,9 @@ const INVALID_BACKOFF: Duration = Duration::from_secs(2);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A run this long resets the backoff: it was healthy, the next crash is news.
 const HEALTHY_RUN: Duration = Duration::from_secs(10);
+/// Even without a `rev` change, re-read the slot's robots this often: a safety net
+/// for documents edited by hand without bumping `rev`.
+const FULL_RESYNC: Duration = Duration::from_secs(60);
 
 struct Running {
     name: String,
@@ -48,6 +51,8 @@ pub struct Supervisor {
     tasks: JoinSet<ObjectId>,
     synced_rev: Option<i64>,
     warned: std::collections::HashSet<String>,
+    adopted: bool,
+    last_full: Instant,
 }
 
 impl Supervisor {
@@ -69,6 +74,8 @@ impl Supervisor {
             tasks: JoinSet::new(),
             synced_rev: None,
             warned: Default::default(),
+            adopted: false,
+            last_full: Instant::now(),
         }
     }
 
@@ -81,9 +88,10 @@ impl Supervisor {
     /// previous sync is unfinished). Returns how many robots were started.
     pub async fn sync(&mut self, rev: i64) -> Result<usize, mongodb::error::Error> {
         self.reap();
-        if self.synced_rev == Some(rev) {
+        if self.synced_rev == Some(rev) && self.last_full.elapsed() < FULL_RESYNC {
             return Ok(0);
         }
+        self.last_full = Instant::now();
         self.adopt().await?;
         let robots = self.list().await?;
         let mut complete = true;
@@ -100,8 +108,7 @@ impl Supervisor {
                 r.stopping = true;
             }
         }
-        let mut started = 0;
-        let mut to_mark = Vec::new();
+        let mut to_start = Vec::new();
         for (id, name, paused, loaded) in robots {
             if paused {
                 continue;
@@ -109,15 +116,18 @@ impl Supervisor {
             match self.running.get(&id) {
                 Some(r) if r.stopping => complete = false,
                 Some(_) => {}
-                None => {
-                    to_mark.push(id);
-                    self.start(id, name, loaded);
-                    started += 1;
-                }
+                None => to_start.push((id, name, loaded)),
             }
         }
-        if !to_mark.is_empty() {
-            self.mark_running(&to_mark).await?;
+        // Status first: a robot that fails at once then overwrites it, not the
+        // other way round.
+        if !to_start.is_empty() {
+            let ids: Vec<ObjectId> = to_start.iter().map(|(id, _, _)| *id).collect();
+            self.mark_running(&ids).await?;
+        }
+        let started = to_start.len();
+        for (id, name, loaded) in to_start {
+            self.start(id, name, loaded);
         }
         self.synced_rev = complete.then_some(rev);
         Ok(started)
@@ -127,7 +137,11 @@ impl Supervisor {
     /// document refuses the update, one by one so the others are not held back.
     async fn adopt(&mut self) -> Result<(), mongodb::error::Error> {
         match self.ctx.adopt_all().await {
-            Ok(_) => return Ok(()),
+            Ok(n) => {
+                self.record_adoption(format!("{n} robot(s) raised to this epoch"))
+                    .await;
+                return Ok(());
+            }
             Err(crate::context::ContextError::Db(e)) if is_network(&e) => return Err(e),
             Err(e) => {
                 tracing::warn!(slot = %self.ctx.slot_id(), "adopting robots at once failed ({e}); adopting one by one")
@@ -155,7 +169,26 @@ impl Supervisor {
                 }
             }
         }
+        self.record_adoption("adopted one by one".into()).await;
         Ok(())
+    }
+
+    /// The first adoption under this epoch goes into `events`: from then on no
+    /// checkpoint of an older epoch can land on this slot's robots.
+    async fn record_adoption(&mut self, detail: String) {
+        if self.adopted {
+            return;
+        }
+        self.adopted = true;
+        self.store
+            .record_event(
+                "adopt",
+                doc! {
+                    "worker": self.ctx.worker(), "slot_id": self.ctx.slot_id(),
+                    "epoch": self.ctx.epoch(), "detail": detail,
+                },
+            )
+            .await;
     }
 
     /// The slot's robots: (id, name, paused, loaded-or-None when the doc is broken).

@@ -36,6 +36,8 @@ pub struct WorkerSettings {
     pub timing: LeaseTiming,
     /// Start claims at the identity's hash position (off only for benchmarks).
     pub hashing: bool,
+    /// Wake standbys through a change stream on `slots` when a slot is released.
+    pub change_stream: bool,
 }
 
 /// What `/status` shows, kept current by the loop.
@@ -137,11 +139,13 @@ impl Worker {
     /// Runs until the shutdown token is cancelled.
     pub async fn run(mut self) {
         let wake = Arc::new(Notify::new());
-        tokio::spawn(watch_releases(
-            self.store.clone(),
-            wake.clone(),
-            self.shutdown.child_token(),
-        ));
+        if self.settings.change_stream {
+            tokio::spawn(watch_releases(
+                self.store.clone(),
+                wake.clone(),
+                self.shutdown.child_token(),
+            ));
+        }
         tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, "worker started as standby");
         while !self.shutdown.is_cancelled() {
             let wait = match self.stand_by().await {

@@ -50,6 +50,12 @@ pub struct WorkerArgs {
     )]
     exec_allow: Vec<String>,
 
+    /// Do not open a change stream on `slots`: standbys then notice a released slot
+    /// at their next poll (at most one tick) instead of at once. For databases without
+    /// change streams, or to save the server the work.
+    #[arg(long, env = "SLOTPOOL_NO_CHANGE_STREAM")]
+    no_change_stream: bool,
+
     /// Benchmarks only: every worker tries the first expired slot first.
     #[arg(long, hide = true)]
     no_hash: bool,
@@ -103,6 +109,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         listen,
         timing,
         hashing: !args.no_hash,
+        change_stream: !args.no_change_stream,
     };
     let worker = Worker::new(settings, store, Registry::builtin_with(policy));
     let shutdown = worker.shutdown_token();

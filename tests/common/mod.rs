@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, Document};
 use slotpool::Store;
 
+pub mod invariants;
 pub mod proxy;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_slotpool");
@@ -70,7 +71,13 @@ impl TestDb {
             .unwrap()
             .subsec_nanos();
         let name = format!("t_{label}_{}_{n}_{nanos}", std::process::id());
-        let uri = with_database(base_uri(), &name);
+        Self::on(base_uri(), &name).await
+    }
+
+    /// The database `name` on the server at `base`.
+    pub async fn on(base: &str, name: &str) -> TestDb {
+        let name = name.to_string();
+        let uri = with_database(base, &name);
         let store = Store::connect(&uri)
             .await
             .expect("connect to the test server");
@@ -178,11 +185,18 @@ pub struct WorkerProc {
 
 impl WorkerProc {
     pub fn start(uri: &str, dir: &Path, extra: &[&str]) -> WorkerProc {
+        Self::start_with(uri, dir, extra, &[])
+    }
+
+    /// Like `start`, with extra environment (e.g. an LD_PRELOAD).
+    pub fn start_with(uri: &str, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> WorkerProc {
         let port = free_port();
         let id = format!("127.0.0.1:{port}");
         let log = dir.join(format!("worker-{port}.log"));
         let file = File::create(&log).unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        cmd.envs(env.iter().copied());
+        let child = cmd
             .args(["worker", "--advertise", &id, "--listen", &id])
             .args(extra)
             .env("MONGODB_URI", uri)
@@ -294,5 +308,64 @@ impl TestDb {
     /// A worker whose database traffic goes through `proxy`.
     pub fn worker_via(&self, proxy: &proxy::Proxy, extra: &[&str]) -> WorkerProc {
         WorkerProc::start(&proxy.uri(&self.uri), &self.dir, extra)
+    }
+}
+
+/// A dev server of a test's own (so it can be killed), on its own port and data.
+pub struct PrivateServer {
+    pub uri: String,
+    port: u16,
+}
+
+impl PrivateServer {
+    fn script(port: u16, cmd: &str) -> String {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let out = Command::new("bash")
+            .arg(format!("{root}/scripts/dev-mongo.sh"))
+            .arg(cmd)
+            .env("SLOTPOOL_DEV_PORT", port.to_string())
+            .env_remove("MONGODB_URI")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "dev-mongo.sh {cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    pub fn start(_label: &str) -> PrivateServer {
+        let port = free_port();
+        let uri = Self::script(port, "fresh");
+        PrivateServer { uri, port }
+    }
+
+    /// kill -9 the server process.
+    pub fn kill9(&self) {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let pid: i32 = std::fs::read_to_string(format!("{root}/.state/mongo-{}.pid", self.port))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // SAFETY: kill(2) on the server this test started.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    /// Starts it again on the same data.
+    pub fn restart(&self) {
+        Self::script(self.port, "start");
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        Self::script(self.port, "stop");
+        let root = env!("CARGO_MANIFEST_DIR");
+        let _ = std::fs::remove_dir_all(format!("{root}/.state/mongo-data-{}", self.port));
     }
 }

@@ -1,0 +1,643 @@
+//! Chaos: real worker processes under kill -9, SIGSTOP past the lease, a database
+//! link that blackholes, delays or cuts, a skewed wall clock, rolling restarts, a
+//! claim storm, a database restart and hand-edited garbage. After each scenario the
+//! invariant checker reads every counter's checkpoint history and the events log.
+//!
+//! The scenarios run one at a time (they share one small dev server). Each prints
+//! its measured takeover times. `SLOTPOOL_CHAOS_ROUNDS=N` (scripts/chaos.sh --long)
+//! runs more rounds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson};
+use common::invariants;
+use common::proxy::{Mode, Proxy};
+use common::{owner, TestDb, WorkerProc};
+
+const L: Duration = Duration::from_secs(2);
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn rounds(default: usize) -> usize {
+    std::env::var("SLOTPOOL_CHAOS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Samples the slots every 50 ms and remembers, per slot, the longest stretch it was
+/// not held (free or expired, judged by the server). Used in scenarios that always
+/// keep a standby alive.
+struct Monitor {
+    worst: Arc<Mutex<BTreeMap<String, Duration>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Monitor {
+    fn start(db: &TestDb) -> Monitor {
+        let store = db.store.clone();
+        let worst = Arc::new(Mutex::new(BTreeMap::new()));
+        let w = worst.clone();
+        let task = tokio::spawn(async move {
+            let mut since: BTreeMap<String, Instant> = BTreeMap::new();
+            loop {
+                let pipeline = vec![doc! {"$project": {"held": {"$and": [
+                    {"$eq": [{"$type": "$owner"}, "string"]},
+                    {"$eq": [{"$type": "$time"}, "date"]},
+                    {"$lte": [{"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": {"$ifNull": ["$time", "$$NOW"]}}]}, 2000]},
+                ]}}}];
+                if let Ok(mut c) = store.slots().aggregate(pipeline).await {
+                    use futures::TryStreamExt;
+                    while let Ok(Some(d)) = c.try_next().await {
+                        let id = d.get_str("_id").unwrap_or("?").to_string();
+                        let held = d.get_bool("held").unwrap_or(false);
+                        if held {
+                            if let Some(t) = since.remove(&id) {
+                                let mut w = w.lock().unwrap();
+                                let e = w.entry(id).or_insert(Duration::ZERO);
+                                *e = (*e).max(t.elapsed());
+                            }
+                        } else {
+                            since.entry(id).or_insert_with(Instant::now);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        Monitor { worst, task }
+    }
+
+    fn finish(self, what: &str) {
+        self.task.abort();
+        let worst = self.worst.lock().unwrap().clone();
+        let max = worst.values().max().copied().unwrap_or_default();
+        println!("[{what}] longest time a slot stood unheld with a standby alive: {max:?}");
+        assert!(
+            max <= L + Duration::from_secs(1),
+            "[{what}] a slot stood unheld for {max:?}: {worst:?}"
+        );
+    }
+}
+
+/// A pool: slots, workers, counters with full history.
+async fn pool(db: &TestDb, slots: u32, workers: usize, robots: u32) -> Vec<WorkerProc> {
+    db.init(slots).await;
+    let w: Vec<WorkerProc> = (0..workers).map(|_| db.worker(&[])).collect();
+    all_held(db, slots as usize).await;
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "c",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "200",
+        "--history",
+        "1000",
+        "--count",
+        &robots.to_string(),
+    ]);
+    progress(db, 2).await;
+    w
+}
+
+async fn all_held(db: &TestDb, slots: usize) -> Vec<String> {
+    common::wait_for(Duration::from_secs(30), "every slot held", || async {
+        let owners: Vec<String> = db.slots().await.iter().filter_map(owner).collect();
+        (owners.len() == slots && slot_ages_fresh(db).await).then_some(owners)
+    })
+    .await
+}
+
+/// True when every slot's lease is live on the server's clock.
+async fn slot_ages_fresh(db: &TestDb) -> bool {
+    use futures::TryStreamExt;
+    let pipeline = vec![doc! {"$project": {"age": {"$subtract": [
+        {"$toLong": "$$NOW"},
+        {"$toLong": {"$cond": [{"$eq": [{"$type": "$time"}, "date"]}, "$time", bson::DateTime::from_millis(0)]}},
+    ]}}}];
+    let Ok(c) = db.store.slots().aggregate(pipeline).await else {
+        return false;
+    };
+    let Ok(ages): Result<Vec<bson::Document>, _> = c.try_collect().await else {
+        return false;
+    };
+    ages.iter()
+        .all(|d| d.get_i64("age").is_ok_and(|a| a <= 2000))
+}
+
+/// Waits until every robot moved at least `steps` past where it is now.
+async fn progress(db: &TestDb, steps: i64) {
+    progress_except(db, steps, "").await
+}
+
+/// Like `progress`, leaving out the robots of slot `except`.
+async fn progress_except(db: &TestDb, steps: i64, except: &str) {
+    let base: BTreeMap<String, i64> = db
+        .robots()
+        .await
+        .iter()
+        .filter(|r| r.get_str("name").is_ok_and(|n| n.starts_with("c-")))
+        .filter(|r| r.get_str("slot_id").is_ok_and(|s| s != except))
+        .map(|r| {
+            (
+                r.get_str("name").unwrap().to_string(),
+                r.get_i64("seq").unwrap(),
+            )
+        })
+        .collect();
+    common::wait_for(
+        Duration::from_secs(30),
+        &format!("every counter {steps} steps further"),
+        || async {
+            let robots = db.robots().await;
+            robots
+                .iter()
+                .filter(|r| base.contains_key(r.get_str("name").unwrap_or("")))
+                .all(|r| r.get_i64("seq").unwrap() >= base[r.get_str("name").unwrap()] + steps)
+                .then_some(())
+        },
+    )
+    .await
+}
+
+/// Waits until `slot` is held by someone other than `old`; returns the time taken.
+async fn takeover(db: &TestDb, slot: &str, old: &str, t0: Instant) -> Duration {
+    common::wait_for(
+        L + Duration::from_secs(15),
+        &format!("{slot} taken over from {old}"),
+        || async {
+            let s = db.slot(slot).await;
+            (owner(&s).as_deref() != Some(old) && owner(&s).is_some()).then_some(())
+        },
+    )
+    .await;
+    t0.elapsed()
+}
+
+fn summary(what: &str, times: &[Duration]) {
+    let mut t = times.to_vec();
+    t.sort();
+    if t.is_empty() {
+        return;
+    }
+    println!(
+        "[{what}] {} takeovers: min {:?}, median {:?}, max {:?} (bound L + 1 s = 3 s)",
+        t.len(),
+        t[0],
+        t[t.len() / 2],
+        t[t.len() - 1]
+    );
+}
+
+async fn verdict(db: &TestDb, what: &str) {
+    let r = invariants::check(db).await;
+    println!(
+        "[{what}] invariants hold: {} robots, {} checkpoints, {} claims; {} old-epoch writes landed between a claim and its adoption",
+        r.robots, r.checkpoints, r.claims, r.in_flight_past_claim
+    );
+    assert!(r.robots > 0 && r.checkpoints > 0);
+}
+
+fn holder_index(w: &[WorkerProc], id: &str) -> usize {
+    w.iter()
+        .position(|x| x.id == id)
+        .expect("holder is one of ours")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_and_sigstop_rounds() {
+    let _g = serial();
+    let db = TestDb::new("chaos_kill").await;
+    let mut w = pool(&db, 3, 5, 12).await;
+    let mon = Monitor::start(&db);
+    let mut kills = Vec::new();
+    let mut stops = Vec::new();
+    for round in 0..rounds(3) {
+        let slot = format!("slot-00{}", round % 3 + 1);
+        let old = owner(&db.slot(&slot).await).unwrap();
+        let i = holder_index(&w, &old);
+        let t0 = Instant::now();
+        w[i].kill9();
+        kills.push(takeover(&db, &slot, &old, t0).await);
+        w[i] = db.worker(&[]);
+        progress(&db, 2).await;
+
+        let slot = format!("slot-00{}", (round + 1) % 3 + 1);
+        let old = owner(&db.slot(&slot).await).unwrap();
+        let i = holder_index(&w, &old);
+        let t0 = Instant::now();
+        w[i].signal(libc::SIGSTOP);
+        stops.push(takeover(&db, &slot, &old, t0).await);
+        while t0.elapsed() < 3 * L {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        w[i].signal(libc::SIGCONT);
+        common::wait_for(
+            Duration::from_secs(10),
+            "the zombie to fence itself",
+            || async { w[i].log_text().contains("self-fenced").then_some(()) },
+        )
+        .await;
+        progress(&db, 2).await;
+    }
+    summary("kill -9", &kills);
+    summary("SIGSTOP", &stops);
+    mon.finish("kill/stop");
+    verdict(&db, "kill/stop").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn database_link_blackholed_delayed_and_cut() {
+    let _g = serial();
+    let db = TestDb::new("chaos_net").await;
+    db.init(2).await;
+    let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
+    // The first worker (through the proxy) claims alone, then two standbys join.
+    let victim = db.worker_via(&proxy, &[]);
+    common::wait_for(
+        Duration::from_secs(15),
+        "the proxied worker to hold a slot",
+        || async {
+            db.slots()
+                .await
+                .iter()
+                .any(|s| owner(s).as_deref() == Some(victim.id.as_str()))
+                .then_some(())
+        },
+    )
+    .await;
+    let mut others = vec![db.worker(&[]), db.worker(&[])];
+    all_held(&db, 2).await;
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "c",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "200",
+        "--history",
+        "1000",
+        "--count",
+        "8",
+    ]);
+    progress(&db, 3).await;
+    let mon = Monitor::start(&db);
+    let mut times = Vec::new();
+    for (round, mode) in [Mode::Blackhole, Mode::Cut]
+        .into_iter()
+        .cycle()
+        .take(rounds(2))
+        .enumerate()
+    {
+        let slot = db
+            .slots()
+            .await
+            .iter()
+            .find(|s| owner(s).as_deref() == Some(victim.id.as_str()))
+            .map(|s| s.get_str("_id").unwrap().to_string())
+            .expect("the proxied worker holds a slot");
+        let t0 = Instant::now();
+        proxy.set(mode);
+        times.push(takeover(&db, &slot, &victim.id, t0).await);
+        println!(
+            "[net] round {round}: {mode:?} -> {slot} taken over after {:?}",
+            times.last().unwrap()
+        );
+        progress(&db, 3).await;
+        proxy.set(Mode::Pass);
+        common::wait_for(
+            Duration::from_secs(30),
+            "the proxied worker to recover",
+            || async { (victim.http_get("/healthz")?.0 == 200).then_some(()) },
+        )
+        .await;
+        // Hand the slot back: the worker that took it leaves gracefully, so the
+        // recovered worker is the only standby; then it rejoins as a standby.
+        let taker = owner(&db.slot(&slot).await).unwrap();
+        let k = holder_index(&others, &taker);
+        others[k].signal(libc::SIGTERM);
+        others[k]
+            .wait_exit(Duration::from_secs(10))
+            .expect("graceful exit");
+        common::wait_for(
+            Duration::from_secs(15),
+            "the recovered worker to hold the slot again",
+            || async { (owner(&db.slot(&slot).await)? == victim.id).then_some(()) },
+        )
+        .await;
+        others[k] = db.worker(&[]);
+        progress(&db, 2).await;
+    }
+    // Latency on the link: 150 ms each way keeps the holder inside its margin.
+    proxy.delay(Duration::from_millis(150));
+    progress(&db, 5).await;
+    proxy.delay(Duration::ZERO);
+    summary("network faults", &times);
+    mon.finish("network");
+    verdict(&db, "network").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wall_clock_an_hour_off_does_not_matter() {
+    let _g = serial();
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "this scenario skews a real worker's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
+    );
+    let db = TestDb::new("chaos_skew").await;
+    db.init(2).await;
+    // Both skewed workers: one an hour ahead, one an hour behind, and one true.
+    let ahead = common::WorkerProc::start_with(
+        &db.uri,
+        &db.dir,
+        &[],
+        &[("LD_PRELOAD", LIBFAKETIME), ("FAKETIME", "+1h")],
+    );
+    let behind = common::WorkerProc::start_with(
+        &db.uri,
+        &db.dir,
+        &[],
+        &[("LD_PRELOAD", LIBFAKETIME), ("FAKETIME", "-1h")],
+    );
+    // The preload really moves the clock: the worker's log lines are stamped an
+    // hour off.
+    common::wait_for(
+        Duration::from_secs(10),
+        "the skewed worker's first log line",
+        || async {
+            let line = ahead.log_text().lines().next().map(str::to_string)?;
+            let stamp =
+                chrono::DateTime::parse_from_rfc3339(line.split_whitespace().next()?).ok()?;
+            let off = stamp.timestamp() - chrono::Utc::now().timestamp();
+            assert!((3500..3700).contains(&off), "not skewed by an hour: {line}");
+            Some(())
+        },
+    )
+    .await;
+    all_held(&db, 2).await;
+    let _true = db.worker(&[]);
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "c",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "200",
+        "--history",
+        "1000",
+        "--count",
+        "6",
+    ]);
+    progress(&db, 3).await;
+    let mon = Monitor::start(&db);
+    // Leases keep renewing (no flapping) under skew: epochs stay at 1 for a while.
+    tokio::time::sleep(3 * L).await;
+    for s in db.slots().await {
+        assert_eq!(
+            s.get_i64("epoch").unwrap(),
+            1,
+            "a skewed clock made a lease flap: {s}"
+        );
+    }
+    // And takeover from a skewed holder works as usual.
+    let mut w = [ahead, behind];
+    let slot = "slot-001";
+    let old = owner(&db.slot(slot).await).unwrap();
+    let i = w.iter().position(|x| x.id == old).unwrap_or(0);
+    let t0 = Instant::now();
+    w[i].kill9();
+    let took = takeover(&db, slot, &old, t0).await;
+    println!("[skew] takeover from a skewed holder: {took:?}");
+    progress(&db, 3).await;
+    mon.finish("skew");
+    verdict(&db, "skew").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rolling_restart_of_every_worker() {
+    let _g = serial();
+    let db = TestDb::new("chaos_roll").await;
+    let mut w = pool(&db, 3, 4, 12).await;
+    let mon = Monitor::start(&db);
+    let mut handoffs = Vec::new();
+    for _ in 0..rounds(1) {
+        for i in 0..w.len() {
+            let id = w[i].id.clone();
+            let held: Option<String> = db
+                .slots()
+                .await
+                .iter()
+                .find(|s| owner(s).as_deref() == Some(id.as_str()))
+                .map(|s| s.get_str("_id").unwrap().to_string());
+            let t0 = Instant::now();
+            w[i].signal(libc::SIGTERM);
+            w[i].wait_exit(Duration::from_secs(10))
+                .expect("graceful exit");
+            if let Some(slot) = held {
+                handoffs.push(takeover(&db, &slot, &id, t0).await);
+            }
+            w[i] = db.worker(&[]);
+            all_held(&db, 3).await;
+            progress(&db, 2).await;
+        }
+    }
+    summary("rolling restart (SIGTERM handoff)", &handoffs);
+    mon.finish("rolling restart");
+    verdict(&db, "rolling restart").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn claim_storm_twenty_workers_five_slots() {
+    let _g = serial();
+    let db = TestDb::new("chaos_storm").await;
+    db.init(5).await;
+    let t0 = Instant::now();
+    let w: Vec<WorkerProc> = (0..20).map(|_| db.worker(&[])).collect();
+    let owners = all_held(&db, 5).await;
+    println!(
+        "[storm] 20 workers, 5 slots: all held after {:?}",
+        t0.elapsed()
+    );
+    let mut distinct = owners.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 5, "a worker holds two slots: {owners:?}");
+    for s in db.slots().await {
+        assert_eq!(
+            s.get_i64("epoch").unwrap(),
+            1,
+            "exactly one claim per slot: {s}"
+        );
+    }
+    let attempts: u64 = w
+        .iter()
+        .filter_map(|x| x.http_get("/metrics"))
+        .map(|(_, m)| metric(&m, "slotpool_claim_attempts_total"))
+        .sum();
+    let conflicts: u64 = w
+        .iter()
+        .filter_map(|x| x.http_get("/metrics"))
+        .map(|(_, m)| metric(&m, "slotpool_claim_conflicts_total"))
+        .sum();
+    println!("[storm] compare-and-set attempts {attempts}, conflicts {conflicts}");
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn database_restarted_underneath_the_pool() {
+    let _g = serial();
+    let server = common::PrivateServer::start("chaos_dbrestart");
+    let db = TestDb::on(&server.uri, "chaos_dbrestart").await;
+    let w = pool(&db, 2, 3, 8).await;
+    let before: i64 = db
+        .robots()
+        .await
+        .iter()
+        .map(|r| r.get_i64("seq").unwrap())
+        .sum();
+    server.kill9();
+    let t0 = Instant::now();
+    // Every holder fences itself while the database is gone.
+    common::wait_for(Duration::from_secs(15), "holders to self-fence", || async {
+        (w.iter()
+            .filter(|x| x.log_text().contains("self-fenced"))
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    println!(
+        "[db restart] holders fenced {:?} after the kill",
+        t0.elapsed()
+    );
+    server.restart();
+    let t1 = Instant::now();
+    let db = TestDb::on(&server.uri, &db.name).await;
+    all_held(&db, 2).await;
+    progress(&db, 3).await;
+    println!(
+        "[db restart] pool running again {:?} after the restart",
+        t1.elapsed()
+    );
+    let after: i64 = db
+        .robots()
+        .await
+        .iter()
+        .map(|r| r.get_i64("seq").unwrap())
+        .sum();
+    assert!(after > before, "checkpoints survived and continued");
+    verdict(&db, "db restart").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hand_edited_garbage_is_reported_and_skipped() {
+    let _g = serial();
+    let db = TestDb::new("chaos_garbage").await;
+    let _w = pool(&db, 3, 4, 6).await;
+    let raw = |c: &str| db.store.db().collection::<bson::Document>(c);
+    // slots: wrong types, a missing field, a non-string id
+    raw("slots")
+        .update_one(
+            doc! {"_id": "slot-003"},
+            doc! {"$set": {"epoch": "x", "time": [1, 2]}},
+        )
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    raw("slots")
+        .insert_one(doc! {"_id": 42, "owner": 7})
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    // robots: unknown kind, missing spec, context of the wrong type, garbage seq
+    for (name, extra) in [
+        ("g-kind", doc! {"kind": "teleport", "spec": {}}),
+        ("g-nospec", doc! {"kind": "counter"}),
+        ("g-seq", doc! {"kind": "counter", "spec": {}, "seq": "many"}),
+    ] {
+        let mut d = doc! {"name": name, "slot_id": "slot-001", "epoch": 0_i64, "context": {}, "paused": false, "status": "pending"};
+        d.extend(extra);
+        raw("robots")
+            .insert_one(d)
+            .bypass_document_validation(true)
+            .await
+            .unwrap();
+    }
+    raw("robots")
+        .insert_one(doc! {"_id": "not-an-oid", "name": "g-id", "slot_id": "slot-001"})
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    // Hand-inserted robots are announced the documented way: bump the slot's rev.
+    raw("slots")
+        .update_one(doc! {"_id": "slot-001"}, doc! {"$inc": {"rev": 1_i64}})
+        .await
+        .unwrap();
+    // workers: garbage heartbeat
+    raw("workers")
+        .insert_one(doc! {"_id": "garbage", "last_seen": "never", "slot_id": 5})
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    // The robots of healthy slots keep running; the CLI keeps answering.
+    progress_except(&db, 4, "slot-003").await;
+    for args in [
+        &["status"][..],
+        &["slots", "list"],
+        &["robot", "list"],
+        &["status", "--json"],
+    ] {
+        db.cli_ok(args);
+    }
+    let out = db.cli_ok(&["slots", "list"]);
+    assert!(out.contains("invalid"), "{out}");
+    let kind = db.robot("g-kind").await;
+    assert!(
+        kind.get_str("error")
+            .unwrap_or("")
+            .contains("unknown robot kind"),
+        "{kind}"
+    );
+    let robots = db.cli_ok(&["robot", "list"]);
+    assert!(robots.contains("g-nospec"), "{robots}");
+    assert!(
+        matches!(
+            db.slot("slot-003").await.get("epoch"),
+            Some(Bson::String(_))
+        ),
+        "garbage left for a human to fix"
+    );
+    // A human repairs slot-003: its robots run again, under a new epoch.
+    raw("slots")
+        .update_one(
+            doc! {"_id": "slot-003"},
+            doc! {"$set": {"epoch": 1_i64, "time": Bson::Null, "owner": Bson::Null}},
+        )
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    progress(&db, 3).await;
+    assert_eq!(db.slot("slot-003").await.get_i64("epoch").unwrap(), 2);
+    verdict(&db, "garbage").await;
+}

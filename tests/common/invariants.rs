@@ -1,0 +1,169 @@
+//! The invariant checker: reads every counter robot's checkpoint history and the
+//! `events` log, and fails on a double run, a stale-epoch checkpoint, a lost or
+//! doubled step, or a counter going back.
+
+use std::collections::BTreeMap;
+
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+
+use super::TestDb;
+
+/// One accepted checkpoint, as the robot's `history` recorded it.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub seq: i64,
+    pub epoch: i64,
+    pub worker: String,
+    pub slot: String,
+    pub at: i64,
+}
+
+/// What the checker saw.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub robots: usize,
+    pub checkpoints: usize,
+    pub claims: usize,
+    /// Old-epoch checkpoints applied after a newer claim but before that holder's
+    /// adoption: writes in flight longer than the fence margin. Reported, not fatal:
+    /// the adoption fence is what guarantees no stale write lands after it.
+    pub in_flight_past_claim: usize,
+}
+
+pub fn entries(r: &Document) -> Vec<Entry> {
+    r.get_array("history")
+        .map(|a| {
+            a.iter()
+                .filter_map(Bson::as_document)
+                .map(|h| Entry {
+                    seq: h.get_i64("seq").unwrap(),
+                    epoch: h.get_i64("epoch").unwrap(),
+                    worker: h.get_str("worker").unwrap().to_string(),
+                    slot: h.get_str("slot").unwrap().to_string(),
+                    at: h.get_datetime("at").unwrap().timestamp_millis(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// (slot, epoch) → (worker, at) for every `kind` event.
+async fn by_epoch(db: &TestDb, kind: &str) -> BTreeMap<(String, i64), (String, i64)> {
+    let events: Vec<Document> = db
+        .store
+        .events()
+        .find(doc! {"kind": kind})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    events
+        .iter()
+        .map(|e| {
+            (
+                (
+                    e.get_str("slot_id").unwrap().to_string(),
+                    e.get_i64("epoch").unwrap(),
+                ),
+                (
+                    e.get_str("worker").unwrap().to_string(),
+                    e.get_datetime("at").unwrap().timestamp_millis(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Checks every robot whose spec keeps a history. Panics with the evidence.
+pub async fn check(db: &TestDb) -> Report {
+    let claims = by_epoch(db, "claim").await;
+    let adoptions = by_epoch(db, "adopt").await;
+    let mut report = Report {
+        claims: claims.len(),
+        ..Default::default()
+    };
+    for r in db.robots().await {
+        let Ok(name) = r.get_str("name") else {
+            continue;
+        };
+        let h = entries(&r);
+        if h.is_empty() {
+            continue;
+        }
+        report.robots += 1;
+        report.checkpoints += h.len();
+        let seq = r.get_i64("seq").unwrap();
+        let n = r.get_document("context").unwrap().get_i64("n").unwrap();
+        assert_eq!(
+            n, seq,
+            "{name}: context.n {n} != seq {seq}: a step was lost or done twice"
+        );
+        assert_eq!(
+            h[0].seq, 1,
+            "{name}: history must be complete (raise spec.history)"
+        );
+        assert_eq!(
+            h.last().unwrap().seq,
+            seq,
+            "{name}: the last history entry is the current seq"
+        );
+        let mut owner_of: BTreeMap<(&str, i64), &str> = BTreeMap::new();
+        for w in h.windows(2) {
+            let (a, b) = (&w[0], &w[1]);
+            assert_eq!(b.seq, a.seq + 1, "{name}: seq jumps {} -> {}", a.seq, b.seq);
+            assert!(
+                b.at >= a.at,
+                "{name}: time went back between seq {} and {}",
+                a.seq,
+                b.seq
+            );
+            if a.slot == b.slot {
+                assert!(
+                    b.epoch >= a.epoch,
+                    "{name}: two live copies: seq {} under epoch {} came after seq {} under epoch {} on {}",
+                    b.seq, b.epoch, a.seq, a.epoch, a.slot
+                );
+            }
+        }
+        for e in &h {
+            let first = owner_of.entry((&e.slot, e.epoch)).or_insert(&e.worker);
+            assert_eq!(
+                *first, e.worker,
+                "{name}: two workers checkpointed under {} epoch {}",
+                e.slot, e.epoch
+            );
+            let (claimant, claimed_at) =
+                claims.get(&(e.slot.clone(), e.epoch)).unwrap_or_else(|| {
+                    panic!(
+                        "{name}: checkpoint under {} epoch {} with no claim of that epoch",
+                        e.slot, e.epoch
+                    )
+                });
+            assert_eq!(
+                claimant, &e.worker,
+                "{name}: seq {} written by {} under an epoch claimed by {claimant}",
+                e.seq, e.worker
+            );
+            assert!(
+                e.at >= *claimed_at,
+                "{name}: seq {} landed before its epoch was claimed",
+                e.seq
+            );
+            if let Some((_, adopted_at)) = adoptions.get(&(e.slot.clone(), e.epoch + 1)) {
+                assert!(
+                    e.at <= *adopted_at,
+                    "{name}: stale checkpoint: seq {} under {} epoch {} landed after epoch {} adopted the robots",
+                    e.seq, e.slot, e.epoch, e.epoch + 1
+                );
+            }
+            if let Some((_, next_claim)) = claims.get(&(e.slot.clone(), e.epoch + 1)) {
+                if e.at > *next_claim {
+                    report.in_flight_past_claim += 1;
+                }
+            }
+        }
+    }
+    report
+}
