@@ -20,11 +20,8 @@ use common::{owner, TestDb, WorkerProc};
 
 const L: Duration = Duration::from_secs(2);
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// One scenario at a time: they share one small dev server.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn rounds(default: usize) -> usize {
     std::env::var("SLOTPOOL_CHAOS_ROUNDS")
@@ -217,7 +214,7 @@ fn holder_index(w: &[WorkerProc], id: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_and_sigstop_rounds() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let db = TestDb::new("chaos_kill").await;
     let mut w = pool(&db, 3, 5, 12).await;
     let mon = Monitor::start(&db);
@@ -259,7 +256,7 @@ async fn kill_9_and_sigstop_rounds() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn database_link_blackholed_delayed_and_cut() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let db = TestDb::new("chaos_net").await;
     db.init(2).await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
@@ -352,7 +349,7 @@ async fn database_link_blackholed_delayed_and_cut() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wall_clock_an_hour_off_does_not_matter() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     assert!(
         std::path::Path::new(LIBFAKETIME).exists(),
         "this scenario skews a real worker's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
@@ -430,7 +427,7 @@ async fn a_wall_clock_an_hour_off_does_not_matter() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rolling_restart_of_every_worker() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let db = TestDb::new("chaos_roll").await;
     let mut w = pool(&db, 3, 4, 12).await;
     let mon = Monitor::start(&db);
@@ -463,7 +460,7 @@ async fn rolling_restart_of_every_worker() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn claim_storm_twenty_workers_five_slots() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let db = TestDb::new("chaos_storm").await;
     db.init(5).await;
     let t0 = Instant::now();
@@ -506,7 +503,7 @@ fn metric(text: &str, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn database_restarted_underneath_the_pool() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let server = common::PrivateServer::start("chaos_dbrestart");
     let db = TestDb::on(&server.uri, "chaos_dbrestart").await;
     let w = pool(&db, 2, 3, 8).await;
@@ -552,7 +549,7 @@ async fn database_restarted_underneath_the_pool() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hand_edited_garbage_is_reported_and_skipped() {
-    let _g = serial();
+    let _g = SERIAL.lock().await;
     let db = TestDb::new("chaos_garbage").await;
     let _w = pool(&db, 3, 4, 6).await;
     let raw = |c: &str| db.store.db().collection::<bson::Document>(c);
