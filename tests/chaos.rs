@@ -433,8 +433,8 @@ async fn rolling_restart_of_every_worker() {
     let mon = Monitor::start(&db);
     let mut handoffs = Vec::new();
     for _ in 0..rounds(1) {
-        for i in 0..w.len() {
-            let id = w[i].id.clone();
+        for worker in w.iter_mut() {
+            let id = worker.id.clone();
             let held: Option<String> = db
                 .slots()
                 .await
@@ -442,13 +442,14 @@ async fn rolling_restart_of_every_worker() {
                 .find(|s| owner(s).as_deref() == Some(id.as_str()))
                 .map(|s| s.get_str("_id").unwrap().to_string());
             let t0 = Instant::now();
-            w[i].signal(libc::SIGTERM);
-            w[i].wait_exit(Duration::from_secs(10))
+            worker.signal(libc::SIGTERM);
+            worker
+                .wait_exit(Duration::from_secs(10))
                 .expect("graceful exit");
             if let Some(slot) = held {
                 handoffs.push(takeover(&db, &slot, &id, t0).await);
             }
-            w[i] = db.worker(&[]);
+            *worker = db.worker(&[]);
             all_held(&db, 3).await;
             progress(&db, 2).await;
         }
