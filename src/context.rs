@@ -57,7 +57,7 @@ pub enum ContextError {
         slot: String,
         epoch: i64,
     },
-    #[error("robot {robot}: its context is not a document (found {found}); fix it with `slotpool robot reset-context` or by hand")]
+    #[error("robot {robot}: its context is not a document (found {found}); fix it by hand, e.g. db.robots.updateOne({{name: \"{robot}\"}}, {{$set: {{context: {{}}}}}})")]
     NotADocument { robot: String, found: String },
     #[error("database error: {}", crate::store::brief(.0))]
     Db(#[from] mongodb::error::Error),

@@ -2,7 +2,9 @@
 //! a lost or doubled step shows up directly in `context.n` against `seq`, which is
 //! what tests and demos use it for.
 //!
-//! Spec: `{"interval_ms": 1000, "history": 0}` (both optional).
+//! Spec: `{"interval_ms": 1000, "history": 0, "eager": false}` (all optional). With
+//! `eager`, the first step is taken at once on every (re)start, so a restored robot
+//! proves it runs without waiting an interval.
 
 use std::time::Duration;
 
@@ -37,10 +39,15 @@ fn interval(spec: &Document) -> Result<Duration, String> {
 
 fn check_known_fields(spec: &Document) -> Result<(), String> {
     for key in spec.keys() {
-        if !["interval_ms", "history"].contains(&key.as_str()) {
+        if !["interval_ms", "history", "eager"].contains(&key.as_str()) {
             return Err(format!(
-                "unknown counter spec field {key:?} (known: interval_ms, history)"
+                "unknown counter spec field {key:?} (known: interval_ms, history, eager)"
             ));
+        }
+    }
+    if let Some(e) = spec.get("eager") {
+        if !matches!(e, Bson::Boolean(_)) {
+            return Err(format!("spec.eager must be true or false, found {e}"));
         }
     }
     Ok(())
@@ -69,11 +76,17 @@ impl RobotKind for Counter {
                 )))
             }
         };
+        let mut wait = if run.spec().get_bool("eager").unwrap_or(false) {
+            std::time::Duration::ZERO
+        } else {
+            every
+        };
         loop {
             tokio::select! {
                 _ = run.stop().cancelled() => return Ok(()),
-                _ = tokio::time::sleep(every) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
+            wait = every;
             // Do not start a step once asked to stop: the last checkpoint stands.
             if run.stop().is_cancelled() {
                 return Ok(());

@@ -1,0 +1,498 @@
+//! slotpool benchmarks against the dev server (or MONGODB_URI): real worker
+//! processes, real kill -9 and SIGTERM, figures printed as one table and written to
+//! BENCHMARKS.md with the machine's description.
+//!
+//!   scripts/bench.sh            full run
+//!   scripts/bench.sh --quick    fewer trials (a smoke run)
+//!   scripts/bench.sh --only takeover,handoff,storm,cost,restore,create
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant, SystemTime};
+
+use bson::{doc, Bson, Document};
+use common::{owner, TestDb, WorkerProc};
+use futures::TryStreamExt;
+
+struct Row {
+    name: String,
+    figures: String,
+    goal: String,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn dist(ms: &mut [f64]) -> String {
+    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    format!(
+        "n={} p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        ms.len(),
+        pct(ms, 0.5),
+        pct(ms, 0.99),
+        ms[ms.len() - 1]
+    )
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// The first checkpoint `worker` made for each robot of `slot` (server time, ms).
+async fn first_checkpoints(db: &TestDb, slot: &str, worker: &str) -> Vec<Option<i64>> {
+    let robots: Vec<Document> = db
+        .store
+        .robots()
+        .find(doc! {"slot_id": slot})
+        .projection(doc! {"history": 1})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    robots
+        .iter()
+        .map(|r| {
+            r.get_array("history").ok().and_then(|h| {
+                h.iter()
+                    .filter_map(Bson::as_document)
+                    .find(|e| e.get_str("worker") == Ok(worker))
+                    .and_then(|e| e.get_datetime("at").ok())
+                    .map(|t| t.timestamp_millis())
+            })
+        })
+        .collect()
+}
+
+async fn wait_first_checkpoints(
+    db: &TestDb,
+    slot: &str,
+    worker: &str,
+    limit: Duration,
+) -> Vec<i64> {
+    common::wait_for(
+        limit,
+        "every robot's first checkpoint on the new holder",
+        || async {
+            let all = first_checkpoints(db, slot, worker).await;
+            all.iter()
+                .all(Option::is_some)
+                .then(|| all.into_iter().flatten().collect())
+        },
+    )
+    .await
+}
+
+async fn holder_of(db: &TestDb, slot: &str, not: Option<&str>) -> String {
+    common::wait_for(Duration::from_secs(30), "a holder", || async {
+        let o = owner(&db.slot(slot).await)?;
+        (Some(o.as_str()) != not).then_some(o)
+    })
+    .await
+}
+
+/// Crash takeover or graceful handoff, `trials` times, `robots` eager counters.
+async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
+    let db = TestDb::new(if graceful { "b_handoff" } else { "b_takeover" }).await;
+    db.init(1).await;
+    let mut w = vec![db.worker(&[]), db.worker(&[])];
+    let holder = holder_of(&db, "slot-001", None).await;
+    let interval = if graceful { "5000" } else { "1000" };
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "b",
+        "--kind",
+        "counter",
+        "--count",
+        &robots.to_string(),
+        "--spec",
+        &format!(r#"{{"interval_ms": {interval}, "history": 4, "eager": true}}"#),
+    ]);
+    wait_first_checkpoints(&db, "slot-001", &holder, Duration::from_secs(60)).await;
+    let (mut takeover, mut all_running) = (Vec::new(), Vec::new());
+    for _ in 0..trials {
+        let old = owner(&db.slot("slot-001").await).unwrap();
+        let i = w.iter().position(|x| x.id == old).unwrap();
+        // Let the standby settle into its poll rhythm.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let t0 = wall_ms();
+        if graceful {
+            w[i].signal(libc::SIGTERM);
+        } else {
+            w[i].kill9();
+        }
+        let new = holder_of(&db, "slot-001", Some(&old)).await;
+        let firsts = wait_first_checkpoints(&db, "slot-001", &new, Duration::from_secs(60)).await;
+        let claim = db
+            .store
+            .events()
+            .find_one(doc! {"kind": "claim", "worker": &new})
+            .sort(doc! {"$natural": -1})
+            .await
+            .unwrap()
+            .unwrap();
+        takeover.push((claim.get_datetime("at").unwrap().timestamp_millis() - t0) as f64);
+        all_running.push((firsts.iter().max().unwrap() - t0) as f64);
+        if graceful {
+            w[i].wait_exit(Duration::from_secs(10));
+        }
+        w[i] = db.worker(&[]);
+    }
+    let what = if graceful { "SIGTERM" } else { "kill -9" };
+    Row {
+        name: format!(
+            "{} → every robot's first checkpoint on the new holder ({robots} robots, tick 1 s)",
+            if graceful {
+                "Graceful handoff: SIGTERM"
+            } else {
+                "Crash takeover: kill -9"
+            }
+        ),
+        figures: format!(
+            "claim after {what}: {}; all robots checkpointed: {}",
+            dist(&mut takeover),
+            dist(&mut all_running)
+        ),
+        goal: if graceful {
+            "p99 < 500 ms + robots' stop time".into()
+        } else {
+            "p99 ≤ L + 150 ms = 2150 ms (lower bound L = 2000 ms)".into()
+        },
+    }
+}
+
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn storm(workers: usize, slots: u32, hashing: bool) -> (f64, u64, u64) {
+    let db = TestDb::new("b_storm").await;
+    db.init(slots).await;
+    let extra: &[&str] = if hashing { &[] } else { &["--no-hash"] };
+    let t0 = Instant::now();
+    let w: Vec<WorkerProc> = (0..workers).map(|_| db.worker(extra)).collect();
+    common::wait_for(Duration::from_secs(60), "every slot held", || async {
+        (db.slots().await.iter().filter_map(owner).count() == slots as usize).then_some(())
+    })
+    .await;
+    let took = t0.elapsed().as_secs_f64() * 1000.0;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (mut attempts, mut conflicts) = (0, 0);
+    for x in &w {
+        if let Some((_, m)) = x.http_get("/metrics") {
+            attempts += metric(&m, "slotpool_claim_attempts_total");
+            conflicts += metric(&m, "slotpool_claim_conflicts_total");
+        }
+    }
+    (took, attempts, conflicts)
+}
+
+async fn opcounters(db: &TestDb) -> i64 {
+    let s = db
+        .store
+        .db()
+        .run_command(doc! {"serverStatus": 1})
+        .await
+        .unwrap();
+    let o = s.get_document("opcounters").unwrap();
+    ["insert", "query", "update", "delete", "getmore", "command"]
+        .iter()
+        .map(|k| match o.get(*k) {
+            Some(Bson::Int32(v)) => *v as i64,
+            Some(Bson::Int64(v)) => *v,
+            Some(Bson::Double(v)) => *v as i64,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Operations per tick of one holder (and then one standby) with `n` quiet robots.
+async fn cost(n: u32) -> (f64, f64) {
+    let db = TestDb::new("b_cost").await;
+    db.init(1).await;
+    if n > 0 {
+        db.cli_ok(&[
+            "robot",
+            "create",
+            "--name",
+            "q",
+            "--kind",
+            "counter",
+            "--count",
+            &n.to_string(),
+            "--interval-ms",
+            "86400000",
+        ]);
+    }
+    let holder = db.worker(&["--no-change-stream"]);
+    common::wait_for(Duration::from_secs(120), "every robot running", || async {
+        let (_, m) = holder.http_get("/metrics")?;
+        (metric(&m, "slotpool_robots_running") == n as u64 && metric(&m, "slotpool_slot_held") == 1)
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let window = Duration::from_secs(10);
+    let a = opcounters(&db).await;
+    tokio::time::sleep(window).await;
+    let b = opcounters(&db).await;
+    let holder_ops = (b - a - 2) as f64 / window.as_secs_f64(); // minus our own two reads
+    let standby = db.worker(&["--no-change-stream"]);
+    common::wait_for(
+        Duration::from_secs(10),
+        "the standby's heartbeat",
+        || async {
+            db.store
+                .workers()
+                .find_one(doc! {"_id": &standby.id})
+                .await
+                .ok()?
+                .map(|_| ())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let a = opcounters(&db).await;
+    tokio::time::sleep(window).await;
+    let b = opcounters(&db).await;
+    let standby_ops = (b - a - 2) as f64 / window.as_secs_f64() - holder_ops;
+    (holder_ops, standby_ops)
+}
+
+fn rss_kb(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A standby taking over a slot with `n` robots: time until all are marked running
+/// and until all have checkpointed; worker RSS idle and loaded.
+async fn restore(n: u32) -> Vec<Row> {
+    let db = TestDb::new("b_restore").await;
+    db.init(1).await;
+    let mut a = db.worker(&["--no-change-stream"]);
+    holder_of(&db, "slot-001", None).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_kb = rss_kb(a.pid());
+    let t = Instant::now();
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "r",
+        "--kind",
+        "counter",
+        "--count",
+        &n.to_string(),
+        "--spec",
+        r#"{"interval_ms": 3600000, "history": 2, "eager": true}"#,
+    ]);
+    let create_s = t.elapsed().as_secs_f64();
+    common::wait_for(
+        Duration::from_secs(600),
+        "every robot running on the first holder",
+        || async {
+            let (_, m) = a.http_get("/metrics")?;
+            (metric(&m, "slotpool_checkpoints_total") >= n as u64).then_some(())
+        },
+    )
+    .await;
+    let loaded_kb = rss_kb(a.pid());
+    let b = db.worker(&["--no-change-stream"]);
+    common::wait_for(
+        Duration::from_secs(10),
+        "the standby's heartbeat",
+        || async {
+            db.store
+                .workers()
+                .find_one(doc! {"_id": &b.id})
+                .await
+                .ok()?
+                .map(|_| ())
+        },
+    )
+    .await;
+    let t0 = Instant::now();
+    a.kill9();
+    common::wait_for(Duration::from_secs(30), "the takeover", || async {
+        (owner(&db.slot("slot-001").await)? == b.id).then_some(())
+    })
+    .await;
+    let claimed = t0.elapsed();
+    common::wait_for(Duration::from_secs(600), "every robot started", || async {
+        let (_, m) = b.http_get("/metrics")?;
+        (metric(&m, "slotpool_robots_running") >= n as u64).then_some(())
+    })
+    .await;
+    let started = t0.elapsed();
+    common::wait_for(
+        Duration::from_secs(900),
+        "every robot checkpointed",
+        || async {
+            let (_, m) = b.http_get("/metrics")?;
+            (metric(&m, "slotpool_checkpoints_total") >= n as u64).then_some(())
+        },
+    )
+    .await;
+    let checkpointed = t0.elapsed();
+    let per = |d: Duration| n as f64 / (d - claimed).as_secs_f64().max(0.001);
+    vec![
+        Row {
+            name: format!("Restore: a standby takes over a slot with {n} robots (kill -9)"),
+            figures: format!(
+                "claimed after {:.2} s; all {n} running after {:.2} s ({:.0} robots/s after the claim); all checkpointed after {:.2} s ({:.0} robots/s)",
+                claimed.as_secs_f64(), started.as_secs_f64(), per(started), checkpointed.as_secs_f64(), per(checkpointed)
+            ),
+            goal: "-".into(),
+        },
+        Row {
+            name: format!("Footprint: worker RSS idle / with {n} counter robots"),
+            figures: format!(
+                "{:.1} MiB idle, {:.1} MiB loaded: {:.0} bytes per robot",
+                idle_kb as f64 / 1024.0, loaded_kb as f64 / 1024.0, (loaded_kb.saturating_sub(idle_kb) * 1024) as f64 / n as f64
+            ),
+            goal: "-".into(),
+        },
+        Row {
+            name: format!("Create rate: `robot create --count {n}` (one CLI process)"),
+            figures: format!("{:.2} s: {:.0} robots/s", create_s, n as f64 / create_s),
+            goal: "-".into(),
+        },
+    ]
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let total = mem
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .map(|m| m.trim().to_string())
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores ({model}), {total} memory, Linux {}, release build; database: SecantusDB 0.7.0b3 dev server on the same machine", kernel.trim())
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args[i + 1].split(',').map(str::to_string).collect());
+    let want = |k: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == k));
+    let trials = if quick { 5 } else { 30 };
+    let big = if quick { 1000 } else { 10_000 };
+    let mut rows: Vec<Row> = Vec::new();
+    if want("takeover") {
+        rows.push(handover(trials, 100, false).await);
+        println!(
+            "{} | {}",
+            rows.last().unwrap().name,
+            rows.last().unwrap().figures
+        );
+    }
+    if want("handoff") {
+        rows.push(handover(trials, 100, true).await);
+        println!(
+            "{} | {}",
+            rows.last().unwrap().name,
+            rows.last().unwrap().figures
+        );
+    }
+    if want("storm") {
+        let (workers, slots) = if quick { (20, 5) } else { (50, 10) };
+        let (t1, a1, c1) = storm(workers, slots, true).await;
+        let (t2, a2, c2) = storm(workers, slots, false).await;
+        rows.push(Row {
+            name: format!("Claim storm: {workers} workers, {slots} slots, started at once"),
+            figures: format!("hashing: all held after {t1:.0} ms, {a1} CAS attempts, {c1} conflicts; without hashing: {t2:.0} ms, {a2} attempts, {c2} conflicts"),
+            goal: "-".into(),
+        });
+        println!(
+            "{} | {}",
+            rows.last().unwrap().name,
+            rows.last().unwrap().figures
+        );
+    }
+    if want("cost") {
+        let mut per = BTreeMap::new();
+        for n in [1, 100, big as u32] {
+            per.insert(n, cost(n).await);
+        }
+        let figures: Vec<String> = per
+            .iter()
+            .map(|(n, (h, s))| {
+                format!("{n} robots: holder {h:.2} ops/tick, standby {s:.2} ops/tick")
+            })
+            .collect();
+        rows.push(Row {
+            name: "Database cost per tick (server opcounters, quiet robots, tick 1 s)".into(),
+            figures: figures.join("; "),
+            goal: "constant in the number of robots".into(),
+        });
+        println!(
+            "{} | {}",
+            rows.last().unwrap().name,
+            rows.last().unwrap().figures
+        );
+    }
+    if want("restore") || want("create") {
+        for r in restore(big as u32).await {
+            println!("{} | {}", r.name, r.figures);
+            rows.push(r);
+        }
+    }
+    let mut md = String::new();
+    let _ = writeln!(md, "# Benchmarks\n");
+    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials). Each figure below was measured by that command on the machine named here; nothing else is claimed.\n");
+    let _ = writeln!(md, "- Machine: {}", machine());
+    let _ = writeln!(
+        md,
+        "- Run: {} ({})\n",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        if quick { "quick" } else { "full" }
+    );
+    let _ = writeln!(md, "| benchmark | measured | goal |\n|---|---|---|");
+    for r in &rows {
+        let _ = writeln!(md, "| {} | {} | {} |", r.name, r.figures, r.goal);
+    }
+    println!("\n{md}");
+    let path = std::env::var("SLOTPOOL_BENCH_OUT")
+        .unwrap_or_else(|_| format!("{}/BENCHMARKS.md", env!("CARGO_MANIFEST_DIR")));
+    if !rows.is_empty() {
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let notes = old
+            .split_once("\n## Notes")
+            .map(|(_, n)| format!("\n## Notes{n}"))
+            .unwrap_or_default();
+        std::fs::write(&path, md + &notes).unwrap();
+        println!("written to {path}");
+    }
+}

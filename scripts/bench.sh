@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Benchmarks: takeover, handoff, claim storm, per-tick database cost, restore rate,
+# footprint, create rate. Prints one table and writes BENCHMARKS.md.
+#   scripts/bench.sh [--quick] [--only takeover,handoff,storm,cost,restore,create]
+# Runs against a fresh throwaway dev server unless MONGODB_URI is set.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+if [[ -z "${MONGODB_URI:-}" ]]; then
+  export SLOTPOOL_DEV_PORT="${SLOTPOOL_BENCH_PORT:-27779}"
+  trap 'scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
+  MONGODB_URI="$(scripts/dev-mongo.sh fresh)"
+  export MONGODB_URI
+fi
+cargo bench --bench pool -- "$@"
