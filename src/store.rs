@@ -96,6 +96,7 @@ pub struct Slot {
 pub struct Store {
     client: Client,
     db: Database,
+    options: ClientOptions,
     /// Kept only to scrub its password out of messages; never printed.
     uri: String,
 }
@@ -131,7 +132,7 @@ impl Store {
             .default_database
             .clone()
             .unwrap_or_else(|| DEFAULT_DATABASE.to_string());
-        let client = Client::with_options(options).map_err(|e| StoreError::BadUri {
+        let client = Client::with_options(options.clone()).map_err(|e| StoreError::BadUri {
             uri: shown.clone(),
             why: scrub(&e.to_string(), uri),
         })?;
@@ -145,7 +146,29 @@ impl Store {
         Ok(Store {
             client,
             db,
+            options,
             uri: uri.to_string(),
+        })
+    }
+
+    /// The same database through a connection pool of its own, at most `pool`
+    /// connections. The worker renews its lease through one, so robots' traffic
+    /// (a restore burst of thousands of checkpoints) can never queue a renewal
+    /// behind it in the driver.
+    pub fn dedicated(&self, pool: u32, name: &str) -> Result<Store, StoreError> {
+        let mut options = self.options.clone();
+        options.max_pool_size = Some(pool);
+        options.min_pool_size = Some(1);
+        options.app_name = Some(format!("slotpool-{name}"));
+        let client = Client::with_options(options.clone()).map_err(|e| StoreError::BadUri {
+            uri: self.shown_uri(),
+            why: scrub(&e.to_string(), &self.uri),
+        })?;
+        Ok(Store {
+            db: client.database(self.db.name()),
+            client,
+            options,
+            uri: self.uri.clone(),
         })
     }
 

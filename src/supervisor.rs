@@ -34,6 +34,8 @@ const HEALTHY_RUN: Duration = Duration::from_secs(10);
 /// for documents edited by hand without bumping `rev`.
 const FULL_RESYNC: Duration = Duration::from_secs(60);
 
+type Listed = (ObjectId, String, bool, bool, Option<Loaded>);
+
 struct Running {
     name: String,
     token: CancellationToken,
@@ -96,7 +98,7 @@ impl Supervisor {
         let robots = self.list().await?;
         let mut complete = true;
         let mut wanted: HashMap<ObjectId, ()> = HashMap::new();
-        for (id, _, paused, _) in &robots {
+        for (id, _, paused, _, _) in &robots {
             if !paused {
                 wanted.insert(*id, ());
             }
@@ -109,21 +111,26 @@ impl Supervisor {
             }
         }
         let mut to_start = Vec::new();
-        for (id, name, paused, loaded) in robots {
+        let mut to_mark = Vec::new();
+        for (id, name, paused, marked, loaded) in robots {
             if paused {
                 continue;
             }
             match self.running.get(&id) {
                 Some(r) if r.stopping => complete = false,
                 Some(_) => {}
-                None => to_start.push((id, name, loaded)),
+                None => {
+                    if !marked {
+                        to_mark.push(id);
+                    }
+                    to_start.push((id, name, loaded));
+                }
             }
         }
         // Status first: a robot that fails at once then overwrites it, not the
         // other way round.
-        if !to_start.is_empty() {
-            let ids: Vec<ObjectId> = to_start.iter().map(|(id, _, _)| *id).collect();
-            self.mark_running(&ids).await?;
+        if !to_mark.is_empty() {
+            self.mark_running(&to_mark).await?;
         }
         let started = to_start.len();
         for (id, name, loaded) in to_start {
@@ -191,10 +198,9 @@ impl Supervisor {
             .await;
     }
 
-    /// The slot's robots: (id, name, paused, loaded-or-None when the doc is broken).
-    async fn list(
-        &mut self,
-    ) -> Result<Vec<(ObjectId, String, bool, Option<Loaded>)>, mongodb::error::Error> {
+    /// The slot's robots: (id, name, paused, already marked running here,
+    /// loaded-or-None when the doc is broken).
+    async fn list(&mut self) -> Result<Vec<Listed>, mongodb::error::Error> {
         let mut cursor = self
             .store
             .robots()
@@ -215,7 +221,9 @@ impl Supervisor {
                 .map(str::to_string)
                 .unwrap_or_else(|_| id.to_hex());
             let paused = matches!(d.get("paused"), Some(Bson::Boolean(true)));
-            out.push((id, name.clone(), paused, preload(&d, &name)));
+            let marked = d.get_str("status") == Ok("running")
+                && d.get_str("worker") == Ok(self.ctx.worker());
+            out.push((id, name.clone(), paused, marked, preload(&d, &name)));
         }
         Ok(out)
     }

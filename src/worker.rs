@@ -63,6 +63,8 @@ pub type SharedStatus = Arc<Mutex<WorkerStatus>>;
 pub struct Worker {
     settings: WorkerSettings,
     store: Store,
+    /// Same database, separate connection pool, for the lease and heartbeats.
+    lease_store: Store,
     registry: Registry,
     clock: SharedClock,
     metrics: Arc<Metrics>,
@@ -84,8 +86,14 @@ enum Ended {
 impl Worker {
     pub fn new(settings: WorkerSettings, store: Store, registry: Registry) -> Self {
         let clock: SharedClock = Arc::new(MonotonicClock);
+        // Lease traffic (survey, claim, renew, release, heartbeat) has a pool of its
+        // own: robots' checkpoints must never delay a renewal.
+        let lease_store = store.dedicated(2, "lease").unwrap_or_else(|e| {
+            tracing::warn!("no dedicated lease connection pool ({e}); sharing the robots' pool");
+            store.clone()
+        });
         let mut protocol = LeaseProtocol::new(
-            store.slots(),
+            lease_store.slots(),
             settings.identity,
             settings.timing,
             clock.clone(),
@@ -103,6 +111,7 @@ impl Worker {
         Worker {
             settings,
             store,
+            lease_store,
             registry,
             clock,
             metrics: Arc::new(Metrics::default()),
@@ -432,7 +441,7 @@ impl Worker {
             None => (Bson::Null, Bson::Null),
         };
         let r = self
-            .store
+            .lease_store
             .workers()
             .update_one(
                 doc! {"_id": self.owner()},

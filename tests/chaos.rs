@@ -85,11 +85,9 @@ impl Monitor {
     }
 }
 
-/// A pool: slots, workers, counters with full history.
-async fn pool(db: &TestDb, slots: u32, workers: usize, robots: u32) -> Vec<WorkerProc> {
-    db.init(slots).await;
-    let w: Vec<WorkerProc> = (0..workers).map(|_| db.worker(&[])).collect();
-    all_held(db, slots as usize).await;
+/// Counters `c-1`… stepping every 200 ms, keeping their whole history for the checker.
+fn create_counters(db: &TestDb, count: u32) {
+    let count = count.to_string();
     db.cli_ok(&[
         "robot",
         "create",
@@ -102,8 +100,16 @@ async fn pool(db: &TestDb, slots: u32, workers: usize, robots: u32) -> Vec<Worke
         "--history",
         "1000",
         "--count",
-        &robots.to_string(),
+        &count,
     ]);
+}
+
+/// A pool: slots, workers, counters with full history.
+async fn pool(db: &TestDb, slots: u32, workers: usize, robots: u32) -> Vec<WorkerProc> {
+    db.init(slots).await;
+    let w: Vec<WorkerProc> = (0..workers).map(|_| db.worker(&[])).collect();
+    all_held(db, slots as usize).await;
+    create_counters(db, robots);
     progress(db, 2).await;
     w
 }
@@ -276,20 +282,7 @@ async fn database_link_blackholed_delayed_and_cut() {
     .await;
     let mut others = vec![db.worker(&[]), db.worker(&[])];
     all_held(&db, 2).await;
-    db.cli_ok(&[
-        "robot",
-        "create",
-        "--name",
-        "c",
-        "--kind",
-        "counter",
-        "--interval-ms",
-        "200",
-        "--history",
-        "1000",
-        "--count",
-        "8",
-    ]);
+    create_counters(&db, 8);
     progress(&db, 3).await;
     let mon = Monitor::start(&db);
     let mut times = Vec::new();
@@ -386,20 +379,7 @@ async fn a_wall_clock_an_hour_off_does_not_matter() {
     .await;
     all_held(&db, 2).await;
     let _true = db.worker(&[]);
-    db.cli_ok(&[
-        "robot",
-        "create",
-        "--name",
-        "c",
-        "--kind",
-        "counter",
-        "--interval-ms",
-        "200",
-        "--history",
-        "1000",
-        "--count",
-        "6",
-    ]);
+    create_counters(&db, 6);
     progress(&db, 3).await;
     let mon = Monitor::start(&db);
     // Leases keep renewing (no flapping) under skew: epochs stay at 1 for a while.

@@ -575,3 +575,51 @@ async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
         "{out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_creates_spread_over_the_slots() {
+    let db = TestDb::new("spread").await;
+    db.init(3).await;
+    let _w = [db.worker(&[]), db.worker(&[]), db.worker(&[])];
+    all_held(&db, 3).await;
+    // Six CLI processes at once, five robots each; the robots never step during
+    // the test (a day's interval) so only placement is measured.
+    let children: Vec<std::process::Child> = (0..6)
+        .map(|i| {
+            std::process::Command::new(common::BIN)
+                .args([
+                    "robot",
+                    "create",
+                    "--name",
+                    &format!("p{i}"),
+                    "--kind",
+                    "counter",
+                    "--interval-ms",
+                    "86400000",
+                    "--count",
+                    "5",
+                ])
+                .env("MONGODB_URI", &db.uri)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let mut per_slot: BTreeMap<String, i64> = BTreeMap::new();
+    for r in db.robots().await {
+        *per_slot
+            .entry(r.get_str("slot_id").unwrap().to_string())
+            .or_default() += 1;
+    }
+    println!("30 robots from 6 concurrent creates: {per_slot:?}");
+    assert_eq!(per_slot.values().sum::<i64>(), 30);
+    assert_eq!(per_slot.len(), 3, "every slot got robots: {per_slot:?}");
+    for (slot, n) in &per_slot {
+        assert!((8..=12).contains(n), "{slot} has {n} of 30: {per_slot:?}");
+        let counted = db.slot(slot).await.get_i64("robot_count").unwrap();
+        assert_eq!(counted, *n, "{slot}: robot_count matches the robots");
+    }
+}

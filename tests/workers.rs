@@ -158,6 +158,21 @@ async fn five_workers_three_slots_all_held_two_standbys_none_doubled() {
         assert!(w.iter().any(|x| &x.id == o), "owner {o} is one of ours");
     }
     live_workers(&db, 5).await;
+    // A fresh holder's heartbeat says so a moment after its claim.
+    common::wait_for(
+        Duration::from_secs(10),
+        "two standby heartbeats",
+        || async {
+            let n = db
+                .store
+                .workers()
+                .count_documents(doc! {"slot_id": bson::Bson::Null})
+                .await
+                .ok()?;
+            (n == 2).then_some(())
+        },
+    )
+    .await;
     let out = db.cli_ok(&["slots", "list", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["standbys"].as_array().unwrap().len(), 2, "{out}");
