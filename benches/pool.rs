@@ -13,9 +13,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime};
 
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson};
 use common::{owner, TestDb, WorkerProc};
-use futures::TryStreamExt;
 
 struct Row {
     name: String,
@@ -46,46 +45,35 @@ fn wall_ms() -> i64 {
         .as_millis() as i64
 }
 
-/// The first checkpoint `worker` made for each robot of `slot` (server time, ms).
-async fn first_checkpoints(db: &TestDb, slot: &str, worker: &str) -> Vec<Option<i64>> {
-    let robots: Vec<Document> = db
-        .store
-        .robots()
-        .find(doc! {"slot_id": slot})
-        .projection(doc! {"history": 1})
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    robots
-        .iter()
-        .map(|r| {
-            r.get_array("history").ok().and_then(|h| {
-                h.iter()
-                    .filter_map(Bson::as_document)
-                    .find(|e| e.get_str("worker") == Ok(worker))
-                    .and_then(|e| e.get_datetime("at").ok())
-                    .map(|t| t.timestamp_millis())
-            })
-        })
-        .collect()
-}
-
-async fn wait_first_checkpoints(
-    db: &TestDb,
-    slot: &str,
-    worker: &str,
-    limit: Duration,
-) -> Vec<i64> {
+/// Waits until `n` robots have checkpointed at or after `since` (server ms); returns
+/// the latest such checkpoint time.
+async fn checkpointed_since(db: &TestDb, since: i64, n: u64) -> i64 {
+    let since = bson::DateTime::from_millis(since);
     common::wait_for(
-        limit,
+        Duration::from_secs(120),
         "every robot's first checkpoint on the new holder",
         || async {
-            let all = first_checkpoints(db, slot, worker).await;
-            all.iter()
-                .all(Option::is_some)
-                .then(|| all.into_iter().flatten().collect())
+            let count = db
+                .store
+                .robots()
+                .count_documents(doc! {"checkpointed_at": {"$gte": since}})
+                .await
+                .ok()?;
+            if count < n {
+                return None;
+            }
+            let last = db
+                .store
+                .robots()
+                .find_one(doc! {})
+                .sort(doc! {"checkpointed_at": -1})
+                .await
+                .ok()??;
+            Some(
+                last.get_datetime("checkpointed_at")
+                    .ok()?
+                    .timestamp_millis(),
+            )
         },
     )
     .await
@@ -104,8 +92,9 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
     let db = TestDb::new(if graceful { "b_handoff" } else { "b_takeover" }).await;
     db.init(1).await;
     let mut w = [db.worker(&[]), db.worker(&[])];
-    let holder = holder_of(&db, "slot-001", None).await;
-    let interval = if graceful { "5000" } else { "1000" };
+    holder_of(&db, "slot-001", None).await;
+    // Eager counters with a long interval: each start makes exactly one checkpoint,
+    // so the latest checkpointed_at after a handover is the last robot's first.
     db.cli_ok(&[
         "robot",
         "create",
@@ -116,9 +105,9 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
         "--count",
         &robots.to_string(),
         "--spec",
-        &format!(r#"{{"interval_ms": {interval}, "history": 4, "eager": true}}"#),
+        r#"{"interval_ms": 600000, "eager": true}"#,
     ]);
-    wait_first_checkpoints(&db, "slot-001", &holder, Duration::from_secs(60)).await;
+    checkpointed_since(&db, 0, robots as u64).await;
     let (mut takeover, mut all_running) = (Vec::new(), Vec::new());
     for _ in 0..trials {
         let old = owner(&db.slot("slot-001").await).unwrap();
@@ -132,7 +121,6 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
             w[i].kill9();
         }
         let new = holder_of(&db, "slot-001", Some(&old)).await;
-        let firsts = wait_first_checkpoints(&db, "slot-001", &new, Duration::from_secs(60)).await;
         let claim = db
             .store
             .events()
@@ -141,8 +129,10 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
             .await
             .unwrap()
             .unwrap();
-        takeover.push((claim.get_datetime("at").unwrap().timestamp_millis() - t0) as f64);
-        all_running.push((firsts.iter().max().unwrap() - t0) as f64);
+        let claimed_at = claim.get_datetime("at").unwrap().timestamp_millis();
+        let last = checkpointed_since(&db, claimed_at, robots as u64).await;
+        takeover.push((claimed_at - t0) as f64);
+        all_running.push((last - t0) as f64);
         if graceful {
             w[i].wait_exit(Duration::from_secs(10));
         }
@@ -301,7 +291,7 @@ async fn restore(n: u32) -> Vec<Row> {
         "--count",
         &n.to_string(),
         "--spec",
-        r#"{"interval_ms": 3600000, "history": 2, "eager": true}"#,
+        r#"{"interval_ms": 3600000, "eager": true}"#,
     ]);
     let create_s = t.elapsed().as_secs_f64();
     common::wait_for(

@@ -120,21 +120,25 @@ impl ContextStore {
     /// which also marks the robots about to start as running here (saving a second
     /// pass over thousands of robots on a restore).
     pub async fn adopt_all(&self) -> Result<u64, ContextError> {
-        let running = doc! {"$ne": ["$paused", true]};
-        let r = self
+        let older = doc! {"$lt": self.epoch};
+        let run = self
             .robots
             .update_many(
-                doc! {"slot_id": &self.slot_id, "epoch": {"$lt": self.epoch}},
-                vec![doc! {"$set": {
-                    "epoch": self.epoch,
-                    "status": {"$cond": [running.clone(), "running", "$status"]},
-                    "error": {"$cond": [running.clone(), Bson::Null, "$error"]},
-                    "worker": {"$cond": [running.clone(), &self.worker, "$worker"]},
-                    "status_at": {"$cond": [running, "$$NOW", "$status_at"]},
-                }}],
+                doc! {"slot_id": &self.slot_id, "epoch": older.clone(), "paused": {"$ne": true}},
+                doc! {
+                    "$set": {"epoch": self.epoch, "status": "running", "error": Bson::Null, "worker": &self.worker},
+                    "$currentDate": {"status_at": true},
+                },
             )
             .await?;
-        Ok(r.modified_count)
+        let paused = self
+            .robots
+            .update_many(
+                doc! {"slot_id": &self.slot_id, "epoch": older},
+                doc! {"$set": {"epoch": self.epoch}},
+            )
+            .await?;
+        Ok(run.modified_count + paused.modified_count)
     }
 
     fn fence(&self, id: &ObjectId) -> Document {
