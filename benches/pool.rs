@@ -121,14 +121,15 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
             w[i].kill9();
         }
         let new = holder_of(&db, "slot-001", Some(&old)).await;
-        let claim = db
-            .store
-            .events()
-            .find_one(doc! {"kind": "claim", "worker": &new})
-            .sort(doc! {"$natural": -1})
-            .await
-            .unwrap()
-            .unwrap();
+        let since = bson::DateTime::from_millis(t0);
+        let claim = common::wait_for(Duration::from_secs(10), "the claim event", || async {
+            db.store
+                .events()
+                .find_one(doc! {"kind": "claim", "worker": &new, "at": {"$gte": since}})
+                .await
+                .ok()?
+        })
+        .await;
         let claimed_at = claim.get_datetime("at").unwrap().timestamp_millis();
         let last = checkpointed_since(&db, claimed_at, robots as u64).await;
         takeover.push((claimed_at - t0) as f64);
