@@ -169,7 +169,7 @@ fn metric(text: &str, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn storm(workers: usize, slots: u32, hashing: bool) -> (f64, u64, u64) {
+async fn storm(workers: usize, slots: u32, hashing: bool) -> (f64, u64, u64, usize, u64) {
     let db = TestDb::new("b_storm").await;
     db.init(slots).await;
     let extra: &[&str] = if hashing { &[] } else { &["--no-hash"] };
@@ -181,14 +181,16 @@ async fn storm(workers: usize, slots: u32, hashing: bool) -> (f64, u64, u64) {
     .await;
     let took = t0.elapsed().as_secs_f64() * 1000.0;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (mut attempts, mut conflicts) = (0, 0);
+    let (mut attempts, mut conflicts, mut answered, mut claims) = (0, 0, 0, 0);
     for x in &w {
         if let Some((_, m)) = x.http_get("/metrics") {
+            answered += 1;
             attempts += metric(&m, "slotpool_claim_attempts_total");
             conflicts += metric(&m, "slotpool_claim_conflicts_total");
+            claims += metric(&m, "slotpool_claims_total");
         }
     }
-    (took, attempts, conflicts)
+    (took, attempts, conflicts, answered, claims)
 }
 
 async fn opcounters(db: &TestDb) -> i64 {
@@ -426,11 +428,14 @@ async fn main() {
     }
     if want("storm") {
         let (workers, slots) = if quick { (20, 5) } else { (50, 10) };
-        let (t1, a1, c1) = storm(workers, slots, true).await;
-        let (t2, a2, c2) = storm(workers, slots, false).await;
+        let (t1, a1, c1, n1, k1) = storm(workers, slots, true).await;
+        let (t2, a2, c2, n2, k2) = storm(workers, slots, false).await;
         rows.push(Row {
             name: format!("Claim storm: {workers} workers, {slots} slots, started at once"),
-            figures: format!("hashing: all held after {t1:.0} ms, {a1} CAS attempts, {c1} conflicts; without hashing: {t2:.0} ms, {a2} attempts, {c2} conflicts"),
+            figures: format!(
+                "hashing: all held after {t1:.0} ms, {a1} CAS attempts, {c1} conflicts, {k1} claims ({n1}/{workers} workers answered /metrics); \
+                 without hashing: {t2:.0} ms, {a2} attempts, {c2} conflicts, {k2} claims ({n2}/{workers} answered)"
+            ),
             goal: "-".into(),
         });
         println!(

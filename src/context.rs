@@ -63,6 +63,14 @@ pub enum ContextError {
     Db(#[from] mongodb::error::Error),
 }
 
+/// How many robot writes (checkpoints, status) one holder keeps in flight at once.
+/// A restore of thousands of robots then reaches the database as a steady stream,
+/// and a lease renewal only ever waits behind this many operations.
+pub const MAX_INFLIGHT_WRITES: usize = 8;
+
+/// Robots per adoption write.
+const ADOPT_CHUNK: usize = 500;
+
 /// Where one holder (slot + epoch) reads and writes its robots' contexts.
 #[derive(Debug, Clone)]
 pub struct ContextStore {
@@ -72,6 +80,7 @@ pub struct ContextStore {
     worker: String,
     metrics: Arc<Metrics>,
     guard: WriteGuard,
+    inflight: Arc<tokio::sync::Semaphore>,
 }
 
 /// A robot as its holder loads it to start.
@@ -100,6 +109,7 @@ impl ContextStore {
             worker: worker.to_string(),
             metrics,
             guard,
+            inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_WRITES)),
         }
     }
 
@@ -121,24 +131,41 @@ impl ContextStore {
     /// pass over thousands of robots on a restore).
     pub async fn adopt_all(&self) -> Result<u64, ContextError> {
         let older = doc! {"$lt": self.epoch};
-        let run = self
+        let mut cursor = self
             .robots
-            .update_many(
-                doc! {"slot_id": &self.slot_id, "epoch": older.clone(), "paused": {"$ne": true}},
-                doc! {
-                    "$set": {"epoch": self.epoch, "status": "running", "error": Bson::Null, "worker": &self.worker},
-                    "$currentDate": {"status_at": true},
-                },
-            )
+            .find(doc! {"slot_id": &self.slot_id, "epoch": older.clone()})
+            .projection(doc! {"_id": 1})
             .await?;
-        let paused = self
-            .robots
-            .update_many(
-                doc! {"slot_id": &self.slot_id, "epoch": older},
-                doc! {"$set": {"epoch": self.epoch}},
-            )
-            .await?;
-        Ok(run.modified_count + paused.modified_count)
+        let mut ids = Vec::new();
+        while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
+            if let Some(id) = d.get("_id") {
+                ids.push(id.clone());
+            }
+        }
+        // In chunks: one write over thousands of documents would hold the database
+        // long enough to starve this holder's own renewals.
+        let mut adopted = 0;
+        for chunk in ids.chunks(ADOPT_CHUNK) {
+            let run = self
+                .robots
+                .update_many(
+                    doc! {"_id": {"$in": chunk}, "slot_id": &self.slot_id, "epoch": older.clone(), "paused": {"$ne": true}},
+                    doc! {
+                        "$set": {"epoch": self.epoch, "status": "running", "error": Bson::Null, "worker": &self.worker},
+                        "$currentDate": {"status_at": true},
+                    },
+                )
+                .await?;
+            let paused = self
+                .robots
+                .update_many(
+                    doc! {"_id": {"$in": chunk}, "slot_id": &self.slot_id, "epoch": older.clone()},
+                    doc! {"$set": {"epoch": self.epoch}},
+                )
+                .await?;
+            adopted += run.modified_count + paused.modified_count;
+        }
+        Ok(adopted)
     }
 
     fn fence(&self, id: &ObjectId) -> Document {
@@ -193,6 +220,7 @@ impl ContextStore {
         context: Document,
         history: i64,
     ) -> Result<(), ContextError> {
+        let _permit = self.inflight.acquire().await.expect("never closed");
         if !self.guard.is_open() {
             self.metrics.fenced_writes.inc();
             return Err(self.fenced(name));
@@ -238,6 +266,7 @@ impl ContextStore {
         error: Option<&str>,
         restarts: Option<i64>,
     ) -> Result<bool, ContextError> {
+        let _permit = self.inflight.acquire().await.expect("never closed");
         if !self.guard.is_open() {
             return Ok(false);
         }

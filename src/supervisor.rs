@@ -229,6 +229,13 @@ impl Supervisor {
     }
 
     async fn mark_running(&self, ids: &[ObjectId]) -> Result<(), mongodb::error::Error> {
+        for chunk in ids.chunks(500) {
+            self.mark_chunk(chunk).await?;
+        }
+        Ok(())
+    }
+
+    async fn mark_chunk(&self, ids: &[ObjectId]) -> Result<(), mongodb::error::Error> {
         self.store
             .robots()
             .update_many(
