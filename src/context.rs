@@ -71,6 +71,10 @@ pub const MAX_INFLIGHT_WRITES: usize = 8;
 /// Robots per adoption write.
 const ADOPT_CHUNK: usize = 500;
 
+/// Documents per cursor batch when reading a slot's robots: a server building one
+/// batch of thousands of documents can stall this holder's renewals meanwhile.
+pub const BATCH: u32 = 500;
+
 /// Where one holder (slot + epoch) reads and writes its robots' contexts.
 #[derive(Debug, Clone)]
 pub struct ContextStore {
@@ -135,6 +139,7 @@ impl ContextStore {
             .robots
             .find(doc! {"slot_id": &self.slot_id, "epoch": older.clone()})
             .projection(doc! {"_id": 1})
+            .batch_size(BATCH)
             .await?;
         let mut ids = Vec::new();
         while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {

@@ -206,6 +206,7 @@ impl Supervisor {
             .robots()
             .find(doc! {"slot_id": self.ctx.slot_id(), "epoch": self.ctx.epoch()})
             .projection(doc! {"history": 0})
+            .batch_size(crate::context::BATCH)
             .await?;
         let mut out = Vec::new();
         while let Some(d) = cursor.try_next().await? {
