@@ -244,25 +244,30 @@ async fn cost(n: u32) -> (f64, f64) {
     let b = opcounters(&db).await;
     let holder_ops = (b - a - 2) as f64 / window.as_secs_f64(); // minus our own two reads
     let standby = db.worker(&["--no-change-stream"]);
-    common::wait_for(
-        Duration::from_secs(10),
-        "the standby's heartbeat",
-        || async {
-            db.store
-                .workers()
-                .find_one(doc! {"_id": &standby.id})
-                .await
-                .ok()?
-                .map(|_| ())
-        },
-    )
-    .await;
+    wait_heartbeat(&db, &standby.id).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let a = opcounters(&db).await;
     tokio::time::sleep(window).await;
     let b = opcounters(&db).await;
     let standby_ops = (b - a - 2) as f64 / window.as_secs_f64() - holder_ops;
     (holder_ops, standby_ops)
+}
+
+/// Waits until worker `id` has written its first heartbeat.
+async fn wait_heartbeat(db: &TestDb, id: &str) {
+    common::wait_for(
+        Duration::from_secs(10),
+        "the standby's heartbeat",
+        || async {
+            db.store
+                .workers()
+                .find_one(doc! {"_id": id})
+                .await
+                .ok()?
+                .map(|_| ())
+        },
+    )
+    .await
 }
 
 fn rss_kb(pid: i32) -> u64 {
@@ -310,19 +315,7 @@ async fn restore(n: u32, tick: &str) -> Vec<Row> {
     .await;
     let loaded_kb = rss_kb(a.pid());
     let b = db.worker(&flags);
-    common::wait_for(
-        Duration::from_secs(10),
-        "the standby's heartbeat",
-        || async {
-            db.store
-                .workers()
-                .find_one(doc! {"_id": &b.id})
-                .await
-                .ok()?
-                .map(|_| ())
-        },
-    )
-    .await;
+    wait_heartbeat(&db, &b.id).await;
     let t0 = Instant::now();
     a.kill9();
     common::wait_for(Duration::from_secs(30), "the takeover", || async {

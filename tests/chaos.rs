@@ -246,12 +246,7 @@ async fn kill_9_and_sigstop_rounds() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         w[i].signal(libc::SIGCONT);
-        common::wait_for(
-            Duration::from_secs(10),
-            "the zombie to fence itself",
-            || async { w[i].log_text().contains("self-fenced").then_some(()) },
-        )
-        .await;
+        w[i].wait_log("self-fenced", Duration::from_secs(10)).await;
         progress(&db, 2).await;
     }
     summary("kill -9", &kills);

@@ -186,12 +186,7 @@ async fn a_paused_zombie_lands_no_checkpoint_after_takeover() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     w[z].signal(libc::SIGCONT);
-    common::wait_for(
-        Duration::from_secs(10),
-        "the zombie to fence itself",
-        || async { w[z].log_text().contains("self-fenced").then_some(()) },
-    )
-    .await;
+    w[z].wait_log("self-fenced", Duration::from_secs(10)).await;
     // Give it time to try anything it would try.
     let base: Vec<i64> = db.robots().await.iter().map(seq).collect();
     wait_all_seq(&db, base.iter().max().unwrap() + 5, Duration::from_secs(10)).await;

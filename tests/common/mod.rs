@@ -234,6 +234,16 @@ impl WorkerProc {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the worker's log contains `needle`.
+    pub async fn wait_log(&self, needle: &str, limit: Duration) {
+        wait_for(
+            limit,
+            &format!("{needle:?} in {}'s log", self.id),
+            || async { self.log_text().contains(needle).then_some(()) },
+        )
+        .await
+    }
+
     /// Waits for the process to exit, up to `limit`.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let end = Instant::now() + limit;
