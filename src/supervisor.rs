@@ -9,7 +9,7 @@
 //! exit restarts it with exponential backoff (recorded in its `status`); a fenced
 //! checkpoint ends it for good on this holder.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ pub struct Supervisor {
     running: HashMap<ObjectId, Running>,
     tasks: JoinSet<ObjectId>,
     synced_rev: Option<i64>,
-    warned: std::collections::HashSet<String>,
+    warned: HashSet<String>,
     adopted: bool,
     last_full: Instant,
 }
@@ -97,14 +97,14 @@ impl Supervisor {
         self.adopt().await?;
         let robots = self.list().await?;
         let mut complete = true;
-        let mut wanted: HashMap<ObjectId, ()> = HashMap::new();
+        let mut wanted: HashSet<ObjectId> = HashSet::new();
         for (id, _, paused, _, _) in &robots {
             if !paused {
-                wanted.insert(*id, ());
+                wanted.insert(*id);
             }
         }
         for (id, r) in self.running.iter_mut() {
-            if !wanted.contains_key(id) && !r.stopping {
+            if !wanted.contains(id) && !r.stopping {
                 tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping robot (deleted, moved or paused)");
                 r.token.cancel();
                 r.stopping = true;

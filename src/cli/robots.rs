@@ -198,69 +198,45 @@ async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
             }
         })
         .collect();
-    let inserted = insert_all(store, &docs).await;
-    let failed: Vec<&String> = placement.slots[inserted..].iter().collect();
-    for slot in &failed {
+    let (inserted, error) = insert_all(store, &docs).await;
+    for slot in &placement.slots[inserted..] {
         placement::adjust(store, slot, -1, false).await?;
     }
     placement::bump_revs(store, &placement.slots[..inserted]).await?;
-    if let Some(e) = insert_error(inserted, docs.len(), store, &docs).await {
-        bail!("created {inserted} of {} robots: {e}", docs.len());
+    if let Some(e) = error {
+        let why = if is_duplicate_key(&e) {
+            "a robot of the same name was created by someone else meanwhile".to_string()
+        } else {
+            crate::store::brief(&e)
+        };
+        bail!("created {inserted} of {} robots: {why}", docs.len());
     }
     report_created(&names, &placement.slots, args.json);
     Ok(())
 }
 
-/// Inserts in order; returns how many landed.
-async fn insert_all(store: &Store, docs: &[Document]) -> usize {
+/// Inserts in order; returns how many landed and, if one failed, why.
+async fn insert_all(store: &Store, docs: &[Document]) -> (usize, Option<mongodb::error::Error>) {
     let mut done = 0;
     for chunk in docs.chunks(1000) {
-        match store
+        if let Err(e) = store
             .robots()
             .insert_many(chunk.to_vec())
             .ordered(true)
             .await
         {
-            Ok(_) => done += chunk.len(),
-            Err(_) => {
-                // Ordered: the ones before the failure landed. Count them.
-                let ids: Vec<Bson> = chunk.iter().filter_map(|d| d.get("_id").cloned()).collect();
-                let landed = store
-                    .robots()
-                    .count_documents(doc! {"_id": {"$in": ids}})
-                    .await
-                    .unwrap_or(0);
-                return done + landed as usize;
-            }
-        }
-    }
-    done
-}
-
-async fn insert_error(
-    inserted: usize,
-    total: usize,
-    store: &Store,
-    docs: &[Document],
-) -> Option<String> {
-    if inserted == total {
-        return None;
-    }
-    // Find out why the first missing one failed, for the message.
-    let name = text(&docs[inserted], "name").unwrap_or_default();
-    match store.robots().insert_one(docs[inserted].clone()).await {
-        Err(e) if is_duplicate_key(&e) => Some(format!(
-            "robot {name:?} was created by someone else meanwhile"
-        )),
-        Err(e) => Some(e.to_string()),
-        Ok(_) => {
-            let _ = store
+            // Ordered: the ones before the failure landed. Count them.
+            let ids: Vec<Bson> = chunk.iter().filter_map(|d| d.get("_id").cloned()).collect();
+            let landed = store
                 .robots()
-                .delete_one(doc! {"_id": docs[inserted].get_object_id("_id").ok()})
-                .await;
-            Some("insert failed".into())
+                .count_documents(doc! {"_id": {"$in": ids}})
+                .await
+                .unwrap_or(0);
+            return (done + landed as usize, Some(e));
         }
+        done += chunk.len();
     }
+    (done, None)
 }
 
 fn report_created(names: &[String], slots: &[String], as_json: bool) {

@@ -148,6 +148,5 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
             ""
         }
     );
-    let _ = int;
     Ok(())
 }
