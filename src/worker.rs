@@ -148,20 +148,22 @@ impl Worker {
     /// Runs until the shutdown token is cancelled.
     pub async fn run(mut self) {
         let wake = Arc::new(Notify::new());
-        if self.settings.change_stream {
-            tokio::spawn(watch_releases(
-                self.store.clone(),
-                wake.clone(),
-                self.shutdown.child_token(),
-            ));
-        }
         tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, "worker started as standby");
+        // The change stream only serves standbys: closed while holding a slot.
+        let mut watcher = self.watch(&wake);
         while !self.shutdown.is_cancelled() {
             let wait = match self.stand_by().await {
-                Some(lease) => match self.hold(lease).await {
-                    Ended::Shutdown => break,
-                    Ended::Drained | Ended::Lost => continue,
-                },
+                Some(lease) => {
+                    if let Some(w) = watcher.take() {
+                        w.cancel();
+                    }
+                    let ended = self.hold(lease).await;
+                    if matches!(ended, Ended::Shutdown) {
+                        break;
+                    }
+                    watcher = self.watch(&wake);
+                    continue;
+                }
                 None => self.standby_wait(),
             };
             tokio::select! {
@@ -171,6 +173,21 @@ impl Worker {
             }
         }
         self.leave().await;
+    }
+
+    /// Opens the release-watching change stream (if enabled); cancel the returned
+    /// token to close it.
+    fn watch(&self, wake: &Arc<Notify>) -> Option<CancellationToken> {
+        if !self.settings.change_stream {
+            return None;
+        }
+        let stop = self.shutdown.child_token();
+        tokio::spawn(watch_releases(
+            self.store.clone(),
+            wake.clone(),
+            stop.clone(),
+        ));
+        Some(stop)
     }
 
     /// One standby round: heartbeat, survey, claim. Remembers when to look again.
