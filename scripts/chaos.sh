@@ -10,7 +10,7 @@ if [[ "${1:-}" == "--long" ]]; then export SLOTPOOL_CHAOS_ROUNDS="${SLOTPOOL_CHA
 scripts/ensure-tools.sh
 if [[ -z "${MONGODB_URI:-}" ]]; then
   export SLOTPOOL_DEV_PORT="${SLOTPOOL_TEST_PORT:-27778}"
-  trap 'scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
+  trap 'env -u MONGODB_URI scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
   MONGODB_URI="$(scripts/dev-mongo.sh fresh)"
   export MONGODB_URI
 fi

@@ -11,7 +11,7 @@ echo "== test database"
 # not depend on what the demo left behind. With MONGODB_URI set, that server is used.
 if [[ -z "${MONGODB_URI:-}" ]]; then
   export SLOTPOOL_DEV_PORT="${SLOTPOOL_TEST_PORT:-27778}"
-  trap 'scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
+  trap 'env -u MONGODB_URI scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
   URI="$(scripts/dev-mongo.sh fresh)"
 else
   URI="$MONGODB_URI"
