@@ -10,6 +10,7 @@ use mongodb::Collection;
 
 use crate::clock::SharedClock;
 use crate::metrics::Metrics;
+use crate::pacing::WritePacer;
 use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
@@ -57,19 +58,22 @@ pub enum ContextError {
         slot: String,
         epoch: i64,
     },
+    #[error("robot {robot}: write refused: this worker's lease on {slot} (epoch {epoch}) lapsed before it could be renewed")]
+    Lapsed {
+        robot: String,
+        slot: String,
+        epoch: i64,
+    },
     #[error("robot {robot}: its context is not a document (found {found}); fix it by hand, e.g. db.robots.updateOne({{name: \"{robot}\"}}, {{$set: {{context: {{}}}}}})")]
     NotADocument { robot: String, found: String },
     #[error("database error: {}", crate::store::brief(.0))]
     Db(#[from] mongodb::error::Error),
 }
 
-/// How many robot writes (checkpoints, status) one holder keeps in flight at once.
-/// A restore of thousands of robots then reaches the database as a steady stream,
-/// and a lease renewal only ever waits behind this many operations.
-pub const MAX_INFLIGHT_WRITES: usize = 8;
-
-/// Robots per adoption write.
-const ADOPT_CHUNK: usize = 500;
+/// Robots per adoption write. Measured on the dev server with 10,000 robots in the
+/// collection: 100 ids take about 150 ms, 500 take 1.3 s (the cost grows faster than
+/// the count), so small chunks are both gentler and faster overall.
+pub const ADOPT_CHUNK: usize = 100;
 
 /// Documents per cursor batch when reading a slot's robots: a server building one
 /// batch of thousands of documents can stall this holder's renewals meanwhile.
@@ -84,7 +88,8 @@ pub struct ContextStore {
     worker: String,
     metrics: Arc<Metrics>,
     guard: WriteGuard,
-    inflight: Arc<tokio::sync::Semaphore>,
+    /// Paces robot writes by the lease's renewal latency (see [`crate::pacing`]).
+    pacer: Arc<WritePacer>,
 }
 
 /// A robot as its holder loads it to start.
@@ -105,6 +110,7 @@ impl ContextStore {
         worker: &str,
         metrics: Arc<Metrics>,
         guard: WriteGuard,
+        pacer: Arc<WritePacer>,
     ) -> Self {
         ContextStore {
             robots,
@@ -113,7 +119,7 @@ impl ContextStore {
             worker: worker.to_string(),
             metrics,
             guard,
-            inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_WRITES)),
+            pacer,
         }
     }
 
@@ -129,48 +135,54 @@ impl ContextStore {
         &self.worker
     }
 
-    /// Raises the fencing epoch of every robot of the slot to ours. From here on, a
-    /// previous holder's checkpoints match nothing. One update for the whole slot,
-    /// which also marks the robots about to start as running here (saving a second
-    /// pass over thousands of robots on a restore).
-    pub async fn adopt_all(&self) -> Result<u64, ContextError> {
-        let older = doc! {"$lt": self.epoch};
+    /// False once this holder's lease lapsed locally (self-fence, loss, release):
+    /// every write is refused from then on.
+    pub fn lease_open(&self) -> bool {
+        self.guard.is_open()
+    }
+
+    /// Raises the fencing epoch of these robots (read from this slot) to ours. From
+    /// here on, a previous holder's checkpoints on them match nothing. With
+    /// `mark_running` the same write marks them running here, which saves a second
+    /// pass over thousands of robots on a restore. Returns the ids now at our epoch:
+    /// a robot moved, deleted or adopted by a newer holder since it was read is left
+    /// out.
+    ///
+    /// Callers pass at most [`ADOPT_CHUNK`] ids: one write over thousands of
+    /// documents holds some servers long enough to starve this holder's renewals.
+    pub async fn adopt(
+        &self,
+        ids: &[ObjectId],
+        mark_running: bool,
+    ) -> Result<Vec<ObjectId>, ContextError> {
+        let older =
+            doc! {"_id": {"$in": ids}, "slot_id": &self.slot_id, "epoch": {"$lt": self.epoch}};
+        let update = if mark_running {
+            doc! {
+                "$set": {"epoch": self.epoch, "status": "running", "error": Bson::Null, "worker": &self.worker},
+                "$currentDate": {"status_at": true},
+            }
+        } else {
+            doc! {"$set": {"epoch": self.epoch}}
+        };
+        let r = self.robots.update_many(older, update).await?;
+        if r.modified_count as usize == ids.len() {
+            return Ok(ids.to_vec());
+        }
+        // Some changed hands since they were read: ask which ones are ours (by _id,
+        // so this stays a point lookup).
         let mut cursor = self
             .robots
-            .find(doc! {"slot_id": &self.slot_id, "epoch": older.clone()})
+            .find(doc! {"_id": {"$in": ids}, "slot_id": &self.slot_id, "epoch": self.epoch})
             .projection(doc! {"_id": 1})
-            .batch_size(BATCH)
             .await?;
-        let mut ids = Vec::new();
+        let mut ours = Vec::new();
         while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
-            if let Some(id) = d.get("_id") {
-                ids.push(id.clone());
+            if let Ok(id) = d.get_object_id("_id") {
+                ours.push(id);
             }
         }
-        // In chunks: one write over thousands of documents would hold the database
-        // long enough to starve this holder's own renewals.
-        let mut adopted = 0;
-        for chunk in ids.chunks(ADOPT_CHUNK) {
-            let run = self
-                .robots
-                .update_many(
-                    doc! {"_id": {"$in": chunk}, "slot_id": &self.slot_id, "epoch": older.clone(), "paused": {"$ne": true}},
-                    doc! {
-                        "$set": {"epoch": self.epoch, "status": "running", "error": Bson::Null, "worker": &self.worker},
-                        "$currentDate": {"status_at": true},
-                    },
-                )
-                .await?;
-            let paused = self
-                .robots
-                .update_many(
-                    doc! {"_id": {"$in": chunk}, "slot_id": &self.slot_id, "epoch": older.clone()},
-                    doc! {"$set": {"epoch": self.epoch}},
-                )
-                .await?;
-            adopted += run.modified_count + paused.modified_count;
-        }
-        Ok(adopted)
+        Ok(ours)
     }
 
     fn fence(&self, id: &ObjectId) -> Document {
@@ -225,10 +237,14 @@ impl ContextStore {
         context: Document,
         history: i64,
     ) -> Result<(), ContextError> {
-        let _permit = self.inflight.acquire().await.expect("never closed");
+        let _permit = self.pacer.acquire().await;
         if !self.guard.is_open() {
             self.metrics.fenced_writes.inc();
-            return Err(self.fenced(name));
+            return Err(ContextError::Lapsed {
+                robot: name.to_string(),
+                slot: self.slot_id.clone(),
+                epoch: self.epoch,
+            });
         }
         let mut set = doc! {
             "context": {"$literal": context},
@@ -271,7 +287,7 @@ impl ContextStore {
         error: Option<&str>,
         restarts: Option<i64>,
     ) -> Result<bool, ContextError> {
-        let _permit = self.inflight.acquire().await.expect("never closed");
+        let _permit = self.pacer.acquire().await;
         if !self.guard.is_open() {
             return Ok(false);
         }

@@ -17,6 +17,7 @@ pub mod context;
 pub mod http;
 pub mod lease;
 pub mod metrics;
+pub mod pacing;
 pub mod placement;
 pub mod robot;
 pub mod store;

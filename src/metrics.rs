@@ -90,6 +90,7 @@ pub struct Metrics {
     pub robot_restarts: Counter,
     pub robots_running: Gauge,
     pub robots_restarting: Gauge,
+    pub robot_write_limit: Gauge,
     pub renew_latency: Histogram,
 }
 
@@ -193,6 +194,12 @@ impl Metrics {
             "gauge",
             "robots waiting in restart backoff",
             g(&self.robots_restarting),
+        );
+        one(
+            "robot_write_limit",
+            "gauge",
+            "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)",
+            g(&self.robot_write_limit),
         );
         let h = self.renew_latency.inner.lock().expect("histogram lock");
         let _ = writeln!(

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LeaseTiming;
-use crate::context::{ContextStore, Loaded};
+use crate::context::{ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
 use crate::metrics::Metrics;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
 use crate::store::Store;
@@ -34,7 +34,18 @@ const HEALTHY_RUN: Duration = Duration::from_secs(10);
 /// for documents edited by hand without bumping `rev`.
 const FULL_RESYNC: Duration = Duration::from_secs(60);
 
-type Listed = (ObjectId, String, bool, bool, Option<Loaded>);
+/// One robot of the slot as a sync reads it.
+struct Listed {
+    id: ObjectId,
+    name: String,
+    /// Its fencing epoch; a missing or odd one counts as 0 (adoptable).
+    epoch: i64,
+    paused: bool,
+    /// Already marked running by this holder.
+    marked: bool,
+    /// What a first start needs, or None to load it (and report the problem) later.
+    loaded: Option<Loaded>,
+}
 
 struct Running {
     name: String,
@@ -86,23 +97,27 @@ impl Supervisor {
         self.running.len()
     }
 
+    /// Whether a sync at `rev` would read the slot's robots, rather than only tidy up.
+    pub fn will_read(&self, rev: i64) -> bool {
+        self.synced_rev != Some(rev) || self.last_full.elapsed() >= FULL_RESYNC
+    }
+
     /// Brings the running set in line with the slot's robots when `rev` changed (or a
     /// previous sync is unfinished). Returns how many robots were started.
+    ///
+    /// One read of the slot's robots serves adoption and start alike: on a server
+    /// that answers such a query by scanning the whole collection, every extra read
+    /// is a stall that this holder's renewals must wait out.
     pub async fn sync(&mut self, rev: i64) -> Result<usize, mongodb::error::Error> {
         self.reap();
         if self.synced_rev == Some(rev) && self.last_full.elapsed() < FULL_RESYNC {
             return Ok(0);
         }
         self.last_full = Instant::now();
-        self.adopt().await?;
-        let robots = self.list().await?;
+        let mut robots = self.list().await?;
+        self.adopt(&mut robots).await?;
         let mut complete = true;
-        let mut wanted: HashSet<ObjectId> = HashSet::new();
-        for (id, _, paused, _, _) in &robots {
-            if !paused {
-                wanted.insert(*id);
-            }
-        }
+        let wanted: HashSet<ObjectId> = robots.iter().filter(|r| !r.paused).map(|r| r.id).collect();
         for (id, r) in self.running.iter_mut() {
             if !wanted.contains(id) && !r.stopping {
                 tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping robot (deleted, moved or paused)");
@@ -112,18 +127,18 @@ impl Supervisor {
         }
         let mut to_start = Vec::new();
         let mut to_mark = Vec::new();
-        for (id, name, paused, marked, loaded) in robots {
-            if paused {
+        for r in robots {
+            if r.paused {
                 continue;
             }
-            match self.running.get(&id) {
-                Some(r) if r.stopping => complete = false,
+            match self.running.get(&r.id) {
+                Some(running) if running.stopping => complete = false,
                 Some(_) => {}
                 None => {
-                    if !marked {
-                        to_mark.push(id);
+                    if !r.marked {
+                        to_mark.push(r.id);
                     }
-                    to_start.push((id, name, loaded));
+                    to_start.push(r);
                 }
             }
         }
@@ -133,50 +148,59 @@ impl Supervisor {
             self.mark_running(&to_mark).await?;
         }
         let started = to_start.len();
-        for (id, name, loaded) in to_start {
-            self.start(id, name, loaded);
+        for r in to_start {
+            self.start(r.id, r.name, r.loaded);
         }
         self.synced_rev = complete.then_some(rev);
         Ok(started)
     }
 
-    /// Raises every robot of the slot to our epoch: one update for all, or, when a
-    /// document refuses the update, one by one so the others are not held back.
-    async fn adopt(&mut self) -> Result<(), mongodb::error::Error> {
-        match self.ctx.adopt_all().await {
-            Ok(n) => {
-                self.record_adoption(format!("{n} robot(s) raised to this epoch"))
-                    .await;
-                return Ok(());
-            }
-            Err(crate::context::ContextError::Db(e)) if is_network(&e) => return Err(e),
-            Err(e) => {
-                tracing::warn!(slot = %self.ctx.slot_id(), "adopting robots at once failed ({e}); adopting one by one")
-            }
-        }
-        let mut cursor = self
-            .store
-            .robots()
-            .find(doc! {"slot_id": self.ctx.slot_id(), "epoch": {"$lt": self.ctx.epoch()}})
-            .projection(doc! {"_id": 1, "name": 1})
-            .await?;
-        while let Some(d) = cursor.try_next().await? {
-            let r = self
-                .store
-                .robots()
-                .update_one(
-                    doc! {"_id": d.get("_id"), "slot_id": self.ctx.slot_id(), "epoch": {"$lt": self.ctx.epoch()}},
-                    doc! {"$set": {"epoch": self.ctx.epoch()}},
-                )
-                .await;
-            if let Err(e) = r {
-                let key = format!("adopt:{:?}", d.get("_id"));
-                if self.warned.insert(key) {
-                    tracing::error!(robot = ?d.get("name"), "cannot adopt robot, skipping it: {}", crate::store::brief(&e));
+    /// Raises the listed robots of an older epoch to ours, in chunks, marking the
+    /// unpaused ones running in the same write. Afterwards `robots` holds exactly
+    /// the robots at our epoch. A chunk the database refuses (a hand-edited document
+    /// failing the validator) is retried one robot at a time, so one broken robot
+    /// holds back no other.
+    async fn adopt(&mut self, robots: &mut Vec<Listed>) -> Result<(), mongodb::error::Error> {
+        let mine = self.ctx.epoch();
+        let (paused, unpaused): (Vec<&Listed>, Vec<&Listed>) = robots
+            .iter()
+            .filter(|r| r.epoch < mine)
+            .partition(|r| r.paused);
+        let paused: Vec<ObjectId> = paused.iter().map(|r| r.id).collect();
+        let unpaused: Vec<ObjectId> = unpaused.iter().map(|r| r.id).collect();
+        let mut adopted: HashSet<ObjectId> = HashSet::new();
+        for (ids, mark) in [(unpaused, true), (paused, false)] {
+            for chunk in ids.chunks(ADOPT_CHUNK) {
+                match self.ctx.adopt(chunk, mark).await {
+                    Ok(ours) => adopted.extend(ours),
+                    Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(slot = %self.ctx.slot_id(), "adopting {} robot(s) at once failed ({e}); adopting them one by one", chunk.len());
+                        for id in chunk {
+                            match self.ctx.adopt(std::slice::from_ref(id), mark).await {
+                                Ok(ours) => adopted.extend(ours),
+                                Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
+                                Err(e) => {
+                                    if self.warned.insert(format!("adopt:{id}")) {
+                                        tracing::error!(robot = %id, slot = %self.ctx.slot_id(), "cannot adopt robot, skipping it: {e}");
+                                    }
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }
-        self.record_adoption("adopted one by one".into()).await;
+        let raised = adopted.len();
+        robots.retain_mut(|r| {
+            if r.epoch < mine && adopted.contains(&r.id) {
+                r.epoch = mine;
+                r.marked = !r.paused;
+            }
+            r.epoch == mine
+        });
+        self.record_adoption(format!("{raised} robot(s) raised to this epoch"))
+            .await;
         Ok(())
     }
 
@@ -198,15 +222,15 @@ impl Supervisor {
             .await;
     }
 
-    /// The slot's robots: (id, name, paused, already marked running here,
-    /// loaded-or-None when the doc is broken).
+    /// Every robot bound to the slot, of any epoch, in one query (batches of
+    /// [`BATCH`]).
     async fn list(&mut self) -> Result<Vec<Listed>, mongodb::error::Error> {
         let mut cursor = self
             .store
             .robots()
-            .find(doc! {"slot_id": self.ctx.slot_id(), "epoch": self.ctx.epoch()})
+            .find(doc! {"slot_id": self.ctx.slot_id()})
             .projection(doc! {"history": 0})
-            .batch_size(crate::context::BATCH)
+            .batch_size(BATCH)
             .await?;
         let mut out = Vec::new();
         while let Some(d) = cursor.try_next().await? {
@@ -221,10 +245,22 @@ impl Supervisor {
                 .get_str("name")
                 .map(str::to_string)
                 .unwrap_or_else(|_| id.to_hex());
-            let paused = matches!(d.get("paused"), Some(Bson::Boolean(true)));
-            let marked = d.get_str("status") == Ok("running")
+            let epoch = match d.get("epoch") {
+                Some(Bson::Int64(e)) => *e,
+                Some(Bson::Int32(e)) => *e as i64,
+                _ => 0,
+            };
+            let marked = epoch == self.ctx.epoch()
+                && d.get_str("status") == Ok("running")
                 && d.get_str("worker") == Ok(self.ctx.worker());
-            out.push((id, name.clone(), paused, marked, preload(&d, &name)));
+            out.push(Listed {
+                id,
+                paused: matches!(d.get("paused"), Some(Bson::Boolean(true))),
+                epoch,
+                marked,
+                loaded: preload(&d, &name),
+                name,
+            });
         }
         Ok(out)
     }
@@ -359,6 +395,12 @@ impl Runner {
             let error = match outcome {
                 Ok(()) if self.token.is_cancelled() => break,
                 Ok(()) => RobotError::Crashed("returned without being asked to stop".into()),
+                Err(RobotError::Fenced(why)) if !self.ctx.lease_open() => {
+                    // The whole holder stopped writing (its lease lapsed): the worker
+                    // reports that once, not once per robot.
+                    tracing::debug!(robot = %self.name, "{why}");
+                    break;
+                }
                 Err(RobotError::Fenced(why)) => {
                     tracing::warn!(robot = %self.name, "{why}; stopped on this worker");
                     self.store

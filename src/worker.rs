@@ -23,6 +23,7 @@ use crate::config::{Identity, LeaseTiming};
 use crate::context::{ContextStore, WriteGuard};
 use crate::lease::{Lease, LeaseError, LeaseProtocol};
 use crate::metrics::Metrics;
+use crate::pacing::WritePacer;
 use crate::robot::Registry;
 use crate::store::Store;
 use crate::supervisor::Supervisor;
@@ -288,9 +289,12 @@ impl Worker {
                         break Ended::Drained;
                     }
                     next = sent + self.tick();
-                    robots
-                        .revs
-                        .send_if_modified(|r| std::mem::replace(r, renewed.rev) != renewed.rev);
+                    let limit = robots.pacer.observe(sent.elapsed());
+                    self.metrics.robot_write_limit.set(limit as i64);
+                    robots.beats.send_replace(Beat {
+                        rev: renewed.rev,
+                        at: Instant::now(),
+                    });
                     self.bounded_heartbeat(Some(&lease)).await;
                     self.set_holder(&lease);
                 }
@@ -355,6 +359,8 @@ impl Worker {
 
     /// Starts the robots of a new lease in their own task.
     fn start_supervisor(&self, lease: &Lease, guard: WriteGuard) -> SupervisorHandle {
+        let pacer = Arc::new(WritePacer::new(self.settings.timing.margin));
+        self.metrics.robot_write_limit.set(pacer.limit() as i64);
         let ctx = ContextStore::new(
             self.store.robots(),
             &lease.slot_id,
@@ -362,6 +368,7 @@ impl Worker {
             &self.owner(),
             self.metrics.clone(),
             guard,
+            pacer.clone(),
         );
         let supervisor = Supervisor::new(
             self.store.clone(),
@@ -370,7 +377,10 @@ impl Worker {
             self.settings.timing,
             self.metrics.clone(),
         );
-        let (revs, rx) = watch::channel(lease.rev);
+        let (beats, rx) = watch::channel(Beat {
+            rev: lease.rev,
+            at: Instant::now(),
+        });
         let stop = CancellationToken::new();
         let running = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn(supervise(
@@ -381,7 +391,8 @@ impl Worker {
             running.clone(),
         ));
         SupervisorHandle {
-            revs,
+            beats,
+            pacer,
             stop,
             running,
             task,
@@ -423,6 +434,7 @@ impl Worker {
     fn left_slot(&self) {
         self.metrics.slot_held.set(0);
         self.metrics.epoch.set(0);
+        self.metrics.robot_write_limit.set(0);
         self.set_standby();
     }
 
@@ -487,9 +499,19 @@ impl Worker {
     }
 }
 
+/// What the worker tells its supervisor after each renewal (and the claim).
+#[derive(Debug, Clone, Copy)]
+struct Beat {
+    /// The slot's `rev`: it moves whenever the slot's robots change.
+    rev: i64,
+    /// When the renewal came back: the next one is about a tick later.
+    at: Instant,
+}
+
 /// The worker's side of a running supervisor task.
 struct SupervisorHandle {
-    revs: watch::Sender<i64>,
+    beats: watch::Sender<Beat>,
+    pacer: Arc<WritePacer>,
     stop: CancellationToken,
     running: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
@@ -505,38 +527,46 @@ impl SupervisorHandle {
     }
 }
 
-/// The supervisor task: sync on every new `rev` (and each tick, to retry and to
-/// notice robots that ended), until told to stop; then stop every robot.
+/// The supervisor task: sync after every renewal until told to stop; then stop
+/// every robot.
+///
+/// Syncing right after a renewal matters on a slow server: a sync may begin with a
+/// read of all the slot's robots, which some servers answer by scanning the whole
+/// collection while other requests wait. Started just after a renewal came back, that
+/// stall has most of a tick to finish before the next renewal is even sent. A beat
+/// that is already stale (the previous sync ran long) is not used for such a read;
+/// the next fresh one is.
 async fn supervise(
     mut supervisor: Supervisor,
-    mut revs: watch::Receiver<i64>,
+    mut beats: watch::Receiver<Beat>,
     stop: CancellationToken,
     tick: Duration,
     running: Arc<AtomicUsize>,
 ) {
     let mut failing = false;
     loop {
-        let rev = *revs.borrow_and_update();
-        let synced = tokio::select! {
-            _ = stop.cancelled() => break,
-            r = supervisor.sync(rev) => r,
-        };
-        match synced {
-            Ok(_) => failing = false,
-            Err(e) if !failing => {
-                failing = true;
-                tracing::warn!(
-                    "could not update robots: {}; retrying every tick",
-                    crate::store::brief(&e)
-                );
+        let beat = *beats.borrow_and_update();
+        if beat.at.elapsed() <= tick / 4 || !supervisor.will_read(beat.rev) {
+            let synced = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = supervisor.sync(beat.rev) => r,
+            };
+            match synced {
+                Ok(_) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(
+                        "could not update robots: {}; retrying after each renewal",
+                        crate::store::brief(&e)
+                    );
+                }
+                Err(_) => {}
             }
-            Err(_) => {}
+            running.store(supervisor.running(), Ordering::Relaxed);
         }
-        running.store(supervisor.running(), Ordering::Relaxed);
         tokio::select! {
             _ = stop.cancelled() => break,
-            changed = revs.changed() => if changed.is_err() { break },
-            _ = tokio::time::sleep(tick) => {}
+            changed = beats.changed() => if changed.is_err() { break },
         }
     }
     supervisor.stop_all().await;

@@ -72,7 +72,9 @@ pub enum RobotError {
 impl From<ContextError> for RobotError {
     fn from(e: ContextError) -> Self {
         match e {
-            ContextError::Fenced { .. } => RobotError::Fenced(e.to_string()),
+            ContextError::Fenced { .. } | ContextError::Lapsed { .. } => {
+                RobotError::Fenced(e.to_string())
+            }
             ContextError::NotADocument { .. } => RobotError::Invalid(e.to_string()),
             ContextError::Db(_) => RobotError::Db(e.to_string()),
         }

@@ -1,0 +1,212 @@
+//! How hard a holder's robots may press on the database, paced by its own lease.
+//!
+//! The lease renewal is the one write a holder cannot afford to lose: a renewal that
+//! comes back later than the fence margin stops every robot. Robot writes
+//! (checkpoints, status) share the database with it, and a restore of thousands of
+//! robots can keep a slow server busy enough to starve it. So robot writes pass
+//! through a [`WritePacer`], and every renewal's round trip feeds back into it:
+//!
+//! - a renewal slower than a quarter of the margin halves the number of robot
+//!   writes allowed in flight (never below one);
+//! - a renewal faster than a tenth of the margin allows one more (up to
+//!   [`MAX_INFLIGHT_WRITES`]).
+//!
+//! That is additive increase, multiplicative decrease, as in TCP congestion control:
+//! robots get the database's spare capacity, and give it back as soon as the lease
+//! feels the pressure.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+/// The most robot writes one holder keeps in flight at once.
+pub const MAX_INFLIGHT_WRITES: usize = 8;
+
+#[derive(Debug)]
+struct State {
+    limit: usize,
+    inflight: usize,
+}
+
+/// A counting limit on robot writes whose size follows the lease's renewal latency.
+#[derive(Debug)]
+pub struct WritePacer {
+    state: Mutex<State>,
+    freed: Notify,
+    /// A renewal at least this slow halves the limit.
+    slow: Duration,
+    /// A renewal at most this fast raises it by one.
+    fast: Duration,
+}
+
+/// One robot write in flight; dropping it lets the next one go.
+#[derive(Debug)]
+pub struct WritePermit<'a> {
+    pacer: &'a WritePacer,
+}
+
+impl Drop for WritePermit<'_> {
+    fn drop(&mut self) {
+        self.pacer.state.lock().expect("pacer lock").inflight -= 1;
+        self.pacer.freed.notify_one();
+    }
+}
+
+impl WritePacer {
+    /// A pacer for a lease whose holder fences itself `margin` before expiry. It
+    /// starts at the full limit: a quiet database costs robots nothing.
+    pub fn new(margin: Duration) -> Self {
+        WritePacer {
+            state: Mutex::new(State {
+                limit: MAX_INFLIGHT_WRITES,
+                inflight: 0,
+            }),
+            freed: Notify::new(),
+            slow: margin / 4,
+            fast: margin / 10,
+        }
+    }
+
+    /// Waits until one more robot write may be sent.
+    pub async fn acquire(&self) -> WritePermit<'_> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut s = self.state.lock().expect("pacer lock");
+                if s.inflight < s.limit {
+                    s.inflight += 1;
+                    return WritePermit { pacer: self };
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// Feeds one successful renewal's round trip back. Returns the new limit.
+    pub fn observe(&self, renewal: Duration) -> usize {
+        let mut s = self.state.lock().expect("pacer lock");
+        if renewal >= self.slow {
+            let lower = (s.limit / 2).max(1);
+            if lower < s.limit {
+                tracing::debug!(
+                    renewal_ms = renewal.as_millis() as u64,
+                    limit = lower,
+                    "renewal slowed: fewer robot writes in flight"
+                );
+            }
+            s.limit = lower;
+        } else if renewal <= self.fast && s.limit < MAX_INFLIGHT_WRITES {
+            s.limit += 1;
+            self.freed.notify_one();
+        }
+        s.limit
+    }
+
+    /// How many robot writes may be in flight now.
+    pub fn limit(&self) -> usize {
+        self.state.lock().expect("pacer lock").limit
+    }
+
+    /// How many are.
+    pub fn inflight(&self) -> usize {
+        self.state.lock().expect("pacer lock").inflight
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const MARGIN: Duration = Duration::from_millis(400);
+
+    #[test]
+    fn slow_renewals_halve_fast_ones_add_one() {
+        let p = WritePacer::new(MARGIN);
+        assert_eq!(p.limit(), MAX_INFLIGHT_WRITES);
+        // Between the thresholds (40 ms .. 100 ms): unchanged.
+        assert_eq!(p.observe(Duration::from_millis(60)), 8);
+        assert_eq!(p.observe(Duration::from_millis(100)), 4);
+        assert_eq!(p.observe(Duration::from_millis(300)), 2);
+        assert_eq!(p.observe(Duration::from_millis(300)), 1);
+        assert_eq!(p.observe(Duration::from_secs(5)), 1, "never below one");
+        assert_eq!(p.observe(Duration::from_millis(40)), 2);
+        for _ in 0..20 {
+            p.observe(Duration::from_millis(1));
+        }
+        assert_eq!(p.limit(), MAX_INFLIGHT_WRITES, "never above the cap");
+    }
+
+    #[tokio::test]
+    async fn never_more_in_flight_than_the_limit() {
+        let p = Arc::new(WritePacer::new(MARGIN));
+        p.observe(Duration::from_secs(1)); // 4
+        p.observe(Duration::from_secs(1)); // 2
+        let a = p.acquire().await;
+        let _b = p.acquire().await;
+        assert_eq!(p.inflight(), 2);
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move {
+                let _c = p.acquire().await;
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a third write waits at limit 2");
+        drop(a);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("a freed permit lets the waiter go")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_raised_limit_wakes_a_waiter() {
+        let p = Arc::new(WritePacer::new(MARGIN));
+        for _ in 0..3 {
+            p.observe(Duration::from_secs(1));
+        }
+        assert_eq!(p.limit(), 1);
+        let _held = p.acquire().await;
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move {
+                let _c = p.acquire().await;
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        p.observe(Duration::from_millis(1)); // limit 2
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("raising the limit lets a waiter go")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_lowered_limit_holds_new_writes_until_enough_finish() {
+        let p = Arc::new(WritePacer::new(MARGIN));
+        let held: Vec<_> = futures::future::join_all((0..4).map(|_| p.acquire())).await;
+        p.observe(Duration::from_secs(1)); // 4
+        p.observe(Duration::from_secs(1)); // 2: four are in flight
+        let waiter = {
+            let p = p.clone();
+            tokio::spawn(async move {
+                let _c = p.acquire().await;
+            })
+        };
+        let mut held = held;
+        held.pop();
+        held.pop();
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "still 2 in flight at limit 2");
+        held.pop();
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("below the limit again, the waiter goes")
+            .unwrap();
+    }
+}
