@@ -8,8 +8,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [[ -z "${MONGODB_URI:-}" ]]; then
   export SLOTPOOL_DEV_PORT="${SLOTPOOL_BENCH_PORT:-27779}"
-  trap 'scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
+  trap 'env -u MONGODB_URI scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
   MONGODB_URI="$(scripts/dev-mongo.sh fresh)"
   export MONGODB_URI
+  # The bench may restart this server of its own between phases.
+  export SLOTPOOL_BENCH_OWN_SERVER=1
 fi
 cargo bench --bench pool -- "$@"
