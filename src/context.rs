@@ -155,8 +155,12 @@ impl ContextStore {
         ids: &[ObjectId],
         mark_running: bool,
     ) -> Result<Vec<ObjectId>, ContextError> {
-        let older =
-            doc! {"_id": {"$in": ids}, "slot_id": &self.slot_id, "epoch": {"$lt": self.epoch}};
+        // `$not: {$gte}` rather than `$lt`: a hand-broken epoch (missing, a string)
+        // is taken over too instead of leaving its robot unrun.
+        let older = doc! {
+            "_id": {"$in": ids}, "slot_id": &self.slot_id,
+            "epoch": {"$not": {"$gte": self.epoch}},
+        };
         let update = if mark_running {
             doc! {
                 "$set": {"epoch": self.epoch, "status": "running", "error": Bson::Null, "worker": &self.worker},

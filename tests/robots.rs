@@ -520,6 +520,23 @@ async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
         "--command",
         "/nonexistent/robot",
     ]);
+    // An epoch removed by hand (validator bypassed): adopted and run all the same.
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "noepoch",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "100",
+    ]);
+    db.store
+        .robots()
+        .update_one(doc! {"name": "noepoch"}, doc! {"$unset": {"epoch": ""}})
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
     let _w = db.worker(&[]);
     let status_of = |name: &'static str| {
         let db = &db;
@@ -562,6 +579,15 @@ async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
         Duration::from_secs(5),
         "the healthy robot to keep running",
         || async { (seq(&db.robot("a").await) > s0 + 5).then_some(()) },
+    )
+    .await;
+    common::wait_for(
+        Duration::from_secs(10),
+        "the robot without an epoch to be adopted and run",
+        || async {
+            let r = db.robot("noepoch").await;
+            (seq(&r) >= 3 && r.get_i64("epoch").ok()? >= 1).then_some(())
+        },
     )
     .await;
     let out = db.cli_ok(&["robot", "list"]);
