@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,handoff,storm,cost,restore,create
+//!   scripts/bench.sh --only takeover,handoff,storm,cost,create,restore
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -524,7 +524,27 @@ async fn main() {
             rows.last().unwrap().figures
         );
     }
-    if want("restore") || want("create") {
+    if want("create") {
+        fresh_server();
+        let db = TestDb::new("b_create").await;
+        db.init(10).await;
+        let t = Instant::now();
+        db.cli_ok(&[
+            "robot", "create", "--name", "c", "--kind", "counter", "--count", "1000",
+        ]);
+        let took = t.elapsed().as_secs_f64();
+        rows.push(Row {
+            name: "Create rate: `robot create --count 1000` (one CLI process, 10 slots, no worker running)".into(),
+            figures: format!("{took:.2} s: {:.0} robots/s", 1000.0 / took),
+            goal: "-".into(),
+        });
+        println!(
+            "{} | {}",
+            rows.last().unwrap().name,
+            rows.last().unwrap().figures
+        );
+    }
+    if want("restore") {
         for r in restore(big as u32).await {
             println!("{} | {}", r.name, r.figures);
             rows.push(r);
@@ -532,7 +552,19 @@ async fn main() {
     }
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials). Each figure below was measured by that command on the machine named here; nothing else is claimed.\n");
+    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,storm,cost,create,restore`).");
+    let _ = writeln!(
+        md,
+        "It runs release builds of real worker processes against a throwaway dev server of its"
+    );
+    let _ = writeln!(
+        md,
+        "own, restarted fresh before every phase, prints one table and rewrites the table part"
+    );
+    let _ = writeln!(
+        md,
+        "of this file. Only figures measured here are listed; each row says how it was measured.\n"
+    );
     let _ = writeln!(md, "- Machine: {}", machine());
     let _ = writeln!(
         md,
