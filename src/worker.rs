@@ -253,8 +253,9 @@ impl Worker {
 
     /// Holds a freshly claimed lease until it is lost, fenced, drained or shut down.
     ///
-    /// Renewals run here; robots run in a separate supervisor task that is told each
-    /// new `rev`, so no robot work can delay a renewal.
+    /// Renewals run here; robots run in a separate supervisor task that hears of each
+    /// renewal (with the slot's `rev`), so no robot work can delay a renewal, and each
+    /// renewal's round trip paces the robots' writes.
     async fn hold(&mut self, mut lease: Lease) -> Ended {
         let owner = self.owner();
         tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, worker = %owner, "claimed slot");
