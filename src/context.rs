@@ -224,11 +224,7 @@ impl ContextStore {
             kind: d.get_str("kind").unwrap_or("").to_string(),
             spec: d.get_document("spec").cloned().unwrap_or_default(),
             context,
-            seq: match d.get("seq") {
-                Some(Bson::Int64(s)) => *s,
-                Some(Bson::Int32(s)) => *s as i64,
-                _ => 0,
-            },
+            seq: long_or_zero(&d, "seq"),
         })
     }
 
@@ -309,6 +305,16 @@ impl ContextStore {
             .update_one(self.fence(id), vec![doc! {"$set": set}])
             .await?;
         Ok(r.matched_count == 1)
+    }
+}
+
+/// A whole-number field (`long` or `int`) of a robot document; 0 when it is missing
+/// or of another type (a hand-edited document).
+pub(crate) fn long_or_zero(d: &Document, key: &str) -> i64 {
+    match d.get(key) {
+        Some(Bson::Int64(v)) => *v,
+        Some(Bson::Int32(v)) => *v as i64,
+        _ => 0,
     }
 }
 

@@ -123,6 +123,14 @@ mod tests {
 
     const MARGIN: Duration = Duration::from_millis(400);
 
+    /// A task that takes one more permit and gives it back at once.
+    fn one_more_write(p: &Arc<WritePacer>) -> tokio::task::JoinHandle<()> {
+        let p = p.clone();
+        tokio::spawn(async move {
+            let _c = p.acquire().await;
+        })
+    }
+
     #[test]
     fn slow_renewals_halve_fast_ones_add_one() {
         let p = WritePacer::new(MARGIN);
@@ -148,12 +156,7 @@ mod tests {
         let a = p.acquire().await;
         let _b = p.acquire().await;
         assert_eq!(p.inflight(), 2);
-        let waiter = {
-            let p = p.clone();
-            tokio::spawn(async move {
-                let _c = p.acquire().await;
-            })
-        };
+        let waiter = one_more_write(&p);
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished(), "a third write waits at limit 2");
         drop(a);
@@ -171,12 +174,7 @@ mod tests {
         }
         assert_eq!(p.limit(), 1);
         let _held = p.acquire().await;
-        let waiter = {
-            let p = p.clone();
-            tokio::spawn(async move {
-                let _c = p.acquire().await;
-            })
-        };
+        let waiter = one_more_write(&p);
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         p.observe(Duration::from_millis(1)); // limit 2
@@ -192,12 +190,7 @@ mod tests {
         let held: Vec<_> = futures::future::join_all((0..4).map(|_| p.acquire())).await;
         p.observe(Duration::from_secs(1)); // 4
         p.observe(Duration::from_secs(1)); // 2: four are in flight
-        let waiter = {
-            let p = p.clone();
-            tokio::spawn(async move {
-                let _c = p.acquire().await;
-            })
-        };
+        let waiter = one_more_write(&p);
         let mut held = held;
         held.pop();
         held.pop();

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LeaseTiming;
-use crate::context::{ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
+use crate::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
 use crate::metrics::Metrics;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
 use crate::store::Store;
@@ -110,7 +110,7 @@ impl Supervisor {
     /// is a stall that this holder's renewals must wait out.
     pub async fn sync(&mut self, rev: i64) -> Result<usize, mongodb::error::Error> {
         self.reap();
-        if self.synced_rev == Some(rev) && self.last_full.elapsed() < FULL_RESYNC {
+        if !self.will_read(rev) {
             return Ok(0);
         }
         self.last_full = Instant::now();
@@ -162,31 +162,23 @@ impl Supervisor {
     /// holds back no other.
     async fn adopt(&mut self, robots: &mut Vec<Listed>) -> Result<(), mongodb::error::Error> {
         let mine = self.ctx.epoch();
-        let (paused, unpaused): (Vec<&Listed>, Vec<&Listed>) = robots
-            .iter()
-            .filter(|r| r.epoch < mine)
-            .partition(|r| r.paused);
-        let paused: Vec<ObjectId> = paused.iter().map(|r| r.id).collect();
-        let unpaused: Vec<ObjectId> = unpaused.iter().map(|r| r.id).collect();
+        let stale = |paused: bool| -> Vec<ObjectId> {
+            robots
+                .iter()
+                .filter(|r| r.epoch < mine && r.paused == paused)
+                .map(|r| r.id)
+                .collect()
+        };
         let mut adopted: HashSet<ObjectId> = HashSet::new();
-        for (ids, mark) in [(unpaused, true), (paused, false)] {
+        // Unpaused robots are marked running in the same write; paused ones are not.
+        for (ids, mark) in [(stale(false), true), (stale(true), false)] {
             for chunk in ids.chunks(ADOPT_CHUNK) {
                 match self.ctx.adopt(chunk, mark).await {
                     Ok(ours) => adopted.extend(ours),
                     Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
                     Err(e) => {
                         tracing::warn!(slot = %self.ctx.slot_id(), "adopting {} robot(s) at once failed ({e}); adopting them one by one", chunk.len());
-                        for id in chunk {
-                            match self.ctx.adopt(std::slice::from_ref(id), mark).await {
-                                Ok(ours) => adopted.extend(ours),
-                                Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
-                                Err(e) => {
-                                    if self.warned.insert(format!("adopt:{id}")) {
-                                        tracing::error!(robot = %id, slot = %self.ctx.slot_id(), "cannot adopt robot, skipping it: {e}");
-                                    }
-                                }
-                            }
-                        }
+                        self.adopt_one_by_one(chunk, mark, &mut adopted).await?;
                     }
                 }
             }
@@ -201,6 +193,28 @@ impl Supervisor {
         });
         self.record_adoption(format!("{raised} robot(s) raised to this epoch"))
             .await;
+        Ok(())
+    }
+
+    /// Adoption for a chunk the database refused as a whole: the robots that still
+    /// fail are skipped (reported once each), the others adopted.
+    async fn adopt_one_by_one(
+        &mut self,
+        chunk: &[ObjectId],
+        mark: bool,
+        adopted: &mut HashSet<ObjectId>,
+    ) -> Result<(), mongodb::error::Error> {
+        for id in chunk {
+            match self.ctx.adopt(std::slice::from_ref(id), mark).await {
+                Ok(ours) => adopted.extend(ours),
+                Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
+                Err(e) => {
+                    if self.warned.insert(format!("adopt:{id}")) {
+                        tracing::error!(robot = %id, slot = %self.ctx.slot_id(), "cannot adopt robot, skipping it: {e}");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -245,11 +259,7 @@ impl Supervisor {
                 .get_str("name")
                 .map(str::to_string)
                 .unwrap_or_else(|_| id.to_hex());
-            let epoch = match d.get("epoch") {
-                Some(Bson::Int64(e)) => *e,
-                Some(Bson::Int32(e)) => *e as i64,
-                _ => 0,
-            };
+            let epoch = long_or_zero(&d, "epoch");
             let marked = epoch == self.ctx.epoch()
                 && d.get_str("status") == Ok("running")
                 && d.get_str("worker") == Ok(self.ctx.worker());
@@ -369,7 +379,7 @@ fn preload(d: &Document, name: &str) -> Option<Loaded> {
         kind: d.get_str("kind").ok()?.to_string(),
         spec: d.get_document("spec").ok()?.clone(),
         context,
-        seq: d.get_i64("seq").unwrap_or(0),
+        seq: long_or_zero(d, "seq"),
     })
 }
 
