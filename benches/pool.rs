@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime};
 
 use bson::{doc, Bson};
-use common::{owner, TestDb, WorkerProc};
+use common::{metric, owner, TestDb, WorkerProc};
 
 struct Row {
     name: String,
@@ -163,13 +163,6 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
     }
 }
 
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 async fn storm(workers: usize, slots: u32, hashing: bool) -> (f64, u64, u64, usize, u64) {
     fresh_server();
     let db = TestDb::new("b_storm").await;
@@ -291,17 +284,7 @@ fn dev_server(action: &str) -> bool {
     if std::env::var("SLOTPOOL_BENCH_OWN_SERVER").as_deref() != Ok("1") {
         return false;
     }
-    let root = env!("CARGO_MANIFEST_DIR");
-    let out = std::process::Command::new(format!("{root}/scripts/dev-mongo.sh"))
-        .arg(action)
-        .env_remove("MONGODB_URI")
-        .output()
-        .expect("run scripts/dev-mongo.sh");
-    assert!(
-        out.status.success(),
-        "dev-mongo.sh {action}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::dev_mongo(action);
     true
 }
 
@@ -311,29 +294,20 @@ fn fresh_server() {
     dev_server("fresh");
 }
 
-/// Checkpoints persisted by worker `w`, from its /metrics (no database load).
-fn checkpoints(w: &WorkerProc) -> u64 {
-    w.http_get("/metrics")
-        .map(|(_, m)| metric(&m, "slotpool_checkpoints_total"))
-        .unwrap_or(0)
-}
-
-/// Polls `w`'s /metrics until it has made `n` checkpoints or `limit` passed.
-/// Returns whether it got there, and its self-fence count.
-async fn until_checkpointed(w: &WorkerProc, n: u32, limit: Duration) -> (bool, u64) {
+/// Polls `w`'s /metrics (no database load) until it has made `n` checkpoints or
+/// `limit` passed. Returns its checkpoint and self-fence counts then.
+async fn until_checkpointed(w: &WorkerProc, n: u32, limit: Duration) -> (u64, u64) {
     let deadline = Instant::now() + limit;
-    while checkpoints(w) < n as u64 && Instant::now() < deadline {
+    let done = || w.metric("slotpool_checkpoints_total").unwrap_or(0);
+    while done() < n as u64 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let fences = w
-        .http_get("/metrics")
-        .map(|(_, m)| metric(&m, "slotpool_self_fences_total"))
-        .unwrap_or(0);
-    (checkpoints(w) >= n as u64, fences)
+    let fences = w.metric("slotpool_self_fences_total").unwrap_or(0);
+    (done(), fences)
 }
 
-fn restore_figure(n: u32, took: Duration, done: bool, w: &WorkerProc, fences: u64) -> String {
-    if done {
+fn restore_figure(n: u32, took: Duration, (done, fences): (u64, u64)) -> String {
+    if done >= n as u64 {
         format!(
             "all {n} checkpointed {:.1} s after the claim: {:.0} robots/s; self-fences meanwhile: {fences}",
             took.as_secs_f64(),
@@ -341,9 +315,8 @@ fn restore_figure(n: u32, took: Duration, done: bool, w: &WorkerProc, fences: u6
         )
     } else {
         format!(
-            "**not all restored** within {:.0} s of the claim: {} of {n} checkpointed; self-fences: {fences}",
+            "**not all restored** within {:.0} s of the claim: {done} of {n} checkpointed; self-fences: {fences}",
             took.as_secs_f64(),
-            checkpoints(w)
         )
     }
 }
@@ -375,9 +348,8 @@ async fn restore(n: u32) -> Vec<Row> {
     let mut a = db.worker(&flags);
     holder_of(&db, "slot-001", None).await;
     let t = Instant::now();
-    let (done, fences) = until_checkpointed(&a, n, LIMIT).await;
-    let first = restore_figure(n, t.elapsed(), done, &a, fences);
-    println!("first start: {first}");
+    let counts = until_checkpointed(&a, n, LIMIT).await;
+    let first = restore_figure(n, t.elapsed(), counts);
     let loaded_kb = rss_kb(a.pid());
     // 3. Takeover: kill -9 the holder; a standby takes the slot and restores every
     // robot from its context. The dev server is restarted in between (same data):
@@ -393,9 +365,8 @@ async fn restore(n: u32) -> Vec<Row> {
     })
     .await;
     let t = Instant::now();
-    let (done, fences) = until_checkpointed(&b, n, LIMIT).await;
-    let takeover = restore_figure(n, t.elapsed(), done, &b, fences);
-    println!("takeover: {takeover}");
+    let counts = until_checkpointed(&b, n, LIMIT).await;
+    let takeover = restore_figure(n, t.elapsed(), counts);
     vec![
         Row {
             name: format!("Create rate: `robot create --count {n}` (one CLI process, no worker running)"),
@@ -426,6 +397,39 @@ async fn restore(n: u32) -> Vec<Row> {
             goal: "-".into(),
         },
     ]
+}
+
+/// `robot create --count n` from one CLI process, on a fresh server with 10 slots and
+/// no worker running.
+async fn create(n: u32) -> Row {
+    fresh_server();
+    let db = TestDb::new("b_create").await;
+    db.init(10).await;
+    let t = Instant::now();
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "c",
+        "--kind",
+        "counter",
+        "--count",
+        &n.to_string(),
+    ]);
+    let took = t.elapsed().as_secs_f64();
+    Row {
+        name: format!(
+            "Create rate: `robot create --count {n}` (one CLI process, 10 slots, no worker running)"
+        ),
+        figures: format!("{took:.2} s: {:.0} robots/s", n as f64 / took),
+        goal: "-".into(),
+    }
+}
+
+/// Prints a finished row at once (a long run shows progress) and keeps it.
+fn show(rows: &mut Vec<Row>, row: Row) {
+    println!("{} | {}", row.name, row.figures);
+    rows.push(row);
 }
 
 fn machine() -> String {
@@ -469,26 +473,16 @@ async fn main() {
     let big = if quick { 1000 } else { 10_000 };
     let mut rows: Vec<Row> = Vec::new();
     if want("takeover") {
-        rows.push(handover(trials, 100, false).await);
-        println!(
-            "{} | {}",
-            rows.last().unwrap().name,
-            rows.last().unwrap().figures
-        );
+        show(&mut rows, handover(trials, 100, false).await);
     }
     if want("handoff") {
-        rows.push(handover(trials, 100, true).await);
-        println!(
-            "{} | {}",
-            rows.last().unwrap().name,
-            rows.last().unwrap().figures
-        );
+        show(&mut rows, handover(trials, 100, true).await);
     }
     if want("storm") {
         let (workers, slots) = if quick { (20, 5) } else { (50, 10) };
         let (t1, a1, c1, n1, k1) = storm(workers, slots, true).await;
         let (t2, a2, c2, n2, k2) = storm(workers, slots, false).await;
-        rows.push(Row {
+        show(&mut rows, Row {
             name: format!("Claim storm: {workers} workers, {slots} slots, started at once"),
             figures: format!(
                 "hashing: all held after {t1:.0} ms, {a1} CAS attempts, {c1} conflicts, {k1} claims ({n1}/{workers} workers answered /metrics); \
@@ -496,11 +490,6 @@ async fn main() {
             ),
             goal: "-".into(),
         });
-        println!(
-            "{} | {}",
-            rows.last().unwrap().name,
-            rows.last().unwrap().figures
-        );
     }
     if want("cost") {
         let mut per = BTreeMap::new();
@@ -513,41 +502,21 @@ async fn main() {
                 format!("{n} robots: holder {h:.2} ops/tick, standby {s:.2} ops/tick")
             })
             .collect();
-        rows.push(Row {
-            name: "Database cost per tick (server opcounters, quiet robots, tick 1 s)".into(),
-            figures: figures.join("; "),
-            goal: "constant in the number of robots".into(),
-        });
-        println!(
-            "{} | {}",
-            rows.last().unwrap().name,
-            rows.last().unwrap().figures
+        show(
+            &mut rows,
+            Row {
+                name: "Database cost per tick (server opcounters, quiet robots, tick 1 s)".into(),
+                figures: figures.join("; "),
+                goal: "constant in the number of robots".into(),
+            },
         );
     }
     if want("create") {
-        fresh_server();
-        let db = TestDb::new("b_create").await;
-        db.init(10).await;
-        let t = Instant::now();
-        db.cli_ok(&[
-            "robot", "create", "--name", "c", "--kind", "counter", "--count", "1000",
-        ]);
-        let took = t.elapsed().as_secs_f64();
-        rows.push(Row {
-            name: "Create rate: `robot create --count 1000` (one CLI process, 10 slots, no worker running)".into(),
-            figures: format!("{took:.2} s: {:.0} robots/s", 1000.0 / took),
-            goal: "-".into(),
-        });
-        println!(
-            "{} | {}",
-            rows.last().unwrap().name,
-            rows.last().unwrap().figures
-        );
+        show(&mut rows, create(1000).await);
     }
     if want("restore") {
         for r in restore(big as u32).await {
-            println!("{} | {}", r.name, r.figures);
-            rows.push(r);
+            show(&mut rows, r);
         }
     }
     let mut md = String::new();

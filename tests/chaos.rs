@@ -459,22 +459,13 @@ async fn claim_storm_twenty_workers_five_slots() {
     }
     let attempts: u64 = w
         .iter()
-        .filter_map(|x| x.http_get("/metrics"))
-        .map(|(_, m)| metric(&m, "slotpool_claim_attempts_total"))
+        .filter_map(|x| x.metric("slotpool_claim_attempts_total"))
         .sum();
     let conflicts: u64 = w
         .iter()
-        .filter_map(|x| x.http_get("/metrics"))
-        .map(|(_, m)| metric(&m, "slotpool_claim_conflicts_total"))
+        .filter_map(|x| x.metric("slotpool_claim_conflicts_total"))
         .sum();
     println!("[storm] compare-and-set attempts {attempts}, conflicts {conflicts}");
-}
-
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -25,18 +25,34 @@ pub fn base_uri() -> &'static str {
         if let Ok(uri) = std::env::var("MONGODB_URI") {
             return uri;
         }
-        let root = env!("CARGO_MANIFEST_DIR");
-        let out = Command::new("bash")
-            .arg(format!("{root}/scripts/dev-mongo.sh"))
-            .output()
-            .expect("run scripts/dev-mongo.sh");
-        assert!(
-            out.status.success(),
-            "scripts/dev-mongo.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
+        dev_mongo("start")
     })
+}
+
+/// Runs `scripts/dev-mongo.sh ACTION` on the project's own dev server (never on a
+/// `MONGODB_URI` server) and returns what it printed (the URI, for start/fresh).
+pub fn dev_mongo(action: &str) -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("bash")
+        .arg(format!("{root}/scripts/dev-mongo.sh"))
+        .arg(action)
+        .env_remove("MONGODB_URI")
+        .output()
+        .expect("run scripts/dev-mongo.sh");
+    assert!(
+        out.status.success(),
+        "scripts/dev-mongo.sh {action} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// One sample's value from a Prometheus text page (0 when absent).
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `base` with its database path replaced by `db`.
@@ -254,6 +270,11 @@ impl WorkerProc {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// One metric from the worker's /metrics (None when it does not answer).
+    pub fn metric(&self, name: &str) -> Option<u64> {
+        self.http_get("/metrics").map(|(_, m)| metric(&m, name))
     }
 
     /// Plain HTTP GET on the worker's port: (status code, body).
