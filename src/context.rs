@@ -1,9 +1,17 @@
 //! Fenced context reads and checkpoints.
 //!
-//! Every write proves the robot is still bound to this slot and that this holder's
-//! epoch is the robot's epoch. Zero matched means *fenced*: a newer holder adopted the
-//! robot, it was moved or deleted. The caller must stop that robot and never write
-//! again.
+//! Every write proves three things: the robot is still bound to this slot, this
+//! holder's epoch is the robot's epoch, and the writing instance is the robot's
+//! current *generation*. Zero matched means *fenced*: a newer holder adopted the
+//! robot, it was moved, re-adopted or deleted. The caller must stop that instance and
+//! never write again.
+//!
+//! Why a generation as well as the epoch: epochs belong to slots, and epochs of
+//! different slots are not comparable. A robot moved X → Y → X inside one tick is
+//! adopted again by X's holder under X's *same* epoch, while X's first instance of it
+//! may still be running. Every adoption raises the robot's `gen`, and each running
+//! instance writes only under the `gen` its own adoption produced, so whatever
+//! sequence of moves and takeovers happened, only the newest instance can write.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
@@ -141,56 +149,63 @@ impl ContextStore {
         self.guard.is_open()
     }
 
-    /// Raises the fencing epoch of these robots (read from this slot) to ours. From
-    /// here on, a previous holder's checkpoints on them match nothing. With
-    /// `mark_running` the same write marks them running here, which saves a second
-    /// pass over thousands of robots on a restore. Returns the ids now at our epoch:
-    /// a robot moved, deleted or adopted by a newer holder since it was read is left
-    /// out.
+    /// Adopts these robots (read from this slot) for a new running instance each: the
+    /// robot's epoch becomes ours, its generation goes up by one, and it is marked
+    /// running here, all in one write. From then on every earlier instance, on this
+    /// holder or any other, is fenced. Returns each adopted robot with its new
+    /// generation; a robot moved, deleted or adopted by a newer holder of this slot
+    /// since it was read is left out.
     ///
     /// Callers pass at most [`ADOPT_CHUNK`] ids: one write over thousands of
     /// documents holds some servers long enough to starve this holder's renewals.
-    pub async fn adopt(
-        &self,
-        ids: &[ObjectId],
-        mark_running: bool,
-    ) -> Result<Vec<ObjectId>, ContextError> {
-        // `$not: {$gte}` rather than `$lt`: a hand-broken epoch (missing, a string)
-        // is taken over too instead of leaving its robot unrun.
-        let older = doc! {
-            "_id": {"$in": ids}, "slot_id": &self.slot_id,
-            "epoch": {"$not": {"$gte": self.epoch}},
-        };
-        let update = if mark_running {
-            doc! {
-                "$set": {"epoch": self.epoch, "status": "running", "error": Bson::Null, "worker": &self.worker},
-                "$currentDate": {"status_at": true},
-            }
-        } else {
-            doc! {"$set": {"epoch": self.epoch}}
-        };
-        let r = self.robots.update_many(older, update).await?;
-        if r.modified_count as usize == ids.len() {
-            return Ok(ids.to_vec());
+    pub async fn adopt(&self, ids: &[ObjectId]) -> Result<Vec<(ObjectId, i64)>, ContextError> {
+        if !self.guard.is_open() {
+            return Err(self.lapsed("(adoption)"));
         }
-        // Some changed hands since they were read: ask which ones are ours (by _id,
-        // so this stays a point lookup).
+        // `$not: {$gt}` rather than `$lte`: a hand-broken epoch (missing, a string)
+        // is taken over too instead of leaving its robot unrun. Equal epochs are
+        // this holder's own: a re-adoption after a move away and back, or a restart.
+        let filter = doc! {
+            "_id": {"$in": ids}, "slot_id": &self.slot_id,
+            "epoch": {"$not": {"$gt": self.epoch}},
+        };
+        // A pipeline, so a hand-broken `gen` (a string) restarts from 1 instead of
+        // failing the whole chunk the way `$inc` would.
+        let update = vec![doc! {"$set": {
+            "epoch": self.epoch,
+            "gen": {"$add": [
+                {"$cond": [{"$in": [{"$type": "$gen"}, ["int", "long"]]}, {"$toLong": "$gen"}, 0_i64]},
+                1_i64,
+            ]},
+            "status": "running", "error": Bson::Null,
+            "worker": {"$literal": &self.worker}, "status_at": "$$NOW",
+        }}];
+        self.robots.update_many(filter, update).await?;
+        // Read back each robot's new generation (by _id, so a point lookup).
         let mut cursor = self
             .robots
             .find(doc! {"_id": {"$in": ids}, "slot_id": &self.slot_id, "epoch": self.epoch})
-            .projection(doc! {"_id": 1})
+            .projection(doc! {"_id": 1, "gen": 1})
             .await?;
         let mut ours = Vec::new();
         while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
             if let Ok(id) = d.get_object_id("_id") {
-                ours.push(id);
+                ours.push((id, long_or_zero(&d, "gen")));
             }
         }
         Ok(ours)
     }
 
-    fn fence(&self, id: &ObjectId) -> Document {
-        doc! {"_id": id, "slot_id": &self.slot_id, "epoch": self.epoch}
+    fn fence(&self, id: &ObjectId, gen: i64) -> Document {
+        doc! {"_id": id, "slot_id": &self.slot_id, "epoch": self.epoch, "gen": gen}
+    }
+
+    fn lapsed(&self, name: &str) -> ContextError {
+        ContextError::Lapsed {
+            robot: name.to_string(),
+            slot: self.slot_id.clone(),
+            epoch: self.epoch,
+        }
     }
 
     fn fenced(&self, name: &str) -> ContextError {
@@ -201,11 +216,11 @@ impl ContextStore {
         }
     }
 
-    /// Reads a robot for (re)starting it, only if still ours.
-    pub async fn load(&self, id: &ObjectId, name: &str) -> Result<Loaded, ContextError> {
+    /// Reads a robot for (re)starting it, only if this instance is still current.
+    pub async fn load(&self, id: &ObjectId, gen: i64, name: &str) -> Result<Loaded, ContextError> {
         let d = self
             .robots
-            .find_one(self.fence(id))
+            .find_one(self.fence(id, gen))
             .projection(doc! {"name": 1, "kind": 1, "spec": 1, "context": 1, "seq": 1})
             .await?
             .ok_or_else(|| self.fenced(name))?;
@@ -229,10 +244,12 @@ impl ContextStore {
     }
 
     /// Persists a new context: `seq + 1`, `checkpointed_at = $$NOW`, and when
-    /// `history > 0` a `{seq, epoch, worker, at}` record appended atomically.
+    /// `history > 0` a `{seq, epoch, gen, worker, slot, at}` record appended
+    /// atomically. Only the instance of generation `gen` can write.
     pub async fn checkpoint(
         &self,
         id: &ObjectId,
+        gen: i64,
         name: &str,
         context: Document,
         history: i64,
@@ -240,11 +257,7 @@ impl ContextStore {
         let _permit = self.pacer.acquire().await;
         if !self.guard.is_open() {
             self.metrics.fenced_writes.inc();
-            return Err(ContextError::Lapsed {
-                robot: name.to_string(),
-                slot: self.slot_id.clone(),
-                epoch: self.epoch,
-            });
+            return Err(self.lapsed(name));
         }
         let mut set = doc! {
             "context": {"$literal": context},
@@ -255,7 +268,8 @@ impl ContextStore {
             let entry = doc! {
                 "seq": {"$add": ["$seq", 1_i64]},
                 "epoch": self.epoch,
-                "worker": &self.worker,
+                "gen": gen,
+                "worker": {"$literal": &self.worker},
                 "slot": &self.slot_id,
                 "at": "$$NOW",
             };
@@ -269,7 +283,7 @@ impl ContextStore {
         }
         let r = self
             .robots
-            .update_one(self.fence(id), vec![doc! {"$set": set}])
+            .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
             .await?;
         if r.matched_count == 0 {
             self.metrics.fenced_writes.inc();
@@ -283,6 +297,7 @@ impl ContextStore {
     pub async fn set_status(
         &self,
         id: &ObjectId,
+        gen: i64,
         status: &str,
         error: Option<&str>,
         restarts: Option<i64>,
@@ -293,8 +308,9 @@ impl ContextStore {
         }
         let mut set = doc! {
             "status": status,
-            "error": error.map_or(Bson::Null, |e| Bson::String(e.to_string())),
-            "worker": &self.worker,
+            // $literal: an error text starting with `$` is not a field path.
+            "error": {"$literal": error.map_or(Bson::Null, |e| Bson::String(e.to_string()))},
+            "worker": {"$literal": &self.worker},
             "status_at": "$$NOW",
         };
         if let Some(n) = restarts {
@@ -302,7 +318,7 @@ impl ContextStore {
         }
         let r = self
             .robots
-            .update_one(self.fence(id), vec![doc! {"$set": set}])
+            .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
             .await?;
         Ok(r.matched_count == 1)
     }

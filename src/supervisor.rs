@@ -40,17 +40,80 @@ struct Listed {
     name: String,
     /// Its fencing epoch; a missing or odd one counts as 0 (adoptable).
     epoch: i64,
+    /// Its generation: which instance may write.
+    gen: i64,
     paused: bool,
-    /// Already marked running by this holder.
-    marked: bool,
     /// What a first start needs, or None to load it (and report the problem) later.
     loaded: Option<Loaded>,
 }
 
 struct Running {
     name: String,
+    /// The generation this instance was adopted under.
+    gen: i64,
     token: CancellationToken,
     stopping: bool,
+}
+
+/// A listed robot, as [`plan_sync`] needs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct View {
+    id: ObjectId,
+    epoch: i64,
+    gen: i64,
+    paused: bool,
+}
+
+/// A running instance, as [`plan_sync`] needs it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Instance {
+    gen: i64,
+    stopping: bool,
+}
+
+/// What one sync does, decided from the listed robots and the running instances.
+#[derive(Debug, Default, PartialEq)]
+struct SyncPlan {
+    /// Instances to stop: their robot was deleted, moved, paused, or adopted again
+    /// since they started (a newer generation or another epoch), so they are stale.
+    stop: Vec<ObjectId>,
+    /// Robots to adopt (raise their generation) and start.
+    start: Vec<ObjectId>,
+    /// A robot waits for its old instance to exit before it starts again.
+    incomplete: bool,
+}
+
+/// Decides which instances to stop and which robots to start. An instance is current
+/// only while its robot is listed unpaused on this slot at this holder's epoch and at
+/// the instance's own generation; anything else means the robot changed hands (even
+/// if it came back, X → Y → X), and that instance must go. A robot whose epoch is
+/// above ours belongs to a newer holder of this slot: never started here.
+fn plan_sync(listed: &[View], running: &HashMap<ObjectId, Instance>, mine: i64) -> SyncPlan {
+    let by_id: HashMap<ObjectId, &View> = listed.iter().map(|v| (v.id, v)).collect();
+    let mut plan = SyncPlan::default();
+    for (id, inst) in running {
+        if inst.stopping {
+            continue;
+        }
+        let current = by_id
+            .get(id)
+            .is_some_and(|v| !v.paused && v.epoch == mine && v.gen == inst.gen);
+        if !current {
+            plan.stop.push(*id);
+        }
+    }
+    plan.stop.sort();
+    for v in listed {
+        if v.paused || v.epoch > mine {
+            continue;
+        }
+        match running.get(&v.id) {
+            None => plan.start.push(v.id),
+            Some(inst) if inst.stopping || plan.stop.contains(&v.id) => plan.incomplete = true,
+            Some(_) => {}
+        }
+    }
+    plan
 }
 
 pub struct Supervisor {
@@ -114,86 +177,75 @@ impl Supervisor {
             return Ok(0);
         }
         self.last_full = Instant::now();
-        let mut robots = self.list().await?;
-        self.adopt(&mut robots).await?;
-        let mut complete = true;
-        let wanted: HashSet<ObjectId> = robots.iter().filter(|r| !r.paused).map(|r| r.id).collect();
-        for (id, r) in self.running.iter_mut() {
-            if !wanted.contains(id) && !r.stopping {
-                tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping robot (deleted, moved or paused)");
+        let listed = self.list().await?;
+        let views: Vec<View> = listed
+            .iter()
+            .map(|l| View {
+                id: l.id,
+                epoch: l.epoch,
+                gen: l.gen,
+                paused: l.paused,
+            })
+            .collect();
+        let instances: HashMap<ObjectId, Instance> = self
+            .running
+            .iter()
+            .map(|(id, r)| {
+                let inst = Instance {
+                    gen: r.gen,
+                    stopping: r.stopping,
+                };
+                (*id, inst)
+            })
+            .collect();
+        let plan = plan_sync(&views, &instances, self.ctx.epoch());
+        for id in &plan.stop {
+            if let Some(r) = self.running.get_mut(id) {
+                tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping robot (deleted, moved, paused or adopted again)");
                 r.token.cancel();
                 r.stopping = true;
             }
         }
-        let mut to_start = Vec::new();
-        let mut to_mark = Vec::new();
-        for r in robots {
-            if r.paused {
-                continue;
-            }
-            match self.running.get(&r.id) {
-                Some(running) if running.stopping => complete = false,
-                Some(_) => {}
-                None => {
-                    if !r.marked {
-                        to_mark.push(r.id);
-                    }
-                    to_start.push(r);
-                }
+        let mut wanted: HashMap<ObjectId, Listed> = listed
+            .into_iter()
+            .filter(|l| plan.start.contains(&l.id))
+            .map(|l| (l.id, l))
+            .collect();
+        let adopted = self.adopt(&plan.start).await?;
+        let started = adopted.len();
+        for (id, gen) in adopted {
+            if let Some(l) = wanted.remove(&id) {
+                self.start(id, gen, l.name, l.loaded);
             }
         }
-        // Status first: a robot that fails at once then overwrites it, not the
-        // other way round.
-        if !to_mark.is_empty() {
-            self.mark_running(&to_mark).await?;
-        }
-        let started = to_start.len();
-        for r in to_start {
-            self.start(r.id, r.name, r.loaded);
-        }
-        self.synced_rev = complete.then_some(rev);
+        self.synced_rev = (!plan.incomplete).then_some(rev);
         Ok(started)
     }
 
-    /// Raises the listed robots of an older epoch to ours, in chunks, marking the
-    /// unpaused ones running in the same write. Afterwards `robots` holds exactly
-    /// the robots at our epoch. A chunk the database refuses (a hand-edited document
+    /// Adopts the robots about to start, in chunks: each gets our epoch and a new
+    /// generation, and is marked running, in one write. Returns each adopted robot
+    /// with its generation. A chunk the database refuses (a hand-edited document
     /// failing the validator) is retried one robot at a time, so one broken robot
     /// holds back no other.
-    async fn adopt(&mut self, robots: &mut Vec<Listed>) -> Result<(), mongodb::error::Error> {
-        let mine = self.ctx.epoch();
-        let stale = |paused: bool| -> Vec<ObjectId> {
-            robots
-                .iter()
-                .filter(|r| r.epoch < mine && r.paused == paused)
-                .map(|r| r.id)
-                .collect()
-        };
-        let mut adopted: HashSet<ObjectId> = HashSet::new();
-        // Unpaused robots are marked running in the same write; paused ones are not.
-        for (ids, mark) in [(stale(false), true), (stale(true), false)] {
-            for chunk in ids.chunks(ADOPT_CHUNK) {
-                match self.ctx.adopt(chunk, mark).await {
-                    Ok(ours) => adopted.extend(ours),
-                    Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
-                    Err(e) => {
-                        tracing::warn!(slot = %self.ctx.slot_id(), "adopting {} robot(s) at once failed ({e}); adopting them one by one", chunk.len());
-                        self.adopt_one_by_one(chunk, mark, &mut adopted).await?;
-                    }
+    async fn adopt(
+        &mut self,
+        ids: &[ObjectId],
+    ) -> Result<Vec<(ObjectId, i64)>, mongodb::error::Error> {
+        let mut adopted = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(ADOPT_CHUNK) {
+            match self.ctx.adopt(chunk).await {
+                Ok(ours) => adopted.extend(ours),
+                Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
+                Err(ContextError::Lapsed { .. }) => return Ok(adopted),
+                Err(e) => {
+                    tracing::warn!(slot = %self.ctx.slot_id(), "adopting {} robot(s) at once failed ({e}); adopting them one by one", chunk.len());
+                    self.adopt_one_by_one(chunk, &mut adopted).await?;
                 }
             }
         }
-        let raised = adopted.len();
-        robots.retain_mut(|r| {
-            if r.epoch < mine && adopted.contains(&r.id) {
-                r.epoch = mine;
-                r.marked = !r.paused;
-            }
-            r.epoch == mine
-        });
-        self.record_adoption(format!("{raised} robot(s) raised to this epoch"))
+        self.record_adoption(format!("{} robot(s) adopted", adopted.len()))
             .await;
-        Ok(())
+        Ok(adopted)
     }
 
     /// Adoption for a chunk the database refused as a whole: the robots that still
@@ -201,11 +253,10 @@ impl Supervisor {
     async fn adopt_one_by_one(
         &mut self,
         chunk: &[ObjectId],
-        mark: bool,
-        adopted: &mut HashSet<ObjectId>,
+        adopted: &mut Vec<(ObjectId, i64)>,
     ) -> Result<(), mongodb::error::Error> {
         for id in chunk {
-            match self.ctx.adopt(std::slice::from_ref(id), mark).await {
+            match self.ctx.adopt(std::slice::from_ref(id)).await {
                 Ok(ours) => adopted.extend(ours),
                 Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
                 Err(e) => {
@@ -259,15 +310,11 @@ impl Supervisor {
                 .get_str("name")
                 .map(str::to_string)
                 .unwrap_or_else(|_| id.to_hex());
-            let epoch = long_or_zero(&d, "epoch");
-            let marked = epoch == self.ctx.epoch()
-                && d.get_str("status") == Ok("running")
-                && d.get_str("worker") == Ok(self.ctx.worker());
             out.push(Listed {
                 id,
                 paused: matches!(d.get("paused"), Some(Bson::Boolean(true))),
-                epoch,
-                marked,
+                epoch: long_or_zero(&d, "epoch"),
+                gen: long_or_zero(&d, "gen"),
                 loaded: preload(&d, &name),
                 name,
             });
@@ -275,31 +322,11 @@ impl Supervisor {
         Ok(out)
     }
 
-    async fn mark_running(&self, ids: &[ObjectId]) -> Result<(), mongodb::error::Error> {
-        for chunk in ids.chunks(500) {
-            self.mark_chunk(chunk).await?;
-        }
-        Ok(())
-    }
-
-    async fn mark_chunk(&self, ids: &[ObjectId]) -> Result<(), mongodb::error::Error> {
-        self.store
-            .robots()
-            .update_many(
-                doc! {"_id": {"$in": ids}, "slot_id": self.ctx.slot_id(), "epoch": self.ctx.epoch()},
-                vec![doc! {"$set": {
-                    "status": "running", "error": Bson::Null,
-                    "worker": self.ctx.worker(), "status_at": "$$NOW",
-                }}],
-            )
-            .await?;
-        Ok(())
-    }
-
-    fn start(&mut self, id: ObjectId, name: String, loaded: Option<Loaded>) {
+    fn start(&mut self, id: ObjectId, gen: i64, name: String, loaded: Option<Loaded>) {
         let token = self.root.child_token();
         let runner = Runner {
             id,
+            gen,
             name: name.clone(),
             ctx: self.ctx.clone(),
             registry: self.registry.clone(),
@@ -313,6 +340,7 @@ impl Supervisor {
             id,
             Running {
                 name,
+                gen,
                 token,
                 stopping: false,
             },
@@ -386,6 +414,7 @@ fn preload(d: &Document, name: &str) -> Option<Loaded> {
 /// One robot's life on this holder: start, watch, restart with backoff.
 struct Runner {
     id: ObjectId,
+    gen: i64,
     name: String,
     ctx: ContextStore,
     registry: Registry,
@@ -442,7 +471,13 @@ impl Runner {
             tracing::warn!(robot = %self.name, restarts, backoff_ms = backoff.as_millis() as u64, "robot {status}: {error}");
             let recorded = self
                 .ctx
-                .set_status(&self.id, status, Some(&error.to_string()), Some(restarts))
+                .set_status(
+                    &self.id,
+                    self.gen,
+                    status,
+                    Some(&error.to_string()),
+                    Some(restarts),
+                )
                 .await;
             if let Ok(false) = recorded {
                 break; // fenced: no longer ours
@@ -461,7 +496,7 @@ impl Runner {
     async fn run_once(&self, first: Option<Loaded>, restarted: bool) -> Result<(), RobotError> {
         let loaded = match first {
             Some(l) => l,
-            None => self.ctx.load(&self.id, &self.name).await?,
+            None => self.ctx.load(&self.id, self.gen, &self.name).await?,
         };
         let kind = self.registry.get(&loaded.kind).ok_or_else(|| {
             RobotError::Invalid(format!(
@@ -475,7 +510,7 @@ impl Runner {
         if restarted
             && !self
                 .ctx
-                .set_status(&self.id, "running", None, None)
+                .set_status(&self.id, self.gen, "running", None, None)
                 .await
                 .map_err(RobotError::from)?
         {
@@ -486,6 +521,7 @@ impl Runner {
         }
         let run = RobotRun {
             id: self.id,
+            gen: self.gen,
             name: loaded.name.clone(),
             history: history_len(&loaded.spec),
             spec: loaded.spec,
@@ -498,5 +534,88 @@ impl Runner {
         let result = kind.run(run).await;
         self.metrics.robots_running.add(-1);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(id: ObjectId, epoch: i64, gen: i64) -> View {
+        View {
+            id,
+            epoch,
+            gen,
+            paused: false,
+        }
+    }
+
+    fn running(entries: &[(ObjectId, i64, bool)]) -> HashMap<ObjectId, Instance> {
+        entries
+            .iter()
+            .map(|(id, gen, stopping)| {
+                let inst = Instance {
+                    gen: *gen,
+                    stopping: *stopping,
+                };
+                (*id, inst)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn new_and_older_epoch_robots_start_newer_ones_never() {
+        let (a, b, c) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+        let listed = [view(a, 0, 0), view(b, 4, 9), view(c, 6, 1)];
+        let plan = plan_sync(&listed, &HashMap::new(), 5);
+        assert_eq!(plan.start, vec![a, b], "epoch 6 belongs to a newer holder");
+        assert!(plan.stop.is_empty() && !plan.incomplete);
+    }
+
+    #[test]
+    fn a_current_instance_is_left_alone() {
+        let a = ObjectId::new();
+        let plan = plan_sync(&[view(a, 5, 3)], &running(&[(a, 3, false)]), 5);
+        assert_eq!(plan, SyncPlan::default());
+    }
+
+    #[test]
+    fn moved_away_and_back_stops_the_old_instance_then_starts_anew() {
+        // X → Y → X inside one tick: the robot is listed again on X, epoch reset by
+        // the moves (or raised again by Y's holder), its generation moved on.
+        let a = ObjectId::new();
+        for listed in [view(a, 0, 4), view(a, 5, 4), view(a, 2, 4)] {
+            let plan = plan_sync(&[listed], &running(&[(a, 3, false)]), 5);
+            assert_eq!(plan.stop, vec![a], "{listed:?}");
+            assert!(plan.start.is_empty(), "start only once the old one exited");
+            assert!(plan.incomplete);
+        }
+        // Once it exited, it is adopted again.
+        let plan = plan_sync(&[view(a, 0, 4)], &HashMap::new(), 5);
+        assert_eq!(plan.start, vec![a]);
+    }
+
+    #[test]
+    fn deleted_paused_or_taken_by_a_newer_holder_stops() {
+        let (a, b, c) = (ObjectId::new(), ObjectId::new(), ObjectId::new());
+        let mut paused = view(b, 5, 1);
+        paused.paused = true;
+        let listed = [paused, view(c, 6, 2)];
+        let plan = plan_sync(
+            &listed,
+            &running(&[(a, 1, false), (b, 1, false), (c, 1, false)]),
+            5,
+        );
+        let mut want = vec![a, b, c];
+        want.sort();
+        assert_eq!(plan.stop, want);
+        assert!(plan.start.is_empty() && !plan.incomplete);
+    }
+
+    #[test]
+    fn a_stopping_instance_is_waited_for() {
+        let a = ObjectId::new();
+        let plan = plan_sync(&[view(a, 5, 3)], &running(&[(a, 3, true)]), 5);
+        assert!(plan.stop.is_empty() && plan.start.is_empty() && plan.incomplete);
     }
 }

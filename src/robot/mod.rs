@@ -100,6 +100,8 @@ pub trait RobotKind: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct RobotRun {
     pub(crate) id: ObjectId,
+    /// The generation this instance was adopted under: its writes require it.
+    pub(crate) gen: i64,
     pub(crate) name: String,
     pub(crate) spec: Document,
     pub(crate) context: Document,
@@ -127,6 +129,11 @@ impl RobotRun {
     pub fn epoch(&self) -> i64 {
         self.store.epoch()
     }
+    /// This instance's generation: raised on every adoption, so a stale instance
+    /// (after a move or a takeover) can never write.
+    pub fn generation(&self) -> i64 {
+        self.gen
+    }
     /// Cancelled when the robot must stop (lease lost, release, pause, move, delete).
     pub fn stop(&self) -> &CancellationToken {
         &self.stop
@@ -143,7 +150,7 @@ impl RobotRun {
     /// Persists a new context, proving slot and epoch. `Err(Fenced)` means: return now.
     pub async fn checkpoint(&self, context: Document) -> Result<(), RobotError> {
         self.store
-            .checkpoint(&self.id, &self.name, context, self.history)
+            .checkpoint(&self.id, self.gen, &self.name, context, self.history)
             .await
             .map_err(RobotError::from)
     }

@@ -14,6 +14,8 @@ use super::TestDb;
 pub struct Entry {
     pub seq: i64,
     pub epoch: i64,
+    /// The writing instance's generation (0 in histories from before generations).
+    pub gen: i64,
     pub worker: String,
     pub slot: String,
     pub at: i64,
@@ -39,6 +41,7 @@ pub fn entries(r: &Document) -> Vec<Entry> {
                 .map(|h| Entry {
                     seq: h.get_i64("seq").unwrap(),
                     epoch: h.get_i64("epoch").unwrap(),
+                    gen: h.get_i64("gen").unwrap_or(0),
                     worker: h.get_str("worker").unwrap().to_string(),
                     slot: h.get_str("slot").unwrap().to_string(),
                     at: h.get_datetime("at").unwrap().timestamp_millis(),
@@ -118,6 +121,11 @@ pub async fn check(db: &TestDb) -> Report {
                 "{name}: time went back between seq {} and {}",
                 a.seq,
                 b.seq
+            );
+            assert!(
+                b.gen >= a.gen,
+                "{name}: two live copies: seq {} by generation {} came after seq {} by generation {}",
+                b.seq, b.gen, a.seq, a.gen
             );
             if a.slot == b.slot {
                 assert!(
