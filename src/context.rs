@@ -19,38 +19,46 @@ use mongodb::Collection;
 use crate::clock::SharedClock;
 use crate::metrics::Metrics;
 use crate::pacing::WritePacer;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// The holder's lease deadline as robots see it. Checked before every write, so a
 /// process that was paused past its deadline refuses to write even in the moment
-/// before the new holder's adoption would fence it in the database.
+/// before the new holder's adoption would fence it in the database. Robots that run
+/// outside the worker's process follow it through [`WriteGuard::watch`] (see
+/// [`crate::robot::shim`]).
 #[derive(Debug, Clone)]
 pub struct WriteGuard {
-    deadline: Arc<Mutex<Instant>>,
+    deadline: Arc<watch::Sender<Instant>>,
     clock: SharedClock,
 }
 
 impl WriteGuard {
     pub fn new(deadline: Instant, clock: SharedClock) -> Self {
         WriteGuard {
-            deadline: Arc::new(Mutex::new(deadline)),
+            deadline: Arc::new(watch::channel(deadline).0),
             clock,
         }
     }
 
     /// Moves the deadline after a successful renewal.
     pub fn extend(&self, deadline: Instant) {
-        *self.deadline.lock().expect("guard lock") = deadline;
+        self.deadline.send_replace(deadline);
     }
 
     /// Ends writing at once (lease lost or self-fenced).
     pub fn revoke(&self) {
-        *self.deadline.lock().expect("guard lock") = self.clock.now();
+        self.deadline.send_replace(self.clock.now());
     }
 
     pub fn is_open(&self) -> bool {
-        self.clock.now() < *self.deadline.lock().expect("guard lock")
+        self.clock.now() < *self.deadline.borrow()
+    }
+
+    /// The deadline now and every change of it (extensions and the revocation).
+    pub fn watch(&self) -> watch::Receiver<Instant> {
+        self.deadline.subscribe()
     }
 }
 
@@ -147,6 +155,12 @@ impl ContextStore {
     /// every write is refused from then on.
     pub fn lease_open(&self) -> bool {
         self.guard.is_open()
+    }
+
+    /// The lease deadline and its every change, for robots that must be stopped by
+    /// something outside this process when the deadline passes.
+    pub fn lease_deadline(&self) -> watch::Receiver<Instant> {
+        self.guard.watch()
     }
 
     /// Adopts these robots (read from this slot) for a new running instance each: the

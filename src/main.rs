@@ -3,8 +3,15 @@
 use clap::Parser;
 use slotpool::cli::Cli;
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    // `slotpool __robot-shim …`: the per-robot process that kills an exec robot when
+    // its holder's lease lapses (see slotpool::robot::shim). It needs no runtime.
+    slotpool::robot::shim::run_if_requested();
+    let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
+    runtime.block_on(run());
+}
+
+async fn run() {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLOTPOOL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,mongodb=warn"));

@@ -133,3 +133,115 @@ async fn moved_there_and_back_inside_a_tick_never_has_two_writers() {
     assert_eq!(report.robots, 1);
     println!("{report:?}");
 }
+
+/// An exec robot that proves no two copies ever live at once: at start it looks in
+/// /proc for every earlier copy's pid and records any still alive (not a zombie),
+/// then appends its own pid, and checkpoints a step every 100 ms.
+fn lone_robot(db: &TestDb) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = db.dir.display();
+    let body = format!(
+        r#"#!/usr/bin/env bash
+for p in $(cat {dir}/pids 2>/dev/null); do
+  if [ -r /proc/$p/stat ]; then
+    state=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f1)
+    if [ "$state" != Z ]; then echo "$$ started while $p was alive ($state)" >> {dir}/overlaps; fi
+  fi
+done
+echo $$ >> {dir}/pids
+n=$(printf '%s' "$SLOTPOOL_CONTEXT" | sed -n 's/.*"n": *\([0-9]*\).*/\1/p')
+n=${{n:-0}}
+while true; do n=$((n+1)); echo "{{\"checkpoint\": {{\"n\": $n}}}}"; sleep 0.1; done
+"#
+    );
+    let path = db.dir.join("lone.sh");
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn pids(db: &TestDb) -> Vec<i32> {
+    std::fs::read_to_string(db.dir.join("pids"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Alive and not a zombie, judged from /proc.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// The old holder's robot process is gone before the new holder's copy starts, after
+/// kill -9 of the holder and while the holder is SIGSTOPped.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exec_robot_never_outlives_its_holders_lease() {
+    let db = TestDb::new("execlease").await;
+    db.init(1).await;
+    let mut workers = vec![db.worker(&[]), db.worker(&[])];
+    all_held(&db, 1).await;
+    let script = lone_robot(&db);
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "lone",
+        "--kind",
+        "exec",
+        "--command",
+        &script,
+        "--history",
+        "1000",
+    ]);
+    seq_beyond(&db, "lone", 3).await;
+    for (round, how) in ["kill -9", "SIGSTOP", "kill -9", "SIGSTOP"]
+        .iter()
+        .enumerate()
+    {
+        let holder = owner(&db.slot("slot-001").await).unwrap();
+        let i = workers.iter().position(|w| w.id == holder).unwrap();
+        let old = *pids(&db).last().unwrap();
+        assert!(alive(old), "the running copy {old} is alive");
+        let t0 = Instant::now();
+        if *how == "kill -9" {
+            workers[i].kill9();
+        } else {
+            workers[i].signal(libc::SIGSTOP);
+        }
+        let gone = common::wait_for(Duration::from_secs(10), "the old copy to die", || async {
+            (!alive(old)).then(|| t0.elapsed())
+        })
+        .await;
+        common::wait_for(Duration::from_secs(20), "a new copy", || async {
+            (pids(&db).len() > round + 1).then_some(())
+        })
+        .await;
+        let started = t0.elapsed();
+        println!("round {round} ({how}): old copy gone after {gone:?}, new copy started after {started:?}");
+        assert!(
+            gone < started,
+            "the old copy died before the new one started"
+        );
+        let before = seq(&db.robot("lone").await);
+        seq_beyond(&db, "lone", before + 3).await;
+        // The stopped or killed worker is replaced, so a standby is there again.
+        if *how == "SIGSTOP" {
+            workers[i].signal(libc::SIGCONT);
+            workers[i]
+                .wait_log("stopping its robots", Duration::from_secs(10))
+                .await;
+        }
+        workers.remove(i);
+        workers.push(db.worker(&[]));
+    }
+    let overlaps = std::fs::read_to_string(db.dir.join("overlaps")).unwrap_or_default();
+    assert!(
+        overlaps.is_empty(),
+        "two copies were alive at once:\n{overlaps}"
+    );
+    invariants::check(&db).await;
+}

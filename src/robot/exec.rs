@@ -7,6 +7,10 @@
 //! checkpoints it prints, and sends SIGKILL when the grace runs out. When it exits by
 //! itself the supervisor restarts it with backoff.
 //!
+//! The command runs under a [`shim`](super::shim) that holds the holder's lease
+//! deadline: the command never outlives the lease, even when the worker is killed
+//! with -9 or stopped with SIGSTOP. Signals to the command go through the shim.
+//!
 //! The child does not inherit `MONGODB_URI`: a robot gets its context, not the
 //! database's credentials.
 //!
@@ -17,10 +21,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{Bson, Document};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
+use super::shim::{self, Control};
 use super::{RobotError, RobotKind, RobotRun};
 
 /// Which commands `exec` robots may run (the worker's `--exec-allow`).
@@ -67,11 +73,22 @@ impl ExecPolicy {
 #[derive(Debug, Clone)]
 pub struct Exec {
     policy: ExecPolicy,
+    /// The program started as each robot's shim: this very binary, which must call
+    /// [`shim::run_if_requested`] first thing in `main`.
+    shim: std::path::PathBuf,
 }
 
 impl Exec {
     pub fn new(policy: ExecPolicy) -> Self {
-        Exec { policy }
+        let shim = std::env::current_exe().unwrap_or_else(|_| "slotpool".into());
+        Exec { policy, shim }
+    }
+
+    /// Uses another program as the shim (one that calls
+    /// [`shim::run_if_requested`]), e.g. the `slotpool` binary from a test.
+    pub fn with_shim(mut self, program: impl Into<std::path::PathBuf>) -> Self {
+        self.shim = program.into();
+        self
     }
 }
 
@@ -153,13 +170,37 @@ pub fn parse_line(line: &str) -> Line {
     Line::Log(line.to_string())
 }
 
-fn signal_group(child: &Child, signal: i32) {
-    if let Some(pid) = child.id() {
-        // The child leads its own process group, so shell children get it too.
-        // SAFETY: kill(2) with a negative pid signals that group; no memory involved.
-        unsafe {
-            libc::kill(-(pid as i32), signal);
+/// The worker's end of a robot's shim: control messages on its stdin.
+struct ShimControl {
+    stdin: Mutex<Option<ChildStdin>>,
+}
+
+impl ShimControl {
+    /// Sends a message; a shim that is gone needs none.
+    async fn send(&self, c: Control) {
+        let mut stdin = self.stdin.lock().await;
+        if let Some(pipe) = stdin.as_mut() {
+            if pipe.write_all(c.line().as_bytes()).await.is_err() {
+                *stdin = None;
+            }
         }
+    }
+}
+
+/// A monotonic instant of this process as an absolute `CLOCK_MONOTONIC` reading.
+fn monotonic(deadline: Instant) -> u64 {
+    let left = deadline.saturating_duration_since(Instant::now());
+    shim::monotonic_ns().saturating_add(left.as_nanos() as u64)
+}
+
+/// Passes every change of the lease deadline on to the shim, until the robot ends.
+async fn forward_deadlines(
+    mut deadlines: watch::Receiver<Instant>,
+    control: std::sync::Arc<ShimControl>,
+) {
+    while deadlines.changed().await.is_ok() {
+        let at = *deadlines.borrow_and_update();
+        control.send(Control::Deadline(monotonic(at))).await;
     }
 }
 
@@ -185,37 +226,95 @@ impl RobotKind for Exec {
         let context_json = Bson::Document(run.context().clone())
             .into_relaxed_extjson()
             .to_string();
-        let mut cmd = Command::new(&spec.command);
-        cmd.args(&spec.args)
+        let deadlines = run.lease_deadline();
+        let deadline = *deadlines.borrow();
+        if deadline <= Instant::now() {
+            return Err(RobotError::Fenced(format!(
+                "robot {}: not started, this worker's lease lapsed",
+                run.name()
+            )));
+        }
+        let mut cmd = Command::new(&self.shim);
+        cmd.arg(shim::SHIM_ARG)
+            .arg(run.grace().as_millis().to_string())
+            .arg(&spec.command)
+            .args(&spec.args)
             .env_remove("MONGODB_URI")
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("SLOTPOOL_CONTEXT", context_json)
             .env("SLOTPOOL_ROBOT", run.name())
             .env("SLOTPOOL_EPOCH", run.epoch().to_string())
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
+            // Its own group: a signal meant for the worker's group (a terminal's
+            // Ctrl-C, a SIGSTOP of the group) does not reach the shim.
             .process_group(0);
         let mut child = cmd.spawn().map_err(|e| {
-            RobotError::Crashed(format!("cannot start command {:?}: {e}", spec.command))
+            RobotError::Crashed(format!("cannot start the robot shim {:?}: {e}", self.shim))
         })?;
+        let control = std::sync::Arc::new(ShimControl {
+            stdin: Mutex::new(child.stdin.take()),
+        });
+        // The first deadline before anything else: the shim starts the command only
+        // once it has one.
+        control.send(Control::Deadline(monotonic(deadline))).await;
+        let forwarder = tokio::spawn(forward_deadlines(deadlines, control.clone()));
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let name = run.name().to_string();
-        tokio::spawn(async move {
+        let stderr_task = tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
+            let mut shim_error = None;
             while let Ok(Some(l)) = lines.next_line().await {
                 tracing::warn!(robot = %name, stream = "stderr", "{l}");
+                if let Some(e) = l.strip_prefix(shim::ERROR_PREFIX) {
+                    shim_error.get_or_insert_with(|| e.to_string());
+                }
             }
+            shim_error
         });
         let mut lines = BufReader::new(stdout).lines();
-        let result = supervise_child(&run, &mut child, &mut lines).await;
+        let robot = Robot {
+            child: &mut child,
+            control: &control,
+            stderr: Some(stderr_task),
+        };
+        let result = supervise_child(&run, robot, &mut lines).await;
         if result.is_err() {
-            signal_group(&child, libc::SIGKILL);
+            control.send(Control::Kill).await;
             let _ = child.wait().await;
         }
+        forwarder.abort();
         result
+    }
+}
+
+/// The running command: its shim process and the shim's control pipe.
+struct Robot<'a> {
+    child: &'a mut Child,
+    control: &'a ShimControl,
+    /// Logs stderr; returns the shim's own error, if it could not start the command.
+    stderr: Option<tokio::task::JoinHandle<Option<String>>>,
+}
+
+impl Robot<'_> {
+    /// Why the command ended by itself.
+    async fn exited(&mut self, status: std::io::Result<std::process::ExitStatus>) -> RobotError {
+        let status = match status {
+            Ok(s) => s,
+            Err(e) => return RobotError::Crashed(format!("command lost: {e}")),
+        };
+        if status.code() == Some(shim::CANNOT_START) {
+            if let Some(task) = self.stderr.take() {
+                let waited = tokio::time::timeout(Duration::from_millis(500), task).await;
+                if let Ok(Ok(Some(why))) = waited {
+                    return RobotError::Crashed(why);
+                }
+            }
+        }
+        RobotError::Crashed(format!("command exited: {status}"))
     }
 }
 
@@ -233,12 +332,12 @@ async fn handle_line(run: &RobotRun, line: String) -> Result<(), RobotError> {
 
 async fn supervise_child(
     run: &RobotRun,
-    child: &mut Child,
+    mut robot: Robot<'_>,
     lines: &mut Lines,
 ) -> Result<(), RobotError> {
     loop {
         tokio::select! {
-            _ = run.stop().cancelled() => return stop_child(run, child, lines).await,
+            _ = run.stop().cancelled() => return stop_child(run, robot, lines).await,
             line = lines.next_line() => match line {
                 Ok(Some(l)) => handle_line(run, l).await?,
                 Ok(None) | Err(_) => break,
@@ -247,22 +346,15 @@ async fn supervise_child(
     }
     // stdout closed: the command is exiting (or detached its output).
     tokio::select! {
-        _ = run.stop().cancelled() => stop_child(run, child, lines).await,
-        status = child.wait() => Err(RobotError::Crashed(match status {
-            Ok(s) => format!("command exited: {s}"),
-            Err(e) => format!("command lost: {e}"),
-        })),
+        _ = run.stop().cancelled() => stop_child(run, robot, lines).await,
+        status = robot.child.wait() => Err(robot.exited(status).await),
     }
 }
 
 /// SIGTERM, keep persisting what it prints, SIGKILL at the end of the grace.
-async fn stop_child(
-    run: &RobotRun,
-    child: &mut Child,
-    lines: &mut Lines,
-) -> Result<(), RobotError> {
+async fn stop_child(run: &RobotRun, robot: Robot<'_>, lines: &mut Lines) -> Result<(), RobotError> {
     let deadline = Instant::now() + run.grace();
-    signal_group(child, libc::SIGTERM);
+    robot.control.send(Control::Term).await;
     let mut open = true;
     while open {
         match tokio::time::timeout_at(deadline, lines.next_line()).await {
@@ -277,16 +369,15 @@ async fn stop_child(
             Err(_) => break,
         }
     }
-    match tokio::time::timeout_at(deadline, child.wait()).await {
+    match tokio::time::timeout_at(deadline, robot.child.wait()).await {
         Ok(_) => {}
         Err(_) => {
             tracing::warn!(robot = %run.name(), grace_ms = run.grace().as_millis() as u64, "did not exit after SIGTERM; sending SIGKILL");
-            signal_group(child, libc::SIGKILL);
-            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            robot.control.send(Control::Kill).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), robot.child.wait()).await;
         }
     }
-    // Anything in the group still alive after its leader exited gets killed too.
-    signal_group(child, libc::SIGKILL);
+    // The shim killed anything left in the robot's group when its leader exited.
     Ok(())
 }
 

@@ -42,6 +42,7 @@
 
 pub mod counter;
 pub mod exec;
+pub mod shim;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -141,6 +142,11 @@ impl RobotRun {
     /// How long the robot has after `stop` is cancelled before it is abandoned.
     pub fn grace(&self) -> Duration {
         self.grace
+    }
+    /// The holder's lease deadline (a monotonic instant) and its every change: past
+    /// it the robot must not run. See [`shim`].
+    pub fn lease_deadline(&self) -> tokio::sync::watch::Receiver<tokio::time::Instant> {
+        self.store.lease_deadline()
     }
     /// The worker (`ip:port`) running this robot.
     pub fn worker(&self) -> &str {
