@@ -90,8 +90,12 @@ fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
             (200, "text/plain; version=0.0.4", state.metrics.render())
         }
         "/status" => {
-            let mut s = state.status.lock().expect("status lock").clone();
-            s.lease_age_ms = s.last_renewed.map(|t| t.elapsed().as_millis() as u64);
+            let mut s = state
+                .status
+                .lock()
+                .expect("status lock")
+                .clone()
+                .with_ages();
             s.robots_running = state.metrics.robots_running.get();
             s.robots_restarting = state.metrics.robots_restarting.get();
             (
@@ -109,7 +113,7 @@ fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
 }
 
 fn refresh_lease_age(state: &HttpState) {
-    let last = state.status.lock().expect("status lock").last_renewed;
+    let last = state.status.lock().expect("status lock").oldest_renewal();
     state
         .metrics
         .lease_age_ms

@@ -15,6 +15,7 @@
 //! holder stops its robots and can only come back through a fresh claim, which bumps
 //! the slot's `epoch` (the fencing token robots' checkpoints must carry).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
@@ -71,13 +72,23 @@ impl Lease {
     }
 }
 
-/// One non-draining slot as the server judged it at survey time.
+/// One expired, non-draining slot as the server judged it at survey time.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
     pub id: String,
     pub time: Option<bson::DateTime>,
     pub epoch: i64,
+    /// How long it has been expired: since `time + L`, or since its release, or
+    /// "long ago" for a slot never held.
+    pub expired_for: Duration,
 }
+
+/// `expired_for` of a slot never held and never released.
+pub const LONG_AGO: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest lease a slot's `lease_ms` is believed to ask for (a hand-edited
+/// value beyond it does not keep a slot from ever expiring).
+const MAX_LEASE_MS: i64 = 3_600_000;
 
 /// A slot document that could not be used, with the reason.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -95,6 +106,8 @@ pub struct Survey {
     pub next_expiry: Option<Duration>,
     /// Hand-edited or otherwise broken slot documents, skipped.
     pub invalid: Vec<InvalidSlot>,
+    /// How many live (unexpired) slots each owner holds.
+    pub owners: HashMap<String, usize>,
 }
 
 /// What a successful renewal learned.
@@ -158,21 +171,38 @@ impl LeaseProtocol {
         self.timing
     }
 
-    /// Reads every non-draining slot once and lets the server say which are expired
-    /// and how long until the next one expires.
+    /// Reads every non-draining slot once and lets the server say which are expired,
+    /// for how long, who holds the others, and how long until the next one expires.
+    ///
+    /// A slot's lease is the longer of this worker's `L` and the `lease_ms` its
+    /// holder wrote at claim time: a worker with a short tick never takes a slot from
+    /// a holder with a long one before that holder's lease is really over.
     pub async fn survey(&self) -> Result<Survey, LeaseError> {
         let lease_ms = self.timing.lease_ms();
+        let now = doc! {"$toLong": "$$NOW"};
         let pipeline = vec![
             doc! {"$match": {"draining": {"$ne": true}}},
             doc! {"$sort": {"_id": 1}},
             doc! {"$project": {
-                "time": 1, "epoch": 1,
+                "time": 1, "epoch": 1, "owner": 1,
                 "id_type": {"$type": "$_id"},
                 "time_type": {"$type": "$time"},
                 "epoch_type": {"$type": "$epoch"},
+                "lease": {"$max": [lease_ms, {"$cond": [
+                    {"$in": [{"$type": "$lease_ms"}, ["int", "long"]]},
+                    {"$min": [{"$toLong": "$lease_ms"}, MAX_LEASE_MS]},
+                    0_i64,
+                ]}]},
+                "released_ms": {"$cond": [
+                    {"$eq": [{"$type": "$released_at"}, "date"]},
+                    {"$subtract": [&now, {"$toLong": "$released_at"}]},
+                    Bson::Null,
+                ]},
+            }},
+            doc! {"$addFields": {
                 "remaining_ms": {"$cond": [
-                    {"$eq": [{"$type": "$time"}, "date"]},
-                    {"$subtract": [{"$add": [{"$toLong": "$time"}, lease_ms]}, {"$toLong": "$$NOW"}]},
+                    {"$eq": ["$time_type", "date"]},
+                    {"$subtract": [{"$add": [{"$toLong": "$time"}, "$lease"]}, &now]},
                     Bson::Null,
                 ]},
             }},
@@ -181,11 +211,14 @@ impl LeaseProtocol {
         let mut survey = Survey::default();
         while let Some(d) = cursor.try_next().await? {
             match judge(&d) {
-                Ok((_, Some(remaining))) if remaining >= 0 => {
+                Ok(Judged::Live { remaining, owner }) => {
                     let wait = Duration::from_millis(remaining as u64 + 1);
                     survey.next_expiry = Some(survey.next_expiry.map_or(wait, |w| w.min(wait)));
+                    if let Some(o) = owner {
+                        *survey.owners.entry(o).or_default() += 1;
+                    }
                 }
-                Ok((candidate, _)) => survey.expired.push(candidate),
+                Ok(Judged::Expired(candidate)) => survey.expired.push(candidate),
                 Err(bad) => survey.invalid.push(bad),
             }
         }
@@ -197,8 +230,14 @@ impl LeaseProtocol {
     /// `time` and `epoch` seen by the survey: time only moves forward, so an unchanged
     /// slot is still expired, and a changed one means another worker won.
     pub async fn claim(&self, survey: &Survey) -> Result<ClaimOutcome, LeaseError> {
+        self.claim_among(&survey.expired).await
+    }
+
+    /// [`LeaseProtocol::claim`] over a chosen subset of the surveyed expired slots
+    /// (sorted by `_id`), e.g. those an overflowing holder may take.
+    pub async fn claim_among(&self, expired: &[Candidate]) -> Result<ClaimOutcome, LeaseError> {
         let mut outcome = ClaimOutcome::default();
-        let n = survey.expired.len();
+        let n = expired.len();
         if n == 0 {
             return Ok(outcome);
         }
@@ -208,7 +247,7 @@ impl LeaseProtocol {
             0
         };
         for i in 0..n {
-            let c = &survey.expired[(start + i) % n];
+            let c = &expired[(start + i) % n];
             outcome.attempts += 1;
             match self.try_claim(c).await? {
                 Some(lease) => {
@@ -312,7 +351,8 @@ impl LeaseProtocol {
         }
     }
 
-    /// Gives the slot back (owner and time to null) so a standby can take it at once.
+    /// Gives the slot back (owner and time to null) so a standby can take it at once;
+    /// `released_at` (server clock) is when overflowing holders start counting.
     /// Returns false when it was no longer ours. Call only after the robots stopped.
     pub async fn release(&self, lease: &mut Lease) -> Result<bool, LeaseError> {
         lease.fenced = true;
@@ -320,15 +360,29 @@ impl LeaseProtocol {
             .slots
             .update_one(
                 doc! {"_id": &lease.slot_id, "owner": &self.owner, "epoch": lease.epoch},
-                doc! {"$set": {"owner": Bson::Null, "time": Bson::Null}},
+                doc! {
+                    "$set": {"owner": Bson::Null, "time": Bson::Null},
+                    "$currentDate": {"released_at": true},
+                },
             )
             .await?;
         Ok(result.matched_count == 1)
     }
 }
 
-/// Checks a surveyed document and returns it with its remaining lease (None = expired).
-fn judge(d: &Document) -> Result<(Candidate, Option<i64>), InvalidSlot> {
+/// A surveyed slot, judged.
+#[derive(Debug, PartialEq)]
+enum Judged {
+    /// Held: its lease has `remaining` ms to run.
+    Live {
+        remaining: i64,
+        owner: Option<String>,
+    },
+    Expired(Candidate),
+}
+
+/// Checks a surveyed document and says whether it is live or claimable.
+fn judge(d: &Document) -> Result<Judged, InvalidSlot> {
     let id = match d.get("_id") {
         Some(Bson::String(s)) => s.clone(),
         Some(other) => {
@@ -358,12 +412,21 @@ fn judge(d: &Document) -> Result<(Candidate, Option<i64>), InvalidSlot> {
         Some(Bson::Null) | None => None,
         Some(other) => return Err(bad(format!("time must be a date or null, found {other}"))),
     };
-    let remaining = match d.get("remaining_ms") {
-        Some(Bson::Int64(r)) => Some(*r),
-        Some(Bson::Int32(r)) => Some(*r as i64),
-        _ => None,
+    if let Some(remaining) = int64(d, "remaining_ms").filter(|r| *r >= 0) {
+        let owner = d.get_str("owner").ok().map(str::to_string);
+        return Ok(Judged::Live { remaining, owner });
+    }
+    let expired_for = match (int64(d, "remaining_ms"), int64(d, "released_ms")) {
+        (Some(r), _) => Duration::from_millis(r.unsigned_abs()),
+        (None, Some(ms)) => Duration::from_millis(ms.max(0) as u64),
+        (None, None) => LONG_AGO,
     };
-    Ok((Candidate { id, time, epoch }, remaining))
+    Ok(Judged::Expired(Candidate {
+        id,
+        time,
+        epoch,
+        expired_for,
+    }))
 }
 
 fn int64(d: &Document, key: &str) -> Option<i64> {
@@ -394,9 +457,37 @@ mod tests {
     }
 
     #[test]
+    fn judge_tells_live_from_expired_and_for_how_long() {
+        let live = doc! {"_id": "s", "epoch": 3_i64, "owner": "w:1", "remaining_ms": 5_i64};
+        assert_eq!(
+            judge(&live).unwrap(),
+            Judged::Live {
+                remaining: 5,
+                owner: Some("w:1".into())
+            }
+        );
+        let lapsed = doc! {"_id": "s", "epoch": 3_i64, "remaining_ms": -1500_i64};
+        let Judged::Expired(c) = judge(&lapsed).unwrap() else {
+            panic!("expired")
+        };
+        assert_eq!(c.expired_for, Duration::from_millis(1500));
+        let released =
+            doc! {"_id": "s", "epoch": 3_i64, "time": Bson::Null, "released_ms": 700_i64};
+        let Judged::Expired(c) = judge(&released).unwrap() else {
+            panic!("expired")
+        };
+        assert_eq!(c.expired_for, Duration::from_millis(700));
+        let never = doc! {"_id": "s", "epoch": 0_i64, "time": Bson::Null};
+        let Judged::Expired(c) = judge(&never).unwrap() else {
+            panic!("expired")
+        };
+        assert_eq!(c.expired_for, LONG_AGO);
+    }
+
+    #[test]
     fn judge_rejects_nonsense() {
         let ok = doc! {"_id": "slot-001", "epoch": 3_i64, "time": Bson::Null};
-        assert_eq!(judge(&ok).unwrap().0.epoch, 3);
+        assert!(matches!(judge(&ok).unwrap(), Judged::Expired(c) if c.epoch == 3));
         let bad_epoch = doc! {"_id": "slot-001", "epoch": "three"};
         assert!(judge(&bad_epoch).unwrap_err().why.contains("epoch"));
         let bad_time = doc! {"_id": "slot-001", "epoch": 1_i64, "time": "yesterday"};

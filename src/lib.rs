@@ -14,6 +14,8 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod context;
+pub mod held_slot;
+pub mod holding;
 pub mod http;
 pub mod lease;
 pub mod metrics;

@@ -177,6 +177,11 @@ impl Store {
         &self.uri
     }
 
+    /// `message` with this connection string's password replaced by `****`.
+    pub fn scrub(&self, message: &str) -> String {
+        scrub(message, &self.uri)
+    }
+
     /// The URI with its password replaced by `****`.
     pub fn shown_uri(&self) -> String {
         redact_uri(&self.uri)

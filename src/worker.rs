@@ -1,32 +1,31 @@
-//! The worker: standby ⇄ holder loop, heartbeats, shutdown and release.
+//! The worker: decides which slots to hold, and gives them back.
 //!
-//! As a standby it surveys the slots, claims one if any is expired, and otherwise
-//! sleeps until the earliest lease expires (at most one tick), or until the `slots`
-//! change stream reports a release. As a holder it renews every tick, hands the slot's
-//! `rev` to the [`Supervisor`], and on loss, self-fence or shutdown stops every robot
-//! before anything else.
+//! Each round (at the earliest expiry, at most a tick apart, or at once when the
+//! `slots` change stream reports a release) it heartbeats, surveys the slots, reads
+//! who else is alive, and acts on what [`crate::holding`] decides: claim an expired
+//! slot (at once as a standby; as overflow when standbys had their chance), or hand
+//! one back to a standby. Everything that lives as long as one held lease, renewals
+//! and robots included, is a [`HeldSlot`]; a worker may hold several.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use futures::StreamExt;
-use tokio::sync::{watch, Notify};
+use futures::{StreamExt, TryStreamExt};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{MonotonicClock, SharedClock};
 use crate::config::{Identity, LeaseTiming};
-use crate::context::{ContextStore, WriteGuard};
-use crate::lease::{Lease, LeaseError, LeaseProtocol};
+use crate::held_slot::{Ended, HeldSlot, HoldContext};
+use crate::holding::{peers, Round};
+use crate::lease::{Lease, LeaseProtocol, Survey};
 use crate::metrics::Metrics;
-use crate::pacing::WritePacer;
 use crate::robot::Registry;
 use crate::store::Store;
-use crate::supervisor::Supervisor;
 
 /// Everything a worker is configured with.
 #[derive(Debug, Clone)]
@@ -39,18 +38,38 @@ pub struct WorkerSettings {
     pub hashing: bool,
     /// Wake standbys through a change stream on `slots` when a slot is released.
     pub change_stream: bool,
+    /// The most slots this worker holds at once; None: no cap, so every robot runs
+    /// while one worker lives.
+    pub max_slots: Option<usize>,
+    /// How long past its expiry a slot stays unheld before a holder with room
+    /// claims it too (standbys claim at expiry). Default: one lease `L`.
+    pub overflow_after: Duration,
 }
 
-/// What `/status` shows, kept current by the loop.
+/// One held slot as `/status` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HeldStatus {
+    pub slot_id: String,
+    pub epoch: i64,
+    pub overflow: bool,
+    #[serde(skip)]
+    pub last_renewed: Instant,
+    pub lease_age_ms: u64,
+}
+
+/// What `/status` shows, kept current by the loop and the held slots.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct WorkerStatus {
     pub worker: String,
+    /// `standby` (holds nothing) or `holder`.
     pub role: &'static str,
+    /// The first slot held (see `slots` for all of them).
     pub slot_id: Option<String>,
     pub epoch: Option<i64>,
-    #[serde(skip)]
-    pub last_renewed: Option<Instant>,
+    /// Age of the oldest renewal among the held slots.
     pub lease_age_ms: Option<u64>,
+    pub slots: Vec<HeldStatus>,
+    pub max_slots: Option<usize>,
     /// Filled in from the metrics when served.
     pub robots_running: i64,
     pub robots_restarting: i64,
@@ -59,37 +78,116 @@ pub struct WorkerStatus {
     pub version: &'static str,
 }
 
+impl WorkerStatus {
+    pub(crate) fn held(&mut self, lease: &Lease, overflow: bool) {
+        self.slots.push(HeldStatus {
+            slot_id: lease.slot_id.clone(),
+            epoch: lease.epoch,
+            overflow,
+            last_renewed: lease.last_renewed(),
+            lease_age_ms: 0,
+        });
+        self.summarize();
+    }
+
+    pub(crate) fn renewed(&mut self, lease: &Lease) {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.slot_id == lease.slot_id) {
+            s.last_renewed = lease.last_renewed();
+        }
+    }
+
+    pub(crate) fn left(&mut self, slot_id: &str) {
+        self.slots.retain(|s| s.slot_id != slot_id);
+        self.summarize();
+    }
+
+    fn summarize(&mut self) {
+        self.role = if self.slots.is_empty() {
+            "standby"
+        } else {
+            "holder"
+        };
+        self.slot_id = self.slots.first().map(|s| s.slot_id.clone());
+        self.epoch = self.slots.first().map(|s| s.epoch);
+    }
+
+    /// Fills in the lease ages as of now (for serving).
+    pub fn with_ages(mut self) -> Self {
+        for s in &mut self.slots {
+            s.lease_age_ms = s.last_renewed.elapsed().as_millis() as u64;
+        }
+        self.lease_age_ms = self.slots.iter().map(|s| s.lease_age_ms).max();
+        self
+    }
+
+    /// When the least recently renewed held slot was renewed.
+    pub fn oldest_renewal(&self) -> Option<Instant> {
+        self.slots.iter().map(|s| s.last_renewed).min()
+    }
+}
+
 pub type SharedStatus = Arc<Mutex<WorkerStatus>>;
+
+/// Whether the database answers, as every part of the worker last saw it: one
+/// place for the metric, the status, and the once-per-outage log line.
+#[derive(Debug, Default)]
+pub struct Health {
+    down_since: Mutex<Option<Instant>>,
+}
+
+impl Health {
+    pub fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
+        if let Some(since) = self.down_since.lock().expect("health lock").take() {
+            tracing::info!(
+                down_ms = since.elapsed().as_millis() as u64,
+                "database reachable again"
+            );
+        }
+        metrics.db_healthy.set(1);
+        status.lock().expect("status lock").database_ok = true;
+    }
+
+    /// `why` must already be scrubbed of credentials.
+    pub fn failed(&self, metrics: &Metrics, status: &SharedStatus, why: &str) {
+        metrics.db_healthy.set(0);
+        status.lock().expect("status lock").database_ok = false;
+        let mut down = self.down_since.lock().expect("health lock");
+        if down.is_none() {
+            *down = Some(Instant::now());
+            tracing::error!("database unreachable: {why}");
+        }
+    }
+}
 
 pub struct Worker {
     settings: WorkerSettings,
     store: Store,
-    /// Same database, separate connection pool, for the lease and heartbeats.
+    /// Same database, separate connection pool, for the leases and heartbeats.
     lease_store: Store,
     registry: Registry,
     clock: SharedClock,
     metrics: Arc<Metrics>,
     status: SharedStatus,
+    health: Arc<Health>,
     shutdown: CancellationToken,
     protocol: LeaseProtocol,
     reported: HashSet<String>,
-    next_wait: Duration,
-    db_down_since: Option<Instant>,
-}
-
-/// How a held lease ended.
-enum Ended {
-    Shutdown,
-    Drained,
-    Lost,
+    held: Vec<HeldSlot>,
+    /// A slot this worker handed back, until someone holds it again: no further
+    /// hand-back meanwhile, so one standby never gets two slots and none is left
+    /// unheld.
+    handed_back: Option<(String, Instant)>,
+    /// Wakes the loop: a released slot (change stream) or a held slot that ended.
+    wake: Arc<Notify>,
 }
 
 impl Worker {
     pub fn new(settings: WorkerSettings, store: Store, registry: Registry) -> Self {
         let clock: SharedClock = Arc::new(MonotonicClock);
         // Lease traffic (survey, claim, renew, release, heartbeat) has a pool of its
-        // own: robots' checkpoints must never delay a renewal.
-        let lease_store = store.dedicated(2, "lease").unwrap_or_else(|e| {
+        // own: robots' checkpoints must never delay a renewal. Each held slot renews
+        // once a tick; a few connections serve several held slots at once.
+        let lease_store = store.dedicated(4, "lease").unwrap_or_else(|e| {
             tracing::warn!("no dedicated lease connection pool ({e}); sharing the robots' pool");
             store.clone()
         });
@@ -106,6 +204,7 @@ impl Worker {
             worker: settings.identity.to_string(),
             role: "standby",
             tick_ms: settings.timing.tick.as_millis() as u64,
+            max_slots: settings.max_slots,
             version: env!("CARGO_PKG_VERSION"),
             ..Default::default()
         };
@@ -117,11 +216,13 @@ impl Worker {
             clock,
             metrics: Arc::new(Metrics::default()),
             status: Arc::new(Mutex::new(status)),
+            health: Arc::new(Health::default()),
             shutdown: CancellationToken::new(),
             protocol,
             reported: HashSet::new(),
-            next_wait: Duration::ZERO,
-            db_down_since: None,
+            held: Vec::new(),
+            handed_back: None,
+            wake: Arc::new(Notify::new()),
         }
     }
 
@@ -133,7 +234,7 @@ impl Worker {
         self.status.clone()
     }
 
-    /// Cancel it to stop the worker gracefully (robots stopped, slot released).
+    /// Cancel it to stop the worker gracefully (robots stopped, slots released).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
     }
@@ -146,258 +247,233 @@ impl Worker {
         self.settings.timing.tick
     }
 
-    /// Runs until the shutdown token is cancelled.
+    fn hold_context(&self) -> HoldContext {
+        HoldContext {
+            protocol: self.protocol.clone(),
+            store: self.store.clone(),
+            registry: self.registry.clone(),
+            timing: self.settings.timing,
+            metrics: self.metrics.clone(),
+            clock: self.clock.clone(),
+            status: self.status.clone(),
+            health: self.health.clone(),
+            ended: self.wake.clone(),
+        }
+    }
+
+    /// Runs until the shutdown token is cancelled, then gives every slot back.
     pub async fn run(mut self) {
-        let wake = Arc::new(Notify::new());
-        tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, "worker started as standby");
-        // The change stream only serves standbys: closed while holding a slot.
-        let mut watcher = self.watch(&wake);
+        tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, max_slots = ?self.settings.max_slots, "worker started as standby");
+        // The change stream serves a worker that holds nothing; closed while holding.
+        let mut watcher: Option<CancellationToken> = None;
         while !self.shutdown.is_cancelled() {
-            let wait = match self.stand_by().await {
-                Some(lease) => {
-                    if let Some(w) = watcher.take() {
-                        w.cancel();
-                    }
-                    let ended = self.hold(lease).await;
-                    if matches!(ended, Ended::Shutdown) {
-                        break;
-                    }
-                    watcher = self.watch(&wake);
-                    continue;
+            self.reap().await;
+            match (self.held.is_empty(), &watcher) {
+                (true, None) => watcher = self.watch(),
+                (false, Some(w)) => {
+                    w.cancel();
+                    watcher = None;
                 }
-                None => self.standby_wait(),
-            };
+                _ => {}
+            }
+            let wait = self.round().await;
             tokio::select! {
                 _ = self.shutdown.cancelled() => break,
-                _ = wake.notified() => {}
+                _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
             }
+        }
+        if let Some(w) = watcher {
+            w.cancel();
+        }
+        for h in &self.held {
+            h.give_back();
+        }
+        for h in self.held.drain(..) {
+            h.join().await;
         }
         self.leave().await;
     }
 
+    /// Forgets held slots whose task ended (lost, drained or handed back).
+    async fn reap(&mut self) {
+        let (done, live): (Vec<HeldSlot>, Vec<HeldSlot>) =
+            self.held.drain(..).partition(HeldSlot::is_finished);
+        self.held = live;
+        for h in done {
+            let slot = h.slot_id.clone();
+            if h.join().await == Ended::Lost {
+                tracing::debug!(slot = %slot, "slot lost; robots stopped");
+            }
+        }
+    }
+
+    /// One round: heartbeat, survey, claim or hand back. Returns how long to wait
+    /// before the next.
+    async fn round(&mut self) -> Duration {
+        let limit = self.op_timeout();
+        let (survey, ()) = tokio::join!(
+            tokio::time::timeout(limit, self.protocol.survey()),
+            self.bounded_heartbeat()
+        );
+        let survey = match survey {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                self.db_failed(&e.to_string());
+                return self.tick();
+            }
+            Err(_) => {
+                self.db_failed(&format!("no answer within {} ms", limit.as_millis()));
+                return Duration::ZERO;
+            }
+        };
+        self.health.ok(&self.metrics, &self.status);
+        for bad in &survey.invalid {
+            if self.reported.insert(format!("{}:{}", bad.id, bad.why)) {
+                tracing::error!(slot = %bad.id, "skipping broken slot document: {}", bad.why);
+            }
+        }
+        let alive = if self.held.is_empty() {
+            Vec::new() // a standby claims at expiry whoever else is alive
+        } else {
+            match tokio::time::timeout(limit, self.alive_workers()).await {
+                Ok(Ok(a)) => a,
+                Ok(Err(e)) => {
+                    self.db_failed(&crate::store::brief(&e));
+                    return self.tick();
+                }
+                Err(_) => return self.tick(),
+            }
+        };
+        let me = self.owner();
+        let workers = peers(&alive, &survey.owners, &me, self.settings.max_slots);
+        let round = Round {
+            me: &me,
+            workers: &workers,
+            expired: &survey.expired,
+            overflow_after: self.settings.overflow_after,
+            tick: self.tick(),
+        };
+        let claimable = round.claimable();
+        let give_back = self.ready_to_give_back(&survey) && round.should_give_back();
+        let mut wait = self.tick();
+        if self.held.is_empty() {
+            wait = wait.min(survey.next_expiry.unwrap_or(wait));
+        }
+        if let Some(soon) = round.next_claimable_in() {
+            wait = wait.min(soon + Duration::from_millis(1));
+        }
+        if give_back {
+            self.give_back_one();
+        } else if !claimable.is_empty() {
+            self.claim(&claimable, !self.held.is_empty()).await;
+        }
+        wait
+    }
+
+    /// Claims one of `claimable` (hash start, compare-and-set) and starts holding it.
+    async fn claim(&mut self, claimable: &[crate::lease::Candidate], overflow: bool) {
+        match tokio::time::timeout(self.op_timeout(), self.protocol.claim_among(claimable)).await {
+            Err(_) => {
+                // A claim may have landed without its answer: that slot then expires
+                // unrenewed after L and is claimed again, with a new epoch.
+                self.db_failed(&format!(
+                    "no answer to a claim within {} ms",
+                    self.op_timeout().as_millis()
+                ));
+            }
+            Ok(Ok(outcome)) => {
+                self.metrics.claim_attempts.add(outcome.attempts as u64);
+                self.metrics.claim_conflicts.add(outcome.conflicts as u64);
+                match outcome.lease {
+                    Some(lease) => {
+                        let held = HeldSlot::spawn(lease, self.hold_context(), overflow);
+                        self.held.push(held);
+                        // Tell the others who holds what right away.
+                        self.bounded_heartbeat().await;
+                    }
+                    None if outcome.conflicts > 0 => tracing::debug!(
+                        conflicts = outcome.conflicts,
+                        "every expired slot was taken first by another worker"
+                    ),
+                    None => {}
+                }
+            }
+            Ok(Err(e)) => self.db_failed(&e.to_string()),
+        }
+    }
+
+    /// False while a previous hand-back has not been taken up yet (the slot is still
+    /// unheld), for at most two leases.
+    fn ready_to_give_back(&mut self, survey: &Survey) -> bool {
+        let Some((slot, at)) = &self.handed_back else {
+            return true;
+        };
+        let pending = self.held.iter().any(|h| &h.slot_id == slot)
+            || survey.expired.iter().any(|c| &c.id == slot);
+        if pending && at.elapsed() < self.settings.timing.lease() * 2 {
+            return false;
+        }
+        self.handed_back = None;
+        true
+    }
+
+    /// Hands the most recently claimed slot back to a standby.
+    fn give_back_one(&mut self) {
+        let Some(h) = self
+            .held
+            .iter()
+            .filter(|h| !h.giving_back())
+            .max_by_key(|h| h.claimed_at)
+        else {
+            return;
+        };
+        tracing::info!(slot = %h.slot_id, held = self.held.len(), "a standby is live: handing a slot back");
+        h.give_back();
+        self.handed_back = Some((h.slot_id.clone(), Instant::now()));
+    }
+
+    /// Live workers from their heartbeats (judged on the server's clock), with their
+    /// `--max-slots`.
+    async fn alive_workers(&self) -> Result<Vec<(String, Option<usize>)>, mongodb::error::Error> {
+        let pipeline = vec![
+            doc! {"$match": {"last_seen": {"$type": "date"}}},
+            doc! {"$project": {
+                "max_slots": 1, "tick_ms": 1,
+                "seen_ms": {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$last_seen"}]},
+            }},
+        ];
+        let mut cursor = self.lease_store.workers().aggregate(pipeline).await?;
+        let mut out = Vec::new();
+        while let Some(d) = cursor.try_next().await? {
+            let int = |k: &str| match d.get(k) {
+                Some(Bson::Int32(v)) => Some(*v as i64),
+                Some(Bson::Int64(v)) => Some(*v),
+                _ => None,
+            };
+            let tick = int("tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
+            let fresh = int("seen_ms").is_some_and(|s| s <= 2 * tick + 1000);
+            if let (true, Ok(id)) = (fresh, d.get_str("_id")) {
+                let max = int("max_slots").filter(|m| *m > 0).map(|m| m as usize);
+                out.push((id.to_string(), max));
+            }
+        }
+        Ok(out)
+    }
+
     /// Opens the release-watching change stream (if enabled); cancel the returned
     /// token to close it.
-    fn watch(&self, wake: &Arc<Notify>) -> Option<CancellationToken> {
+    fn watch(&self) -> Option<CancellationToken> {
         if !self.settings.change_stream {
             return None;
         }
         let stop = self.shutdown.child_token();
         tokio::spawn(watch_releases(
             self.store.clone(),
-            wake.clone(),
+            self.wake.clone(),
             stop.clone(),
         ));
         Some(stop)
-    }
-
-    /// One standby round: heartbeat, survey, claim. Remembers when to look again.
-    async fn stand_by(&mut self) -> Option<Lease> {
-        self.set_standby();
-        let limit = self.op_timeout();
-        let (survey, ()) = tokio::join!(
-            tokio::time::timeout(limit, self.protocol.survey()),
-            self.bounded_heartbeat(None)
-        );
-        let survey = match survey {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                self.db_failed(&e.to_string());
-                self.next_wait = self.tick();
-                return None;
-            }
-            Err(_) => {
-                self.db_failed(&format!("no answer within {} ms", limit.as_millis()));
-                self.next_wait = Duration::ZERO;
-                return None;
-            }
-        };
-        self.db_ok();
-        for bad in &survey.invalid {
-            if self.reported.insert(format!("{}:{}", bad.id, bad.why)) {
-                tracing::error!(slot = %bad.id, "skipping broken slot document: {}", bad.why);
-            }
-        }
-        self.next_wait = survey.next_expiry.unwrap_or(self.tick()).min(self.tick());
-        match tokio::time::timeout(limit, self.protocol.claim(&survey)).await {
-            Err(_) => {
-                // A claim may have landed without its answer: that slot then expires
-                // unrenewed after L and is claimed again, with a new epoch.
-                self.db_failed(&format!(
-                    "no answer to a claim within {} ms",
-                    limit.as_millis()
-                ));
-                None
-            }
-            Ok(Ok(outcome)) => {
-                self.metrics.claim_attempts.add(outcome.attempts as u64);
-                self.metrics.claim_conflicts.add(outcome.conflicts as u64);
-                if outcome.conflicts > 0 && outcome.lease.is_none() {
-                    tracing::debug!(
-                        conflicts = outcome.conflicts,
-                        "every expired slot was taken first by another worker"
-                    );
-                }
-                outcome.lease
-            }
-            Ok(Err(e)) => {
-                self.db_failed(&e.to_string());
-                None
-            }
-        }
-    }
-
-    fn standby_wait(&self) -> Duration {
-        self.next_wait
-    }
-
-    /// Holds a freshly claimed lease until it is lost, fenced, drained or shut down.
-    ///
-    /// Renewals run here; robots run in a separate supervisor task that hears of each
-    /// renewal (with the slot's `rev`), so no robot work can delay a renewal, and each
-    /// renewal's round trip paces the robots' writes.
-    async fn hold(&mut self, mut lease: Lease) -> Ended {
-        let owner = self.owner();
-        tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, worker = %owner, "claimed slot");
-        self.metrics.claims.inc();
-        self.metrics.slot_held.set(1);
-        self.metrics.epoch.set(lease.epoch);
-        let guard = WriteGuard::new(lease.deadline(), self.clock.clone());
-        let robots = self.start_supervisor(&lease, guard.clone());
-        self.set_holder(&lease);
-        self.store
-            .record_event(
-                "claim",
-                doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch},
-            )
-            .await;
-        self.bounded_heartbeat(Some(&lease)).await;
-        let mut next = lease.last_renewed() + self.tick();
-        let ended = loop {
-            tokio::select! {
-                _ = self.shutdown.cancelled() => break Ended::Shutdown,
-                _ = tokio::time::sleep_until(next.min(lease.deadline())) => {}
-            }
-            let sent = self.clock.now();
-            match self.protocol.renew(&mut lease).await {
-                Ok(renewed) => {
-                    self.metrics.renew_latency.observe(sent.elapsed());
-                    tracing::debug!(slot = %lease.slot_id, rev = renewed.rev, latency_ms = sent.elapsed().as_millis() as u64, "renewed");
-                    guard.extend(lease.deadline());
-                    self.db_ok();
-                    if renewed.draining {
-                        tracing::info!(slot = %lease.slot_id, "slot is draining: handing it back");
-                        break Ended::Drained;
-                    }
-                    next = sent + self.tick();
-                    let limit = robots.pacer.observe(sent.elapsed());
-                    self.metrics.robot_write_limit.set(limit as i64);
-                    robots.beats.send_replace(Beat {
-                        rev: renewed.rev,
-                        at: Instant::now(),
-                    });
-                    self.bounded_heartbeat(Some(&lease)).await;
-                    self.set_holder(&lease);
-                }
-                Err(LeaseError::Db(e)) => {
-                    self.metrics.renew_failures.inc();
-                    let left = lease.deadline().saturating_duration_since(self.clock.now());
-                    tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, left_ms = left.as_millis() as u64, "renewal failed: {}", self.scrub(&crate::store::brief(&e)));
-                    self.db_failed(&crate::store::brief(&e));
-                    next = self.clock.now() + (self.tick() / 4).min(left);
-                }
-                Err(e) => {
-                    guard.revoke();
-                    let kind = if matches!(e, LeaseError::Lost { .. }) {
-                        self.metrics.losses.inc();
-                        "lost"
-                    } else {
-                        self.metrics.self_fences.inc();
-                        self.db_failed("no renewal succeeded before the local deadline");
-                        "self_fence"
-                    };
-                    tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, "{e}; stopping its robots");
-                    robots.stop().await;
-                    self.store
-                        .record_event(kind, doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch, "detail": e.to_string()})
-                        .await;
-                    self.left_slot();
-                    return Ended::Lost;
-                }
-            }
-        };
-        // Shutdown or drain: robots first (each may write a last checkpoint), then the
-        // slot.
-        tracing::info!(slot = %lease.slot_id, robots = robots.running.load(Ordering::Relaxed), "releasing: stopping robots");
-        robots.stop().await;
-        guard.revoke();
-        let released =
-            tokio::time::timeout(self.op_timeout(), self.protocol.release(&mut lease)).await;
-        match released {
-            Ok(Ok(true)) => {
-                self.metrics.releases.inc();
-                tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, "released slot");
-                self.store
-                    .record_event(
-                        "release",
-                        doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch},
-                    )
-                    .await;
-            }
-            Ok(Ok(false)) => {
-                tracing::warn!(slot = %lease.slot_id, "slot was no longer ours at release")
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(slot = %lease.slot_id, "could not release slot (it expires by itself within {} ms): {}", self.settings.timing.lease_ms(), self.scrub(&e.to_string()))
-            }
-            Err(_) => {
-                tracing::warn!(slot = %lease.slot_id, "no answer to the release (the slot expires by itself within {} ms)", self.settings.timing.lease_ms())
-            }
-        }
-        self.left_slot();
-        ended
-    }
-
-    /// Starts the robots of a new lease in their own task.
-    fn start_supervisor(&self, lease: &Lease, guard: WriteGuard) -> SupervisorHandle {
-        let pacer = Arc::new(WritePacer::new(self.settings.timing.margin));
-        self.metrics.robot_write_limit.set(pacer.limit() as i64);
-        let ctx = ContextStore::new(
-            self.store.robots(),
-            &lease.slot_id,
-            lease.epoch,
-            &self.owner(),
-            self.metrics.clone(),
-            guard,
-            pacer.clone(),
-        );
-        let supervisor = Supervisor::new(
-            self.store.clone(),
-            ctx,
-            self.registry.clone(),
-            self.settings.timing,
-            self.metrics.clone(),
-        );
-        let (beats, rx) = watch::channel(Beat {
-            rev: lease.rev,
-            at: Instant::now(),
-        });
-        let stop = CancellationToken::new();
-        let running = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn(supervise(
-            supervisor,
-            rx,
-            stop.clone(),
-            self.tick(),
-            running.clone(),
-        ));
-        SupervisorHandle {
-            beats,
-            pacer,
-            stop,
-            running,
-            task,
-        }
     }
 
     /// How long a standby or bookkeeping operation may take before it counts as a
@@ -406,77 +482,43 @@ impl Worker {
         (self.tick() * 2).max(Duration::from_secs(2))
     }
 
-    async fn bounded_heartbeat(&self, lease: Option<&Lease>) {
+    async fn bounded_heartbeat(&self) {
         let limit = (self.tick() / 2).max(Duration::from_millis(100));
-        if tokio::time::timeout(limit, self.heartbeat(lease))
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(limit, self.heartbeat()).await.is_err() {
             tracing::debug!("heartbeat got no answer within {} ms", limit.as_millis());
         }
     }
 
-    fn set_holder(&self, lease: &Lease) {
-        let mut s = self.status.lock().expect("status lock");
-        s.role = "holder";
-        s.slot_id = Some(lease.slot_id.clone());
-        s.epoch = Some(lease.epoch);
-        s.last_renewed = Some(lease.last_renewed());
+    fn db_failed(&self, why: &str) {
+        self.health
+            .failed(&self.metrics, &self.status, &self.store.scrub(why));
     }
 
-    fn set_standby(&self) {
-        let mut s = self.status.lock().expect("status lock");
-        s.role = "standby";
-        s.slot_id = None;
-        s.epoch = None;
-        s.last_renewed = None;
-    }
-
-    fn left_slot(&self) {
-        self.metrics.slot_held.set(0);
-        self.metrics.epoch.set(0);
-        self.metrics.robot_write_limit.set(0);
-        self.set_standby();
-    }
-
-    fn db_ok(&mut self) {
-        if let Some(since) = self.db_down_since.take() {
-            tracing::info!(
-                down_ms = since.elapsed().as_millis() as u64,
-                "database reachable again"
-            );
-        }
-        self.metrics.db_healthy.set(1);
-        self.status.lock().expect("status lock").database_ok = true;
-    }
-
-    fn db_failed(&mut self, why: &str) {
-        self.metrics.db_healthy.set(0);
-        self.status.lock().expect("status lock").database_ok = false;
-        if self.db_down_since.is_none() {
-            self.db_down_since = Some(Instant::now());
-            tracing::error!("database unreachable: {}", self.scrub(why));
-        }
-    }
-
-    /// Driver errors can quote the connection string; never log its password.
-    fn scrub(&self, s: &str) -> String {
-        crate::store::scrub(s, self.store.uri())
-    }
-
-    /// `workers` upsert: who is alive, standby or holding what. Best effort.
-    async fn heartbeat(&self, lease: Option<&Lease>) {
-        let (slot, epoch) = match lease {
-            Some(l) => (Bson::String(l.slot_id.clone()), Bson::Int64(l.epoch)),
+    /// `workers` upsert: who is alive, and what it holds. Best effort.
+    async fn heartbeat(&self) {
+        let slots: Vec<(String, i64)> = self
+            .held
+            .iter()
+            .filter(|h| !h.is_finished())
+            .map(|h| (h.slot_id.clone(), h.epoch))
+            .collect();
+        let (slot, epoch) = match slots.first() {
+            Some((s, e)) => (Bson::String(s.clone()), Bson::Int64(*e)),
             None => (Bson::Null, Bson::Null),
         };
+        let ids: Vec<&String> = slots.iter().map(|(s, _)| s).collect();
+        let max = self
+            .settings
+            .max_slots
+            .map_or(Bson::Null, |m| Bson::Int64(m as i64));
         let r = self
             .lease_store
             .workers()
             .update_one(
                 doc! {"_id": self.owner()},
                 vec![doc! {"$set": {
-                    "slot_id": slot, "epoch": epoch, "last_seen": "$$NOW",
+                    "slot_id": slot, "epoch": epoch, "slots": {"$literal": ids},
+                    "max_slots": max, "last_seen": "$$NOW",
                     "tick_ms": self.tick().as_millis() as i64,
                     "version": env!("CARGO_PKG_VERSION"),
                 }}],
@@ -484,7 +526,10 @@ impl Worker {
             .upsert(true)
             .await;
         if let Err(e) = r {
-            tracing::debug!("heartbeat failed: {}", self.scrub(&crate::store::brief(&e)));
+            tracing::debug!(
+                "heartbeat failed: {}",
+                self.store.scrub(&crate::store::brief(&e))
+            );
         }
     }
 
@@ -498,80 +543,6 @@ impl Worker {
             .await;
         tracing::info!(worker = %self.owner(), "worker stopped");
     }
-}
-
-/// What the worker tells its supervisor after each renewal (and the claim).
-#[derive(Debug, Clone, Copy)]
-struct Beat {
-    /// The slot's `rev`: it moves whenever the slot's robots change.
-    rev: i64,
-    /// When the renewal came back: the next one is about a tick later.
-    at: Instant,
-}
-
-/// The worker's side of a running supervisor task.
-struct SupervisorHandle {
-    beats: watch::Sender<Beat>,
-    pacer: Arc<WritePacer>,
-    stop: CancellationToken,
-    running: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl SupervisorHandle {
-    /// Stops every robot and waits for that (bounded by the stop grace).
-    async fn stop(self) {
-        self.stop.cancel();
-        if let Err(e) = self.task.await {
-            tracing::error!("robot supervisor failed: {e}");
-        }
-    }
-}
-
-/// The supervisor task: sync after every renewal until told to stop; then stop
-/// every robot.
-///
-/// Syncing right after a renewal matters on a slow server: a sync may begin with a
-/// read of all the slot's robots, which some servers answer by scanning the whole
-/// collection while other requests wait. Started just after a renewal came back, that
-/// stall has most of a tick to finish before the next renewal is even sent. A beat
-/// that is already stale (the previous sync ran long) is not used for such a read;
-/// the next fresh one is.
-async fn supervise(
-    mut supervisor: Supervisor,
-    mut beats: watch::Receiver<Beat>,
-    stop: CancellationToken,
-    tick: Duration,
-    running: Arc<AtomicUsize>,
-) {
-    let mut failing = false;
-    loop {
-        let beat = *beats.borrow_and_update();
-        if beat.at.elapsed() <= tick / 4 || !supervisor.will_read(beat.rev) {
-            let synced = tokio::select! {
-                _ = stop.cancelled() => break,
-                r = supervisor.sync(beat.rev) => r,
-            };
-            match synced {
-                Ok(_) => failing = false,
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(
-                        "could not update robots: {}; retrying after each renewal",
-                        crate::store::brief(&e)
-                    );
-                }
-                Err(_) => {}
-            }
-            running.store(supervisor.running(), Ordering::Relaxed);
-        }
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            changed = beats.changed() => if changed.is_err() { break },
-        }
-    }
-    supervisor.stop_all().await;
-    running.store(0, Ordering::Relaxed);
 }
 
 /// Wakes standbys the moment a slot is released or added, instead of at their next

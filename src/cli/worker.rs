@@ -40,6 +40,18 @@ pub struct WorkerArgs {
     #[arg(long, env = "SLOTPOOL_STOP_GRACE", value_parser = parse_duration_arg, allow_hyphen_values = true)]
     stop_grace: Option<Duration>,
 
+    /// The most slots this worker holds at once. Default: no cap, so every robot runs
+    /// while one worker lives. To survive n worker failures with W workers and S
+    /// slots, each worker must be able to carry ceil(S / (W - n)) slots.
+    #[arg(long, env = "SLOTPOOL_MAX_SLOTS", value_parser = parse_max_slots, allow_hyphen_values = true)]
+    max_slots: Option<usize>,
+
+    /// How long past its expiry a slot stays unheld before a worker that already
+    /// holds a slot takes it too (overflow). Standbys claim at expiry, so this is
+    /// their head start. Default: one lease, L = 2 × tick.
+    #[arg(long, env = "SLOTPOOL_OVERFLOW_AFTER", value_parser = parse_duration_arg, allow_hyphen_values = true)]
+    overflow_after: Option<Duration>,
+
     /// Restrict `exec` robots to these commands (repeat, or comma-separate). An entry
     /// ending in `/` allows every command under that directory. Default: any command —
     /// anyone who can write to the database can then run commands on this worker.
@@ -67,6 +79,16 @@ fn parse_identity(s: &str) -> Result<Identity, ConfigError> {
 
 fn parse_duration_arg(s: &str) -> Result<Duration, ConfigError> {
     parse_duration(s)
+}
+
+fn parse_max_slots(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n >= 1 => Ok(n as usize),
+        Ok(n) => Err(format!(
+            "{n} is not a slot count: use 1 or more (leave --max-slots out for no cap)"
+        )),
+        Err(_) => Err(format!("{s:?} is not a whole number of slots")),
+    }
 }
 
 pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
@@ -100,7 +122,8 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
     };
     tracing::info!(
         worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(),
-        lease_ms = timing.lease_ms(), margin_ms = timing.margin.as_millis() as u64,
+        lease_ms = timing.lease_ms(), max_slots = ?args.max_slots,
+        overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,
         stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %policy.describe(),
         "starting worker"
     );
@@ -110,6 +133,8 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         timing,
         hashing: !args.no_hash,
         change_stream: !args.no_change_stream,
+        max_slots: args.max_slots,
+        overflow_after: args.overflow_after.unwrap_or(timing.lease()),
     };
     let worker = Worker::new(settings, store, Registry::builtin_with(policy));
     let shutdown = worker.shutdown_token();

@@ -1,0 +1,368 @@
+//! One held slot: everything that lives exactly as long as one lease.
+//!
+//! [`HeldSlot::spawn`] takes a freshly claimed [`Lease`] and starts, in one task of
+//! its own, the lease's renewals, its [`WriteGuard`] and [`WritePacer`], the
+//! [`ContextStore`] its robots write through, and the [`Supervisor`] task that runs
+//! them. The task has one way out: on loss or self-fence it stops the robots at once;
+//! on hand-back, drain or shutdown it stops them (each may write a last checkpoint)
+//! and then releases the slot. A worker holds several of these when it overflows;
+//! each renews on its own schedule, with its own deadline and epoch, on the lease's
+//! own connection pool, so no robot work and no other slot delays its renewals.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::doc;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SharedClock;
+use crate::config::LeaseTiming;
+use crate::context::{ContextStore, WriteGuard};
+use crate::lease::{Lease, LeaseError, LeaseProtocol};
+use crate::metrics::Metrics;
+use crate::pacing::WritePacer;
+use crate::robot::Registry;
+use crate::store::Store;
+use crate::supervisor::Supervisor;
+use crate::worker::{Health, SharedStatus};
+
+/// What every held slot of one worker shares.
+#[derive(Clone)]
+pub struct HoldContext {
+    /// The lease protocol, on the lease's own connection pool.
+    pub protocol: LeaseProtocol,
+    /// The robots' connection pool.
+    pub store: Store,
+    pub registry: Registry,
+    pub timing: LeaseTiming,
+    pub metrics: Arc<Metrics>,
+    pub clock: SharedClock,
+    pub status: SharedStatus,
+    pub health: Arc<Health>,
+    /// Notified when a held slot ends, so the worker looks at the pool at once.
+    pub ended: Arc<Notify>,
+}
+
+/// How a held slot ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Given back on request (hand-back or shutdown): robots stopped, slot released.
+    Released,
+    /// An operator drained it: robots stopped, slot released.
+    Drained,
+    /// Lost to another worker, removed, or self-fenced: robots stopped at once.
+    Lost,
+}
+
+/// The worker's handle on one held slot.
+pub struct HeldSlot {
+    pub slot_id: String,
+    pub epoch: i64,
+    /// True when claimed as overflow (the worker already held a slot).
+    pub overflow: bool,
+    pub claimed_at: Instant,
+    release: CancellationToken,
+    task: tokio::task::JoinHandle<Ended>,
+}
+
+impl HeldSlot {
+    /// Starts holding a freshly claimed lease: renewals, robots, everything.
+    pub fn spawn(lease: Lease, cx: HoldContext, overflow: bool) -> HeldSlot {
+        let release = CancellationToken::new();
+        HeldSlot {
+            slot_id: lease.slot_id.clone(),
+            epoch: lease.epoch,
+            overflow,
+            claimed_at: Instant::now(),
+            release: release.clone(),
+            task: tokio::spawn(hold(lease, cx, release, overflow)),
+        }
+    }
+
+    /// Asks for the slot to be handed back gracefully (robots stop and checkpoint,
+    /// then the slot is released). Returns at once; see [`HeldSlot::join`].
+    pub fn give_back(&self) {
+        self.release.cancel();
+    }
+
+    /// True once a hand-back was asked for.
+    pub fn giving_back(&self) -> bool {
+        self.release.is_cancelled()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the slot's end.
+    pub async fn join(self) -> Ended {
+        match self.task.await {
+            Ok(ended) => ended,
+            Err(e) => {
+                tracing::error!(slot = %self.slot_id, "slot task failed: {e}");
+                Ended::Lost
+            }
+        }
+    }
+}
+
+/// Holds one lease until it is lost, fenced, drained or given back.
+async fn hold(
+    mut lease: Lease,
+    cx: HoldContext,
+    release: CancellationToken,
+    overflow: bool,
+) -> Ended {
+    let owner = cx.protocol.owner().to_string();
+    tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, worker = %owner, overflow, "claimed slot");
+    cx.metrics.claims.inc();
+    cx.metrics.slot_held.add(1);
+    cx.metrics.epoch.set(lease.epoch);
+    cx.status
+        .lock()
+        .expect("status lock")
+        .held(&lease, overflow);
+    let guard = WriteGuard::new(lease.deadline(), cx.clock.clone());
+    let robots = start_supervisor(&cx, &lease, guard.clone());
+    cx.store
+        .record_event(
+            "claim",
+            doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch, "overflow": overflow},
+        )
+        .await;
+    let tick = cx.timing.tick;
+    let mut next = lease.last_renewed() + tick;
+    let mut lost = None;
+    let ended = loop {
+        tokio::select! {
+            _ = release.cancelled() => break Ended::Released,
+            _ = tokio::time::sleep_until(next.min(lease.deadline())) => {}
+        }
+        let sent = cx.clock.now();
+        match cx.protocol.renew(&mut lease).await {
+            Ok(renewed) => {
+                let latency = sent.elapsed();
+                cx.metrics.renew_latency.observe(latency);
+                tracing::debug!(slot = %lease.slot_id, rev = renewed.rev, latency_ms = latency.as_millis() as u64, "renewed");
+                guard.extend(lease.deadline());
+                cx.health.ok(&cx.metrics, &cx.status);
+                cx.status.lock().expect("status lock").renewed(&lease);
+                if renewed.draining {
+                    tracing::info!(slot = %lease.slot_id, "slot is draining: handing it back");
+                    break Ended::Drained;
+                }
+                next = sent + tick;
+                robots.paced(latency, &cx.metrics);
+                robots.beats.send_replace(Beat {
+                    rev: renewed.rev,
+                    at: Instant::now(),
+                });
+            }
+            Err(LeaseError::Db(e)) => {
+                cx.metrics.renew_failures.inc();
+                let left = lease.deadline().saturating_duration_since(cx.clock.now());
+                let why = crate::store::brief(&e);
+                tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, left_ms = left.as_millis() as u64, "renewal failed: {}", cx.store.scrub(&why));
+                cx.health
+                    .failed(&cx.metrics, &cx.status, &cx.store.scrub(&why));
+                next = cx.clock.now() + (tick / 4).min(left);
+            }
+            Err(e) => {
+                guard.revoke();
+                let kind = if matches!(e, LeaseError::Lost { .. }) {
+                    cx.metrics.losses.inc();
+                    "lost"
+                } else {
+                    cx.metrics.self_fences.inc();
+                    cx.health.failed(
+                        &cx.metrics,
+                        &cx.status,
+                        "no renewal succeeded before the local deadline",
+                    );
+                    "self_fence"
+                };
+                tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, "{e}; stopping its robots");
+                lost = Some((kind, e.to_string()));
+                break Ended::Lost;
+            }
+        }
+    };
+    if let Some((kind, detail)) = lost {
+        // The guard is revoked: the robots can no longer write; stop them now.
+        robots.stop(&cx.metrics).await;
+        cx.store
+            .record_event(kind, doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch, "detail": detail})
+            .await;
+    } else {
+        // Hand-back, drain or shutdown: robots first (each may write a last
+        // checkpoint), then the slot.
+        tracing::info!(slot = %lease.slot_id, robots = robots.running.load(Ordering::Relaxed), "releasing: stopping robots");
+        robots.stop(&cx.metrics).await;
+        guard.revoke();
+        release_slot(&cx, &mut lease, &owner).await;
+    }
+    cx.metrics.slot_held.add(-1);
+    cx.status.lock().expect("status lock").left(&lease.slot_id);
+    cx.ended.notify_one();
+    ended
+}
+
+async fn release_slot(cx: &HoldContext, lease: &mut Lease, owner: &str) {
+    let limit = (cx.timing.tick * 2).max(Duration::from_secs(2));
+    let lease_ms = cx.timing.lease_ms();
+    match tokio::time::timeout(limit, cx.protocol.release(lease)).await {
+        Ok(Ok(true)) => {
+            cx.metrics.releases.inc();
+            tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, "released slot");
+            cx.store
+                .record_event(
+                    "release",
+                    doc! {"worker": owner, "slot_id": &lease.slot_id, "epoch": lease.epoch},
+                )
+                .await;
+        }
+        Ok(Ok(false)) => {
+            tracing::warn!(slot = %lease.slot_id, "slot was no longer ours at release")
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(slot = %lease.slot_id, "could not release slot (it expires by itself within {lease_ms} ms): {}", cx.store.scrub(&e.to_string()))
+        }
+        Err(_) => {
+            tracing::warn!(slot = %lease.slot_id, "no answer to the release (the slot expires by itself within {lease_ms} ms)")
+        }
+    }
+}
+
+/// Starts the robots of a new lease in their own task.
+fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> SupervisorHandle {
+    let pacer = Arc::new(WritePacer::new(cx.timing.margin));
+    let limit = pacer.limit();
+    cx.metrics.robot_write_limit.add(limit as i64);
+    let ctx = ContextStore::new(
+        cx.store.robots(),
+        &lease.slot_id,
+        lease.epoch,
+        cx.protocol.owner(),
+        cx.metrics.clone(),
+        guard,
+        pacer.clone(),
+    );
+    let supervisor = Supervisor::new(
+        cx.store.clone(),
+        ctx,
+        cx.registry.clone(),
+        cx.timing,
+        cx.metrics.clone(),
+    );
+    let (beats, rx) = watch::channel(Beat {
+        rev: lease.rev,
+        at: Instant::now(),
+    });
+    let stop = CancellationToken::new();
+    let running = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn(supervise(
+        supervisor,
+        rx,
+        stop.clone(),
+        cx.timing.tick,
+        running.clone(),
+    ));
+    SupervisorHandle {
+        beats,
+        pacer,
+        limit: AtomicUsize::new(limit),
+        stop,
+        running,
+        task,
+    }
+}
+
+/// What the slot tells its supervisor after each renewal (and the claim).
+#[derive(Debug, Clone, Copy)]
+struct Beat {
+    /// The slot's `rev`: it moves whenever the slot's robots change.
+    rev: i64,
+    /// When the renewal came back: the next one is about a tick later.
+    at: Instant,
+}
+
+/// The slot's side of its running supervisor task.
+struct SupervisorHandle {
+    beats: watch::Sender<Beat>,
+    pacer: Arc<WritePacer>,
+    /// The pacer's limit as last added to the worker-wide gauge.
+    limit: AtomicUsize,
+    stop: CancellationToken,
+    running: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SupervisorHandle {
+    /// Feeds a renewal's round trip to the pacer; the worker's gauge is the sum of
+    /// its held slots' limits.
+    fn paced(&self, latency: Duration, metrics: &Metrics) {
+        let now = self.pacer.observe(latency);
+        let before = self.limit.swap(now, Ordering::Relaxed);
+        metrics.robot_write_limit.add(now as i64 - before as i64);
+    }
+
+    /// Stops every robot and waits for that (bounded by the stop grace).
+    async fn stop(self, metrics: &Metrics) {
+        self.stop.cancel();
+        if let Err(e) = self.task.await {
+            tracing::error!("robot supervisor failed: {e}");
+        }
+        metrics
+            .robot_write_limit
+            .add(-(self.limit.load(Ordering::Relaxed) as i64));
+    }
+}
+
+/// The supervisor task: sync after every renewal until told to stop; then stop
+/// every robot.
+///
+/// Syncing right after a renewal matters on a slow server: a sync may begin with a
+/// read of all the slot's robots, which some servers answer by scanning the whole
+/// collection while other requests wait. Started just after a renewal came back, that
+/// stall has most of a tick to finish before the next renewal is even sent. A beat
+/// that is already stale (the previous sync ran long) is not used for such a read;
+/// the next fresh one is.
+async fn supervise(
+    mut supervisor: Supervisor,
+    mut beats: watch::Receiver<Beat>,
+    stop: CancellationToken,
+    tick: Duration,
+    running: Arc<AtomicUsize>,
+) {
+    let mut failing = false;
+    loop {
+        let beat = *beats.borrow_and_update();
+        if beat.at.elapsed() <= tick / 4 || !supervisor.will_read(beat.rev) {
+            let synced = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = supervisor.sync(beat.rev) => r,
+            };
+            match synced {
+                Ok(_) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(
+                        "could not update robots: {}; retrying after each renewal",
+                        crate::store::brief(&e)
+                    );
+                }
+                Err(_) => {}
+            }
+            running.store(supervisor.running(), Ordering::Relaxed);
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            changed = beats.changed() => if changed.is_err() { break },
+        }
+    }
+    supervisor.stop_all().await;
+    running.store(0, Ordering::Relaxed);
+}
