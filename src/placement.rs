@@ -1,4 +1,9 @@
-//! Least-loaded slot choice for new robots, safe under concurrent creates.
+//! Least-loaded slot choice for new robots, safe under concurrent creates, and the
+//! rebalance plan that evens existing robots out.
+//!
+//! Every non-draining slot counts, held or not: every slot is held while one worker
+//! lives (standbys claim, survivors overflow), so preferring the slots that happen to
+//! be held right now would only pile robots up while workers are still claiming.
 //!
 //! Each slot keeps `robot_count` beside `rev`. A create *reserves* room with a
 //! compare-and-set on the count it saw (`{_id, robot_count: seen} → $inc`), so two
@@ -16,7 +21,6 @@ use crate::store::Store;
 pub struct SlotLoad {
     pub id: String,
     pub robots: i64,
-    pub live: bool,
     /// The `robot_count` value as read, None when the field is missing.
     seen: Option<i64>,
 }
@@ -36,27 +40,14 @@ pub enum PlacementError {
 pub struct Placement {
     /// Slot per robot, in creation order.
     pub slots: Vec<String>,
-    /// True when no slot was live and the least-loaded slot overall was used.
-    pub no_live_slot: bool,
 }
 
-/// Reads every non-draining slot's load and liveness (judged by the server).
+/// Reads every non-draining slot's load.
 pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
     let pipeline = vec![
         doc! {"$match": {"draining": {"$ne": true}, "_id": {"$type": "string"}}},
         doc! {"$sort": {"_id": 1}},
-        doc! {"$project": {
-            "robot_count": 1,
-            "live": {"$and": [
-                {"$eq": [{"$type": "$owner"}, "string"]},
-                {"$eq": [{"$type": "$time"}, "date"]},
-                {"$in": [{"$type": "$lease_ms"}, ["int", "long"]]},
-                {"$gte": [
-                    {"$add": [{"$toLong": {"$cond": [{"$eq": [{"$type": "$time"}, "date"]}, "$time", "$$NOW"]}}, {"$ifNull": ["$lease_ms", 0]}]},
-                    {"$toLong": "$$NOW"},
-                ]},
-            ]},
-        }},
+        doc! {"$project": {"robot_count": 1}},
     ];
     let mut cursor = store.slots().aggregate(pipeline).await?;
     let mut out = Vec::new();
@@ -69,7 +60,6 @@ pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
         out.push(SlotLoad {
             id: d.get_str("_id").unwrap_or_default().to_string(),
             robots: seen.unwrap_or(0).max(0),
-            live: d.get_bool("live").unwrap_or(false),
             seen,
         });
     }
@@ -96,13 +86,10 @@ pub fn plan(slots: &[SlotLoad], n: usize) -> Vec<usize> {
 /// robots, then calls [`bump_revs`] (or [`unreserve`] for those that failed).
 pub async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementError> {
     for _round in 0..50 {
-        let all = loads(store).await?;
-        if all.is_empty() {
+        let pool = loads(store).await?;
+        if pool.is_empty() {
             return Err(PlacementError::NoSlots);
         }
-        let live: Vec<SlotLoad> = all.iter().filter(|s| s.live).cloned().collect();
-        let no_live_slot = live.is_empty();
-        let pool = if no_live_slot { all } else { live };
         let take = plan(&pool, n);
         let mut reserved: Vec<(usize, usize)> = Vec::new();
         let mut lost_race = false;
@@ -137,12 +124,109 @@ pub async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementErro
         for (i, k) in reserved {
             slots.extend(std::iter::repeat_n(pool[i].id.clone(), k));
         }
-        return Ok(Placement {
-            slots,
-            no_live_slot,
-        });
+        return Ok(Placement { slots });
     }
     Err(PlacementError::Contention)
+}
+
+/// Moves robots from the most to the least loaded slot, one at a time, until the
+/// counts differ by at most one or `max_moves` is reached. Returns
+/// `(from, to, how many)` in the order to carry out, ties broken by slot id.
+pub fn rebalance_plan(counts: &[(String, i64)], max_moves: usize) -> Vec<(String, String, usize)> {
+    let mut counts: Vec<(String, i64)> = counts.to_vec();
+    counts.sort();
+    let mut moves: Vec<(String, String, usize)> = Vec::new();
+    for _ in 0..max_moves {
+        let Some(hi) = (0..counts.len()).max_by_key(|&i| (counts[i].1, std::cmp::Reverse(i)))
+        else {
+            break;
+        };
+        let lo = (0..counts.len())
+            .min_by_key(|&i| (counts[i].1, i))
+            .expect("non-empty");
+        if counts[hi].1 - counts[lo].1 <= 1 {
+            break;
+        }
+        counts[hi].1 -= 1;
+        counts[lo].1 += 1;
+        let (from, to) = (&counts[hi].0, &counts[lo].0);
+        match moves.iter_mut().find(|(f, t, _)| f == from && t == to) {
+            Some(m) => m.2 += 1,
+            None => moves.push((from.clone(), to.clone(), 1)),
+        }
+    }
+    moves
+}
+
+/// Robots per slot, counted from the robots themselves (not `robot_count`).
+pub async fn true_counts(
+    store: &Store,
+) -> Result<std::collections::HashMap<String, i64>, mongodb::error::Error> {
+    let mut counts = std::collections::HashMap::new();
+    let mut cursor = store
+        .robots()
+        .aggregate(vec![doc! {"$group": {"_id": "$slot_id", "n": {"$sum": 1}}}])
+        .await?;
+    while let Some(d) = cursor.try_next().await? {
+        if let Ok(id) = d.get_str("_id") {
+            let n = match d.get("n") {
+                Some(Bson::Int32(n)) => *n as i64,
+                Some(Bson::Int64(n)) => *n,
+                _ => 0,
+            };
+            counts.insert(id.to_string(), n);
+        }
+    }
+    Ok(counts)
+}
+
+/// Why a move was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    #[error("no slot {0:?}: see `slotpool slots list`")]
+    NoSuchSlot(String),
+    #[error("{0} is draining: its robots are being stopped, so none may move onto it (slotpool slots undrain {0} first)")]
+    Draining(String),
+    #[error("database error: {0}")]
+    Db(#[from] mongodb::error::Error),
+}
+
+/// Binds these robots (if still on `from`) to `to`: a fenced move. Their epoch goes
+/// back to 0 so `to`'s holder adopts them (raising their generation, which fences
+/// every instance that ran before); `from`'s holder stops its instances at its next
+/// renewal, and their writes already fail the `slot_id` fence. A paused robot stays
+/// paused. Returns how many moved.
+pub async fn move_robots(
+    store: &Store,
+    ids: &[bson::oid::ObjectId],
+    from: &str,
+    to: &str,
+) -> Result<u64, MoveError> {
+    let dest = store
+        .slots()
+        .find_one(doc! {"_id": to})
+        .projection(doc! {"draining": 1})
+        .await?
+        .ok_or_else(|| MoveError::NoSuchSlot(to.to_string()))?;
+    if dest.get_bool("draining").unwrap_or(false) {
+        return Err(MoveError::Draining(to.to_string()));
+    }
+    let r = store
+        .robots()
+        .update_many(
+            doc! {"_id": {"$in": ids}, "slot_id": from},
+            vec![doc! {"$set": {
+                "slot_id": {"$literal": to}, "epoch": 0_i64, "worker": Bson::Null,
+                "status": {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
+            }}],
+        )
+        .await?;
+    let moved = r.modified_count;
+    if moved > 0 {
+        adjust(store, from, -(moved as i64), true).await?;
+        adjust(store, to, moved as i64, true).await?;
+    }
+    Ok(moved)
 }
 
 /// Changes a slot's `robot_count` by `delta`, bumping `rev` when `bump`.
@@ -183,21 +267,7 @@ pub async fn bump_revs(store: &Store, slots: &[String]) -> Result<(), mongodb::e
 /// Sets every slot's `robot_count` to the true count (run by `init`, repairing drift
 /// from hand edits).
 pub async fn reconcile_counts(store: &Store) -> Result<(), mongodb::error::Error> {
-    let mut counts = std::collections::HashMap::new();
-    let mut cursor = store
-        .robots()
-        .aggregate(vec![doc! {"$group": {"_id": "$slot_id", "n": {"$sum": 1}}}])
-        .await?;
-    while let Some(d) = cursor.try_next().await? {
-        if let Ok(id) = d.get_str("_id") {
-            let n = match d.get("n") {
-                Some(Bson::Int32(n)) => *n as i64,
-                Some(Bson::Int64(n)) => *n,
-                _ => 0,
-            };
-            counts.insert(id.to_string(), n);
-        }
-    }
+    let counts = true_counts(store).await?;
     let mut slots = store
         .slots()
         .find(doc! {})
@@ -227,7 +297,6 @@ mod tests {
         SlotLoad {
             id: id.into(),
             robots,
-            live: true,
             seen: Some(robots),
         }
     }
@@ -239,5 +308,42 @@ mod tests {
         assert_eq!(plan(&slots, 5), vec![0, 4, 1]);
         assert_eq!(plan(&slots, 8), vec![0, 5, 3]);
         assert_eq!(plan(&slots, 11), vec![1, 6, 4]);
+        let empty = [load("a", 0), load("b", 0), load("c", 0)];
+        assert_eq!(plan(&empty, 6), vec![2, 2, 2]);
+    }
+
+    fn counts(c: &[(&str, i64)]) -> Vec<(String, i64)> {
+        c.iter().map(|(s, n)| (s.to_string(), *n)).collect()
+    }
+
+    fn after(c: &[(&str, i64)], moves: &[(String, String, usize)]) -> Vec<i64> {
+        let mut c = counts(c);
+        for (f, t, k) in moves {
+            c.iter_mut().find(|x| &x.0 == f).unwrap().1 -= *k as i64;
+            c.iter_mut().find(|x| &x.0 == t).unwrap().1 += *k as i64;
+        }
+        c.iter().map(|x| x.1).collect()
+    }
+
+    #[test]
+    fn rebalance_evens_out_to_within_one() {
+        let c = [("a", 7), ("b", 1), ("c", 1)];
+        let m = rebalance_plan(&counts(&c), usize::MAX);
+        assert_eq!(after(&c, &m), vec![3, 3, 3]);
+        assert_eq!(m.iter().map(|x| x.2).sum::<usize>(), 4);
+        let c = [("a", 1000), ("b", 0), ("c", 0)];
+        let m = rebalance_plan(&counts(&c), usize::MAX);
+        assert_eq!(after(&c, &m), vec![334, 333, 333]);
+        assert_eq!(m.len(), 2, "grouped per pair: {m:?}");
+        let c = [("a", 2), ("b", 1), ("c", 1)];
+        assert!(rebalance_plan(&counts(&c), usize::MAX).is_empty());
+        assert!(rebalance_plan(&[], usize::MAX).is_empty());
+    }
+
+    #[test]
+    fn rebalance_respects_max_moves() {
+        let c = [("a", 9), ("b", 0), ("c", 0)];
+        let m = rebalance_plan(&counts(&c), 2);
+        assert_eq!(m.iter().map(|x| x.2).sum::<usize>(), 2);
     }
 }

@@ -1,8 +1,10 @@
 //! The command line: one module per command group.
 
 mod init;
+mod rebalance;
 mod robots;
 mod slots;
+mod state;
 mod status;
 mod worker;
 
@@ -43,6 +45,9 @@ pub enum Command {
     /// Create, list, move, pause and delete robots.
     #[command(subcommand)]
     Robot(robots::RobotCommand),
+    /// Even out robots over the non-draining slots with fenced moves (most loaded
+    /// to least loaded, until counts differ by at most one).
+    Rebalance(rebalance::RebalanceArgs),
     /// The pool at a glance: slots, holders, robots, standbys, failures it can absorb.
     Status(status::StatusArgs),
 }
@@ -55,6 +60,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Slots(cmd) => slots::run(&connect(&uri).await?, cmd).await,
         Command::Robot(cmd) => robots::run(&connect(&uri).await?, cmd).await,
         Command::Status(args) => status::run(&connect(&uri).await?, args).await,
+        Command::Rebalance(args) => rebalance::run(&connect(&uri).await?, args).await,
     }
 }
 

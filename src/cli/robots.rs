@@ -4,6 +4,10 @@ use clap::{Args, Subcommand};
 use futures::TryStreamExt;
 use serde_json::json;
 
+use std::collections::HashMap;
+
+use super::slots::slot_rows;
+use super::state::{self, RobotState, SlotView};
 use super::{age, int, print_json, print_table, text};
 use crate::placement;
 use crate::robot::Registry;
@@ -182,8 +186,8 @@ async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
         );
     }
     let placement = placement::reserve(store, names.len()).await?;
-    if placement.no_live_slot {
-        eprintln!("warning: no slot is held by a live worker; robots were bound to the least-loaded slot and start when a worker claims it");
+    if super::slots::live_workers(store).await?.is_empty() {
+        eprintln!("warning: no worker is alive; the robots start when one is (slotpool worker)");
     }
     let now = store.server_now().await?;
     let docs: Vec<Document> = names
@@ -276,6 +280,18 @@ fn slot_of(d: &Document) -> anyhow::Result<String> {
     text(d, "slot_id").context("this robot's slot_id is missing or not a string; fix it by hand")
 }
 
+/// A robot document's derived state (see [`super::state`]).
+fn state_of(d: &Document, slots: &HashMap<String, SlotView>) -> RobotState {
+    let slot_id = text(d, "slot_id").unwrap_or_default();
+    state::derive(
+        &slot_id,
+        d.get_str("status").ok(),
+        d.get_bool("paused").unwrap_or(false),
+        d.get_str("worker").ok(),
+        slots.get(&slot_id),
+    )
+}
+
 async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Result<()> {
     let filter = match &slot {
         Some(s) => doc! {"slot_id": s},
@@ -284,11 +300,9 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
     let pipeline = vec![
         doc! {"$match": filter},
         doc! {"$sort": {"name": 1}},
-        doc! {"$lookup": {"from": "slots", "localField": "slot_id", "foreignField": "_id", "as": "_slot"}},
         doc! {"$project": {
             "name": 1, "kind": 1, "slot_id": 1, "status": 1, "error": 1, "seq": 1, "paused": 1,
-            "epoch": 1, "restarts": 1, "worker": 1,
-            "_slot.owner": 1,
+            "epoch": 1, "gen": 1, "restarts": 1, "worker": 1,
             "checkpoint_age_ms": {"$cond": [
                 {"$eq": [{"$type": "$checkpointed_at"}, "date"]},
                 {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$checkpointed_at"}]},
@@ -296,32 +310,24 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
             ]},
         }},
     ];
-    let mut docs: Vec<Document> = store
+    let slots = state::slot_views(&slot_rows(store).await?);
+    let docs: Vec<Document> = store
         .robots()
         .aggregate(pipeline)
         .await?
         .try_collect()
         .await?;
-    for d in &mut docs {
-        let holder = match d.get("_slot") {
-            Some(Bson::Array(a)) => a
-                .first()
-                .and_then(|s| s.as_document())
-                .and_then(|s| text(s, "owner")),
-            _ => None,
-        };
-        d.remove("_slot");
-        d.insert("holder", holder.map_or(Bson::Null, Bson::String));
-    }
     if as_json {
         let v: Vec<_> = docs
             .iter()
             .map(|d| {
+                let st = state_of(d, &slots);
                 json!({
                     "name": text(d, "name"), "kind": text(d, "kind"), "slot": text(d, "slot_id"),
-                    "holder": text(d, "holder"), "status": text(d, "status"), "error": text(d, "error"),
+                    "holder": st.holder, "state": st.state, "why": st.why,
+                    "status": text(d, "status"), "error": text(d, "error"),
                     "paused": d.get_bool("paused").unwrap_or(false), "seq": int(d, "seq"),
-                    "epoch": int(d, "epoch"), "restarts": int(d, "restarts"),
+                    "epoch": int(d, "epoch"), "gen": int(d, "gen"), "restarts": int(d, "restarts"),
                     "checkpoint_age_ms": int(d, "checkpoint_age_ms"),
                 })
             })
@@ -332,15 +338,18 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
     let rows: Vec<Vec<String>> = docs
         .iter()
         .map(|d| {
-            let mut status = text(d, "status").unwrap_or_else(|| "?".into());
-            if let Some(e) = text(d, "error") {
-                status = format!("{status}: {e}");
+            let st = state_of(d, &slots);
+            let mut status = st.state.to_string();
+            match (st.state, text(d, "error"), &st.why) {
+                ("restarting" | "failed", Some(e), _) => status = format!("{status}: {e}"),
+                ("waiting", _, Some(why)) => status = format!("{status}: {why}"),
+                _ => {}
             }
             vec![
                 text(d, "name").unwrap_or_default(),
                 text(d, "kind").unwrap_or_default(),
                 text(d, "slot_id").unwrap_or_default(),
-                text(d, "holder").unwrap_or_else(|| "-".into()),
+                st.holder.unwrap_or_else(|| "-".into()),
                 int(d, "seq").map_or("-".into(), |s| s.to_string()),
                 age(int(d, "checkpoint_age_ms")),
                 status,
@@ -362,7 +371,7 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
             "HOLDER",
             "SEQ",
             "CHECKPOINT",
-            "STATUS",
+            "STATE",
         ],
         &rows,
     );
@@ -375,16 +384,12 @@ async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
         .find_one(doc! {"name": name})
         .await?
         .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))?;
-    let holder = match text(&full, "slot_id") {
-        Some(s) => store
-            .slots()
-            .find_one(doc! {"_id": s})
-            .await?
-            .and_then(|d| text(&d, "owner")),
-        None => None,
-    };
+    let slots = state::slot_views(&slot_rows(store).await?);
+    let st = state_of(&full, &slots);
     let mut v = Bson::Document(full).into_relaxed_extjson();
-    v["holder"] = json!(holder);
+    v["holder"] = json!(st.holder);
+    v["state"] = json!(st.state);
+    v["why"] = json!(st.why);
     if as_json {
         print_json(&v);
     } else {
@@ -424,23 +429,13 @@ async fn move_to(store: &Store, name: &str, to: &str, as_json: bool) -> anyhow::
         );
         return Ok(());
     }
-    if store.slots().find_one(doc! {"_id": to}).await?.is_none() {
-        bail!("no slot {to:?}: see `slotpool slots list`");
-    }
-    // epoch back to 0: epochs are per slot, and the new holder adopts it with its own.
-    // The old holder's writes now fail the slot_id fence.
-    let r = store
-        .robots()
-        .update_one(
-            doc! {"_id": d.get("_id"), "slot_id": &from},
-            doc! {"$set": {"slot_id": to, "epoch": 0_i64, "status": "pending", "worker": Bson::Null}},
-        )
-        .await?;
-    if r.matched_count == 0 {
+    let id = d
+        .get_object_id("_id")
+        .context("this robot's _id is not an ObjectId; fix it by hand")?;
+    let moved = placement::move_robots(store, &[id], &from, to).await?;
+    if moved == 0 {
         bail!("{name} changed while moving it; try again");
     }
-    placement::adjust(store, &from, -1, true).await?;
-    placement::adjust(store, to, 1, true).await?;
     done(
         as_json,
         json!({"moved": name, "from": from, "to": to}),

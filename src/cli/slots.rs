@@ -119,7 +119,7 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
             .map(|r| {
                 json!({
                     "id": text(&r.doc, "_id"),
-                    "owner": text(&r.doc, "owner"),
+                    "owner": super::state::SlotView::of(r).holder,
                     "epoch": int(&r.doc, "epoch"),
                     "rev": int(&r.doc, "rev"),
                     "state": r.state,
@@ -143,7 +143,9 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
             vec![
                 text(&r.doc, "_id").unwrap_or_default(),
                 r.state.to_string(),
-                text(&r.doc, "owner").unwrap_or_else(|| "-".into()),
+                super::state::SlotView::of(r)
+                    .holder
+                    .unwrap_or_else(|| "-".into()),
                 r.doc
                     .get("epoch")
                     .map(|e| e.to_string())

@@ -5,7 +5,10 @@ use clap::Args;
 use futures::TryStreamExt;
 use serde_json::json;
 
-use super::slots::{live_workers, slot_rows};
+use std::collections::BTreeMap;
+
+use super::slots::{live_workers, slot_rows, SlotRow};
+use super::state;
 use super::{age, int, print_json, print_table, text};
 use crate::store::Store;
 
@@ -37,28 +40,58 @@ pub async fn run(store: &Store, args: StatusArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
-    let slots = slot_rows(store).await?;
-    let workers = live_workers(store).await?;
-    let mut per_status = std::collections::BTreeMap::<String, i64>::new();
+/// Robots counted by derived state, and the reasons of those not running.
+#[derive(Default)]
+struct RobotCounts {
+    per_state: BTreeMap<&'static str, i64>,
+    per_slot: BTreeMap<String, i64>,
+    /// "why" → how many robots.
+    not_running: BTreeMap<String, i64>,
+}
+
+/// Counts the robots by their state derived from their slot's lease: one grouped
+/// query, so it stays cheap at thousands of robots.
+async fn count_robots(store: &Store, slots: &[SlotRow]) -> anyhow::Result<RobotCounts> {
+    let views = state::slot_views(slots);
     let mut cursor = store
         .robots()
-        .aggregate(vec![
-            doc! {"$group": {"_id": {"slot": "$slot_id", "status": "$status"}, "n": {"$sum": 1}}},
-        ])
+        .aggregate(vec![doc! {"$group": {
+            "_id": {"slot": "$slot_id", "status": "$status", "paused": "$paused", "worker": "$worker"},
+            "n": {"$sum": 1},
+        }}])
         .await?;
-    let mut per_slot = std::collections::BTreeMap::<String, i64>::new();
+    let mut counts = RobotCounts::default();
     while let Some(d) = cursor.try_next().await? {
         let key = d.get_document("_id").cloned().unwrap_or_default();
         let n = int(&d, "n").unwrap_or(0);
-        *per_slot
-            .entry(text(&key, "slot").unwrap_or_default())
-            .or_default() += n;
-        *per_status
-            .entry(text(&key, "status").unwrap_or_else(|| "?".into()))
-            .or_default() += n;
+        let slot = text(&key, "slot").unwrap_or_default();
+        let st = state::derive(
+            &slot,
+            key.get_str("status").ok(),
+            key.get_bool("paused").unwrap_or(false),
+            key.get_str("worker").ok(),
+            views.get(&slot),
+        );
+        *counts.per_slot.entry(slot).or_default() += n;
+        *counts.per_state.entry(st.state).or_default() += n;
+        if let Some(why) = st.why {
+            *counts
+                .not_running
+                .entry(format!("{}: {why}", st.state))
+                .or_default() += n;
+        }
     }
-    let held = slots.iter().filter(|s| s.state == "held").count();
+    Ok(counts)
+}
+
+async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
+    let slots = slot_rows(store).await?;
+    let workers = live_workers(store).await?;
+    let counts = count_robots(store, &slots).await?;
+    let held = slots
+        .iter()
+        .filter(|s| matches!(s.state, "held" | "draining"))
+        .count();
     let claimable = slots
         .iter()
         .filter(|s| matches!(s.state, "free" | "expired"))
@@ -69,22 +102,27 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
         .filter_map(|w| text(w, "_id"))
         .collect();
     // Each holder failure needs one standby; unheld slots consume standbys first.
+    // Without a standby the survivors overflow (see README), but that costs room.
     let absorb = standbys.len().saturating_sub(claimable);
+    let total: i64 = counts.per_state.values().sum();
+    let running = counts.per_state.get("running").copied().unwrap_or(0);
     if as_json {
         let v: Vec<_> = slots
             .iter()
             .map(|s| {
                 let id = text(&s.doc, "_id").unwrap_or_default();
+                let view = state::SlotView::of(s);
                 json!({
-                    "id": id, "state": s.state, "owner": text(&s.doc, "owner"),
+                    "id": id, "state": s.state, "owner": view.holder,
                     "epoch": int(&s.doc, "epoch"), "lease_age_ms": s.lease_age_ms,
-                    "robots": per_slot.get(&id).copied().unwrap_or(0),
+                    "robots": counts.per_slot.get(&id).copied().unwrap_or(0),
                 })
             })
             .collect();
         print_json(&json!({
             "slots": v, "held": held, "unheld": claimable, "standbys": standbys,
-            "workers": workers.len(), "robots_by_status": per_status,
+            "workers": workers.len(), "robots": total, "robots_by_state": counts.per_state,
+            "robots_not_running": total - running, "not_running_why": counts.not_running,
             "failures_absorbable": absorb,
         }));
         return Ok(());
@@ -96,13 +134,13 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
             vec![
                 id.clone(),
                 s.state.to_string(),
-                text(&s.doc, "owner").unwrap_or_else(|| "-".into()),
+                state::SlotView::of(s).holder.unwrap_or_else(|| "-".into()),
                 s.doc
                     .get("epoch")
                     .map(Bson::to_string)
                     .unwrap_or_else(|| "-".into()),
                 age(s.lease_age_ms),
-                per_slot.get(&id).copied().unwrap_or(0).to_string(),
+                counts.per_slot.get(&id).copied().unwrap_or(0).to_string(),
             ]
         })
         .collect();
@@ -110,8 +148,11 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
         &["SLOT", "STATE", "HOLDER", "EPOCH", "LEASE AGE", "ROBOTS"],
         &rows,
     );
-    let total: i64 = per_status.values().sum();
-    let by: Vec<String> = per_status.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    let by: Vec<String> = counts
+        .per_state
+        .iter()
+        .map(|(s, n)| format!("{n} {s}"))
+        .collect();
     println!();
     println!(
         "slots:    {held} of {} held{}",
@@ -130,6 +171,12 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
             format!(" ({})", by.join(", "))
         }
     );
+    if total > running {
+        println!("          {} not running now:", total - running);
+        for (why, n) in &counts.not_running {
+            println!("            {n} {why}");
+        }
+    }
     println!(
         "workers:  {} live, {} standby{}",
         workers.len(),
@@ -141,9 +188,9 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
         }
     );
     println!(
-        "can absorb {absorb} holder failure(s) now{}",
+        "can absorb {absorb} holder failure(s) now with a standby{}",
         if absorb == 0 {
-            ": add workers for redundancy"
+            ": add workers for redundancy (survivors with room overflow meanwhile)"
         } else {
             ""
         }

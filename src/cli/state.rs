@@ -1,0 +1,155 @@
+//! What a robot is doing now, derived from its slot's lease rather than from the
+//! status its last holder wrote: a holder that died cannot update its robots, so a
+//! stored `running` alone proves nothing. `robot list`, `robot show`, `slots list` and
+//! `status` all show this.
+
+use std::collections::HashMap;
+
+use super::slots::SlotRow;
+use super::text;
+
+/// A slot as robot views need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotView {
+    /// `held`, `expired`, `free`, `draining`, `drained` or `invalid`, judged on the
+    /// server's clock.
+    pub state: &'static str,
+    /// The holder while the lease is live.
+    pub holder: Option<String>,
+}
+
+impl SlotView {
+    pub fn of(row: &SlotRow) -> SlotView {
+        let live = matches!(row.state, "held" | "draining");
+        SlotView {
+            state: row.state,
+            holder: live.then(|| text(&row.doc, "owner")).flatten(),
+        }
+    }
+}
+
+/// Every slot by id.
+pub fn slot_views(rows: &[SlotRow]) -> HashMap<String, SlotView> {
+    rows.iter()
+        .filter_map(|r| Some((text(&r.doc, "_id")?, SlotView::of(r))))
+        .collect()
+}
+
+/// A robot's derived state: what it is doing, who runs it, and why not when it is
+/// not running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RobotState {
+    /// `running`, `starting`, `restarting`, `failed`, `paused` or `waiting`.
+    pub state: &'static str,
+    /// The worker running it now, if any.
+    pub holder: Option<String>,
+    /// Why it is not running, for everything but `running`.
+    pub why: Option<String>,
+}
+
+/// Derives a robot's state from its stored fields and its slot (None: no such slot).
+pub fn derive(
+    slot_id: &str,
+    stored_status: Option<&str>,
+    paused: bool,
+    worker: Option<&str>,
+    slot: Option<&SlotView>,
+) -> RobotState {
+    let waiting = |why: String| RobotState {
+        state: "waiting",
+        holder: None,
+        why: Some(why),
+    };
+    if paused {
+        return RobotState {
+            state: "paused",
+            holder: None,
+            why: Some("paused by an operator (robot resume NAME)".into()),
+        };
+    }
+    let Some(slot) = slot else {
+        return waiting(format!("its slot {slot_id} does not exist"));
+    };
+    let holder = match (slot.state, &slot.holder) {
+        ("held" | "draining", Some(h)) => h.clone(),
+        ("drained", _) => {
+            return waiting(format!("{slot_id} is drained (slots undrain {slot_id})"))
+        }
+        ("invalid", _) => return waiting(format!("{slot_id}'s document is invalid")),
+        _ => return waiting(format!("no live worker holds {slot_id}")),
+    };
+    let adopted = worker == Some(holder.as_str());
+    let (state, why) = match stored_status {
+        Some("running") if adopted => ("running", None),
+        Some("restarting") if adopted => ("restarting", Some("crashed; restarting with backoff")),
+        Some("failed") if adopted => ("failed", Some("its spec or context cannot work")),
+        _ => ("starting", Some("its slot's holder is starting it")),
+    };
+    RobotState {
+        state,
+        holder: Some(holder),
+        why: why.map(str::to_string),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(state: &'static str, holder: Option<&str>) -> SlotView {
+        SlotView {
+            state,
+            holder: holder.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn a_dead_holders_robots_are_waiting_not_running() {
+        let s = derive(
+            "slot-1",
+            Some("running"),
+            false,
+            Some("w:1"),
+            Some(&slot("expired", None)),
+        );
+        assert_eq!(s.state, "waiting");
+        assert_eq!(s.holder, None);
+        assert!(s.why.unwrap().contains("no live worker holds slot-1"));
+    }
+
+    #[test]
+    fn running_only_under_the_live_holder() {
+        let held = slot("held", Some("w:1"));
+        let s = derive("slot-1", Some("running"), false, Some("w:1"), Some(&held));
+        assert_eq!(
+            (s.state, s.holder.as_deref(), s.why),
+            ("running", Some("w:1"), None)
+        );
+        // Written by the previous holder, not yet adopted by this one.
+        let s = derive("slot-1", Some("running"), false, Some("w:0"), Some(&held));
+        assert_eq!((s.state, s.holder.as_deref()), ("starting", Some("w:1")));
+        let s = derive("slot-1", Some("pending"), false, None, Some(&held));
+        assert_eq!(s.state, "starting");
+        let s = derive("slot-1", Some("failed"), false, Some("w:1"), Some(&held));
+        assert_eq!(s.state, "failed");
+    }
+
+    #[test]
+    fn paused_drained_and_missing() {
+        let held = slot("held", Some("w:1"));
+        assert_eq!(
+            derive("s", Some("running"), true, Some("w:1"), Some(&held)).state,
+            "paused"
+        );
+        let s = derive(
+            "s",
+            Some("running"),
+            false,
+            None,
+            Some(&slot("drained", None)),
+        );
+        assert!(s.state == "waiting" && s.why.unwrap().contains("drained"));
+        let s = derive("gone", Some("running"), false, None, None);
+        assert!(s.state == "waiting" && s.why.unwrap().contains("does not exist"));
+    }
+}

@@ -1,0 +1,232 @@
+//! Every robot runs while any worker lives: overflow when no standby is left,
+//! hand-back when one comes, `--max-slots`, on real worker processes and the real dev
+//! server, with the invariant checker over each whole run.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bson::Document;
+use common::{invariants, owner, TestDb, WorkerProc};
+
+const L: Duration = Duration::from_secs(2);
+
+/// Counters `c-1`… stepping every 200 ms with their whole history, spread evenly.
+fn create_counters(db: &TestDb, count: u32) {
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "c",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "200",
+        "--history",
+        "1000",
+        "--count",
+        &count.to_string(),
+    ]);
+}
+
+/// Holder → number of slots held (live slots only, judged by the worker's status).
+async fn holders(db: &TestDb) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for s in db.slots().await {
+        if let Some(o) = owner(&s) {
+            *out.entry(o).or_default() += 1;
+        }
+    }
+    out
+}
+
+async fn wait_holders(db: &TestDb, what: &str, want: impl Fn(&BTreeMap<String, usize>) -> bool) {
+    common::wait_for(Duration::from_secs(30), what, || async {
+        let h = holders(db).await;
+        want(&h).then_some(())
+    })
+    .await
+}
+
+/// Every robot's seq moved past where it was.
+async fn all_progress(db: &TestDb, limit: Duration) {
+    let before: BTreeMap<String, i64> = db
+        .robots()
+        .await
+        .iter()
+        .map(|r| (r.get_str("name").unwrap().to_string(), seq(r)))
+        .collect();
+    common::wait_for(limit, "every robot to step", || async {
+        db.robots()
+            .await
+            .iter()
+            .all(|r| seq(r) > before[r.get_str("name").unwrap()] + 1)
+            .then_some(())
+    })
+    .await
+}
+
+fn seq(r: &Document) -> i64 {
+    r.get_i64("seq").unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_worker_runs_every_slot_then_hands_one_to_each_newcomer() {
+    let db = TestDb::new("one_worker").await;
+    db.init(3).await;
+    let mut workers = vec![db.worker(&[])];
+    create_counters(&db, 6);
+    wait_holders(&db, "one worker holding all 3 slots", |h| {
+        h.len() == 1 && h.values().sum::<usize>() == 3
+    })
+    .await;
+    all_progress(&db, Duration::from_secs(20)).await;
+    for n in 2..=3 {
+        workers.push(db.worker(&[]));
+        let t0 = Instant::now();
+        wait_holders(&db, &format!("{n} workers holding the 3 slots"), |h| {
+            h.len() == n && h.values().sum::<usize>() == 3
+        })
+        .await;
+        println!("worker {n} got a slot {:?} after it started", t0.elapsed());
+        all_progress(&db, Duration::from_secs(20)).await;
+    }
+    let h = holders(&db).await;
+    assert!(h.values().all(|n| *n == 1), "one slot each: {h:?}");
+    // Stable: nobody gives back or takes over any more.
+    let epochs: Vec<i64> = db.slots().await.iter().map(common::epoch).collect();
+    all_progress(&db, Duration::from_secs(20)).await;
+    let later: Vec<i64> = db.slots().await.iter().map(common::epoch).collect();
+    assert_eq!(epochs, later, "no slot bounced between workers");
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 6);
+    println!("{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_standby_kill_9_a_holder_a_survivor_runs_its_robots_then_hands_back() {
+    let db = TestDb::new("no_standby").await;
+    db.init(3).await;
+    let mut workers: Vec<WorkerProc> = (0..3).map(|_| db.worker(&[])).collect();
+    wait_holders(&db, "three holders", |h| h.len() == 3).await;
+    create_counters(&db, 6);
+    all_progress(&db, Duration::from_secs(20)).await;
+    let victim = owner(&db.slot("slot-002").await).unwrap();
+    let i = workers.iter().position(|w| w.id == victim).unwrap();
+    let robots_of: Vec<String> = db
+        .robots()
+        .await
+        .iter()
+        .filter(|r| r.get_str("slot_id") == Ok("slot-002"))
+        .map(|r| r.get_str("name").unwrap().to_string())
+        .collect();
+    let seq_at: BTreeMap<String, i64> = db
+        .robots()
+        .await
+        .iter()
+        .map(|r| (r.get_str("name").unwrap().to_string(), seq(r)))
+        .collect();
+    let t0 = Instant::now();
+    workers[i].kill9();
+    workers.remove(i);
+    // Its robots resume on a survivor within 2L + 1 s (2L: expiry, then overflow).
+    common::wait_for(
+        2 * L + Duration::from_secs(1),
+        "the orphan's robots to run on a survivor",
+        || async {
+            let mut all = true;
+            for name in &robots_of {
+                let r = db.robot(name).await;
+                let last = invariants::entries(&r).last().cloned();
+                all &= seq(&r) > seq_at[name] && last.is_some_and(|e| e.worker != victim);
+            }
+            all.then_some(())
+        },
+    )
+    .await;
+    println!(
+        "orphan's robots resumed on a survivor after {:?}",
+        t0.elapsed()
+    );
+    let h = holders(&db).await;
+    assert_eq!(h.values().sum::<usize>(), 3, "every slot held: {h:?}");
+    assert!(!h.contains_key(&victim));
+    // A new worker: the extra slot is handed to it.
+    workers.push(db.worker(&[]));
+    wait_holders(&db, "one slot each again", |h| {
+        h.len() == 3 && h.values().all(|n| *n == 1)
+    })
+    .await;
+    all_progress(&db, Duration::from_secs(20)).await;
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 6);
+    println!("{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_orphans_land_on_two_different_survivors() {
+    let db = TestDb::new("two_orphans").await;
+    db.init(4).await;
+    let mut workers: Vec<WorkerProc> = (0..4).map(|_| db.worker(&[])).collect();
+    wait_holders(&db, "four holders", |h| h.len() == 4).await;
+    create_counters(&db, 8);
+    all_progress(&db, Duration::from_secs(20)).await;
+    let victims = [
+        owner(&db.slot("slot-001").await).unwrap(),
+        owner(&db.slot("slot-003").await).unwrap(),
+    ];
+    for v in &victims {
+        let i = workers.iter().position(|w| &w.id == v).unwrap();
+        workers[i].signal(libc::SIGKILL);
+    }
+    workers.retain_mut(|w| {
+        if victims.contains(&w.id) {
+            let _ = w.child.wait();
+            false
+        } else {
+            true
+        }
+    });
+    wait_holders(&db, "the two survivors holding two slots each", |h| {
+        h.len() == 2 && h.values().all(|n| *n == 2)
+    })
+    .await;
+    all_progress(&db, Duration::from_secs(20)).await;
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 8);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_slots_caps_a_worker_and_the_rest_waits() {
+    let db = TestDb::new("max_slots").await;
+    db.init(5).await;
+    let _w: Vec<WorkerProc> = (0..2).map(|_| db.worker(&["--max-slots", "2"])).collect();
+    create_counters(&db, 5);
+    wait_holders(&db, "4 slots held, 2 each", |h| {
+        h.len() == 2 && h.values().all(|n| *n == 2)
+    })
+    .await;
+    let unheld: Vec<String> = db
+        .slots()
+        .await
+        .iter()
+        .filter(|s| owner(s).is_none())
+        .map(|s| s.get_str("_id").unwrap().to_string())
+        .collect();
+    assert_eq!(unheld.len(), 1, "one slot is beyond both caps");
+    // It stays unheld: nobody exceeds its cap, however long it waits.
+    let t0 = Instant::now();
+    while t0.elapsed() < 2 * L + Duration::from_secs(1) {
+        let h = holders(&db).await;
+        assert!(h.values().all(|n| *n <= 2), "a cap was exceeded: {h:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = db.cli_ok(&["robot", "list", "--slot", &unheld[0]]);
+    assert!(
+        out.contains("waiting"),
+        "its robots are reported waiting:\n{out}"
+    );
+    let status = db.cli_ok(&["status"]);
+    assert!(status.contains("not running"), "{status}");
+}
