@@ -255,6 +255,127 @@ async fn kill_9_and_sigstop_rounds() {
     verdict(&db, "kill/stop").await;
 }
 
+/// Holders per worker id, judged by the slots' owners.
+async fn held_per_worker(db: &TestDb) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for s in db.slots().await {
+        if let Some(o) = owner(&s) {
+            *out.entry(o).or_default() += 1;
+        }
+    }
+    out
+}
+
+async fn wait_spread(
+    db: &TestDb,
+    what: &str,
+    ok: impl Fn(&BTreeMap<String, usize>) -> bool,
+) -> Duration {
+    let t0 = Instant::now();
+    common::wait_for(Duration::from_secs(30), what, || async {
+        let h = held_per_worker(db).await;
+        (ok(&h) && slot_ages_fresh(db).await).then_some(())
+    })
+    .await;
+    t0.elapsed()
+}
+
+/// Robots moved between slots all along, by real `robot move` commands, some of them
+/// there and back at once (X → Y → X).
+fn start_mover(
+    db: &TestDb,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    let uri = db.uri.clone();
+    std::thread::spawn(move || {
+        let mut moved = 0;
+        let mut i = 0usize;
+        let mv = |name: &str, to: &str| {
+            std::process::Command::new(common::BIN)
+                .args(["robot", "move", name, "--to", to])
+                .env("MONGODB_URI", &uri)
+                .env("SLOTPOOL_LOG", "warn")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let name = format!("c-{}", i % 12 + 1);
+            let (x, y) = (
+                format!("slot-00{}", i % 3 + 1),
+                format!("slot-00{}", (i + 1) % 3 + 1),
+            );
+            moved += mv(&name, &y) as usize;
+            if i % 3 == 0 {
+                moved += mv(&name, &x) as usize;
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        moved
+    })
+}
+
+/// No standby at all: 3 slots, 3 workers. kill -9 or SIGSTOP a holder, and a
+/// survivor overflows onto its slot; a new (or the resumed) worker gets a slot
+/// handed back. Robots are moved between slots the whole time. Zero double runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_standby_overflow_and_hand_back_under_moves() {
+    let _g = SERIAL.lock().await;
+    let db = TestDb::new("chaos_overflow").await;
+    let mut w = pool(&db, 3, 3, 12).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mover = start_mover(&db, stop.clone());
+    let one_each = |h: &BTreeMap<String, usize>| h.len() == 3 && h.values().all(|n| *n == 1);
+    let mut orphans = Vec::new();
+    let mut handbacks = Vec::new();
+    for round in 0..rounds(2) {
+        let slot = format!("slot-00{}", round % 3 + 1);
+        let old = owner(&db.slot(&slot).await).unwrap();
+        let i = holder_index(&w, &old);
+        let t0 = Instant::now();
+        w[i].kill9();
+        orphans.push(takeover(&db, &slot, &old, t0).await);
+        w.remove(i);
+        wait_spread(&db, "the survivors holding every slot", |h| {
+            h.values().sum::<usize>() == 3
+        })
+        .await;
+        progress(&db, 2).await;
+        w.push(db.worker(&[]));
+        handbacks.push(wait_spread(&db, "one slot each after the hand-back", one_each).await);
+        progress(&db, 2).await;
+
+        let slot = format!("slot-00{}", (round + 1) % 3 + 1);
+        let old = owner(&db.slot(&slot).await).unwrap();
+        let i = holder_index(&w, &old);
+        let t0 = Instant::now();
+        w[i].signal(libc::SIGSTOP);
+        orphans.push(takeover(&db, &slot, &old, t0).await);
+        while t0.elapsed() < 3 * L {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        w[i].signal(libc::SIGCONT);
+        w[i].wait_log("self-fenced", Duration::from_secs(10)).await;
+        handbacks.push(wait_spread(&db, "the resumed worker given a slot back", one_each).await);
+        progress(&db, 2).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let moved = mover.join().unwrap();
+    println!("[overflow] {moved} robot moves during the run");
+    assert!(moved > 10, "the mover really moved robots");
+    let mut t = orphans.clone();
+    t.sort();
+    println!(
+        "[overflow] orphan takeovers without a standby: min {:?}, max {:?} (bound 2L + 1 s = 5 s)",
+        t[0],
+        t[t.len() - 1]
+    );
+    println!("[overflow] hand-backs until one slot each: {handbacks:?}");
+    assert!(t[t.len() - 1] <= 2 * L + Duration::from_secs(2), "{t:?}");
+    progress(&db, 2).await;
+    verdict(&db, "overflow").await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn database_link_blackholed_delayed_and_cut() {
     let _g = SERIAL.lock().await;
