@@ -35,6 +35,8 @@
 //!     }
 //! }
 //!
+//! // First thing in main: this binary also serves as the shim of `exec` robots.
+//! slotpool::robot::shim::run_if_requested();
 //! let mut registry = Registry::builtin();
 //! registry.register(Greeter);
 //! // then: slotpool::worker::Worker::new(settings, store, registry).run().await
