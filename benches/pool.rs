@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,handoff,storm,cost,create,restore
+//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,create,restore
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -160,6 +160,207 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
         } else {
             "p99 ≤ L + 150 ms = 2150 ms (lower bound L = 2000 ms)".into()
         },
+    }
+}
+
+/// Eager counters (one checkpoint per start) named `NAME-i`, on the least-loaded slots.
+fn eager_counters(db: &TestDb, name: &str, n: u32) {
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        name,
+        "--kind",
+        "counter",
+        "--count",
+        &n.to_string(),
+        "--spec",
+        r#"{"interval_ms": 600000, "eager": true}"#,
+    ]);
+}
+
+/// Robots checkpointed at or after `since` (server ms) among those matching `filter`.
+async fn checkpointed(db: &TestDb, mut filter: bson::Document, since: i64) -> u64 {
+    filter.insert(
+        "checkpointed_at",
+        doc! {"$gte": bson::DateTime::from_millis(since)},
+    );
+    db.store.robots().count_documents(filter).await.unwrap_or(0)
+}
+
+/// Slots held per worker.
+async fn spread(db: &TestDb) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for s in db.slots().await {
+        if let Some(o) = owner(&s) {
+            *out.entry(o).or_default() += 1;
+        }
+    }
+    out
+}
+
+async fn one_slot_each(db: &TestDb, workers: usize) {
+    common::wait_for(Duration::from_secs(60), "one slot per worker", || async {
+        let h = spread(db).await;
+        (h.len() == workers && h.values().all(|n| *n == 1)).then_some(())
+    })
+    .await
+}
+
+/// Orphan takeover with no standby: 2 slots, 2 workers, kill -9 the holder of the
+/// slot with `robots` robots; the survivor overflows onto it. A new worker then gets
+/// it handed back, ready for the next trial.
+async fn orphan(trials: usize, robots: u32) -> Row {
+    fresh_server();
+    let db = TestDb::new("b_orphan").await;
+    db.init(1).await;
+    eager_counters(&db, "o", robots);
+    db.init(2).await;
+    let mut w = [db.worker(&[]), db.worker(&[])];
+    one_slot_each(&db, 2).await;
+    checkpointed_since(&db, 0, robots as u64).await;
+    let (mut claims, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..trials {
+        let old = owner(&db.slot("slot-001").await).unwrap();
+        let i = w.iter().position(|x| x.id == old).unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let t0 = wall_ms();
+        w[i].kill9();
+        let new = holder_of(&db, "slot-001", Some(&old)).await;
+        let since = bson::DateTime::from_millis(t0);
+        let claim = common::wait_for(Duration::from_secs(10), "the claim event", || async {
+            db.store
+                .events()
+                .find_one(doc! {"kind": "claim", "worker": &new, "slot_id": "slot-001", "at": {"$gte": since}})
+                .await
+                .ok()?
+        })
+        .await;
+        let claimed_at = claim.get_datetime("at").unwrap().timestamp_millis();
+        let last = checkpointed_since(&db, claimed_at, robots as u64).await;
+        claims.push((claimed_at - t0) as f64);
+        all.push((last - t0) as f64);
+        // A new worker: slot-001 is handed back to it; its robots restart there.
+        let handed = wall_ms();
+        w[i] = db.worker(&[]);
+        one_slot_each(&db, 2).await;
+        checkpointed_since(&db, handed, robots as u64).await;
+    }
+    Row {
+        name: format!(
+            "Orphan takeover, no standby: kill -9 → a survivor overflows → every robot's first checkpoint ({robots} robots, tick 1 s)"
+        ),
+        figures: format!(
+            "claim after kill -9: {}; all robots checkpointed: {}",
+            dist(&mut claims),
+            dist(&mut all)
+        ),
+        goal: "claim p99 ≤ 2L + 100 ms = 4100 ms".into(),
+    }
+}
+
+/// Hand-back: 2 slots held by one worker; a new worker starts and gets one.
+async fn handback(trials: usize) -> Row {
+    fresh_server();
+    let db = TestDb::new("b_handback").await;
+    db.init(2).await;
+    eager_counters(&db, "h", 20);
+    let first = db.worker(&[]);
+    common::wait_for(
+        Duration::from_secs(30),
+        "one worker holding both",
+        || async {
+            let h = spread(&db).await;
+            (h.get(&first.id) == Some(&2)).then_some(())
+        },
+    )
+    .await;
+    let mut took = Vec::new();
+    for _ in 0..trials {
+        let t0 = Instant::now();
+        let mut newcomer = db.worker(&[]);
+        common::wait_for(
+            Duration::from_secs(30),
+            "the newcomer to hold a slot",
+            || async { spread(&db).await.contains_key(&newcomer.id).then_some(()) },
+        )
+        .await;
+        took.push(t0.elapsed().as_secs_f64() * 1000.0);
+        // Gone again: the first worker overflows back onto its slot.
+        newcomer.signal(libc::SIGTERM);
+        newcomer.wait_exit(Duration::from_secs(10));
+        common::wait_for(
+            Duration::from_secs(30),
+            "the first worker holding both again",
+            || async { (spread(&db).await.get(&first.id) == Some(&2)).then_some(()) },
+        )
+        .await;
+    }
+    Row {
+        name: "Hand-back: a new worker's start (process spawn included) → it holds a slot handed back by an overflowing holder (20 robots on it, tick 1 s)".into(),
+        figures: dist(&mut took),
+        goal: "p99 ≤ one tick + 500 ms = 1500 ms".into(),
+    }
+}
+
+/// Rebalance of `n` robots from n/0/0 to even, with 3 live holders.
+async fn rebalance(n: u32) -> Row {
+    fresh_server();
+    let db = TestDb::new("b_rebalance").await;
+    db.init(1).await;
+    eager_counters(&db, "r", n);
+    db.init(3).await;
+    let _w = [db.worker(&[]), db.worker(&[]), db.worker(&[])];
+    one_slot_each(&db, 3).await;
+    checkpointed_since(&db, 0, n as u64).await;
+    let t0 = wall_ms();
+    let started = Instant::now();
+    db.cli_ok(&["rebalance"]);
+    let command = started.elapsed().as_secs_f64() * 1000.0;
+    let moved = db
+        .store
+        .robots()
+        .count_documents(doc! {"slot_id": {"$ne": "slot-001"}})
+        .await
+        .unwrap();
+    let last = common::wait_for(
+        Duration::from_secs(300),
+        "every moved robot running",
+        || async {
+            let done = checkpointed(&db, doc! {"slot_id": {"$ne": "slot-001"}}, t0).await;
+            if done < moved {
+                return None;
+            }
+            let latest = db
+                .store
+                .robots()
+                .find_one(doc! {})
+                .sort(doc! {"checkpointed_at": -1})
+                .await
+                .ok()??;
+            Some(
+                latest
+                    .get_datetime("checkpointed_at")
+                    .ok()?
+                    .timestamp_millis(),
+            )
+        },
+    )
+    .await;
+    let per_slot: Vec<String> = db
+        .slots()
+        .await
+        .iter()
+        .map(|s| s.get_i64("robot_count").unwrap_or(0).to_string())
+        .collect();
+    Row {
+        name: format!("Rebalance: {n} robots from {n}/0/0 over 3 held slots (eager counters, tick 1 s)"),
+        figures: format!(
+            "{moved} robots moved → {}; the command took {command:.0} ms; every moved robot checkpointed on its new slot {} ms after the command started (the longest any one robot was down is at most that)",
+            per_slot.join("/"),
+            last - t0
+        ),
+        goal: "-".into(),
     }
 }
 
@@ -478,6 +679,15 @@ async fn main() {
     if want("handoff") {
         show(&mut rows, handover(trials, 100, true).await);
     }
+    if want("orphan") {
+        show(&mut rows, orphan(trials, 100).await);
+    }
+    if want("handback") {
+        show(&mut rows, handback(trials).await);
+    }
+    if want("rebalance") {
+        show(&mut rows, rebalance(1000).await);
+    }
     if want("storm") {
         let (workers, slots) = if quick { (20, 5) } else { (50, 10) };
         let (t1, a1, c1, n1, k1) = storm(workers, slots, true).await;
@@ -521,7 +731,7 @@ async fn main() {
     }
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,storm,cost,create,restore`).");
+    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,orphan,handback,rebalance,storm,cost,create,restore`).");
     let _ = writeln!(
         md,
         "It runs release builds of real worker processes against a throwaway dev server of its"

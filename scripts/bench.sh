@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Benchmarks: takeover, handoff, claim storm, per-tick database cost, restore rate,
+# Benchmarks: takeover, handoff, orphan takeover without a standby, hand-back,
+# rebalance, claim storm, per-tick database cost, restore rate,
 # footprint, create rate. Prints one table and writes BENCHMARKS.md.
-#   scripts/bench.sh [--quick] [--only takeover,handoff,storm,cost,create,restore]
+#   scripts/bench.sh [--quick] [--only takeover,handoff,orphan,handback,rebalance,storm,cost,create,restore]
 # Runs against a fresh throwaway dev server unless MONGODB_URI is set.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -27,36 +27,55 @@ db.robots.aggregate([{ $group: { _id: '$slot_id', n: { $sum: 1 } } }]).forEach((
   robotsPerSlot[g._id] = g.n;
 });
 
+// A slot is live while its lease runs, on the server's clock; a robot's stored status is
+// what its last holder wrote, so it is believed only while that holder's lease is live.
+const slotState = {};
+const slots = db.slots.find().sort({ _id: 1 }).toArray();
+slots.forEach((s) => {
+  const lease = typeof s.lease_ms === 'number' ? s.lease_ms : Number(s.lease_ms || 0);
+  const live = s.owner && s.time instanceof Date && now - s.time.getTime() <= lease;
+  const state = s.draining ? (live ? 'draining' : 'drained') : live ? 'held' : s.owner ? 'expired' : 'free';
+  slotState[s._id] = { state: state, holder: live ? s.owner : null };
+});
+
+function robotState(r) {
+  if (r.paused === true) return 'paused';
+  const s = slotState[r.slot_id];
+  if (!s) return 'waiting (no slot ' + r.slot_id + ')';
+  if (!s.holder) return 'waiting (' + r.slot_id + ' ' + s.state + ')';
+  if (r.worker !== s.holder) return 'starting';
+  return r.status;
+}
+
 print('== slots (' + db.getName() + ')');
 table(
   ['SLOT', 'STATE', 'HOLDER', 'EPOCH', 'LEASE AGE', 'ROBOTS'],
-  db.slots.find().sort({ _id: 1 }).toArray().map((s) => {
-    const lease = typeof s.lease_ms === 'number' ? s.lease_ms : Number(s.lease_ms || 0);
-    const live = s.owner && s.time instanceof Date && now - s.time.getTime() <= lease;
-    const state = s.draining ? (live ? 'draining' : 'drained') : live ? 'held' : s.owner ? 'expired' : 'free';
-    return [s._id, state, s.owner || '-', String(s.epoch), age(s.time), robotsPerSlot[s._id] || 0];
-  })
+  slots.map((s) => [s._id, slotState[s._id].state, slotState[s._id].holder || '-', String(s.epoch), age(s.time), robotsPerSlot[s._id] || 0])
 );
 
 print('');
 print('== workers');
 table(
-  ['WORKER', 'SLOT', 'LAST SEEN'],
-  db.workers.find().sort({ _id: 1 }).toArray().map((w) => [w._id, w.slot_id || 'standby', age(w.last_seen)])
+  ['WORKER', 'SLOTS', 'LAST SEEN'],
+  db.workers
+    .find()
+    .sort({ _id: 1 })
+    .toArray()
+    .map((w) => [w._id, (Array.isArray(w.slots) && w.slots.length ? w.slots.join(',') : w.slot_id) || 'standby', age(w.last_seen)])
 );
 
 print('');
 print('== stale robots (not running, or no checkpoint for ' + staleMs / 1000 + 's)');
 const stale = db.robots
-  .find({ paused: { $ne: true } }, { name: 1, slot_id: 1, status: 1, error: 1, checkpointed_at: 1 })
+  .find({ paused: { $ne: true } }, { name: 1, slot_id: 1, status: 1, error: 1, worker: 1, checkpointed_at: 1 })
   .sort({ name: 1 })
   .toArray()
-  .filter((r) => r.status !== 'running' || !(r.checkpointed_at instanceof Date) || now - r.checkpointed_at.getTime() > staleMs);
+  .filter((r) => robotState(r) !== 'running' || !(r.checkpointed_at instanceof Date) || now - r.checkpointed_at.getTime() > staleMs);
 if (stale.length === 0) print('none');
 else
   table(
-    ['ROBOT', 'SLOT', 'STATUS', 'LAST CHECKPOINT', 'ERROR'],
-    stale.map((r) => [r.name, r.slot_id, r.status, age(r.checkpointed_at), r.error || ''])
+    ['ROBOT', 'SLOT', 'STATE', 'LAST CHECKPOINT', 'ERROR'],
+    stale.map((r) => [r.name, r.slot_id, robotState(r), age(r.checkpointed_at), r.error || ''])
   );
 
 print('');
