@@ -48,15 +48,24 @@ fn wall_ms() -> i64 {
 /// Waits until `n` robots have checkpointed at or after `since` (server ms); returns
 /// the latest such checkpoint time.
 async fn checkpointed_since(db: &TestDb, since: i64, n: u64) -> i64 {
-    let since = bson::DateTime::from_millis(since);
+    checkpointed_where(db, doc! {}, since, n).await
+}
+
+/// Like [`checkpointed_since`], counting only the robots that match `filter`.
+async fn checkpointed_where(db: &TestDb, filter: bson::Document, since: i64, n: u64) -> i64 {
+    let mut counted = filter;
+    counted.insert(
+        "checkpointed_at",
+        doc! {"$gte": bson::DateTime::from_millis(since)},
+    );
     common::wait_for(
-        Duration::from_secs(120),
-        "every robot's first checkpoint on the new holder",
+        Duration::from_secs(300),
+        "every robot's first checkpoint on its new holder",
         || async {
             let count = db
                 .store
                 .robots()
-                .count_documents(doc! {"checkpointed_at": {"$gte": since}})
+                .count_documents(counted.clone())
                 .await
                 .ok()?;
             if count < n {
@@ -179,29 +188,9 @@ fn eager_counters(db: &TestDb, name: &str, n: u32) {
     ]);
 }
 
-/// Robots checkpointed at or after `since` (server ms) among those matching `filter`.
-async fn checkpointed(db: &TestDb, mut filter: bson::Document, since: i64) -> u64 {
-    filter.insert(
-        "checkpointed_at",
-        doc! {"$gte": bson::DateTime::from_millis(since)},
-    );
-    db.store.robots().count_documents(filter).await.unwrap_or(0)
-}
-
-/// Slots held per worker.
-async fn spread(db: &TestDb) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for s in db.slots().await {
-        if let Some(o) = owner(&s) {
-            *out.entry(o).or_default() += 1;
-        }
-    }
-    out
-}
-
 async fn one_slot_each(db: &TestDb, workers: usize) {
     common::wait_for(Duration::from_secs(60), "one slot per worker", || async {
-        let h = spread(db).await;
+        let h = db.held_per_worker().await;
         (h.len() == workers && h.values().all(|n| *n == 1)).then_some(())
     })
     .await
@@ -270,7 +259,7 @@ async fn handback(trials: usize) -> Row {
         Duration::from_secs(30),
         "one worker holding both",
         || async {
-            let h = spread(&db).await;
+            let h = db.held_per_worker().await;
             (h.get(&first.id) == Some(&2)).then_some(())
         },
     )
@@ -282,7 +271,12 @@ async fn handback(trials: usize) -> Row {
         common::wait_for(
             Duration::from_secs(30),
             "the newcomer to hold a slot",
-            || async { spread(&db).await.contains_key(&newcomer.id).then_some(()) },
+            || async {
+                db.held_per_worker()
+                    .await
+                    .contains_key(&newcomer.id)
+                    .then_some(())
+            },
         )
         .await;
         took.push(t0.elapsed().as_secs_f64() * 1000.0);
@@ -292,7 +286,7 @@ async fn handback(trials: usize) -> Row {
         common::wait_for(
             Duration::from_secs(30),
             "the first worker holding both again",
-            || async { (spread(&db).await.get(&first.id) == Some(&2)).then_some(()) },
+            || async { (db.held_per_worker().await.get(&first.id) == Some(&2)).then_some(()) },
         )
         .await;
     }
@@ -323,30 +317,7 @@ async fn rebalance(n: u32) -> Row {
         .count_documents(doc! {"slot_id": {"$ne": "slot-001"}})
         .await
         .unwrap();
-    let last = common::wait_for(
-        Duration::from_secs(300),
-        "every moved robot running",
-        || async {
-            let done = checkpointed(&db, doc! {"slot_id": {"$ne": "slot-001"}}, t0).await;
-            if done < moved {
-                return None;
-            }
-            let latest = db
-                .store
-                .robots()
-                .find_one(doc! {})
-                .sort(doc! {"checkpointed_at": -1})
-                .await
-                .ok()??;
-            Some(
-                latest
-                    .get_datetime("checkpointed_at")
-                    .ok()?
-                    .timestamp_millis(),
-            )
-        },
-    )
-    .await;
+    let last = checkpointed_where(&db, doc! {"slot_id": {"$ne": "slot-001"}}, t0, moved).await;
     let per_slot: Vec<String> = db
         .slots()
         .await

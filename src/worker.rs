@@ -333,8 +333,12 @@ impl Worker {
                 tracing::error!(slot = %bad.id, "skipping broken slot document: {}", bad.why);
             }
         }
-        let alive = if self.held.is_empty() {
-            Vec::new() // a standby claims at expiry whoever else is alive
+        // Who else is alive matters only to order overflow claims (some slot is
+        // expired) and to hand back (this worker holds more than one): a standby
+        // claims at expiry regardless, and a quiet holder of one slot reads nothing.
+        let needed = !self.held.is_empty() && (!survey.expired.is_empty() || self.held.len() > 1);
+        let alive = if !needed {
+            Vec::new()
         } else {
             match tokio::time::timeout(limit, self.alive_workers()).await {
                 Ok(Ok(a)) => a,
@@ -409,8 +413,13 @@ impl Worker {
         let Some((slot, at)) = &self.handed_back else {
             return true;
         };
-        let pending = self.held.iter().any(|h| &h.slot_id == slot)
-            || survey.expired.iter().any(|c| &c.id == slot);
+        // Pending while its release is still under way or nobody holds it yet; once
+        // held again (by the standby, or later by this worker overflowing) it is over.
+        let releasing = self
+            .held
+            .iter()
+            .any(|h| &h.slot_id == slot && h.giving_back());
+        let pending = releasing || survey.expired.iter().any(|c| &c.id == slot);
         if pending && at.elapsed() < self.settings.timing.lease() * 2 {
             return false;
         }

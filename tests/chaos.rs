@@ -87,21 +87,8 @@ impl Monitor {
 
 /// Counters `c-1`… stepping every 200 ms, keeping their whole history for the checker.
 fn create_counters(db: &TestDb, count: u32) {
-    let count = count.to_string();
-    db.cli_ok(&[
-        "robot",
-        "create",
-        "--name",
-        "c",
-        "--kind",
-        "counter",
-        "--interval-ms",
-        "200",
-        "--history",
-        "1000",
-        "--count",
-        &count,
-    ]);
+    let out = db.counters("c", count, 200);
+    assert!(out.status.success(), "{out:?}");
 }
 
 /// A pool: slots, workers, counters with full history.
@@ -255,17 +242,6 @@ async fn kill_9_and_sigstop_rounds() {
     verdict(&db, "kill/stop").await;
 }
 
-/// Holders per worker id, judged by the slots' owners.
-async fn held_per_worker(db: &TestDb) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for s in db.slots().await {
-        if let Some(o) = owner(&s) {
-            *out.entry(o).or_default() += 1;
-        }
-    }
-    out
-}
-
 async fn wait_spread(
     db: &TestDb,
     what: &str,
@@ -273,7 +249,7 @@ async fn wait_spread(
 ) -> Duration {
     let t0 = Instant::now();
     common::wait_for(Duration::from_secs(30), what, || async {
-        let h = held_per_worker(db).await;
+        let h = db.held_per_worker().await;
         (ok(&h) && slot_ages_fresh(db).await).then_some(())
     })
     .await;

@@ -14,31 +14,12 @@ const L: Duration = Duration::from_secs(2);
 
 /// Counters `c-1`… stepping every 200 ms with their whole history, spread evenly.
 fn create_counters(db: &TestDb, count: u32) {
-    db.cli_ok(&[
-        "robot",
-        "create",
-        "--name",
-        "c",
-        "--kind",
-        "counter",
-        "--interval-ms",
-        "200",
-        "--history",
-        "1000",
-        "--count",
-        &count.to_string(),
-    ]);
+    let out = db.counters("c", count, 200);
+    assert!(out.status.success(), "{out:?}");
 }
 
-/// Holder → number of slots held (live slots only, judged by the worker's status).
 async fn holders(db: &TestDb) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for s in db.slots().await {
-        if let Some(o) = owner(&s) {
-            *out.entry(o).or_default() += 1;
-        }
-    }
-    out
+    db.held_per_worker().await
 }
 
 async fn wait_holders(db: &TestDb, what: &str, want: impl Fn(&BTreeMap<String, usize>) -> bool) {

@@ -24,20 +24,7 @@ fn counts(db_robots: &[Document]) -> Vec<usize> {
 }
 
 fn counters(db: &TestDb, name: &str, count: u32) -> std::process::Output {
-    db.cli(&[
-        "robot",
-        "create",
-        "--name",
-        name,
-        "--kind",
-        "counter",
-        "--interval-ms",
-        "200",
-        "--history",
-        "1000",
-        "--count",
-        &count.to_string(),
-    ])
+    db.counters(name, count, 200)
 }
 
 #[tokio::test(flavor = "multi_thread")]

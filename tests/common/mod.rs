@@ -133,6 +133,36 @@ impl TestDb {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// `robot create` of `count` counters `NAME-1`… stepping every `interval_ms`, each
+    /// keeping its whole history for the invariant checker.
+    pub fn counters(&self, name: &str, count: u32, interval_ms: u32) -> Output {
+        self.cli(&[
+            "robot",
+            "create",
+            "--name",
+            name,
+            "--kind",
+            "counter",
+            "--interval-ms",
+            &interval_ms.to_string(),
+            "--history",
+            "1000",
+            "--count",
+            &count.to_string(),
+        ])
+    }
+
+    /// How many slots each worker holds now, by the slots' owners.
+    pub async fn held_per_worker(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for s in self.slots().await {
+            if let Some(o) = owner(&s) {
+                *out.entry(o).or_default() += 1;
+            }
+        }
+        out
+    }
+
     pub fn worker(&self, extra: &[&str]) -> WorkerProc {
         WorkerProc::start(&self.uri, &self.dir, extra)
     }
