@@ -103,13 +103,14 @@ fn plan_sync(listed: &[View], running: &HashMap<ObjectId, Instance>, mine: i64) 
         }
     }
     plan.stop.sort();
+    let stopping: HashSet<&ObjectId> = plan.stop.iter().collect();
     for v in listed {
         if v.paused || v.epoch > mine {
             continue;
         }
         match running.get(&v.id) {
             None => plan.start.push(v.id),
-            Some(inst) if inst.stopping || plan.stop.contains(&v.id) => plan.incomplete = true,
+            Some(inst) if inst.stopping || stopping.contains(&v.id) => plan.incomplete = true,
             Some(_) => {}
         }
     }
@@ -206,9 +207,10 @@ impl Supervisor {
                 r.stopping = true;
             }
         }
+        let starting: HashSet<&ObjectId> = plan.start.iter().collect();
         let mut wanted: HashMap<ObjectId, Listed> = listed
             .into_iter()
-            .filter(|l| plan.start.contains(&l.id))
+            .filter(|l| starting.contains(&l.id))
             .map(|l| (l.id, l))
             .collect();
         let adopted = self.adopt(&plan.start).await?;
