@@ -19,6 +19,7 @@ pub struct RebalanceArgs {
     /// Move at most this many robots (run again to continue).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..), allow_hyphen_values = true)]
     max_moves: Option<u32>,
+    /// Print the plan (robots per move, counts before and after) as JSON.
     #[arg(long)]
     json: bool,
 }
