@@ -231,3 +231,42 @@ async fn bad_input_gets_a_clear_error() {
         );
     }
 }
+
+/// A slot drained while a rebalance runs: whichever lands first, no robot is lost,
+/// every slot's `robot_count` stays true, and a refused move says so clearly.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_drained_during_a_rebalance_loses_nothing() {
+    let db = TestDb::new("drain_race").await;
+    db.init(1).await;
+    assert!(counters(&db, "x", 300).status.success());
+    db.init(3).await;
+    let rebalance = std::process::Command::new(common::BIN)
+        .args(["rebalance"])
+        .env("MONGODB_URI", &db.uri)
+        .env("SLOTPOOL_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    db.cli_ok(&["slots", "drain", "slot-003"]);
+    let out = rebalance.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    println!("rebalance exit {:?}: {err}", out.status.code());
+    if !out.status.success() {
+        assert!(
+            err.contains("slot-003 is draining") && err.contains("run `slotpool rebalance` again"),
+            "{err}"
+        );
+    }
+    let robots = db.robots().await;
+    assert_eq!(robots.len(), 300, "no robot lost");
+    let truth = per_slot(&robots);
+    for s in db.slots().await {
+        let id = s.get_str("_id").unwrap();
+        assert_eq!(
+            s.get_i64("robot_count").unwrap(),
+            truth.get(id).copied().unwrap_or(0) as i64,
+            "{id}'s robot_count is true"
+        );
+    }
+}
