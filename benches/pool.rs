@@ -96,6 +96,24 @@ async fn holder_of(db: &TestDb, slot: &str, not: Option<&str>) -> String {
     .await
 }
 
+/// Waits for `slot` to be claimed by someone other than `old`; returns when the claim
+/// landed (server ms, from its `claim` event at or after `since`).
+async fn claimed_after(db: &TestDb, slot: &str, old: &str, since: i64) -> i64 {
+    let new = holder_of(db, slot, Some(old)).await;
+    let since = bson::DateTime::from_millis(since);
+    let claim = common::wait_for(Duration::from_secs(10), "the claim event", || async {
+        db.store
+            .events()
+            .find_one(
+                doc! {"kind": "claim", "worker": &new, "slot_id": slot, "at": {"$gte": since}},
+            )
+            .await
+            .ok()?
+    })
+    .await;
+    claim.get_datetime("at").unwrap().timestamp_millis()
+}
+
 /// Crash takeover or graceful handoff, `trials` times, `robots` eager counters.
 async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
     fresh_server();
@@ -130,17 +148,7 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
         } else {
             w[i].kill9();
         }
-        let new = holder_of(&db, "slot-001", Some(&old)).await;
-        let since = bson::DateTime::from_millis(t0);
-        let claim = common::wait_for(Duration::from_secs(10), "the claim event", || async {
-            db.store
-                .events()
-                .find_one(doc! {"kind": "claim", "worker": &new, "at": {"$gte": since}})
-                .await
-                .ok()?
-        })
-        .await;
-        let claimed_at = claim.get_datetime("at").unwrap().timestamp_millis();
+        let claimed_at = claimed_after(&db, "slot-001", &old, t0).await;
         let last = checkpointed_since(&db, claimed_at, robots as u64).await;
         takeover.push((claimed_at - t0) as f64);
         all_running.push((last - t0) as f64);
@@ -215,17 +223,7 @@ async fn orphan(trials: usize, robots: u32) -> Row {
         tokio::time::sleep(Duration::from_millis(700)).await;
         let t0 = wall_ms();
         w[i].kill9();
-        let new = holder_of(&db, "slot-001", Some(&old)).await;
-        let since = bson::DateTime::from_millis(t0);
-        let claim = common::wait_for(Duration::from_secs(10), "the claim event", || async {
-            db.store
-                .events()
-                .find_one(doc! {"kind": "claim", "worker": &new, "slot_id": "slot-001", "at": {"$gte": since}})
-                .await
-                .ok()?
-        })
-        .await;
-        let claimed_at = claim.get_datetime("at").unwrap().timestamp_millis();
+        let claimed_at = claimed_after(&db, "slot-001", &old, t0).await;
         let last = checkpointed_since(&db, claimed_at, robots as u64).await;
         claims.push((claimed_at - t0) as f64);
         all.push((last - t0) as f64);

@@ -199,6 +199,23 @@ async fn verdict(db: &TestDb, what: &str) {
     assert!(r.robots > 0 && r.checkpoints > 0);
 }
 
+/// SIGSTOPs the holder of `slot` until someone else holds it and 3 L have passed,
+/// then resumes it and waits for it to notice it self-fenced. Returns the takeover
+/// time.
+async fn stop_holder(db: &TestDb, w: &[WorkerProc], slot: &str) -> Duration {
+    let old = owner(&db.slot(slot).await).unwrap();
+    let i = holder_index(w, &old);
+    let t0 = Instant::now();
+    w[i].signal(libc::SIGSTOP);
+    let took = takeover(db, slot, &old, t0).await;
+    while t0.elapsed() < 3 * L {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w[i].signal(libc::SIGCONT);
+    w[i].wait_log("self-fenced", Duration::from_secs(10)).await;
+    took
+}
+
 fn holder_index(w: &[WorkerProc], id: &str) -> usize {
     w.iter()
         .position(|x| x.id == id)
@@ -224,16 +241,7 @@ async fn kill_9_and_sigstop_rounds() {
         progress(&db, 2).await;
 
         let slot = format!("slot-00{}", (round + 1) % 3 + 1);
-        let old = owner(&db.slot(&slot).await).unwrap();
-        let i = holder_index(&w, &old);
-        let t0 = Instant::now();
-        w[i].signal(libc::SIGSTOP);
-        stops.push(takeover(&db, &slot, &old, t0).await);
-        while t0.elapsed() < 3 * L {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        w[i].signal(libc::SIGCONT);
-        w[i].wait_log("self-fenced", Duration::from_secs(10)).await;
+        stops.push(stop_holder(&db, &w, &slot).await);
         progress(&db, 2).await;
     }
     summary("kill -9", &kills);
@@ -322,16 +330,7 @@ async fn no_standby_overflow_and_hand_back_under_moves() {
         progress(&db, 2).await;
 
         let slot = format!("slot-00{}", (round + 1) % 3 + 1);
-        let old = owner(&db.slot(&slot).await).unwrap();
-        let i = holder_index(&w, &old);
-        let t0 = Instant::now();
-        w[i].signal(libc::SIGSTOP);
-        orphans.push(takeover(&db, &slot, &old, t0).await);
-        while t0.elapsed() < 3 * L {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        w[i].signal(libc::SIGCONT);
-        w[i].wait_log("self-fenced", Duration::from_secs(10)).await;
+        orphans.push(stop_holder(&db, &w, &slot).await);
         handbacks.push(wait_spread(&db, "the resumed worker given a slot back", one_each).await);
         progress(&db, 2).await;
     }
