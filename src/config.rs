@@ -70,7 +70,13 @@ impl FromStr for Identity {
     }
 }
 
-/// Parses `1s`, `500ms`, `2.5s`, `1m`; refuses zero and negative values.
+/// The longest duration any flag takes: a tick, margin, grace or overflow delay
+/// beyond an hour is a typo, and would overflow the lease arithmetic long before
+/// it made sense.
+pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+
+/// Parses `1s`, `500ms`, `2.5s`, `1m`; refuses zero, negative values and anything
+/// beyond [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, ConfigError> {
     let bad = |why: &str| ConfigError::Duration {
         input: s.to_string(),
@@ -87,10 +93,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, ConfigError> {
         }
         Duration::from_secs_f64(v)
     } else {
-        humantime::parse_duration(t).map_err(|e| bad(&e.to_string()))?
+        humantime::parse_duration(t).map_err(|e| match e {
+            humantime::DurationError::NumberOverflow => bad("out of range: use at most 1h"),
+            other => bad(&other.to_string()),
+        })?
     };
     if d.is_zero() {
         return Err(bad("it must be greater than zero"));
+    }
+    if d > MAX_DURATION {
+        return Err(bad("out of range: use at most 1h"));
     }
     Ok(d)
 }
@@ -190,6 +202,11 @@ mod tests {
         assert_eq!(parse_duration("2.5s").unwrap(), Duration::from_millis(2500));
         for bad in ["0s", "0", "-1s", "fast", "0ms"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_duration("1h").unwrap(), MAX_DURATION);
+        for huge in ["9999999999999999999s", "100000000000s", "61m", "3600.5s"] {
+            let e = parse_duration(huge).unwrap_err().to_string();
+            assert!(e.contains("at most 1h"), "{huge}: {e}");
         }
     }
 

@@ -267,9 +267,57 @@ fn bad_worker_flags_fail_fast_and_clearly() {
             ],
             "stop grace",
         ),
+        // Absurd durations: a clear error (exit 2), never a panic (exit 101).
+        (
+            vec![
+                "worker",
+                "--advertise",
+                "127.0.0.1:7700",
+                "--tick",
+                "9999999999999999999s",
+            ],
+            "at most 1h",
+        ),
+        (
+            vec![
+                "worker",
+                "--advertise",
+                "127.0.0.1:7700",
+                "--tick",
+                "100000000000s",
+            ],
+            "at most 1h",
+        ),
+        (
+            vec!["worker", "--advertise", "127.0.0.1:7700", "--tick", "-1"],
+            "negative",
+        ),
+        (
+            vec![
+                "worker",
+                "--advertise",
+                "127.0.0.1:7700",
+                "--stop-grace",
+                "2h",
+            ],
+            "at most 1h",
+        ),
+        (
+            vec![
+                "worker",
+                "--advertise",
+                "127.0.0.1:7700",
+                "--max-slots",
+                "1",
+                "--overflow-after",
+                "1000000h",
+            ],
+            "at most 1h",
+        ),
     ] {
         let (code, text, _) = run(&args, uri);
         assert_ne!(code, Some(0), "{args:?} must fail");
+        assert_ne!(code, Some(101), "{args:?} must not panic:\n{text}");
         assert!(
             text.contains(expect),
             "{args:?}: expected {expect:?} in:\n{text}"
