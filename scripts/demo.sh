@@ -38,7 +38,10 @@ cleanup() {
   done
   echo "== all workers stopped; logs in $LOGS; the dev database keeps running (scripts/dev-mongo.sh stop)"
 }
-trap cleanup INT TERM EXIT
+# Ctrl-C or SIGTERM at any point, setup included: stop everything and end here (a
+# trap that only cleaned up would let the script carry on without its workers).
+trap 'cleanup; exit 130' INT TERM
+trap cleanup EXIT
 
 for i in $(seq 0 $((WORKERS - 1))); do
   port=$((BASE_PORT + i))

@@ -55,7 +55,9 @@ start() {
     echo "$DEV_URI"; return
   fi
   say "starting SecantusDB on 127.0.0.1:$PORT (data: $DATA, log: $LOG)"
-  nohup "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$PORT" --storage-path "$DATA" \
+  # A session of its own: a terminal's Ctrl-C (SIGINT to the caller's whole process
+  # group, e.g. the demo's) must not take the database down under the workers.
+  setsid nohup "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$PORT" --storage-path "$DATA" \
     --log-level WARNING >>"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   for _ in $(seq 1 120); do

@@ -28,14 +28,25 @@ pub async fn run(store: &Store, args: StatusArgs) -> anyhow::Result<()> {
     if !(0.1..=3600.0).contains(&every) {
         anyhow::bail!("--watch takes 0.1 to 3600 seconds");
     }
+    // Registered once, before the first query: a Ctrl-C arriving while a query runs
+    // is kept for the select below, not lost (tokio's handler replaces the default
+    // action as soon as it is installed).
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
     loop {
-        if !args.json {
-            print!("\x1b[2J\x1b[H");
-        }
-        once(store, args.json).await?;
+        let round = async {
+            if !args.json {
+                print!("\x1b[2J\x1b[H");
+            }
+            once(store, args.json).await?;
+            tokio::time::sleep(Duration::from_secs_f64(every)).await;
+            anyhow::Ok(())
+        };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_secs_f64(every)) => {}
+            _ = interrupt.recv() => return Ok(()),
+            _ = terminate.recv() => return Ok(()),
+            r = round => r?,
         }
     }
 }
