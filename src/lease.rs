@@ -83,6 +83,11 @@ pub struct Candidate {
     pub expired_for: Duration,
 }
 
+/// The largest epoch a slot may carry: 2^53 − 1, exact as a double too, and beyond
+/// any real use (a claim per millisecond for 285,000 years). A slot above it could
+/// not be claimed (its epoch cannot be raised), so it is treated as invalid.
+pub const MAX_EPOCH: i64 = (1 << 53) - 1;
+
 /// `expired_for` of a slot never held and never released.
 pub const LONG_AGO: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -126,6 +131,9 @@ pub struct ClaimOutcome {
     pub attempts: u32,
     /// Of those, how many lost the race.
     pub conflicts: u32,
+    /// Slots the database refused to let this claim change (a hand-edited document
+    /// failing the validator): skipped, the other candidates still tried.
+    pub refused: Vec<InvalidSlot>,
 }
 
 /// Runs the protocol for one worker identity.
@@ -249,12 +257,21 @@ impl LeaseProtocol {
         for i in 0..n {
             let c = &expired[(start + i) % n];
             outcome.attempts += 1;
-            match self.try_claim(c).await? {
-                Some(lease) => {
+            match self.try_claim(c).await {
+                Ok(Some(lease)) => {
                     outcome.lease = Some(lease);
                     return Ok(outcome);
                 }
-                None => outcome.conflicts += 1,
+                Ok(None) => outcome.conflicts += 1,
+                // One document the server will not change is that slot's problem,
+                // not the database's: skip it and try the others.
+                Err(LeaseError::Db(e)) if !crate::store::is_network(&e) => {
+                    outcome.refused.push(InvalidSlot {
+                        id: c.id.clone(),
+                        why: format!("the claim was refused: {}", crate::store::brief(&e)),
+                    })
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(outcome)
@@ -398,8 +415,13 @@ fn judge(d: &Document) -> Result<Judged, InvalidSlot> {
         why,
     };
     let epoch = match d.get("epoch") {
-        Some(Bson::Int64(e)) if *e >= 0 => *e,
+        Some(Bson::Int64(e)) if (0..=MAX_EPOCH).contains(e) => *e,
         Some(Bson::Int32(e)) if *e >= 0 => *e as i64,
+        Some(Bson::Int64(e)) if *e > MAX_EPOCH => {
+            return Err(bad(format!(
+                "epoch {e} is too large to be raised by a claim (at most {MAX_EPOCH}); set it back by hand, e.g. db.slots.updateOne({{_id: \"{id}\"}}, {{$set: {{epoch: NumberLong(1)}}}})"
+            )))
+        }
         Some(other) => {
             return Err(bad(format!(
                 "epoch must be a non-negative Int64, found {other}"
@@ -494,5 +516,9 @@ mod tests {
         assert!(judge(&bad_time).unwrap_err().why.contains("time"));
         let bad_id = doc! {"_id": 7, "epoch": 1_i64};
         assert!(judge(&bad_id).is_err());
+        let huge = doc! {"_id": "s", "epoch": i64::MAX, "time": Bson::Null};
+        assert!(judge(&huge).unwrap_err().why.contains("too large"));
+        let last = doc! {"_id": "s", "epoch": MAX_EPOCH, "time": Bson::Null};
+        assert!(judge(&last).is_ok());
     }
 }

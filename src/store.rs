@@ -380,6 +380,18 @@ fn is_namespace_exists(e: &mongodb::error::Error) -> bool {
     matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 48)
 }
 
+/// True when the database could not be reached or answered nothing usable (as
+/// opposed to refusing one document): the caller should retry later, not skip.
+pub fn is_network(e: &mongodb::error::Error) -> bool {
+    use mongodb::error::ErrorKind;
+    matches!(
+        e.kind.as_ref(),
+        ErrorKind::Io(_)
+            | ErrorKind::ServerSelection { .. }
+            | ErrorKind::ConnectionPoolCleared { .. }
+    ) || e.contains_label("RetryableWriteError")
+}
+
 /// True for a duplicate-key error (code 11000).
 pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
     e.contains_label("DuplicateKey")

@@ -23,7 +23,7 @@ use crate::config::LeaseTiming;
 use crate::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
 use crate::metrics::Metrics;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
-use crate::store::Store;
+use crate::store::{is_network, Store};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const INVALID_BACKOFF: Duration = Duration::from_secs(2);
@@ -384,16 +384,6 @@ impl Supervisor {
         }
         self.running.clear();
     }
-}
-
-fn is_network(e: &mongodb::error::Error) -> bool {
-    use mongodb::error::ErrorKind;
-    matches!(
-        e.kind.as_ref(),
-        ErrorKind::Io(_)
-            | ErrorKind::ServerSelection { .. }
-            | ErrorKind::ConnectionPoolCleared { .. }
-    ) || e.contains_label("RetryableWriteError")
 }
 
 /// Turns a listed document into what a first start needs, or None to load it fresh

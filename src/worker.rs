@@ -328,11 +328,7 @@ impl Worker {
             }
         };
         self.health.ok(&self.metrics, &self.status);
-        for bad in &survey.invalid {
-            if self.reported.insert(format!("{}:{}", bad.id, bad.why)) {
-                tracing::error!(slot = %bad.id, "skipping broken slot document: {}", bad.why);
-            }
-        }
+        self.report_invalid(&survey.invalid);
         // Who else is alive matters only to order overflow claims (some slot is
         // expired) and to hand back (this worker holds more than one): a standby
         // claims at expiry regardless, and a quiet holder of one slot reads nothing.
@@ -375,6 +371,15 @@ impl Worker {
         wait
     }
 
+    /// Logs each broken slot document once (per reason).
+    fn report_invalid(&mut self, invalid: &[crate::lease::InvalidSlot]) {
+        for bad in invalid {
+            if self.reported.insert(format!("{}:{}", bad.id, bad.why)) {
+                tracing::error!(slot = %bad.id, "skipping broken slot document: {}", bad.why);
+            }
+        }
+    }
+
     /// Claims one of `claimable` (hash start, compare-and-set) and starts holding it.
     async fn claim(&mut self, claimable: &[crate::lease::Candidate], overflow: bool) {
         match tokio::time::timeout(self.op_timeout(), self.protocol.claim_among(claimable)).await {
@@ -387,6 +392,7 @@ impl Worker {
                 ));
             }
             Ok(Ok(outcome)) => {
+                self.report_invalid(&outcome.refused);
                 self.metrics.claim_attempts.add(outcome.attempts as u64);
                 self.metrics.claim_conflicts.add(outcome.conflicts as u64);
                 match outcome.lease {

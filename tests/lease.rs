@@ -276,3 +276,29 @@ async fn validators_reject_bad_documents() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_claim_the_server_refuses_skips_that_slot_and_takes_the_next() {
+    let db = TestDb::new("refused").await;
+    db.init(2).await;
+    // Valid as it stands, but its claim would raise the epoch past the validator's
+    // maximum: the server refuses that one update (121), not the database.
+    db.store
+        .slots()
+        .update_one(
+            doc! {"_id": "slot-001"},
+            doc! {"$set": {"epoch": slotpool::lease::MAX_EPOCH}},
+        )
+        .await
+        .unwrap();
+    let clock = ManualClock::new();
+    // Without the hash start, slot-001 is tried first.
+    let p = protocol(&db, "10.0.0.1:7700", &clock).without_hashing();
+    let survey = p.survey().await.unwrap();
+    assert_eq!(survey.expired.len(), 2);
+    let outcome = p.claim_among(&survey.expired).await.unwrap();
+    assert_eq!(outcome.lease.unwrap().slot_id, "slot-002");
+    assert_eq!(outcome.refused.len(), 1, "{:?}", outcome.refused);
+    assert_eq!(outcome.refused[0].id, "slot-001");
+    assert!(outcome.refused[0].why.contains("refused"));
+}

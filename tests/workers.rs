@@ -375,3 +375,47 @@ async fn init_is_idempotent_grows_and_refuses_to_shrink_under_robots() {
     let out = db.cli(&["init", "--slots", "0"]);
     assert!(!out.status.success());
 }
+
+/// A slot whose epoch cannot be raised (i64::MAX, within the old validator) used to
+/// fail every claim of it, give up the whole round, leave a healthy slot unheld and
+/// report the database as unreachable. Now it is skipped as invalid, once, and the
+/// healthy slot is held with /healthz at 200.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_with_a_maximal_epoch_is_skipped_and_the_others_held() {
+    let db = TestDb::new("max_epoch").await;
+    db.init(2).await;
+    db.store
+        .slots()
+        .update_one(doc! {"_id": "slot-001"}, doc! {"$set": {"epoch": i64::MAX}})
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    let w = [db.worker(&[])];
+    held_by(&db, "slot-002", &w, Duration::from_secs(15)).await;
+    w[0].wait_log("skipping broken slot document", Duration::from_secs(10))
+        .await;
+    let (code, _) = w[0].http_get("/healthz").unwrap();
+    assert_eq!(code, 200, "a broken document is not a database outage");
+    let log = w[0].log_text();
+    assert!(!log.contains("database unreachable"), "{log}");
+    assert_eq!(
+        log.matches("skipping broken slot document").count(),
+        1,
+        "reported once"
+    );
+    assert_eq!(
+        db.slot("slot-001").await.get_i64("epoch").unwrap(),
+        i64::MAX
+    );
+    // The validator now refuses such an epoch.
+    let err = db
+        .store
+        .slots()
+        .update_one(doc! {"_id": "slot-002"}, doc! {"$set": {"epoch": i64::MAX}})
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("121") || err.to_string().to_lowercase().contains("validation"),
+        "{err}"
+    );
+}
