@@ -334,6 +334,7 @@ impl Supervisor {
             registry: self.registry.clone(),
             token: token.clone(),
             grace: self.timing.stop_grace,
+            backstop: self.timing.stop_grace + self.timing.abort_slack(),
             metrics: self.metrics.clone(),
             store: self.store.clone(),
         };
@@ -407,6 +408,7 @@ fn preload(d: &Document, name: &str) -> Option<Loaded> {
 struct Runner {
     id: ObjectId,
     gen: i64,
+    backstop: Duration,
     name: String,
     ctx: ContextStore,
     registry: Registry,
@@ -521,6 +523,7 @@ impl Runner {
             store: self.ctx.clone(),
             stop: self.token.clone(),
             grace: self.grace,
+            backstop: self.backstop,
         };
         self.metrics.robots_running.add(1);
         let result = kind.run(run).await;

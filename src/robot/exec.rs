@@ -236,7 +236,9 @@ impl RobotKind for Exec {
         }
         let mut cmd = Command::new(&self.shim);
         cmd.arg(shim::SHIM_ARG)
-            .arg(run.grace().as_millis().to_string())
+            // The shim's own SIGKILL comes a little after the worker's, as a backstop
+            // for a worker that is stopped or dead, still inside the fence margin.
+            .arg(run.backstop.as_millis().to_string())
             .arg(&spec.command)
             .args(&spec.args)
             .env_remove("MONGODB_URI")

@@ -112,6 +112,10 @@ pub struct RobotRun {
     pub(crate) store: ContextStore,
     pub(crate) stop: CancellationToken,
     pub(crate) grace: Duration,
+    /// When something outside the worker must kill the robot after a stop request,
+    /// if the worker itself has not: the grace plus half the room left before the
+    /// fence margin (see [`shim`]).
+    pub(crate) backstop: Duration,
 }
 
 impl RobotRun {

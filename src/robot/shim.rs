@@ -10,9 +10,12 @@
 //!   so a message delayed in the pipe cannot stretch it) on the shim's stdin, first
 //!   before the robot starts and again after every renewal: `D <nanoseconds>`;
 //! - the deadline passes with no extension (the worker is stopped or stuck): the shim
-//!   sends SIGTERM to the robot's process group, then SIGKILL after the grace. The
-//!   deadline is the holder's self-fence instant, so with `grace < margin` the robot
-//!   is gone before the lease can expire on the server and anyone else start it;
+//!   sends SIGTERM to the robot's process group, then SIGKILL after its grace. That
+//!   grace is the worker's stop grace plus half the room left before the fence
+//!   margin, so it is still below the margin: the deadline is the holder's
+//!   self-fence instant, so the robot is gone before the lease can expire on the
+//!   server and anyone else start it. (After a `T` from a live worker, the worker's
+//!   own SIGKILL at the stop grace comes first; the shim's is the backstop.)
 //! - the pipe closes (the worker died, however): SIGKILL to the group at once;
 //! - the worker stops the robot the normal way with `T` (SIGTERM) and `K` (SIGKILL);
 //! - the robot runs with `PR_SET_PDEATHSIG`, so if the shim itself is killed the
