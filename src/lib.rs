@@ -21,6 +21,7 @@ pub mod lease;
 pub mod metrics;
 pub mod pacing;
 pub mod placement;
+pub mod printable;
 pub mod robot;
 pub mod store;
 pub mod supervisor;

@@ -15,14 +15,16 @@ async fn run() {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLOTPOOL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,mongodb=warn"));
+    // Log records carry robot names and output, which are hostile: each record is
+    // escaped as a whole (no raw escape sequences, no forged lines), so no colours.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(slotpool::printable::EscapingStderr)
         .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(false)
         .init();
     if let Err(e) = slotpool::cli::run(cli).await {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", slotpool::printable::escape(&format!("{e:#}")));
         std::process::exit(1);
     }
 }

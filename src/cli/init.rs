@@ -19,7 +19,7 @@ pub async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
         super::print_json(&serde_json::to_value(&report)?);
         return Ok(());
     }
-    println!(
+    say!(
         "initialised database {:?}: {} slot(s){}{}",
         store.db().name(),
         report.total,

@@ -1,4 +1,15 @@
 //! The command line: one module per command group.
+//!
+//! Everything printed for people goes through `say!` or [`print_table`], which
+//! escape control characters: names, errors and contexts come from documents, and
+//! documents are hostile input (see [`crate::printable`]).
+
+/// `println!`, with control characters escaped.
+macro_rules! say {
+    ($($t:tt)*) => {
+        println!("{}", $crate::printable::escape(&format!($($t)*)))
+    };
+}
 
 mod init;
 mod rebalance;
@@ -72,12 +83,28 @@ async fn connect(uri: &str) -> anyhow::Result<Store> {
 
 /// Prints rows as aligned columns under a header.
 fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|c| crate::printable::escape(c).into_owned())
+                .collect()
+        })
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    for row in &rows {
         for (i, cell) in row.iter().enumerate() {
             widths[i] = widths[i].max(cell.chars().count());
         }
     }
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|c| crate::printable::escape(c).into_owned())
+                .collect()
+        })
+        .collect();
     let line = |cells: Vec<&str>| {
         let mut s = String::new();
         for (i, c) in cells.iter().enumerate() {
@@ -90,7 +117,7 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
         println!("{}", s.trim_end());
     };
     line(header.to_vec());
-    for row in rows {
+    for row in &rows {
         line(row.iter().map(String::as_str).collect());
     }
 }
@@ -109,7 +136,8 @@ fn age(ms: Option<i64>) -> String {
 
 /// Prints a value as pretty JSON on stdout.
 fn print_json(v: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    let text = serde_json::to_string_pretty(v).unwrap_or_default();
+    println!("{}", crate::printable::escape_json(&text));
 }
 
 fn int(d: &bson::Document, key: &str) -> Option<i64> {

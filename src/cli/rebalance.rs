@@ -157,9 +157,9 @@ fn report(args: &RebalanceArgs, before: &[(String, i64)], plan: &[Planned]) {
     if plan.is_empty() {
         let total: i64 = before.iter().map(|c| c.1).sum();
         if total == 0 {
-            println!("nothing to rebalance: there are no robots");
+            say!("nothing to rebalance: there are no robots");
         } else {
-            println!("already balanced ({})", shape(before));
+            say!("already balanced ({})", shape(before));
         }
         return;
     }
@@ -178,8 +178,8 @@ fn report(args: &RebalanceArgs, before: &[(String, i64)], plan: &[Planned]) {
             String::new()
         };
         match &p.refused {
-            Some(why) => println!("{} -> {}: refused: {why}", p.from, p.to),
-            None => println!(
+            Some(why) => say!("{} -> {}: refused: {why}", p.from, p.to),
+            None => say!(
                 "{} -> {}: {verb} {n} robot(s) ({}{tail})",
                 p.from,
                 p.to,
@@ -187,9 +187,9 @@ fn report(args: &RebalanceArgs, before: &[(String, i64)], plan: &[Planned]) {
             ),
         }
     }
-    println!("before: {}", shape(before));
-    println!("after:  {}", shape(&after));
+    say!("before: {}", shape(before));
+    say!("after:  {}", shape(&after));
     if args.dry_run {
-        println!("(dry run: nothing changed)");
+        say!("(dry run: nothing changed)");
     }
 }

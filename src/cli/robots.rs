@@ -154,8 +154,9 @@ async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
             args.count
         );
     }
-    if args.name.trim().is_empty() || args.name.len() > 200 {
-        bail!("--name must be 1 to 200 characters");
+    let names = names(&args.name, args.count);
+    for n in [names.first(), names.last()].into_iter().flatten() {
+        crate::printable::check_name(n).map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     }
     let spec = build_spec(&args)?;
     if let Err(e) = Registry::builtin().check(&args.kind, &spec) {
@@ -167,7 +168,6 @@ async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
             bail!("invalid spec for kind {:?}: {e}", args.kind);
         }
     }
-    let names = names(&args.name, args.count);
     let taken: Vec<String> = store
         .robots()
         .find(doc! {"name": {"$in": &names}})
@@ -255,7 +255,7 @@ fn report_created(names: &[String], slots: &[String], as_json: bool) {
     }
     if names.len() <= 10 {
         for (n, s) in names.iter().zip(slots) {
-            println!("created {n} on {s}");
+            say!("created {n} on {s}");
         }
     } else {
         let mut per: std::collections::BTreeMap<&String, usize> = Default::default();
@@ -263,7 +263,7 @@ fn report_created(names: &[String], slots: &[String], as_json: bool) {
             *per.entry(s).or_default() += 1;
         }
         let spread: Vec<String> = per.iter().map(|(s, n)| format!("{s}: {n}")).collect();
-        println!("created {} robots ({})", names.len(), spread.join(", "));
+        say!("created {} robots ({})", names.len(), spread.join(", "));
     }
 }
 
@@ -357,7 +357,7 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
         })
         .collect();
     if rows.is_empty() {
-        println!(
+        say!(
             "no robots{}",
             slot.map(|s| format!(" on {s}")).unwrap_or_default()
         );
@@ -393,7 +393,10 @@ async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
     if as_json {
         print_json(&v);
     } else {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!(
+            "{}",
+            crate::printable::escape_json(&serde_json::to_string_pretty(&v)?)
+        );
     }
     Ok(())
 }
@@ -471,6 +474,6 @@ fn done(as_json: bool, v: serde_json::Value, line: String) {
     if as_json {
         print_json(&v);
     } else {
-        println!("{line}");
+        say!("{line}");
     }
 }

@@ -134,7 +134,7 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no slots: run `slotpool init --slots N`");
+        say!("no slots: run `slotpool init --slots N`");
         return Ok(());
     }
     let table: Vec<Vec<String>> = rows
@@ -159,7 +159,7 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
         &["SLOT", "STATE", "OWNER", "EPOCH", "LEASE AGE", "ROBOTS"],
         &table,
     );
-    println!(
+    say!(
         "standbys: {}",
         if standbys.is_empty() {
             "none".to_string()
@@ -183,11 +183,11 @@ async fn drain(store: &Store, slot: &str, on: bool, wait: bool) -> anyhow::Resul
         .record_event(if on { "drain" } else { "undrain" }, doc! {"slot_id": slot})
         .await;
     if !on {
-        println!("{slot}: workers may claim it again");
+        say!("{slot}: workers may claim it again");
         return Ok(());
     }
     if !wait {
-        println!("{slot}: draining; its holder stops the robots and releases it at its next tick");
+        say!("{slot}: draining; its holder stops the robots and releases it at its next tick");
         return Ok(());
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -198,7 +198,7 @@ async fn drain(store: &Store, slot: &str, on: bool, wait: bool) -> anyhow::Resul
             .find(|r| text(&r.doc, "_id").as_deref() == Some(slot))
             .context("the slot disappeared")?;
         if row.state == "drained" {
-            println!("{slot}: drained (no holder, robots stopped)");
+            say!("{slot}: drained (no holder, robots stopped)");
             return Ok(());
         }
         if tokio::time::Instant::now() > deadline {

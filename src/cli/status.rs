@@ -164,8 +164,8 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
         .iter()
         .map(|(s, n)| format!("{n} {s}"))
         .collect();
-    println!();
-    println!(
+    say!("");
+    say!(
         "slots:    {held} of {} held{}",
         slots.len(),
         if claimable > 0 {
@@ -174,7 +174,7 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
             String::new()
         }
     );
-    println!(
+    say!(
         "robots:   {total}{}",
         if by.is_empty() {
             String::new()
@@ -183,12 +183,12 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
         }
     );
     if total > running {
-        println!("          {} not running now:", total - running);
+        say!("          {} not running now:", total - running);
         for (why, n) in &counts.not_running {
-            println!("            {n} {why}");
+            say!("            {n} {why}");
         }
     }
-    println!(
+    say!(
         "workers:  {} live, {} standby{}",
         workers.len(),
         standbys.len(),
@@ -198,7 +198,7 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
             format!(" ({})", standbys.join(", "))
         }
     );
-    println!(
+    say!(
         "can absorb {absorb} holder failure(s) now with a standby{}",
         if absorb == 0 {
             ": add workers for redundancy (survivors with room overflow meanwhile)"
