@@ -46,7 +46,7 @@ trap cleanup EXIT
 for i in $(seq 0 $((WORKERS - 1))); do
   port=$((BASE_PORT + i))
   # Own session: Ctrl-C reaches only this script, which stops workers one by one.
-  setsid "$BIN" worker --advertise "127.0.0.1:$port" >"$LOGS/worker-$port.log" 2>&1 &
+  setsid "$BIN" worker --advertise "127.0.0.1:$port" --exec-allow "$ROOT/examples/robots/" >"$LOGS/worker-$port.log" 2>&1 &
   pids+=($!)
 done
 echo "== started $WORKERS workers on ports $BASE_PORT..$((BASE_PORT + WORKERS - 1)) (try: curl localhost:$BASE_PORT/metrics)"

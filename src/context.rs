@@ -323,7 +323,8 @@ impl ContextStore {
         let mut set = doc! {
             "status": status,
             // $literal: an error text starting with `$` is not a field path.
-            "error": {"$literal": error.map_or(Bson::Null, |e| Bson::String(e.to_string()))},
+            // Scrubbed: a driver error may echo part of the connection string.
+            "error": {"$literal": error.map_or(Bson::Null, |e| Bson::String(crate::secrets::scrub(e).into_owned()))},
             "worker": {"$literal": &self.worker},
             "status_at": "$$NOW",
         };

@@ -101,7 +101,10 @@ fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
             (
                 200,
                 "application/json",
-                serde_json::to_string_pretty(&s).unwrap_or_default() + "\n",
+                // Hidden as everywhere else: a status text may quote a driver error.
+                crate::secrets::scrub(&serde_json::to_string_pretty(&s).unwrap_or_default())
+                    .into_owned()
+                    + "\n",
             )
         }
         _ => (

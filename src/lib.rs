@@ -23,6 +23,7 @@ pub mod pacing;
 pub mod placement;
 pub mod printable;
 pub mod robot;
+pub mod secrets;
 pub mod store;
 pub mod supervisor;
 pub mod worker;

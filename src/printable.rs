@@ -5,6 +5,8 @@
 //! overrides that can reorder what a reader sees become visible `\u{..}` escapes, so
 //! a name can neither move the cursor, recolour the screen, nor forge a log line.
 //!
+//! The same functions hide the database's credentials ([`crate::secrets::scrub`]).
+//!
 //! Robot names are checked at creation against [`check_name`]'s grammar.
 
 use std::borrow::Cow;
@@ -18,8 +20,16 @@ fn dangerous(c: char) -> bool {
         || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' | '\u{061C}')
 }
 
-/// `s` with every dangerous character written as `\u{XX}`.
+/// `s` fit to print: the database's secrets hidden (see [`crate::secrets`]) and
+/// every dangerous character written as `\u{XX}`.
 pub fn escape(s: &str) -> Cow<'_, str> {
+    match crate::secrets::scrub(s) {
+        Cow::Borrowed(b) => escape_controls(b),
+        Cow::Owned(o) => Cow::Owned(escape_controls(&o).into_owned()),
+    }
+}
+
+fn escape_controls(s: &str) -> Cow<'_, str> {
     if !s.chars().any(dangerous) {
         return Cow::Borrowed(s);
     }
@@ -40,6 +50,13 @@ pub fn escape(s: &str) -> Cow<'_, str> {
 /// C1 controls and bidi overrides as they are) written as a `\uXXXX` escape, which
 /// keeps the JSON valid and equal in meaning.
 pub fn escape_json(json: &str) -> Cow<'_, str> {
+    match crate::secrets::scrub(json) {
+        Cow::Borrowed(b) => escape_json_controls(b),
+        Cow::Owned(o) => Cow::Owned(escape_json_controls(&o).into_owned()),
+    }
+}
+
+fn escape_json_controls(json: &str) -> Cow<'_, str> {
     if !json.chars().any(|c| dangerous(c) && c != '\n') {
         return Cow::Borrowed(json);
     }

@@ -43,35 +43,10 @@ pub enum StoreError {
     Db(#[from] mongodb::error::Error),
 }
 
-/// Replaces the password of a `mongodb://user:pass@host` URI with `****`.
-pub fn redact_uri(uri: &str) -> String {
-    let Some(scheme_end) = uri.find("://") else {
-        return uri.to_string();
-    };
-    let rest = &uri[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
-        return uri.to_string();
-    };
-    let userinfo = &rest[..at];
-    let user = userinfo.split(':').next().unwrap_or("");
-    format!("{}://{}:****@{}", &uri[..scheme_end], user, &rest[at + 1..])
-}
+pub use crate::secrets::redact_uri;
 
-/// Removes every occurrence of the URI's password from a message (driver errors can
-/// echo parts of the connection string).
-pub fn scrub(message: &str, uri: &str) -> String {
-    let password = uri
-        .split_once("://")
-        .and_then(|(_, rest)| rest.split('/').next())
-        .and_then(|auth| auth.rsplit_once('@'))
-        .and_then(|(userinfo, _)| userinfo.split_once(':'))
-        .map(|(_, p)| p)
-        .filter(|p| !p.is_empty());
-    match password {
-        Some(p) => message.replace(p, "****"),
-        None => message.to_string(),
-    }
+fn scrub(message: &str) -> String {
+    crate::secrets::scrub(message).into_owned()
 }
 
 /// A slot document as the protocol writes it.
@@ -114,12 +89,13 @@ impl Store {
     /// Connects and pings, failing within a few seconds when the server is unreachable.
     /// The database is the URI's path (`mongodb://host/NAME`), else `slotpool`.
     pub async fn connect(uri: &str) -> Result<Store, StoreError> {
+        crate::secrets::remember(uri);
         let shown = redact_uri(uri);
         let mut options = ClientOptions::parse(uri)
             .await
             .map_err(|e| StoreError::BadUri {
                 uri: shown.clone(),
-                why: scrub(&e.to_string(), uri),
+                why: scrub(&e.to_string()),
             })?;
         options
             .server_selection_timeout
@@ -134,14 +110,14 @@ impl Store {
             .unwrap_or_else(|| DEFAULT_DATABASE.to_string());
         let client = Client::with_options(options.clone()).map_err(|e| StoreError::BadUri {
             uri: shown.clone(),
-            why: scrub(&e.to_string(), uri),
+            why: scrub(&e.to_string()),
         })?;
         let db = client.database(&name);
         db.run_command(doc! {"ping": 1})
             .await
             .map_err(|e| StoreError::Unreachable {
                 uri: shown,
-                why: first_line(&scrub(&e.to_string(), uri)),
+                why: first_line(&scrub(&e.to_string())),
             })?;
         Ok(Store {
             client,
@@ -162,7 +138,7 @@ impl Store {
         options.app_name = Some(format!("slotpool-{name}"));
         let client = Client::with_options(options.clone()).map_err(|e| StoreError::BadUri {
             uri: self.shown_uri(),
-            why: scrub(&e.to_string(), &self.uri),
+            why: scrub(&e.to_string()),
         })?;
         Ok(Store {
             db: client.database(self.db.name()),
@@ -177,9 +153,9 @@ impl Store {
         &self.uri
     }
 
-    /// `message` with this connection string's password replaced by `****`.
+    /// `message` with this connection string's secrets (and any URI) hidden.
     pub fn scrub(&self, message: &str) -> String {
-        scrub(message, &self.uri)
+        scrub(message)
     }
 
     /// The URI with its password replaced by `****`.
@@ -429,22 +405,6 @@ fn first_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_password() {
-        assert_eq!(
-            redact_uri("mongodb://alice:s3cret@db:27017/slotpool?tls=true"),
-            "mongodb://alice:****@db:27017/slotpool?tls=true"
-        );
-        assert_eq!(
-            redact_uri("mongodb://127.0.0.1:27017/x"),
-            "mongodb://127.0.0.1:27017/x"
-        );
-        assert_eq!(
-            scrub("auth failed for s3cret", "mongodb://a:s3cret@h/"),
-            "auth failed for ****"
-        );
-    }
 
     #[test]
     fn schemas_are_json_objects() {

@@ -182,7 +182,7 @@ fn alive(pid: i32) -> bool {
 async fn an_exec_robot_never_outlives_its_holders_lease() {
     let db = TestDb::new("execlease").await;
     db.init(1).await;
-    let mut workers = vec![db.worker(&[]), db.worker(&[])];
+    let mut workers = vec![db.exec_worker(&[]), db.exec_worker(&[])];
     all_held(&db, 1).await;
     let script = lone_robot(&db);
     db.cli_ok(&[
@@ -236,7 +236,7 @@ async fn an_exec_robot_never_outlives_its_holders_lease() {
                 .await;
         }
         workers.remove(i);
-        workers.push(db.worker(&[]));
+        workers.push(db.exec_worker(&[]));
     }
     let overlaps = std::fs::read_to_string(db.dir.join("overlaps")).unwrap_or_default();
     assert!(

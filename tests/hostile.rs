@@ -70,7 +70,7 @@ async fn control_characters_are_refused_at_create_and_escaped_everywhere_else() 
         )
         .await
         .unwrap();
-    let w = db.worker(&[]);
+    let w = db.exec_worker(&[]);
     common::wait_for(
         Duration::from_secs(20),
         "the robot to crash and restart",

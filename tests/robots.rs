@@ -249,7 +249,7 @@ while [ "$runs" -ge 3 ]; do sleep 0.1 & wait $!; done
 exit 3
 "#,
     );
-    let mut w = db.worker(&[]);
+    let mut w = db.exec_worker(&[]);
     db.cli_ok(&[
         "robot",
         "create",
@@ -302,7 +302,7 @@ async fn exec_robot_ignoring_sigterm_is_killed_after_the_grace() {
             pidfile.display()
         ),
     );
-    let mut w = db.worker(&["--stop-grace", "300ms"]);
+    let mut w = db.exec_worker(&["--stop-grace", "300ms"]);
     db.cli_ok(&[
         "robot",
         "create",
@@ -537,7 +537,7 @@ async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
         .bypass_document_validation(true)
         .await
         .unwrap();
-    let _w = db.worker(&[]);
+    let _w = db.worker(&["--exec-allow", "/nonexistent/"]);
     let status_of = |name: &'static str| {
         let db = &db;
         async move {

@@ -37,8 +37,15 @@ const DEFAULT_URI: &str = "mongodb://127.0.0.1:27017/slotpool";
 pub struct Cli {
     /// MongoDB connection string. Its path names the database (default `slotpool`).
     /// Needs a replica set for instant handoff (change streams); works without.
-    #[arg(long, global = true, env = "MONGODB_URI", default_value = DEFAULT_URI, hide_env_values = true)]
-    pub mongodb_uri: String,
+    /// Default: mongodb://127.0.0.1:27017/slotpool. Credentials in it are hidden from
+    /// every output and from other processes' view of this one.
+    #[arg(long, global = true, env = "MONGODB_URI", hide_env_values = true)]
+    pub mongodb_uri: Option<String>,
+
+    /// Read the connection string from this file instead (the Docker-secrets
+    /// convention); it never appears in a command line or an environment.
+    #[arg(long, global = true, env = "MONGODB_URI_FILE", value_name = "PATH")]
+    pub mongodb_uri_file: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -63,8 +70,24 @@ pub enum Command {
     Status(status::StatusArgs),
 }
 
+/// The connection string, from exactly one of the flag (or `MONGODB_URI`) and the
+/// file (or `MONGODB_URI_FILE`), else the local default.
+fn connection_string(cli: &Cli) -> anyhow::Result<String> {
+    match (&cli.mongodb_uri, &cli.mongodb_uri_file) {
+        (Some(_), Some(_)) => anyhow::bail!(
+            "both a connection string (--mongodb-uri or MONGODB_URI) and a file \
+             (--mongodb-uri-file or MONGODB_URI_FILE) are set; give only one"
+        ),
+        (Some(uri), None) => Ok(uri.clone()),
+        (None, Some(path)) => crate::secrets::read_uri_file(path).map_err(anyhow::Error::msg),
+        (None, None) => Ok(DEFAULT_URI.to_string()),
+    }
+}
+
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    let uri = cli.mongodb_uri;
+    let uri = connection_string(&cli)?;
+    crate::secrets::remember(&uri);
+    crate::secrets::hide_from_other_processes(&uri);
     match cli.command {
         Command::Worker(args) => worker::run(&uri, args).await,
         Command::Init(args) => init::run(&connect(&uri).await?, args).await,

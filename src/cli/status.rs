@@ -60,6 +60,16 @@ struct RobotCounts {
     not_running: BTreeMap<String, i64>,
 }
 
+/// An error text cut to one readable line.
+fn brief(error: &str) -> String {
+    let line = error.lines().next().unwrap_or("");
+    if line.chars().count() > 160 {
+        format!("{}…", line.chars().take(160).collect::<String>())
+    } else {
+        line.to_string()
+    }
+}
+
 /// Counts the robots by their state derived from their slot's lease: one grouped
 /// query, so it stays cheap at thousands of robots.
 async fn count_robots(store: &Store, slots: &[SlotRow]) -> anyhow::Result<RobotCounts> {
@@ -67,7 +77,10 @@ async fn count_robots(store: &Store, slots: &[SlotRow]) -> anyhow::Result<RobotC
     let mut cursor = store
         .robots()
         .aggregate(vec![doc! {"$group": {
-            "_id": {"slot": "$slot_id", "status": "$status", "paused": "$paused", "worker": "$worker"},
+            // A failed robot's error is its reason (exec disabled, a refused
+            // variable, a bad checkpoint): few distinct texts, each worth reading.
+            "_id": {"slot": "$slot_id", "status": "$status", "paused": "$paused", "worker": "$worker",
+                    "error": {"$cond": [{"$eq": ["$status", "failed"]}, "$error", null]}},
             "n": {"$sum": 1},
         }}])
         .await?;
@@ -85,7 +98,8 @@ async fn count_robots(store: &Store, slots: &[SlotRow]) -> anyhow::Result<RobotC
         );
         *counts.per_slot.entry(slot).or_default() += n;
         *counts.per_state.entry(st.state).or_default() += n;
-        if let Some(why) = st.why {
+        let error = text(&key, "error").filter(|_| st.state == "failed");
+        if let Some(why) = error.map(|e| brief(&e)).or(st.why) {
             *counts
                 .not_running
                 .entry(format!("{}: {why}", st.state))

@@ -52,15 +52,30 @@ pub struct WorkerArgs {
     #[arg(long, env = "SLOTPOOL_OVERFLOW_AFTER", value_parser = parse_duration_arg, allow_hyphen_values = true)]
     overflow_after: Option<Duration>,
 
-    /// Restrict `exec` robots to these commands (repeat, or comma-separate). An entry
-    /// ending in `/` allows every command under that directory. Default: any command —
-    /// anyone who can write to the database can then run commands on this worker.
+    /// Commands `exec` robots may run (repeat, or comma-separate). An entry ending in
+    /// `/` allows every command under that directory; any other entry allows exactly
+    /// that command. Default: none, so no `exec` robot runs (its status says why).
+    /// Anyone who can write to the database can start any allowed command.
     #[arg(
         long = "exec-allow",
         env = "SLOTPOOL_EXEC_ALLOW",
-        value_delimiter = ','
+        value_delimiter = ',',
+        value_name = "COMMAND|DIR/"
     )]
     exec_allow: Vec<String>,
+
+    /// Environment variables an `exec` robot's `spec.env` may set (repeat, or
+    /// comma-separate; `APP_*` allows a prefix, `*` any name). Default: none.
+    /// Variables that change how programs load or interpret code (PATH, HOME, ENV,
+    /// BASH_ENV, BASH_FUNC_*, LD_*, PYTHON*, NODE_OPTIONS, …) are refused whatever
+    /// this says, and so is SLOTPOOL_*.
+    #[arg(
+        long = "exec-env-allow",
+        env = "SLOTPOOL_EXEC_ENV_ALLOW",
+        value_delimiter = ',',
+        value_name = "NAME|PREFIX*"
+    )]
+    exec_env_allow: Vec<String>,
 
     /// Do not open a change stream on `slots`: standbys then notice a released slot
     /// at their next poll (at most one tick) instead of at once. For databases without
@@ -99,6 +114,9 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         stop_grace: args.stop_grace.unwrap_or(defaults.stop_grace),
     };
     timing.validate()?;
+    let policy = ExecPolicy::commands(args.exec_allow.clone())
+        .with_env(args.exec_env_allow.clone())
+        .map_err(anyhow::Error::msg)?;
     let identity = match args.advertise {
         Some(id) => id,
         None => default_identity().await,
@@ -115,16 +133,12 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
     let store = Store::connect(uri)
         .await
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
-    let policy = if args.exec_allow.is_empty() {
-        ExecPolicy::allow_all()
-    } else {
-        ExecPolicy::only(args.exec_allow.clone())
-    };
     tracing::info!(
         worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(),
         lease_ms = timing.lease_ms(), max_slots = ?args.max_slots,
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,
         stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %policy.describe(),
+        exec_env = %policy.describe_env(),
         "starting worker"
     );
     let settings = WorkerSettings {

@@ -11,8 +11,11 @@
 //! deadline: the command never outlives the lease, even when the worker is killed
 //! with -9 or stopped with SIGSTOP. Signals to the command go through the shim.
 //!
-//! The child does not inherit `MONGODB_URI`: a robot gets its context, not the
-//! database's credentials.
+//! A robot gets its context, not the database's credentials: its environment is
+//! built from scratch ([`policy::INHERITED`], then the spec's allowed variables),
+//! and which commands and variables a spec may use is the worker's
+//! [`ExecPolicy`] (`--exec-allow`, `--exec-env-allow`; no `exec` robot runs without
+//! the first).
 //!
 //! Spec: `{"command": "/path/or/name", "args": ["..."], "env": {"K": "V"}, "history": 0}`.
 
@@ -29,46 +32,8 @@ use tokio::time::Instant;
 use super::shim::{self, Control};
 use super::{RobotError, RobotKind, RobotRun};
 
-/// Which commands `exec` robots may run (the worker's `--exec-allow`).
-#[derive(Debug, Clone, Default)]
-pub struct ExecPolicy {
-    /// None: anything. Some(list): an entry ending in `/` allows every command under
-    /// that directory; any other entry allows exactly that command string.
-    allow: Option<Vec<String>>,
-}
-
-impl ExecPolicy {
-    pub fn allow_all() -> Self {
-        ExecPolicy { allow: None }
-    }
-
-    pub fn only(entries: Vec<String>) -> Self {
-        ExecPolicy {
-            allow: Some(entries),
-        }
-    }
-
-    pub fn permits(&self, command: &str) -> bool {
-        let Some(list) = &self.allow else {
-            return true;
-        };
-        let no_escape = !command.split('/').any(|part| part == "..");
-        list.iter().any(|entry| {
-            if entry.ends_with('/') {
-                no_escape && command.starts_with(entry.as_str())
-            } else {
-                entry == command
-            }
-        })
-    }
-
-    pub fn describe(&self) -> String {
-        match &self.allow {
-            None => "any command".into(),
-            Some(l) => l.join(", "),
-        }
-    }
-}
+use super::policy;
+pub use super::policy::ExecPolicy;
 
 #[derive(Debug, Clone)]
 pub struct Exec {
@@ -133,8 +98,14 @@ fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
         Some(Bson::Document(d)) => d
             .iter()
             .map(|(k, v)| match v {
-                Bson::String(s) => Ok((k.clone(), s.clone())),
-                other => Err(format!("spec.env.{k} must be a string, found {other}")),
+                Bson::String(s) => {
+                    policy::check_variable(k, s)?;
+                    Ok((k.clone(), s.clone()))
+                }
+                other => Err(format!(
+                    "spec.env.{} must be a string, found {other}",
+                    crate::printable::escape(k)
+                )),
             })
             .collect::<Result<_, _>>()?,
         Some(other) => {
@@ -216,13 +187,10 @@ impl RobotKind for Exec {
 
     async fn run(&self, run: RobotRun) -> Result<(), RobotError> {
         let spec = parse_spec(run.spec()).map_err(RobotError::Invalid)?;
-        if !self.policy.permits(&spec.command) {
-            return Err(RobotError::Invalid(format!(
-                "command {:?} is not allowed by this worker's --exec-allow ({})",
-                spec.command,
-                self.policy.describe()
-            )));
-        }
+        self.policy
+            .check_command(&spec.command)
+            .and_then(|()| self.policy.check_env(&spec.env))
+            .map_err(RobotError::Invalid)?;
         let context_json = Bson::Document(run.context().clone())
             .into_relaxed_extjson()
             .to_string();
@@ -241,7 +209,13 @@ impl RobotKind for Exec {
             .arg(run.backstop.as_millis().to_string())
             .arg(&spec.command)
             .args(&spec.args)
-            .env_remove("MONGODB_URI")
+            // From scratch: a few of the worker's variables, never its credentials.
+            .env_clear()
+            .envs(
+                policy::INHERITED
+                    .iter()
+                    .filter_map(|k| std::env::var_os(k).map(|v| (*k, v))),
+            )
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("SLOTPOOL_CONTEXT", context_json)
             .env("SLOTPOOL_ROBOT", run.name())
@@ -408,15 +382,19 @@ mod tests {
         assert!(parse_spec(&doc! {}).is_err());
         assert!(parse_spec(&doc! {"command": "x", "args": [1]}).is_err());
         assert!(parse_spec(&doc! {"command": "x", "bogus": 1}).is_err());
-    }
-
-    #[test]
-    fn policy() {
-        let p = ExecPolicy::only(vec!["/opt/robots/".into(), "/usr/bin/python3".into()]);
-        assert!(p.permits("/opt/robots/a.sh"));
-        assert!(p.permits("/usr/bin/python3"));
-        assert!(!p.permits("/opt/robots/../../bin/sh"));
-        assert!(!p.permits("/bin/sh"));
-        assert!(ExecPolicy::allow_all().permits("anything"));
+        // Refused by every worker, so refused at create.
+        for name in [
+            "BASH_FUNC_echo%%",
+            "BASH_ENV",
+            "LD_PRELOAD",
+            "PATH",
+            "SLOTPOOL_EPOCH",
+        ] {
+            assert!(
+                parse_spec(&doc! {"command": "x", "env": {name: "v"}}).is_err(),
+                "{name}"
+            );
+        }
+        assert!(parse_spec(&doc! {"command": "x", "env": {"GREETING": "hi"}}).is_ok());
     }
 }

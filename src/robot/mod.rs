@@ -44,6 +44,7 @@
 
 pub mod counter;
 pub mod exec;
+pub mod policy;
 pub mod shim;
 
 use std::collections::BTreeMap;
@@ -186,9 +187,10 @@ impl Registry {
         Self::default()
     }
 
-    /// `counter` and `exec` (any command allowed).
+    /// `counter` and `exec`, with `exec` disabled until given a policy (see
+    /// [`Registry::builtin_with`]).
     pub fn builtin() -> Self {
-        Self::builtin_with(exec::ExecPolicy::allow_all())
+        Self::builtin_with(exec::ExecPolicy::disabled())
     }
 
     /// `counter` and `exec`, with `exec` restricted by `policy`.

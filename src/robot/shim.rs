@@ -19,7 +19,9 @@
 //! - the pipe closes (the worker died, however): SIGKILL to the group at once;
 //! - the worker stops the robot the normal way with `T` (SIGTERM) and `K` (SIGKILL);
 //! - the robot runs with `PR_SET_PDEATHSIG`, so if the shim itself is killed the
-//!   robot dies too.
+//!   robot dies too;
+//! - the robot never holds `CAP_SYS_PTRACE`, so even as root it cannot read the
+//!   non-dumpable worker's memory or environment (see [`crate::secrets`]).
 //!
 //! The shim exits as its robot did (same code, or the same signal), after killing
 //! whatever is left in the robot's group. Plain PDEATHSIG on the robot alone would
@@ -176,6 +178,63 @@ enum Event {
     Exited(std::io::Result<ExitStatus>),
 }
 
+/// `CAP_SYS_PTRACE` (linux/capability.h).
+const CAP_SYS_PTRACE: u32 = 19;
+
+/// Makes sure the robot about to be exec'd cannot hold `CAP_SYS_PTRACE`, even when
+/// it runs as root: without it, the worker (which makes itself non-dumpable, see
+/// [`crate::secrets::hide_from_other_processes`]) keeps its memory, environment and
+/// file descriptors to itself. Drops the capability from the bounding, ambient and
+/// inheritable sets, from which exec computes the new program's. Best effort: an
+/// unprivileged robot never had it, and failures change nothing.
+///
+/// Runs between fork and exec: raw syscalls only, no allocation.
+fn give_up_ptrace() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: prctl and capget/capset with properly sized, initialised structs.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAPBSET_DROP,
+            CAP_SYS_PTRACE as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_LOWER as libc::c_ulong,
+            CAP_SYS_PTRACE as libc::c_ulong,
+            0,
+            0,
+        );
+        if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) == 0 {
+            data[0].inheritable &= !(1 << CAP_SYS_PTRACE);
+            libc::syscall(libc::SYS_capset, &mut header, data.as_ptr());
+        }
+    }
+}
+
 /// If this process was started as a shim, runs it and never returns. Call first
 /// thing in `main` of any binary that runs workers.
 pub fn run_if_requested() {
@@ -219,6 +278,9 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
     unsafe {
         cmd.pre_exec(|| {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            give_up_ptrace();
+            // Nothing but stdin, stdout and stderr passes on to the robot.
+            crate::secrets::close_on_exec_from(3);
             Ok(())
         });
     }

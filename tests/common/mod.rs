@@ -167,6 +167,20 @@ impl TestDb {
         WorkerProc::start(&self.uri, &self.dir, extra)
     }
 
+    /// A worker whose `exec` robots may run the commands in this test's directory
+    /// (`exec` is off without `--exec-allow`).
+    pub fn exec_worker(&self, extra: &[&str]) -> WorkerProc {
+        let allow = self.exec_allow();
+        let mut args = vec!["--exec-allow", &allow];
+        args.extend_from_slice(extra);
+        WorkerProc::start(&self.uri, &self.dir, &args)
+    }
+
+    /// `--exec-allow` for this test's directory.
+    pub fn exec_allow(&self) -> String {
+        format!("{}/", self.dir.display())
+    }
+
     pub async fn slot(&self, id: &str) -> Document {
         self.store
             .slots()
@@ -236,16 +250,26 @@ impl WorkerProc {
 
     /// Like `start`, with extra environment (e.g. an LD_PRELOAD).
     pub fn start_with(uri: &str, dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> WorkerProc {
+        let mut cmd = Command::new(BIN);
+        cmd.envs(env.iter().copied()).env("MONGODB_URI", uri);
+        Self::spawn(cmd, dir, extra)
+    }
+
+    /// Like `start`, with the URI on the command line (`--mongodb-uri URI`).
+    pub fn start_uri_flag(uri: &str, dir: &Path, extra: &[&str]) -> WorkerProc {
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("MONGODB_URI").args(["--mongodb-uri", uri]);
+        Self::spawn(cmd, dir, extra)
+    }
+
+    fn spawn(mut cmd: Command, dir: &Path, extra: &[&str]) -> WorkerProc {
         let port = free_port();
         let id = format!("127.0.0.1:{port}");
         let log = dir.join(format!("worker-{port}.log"));
         let file = File::create(&log).unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.envs(env.iter().copied());
         let child = cmd
             .args(["worker", "--advertise", &id, "--listen", &id])
             .args(extra)
-            .env("MONGODB_URI", uri)
             .env("SLOTPOOL_LOG", "info,slotpool=debug,mongodb=warn")
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
