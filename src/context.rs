@@ -82,9 +82,17 @@ pub enum ContextError {
     },
     #[error("robot {robot}: its context is not a document (found {found}); fix it by hand, e.g. db.robots.updateOne({{name: \"{robot}\"}}, {{$set: {{context: {{}}}}}})")]
     NotADocument { robot: String, found: String },
+    #[error("robot {robot}: checkpoint refused: its context is {bytes} bytes as BSON, more than the {MAX_CONTEXT_BYTES} a context may have; keep bulk data elsewhere and its key in the context")]
+    TooLarge { robot: String, bytes: usize },
     #[error("database error: {}", crate::store::brief(.0))]
     Db(#[from] mongodb::error::Error),
 }
+
+/// The largest context a checkpoint may store, as BSON: 1 MiB. A context is a
+/// robot's state, restored at every start and shipped on every checkpoint; bulk data
+/// belongs elsewhere, with its key in the context. (MongoDB's own limit is 16 MiB
+/// for the whole robot document.)
+pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
 
 /// Robots per adoption write. Measured on the dev server with 10,000 robots in the
 /// collection: 100 ids take about 150 ms, 500 take 1.3 s (the cost grows faster than
@@ -257,6 +265,11 @@ impl ContextStore {
         })
     }
 
+    /// The worker's metrics, for what a robot kind counts itself.
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Persists a new context: `seq + 1`, `checkpointed_at = $$NOW`, and when
     /// `history > 0` a `{seq, epoch, gen, worker, slot, at}` record appended
     /// atomically. Only the instance of generation `gen` can write.
@@ -268,6 +281,14 @@ impl ContextStore {
         context: Document,
         history: i64,
     ) -> Result<(), ContextError> {
+        let bytes = bson::to_vec(&context).map_or(usize::MAX, |v| v.len());
+        if bytes > MAX_CONTEXT_BYTES {
+            self.metrics.checkpoints_refused.inc();
+            return Err(ContextError::TooLarge {
+                robot: name.to_string(),
+                bytes,
+            });
+        }
         let _permit = self.pacer.acquire().await;
         if !self.guard.is_open() {
             self.metrics.fenced_writes.inc();

@@ -87,6 +87,8 @@ pub struct Metrics {
     pub renew_failures: Counter,
     pub fenced_writes: Counter,
     pub checkpoints: Counter,
+    pub checkpoints_refused: Counter,
+    pub log_lines_dropped: Counter,
     pub robot_restarts: Counter,
     pub robots_running: Gauge,
     pub robots_restarting: Gauge,
@@ -176,6 +178,18 @@ impl Metrics {
             "counter",
             "robot checkpoints persisted",
             c(&self.checkpoints),
+        );
+        one(
+            "checkpoints_refused_total",
+            "counter",
+            "robot checkpoints refused as unstorable (too large, not a document, out of range)",
+            c(&self.checkpoints_refused),
+        );
+        one(
+            "robot_log_lines_dropped_total",
+            "counter",
+            "robot output lines not logged because the robot wrote more than its log rate",
+            c(&self.log_lines_dropped),
         );
         one(
             "robot_restarts_total",

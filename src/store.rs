@@ -201,7 +201,15 @@ impl Store {
     /// fatal. `at` is the server's clock.
     pub async fn record_event(&self, kind: &str, fields: Document) {
         let mut set = doc! {"at": "$$NOW", "kind": kind};
-        set.extend(fields);
+        // $literal: a robot name or error text starting with `$` is not a field
+        // path; and no text of an event may carry a credential.
+        set.extend(fields.into_iter().map(|(k, v)| {
+            let v = match v {
+                Bson::String(s) => Bson::String(crate::secrets::scrub(&s).into_owned()),
+                other => other,
+            };
+            (k, Bson::Document(doc! {"$literal": v}))
+        }));
         let events = self.events();
         let write = events
             .update_one(

@@ -152,7 +152,8 @@ async fn every_collection_rejects_a_bad_document() {
 async fn mongosh_inspect_script_shows_the_truth() {
     let db = TestDb::new("mongosh").await;
     db.init(2).await;
-    let w = [db.worker(&[]), db.worker(&[]), db.worker(&[])];
+    let allow = ["--exec-allow", "/nonexistent/"];
+    let w = [db.worker(&allow), db.worker(&allow), db.worker(&allow)];
     common::wait_for(Duration::from_secs(15), "both slots held", || async {
         (db.slots().await.iter().filter_map(owner).count() == 2).then_some(())
     })

@@ -19,16 +19,18 @@
 //!
 //! Spec: `{"command": "/path/or/name", "args": ["..."], "env": {"K": "V"}, "history": 0}`.
 
+use std::os::fd::AsRawFd;
 use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bson::{Bson, Document};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
+use super::output::{self, Admit, BoundedLines, LogBudget};
 use super::shim::{self, Control};
 use super::{RobotError, RobotKind, RobotRun};
 
@@ -61,13 +63,26 @@ struct ExecSpec {
     command: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// The robot reads `SLOTPOOL_CONTEXT_FILE`, so its context may outgrow
+    /// [`ENV_CONTEXT_MAX`].
+    context_file: bool,
 }
+
+/// The largest context passed in `SLOTPOOL_CONTEXT`, as JSON bytes: Linux refuses
+/// one environment string over 128 KiB at exec, so a robot whose context may grow
+/// past this reads `SLOTPOOL_CONTEXT_FILE` and says so with `"context_file": true`.
+pub const ENV_CONTEXT_MAX: usize = 64 * 1024;
+
+/// Where a robot finds its context as a file: descriptor 3, an in-memory file
+/// (nothing on disk, gone with the robot).
+pub const CONTEXT_FILE: &str = "/proc/self/fd/3";
 
 fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
     for key in spec.keys() {
-        if !["command", "args", "env", "history"].contains(&key.as_str()) {
+        if !["command", "args", "env", "history", "context_file"].contains(&key.as_str()) {
             return Err(format!(
-                "unknown exec spec field {key:?} (known: command, args, env, history)"
+                "unknown exec spec field {:?} (known: command, args, env, history, context_file)",
+                crate::printable::escape(key)
             ));
         }
     }
@@ -114,31 +129,116 @@ fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
             ))
         }
     };
-    Ok(ExecSpec { command, args, env })
+    let context_file = match spec.get("context_file") {
+        None => false,
+        Some(Bson::Boolean(b)) => *b,
+        Some(other) => {
+            return Err(format!(
+                "spec.context_file must be true or false, found {other}"
+            ))
+        }
+    };
+    Ok(ExecSpec {
+        command,
+        args,
+        env,
+        context_file,
+    })
 }
 
 /// What one stdout line means.
 #[derive(Debug, PartialEq)]
 pub enum Line {
     Checkpoint(Document),
+    /// Meant as a checkpoint, but it cannot be stored as it is: why.
+    BadCheckpoint(String),
     Log(String),
 }
 
-/// Parses a stdout line: `{"checkpoint": {...}}` and nothing else is a checkpoint.
-pub fn parse_line(line: &str) -> Line {
+/// Parses a stdout line (`cut`: bytes skipped past the line bound). A line that
+/// begins `{"checkpoint"` is meant as a checkpoint; `{"checkpoint": {...}}` and
+/// nothing else is one. One that cannot become BSON exactly (an integer beyond 64
+/// bits, `1e400`, a value that is not an object, a line cut short) is refused,
+/// never logged as if it were output.
+pub fn parse_line(line: &str, cut: usize) -> Line {
     let trimmed = line.trim();
-    if trimmed.starts_with('{') {
-        if let Ok(serde_json::Value::Object(mut m)) = serde_json::from_str(trimmed) {
-            if m.len() == 1 {
-                if let Some(v @ serde_json::Value::Object(_)) = m.remove("checkpoint") {
-                    if let Ok(d) = bson::to_document(&v) {
-                        return Line::Checkpoint(d);
-                    }
-                }
+    let meant = trimmed
+        .strip_prefix('{')
+        .is_some_and(|rest| rest.trim_start().starts_with("\"checkpoint\""));
+    if !meant {
+        return Line::Log(line.to_string());
+    }
+    if cut > 0 {
+        return Line::BadCheckpoint(format!(
+            "the checkpoint line is longer than {} bytes",
+            output::MAX_STDOUT_LINE
+        ));
+    }
+    let value: serde_json::Value = match serde_json::from_str(trimmed) {
+        Ok(v) => v,
+        Err(e) => return Line::BadCheckpoint(format!("not valid JSON: {e}")),
+    };
+    let serde_json::Value::Object(mut m) = value else {
+        return Line::Log(line.to_string());
+    };
+    if m.len() != 1 {
+        return Line::Log(line.to_string());
+    }
+    match m.remove("checkpoint") {
+        Some(v @ serde_json::Value::Object(_)) => {
+            if let Some(n) = oversized_integer(trimmed) {
+                return Line::BadCheckpoint(format!(
+                    "the integer {n} does not fit in 64 bits (store it as a string)"
+                ));
+            }
+            match bson::to_document(&v) {
+                Ok(d) => Line::Checkpoint(d),
+                Err(e) => Line::BadCheckpoint(format!("cannot be stored as BSON: {e}")),
             }
         }
+        Some(other) => Line::BadCheckpoint(format!(
+            "\"checkpoint\" must be a JSON object, found {}",
+            output::shown(&other.to_string(), 0)
+        )),
+        None => Line::Log(line.to_string()),
     }
-    Line::Log(line.to_string())
+}
+
+/// The first integer literal in JSON text (outside strings) that does not fit in
+/// an i64: serde_json would silently turn it into an inexact float.
+fn oversized_integer(json: &str) -> Option<&str> {
+    let bytes = json.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                i += 1;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+                let is_float = i < bytes.len() && matches!(bytes[i], b'.' | b'e' | b'E');
+                let token = &json[start..i];
+                if !is_float && token.parse::<i64>().is_err() {
+                    return Some(token);
+                }
+                while i < bytes.len()
+                    && matches!(bytes[i], b'.' | b'e' | b'E' | b'+' | b'-' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
 }
 
 /// The worker's end of a robot's shim: control messages on its stdin.
@@ -194,6 +294,10 @@ impl RobotKind for Exec {
         let context_json = Bson::Document(run.context().clone())
             .into_relaxed_extjson()
             .to_string();
+        let in_env = context_json.len() <= ENV_CONTEXT_MAX;
+        if !in_env && !spec.context_file {
+            return Err(RobotError::Invalid(too_big_for_env(context_json.len())));
+        }
         let deadlines = run.lease_deadline();
         let deadline = *deadlines.borrow();
         if deadline <= Instant::now() {
@@ -202,6 +306,8 @@ impl RobotKind for Exec {
                 run.name()
             )));
         }
+        let context_fd = context_file(&context_json)
+            .map_err(|e| RobotError::Crashed(format!("cannot pass the context: {e}")))?;
         let mut cmd = Command::new(&self.shim);
         cmd.arg(shim::SHIM_ARG)
             // The shim's own SIGKILL comes a little after the worker's, as a backstop
@@ -217,7 +323,7 @@ impl RobotKind for Exec {
                     .filter_map(|k| std::env::var_os(k).map(|v| (*k, v))),
             )
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env("SLOTPOOL_CONTEXT", context_json)
+            .env("SLOTPOOL_CONTEXT_FILE", CONTEXT_FILE)
             .env("SLOTPOOL_ROBOT", run.name())
             .env("SLOTPOOL_EPOCH", run.epoch().to_string())
             .stdin(Stdio::piped())
@@ -227,7 +333,28 @@ impl RobotKind for Exec {
             // Its own group: a signal meant for the worker's group (a terminal's
             // Ctrl-C, a SIGSTOP of the group) does not reach the shim.
             .process_group(0);
-        let mut child = cmd.spawn().map_err(|e| {
+        if in_env {
+            cmd.env("SLOTPOOL_CONTEXT", &context_json);
+        }
+        let fd = context_fd.as_raw_fd();
+        // SAFETY: dup2 and fcntl are async-signal-safe; they run in the child
+        // between fork and exec, on a descriptor this process owns until spawn returns.
+        unsafe {
+            cmd.pre_exec(move || {
+                let ok = if fd == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, 3)
+                };
+                if ok < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let spawned = cmd.spawn();
+        drop(context_fd);
+        let mut child = spawned.map_err(|e| {
             RobotError::Crashed(format!("cannot start the robot shim {:?}: {e}", self.shim))
         })?;
         let control = std::sync::Arc::new(ShimControl {
@@ -239,31 +366,151 @@ impl RobotKind for Exec {
         let forwarder = tokio::spawn(forward_deadlines(deadlines, control.clone()));
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
-        let name = run.name().to_string();
-        let stderr_task = tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            let mut shim_error = None;
-            while let Ok(Some(l)) = lines.next_line().await {
-                tracing::warn!(robot = %name, stream = "stderr", "{l}");
-                if let Some(e) = l.strip_prefix(shim::ERROR_PREFIX) {
-                    shim_error.get_or_insert_with(|| e.to_string());
-                }
-            }
-            shim_error
-        });
-        let mut lines = BufReader::new(stdout).lines();
+        let out = Output {
+            run: &run,
+            budget: std::sync::Arc::new(std::sync::Mutex::new(LogBudget::new(
+                std::time::Instant::now(),
+            ))),
+            context_file: spec.context_file,
+        };
+        let stderr_task = tokio::spawn(log_stderr(run.clone(), out.budget.clone(), stderr));
+        let mut lines = BoundedLines::new(BufReader::new(stdout), output::MAX_STDOUT_LINE);
         let robot = Robot {
             child: &mut child,
             control: &control,
             stderr: Some(stderr_task),
         };
-        let result = supervise_child(&run, robot, &mut lines).await;
+        let result = supervise_child(&out, robot, &mut lines).await;
         if result.is_err() {
             control.send(Control::Kill).await;
             let _ = child.wait().await;
         }
         forwarder.abort();
+        out.report_dropped();
         result
+    }
+}
+
+/// Why a context cannot be passed in `SLOTPOOL_CONTEXT`, and what to do.
+fn too_big_for_env(bytes: usize) -> String {
+    format!(
+        "its context is {bytes} bytes as JSON, more than SLOTPOOL_CONTEXT can carry ({ENV_CONTEXT_MAX}); \
+         a robot that reads SLOTPOOL_CONTEXT_FILE instead says so with \"context_file\": true in its spec"
+    )
+}
+
+/// The context as an in-memory file, read from the start: the robot gets it as
+/// descriptor 3 (see [`CONTEXT_FILE`]). Close-on-exec here; only the shim's copy,
+/// made between fork and exec, is passed on.
+fn context_file(json: &str) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::io::{Seek, Write};
+    use std::os::fd::FromRawFd;
+    // SAFETY: memfd_create with a NUL-terminated name; the result is checked and
+    // owned exactly once.
+    let fd = unsafe { libc::memfd_create(c"slotpool-context".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let mut file = std::fs::File::from(owned);
+    file.write_all(json.as_bytes())?;
+    file.rewind()?;
+    Ok(file.into())
+}
+
+/// Logs stderr (within the robot's log budget); returns the shim's own error, if it
+/// could not start the command.
+async fn log_stderr(
+    run: RobotRun,
+    budget: std::sync::Arc<std::sync::Mutex<LogBudget>>,
+    stderr: tokio::process::ChildStderr,
+) -> Option<String> {
+    let mut lines = BoundedLines::new(BufReader::new(stderr), output::MAX_STDERR_LINE);
+    let mut shim_error = None;
+    while let Ok(Some(l)) = lines.next_line().await {
+        if let Some(e) = l.text.strip_prefix(shim::ERROR_PREFIX) {
+            shim_error.get_or_insert_with(|| e.to_string());
+        }
+        if admit(&budget, &run) {
+            tracing::warn!(robot = %run.name(), stream = "stderr", "{}", output::shown(&l.text, l.cut));
+        }
+    }
+    shim_error
+}
+
+/// Whether one more output line may be logged; logs how many were dropped first.
+fn admit(budget: &std::sync::Mutex<LogBudget>, run: &RobotRun) -> bool {
+    let verdict = budget
+        .lock()
+        .expect("log budget lock")
+        .admit(std::time::Instant::now());
+    match verdict {
+        Admit::Log { dropped_before } => {
+            if dropped_before > 0 {
+                dropped(run, dropped_before);
+            }
+            true
+        }
+        Admit::Drop => {
+            run.metrics().log_lines_dropped.inc();
+            false
+        }
+    }
+}
+
+fn dropped(run: &RobotRun, n: u64) {
+    tracing::warn!(
+        robot = %run.name(),
+        "{n} output lines not logged: the robot wrote more than {} lines a second",
+        output::LOG_LINES_PER_SEC
+    );
+}
+
+/// What handling stdout needs: the run, its log budget, how its context travels.
+struct Output<'a> {
+    run: &'a RobotRun,
+    budget: std::sync::Arc<std::sync::Mutex<LogBudget>>,
+    context_file: bool,
+}
+
+impl Output<'_> {
+    async fn handle(&self, line: output::Line) -> Result<(), RobotError> {
+        match parse_line(&line.text, line.cut) {
+            Line::Checkpoint(ctx) => {
+                // Only a long line can hold a context too big for the environment.
+                if !self.context_file && line.text.len() > ENV_CONTEXT_MAX / 2 {
+                    let bytes = Bson::Document(ctx.clone())
+                        .into_relaxed_extjson()
+                        .to_string()
+                        .len();
+                    if bytes > ENV_CONTEXT_MAX {
+                        return Err(self.refuse(too_big_for_env(bytes)));
+                    }
+                }
+                self.run.checkpoint(ctx).await
+            }
+            Line::BadCheckpoint(why) => Err(self.refuse(why)),
+            Line::Log(l) => {
+                if admit(&self.budget, self.run) {
+                    tracing::info!(robot = %self.run.name(), "{}", output::shown(&l, line.cut));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A checkpoint that cannot be stored stops the robot with an error: going on
+    /// would lose its state at the next start.
+    fn refuse(&self, why: String) -> RobotError {
+        self.run.metrics().checkpoints_refused.inc();
+        RobotError::Invalid(format!("checkpoint refused: {why}"))
+    }
+
+    fn report_dropped(&self) {
+        let n = self.budget.lock().expect("log budget lock").take_dropped();
+        if n > 0 {
+            dropped(self.run, n);
+        }
     }
 }
 
@@ -294,48 +541,44 @@ impl Robot<'_> {
     }
 }
 
-type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
-
-async fn handle_line(run: &RobotRun, line: String) -> Result<(), RobotError> {
-    match parse_line(&line) {
-        Line::Checkpoint(ctx) => run.checkpoint(ctx).await,
-        Line::Log(l) => {
-            tracing::info!(robot = %run.name(), "{l}");
-            Ok(())
-        }
-    }
-}
+type Lines = BoundedLines<BufReader<tokio::process::ChildStdout>>;
 
 async fn supervise_child(
-    run: &RobotRun,
+    out: &Output<'_>,
     mut robot: Robot<'_>,
     lines: &mut Lines,
 ) -> Result<(), RobotError> {
+    let run = out.run;
     loop {
         tokio::select! {
-            _ = run.stop().cancelled() => return stop_child(run, robot, lines).await,
+            _ = run.stop().cancelled() => return stop_child(out, robot, lines).await,
             line = lines.next_line() => match line {
-                Ok(Some(l)) => handle_line(run, l).await?,
+                Ok(Some(l)) => out.handle(l).await?,
                 Ok(None) | Err(_) => break,
             },
         }
     }
     // stdout closed: the command is exiting (or detached its output).
     tokio::select! {
-        _ = run.stop().cancelled() => stop_child(run, robot, lines).await,
+        _ = run.stop().cancelled() => stop_child(out, robot, lines).await,
         status = robot.child.wait() => Err(robot.exited(status).await),
     }
 }
 
 /// SIGTERM, keep persisting what it prints, SIGKILL at the end of the grace.
-async fn stop_child(run: &RobotRun, robot: Robot<'_>, lines: &mut Lines) -> Result<(), RobotError> {
+async fn stop_child(
+    out: &Output<'_>,
+    robot: Robot<'_>,
+    lines: &mut Lines,
+) -> Result<(), RobotError> {
+    let run = out.run;
     let deadline = Instant::now() + run.grace();
     robot.control.send(Control::Term).await;
     let mut open = true;
     while open {
         match tokio::time::timeout_at(deadline, lines.next_line()).await {
             Ok(Ok(Some(l))) => {
-                if let Err(e) = handle_line(run, l).await {
+                if let Err(e) = out.handle(l).await {
                     if matches!(e, RobotError::Fenced(_)) {
                         break;
                     }
@@ -365,15 +608,52 @@ mod tests {
     #[test]
     fn lines() {
         assert_eq!(
-            parse_line(r#"{"checkpoint": {"n": 3}}"#),
+            parse_line(r#"{"checkpoint": {"n": 3}}"#, 0),
             Line::Checkpoint(doc! {"n": 3_i64})
         );
-        assert!(matches!(parse_line("hello"), Line::Log(_)));
-        assert!(matches!(parse_line(r#"{"checkpoint": 3}"#), Line::Log(_)));
+        assert!(matches!(parse_line("hello", 0), Line::Log(_)));
         assert!(matches!(
-            parse_line(r#"{"checkpoint": {}, "x": 1}"#),
+            parse_line(r#"{"level": "info"}"#, 0),
             Line::Log(_)
         ));
+        assert!(matches!(
+            parse_line(r#"{"checkpoint": {}, "x": 1}"#, 0),
+            Line::Log(_)
+        ));
+    }
+
+    #[test]
+    fn unstorable_checkpoints_are_refused_not_logged() {
+        for (line, why) in [
+            (r#"{"checkpoint": 3}"#, "must be a JSON object"),
+            (r#"{"checkpoint": {"n": 1e400}}"#, "not valid JSON"),
+            (
+                r#"{"checkpoint": {"n": 9223372036854775808}}"#,
+                "9223372036854775808",
+            ),
+            (
+                r#"{"checkpoint": {"n": -99999999999999999999}}"#,
+                "does not fit in 64 bits",
+            ),
+            (r#"{ "checkpoint": {"n": 1"#, "not valid JSON"),
+        ] {
+            match parse_line(line, 0) {
+                Line::BadCheckpoint(e) => assert!(e.contains(why), "{line}: {e}"),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            parse_line(r#"{"checkpoint": {"n": 1}}"#, 10),
+            Line::BadCheckpoint(_)
+        ));
+        // Big numbers inside strings, floats and i64's extremes are fine.
+        assert_eq!(
+            parse_line(
+                r#"{"checkpoint": {"s": "99999999999999999999", "f": 1.5e300, "min": -9223372036854775808}}"#,
+                0
+            ),
+            Line::Checkpoint(doc! {"s": "99999999999999999999", "f": 1.5e300, "min": i64::MIN})
+        );
     }
 
     #[test]
@@ -382,6 +662,12 @@ mod tests {
         assert!(parse_spec(&doc! {}).is_err());
         assert!(parse_spec(&doc! {"command": "x", "args": [1]}).is_err());
         assert!(parse_spec(&doc! {"command": "x", "bogus": 1}).is_err());
+        assert!(
+            parse_spec(&doc! {"command": "x", "context_file": true})
+                .unwrap()
+                .context_file
+        );
+        assert!(parse_spec(&doc! {"command": "x", "context_file": "yes"}).is_err());
         // Refused by every worker, so refused at create.
         for name in [
             "BASH_FUNC_echo%%",

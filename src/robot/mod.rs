@@ -44,6 +44,7 @@
 
 pub mod counter;
 pub mod exec;
+pub mod output;
 pub mod policy;
 pub mod shim;
 
@@ -79,7 +80,9 @@ impl From<ContextError> for RobotError {
             ContextError::Fenced { .. } | ContextError::Lapsed { .. } => {
                 RobotError::Fenced(e.to_string())
             }
-            ContextError::NotADocument { .. } => RobotError::Invalid(e.to_string()),
+            ContextError::NotADocument { .. } | ContextError::TooLarge { .. } => {
+                RobotError::Invalid(e.to_string())
+            }
             ContextError::Db(_) => RobotError::Db(e.to_string()),
         }
     }
@@ -158,6 +161,11 @@ impl RobotRun {
     /// The worker (`ip:port`) running this robot.
     pub fn worker(&self) -> &str {
         self.store.worker()
+    }
+
+    /// The worker's metrics.
+    pub(crate) fn metrics(&self) -> &crate::metrics::Metrics {
+        self.store.metrics()
     }
 
     /// Persists a new context, proving slot and epoch. `Err(Fenced)` means: return now.

@@ -279,8 +279,9 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
         cmd.pre_exec(|| {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             give_up_ptrace();
-            // Nothing but stdin, stdout and stderr passes on to the robot.
-            crate::secrets::close_on_exec_from(3);
+            // Nothing but stdin, stdout, stderr and its context (descriptor 3, see
+            // exec::CONTEXT_FILE) passes on to the robot.
+            crate::secrets::close_on_exec_from(4);
             Ok(())
         });
     }

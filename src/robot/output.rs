@@ -1,0 +1,245 @@
+//! A robot's output, bounded: no line, and no flood of lines, can exhaust the
+//! worker.
+//!
+//! An `exec` robot's stdout and stderr are read line by line. A command that writes
+//! 800 MB without a newline, or `yes` at full speed, must cost the worker neither
+//! its memory nor its disk. So:
+//!
+//! - [`BoundedLines`] keeps at most `max` bytes of one line and skips the rest up to
+//!   the next newline, counting what it skipped;
+//! - [`LogBudget`] lets a robot log [`LOG_LINES_PER_SEC`] lines a second on average
+//!   (bursts up to [`LOG_BURST`]); lines over it are counted, not logged, and the
+//!   count is logged once the robot is under budget again;
+//! - [`shown`] cuts a logged line to [`LOGGED_LINE_BYTES`].
+//!
+//! Checkpoint lines are not log lines: they are never dropped by the budget, and
+//! one longer than the stdout bound is refused as a checkpoint.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
+
+/// The longest stdout line kept whole, in bytes: room for a checkpoint of the
+/// largest context ([`crate::context::MAX_CONTEXT_BYTES`]) written as JSON.
+pub const MAX_STDOUT_LINE: usize = 4 * 1024 * 1024;
+
+/// The longest stderr line kept, in bytes (stderr is only ever logged).
+pub const MAX_STDERR_LINE: usize = 64 * 1024;
+
+/// How much of a line a log record shows.
+pub const LOGGED_LINE_BYTES: usize = 4096;
+
+/// Log lines a robot may write per second, on average.
+pub const LOG_LINES_PER_SEC: f64 = 100.0;
+
+/// Log lines a robot may write at once after a quiet spell.
+pub const LOG_BURST: f64 = 1000.0;
+
+/// One line as read: its first bytes (lossy UTF-8, without the newline) and how
+/// many bytes past the bound were skipped.
+#[derive(Debug, PartialEq)]
+pub struct Line {
+    pub text: String,
+    pub cut: usize,
+}
+
+/// Reads lines of at most `max` bytes from `reader`.
+pub struct BoundedLines<R> {
+    reader: R,
+    max: usize,
+    buf: Vec<u8>,
+}
+
+impl<R: AsyncBufRead + Unpin> BoundedLines<R> {
+    pub fn new(reader: R, max: usize) -> Self {
+        BoundedLines {
+            reader,
+            max,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next line; `None` at the end of the stream. A last line without a
+    /// newline is still a line.
+    pub async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
+        self.buf.clear();
+        let mut cut = 0usize;
+        let mut any = false;
+        loop {
+            let chunk = self.reader.fill_buf().await?;
+            if chunk.is_empty() {
+                break;
+            }
+            any = true;
+            let (part, done) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (&chunk[..i], Some(i + 1)),
+                None => (chunk, None),
+            };
+            let room = self.max.saturating_sub(self.buf.len());
+            let keep = part.len().min(room);
+            self.buf.extend_from_slice(&part[..keep]);
+            cut += part.len() - keep;
+            let used = done.unwrap_or(chunk.len());
+            self.reader.consume(used);
+            if done.is_some() {
+                return Ok(Some(self.take(cut)));
+            }
+        }
+        Ok(any.then(|| self.take(cut)))
+    }
+
+    fn take(&mut self, cut: usize) -> Line {
+        if self.buf.last() == Some(&b'\r') {
+            self.buf.pop();
+        }
+        let text = String::from_utf8_lossy(&self.buf).into_owned();
+        self.buf = Vec::new();
+        Line { text, cut }
+    }
+}
+
+/// `text` cut to [`LOGGED_LINE_BYTES`] (at a character boundary), with a marker
+/// saying how much is not shown (`cut` bytes were skipped while reading).
+pub fn shown(text: &str, cut: usize) -> String {
+    if text.len() <= LOGGED_LINE_BYTES && cut == 0 {
+        return text.to_string();
+    }
+    let mut end = text.len().min(LOGGED_LINE_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let hidden = text.len() - end + cut;
+    format!("{}… [line cut: {hidden} more bytes]", &text[..end])
+}
+
+/// A token bucket of log lines: `rate` a second, up to `burst` at once.
+#[derive(Debug)]
+pub struct LogBudget {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+    dropped: u64,
+}
+
+impl LogBudget {
+    pub fn new(now: Instant) -> Self {
+        Self::with(LOG_LINES_PER_SEC, LOG_BURST, now)
+    }
+
+    pub fn with(rate: f64, burst: f64, now: Instant) -> Self {
+        LogBudget {
+            rate,
+            burst,
+            tokens: burst,
+            at: now,
+            dropped: 0,
+        }
+    }
+
+    /// Whether one more line may be logged at `now`. When it may and lines were
+    /// dropped before it, also returns how many (log that first).
+    pub fn admit(&mut self, now: Instant) -> Admit {
+        let elapsed = now.saturating_duration_since(self.at);
+        self.at = now;
+        self.tokens = (self.tokens + elapsed.as_secs_f64() * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Admit::Log {
+                dropped_before: std::mem::take(&mut self.dropped),
+            }
+        } else {
+            self.dropped += 1;
+            Admit::Drop
+        }
+    }
+
+    /// Lines dropped and not yet reported (report them when the robot ends).
+    pub fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// How long until one more line may be logged.
+    pub fn refill_in(&self) -> Duration {
+        Duration::from_secs_f64(((1.0 - self.tokens).max(0.0)) / self.rate)
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Admit {
+    Log { dropped_before: u64 },
+    Drop,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn lines(input: &[u8], max: usize) -> Vec<Line> {
+        let reader = tokio::io::BufReader::with_capacity(4, input);
+        let mut l = BoundedLines::new(reader, max);
+        let mut out = Vec::new();
+        while let Some(line) = l.next_line().await.unwrap() {
+            out.push(line);
+        }
+        out
+    }
+
+    fn line(text: &str, cut: usize) -> Line {
+        Line {
+            text: text.into(),
+            cut,
+        }
+    }
+
+    #[tokio::test]
+    async fn keeps_short_lines_whole_and_cuts_long_ones() {
+        assert_eq!(
+            lines(b"ab\r\ncdefghij\nk", 5).await,
+            vec![line("ab", 0), line("cdefg", 3), line("k", 0)]
+        );
+        assert_eq!(lines(b"", 5).await, vec![]);
+        assert_eq!(lines(b"\n\n", 5).await, vec![line("", 0), line("", 0)]);
+    }
+
+    #[tokio::test]
+    async fn a_line_without_end_costs_no_more_than_the_bound() {
+        let big = vec![b'x'; 1 << 20];
+        let got = lines(&big, 1000).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].text.len(), 1000);
+        assert_eq!(got[0].cut, (1 << 20) - 1000);
+    }
+
+    #[test]
+    fn shows_the_start_and_says_how_much_is_cut() {
+        assert_eq!(shown("short", 0), "short");
+        let long = "é".repeat(LOGGED_LINE_BYTES);
+        let s = shown(&long, 10);
+        assert!(s.starts_with("éé") && s.ends_with("more bytes]"), "{s}");
+        assert!(s.len() < LOGGED_LINE_BYTES + 40);
+        assert_eq!(shown("abc", 7), "abc… [line cut: 7 more bytes]");
+    }
+
+    #[test]
+    fn budget_admits_a_burst_then_the_rate_and_reports_drops() {
+        let t0 = Instant::now();
+        let mut b = LogBudget::with(10.0, 3.0, t0);
+        for _ in 0..3 {
+            assert_eq!(b.admit(t0), Admit::Log { dropped_before: 0 });
+        }
+        assert_eq!(b.admit(t0), Admit::Drop);
+        assert_eq!(b.admit(t0), Admit::Drop);
+        assert!(b.refill_in() <= Duration::from_millis(100));
+        let t1 = t0 + Duration::from_millis(100);
+        assert_eq!(b.admit(t1), Admit::Log { dropped_before: 2 });
+        assert_eq!(b.admit(t1), Admit::Drop);
+        assert_eq!(b.take_dropped(), 1);
+        // A long quiet spell refills only up to the burst.
+        let t2 = t1 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert!(matches!(b.admit(t2), Admit::Log { .. }));
+        }
+        assert_eq!(b.admit(t2), Admit::Drop);
+    }
+}

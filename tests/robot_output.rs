@@ -1,0 +1,244 @@
+//! What an `exec` robot hands the worker, at its worst: contexts too big for the
+//! environment, checkpoints that cannot be stored, lines without end and floods of
+//! lines. Each gets a clear error or a bound, and the worker and the other robots
+//! carry on. Real workers on the real dev server.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use bson::Document;
+use common::TestDb;
+
+fn script(db: &TestDb, name: &str, body: &str) -> String {
+    let path = db.dir.join(name);
+    std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn create_exec(db: &TestDb, name: &str, spec: serde_json::Value) {
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        name,
+        "--kind",
+        "exec",
+        "--spec",
+        &spec.to_string(),
+    ]);
+}
+
+async fn robot_where<F: Fn(&Document) -> bool>(
+    db: &TestDb,
+    name: &str,
+    what: &str,
+    f: F,
+) -> Document {
+    common::wait_for(
+        Duration::from_secs(30),
+        &format!("{name}: {what}"),
+        || async {
+            let r = db.robot(name).await;
+            f(&r).then_some(r)
+        },
+    )
+    .await
+}
+
+fn status(r: &Document) -> &str {
+    r.get_str("status").unwrap_or("")
+}
+
+fn error(r: &Document) -> &str {
+    r.get_str("error").unwrap_or("")
+}
+
+fn seq(r: &Document) -> i64 {
+    r.get_i64("seq").unwrap_or(0)
+}
+
+/// Checkpoints a context of `KIB` KiB plus a run count read back from wherever the
+/// context arrives, then exits so that the next run must restore it.
+const GROWER: &str = r#"
+ctx=$(cat "$SLOTPOOL_CONTEXT_FILE")
+runs=$(printf '%s' "$ctx" | sed -n 's/.*"runs"[^0-9]*\([0-9][0-9]*\).*/\1/p')
+have=$(printf '%s' "$ctx" | wc -c)
+runs=$(( ${runs:-0} + 1 ))
+blob=$(head -c $((KIB * 1024)) /dev/zero | tr '\0' x)
+echo "run $runs restored $have bytes"
+echo "{\"checkpoint\": {\"runs\": $runs, \"restored\": $have, \"blob\": \"$blob\"}}"
+sleep 0.2
+[ "$runs" -ge 3 ] && exec sleep 60
+exit 0
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn big_contexts_travel_by_file_and_oversized_checkpoints_are_refused() {
+    let db = TestDb::new("bigctx").await;
+    db.init(1).await;
+    let grower = |kib: u32| {
+        script(
+            &db,
+            &format!("grow{kib}.sh"),
+            &format!("KIB={kib}\n{GROWER}"),
+        )
+    };
+    // 200 KiB: more than one environment string may hold, fine through the file.
+    create_exec(
+        &db,
+        "by-file",
+        serde_json::json!({"command": grower(200), "context_file": true}),
+    );
+    // The same robot without saying it reads the file: refused at the checkpoint,
+    // so its stored context never becomes one it cannot start with.
+    create_exec(&db, "by-env", serde_json::json!({"command": grower(200)}));
+    // Over the 1 MiB maximum of any context.
+    create_exec(
+        &db,
+        "huge",
+        serde_json::json!({"command": grower(1100), "context_file": true}),
+    );
+    create_exec(&db, "small", serde_json::json!({"command": grower(1)}));
+    let w = db.exec_worker(&[]);
+
+    let r = robot_where(&db, "by-file", "three runs", |r| {
+        r.get_document("context").is_ok_and(|c| {
+            c.get_i32("runs").unwrap_or(0) >= 3 || c.get_i64("runs").unwrap_or(0) >= 3
+        })
+    })
+    .await;
+    let ctx = r.get_document("context").unwrap();
+    assert_eq!(ctx.get_str("blob").unwrap().len(), 200 * 1024);
+    // Each run restored the whole context through the file.
+    let restored = ctx
+        .get_i32("restored")
+        .map(i64::from)
+        .or_else(|_| ctx.get_i64("restored"))
+        .unwrap();
+    assert!(restored > 200 * 1024, "{restored}");
+
+    let r = robot_where(&db, "by-env", "refused", |r| status(r) == "failed").await;
+    assert!(
+        error(&r).contains("checkpoint refused") && error(&r).contains("\"context_file\": true"),
+        "{r}"
+    );
+    assert_eq!(seq(&r), 0, "nothing was stored");
+    let r = robot_where(&db, "huge", "refused", |r| status(r) == "failed").await;
+    assert!(error(&r).contains("more than the 1048576"), "{r}");
+    assert_eq!(seq(&r), 0);
+    // Small contexts still travel in SLOTPOOL_CONTEXT and the file alike.
+    robot_where(&db, "small", "three runs", |r| seq(r) >= 3).await;
+
+    // Visible where people look.
+    let show = db.cli_ok(&["robot", "show", "by-env"]);
+    assert!(show.contains("checkpoint refused"), "{show}");
+    let st = db.cli_ok(&["status"]);
+    assert!(st.contains("failed: checkpoint refused"), "{st}");
+    let refused = w.metric("slotpool_checkpoints_refused_total").unwrap_or(0);
+    assert!(refused >= 2, "checkpoints_refused_total = {refused}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkpoint_that_cannot_be_stored_is_an_error_on_the_robot() {
+    let db = TestDb::new("badckpt").await;
+    db.init(1).await;
+    for (name, value) in [
+        ("huge-int", "99999999999999999999"),
+        ("inf", "1e400"),
+        ("u64", "18446744073709551615"),
+    ] {
+        let cmd = script(
+            &db,
+            &format!("{name}.sh"),
+            &format!(
+                "echo '{{\"checkpoint\": {{\"n\": 1}}}}'\necho '{{\"checkpoint\": {{\"n\": {value}}}}}'\nexec sleep 60\n"
+            ),
+        );
+        create_exec(&db, name, serde_json::json!({"command": cmd}));
+    }
+    let w = db.exec_worker(&[]);
+    for name in ["huge-int", "inf", "u64"] {
+        let r = robot_where(&db, name, "refused", |r| status(r) == "failed").await;
+        assert!(error(&r).contains("checkpoint refused"), "{r}");
+        // The good checkpoint before it stands; the bad one moved nothing.
+        assert_eq!(seq(&r), 1, "{r}");
+    }
+    assert!(w.metric("slotpool_checkpoints_refused_total").unwrap_or(0) >= 3);
+    let show = db.cli_ok(&["robot", "show", "u64"]);
+    assert!(show.contains("does not fit in 64 bits"), "{show}");
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn endless_lines_and_floods_cost_the_worker_neither_memory_nor_disk() {
+    let db = TestDb::new("flood").await;
+    db.init(1).await;
+    // 300 MB without a newline on stdout, then on stderr; then a flood of lines.
+    let endless = script(
+        &db,
+        "endless.sh",
+        "head -c 300000000 /dev/zero | tr '\\0' x\necho\necho endless-stdout-done\nhead -c 100000000 /dev/zero | tr '\\0' y >&2\necho >&2\nexec sleep 60\n",
+    );
+    let flood = script(&db, "flood.sh", "exec yes flooding\n");
+    create_exec(&db, "endless", serde_json::json!({"command": endless}));
+    create_exec(&db, "flood", serde_json::json!({"command": flood}));
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "steady",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "100",
+    ]);
+    let w = db.exec_worker(&[]);
+    common::wait_for(
+        Duration::from_secs(120),
+        "the endless line to be read",
+        || async { w.log_text().contains("endless-stdout-done").then_some(()) },
+    )
+    .await;
+    common::wait_for(
+        Duration::from_secs(60),
+        "a million flood lines dropped",
+        || async {
+            (w.metric("slotpool_robot_log_lines_dropped_total")
+                .unwrap_or(0)
+                > 1_000_000)
+                .then_some(())
+        },
+    )
+    .await;
+    let rss = rss_kib(w.pid());
+    assert!(rss < 150 * 1024, "worker RSS {rss} KiB after a 300 MB line");
+    let log = std::fs::metadata(&w.log).unwrap().len();
+    assert!(
+        log < 20 * 1024 * 1024,
+        "worker log is {log} bytes after a flood"
+    );
+    let text = w.log_text();
+    assert!(
+        text.contains("line cut: "),
+        "the long line is logged cut, with a marker"
+    );
+    assert!(
+        text.contains("output lines not logged"),
+        "the drops are reported"
+    );
+    // The others carry on.
+    let s0 = seq(&db.robot("steady").await);
+    robot_where(&db, "steady", "keeps checkpointing", |r| seq(r) >= s0 + 5).await;
+    assert_eq!(w.http_get("/healthz").map(|(c, _)| c), Some(200));
+}
