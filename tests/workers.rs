@@ -419,3 +419,35 @@ async fn a_slot_with_a_maximal_epoch_is_skipped_and_the_others_held() {
         "{err}"
     );
 }
+
+/// `MONGODB_URI` may point at any server, written any way: a proxied worker still
+/// goes through its proxy when the URI lacks `directConnection=true` (the driver
+/// would otherwise find the real server's address and go around the proxy).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxied_worker_goes_through_its_proxy_whatever_the_uri_says() {
+    let base = common::base_uri()
+        .replace("directConnection=true&", "")
+        .replace("&directConnection=true", "")
+        .replace("?directConnection=true", "");
+    assert!(!base.contains("directConnection"), "{base}");
+    let db = TestDb::on(&base, &format!("t_nodirect_{}", std::process::id())).await;
+    db.init(1).await;
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let w = db.worker_via(&proxy, &[]);
+    common::wait_for(Duration::from_secs(15), "the slot to be held", || async {
+        (common::owner(&db.slot("slot-001").await)? == w.id).then_some(())
+    })
+    .await;
+    // Every byte to the database passes the proxy: blackhole it, and the worker
+    // loses the database and fences itself.
+    proxy.set(common::proxy::Mode::Blackhole);
+    common::wait_for(Duration::from_secs(20), "healthz 503", || async {
+        (w.http_get("/healthz")?.0 == 503).then_some(())
+    })
+    .await;
+    proxy.set(common::proxy::Mode::Pass);
+    common::wait_for(Duration::from_secs(30), "healthz 200 again", || async {
+        (w.http_get("/healthz")?.0 == 200).then_some(())
+    })
+    .await;
+}

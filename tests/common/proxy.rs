@@ -60,11 +60,34 @@ impl Proxy {
         self.tx.send_modify(|m| m.1 = d);
     }
 
-    /// `uri` with its host:port replaced by this proxy's.
+    /// `uri` with its host:port replaced by this proxy's, and a direct connection
+    /// forced: without `directConnection=true` the driver would discover the
+    /// replica set's members from the server and connect to them directly,
+    /// around the proxy. Credentials and other options are kept; `replicaSet` is
+    /// dropped, as it would contradict the direct connection.
     pub fn uri(&self, uri: &str) -> String {
         let (scheme, rest) = uri.split_once("://").unwrap();
+        let (userinfo, rest) = match rest.rsplit_once('@') {
+            Some((u, r)) => (format!("{u}@"), r),
+            None => (String::new(), rest),
+        };
         let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        format!("{scheme}://{}{}", self.addr, &rest[end..])
+        let tail = &rest[end..];
+        let (path, query) = tail.split_once('?').unwrap_or((tail, ""));
+        let mut options: Vec<&str> = query
+            .split('&')
+            .filter(|o| {
+                let key = o.split('=').next().unwrap_or("").to_ascii_lowercase();
+                !o.is_empty() && key != "directconnection" && key != "replicaset"
+            })
+            .collect();
+        options.push("directConnection=true");
+        let path = if path.is_empty() { "/" } else { path };
+        format!(
+            "{scheme}://{userinfo}{}{path}?{}",
+            self.addr,
+            options.join("&")
+        )
     }
 }
 
