@@ -10,6 +10,14 @@
 //! CLIs that both saw slot A as emptiest cannot both land there: the loser re-reads
 //! and picks again. Only after the robot documents exist is `rev` bumped, so the
 //! holder that notices the bump finds them.
+//!
+//! A reservation, and so every create and move, requires the slot to be neither
+//! draining nor `retiring`. `init` shrinks the pool by retiring a slot first, then
+//! checking that no robot is bound to it, then deleting it; a create or move checks
+//! *after* its own write that its slots still exist and are not retiring, and
+//! re-places ([`rescue`]) any robot that landed on one that is. Each side checks after
+//! its own write, so one of them always sees the other: no robot is ever left bound
+//! to a slot that does not exist.
 
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
@@ -45,7 +53,7 @@ pub struct Placement {
 /// Reads every non-draining slot's load.
 pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
     let pipeline = vec![
-        doc! {"$match": {"draining": {"$ne": true}, "_id": {"$type": "string"}}},
+        doc! {"$match": {"draining": {"$ne": true}, "retiring": {"$ne": true}, "_id": {"$type": "string"}}},
         doc! {"$sort": {"_id": 1}},
         doc! {"$project": {"robot_count": 1}},
     ];
@@ -64,6 +72,22 @@ pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
         });
     }
     Ok(out)
+}
+
+/// Room for `k` more robots, stamped with the server's time: until
+/// [`STALE_RESERVATION`] has passed, a count above the true one may be robots
+/// still being written, and [`reconcile_counts`] leaves it alone.
+fn reservation(k: i64) -> Document {
+    doc! {"$inc": {"robot_count": k}, "$currentDate": {"reserved_at": true}}
+}
+
+/// How long after its last reservation a slot's count may include robots that
+/// are still being created or moved (a 100,000-robot create takes minutes).
+pub const STALE_RESERVATION: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The part of a slot filter that admits only slots robots may be placed on.
+fn open_for_robots() -> Document {
+    doc! {"draining": {"$ne": true}, "retiring": {"$ne": true}}
 }
 
 /// Spreads `n` robots over `slots`, filling the emptiest first (ties by id).
@@ -95,13 +119,14 @@ pub async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementErro
         let mut lost_race = false;
         for (i, k) in take.iter().enumerate().filter(|(_, k)| **k > 0) {
             let s = &pool[i];
-            let filter = match s.seen {
+            let mut filter = match s.seen {
                 Some(c) => doc! {"_id": &s.id, "robot_count": c},
                 None => doc! {"_id": &s.id, "robot_count": {"$exists": false}},
             };
+            filter.extend(open_for_robots());
             let r = store
                 .slots()
-                .update_one(filter, doc! {"$inc": {"robot_count": *k as i64}})
+                .update_one(filter, reservation(*k as i64))
                 .await?;
             if r.modified_count == 1 {
                 reserved.push((i, *k));
@@ -202,14 +227,22 @@ pub async fn move_robots(
     from: &str,
     to: &str,
 ) -> Result<u64, MoveError> {
-    let dest = store
-        .slots()
-        .find_one(doc! {"_id": to})
-        .projection(doc! {"draining": 1})
-        .await?
-        .ok_or_else(|| MoveError::NoSuchSlot(to.to_string()))?;
-    if dest.get_bool("draining").unwrap_or(false) {
-        return Err(MoveError::Draining(to.to_string()));
+    // Reserve room first, atomically with the check that `to` takes robots: a
+    // drain or a retirement after this point sees the reservation.
+    let k = ids.len() as i64;
+    let mut filter = doc! {"_id": to};
+    filter.extend(open_for_robots());
+    let reserved = store.slots().update_one(filter, reservation(k)).await?;
+    if reserved.matched_count == 0 {
+        let dest = store
+            .slots()
+            .find_one(doc! {"_id": to})
+            .projection(doc! {"draining": 1})
+            .await?;
+        return Err(match dest {
+            None => MoveError::NoSuchSlot(to.to_string()),
+            Some(_) => MoveError::Draining(to.to_string()),
+        });
     }
     let r = store
         .robots()
@@ -221,12 +254,119 @@ pub async fn move_robots(
             }}],
         )
         .await?;
-    let moved = r.modified_count;
+    let moved = r.modified_count as i64;
+    adjust(store, to, moved - k, moved > 0).await?;
     if moved > 0 {
-        adjust(store, from, -(moved as i64), true).await?;
-        adjust(store, to, moved as i64, true).await?;
+        adjust(store, from, -moved, true).await?;
+        // `to` may have been retired between the reservation and the move.
+        rescue(store, ids).await?;
     }
-    Ok(moved)
+    Ok(moved as u64)
+}
+
+/// Re-places those of `ids` bound to a slot that is missing or retiring, on the
+/// least-loaded open slots; returns how many moved. Safe to run from several
+/// processes at once: each move is conditional on the robot's old slot.
+pub async fn rescue(
+    store: &Store,
+    ids: &[bson::oid::ObjectId],
+) -> Result<u64, mongodb::error::Error> {
+    let mut rescued = 0;
+    for _round in 0..10 {
+        let open: Vec<String> = store
+            .slots()
+            .find(open_for_robots())
+            .projection(doc! {"_id": 1})
+            .await?
+            .try_collect::<Vec<Document>>()
+            .await?
+            .iter()
+            .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
+            .collect();
+        let mut stranded: Vec<(bson::oid::ObjectId, String)> = Vec::new();
+        for chunk in ids.chunks(1000) {
+            let mut cursor = store
+                .robots()
+                .find(doc! {"_id": {"$in": chunk}, "slot_id": {"$nin": &open}})
+                .projection(doc! {"slot_id": 1})
+                .await?;
+            while let Some(d) = cursor.try_next().await? {
+                if let (Ok(id), Ok(slot)) = (d.get_object_id("_id"), d.get_str("slot_id")) {
+                    stranded.push((id, slot.to_string()));
+                }
+            }
+        }
+        // A draining slot keeps its robots (they wait, as documented); only missing
+        // and retiring slots lose theirs.
+        let mut lost = Vec::new();
+        for (id, slot) in stranded {
+            let here = store
+                .slots()
+                .find_one(doc! {"_id": &slot})
+                .projection(doc! {"retiring": 1})
+                .await?;
+            if here.is_none_or(|d| d.get_bool("retiring").unwrap_or(false)) {
+                lost.push((id, slot));
+            }
+        }
+        if lost.is_empty() {
+            return Ok(rescued);
+        }
+        let placement = match reserve(store, lost.len()).await {
+            Ok(p) => p,
+            Err(PlacementError::Db(e)) => return Err(e),
+            Err(_) => return Ok(rescued),
+        };
+        for ((id, old), new) in lost.iter().zip(&placement.slots) {
+            let r = store
+                .robots()
+                .update_one(
+                    doc! {"_id": id, "slot_id": old},
+                    vec![doc! {"$set": {
+                        "slot_id": {"$literal": new}, "epoch": 0_i64, "worker": Bson::Null,
+                        "status": {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
+                    }}],
+                )
+                .await?;
+            if r.modified_count == 1 {
+                rescued += 1;
+                adjust(store, old, -1, true).await?;
+                tracing::warn!(robot = %id, from = %old, to = %new, "robot re-placed: its slot was removed");
+            } else {
+                adjust(store, new, -1, false).await?;
+            }
+        }
+        bump_revs(store, &placement.slots).await?;
+    }
+    Ok(rescued)
+}
+
+/// Re-places every robot bound to a slot that does not exist or is retiring.
+pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
+    let existing: Vec<String> = store
+        .slots()
+        .find(doc! {"retiring": {"$ne": true}})
+        .projection(doc! {"_id": 1})
+        .await?
+        .try_collect::<Vec<Document>>()
+        .await?
+        .iter()
+        .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
+        .collect();
+    let ids: Vec<bson::oid::ObjectId> = store
+        .robots()
+        .find(doc! {"slot_id": {"$nin": &existing}})
+        .projection(doc! {"_id": 1})
+        .await?
+        .try_collect::<Vec<Document>>()
+        .await?
+        .iter()
+        .filter_map(|d| d.get_object_id("_id").ok())
+        .collect();
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    rescue(store, &ids).await
 }
 
 /// Changes a slot's `robot_count` by `delta`, bumping `rev` when `bump`.
@@ -264,29 +404,62 @@ pub async fn bump_revs(store: &Store, slots: &[String]) -> Result<(), mongodb::e
     Ok(())
 }
 
-/// Sets every slot's `robot_count` to the true count (run by `init`, repairing drift
-/// from hand edits).
-pub async fn reconcile_counts(store: &Store) -> Result<(), mongodb::error::Error> {
-    let counts = true_counts(store).await?;
-    let mut slots = store
+/// Makes each slot's `robot_count` the true count of its robots (run by `init`),
+/// repairing drift from hand edits and from creates that died half-way. Without
+/// stopping anyone: a count below the truth is raised at once (in-flight work only
+/// ever makes a count too high); a count above it is lowered only when the slot
+/// saw no reservation for [`STALE_RESERVATION`], since until then the excess may be
+/// robots being written right now. Each write is conditional on the count it read.
+/// Returns how many slots were corrected.
+pub async fn reconcile_counts(store: &Store) -> Result<u64, mongodb::error::Error> {
+    let mut slots: Vec<Document> = store
         .slots()
         .find(doc! {})
-        .projection(doc! {"_id": 1})
+        .projection(doc! {"_id": 1, "robot_count": 1, "reserved_at": 1})
+        .await?
+        .try_collect()
         .await?;
-    let mut ids = Vec::new();
-    while let Some(d) = slots.try_next().await? {
-        if let Ok(id) = d.get_str("_id") {
-            ids.push(id.to_string());
+    slots.retain(|d| d.get_str("_id").is_ok());
+    let truth = true_counts(store).await?;
+    let now = store.server_now().await?;
+    let mut fixed = 0;
+    for slot in slots {
+        let id = slot.get_str("_id").unwrap_or_default();
+        let seen = slot.get("robot_count").cloned();
+        let count = match &seen {
+            Some(Bson::Int64(n)) => *n,
+            Some(Bson::Int32(n)) => *n as i64,
+            _ => -1,
+        };
+        let t = truth.get(id).copied().unwrap_or(0);
+        if count == t {
+            continue;
         }
-    }
-    for id in ids {
-        let n = counts.get(&id).copied().unwrap_or(0);
-        store
+        let mut filter = doc! {"_id": id, "robot_count": seen.clone().unwrap_or(Bson::Null)};
+        if seen.is_none() {
+            filter.insert("robot_count", doc! {"$exists": false});
+        }
+        if count > t {
+            let reserved_at = slot.get_datetime("reserved_at").ok().copied();
+            let quiet = reserved_at.is_none_or(|at| {
+                now.timestamp_millis() - at.timestamp_millis()
+                    > STALE_RESERVATION.as_millis() as i64
+            });
+            if !quiet {
+                continue;
+            }
+            filter.insert(
+                "reserved_at",
+                reserved_at.map_or(Bson::Null, Bson::DateTime),
+            );
+        }
+        let r = store
             .slots()
-            .update_one(doc! {"_id": &id}, doc! {"$set": {"robot_count": n}})
+            .update_one(filter, doc! {"$set": {"robot_count": t}})
             .await?;
+        fixed += r.modified_count;
     }
-    Ok(())
+    Ok(fixed)
 }
 
 #[cfg(test)]

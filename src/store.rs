@@ -306,23 +306,13 @@ impl Store {
                 present.push(id.to_string());
             }
         }
-        let extra: Vec<&String> = present.iter().filter(|p| !wanted.contains(p)).collect();
-        for slot in &extra {
-            let robots = self
-                .robots()
-                .count_documents(doc! {"slot_id": slot.as_str()})
-                .await?;
-            if robots > 0 {
-                return Err(StoreError::ShrinkWithRobots {
-                    wanted: count,
-                    slot: slot.to_string(),
-                    robots,
-                });
-            }
-        }
-        for slot in extra {
-            self.slots().delete_one(doc! {"_id": slot.as_str()}).await?;
-            report.removed.push(slot.clone());
+        let extra: Vec<String> = present
+            .iter()
+            .filter(|p| !wanted.contains(p))
+            .cloned()
+            .collect();
+        if !extra.is_empty() {
+            report.removed = self.retire_slots(count, &extra).await?;
         }
         for id in wanted {
             let result = self
@@ -342,8 +332,58 @@ impl Store {
             }
         }
         report.total = count;
-        crate::placement::reconcile_counts(self).await?;
+        // Robots left on a slot that is gone (a hand edit, an older version's
+        // shrink) are re-placed; then the counts are made true.
+        report.rescued = crate::placement::rescue_all(self).await?;
+        report.recounted = crate::placement::reconcile_counts(self).await?;
         Ok(report)
+    }
+
+    /// Removes `extra` slots safely against concurrent creates and moves: retire
+    /// them (no reservation can land on a retiring slot), then check that no robot
+    /// is bound to them, then delete. A create or move that reserved before the
+    /// retirement either shows up in the check (and the shrink is refused) or sees
+    /// the retirement in its own check after writing, and re-places its robots
+    /// (see [`crate::placement`]).
+    async fn retire_slots(&self, wanted: u32, extra: &[String]) -> Result<Vec<String>, StoreError> {
+        self.slots()
+            .update_many(
+                doc! {"_id": {"$in": extra}},
+                doc! {"$set": {"retiring": true}},
+            )
+            .await?;
+        let mut cursor = self
+            .robots()
+            .aggregate(vec![
+                doc! {"$match": {"slot_id": {"$in": extra}}},
+                doc! {"$group": {"_id": "$slot_id", "n": {"$sum": 1}}},
+                doc! {"$sort": {"_id": 1}},
+                doc! {"$limit": 1},
+            ])
+            .await?;
+        use futures::TryStreamExt;
+        if let Some(d) = cursor.try_next().await? {
+            self.slots()
+                .update_many(
+                    doc! {"_id": {"$in": extra}},
+                    doc! {"$unset": {"retiring": ""}},
+                )
+                .await?;
+            let robots = match d.get("n") {
+                Some(Bson::Int32(n)) => *n as u64,
+                Some(Bson::Int64(n)) => *n as u64,
+                _ => 1,
+            };
+            return Err(StoreError::ShrinkWithRobots {
+                wanted,
+                slot: d.get_str("_id").unwrap_or("?").to_string(),
+                robots,
+            });
+        }
+        self.slots()
+            .delete_many(doc! {"_id": {"$in": extra}, "retiring": true})
+            .await?;
+        Ok(extra.to_vec())
     }
 }
 
@@ -353,6 +393,10 @@ pub struct InitReport {
     pub total: u32,
     pub added: Vec<String>,
     pub removed: Vec<String>,
+    /// Robots that were bound to a slot that no longer exists, now re-placed.
+    pub rescued: u64,
+    /// Slots whose `robot_count` was corrected.
+    pub recounted: u64,
 }
 
 /// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order.

@@ -34,5 +34,11 @@ pub async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
             format!(", removed {}", report.removed.join(" "))
         },
     );
+    if report.rescued > 0 {
+        say!(
+            "re-placed {} robot(s) that were bound to slots that no longer exist",
+            report.rescued
+        );
+    }
     Ok(())
 }

@@ -168,29 +168,52 @@ async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
             bail!("invalid spec for kind {:?}: {e}", args.kind);
         }
     }
-    let taken: Vec<String> = store
-        .robots()
-        .find(doc! {"name": {"$in": &names}})
-        .projection(doc! {"name": 1})
-        .limit(10)
-        .await?
-        .try_collect::<Vec<Document>>()
-        .await?
-        .iter()
-        .filter_map(|d| text(d, "name"))
-        .collect();
-    if !taken.is_empty() {
+    // A rerun after an interrupted create finishes it: robots that exist with the
+    // same kind and spec are kept, the rest are created. Any other robot of one
+    // of these names is a conflict.
+    let existing = existing_robots(store, &names).await?;
+    let mut conflicts = Vec::new();
+    for d in existing.values() {
+        if text(d, "kind").as_deref() != Some(args.kind.as_str())
+            || d.get_document("spec").ok() != Some(&spec)
+        {
+            conflicts.push(text(d, "name").unwrap_or_default());
+        }
+    }
+    if !conflicts.is_empty() {
+        conflicts.sort();
+        conflicts.truncate(10);
         bail!(
-            "a robot named {} already exists; names are unique",
-            taken.join(", ")
+            "a robot named {} already exists with another kind or spec; names are unique",
+            conflicts.join(", ")
         );
     }
-    let placement = placement::reserve(store, names.len()).await?;
+    let todo: Vec<String> = names
+        .iter()
+        .filter(|n| !existing.contains_key(*n))
+        .cloned()
+        .collect();
+    if todo.is_empty() {
+        say!(
+            "all {} robot(s) exist already with this kind and spec; nothing to do",
+            names.len()
+        );
+        return Ok(());
+    }
+    if !existing.is_empty() {
+        say!(
+            "{} of {} robot(s) exist already with this kind and spec; creating the other {}",
+            existing.len(),
+            names.len(),
+            todo.len()
+        );
+    }
+    let placement = placement::reserve(store, todo.len()).await?;
     if super::slots::live_workers(store).await?.is_empty() {
         eprintln!("warning: no worker is alive; the robots start when one is (slotpool worker)");
     }
     let now = store.server_now().await?;
-    let docs: Vec<Document> = names
+    let docs: Vec<Document> = todo
         .iter()
         .zip(&placement.slots)
         .map(|(name, slot)| {
@@ -202,45 +225,158 @@ async fn create(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
             }
         })
         .collect();
-    let (inserted, error) = insert_all(store, &docs).await;
-    for slot in &placement.slots[inserted..] {
-        placement::adjust(store, slot, -1, false).await?;
-    }
-    placement::bump_revs(store, &placement.slots[..inserted]).await?;
-    if let Some(e) = error {
-        let why = if is_duplicate_key(&e) {
-            "a robot of the same name was created by someone else meanwhile".to_string()
-        } else {
+    let error = insert_all(store, &docs).await.err();
+    let ids: Vec<ObjectId> = docs
+        .iter()
+        .filter_map(|d| d.get_object_id("_id").ok())
+        .collect();
+    let settled = settle(store, &ids, &placement.slots).await;
+    let inserted = match (&error, settled) {
+        (None, Ok(n)) => n,
+        (_, Err(e)) => bail!(
+            "could not tell how many of {} robots were created: the database did not answer for {}s ({}). \
+             Rerun the same command when it is back: robots that exist are kept and the rest are created. \
+             The slots' robot counts may be too high meanwhile: ten minutes on, `slotpool init --slots N` \
+             (N: the current slot count) makes them true again.",
+            docs.len(),
+            PATIENCE.as_secs(),
             crate::store::brief(&e)
-        };
-        bail!("created {inserted} of {} robots: {why}", docs.len());
-    }
-    report_created(&names, &placement.slots, args.json);
+        ),
+        (Some(e), Ok(n)) => {
+            let why = if is_duplicate_key(e) {
+                "a robot of the same name was created by someone else meanwhile".to_string()
+            } else if crate::store::is_network(e) {
+                format!("the database became unreachable ({})", crate::store::brief(e))
+            } else {
+                crate::store::brief(e)
+            };
+            bail!(
+                "created {n} of {} robots: {why}. Rerun the same command to create the rest \
+                 (robots that exist are kept); the slots' robot counts are consistent.",
+                docs.len()
+            );
+        }
+    };
+    debug_assert_eq!(inserted, docs.len());
+    report_created(&todo, &placement.slots, args.json);
     Ok(())
 }
 
-/// Inserts in order; returns how many landed and, if one failed, why.
-async fn insert_all(store: &Store, docs: &[Document]) -> (usize, Option<mongodb::error::Error>) {
-    let mut done = 0;
+/// How long a create keeps trying to put its bookkeeping right while the database
+/// is unreachable (a restart, a failover).
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs `op` until it succeeds, retrying network errors for up to [`PATIENCE`].
+async fn patiently<T, F, Fut>(what: &str, mut op: F) -> Result<T, mongodb::error::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, mongodb::error::Error>>,
+{
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut pause = std::time::Duration::from_millis(250);
+    let mut warned = false;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if crate::store::is_network(&e) && std::time::Instant::now() < deadline => {
+                if !warned {
+                    eprintln!(
+                        "warning: the database is unreachable while {what}; retrying for up to {}s",
+                        PATIENCE.as_secs()
+                    );
+                    warned = true;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// After the inserts, whatever happened to them: counts which robots landed, gives
+/// back the reservations of those that did not, tells the holders, and re-places
+/// any robot whose slot was retired meanwhile. Returns how many landed.
+async fn settle(
+    store: &Store,
+    ids: &[ObjectId],
+    slots: &[String],
+) -> Result<usize, mongodb::error::Error> {
+    let landed: std::collections::HashSet<ObjectId> =
+        patiently("counting the robots created", || async {
+            let mut found = std::collections::HashSet::new();
+            for chunk in ids.chunks(1000) {
+                let mut cursor = store
+                    .robots()
+                    .find(doc! {"_id": {"$in": chunk}})
+                    .projection(doc! {"_id": 1})
+                    .await?;
+                while let Some(d) = cursor.try_next().await? {
+                    if let Ok(id) = d.get_object_id("_id") {
+                        found.insert(id);
+                    }
+                }
+            }
+            Ok(found)
+        })
+        .await?;
+    let mut unused: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+    let mut used: Vec<String> = Vec::new();
+    for (id, slot) in ids.iter().zip(slots) {
+        if landed.contains(id) {
+            used.push(slot.clone());
+        } else {
+            *unused.entry(slot.as_str()).or_default() += 1;
+        }
+    }
+    for (slot, n) in unused {
+        patiently("releasing reserved room", || {
+            placement::adjust(store, slot, -n, false)
+        })
+        .await?;
+    }
+    if !used.is_empty() {
+        patiently("telling the holders", || placement::bump_revs(store, &used)).await?;
+        let landed: Vec<ObjectId> = landed.into_iter().collect();
+        patiently("checking the robots' slots", || {
+            placement::rescue(store, &landed)
+        })
+        .await?;
+    }
+    Ok(used.len())
+}
+
+/// The robots of these names that exist, by name.
+async fn existing_robots(
+    store: &Store,
+    names: &[String],
+) -> anyhow::Result<std::collections::HashMap<String, Document>> {
+    let mut found = std::collections::HashMap::new();
+    for chunk in names.chunks(1000) {
+        let mut cursor = store
+            .robots()
+            .find(doc! {"name": {"$in": chunk}})
+            .projection(doc! {"name": 1, "kind": 1, "spec": 1})
+            .await?;
+        while let Some(d) = cursor.try_next().await? {
+            if let Some(n) = text(&d, "name") {
+                found.insert(n, d);
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Inserts in order, a thousand at a time; stops at the first failure.
+async fn insert_all(store: &Store, docs: &[Document]) -> Result<(), mongodb::error::Error> {
     for chunk in docs.chunks(1000) {
-        if let Err(e) = store
+        store
             .robots()
             .insert_many(chunk.to_vec())
             .ordered(true)
-            .await
-        {
-            // Ordered: the ones before the failure landed. Count them.
-            let ids: Vec<Bson> = chunk.iter().filter_map(|d| d.get("_id").cloned()).collect();
-            let landed = store
-                .robots()
-                .count_documents(doc! {"_id": {"$in": ids}})
-                .await
-                .unwrap_or(0);
-            return (done + landed as usize, Some(e));
-        }
-        done += chunk.len();
+            .await?;
     }
-    (done, None)
+    Ok(())
 }
 
 fn report_created(names: &[String], slots: &[String], as_json: bool) {
