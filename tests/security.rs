@@ -414,3 +414,98 @@ async fn no_part_of_a_uri_that_carries_a_credential_is_printed() {
         "{err}"
     );
 }
+
+/// Open descriptors of a process, when this test may look (it may not, for a
+/// non-dumpable worker, unless it runs as root).
+fn open_fds(pid: i32) -> Option<usize> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_clients_cannot_starve_the_worker_or_its_robots() {
+    let db = TestDb::new("httpflood").await;
+    db.init(1).await;
+    // A worker at a low descriptor limit, as under the common default of 1,024.
+    let w = WorkerProc::start_nofile(&db.uri, &db.dir, &["--exec-allow", &db.exec_allow()], 256);
+    common::wait_for(Duration::from_secs(15), "the slot to be held", || async {
+        (common::owner(&db.slot("slot-001").await)? == w.id).then_some(())
+    })
+    .await;
+    // Someone on the network opens connections and never sends a request, keeping
+    // the newest 1,000 open, at about 500 a second.
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let opened = std::sync::Arc::new(AtomicU64::new(0));
+    let port = w.port;
+    let flood = {
+        let (stop, opened) = (stop.clone(), opened.clone());
+        std::thread::spawn(move || {
+            let mut held = std::collections::VecDeque::new();
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..25 {
+                    if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                        held.push_back(s);
+                        opened.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if held.len() > 1000 {
+                        held.pop_front();
+                    }
+                }
+                // Pacing the attacker, not waiting for a condition.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    common::wait_for(
+        Duration::from_secs(30),
+        "1,000 connections opened",
+        || async { (opened.load(Ordering::Relaxed) > 1000).then_some(()) },
+    )
+    .await;
+    // Robots still start: each needs descriptors of the worker's.
+    let cmd = script(
+        &db,
+        "once.sh",
+        "echo '{\"checkpoint\": {\"started\": true}}'\nexec sleep 60\n",
+    );
+    for i in 0..5 {
+        db.cli_ok(&[
+            "robot",
+            "create",
+            "--name",
+            &format!("r{i}"),
+            "--kind",
+            "exec",
+            "--command",
+            &cmd,
+        ]);
+    }
+    common::wait_for(
+        Duration::from_secs(30),
+        "all five robots to start",
+        || async {
+            let started = db
+                .robots()
+                .await
+                .iter()
+                .filter(|r| r.get_i64("seq").unwrap_or(0) >= 1)
+                .count();
+            (started == 5).then_some(())
+        },
+    )
+    .await;
+    // Health probes are answered throughout.
+    for _ in 0..5 {
+        common::wait_for(Duration::from_secs(10), "/healthz to answer", || async {
+            (w.http_get("/healthz")?.0 == 200).then_some(())
+        })
+        .await;
+    }
+    if let Some(n) = open_fds(w.pid()) {
+        assert!(n < 200, "the worker holds {n} descriptors");
+    }
+    stop.store(true, Ordering::Relaxed);
+    flood.join().unwrap();
+    let log = w.log_text();
+    assert!(!log.contains("Too many open files"), "{log}");
+}

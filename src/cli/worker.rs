@@ -106,6 +106,32 @@ fn parse_max_slots(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Raises the soft limit on open descriptors to the hard one (as Go's runtime
+/// does): each `exec` robot holds three pipes in the worker, and the common soft
+/// default of 1,024 is low for a worker running hundreds. Returns the limit now.
+fn raise_fd_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a properly initialised struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return raised.rlim_cur as u64;
+            }
+        }
+    }
+    limit.rlim_cur as u64
+}
+
 pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
     let defaults = LeaseTiming::from_tick(args.tick);
     let timing = LeaseTiming {
@@ -138,7 +164,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         lease_ms = timing.lease_ms(), max_slots = ?args.max_slots,
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,
         stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %policy.describe(),
-        exec_env = %policy.describe_env(),
+        exec_env = %policy.describe_env(), open_files = raise_fd_limit(),
         "starting worker"
     );
     let settings = WorkerSettings {

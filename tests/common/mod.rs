@@ -262,6 +262,27 @@ impl WorkerProc {
         Self::spawn(cmd, dir, extra)
     }
 
+    /// Like `start`, with at most `nofile` open descriptors (soft and hard limit).
+    pub fn start_nofile(uri: &str, dir: &Path, extra: &[&str], nofile: u64) -> WorkerProc {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(BIN);
+        cmd.env("MONGODB_URI", uri);
+        // SAFETY: setrlimit is async-signal-safe; it runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let limit = libc::rlimit {
+                    rlim_cur: nofile,
+                    rlim_max: nofile,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Self::spawn(cmd, dir, extra)
+    }
+
     fn spawn(mut cmd: Command, dir: &Path, extra: &[&str]) -> WorkerProc {
         let port = free_port();
         let id = format!("127.0.0.1:{port}");
