@@ -125,11 +125,11 @@ fn raise_fd_limit() -> u64 {
                 rlim_max: limit.rlim_max,
             };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                return raised.rlim_cur as u64;
+                return raised.rlim_cur;
             }
         }
     }
-    limit.rlim_cur as u64
+    limit.rlim_cur
 }
 
 pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
