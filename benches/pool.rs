@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,create,restore
+//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,create,output,restore
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -596,6 +596,129 @@ async fn create(n: u32) -> Row {
     }
 }
 
+/// A number from `/proc/PID/status` (e.g. `VmHWM`, the peak RSS), in KiB.
+fn status_kb(pid: i32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds a process has used (user + system).
+fn cpu_s(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15, counted from 1; f[0] is field 3.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 / hz
+}
+
+/// Polls the worker's log for `needle` until `limit`; returns how long it took.
+async fn logged(w: &WorkerProc, needle: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if w.log_text().contains(needle) {
+            return t.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{needle:?} not logged within {limit:?}");
+}
+
+/// Robot output at its worst, as issue 13 measured it before the bounds: one line
+/// of 800 MB without a newline, then `yes` for 20 s.
+async fn output() -> Row {
+    fresh_server();
+    let db = TestDb::new("b_output").await;
+    db.init(1).await;
+    let write = |name: &str, body: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        let path = db.dir.join(name);
+        std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let long = write(
+        "long.sh",
+        "head -c 800000000 /dev/zero | tr '\\0' x\necho\necho long-line-done\nexec sleep 3600\n",
+    );
+    // Done when it checkpoints: a log line after the flood may itself be dropped.
+    let flood = write(
+        "flood.sh",
+        "timeout 20 yes flooding\necho '{\"checkpoint\": {\"done\": true}}'\nexec sleep 3600\n",
+    );
+    let w = db.exec_worker(&[]);
+    let pid = w.pid();
+    let base_kb = {
+        one_slot_each(&db, 1).await;
+        status_kb(pid, "VmRSS")
+    };
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "long",
+        "--kind",
+        "exec",
+        "--command",
+        &long,
+    ]);
+    let line = logged(&w, "long-line-done", Duration::from_secs(300)).await;
+    let peak_kb = status_kb(pid, "VmHWM");
+    let log_before = std::fs::metadata(&w.log).map_or(0, |m| m.len());
+    let cpu_before = cpu_s(pid);
+    let t = Instant::now();
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "flood",
+        "--kind",
+        "exec",
+        "--command",
+        &flood,
+    ]);
+    let t_done = Instant::now();
+    while !db
+        .robot("flood")
+        .await
+        .get_document("context")
+        .is_ok_and(|c| c.get_bool("done").unwrap_or(false))
+    {
+        assert!(
+            t_done.elapsed() < Duration::from_secs(90),
+            "the flood never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let wall = t.elapsed().as_secs_f64();
+    let cpu = cpu_s(pid) - cpu_before;
+    let grew = std::fs::metadata(&w.log).map_or(0, |m| m.len()) - log_before;
+    let dropped = w
+        .metric("slotpool_robot_log_lines_dropped_total")
+        .unwrap_or(0);
+    Row {
+        name: "Robot output at its worst: an exec robot writes one 800 MB line without a newline; another runs `yes` for 20 s (worker holding the slot, release build)".into(),
+        figures: format!(
+            "800 MB line read in {:.1} s; worker RSS {:.1} MiB before, peak {:.1} MiB. `yes`: {dropped} lines not logged, the log grew {} KiB in {wall:.1} s, worker CPU {:.0}% of one core meanwhile",
+            line.as_secs_f64(),
+            base_kb as f64 / 1024.0,
+            peak_kb as f64 / 1024.0,
+            grew / 1024,
+            100.0 * cpu / wall
+        ),
+        goal: "bounded memory and log (issue 13 measured 775 MB RSS for 800 MB, and 600 MB of log in 20 s, before the bounds)".into(),
+    }
+}
+
 /// Prints a finished row at once (a long run shows progress) and keeps it.
 fn show(rows: &mut Vec<Row>, row: Row) {
     println!("{} | {}", row.name, row.figures);
@@ -693,6 +816,9 @@ async fn main() {
     if want("create") {
         show(&mut rows, create(1000).await);
     }
+    if want("output") {
+        show(&mut rows, output().await);
+    }
     if want("restore") {
         for r in restore(big as u32).await {
             show(&mut rows, r);
@@ -700,7 +826,7 @@ async fn main() {
     }
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,orphan,handback,rebalance,storm,cost,create,restore`).");
+    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,orphan,handback,rebalance,storm,cost,create,output,restore`).");
     let _ = writeln!(
         md,
         "It runs release builds of real worker processes against a throwaway dev server of its"

@@ -259,23 +259,29 @@ pub async fn move_robots(
     if moved > 0 {
         adjust(store, from, -moved, true).await?;
         // `to` may have been retired between the reservation and the move.
-        rescue(store, ids).await?;
+        rescue(store, ids, &[to.to_string()]).await?;
     }
     Ok(moved as u64)
 }
 
-/// Re-places those of `ids` bound to a slot that is missing or retiring, on the
-/// least-loaded open slots; returns how many moved. Safe to run from several
-/// processes at once: each move is conditional on the robot's old slot.
+/// Re-places those of `ids` that are bound to one of `slots` that is missing or
+/// retiring, on the least-loaded open slots; returns how many moved. Costs one
+/// query on `slots` when none of them is (the common case). Safe to run from
+/// several processes at once: each move is conditional on the robot's old slot.
 pub async fn rescue(
     store: &Store,
     ids: &[bson::oid::ObjectId],
+    slots: &[String],
 ) -> Result<u64, mongodb::error::Error> {
     let mut rescued = 0;
+    let mut ids: Vec<bson::oid::ObjectId> = ids.to_vec();
+    let mut slots: Vec<String> = slots.to_vec();
     for _round in 0..10 {
-        let open: Vec<String> = store
+        slots.sort();
+        slots.dedup();
+        let fine: Vec<String> = store
             .slots()
-            .find(open_for_robots())
+            .find(doc! {"_id": {"$in": &slots}, "retiring": {"$ne": true}})
             .projection(doc! {"_id": 1})
             .await?
             .try_collect::<Vec<Document>>()
@@ -283,30 +289,21 @@ pub async fn rescue(
             .iter()
             .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
             .collect();
-        let mut stranded: Vec<(bson::oid::ObjectId, String)> = Vec::new();
+        let gone: Vec<&String> = slots.iter().filter(|s| !fine.contains(s)).collect();
+        if gone.is_empty() {
+            return Ok(rescued);
+        }
+        let mut lost: Vec<(bson::oid::ObjectId, String)> = Vec::new();
         for chunk in ids.chunks(1000) {
             let mut cursor = store
                 .robots()
-                .find(doc! {"_id": {"$in": chunk}, "slot_id": {"$nin": &open}})
+                .find(doc! {"_id": {"$in": chunk}, "slot_id": {"$in": &gone}})
                 .projection(doc! {"slot_id": 1})
                 .await?;
             while let Some(d) = cursor.try_next().await? {
                 if let (Ok(id), Ok(slot)) = (d.get_object_id("_id"), d.get_str("slot_id")) {
-                    stranded.push((id, slot.to_string()));
+                    lost.push((id, slot.to_string()));
                 }
-            }
-        }
-        // A draining slot keeps its robots (they wait, as documented); only missing
-        // and retiring slots lose theirs.
-        let mut lost = Vec::new();
-        for (id, slot) in stranded {
-            let here = store
-                .slots()
-                .find_one(doc! {"_id": &slot})
-                .projection(doc! {"retiring": 1})
-                .await?;
-            if here.is_none_or(|d| d.get_bool("retiring").unwrap_or(false)) {
-                lost.push((id, slot));
             }
         }
         if lost.is_empty() {
@@ -317,6 +314,7 @@ pub async fn rescue(
             Err(PlacementError::Db(e)) => return Err(e),
             Err(_) => return Ok(rescued),
         };
+        let mut moved = Vec::new();
         for ((id, old), new) in lost.iter().zip(&placement.slots) {
             let r = store
                 .robots()
@@ -330,6 +328,7 @@ pub async fn rescue(
                 .await?;
             if r.modified_count == 1 {
                 rescued += 1;
+                moved.push(*id);
                 adjust(store, old, -1, true).await?;
                 tracing::warn!(robot = %id, from = %old, to = %new, "robot re-placed: its slot was removed");
             } else {
@@ -337,6 +336,9 @@ pub async fn rescue(
             }
         }
         bump_revs(store, &placement.slots).await?;
+        // The new slots could be retired in turn: check them too.
+        ids = moved;
+        slots = placement.slots;
     }
     Ok(rescued)
 }
@@ -353,20 +355,25 @@ pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
         .iter()
         .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
         .collect();
-    let ids: Vec<bson::oid::ObjectId> = store
+    let stranded: Vec<Document> = store
         .robots()
         .find(doc! {"slot_id": {"$nin": &existing}})
-        .projection(doc! {"_id": 1})
+        .projection(doc! {"_id": 1, "slot_id": 1})
         .await?
-        .try_collect::<Vec<Document>>()
-        .await?
+        .try_collect()
+        .await?;
+    if stranded.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<bson::oid::ObjectId> = stranded
         .iter()
         .filter_map(|d| d.get_object_id("_id").ok())
         .collect();
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    rescue(store, &ids).await
+    let slots: Vec<String> = stranded
+        .iter()
+        .filter_map(|d| d.get_str("slot_id").ok().map(str::to_string))
+        .collect();
+    rescue(store, &ids, &slots).await
 }
 
 /// Changes a slot's `robot_count` by `delta`, bumping `rev` when `bump`.

@@ -9,7 +9,8 @@
 //!   the next newline, counting what it skipped;
 //! - [`LogBudget`] lets a robot log [`LOG_LINES_PER_SEC`] lines a second on average
 //!   (bursts up to [`LOG_BURST`]); lines over it are counted, not logged, and the
-//!   count is logged once the robot is under budget again;
+//!   count is logged with the next line admitted: the first time at once, then at
+//!   most every [`DROP_REPORT_EVERY`], and when the robot ends;
 //! - [`shown`] cuts a logged line to [`LOGGED_LINE_BYTES`].
 //!
 //! Checkpoint lines are not log lines: they are never dropped by the budget, and
@@ -34,6 +35,9 @@ pub const LOG_LINES_PER_SEC: f64 = 100.0;
 
 /// Log lines a robot may write at once after a quiet spell.
 pub const LOG_BURST: f64 = 1000.0;
+
+/// How often a flooding robot's dropped lines are reported, after the first time.
+pub const DROP_REPORT_EVERY: Duration = Duration::from_secs(10);
 
 /// One line as read: its first bytes (lossy UTF-8, without the newline) and how
 /// many bytes past the bound were skipped.
@@ -120,6 +124,7 @@ pub struct LogBudget {
     tokens: f64,
     at: Instant,
     dropped: u64,
+    reported: Option<Instant>,
 }
 
 impl LogBudget {
@@ -134,20 +139,29 @@ impl LogBudget {
             tokens: burst,
             at: now,
             dropped: 0,
+            reported: None,
         }
     }
 
-    /// Whether one more line may be logged at `now`. When it may and lines were
-    /// dropped before it, also returns how many (log that first).
+    /// Whether one more line may be logged at `now`. When it may, also returns how
+    /// many lines were dropped since the last report, when one is due (log that
+    /// first).
     pub fn admit(&mut self, now: Instant) -> Admit {
         let elapsed = now.saturating_duration_since(self.at);
         self.at = now;
         self.tokens = (self.tokens + elapsed.as_secs_f64() * self.rate).min(self.burst);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
-            Admit::Log {
-                dropped_before: std::mem::take(&mut self.dropped),
-            }
+            let due = self
+                .reported
+                .is_none_or(|at| now.saturating_duration_since(at) >= DROP_REPORT_EVERY);
+            let dropped_before = if self.dropped > 0 && due {
+                self.reported = Some(now);
+                std::mem::take(&mut self.dropped)
+            } else {
+                0
+            };
+            Admit::Log { dropped_before }
         } else {
             self.dropped += 1;
             Admit::Drop
@@ -234,7 +248,11 @@ mod tests {
         let t1 = t0 + Duration::from_millis(100);
         assert_eq!(b.admit(t1), Admit::Log { dropped_before: 2 });
         assert_eq!(b.admit(t1), Admit::Drop);
-        assert_eq!(b.take_dropped(), 1);
+        // The next report waits its turn; the count keeps growing meanwhile.
+        let t15 = t1 + Duration::from_millis(100);
+        assert_eq!(b.admit(t15), Admit::Log { dropped_before: 0 });
+        assert_eq!(b.admit(t15), Admit::Drop);
+        assert_eq!(b.take_dropped(), 2);
         // A long quiet spell refills only up to the burst.
         let t2 = t1 + Duration::from_secs(60);
         for _ in 0..3 {
