@@ -431,15 +431,20 @@ async fn log_stderr(
         if let Some(e) = l.text.strip_prefix(shim::ERROR_PREFIX) {
             shim_error.get_or_insert_with(|| e.to_string());
         }
-        if admit(&budget, &run) {
-            tracing::warn!(robot = %run.name(), stream = "stderr", "{}", output::shown(&l.text, l.cut));
+        match admit(&budget, &run) {
+            Ok(()) => {
+                tracing::warn!(robot = %run.name(), stream = "stderr", "{}", output::shown(&l.text, l.cut))
+            }
+            Err(Some(pause)) => tokio::time::sleep(pause).await,
+            Err(None) => {}
         }
     }
     shim_error
 }
 
-/// Whether one more output line may be logged; logs how many were dropped first.
-fn admit(budget: &std::sync::Mutex<LogBudget>, run: &RobotRun) -> bool {
+/// Whether one more output line may be logged (logging how many were dropped
+/// first, when a report is due); when not, how long to pause reading, if at all.
+fn admit(budget: &std::sync::Mutex<LogBudget>, run: &RobotRun) -> Result<(), Option<Duration>> {
     let verdict = budget
         .lock()
         .expect("log budget lock")
@@ -449,11 +454,11 @@ fn admit(budget: &std::sync::Mutex<LogBudget>, run: &RobotRun) -> bool {
             if dropped_before > 0 {
                 dropped(run, dropped_before);
             }
-            true
+            Ok(())
         }
-        Admit::Drop => {
+        Admit::Drop { pause } => {
             run.metrics().log_lines_dropped.inc();
-            false
+            Err(pause)
         }
     }
 }
@@ -491,8 +496,15 @@ impl Output<'_> {
             }
             Line::BadCheckpoint(why) => Err(self.refuse(why)),
             Line::Log(l) => {
-                if admit(&self.budget, self.run) {
-                    tracing::info!(robot = %self.run.name(), "{}", output::shown(&l, line.cut));
+                match admit(&self.budget, self.run) {
+                    Ok(()) => {
+                        tracing::info!(robot = %self.run.name(), "{}", output::shown(&l, line.cut))
+                    }
+                    // Throttled, except while stopping: a last checkpoint may follow.
+                    Err(Some(pause)) if !self.run.stop().is_cancelled() => {
+                        tokio::time::sleep(pause).await
+                    }
+                    Err(_) => {}
                 }
                 Ok(())
             }

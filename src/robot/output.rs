@@ -36,6 +36,14 @@ pub const LOG_LINES_PER_SEC: f64 = 100.0;
 /// Log lines a robot may write at once after a quiet spell.
 pub const LOG_BURST: f64 = 1000.0;
 
+/// After this many lines dropped in a row, reading pauses for [`THROTTLE_PAUSE`]:
+/// a robot writing millions of lines a second is slowed to about 100,000 (its
+/// writes block meanwhile) instead of costing the worker a whole core.
+pub const THROTTLE_EVERY: u64 = 1000;
+
+/// See [`THROTTLE_EVERY`].
+pub const THROTTLE_PAUSE: Duration = Duration::from_millis(10);
+
 /// How often a flooding robot's dropped lines are reported, after the first time.
 pub const DROP_REPORT_EVERY: Duration = Duration::from_secs(10);
 
@@ -125,6 +133,8 @@ pub struct LogBudget {
     at: Instant,
     dropped: u64,
     reported: Option<Instant>,
+    /// Lines dropped since the last one logged.
+    in_a_row: u64,
 }
 
 impl LogBudget {
@@ -140,6 +150,7 @@ impl LogBudget {
             at: now,
             dropped: 0,
             reported: None,
+            in_a_row: 0,
         }
     }
 
@@ -161,10 +172,14 @@ impl LogBudget {
             } else {
                 0
             };
+            self.in_a_row = 0;
             Admit::Log { dropped_before }
         } else {
             self.dropped += 1;
-            Admit::Drop
+            self.in_a_row += 1;
+            Admit::Drop {
+                pause: (self.in_a_row % THROTTLE_EVERY == 0).then_some(THROTTLE_PAUSE),
+            }
         }
     }
 
@@ -181,8 +196,13 @@ impl LogBudget {
 
 #[derive(Debug, PartialEq)]
 pub enum Admit {
-    Log { dropped_before: u64 },
-    Drop,
+    Log {
+        dropped_before: u64,
+    },
+    /// Not logged; when `pause` is set, read nothing more for that long.
+    Drop {
+        pause: Option<Duration>,
+    },
 }
 
 #[cfg(test)]
@@ -236,28 +256,39 @@ mod tests {
     }
 
     #[test]
+    fn a_flood_is_throttled_every_thousand_drops() {
+        let t0 = Instant::now();
+        let mut b = LogBudget::with(10.0, 1.0, t0);
+        assert!(matches!(b.admit(t0), Admit::Log { .. }));
+        let pauses = (0..3000)
+            .filter(|_| matches!(b.admit(t0), Admit::Drop { pause: Some(_) }))
+            .count();
+        assert_eq!(pauses, 3);
+    }
+
+    #[test]
     fn budget_admits_a_burst_then_the_rate_and_reports_drops() {
         let t0 = Instant::now();
         let mut b = LogBudget::with(10.0, 3.0, t0);
         for _ in 0..3 {
             assert_eq!(b.admit(t0), Admit::Log { dropped_before: 0 });
         }
-        assert_eq!(b.admit(t0), Admit::Drop);
-        assert_eq!(b.admit(t0), Admit::Drop);
+        assert_eq!(b.admit(t0), Admit::Drop { pause: None });
+        assert_eq!(b.admit(t0), Admit::Drop { pause: None });
         assert!(b.refill_in() <= Duration::from_millis(100));
         let t1 = t0 + Duration::from_millis(100);
         assert_eq!(b.admit(t1), Admit::Log { dropped_before: 2 });
-        assert_eq!(b.admit(t1), Admit::Drop);
+        assert_eq!(b.admit(t1), Admit::Drop { pause: None });
         // The next report waits its turn; the count keeps growing meanwhile.
         let t15 = t1 + Duration::from_millis(100);
         assert_eq!(b.admit(t15), Admit::Log { dropped_before: 0 });
-        assert_eq!(b.admit(t15), Admit::Drop);
+        assert_eq!(b.admit(t15), Admit::Drop { pause: None });
         assert_eq!(b.take_dropped(), 2);
         // A long quiet spell refills only up to the burst.
         let t2 = t1 + Duration::from_secs(60);
         for _ in 0..3 {
             assert!(matches!(b.admit(t2), Admit::Log { .. }));
         }
-        assert_eq!(b.admit(t2), Admit::Drop);
+        assert_eq!(b.admit(t2), Admit::Drop { pause: None });
     }
 }
