@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,create,output,restore
+//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -421,6 +421,76 @@ async fn cost(n: u32) -> (f64, f64) {
     (holder_ops, standby_ops)
 }
 
+/// The bench's own dev server process, when it runs one (see `dev_server`).
+fn server_pid() -> Option<i32> {
+    if std::env::var("SLOTPOOL_BENCH_OWN_SERVER").as_deref() != Ok("1") {
+        return None;
+    }
+    let port = std::env::var("SLOTPOOL_DEV_PORT").ok()?;
+    let root = env!("CARGO_MANIFEST_DIR");
+    std::fs::read_to_string(format!("{root}/.state/mongo-{port}.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The dev server's CPU use, in cores, over `window`.
+async fn server_cores(pid: i32, window: Duration) -> f64 {
+    let a = cpu_s(pid);
+    tokio::time::sleep(window).await;
+    (cpu_s(pid) - a) / window.as_secs_f64()
+}
+
+/// What standbys cost the database: its CPU with `held` held slots (one holder
+/// each), then with 10 and with 50 standbys added, each minus the run without
+/// standbys. (Issue 12 asks for 100 held slots; today 100 holders alone saturate
+/// the dev server, each surveying every slot every tick, and renewals time out.)
+async fn standbys(held: usize) -> Row {
+    let name = format!("Standby cost: the dev server's CPU (its own /proc stat, 20 s windows) with {held} held slots (one holder each, tick 1 s), with 10 and with 50 standbys added, minus the same without standbys");
+    fresh_server();
+    let Some(pid) = server_pid() else {
+        return Row {
+            name,
+            figures: "not measured: needs the bench's own dev server (run without MONGODB_URI)"
+                .into(),
+            goal: "-".into(),
+        };
+    };
+    let db = TestDb::new("b_standbys").await;
+    db.init(held as u32).await;
+    let mut workers: Vec<WorkerProc> = (0..held).map(|_| db.worker(&[])).collect();
+    common::wait_for(Duration::from_secs(120), "every slot held", || async {
+        (db.slots().await.iter().filter_map(owner).count() == held).then_some(())
+    })
+    .await;
+    let window = Duration::from_secs(20);
+    // Settle first: the claims' burst is not the steady state.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let base = server_cores(pid, window).await;
+    let mut figures = vec![format!("{held} holders alone: {base:.2} cores")];
+    for total in [10, 50] {
+        while workers.len() < held + total {
+            workers.push(db.worker(&[]));
+        }
+        for w in &workers[held..] {
+            wait_heartbeat(&db, &w.id).await;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let with = server_cores(pid, window).await;
+        figures.push(format!(
+            "+{total} standbys: {with:.2} cores, {:.2} for the standbys ({:.3} each)",
+            with - base,
+            (with - base) / total as f64
+        ));
+    }
+    Row {
+        name,
+        figures: figures.join("; "),
+        goal: "issue 12: ≤ 0.03 of a core for 10 standbys".into(),
+    }
+}
+
 /// Waits until worker `id` has written its first heartbeat.
 async fn wait_heartbeat(db: &TestDb, id: &str) {
     common::wait_for(
@@ -816,6 +886,9 @@ async fn main() {
     if want("create") {
         show(&mut rows, create(1000).await);
     }
+    if want("standbys") {
+        show(&mut rows, standbys(20).await);
+    }
     if want("output") {
         show(&mut rows, output().await);
     }
@@ -826,7 +899,7 @@ async fn main() {
     }
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,orphan,handback,rebalance,storm,cost,create,output,restore`).");
+    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore`).");
     let _ = writeln!(
         md,
         "It runs release builds of real worker processes against a throwaway dev server of its"
