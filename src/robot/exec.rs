@@ -30,6 +30,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
+use super::line::{parse_line, Line};
 use super::output::{self, Admit, BoundedLines, LogBudget};
 use super::shim::{self, Control};
 use super::{RobotError, RobotKind, RobotRun};
@@ -144,101 +145,6 @@ fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
         env,
         context_file,
     })
-}
-
-/// What one stdout line means.
-#[derive(Debug, PartialEq)]
-pub enum Line {
-    Checkpoint(Document),
-    /// Meant as a checkpoint, but it cannot be stored as it is: why.
-    BadCheckpoint(String),
-    Log(String),
-}
-
-/// Parses a stdout line (`cut`: bytes skipped past the line bound). A line that
-/// begins `{"checkpoint"` is meant as a checkpoint; `{"checkpoint": {...}}` and
-/// nothing else is one. One that cannot become BSON exactly (an integer beyond 64
-/// bits, `1e400`, a value that is not an object, a line cut short) is refused,
-/// never logged as if it were output.
-pub fn parse_line(line: &str, cut: usize) -> Line {
-    let trimmed = line.trim();
-    let meant = trimmed
-        .strip_prefix('{')
-        .is_some_and(|rest| rest.trim_start().starts_with("\"checkpoint\""));
-    if !meant {
-        return Line::Log(line.to_string());
-    }
-    if cut > 0 {
-        return Line::BadCheckpoint(format!(
-            "the checkpoint line is longer than {} bytes",
-            output::MAX_STDOUT_LINE
-        ));
-    }
-    let value: serde_json::Value = match serde_json::from_str(trimmed) {
-        Ok(v) => v,
-        Err(e) => return Line::BadCheckpoint(format!("not valid JSON: {e}")),
-    };
-    let serde_json::Value::Object(mut m) = value else {
-        return Line::Log(line.to_string());
-    };
-    if m.len() != 1 {
-        return Line::Log(line.to_string());
-    }
-    match m.remove("checkpoint") {
-        Some(v @ serde_json::Value::Object(_)) => {
-            if let Some(n) = oversized_integer(trimmed) {
-                return Line::BadCheckpoint(format!(
-                    "the integer {n} does not fit in 64 bits (store it as a string)"
-                ));
-            }
-            match bson::to_document(&v) {
-                Ok(d) => Line::Checkpoint(d),
-                Err(e) => Line::BadCheckpoint(format!("cannot be stored as BSON: {e}")),
-            }
-        }
-        Some(other) => Line::BadCheckpoint(format!(
-            "\"checkpoint\" must be a JSON object, found {}",
-            output::shown(&other.to_string(), 0)
-        )),
-        None => Line::Log(line.to_string()),
-    }
-}
-
-/// The first integer literal in JSON text (outside strings) that does not fit in
-/// an i64: serde_json would silently turn it into an inexact float.
-fn oversized_integer(json: &str) -> Option<&str> {
-    let bytes = json.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'"' => {
-                i += 1;
-                while i < bytes.len() && bytes[i] != b'"' {
-                    i += if bytes[i] == b'\\' { 2 } else { 1 };
-                }
-                i += 1;
-            }
-            b'-' | b'0'..=b'9' => {
-                let start = i;
-                i += 1;
-                while i < bytes.len() && bytes[i].is_ascii_digit() {
-                    i += 1;
-                }
-                let is_float = i < bytes.len() && matches!(bytes[i], b'.' | b'e' | b'E');
-                let token = &json[start..i];
-                if !is_float && token.parse::<i64>().is_err() {
-                    return Some(token);
-                }
-                while i < bytes.len()
-                    && matches!(bytes[i], b'.' | b'e' | b'E' | b'+' | b'-' | b'0'..=b'9')
-                {
-                    i += 1;
-                }
-            }
-            _ => i += 1,
-        }
-    }
-    None
 }
 
 /// The worker's end of a robot's shim: control messages on its stdin.
@@ -616,57 +522,6 @@ async fn stop_child(
 mod tests {
     use super::*;
     use bson::doc;
-
-    #[test]
-    fn lines() {
-        assert_eq!(
-            parse_line(r#"{"checkpoint": {"n": 3}}"#, 0),
-            Line::Checkpoint(doc! {"n": 3_i64})
-        );
-        assert!(matches!(parse_line("hello", 0), Line::Log(_)));
-        assert!(matches!(
-            parse_line(r#"{"level": "info"}"#, 0),
-            Line::Log(_)
-        ));
-        assert!(matches!(
-            parse_line(r#"{"checkpoint": {}, "x": 1}"#, 0),
-            Line::Log(_)
-        ));
-    }
-
-    #[test]
-    fn unstorable_checkpoints_are_refused_not_logged() {
-        for (line, why) in [
-            (r#"{"checkpoint": 3}"#, "must be a JSON object"),
-            (r#"{"checkpoint": {"n": 1e400}}"#, "not valid JSON"),
-            (
-                r#"{"checkpoint": {"n": 9223372036854775808}}"#,
-                "9223372036854775808",
-            ),
-            (
-                r#"{"checkpoint": {"n": -99999999999999999999}}"#,
-                "does not fit in 64 bits",
-            ),
-            (r#"{ "checkpoint": {"n": 1"#, "not valid JSON"),
-        ] {
-            match parse_line(line, 0) {
-                Line::BadCheckpoint(e) => assert!(e.contains(why), "{line}: {e}"),
-                other => panic!("{line}: {other:?}"),
-            }
-        }
-        assert!(matches!(
-            parse_line(r#"{"checkpoint": {"n": 1}}"#, 10),
-            Line::BadCheckpoint(_)
-        ));
-        // Big numbers inside strings, floats and i64's extremes are fine.
-        assert_eq!(
-            parse_line(
-                r#"{"checkpoint": {"s": "99999999999999999999", "f": 1.5e300, "min": -9223372036854775808}}"#,
-                0
-            ),
-            Line::Checkpoint(doc! {"s": "99999999999999999999", "f": 1.5e300, "min": i64::MIN})
-        );
-    }
 
     #[test]
     fn specs() {

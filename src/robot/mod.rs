@@ -44,6 +44,7 @@
 
 pub mod counter;
 pub mod exec;
+pub mod line;
 pub mod output;
 pub mod policy;
 pub mod shim;
