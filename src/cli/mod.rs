@@ -11,6 +11,7 @@ macro_rules! say {
     };
 }
 
+mod create;
 mod init;
 mod rebalance;
 mod robots;
