@@ -423,6 +423,23 @@ fn open_fds(pid: i32) -> Option<usize> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn http_clients_cannot_starve_the_worker_or_its_robots() {
+    // The flood below holds 1,000 sockets in this process: make room for them and
+    // for the other tests running beside this one.
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on this process with an initialised struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        limit.rlim_cur = limit.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+    }
+    assert!(
+        limit.rlim_cur >= 2048,
+        "this test needs an open-file hard limit of at least 2048, not {}",
+        limit.rlim_cur
+    );
     let db = TestDb::new("httpflood").await;
     db.init(1).await;
     // A worker at a low descriptor limit, as under the common default of 1,024.
