@@ -709,13 +709,7 @@ async fn output() -> Row {
     fresh_server();
     let db = TestDb::new("b_output").await;
     db.init(1).await;
-    let write = |name: &str, body: &str| {
-        use std::os::unix::fs::PermissionsExt;
-        let path = db.dir.join(name);
-        std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path.to_string_lossy().into_owned()
-    };
+    let write = |name: &str, body: &str| common::script(&db, name, body);
     let long = write(
         "long.sh",
         "head -c 800000000 /dev/zero | tr '\\0' x\necho\necho long-line-done\nexec sleep 3600\n",

@@ -246,13 +246,7 @@ pub async fn move_robots(
     }
     let r = store
         .robots()
-        .update_many(
-            doc! {"_id": {"$in": ids}, "slot_id": from},
-            vec![doc! {"$set": {
-                "slot_id": {"$literal": to}, "epoch": 0_i64, "worker": Bson::Null,
-                "status": {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
-            }}],
-        )
+        .update_many(doc! {"_id": {"$in": ids}, "slot_id": from}, rebind(to))
         .await?;
     let moved = r.modified_count as i64;
     adjust(store, to, moved - k, moved > 0).await?;
@@ -279,16 +273,11 @@ pub async fn rescue(
     for _round in 0..10 {
         slots.sort();
         slots.dedup();
-        let fine: Vec<String> = store
-            .slots()
-            .find(doc! {"_id": {"$in": &slots}, "retiring": {"$ne": true}})
-            .projection(doc! {"_id": 1})
-            .await?
-            .try_collect::<Vec<Document>>()
-            .await?
-            .iter()
-            .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
-            .collect();
+        let fine = slot_ids(
+            store,
+            doc! {"_id": {"$in": &slots}, "retiring": {"$ne": true}},
+        )
+        .await?;
         let gone: Vec<&String> = slots.iter().filter(|s| !fine.contains(s)).collect();
         if gone.is_empty() {
             return Ok(rescued);
@@ -318,13 +307,7 @@ pub async fn rescue(
         for ((id, old), new) in lost.iter().zip(&placement.slots) {
             let r = store
                 .robots()
-                .update_one(
-                    doc! {"_id": id, "slot_id": old},
-                    vec![doc! {"$set": {
-                        "slot_id": {"$literal": new}, "epoch": 0_i64, "worker": Bson::Null,
-                        "status": {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
-                    }}],
-                )
+                .update_one(doc! {"_id": id, "slot_id": old}, rebind(new))
                 .await?;
             if r.modified_count == 1 {
                 rescued += 1;
@@ -343,18 +326,32 @@ pub async fn rescue(
     Ok(rescued)
 }
 
-/// Re-places every robot bound to a slot that does not exist or is retiring.
-pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
-    let existing: Vec<String> = store
+/// The update that binds robots to slot `to`: epoch back to 0 so `to`'s holder
+/// adopts them (raising their generation), no worker, and `pending` unless paused.
+fn rebind(to: &str) -> Vec<Document> {
+    vec![doc! {"$set": {
+        "slot_id": {"$literal": to}, "epoch": 0_i64, "worker": Bson::Null,
+        "status": {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
+    }}]
+}
+
+/// The ids of the slots matching `filter`.
+async fn slot_ids(store: &Store, filter: Document) -> Result<Vec<String>, mongodb::error::Error> {
+    Ok(store
         .slots()
-        .find(doc! {"retiring": {"$ne": true}})
+        .find(filter)
         .projection(doc! {"_id": 1})
         .await?
         .try_collect::<Vec<Document>>()
         .await?
         .iter()
         .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
-        .collect();
+        .collect())
+}
+
+/// Re-places every robot bound to a slot that does not exist or is retiring.
+pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
+    let existing = slot_ids(store, doc! {"retiring": {"$ne": true}}).await?;
     let stranded: Vec<Document> = store
         .robots()
         .find(doc! {"slot_id": {"$nin": &existing}})

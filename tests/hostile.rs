@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson};
+use bson::doc;
 use common::TestDb;
 
 /// Raw bytes a terminal would act on, or that would start a forged log line.
@@ -50,26 +50,8 @@ async fn control_characters_are_refused_at_create_and_escaped_everywhere_else() 
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let now = bson::DateTime::now();
-    db.store
-        .robots()
-        .insert_one(doc! {
-            "_id": ObjectId::new(), "name": name, "kind": "exec",
-            "spec": {"command": script.to_string_lossy().to_string()},
-            "slot_id": "slot-001", "epoch": 0_i64, "context": {}, "seq": 0_i64, "paused": false,
-            "status": "pending", "error": Bson::Null, "restarts": 0_i64, "worker": Bson::Null,
-            "created_at": now, "checkpointed_at": Bson::Null,
-        })
-        .await
-        .unwrap();
-    db.store
-        .slots()
-        .update_one(
-            doc! {"_id": "slot-001"},
-            doc! {"$inc": {"rev": 1_i64, "robot_count": 1_i64}},
-        )
-        .await
-        .unwrap();
+    db.insert_exec_by_hand(name, doc! {"command": script.to_string_lossy().to_string()})
+        .await;
     let w = db.exec_worker(&[]);
     common::wait_for(
         Duration::from_secs(20),

@@ -5,18 +5,11 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use bson::Document;
+use common::script;
 use common::TestDb;
-
-fn script(db: &TestDb, name: &str, body: &str) -> String {
-    let path = db.dir.join(name);
-    std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path.to_string_lossy().into_owned()
-}
 
 fn create_exec(db: &TestDb, name: &str, spec: serde_json::Value) {
     db.cli_ok(&[

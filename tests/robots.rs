@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
+use common::script;
 use common::{owner, TestDb, WorkerProc};
 
 fn seq(r: &Document) -> i64 {
@@ -214,14 +215,6 @@ async fn a_paused_zombie_lands_no_checkpoint_after_takeover() {
             .get("slot_id"),
         Some(&Bson::Null)
     );
-}
-
-fn script(db: &TestDb, name: &str, body: &str) -> String {
-    use std::os::unix::fs::PermissionsExt;
-    let path = db.dir.join(name);
-    std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path.to_string_lossy().into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread")]

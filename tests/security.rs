@@ -8,40 +8,9 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::{doc, oid::ObjectId, Document};
+use common::script;
 use common::{TestDb, WorkerProc};
-
-/// Writes an executable bash script into the test's directory; returns its path.
-fn script(db: &TestDb, name: &str, body: &str) -> String {
-    let path = db.dir.join(name);
-    std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path.to_string_lossy().into_owned()
-}
-
-/// Inserts an exec robot by hand, as someone with write access to the database
-/// would: the CLI's own checks are not in the way.
-async fn insert_exec(db: &TestDb, name: &str, spec: Document) {
-    let now = bson::DateTime::now();
-    db.store
-        .robots()
-        .insert_one(doc! {
-            "_id": ObjectId::new(), "name": name, "kind": "exec", "spec": spec,
-            "slot_id": "slot-001", "epoch": 0_i64, "context": {}, "seq": 0_i64, "paused": false,
-            "status": "pending", "error": Bson::Null, "restarts": 0_i64, "worker": Bson::Null,
-            "created_at": now, "checkpointed_at": Bson::Null,
-        })
-        .await
-        .unwrap();
-    db.store
-        .slots()
-        .update_one(
-            doc! {"_id": "slot-001"},
-            doc! {"$inc": {"rev": 1_i64, "robot_count": 1_i64}},
-        )
-        .await
-        .unwrap();
-}
 
 /// Waits until robot `name` has status `status`; returns its document.
 async fn robot_in(db: &TestDb, name: &str, status: &str) -> Document {
@@ -131,21 +100,17 @@ async fn spec_env_cannot_get_around_the_exec_allow_list() {
         ),
     ];
     for (name, command, env) in &attacks {
-        insert_exec(&db, name, doc! {"command": *command, "env": env.clone()}).await;
+        db.insert_exec_by_hand(name, doc! {"command": *command, "env": env.clone()})
+            .await;
     }
     // Allowed by name, and one the worker does not allow.
-    insert_exec(
-        &db,
+    db.insert_exec_by_hand(
         "greeter",
         doc! {"command": &allowed, "env": {"GREETING": "hello"}},
     )
     .await;
-    insert_exec(
-        &db,
-        "other",
-        doc! {"command": &allowed, "env": {"OTHER": "x"}},
-    )
-    .await;
+    db.insert_exec_by_hand("other", doc! {"command": &allowed, "env": {"OTHER": "x"}})
+        .await;
 
     let _w = db.worker(&[
         "--exec-allow",

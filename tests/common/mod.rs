@@ -176,6 +176,30 @@ impl TestDb {
         WorkerProc::start(&self.uri, &self.dir, &args)
     }
 
+    /// Inserts an exec robot on slot-001 by hand, as someone with write access to
+    /// the database would: none of the CLI's checks are in the way.
+    pub async fn insert_exec_by_hand(&self, name: &str, spec: Document) {
+        let now = bson::DateTime::now();
+        self.store
+            .robots()
+            .insert_one(bson::doc! {
+                "_id": bson::oid::ObjectId::new(), "name": name, "kind": "exec", "spec": spec,
+                "slot_id": "slot-001", "epoch": 0_i64, "context": {}, "seq": 0_i64, "paused": false,
+                "status": "pending", "error": bson::Bson::Null, "restarts": 0_i64,
+                "worker": bson::Bson::Null, "created_at": now, "checkpointed_at": bson::Bson::Null,
+            })
+            .await
+            .unwrap();
+        self.store
+            .slots()
+            .update_one(
+                bson::doc! {"_id": "slot-001"},
+                bson::doc! {"$inc": {"rev": 1_i64, "robot_count": 1_i64}},
+            )
+            .await
+            .unwrap();
+    }
+
     /// `--exec-allow` for this test's directory.
     pub fn exec_allow(&self) -> String {
         format!("{}/", self.dir.display())
@@ -227,6 +251,15 @@ impl TestDb {
 }
 
 /// A free TCP port on loopback (bound and released; the worker binds it again).
+/// Writes an executable bash script into the test's directory; returns its path.
+pub fn script(db: &TestDb, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = db.dir.join(name);
+    std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
