@@ -508,15 +508,6 @@ async fn wait_heartbeat(db: &TestDb, id: &str) {
     .await
 }
 
-fn rss_kb(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Runs `scripts/dev-mongo.sh ACTION` on the bench's own dev server. Does nothing
 /// (and returns false) when the bench runs against a server of the user's
 /// (`MONGODB_URI` given to scripts/bench.sh).
@@ -590,7 +581,7 @@ async fn restore(n: u32) -> Vec<Row> {
     let t = Instant::now();
     let counts = until_checkpointed(&a, n, LIMIT).await;
     let first = restore_figure(n, t.elapsed(), counts);
-    let loaded_kb = rss_kb(a.pid());
+    let loaded_kb = status_kb(a.pid(), "VmRSS");
     // 3. Takeover: kill -9 the holder; a standby takes the slot and restores every
     // robot from its context. The dev server is restarted in between (same data):
     // after the first start it runs several times slower per operation, a property
@@ -599,7 +590,7 @@ async fn restore(n: u32) -> Vec<Row> {
     let restarted = dev_server("stop") && dev_server("start");
     let b = db.worker(&flags);
     wait_heartbeat(&db, &b.id).await;
-    let idle_kb = rss_kb(b.pid());
+    let idle_kb = status_kb(b.pid(), "VmRSS");
     common::wait_for(Duration::from_secs(60), "the takeover", || async {
         (owner(&db.slot("slot-001").await)? == b.id).then_some(())
     })

@@ -72,14 +72,15 @@ pub struct Store {
     client: Client,
     db: Database,
     options: ClientOptions,
-    /// Kept only to scrub its password out of messages; never printed.
-    uri: String,
+    /// The connection string with its secrets hidden: the only form kept (the
+    /// secrets themselves are remembered by [`crate::secrets`] to scrub messages).
+    shown_uri: String,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("uri", &redact_uri(&self.uri))
+            .field("uri", &self.shown_uri)
             .field("database", &self.db.name())
             .finish()
     }
@@ -116,14 +117,14 @@ impl Store {
         db.run_command(doc! {"ping": 1})
             .await
             .map_err(|e| StoreError::Unreachable {
-                uri: shown,
+                uri: shown.clone(),
                 why: first_line(&scrub(&e.to_string())),
             })?;
         Ok(Store {
             client,
             db,
             options,
-            uri: uri.to_string(),
+            shown_uri: shown,
         })
     }
 
@@ -144,13 +145,8 @@ impl Store {
             db: client.database(self.db.name()),
             client,
             options,
-            uri: self.uri.clone(),
+            shown_uri: self.shown_uri.clone(),
         })
-    }
-
-    /// The connection string, for [`scrub`]bing messages. Do not print it.
-    pub fn uri(&self) -> &str {
-        &self.uri
     }
 
     /// `message` with this connection string's secrets (and any URI) hidden.
@@ -160,7 +156,7 @@ impl Store {
 
     /// The URI with its password replaced by `****`.
     pub fn shown_uri(&self) -> String {
-        redact_uri(&self.uri)
+        self.shown_uri.clone()
     }
 
     pub fn client(&self) -> &Client {
