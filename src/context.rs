@@ -17,6 +17,7 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
 
 use crate::clock::SharedClock;
+use crate::commit::{GroupCommit, Statement, Written};
 use crate::metrics::Metrics;
 use crate::pacing::WritePacer;
 use std::sync::Arc;
@@ -56,6 +57,12 @@ impl WriteGuard {
         self.clock.now() < *self.deadline.borrow()
     }
 
+    /// The lease deadline as of now (the local monotonic instant past which
+    /// nothing may be written).
+    pub fn deadline(&self) -> Instant {
+        *self.deadline.borrow()
+    }
+
     /// The deadline now and every change of it (extensions and the revocation).
     pub fn watch(&self) -> watch::Receiver<Instant> {
         self.deadline.subscribe()
@@ -84,6 +91,8 @@ pub enum ContextError {
     NotADocument { robot: String, found: String },
     #[error("robot {robot}: checkpoint refused: its context is {bytes} bytes as BSON, more than the {MAX_CONTEXT_BYTES} a context may have; keep bulk data elsewhere and its key in the context")]
     TooLarge { robot: String, bytes: usize },
+    #[error("robot {robot}: the database refused the write: {}", crate::secrets::scrub(.why))]
+    Refused { robot: String, why: String },
     #[error("database error: {}", crate::store::brief(.0))]
     Db(#[from] mongodb::error::Error),
 }
@@ -114,6 +123,23 @@ pub struct ContextStore {
     guard: WriteGuard,
     /// Paces robot writes by the lease's renewal latency (see [`crate::pacing`]).
     pacer: Arc<WritePacer>,
+    /// Checkpoints go out in group commits (see [`crate::commit`]).
+    commit: GroupCommit,
+}
+
+/// What one adoption write did.
+#[derive(Debug, Default)]
+pub struct Adopted {
+    /// Each adopted robot with its new generation.
+    pub ours: Vec<(ObjectId, i64)>,
+    /// Robots the database refused to change, with its message.
+    pub refused: Vec<AdoptRefused>,
+}
+
+#[derive(Debug)]
+pub struct AdoptRefused {
+    pub id: ObjectId,
+    pub why: String,
 }
 
 /// A robot as its holder loads it to start.
@@ -136,6 +162,12 @@ impl ContextStore {
         guard: WriteGuard,
         pacer: Arc<WritePacer>,
     ) -> Self {
+        let commit = GroupCommit::spawn(
+            robots.clone(),
+            pacer.clone(),
+            guard.clone(),
+            metrics.clone(),
+        );
         ContextStore {
             robots,
             slot_id: slot_id.to_string(),
@@ -144,6 +176,7 @@ impl ContextStore {
             metrics,
             guard,
             pacer,
+            commit,
         }
     }
 
@@ -180,19 +213,15 @@ impl ContextStore {
     ///
     /// Callers pass at most [`ADOPT_CHUNK`] ids: one write over thousands of
     /// documents holds some servers long enough to starve this holder's renewals.
-    pub async fn adopt(&self, ids: &[ObjectId]) -> Result<Vec<(ObjectId, i64)>, ContextError> {
+    pub async fn adopt(&self, ids: &[ObjectId]) -> Result<Adopted, ContextError> {
         if !self.guard.is_open() {
             return Err(self.lapsed("(adoption)"));
         }
         // `$not: {$gt}` rather than `$lte`: a hand-broken epoch (missing, a string)
         // is taken over too instead of leaving its robot unrun. Equal epochs are
         // this holder's own: a re-adoption after a move away and back, or a restart.
-        let filter = doc! {
-            "_id": {"$in": ids}, "slot_id": &self.slot_id,
-            "epoch": {"$not": {"$gt": self.epoch}},
-        };
         // A pipeline, so a hand-broken `gen` (a string) restarts from 1 instead of
-        // failing the whole chunk the way `$inc` would.
+        // failing the write the way `$inc` would.
         let update = vec![doc! {"$set": {
             "epoch": self.epoch,
             "gen": {"$add": [
@@ -202,11 +231,50 @@ impl ContextStore {
             "status": "running", "error": Bson::Null,
             "worker": {"$literal": &self.worker}, "status_at": "$$NOW",
         }}];
-        self.robots.update_many(filter, update).await?;
+        // The whole chunk as one multi-document statement of the group-commit path's
+        // `update` command: on the dev server that costs 0.43 ms a robot, where a
+        // statement per robot costs 0.63 ms. Refused as a whole (a hand-edited
+        // document failing the validator), the chunk goes again a statement per
+        // robot, so one broken robot holds back no other.
+        let filter = |ids: Bson| {
+            doc! {
+                "_id": ids, "slot_id": &self.slot_id,
+                "epoch": {"$not": {"$gt": self.epoch}},
+            }
+        };
+        let mut refused = Vec::new();
+        let together = Statement {
+            id: ids[0],
+            filter: filter(doc! {"$in": ids}.into()),
+            update: update.clone(),
+        };
+        let taken: Vec<ObjectId> = match crate::commit::send_many(&self.robots, &together).await {
+            Ok(()) => ids.to_vec(),
+            Err(e) if crate::store::is_network(&e) => return Err(e.into()),
+            Err(_) => {
+                let one_each: Vec<Statement> = ids
+                    .iter()
+                    .map(|id| Statement {
+                        id: *id,
+                        filter: filter(Bson::ObjectId(*id)),
+                        update: update.clone(),
+                    })
+                    .collect();
+                let written = crate::commit::send(&self.robots, &one_each).await?;
+                let mut taken = Vec::with_capacity(ids.len());
+                for (s, w) in one_each.iter().zip(written) {
+                    match w {
+                        Written::Refused(why) => refused.push(AdoptRefused { id: s.id, why }),
+                        _ => taken.push(s.id),
+                    }
+                }
+                taken
+            }
+        };
         // Read back each robot's new generation (by _id, so a point lookup).
         let mut cursor = self
             .robots
-            .find(doc! {"_id": {"$in": ids}, "slot_id": &self.slot_id, "epoch": self.epoch})
+            .find(doc! {"_id": {"$in": &taken}, "slot_id": &self.slot_id, "epoch": self.epoch})
             .projection(doc! {"_id": 1, "gen": 1})
             .await?;
         let mut ours = Vec::new();
@@ -215,7 +283,7 @@ impl ContextStore {
                 ours.push((id, long_or_zero(&d, "gen")));
             }
         }
-        Ok(ours)
+        Ok(Adopted { ours, refused })
     }
 
     fn fence(&self, id: &ObjectId, gen: i64) -> Document {
@@ -289,7 +357,6 @@ impl ContextStore {
                 bytes,
             });
         }
-        let _permit = self.pacer.acquire().await;
         if !self.guard.is_open() {
             self.metrics.fenced_writes.inc();
             return Err(self.lapsed(name));
@@ -316,16 +383,32 @@ impl ContextStore {
                 ]},
             );
         }
-        let r = self
-            .robots
-            .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
+        let written = self
+            .commit
+            .write(Statement {
+                id: *id,
+                filter: self.fence(id, gen),
+                update: vec![doc! {"$set": set}],
+            })
             .await?;
-        if r.matched_count == 0 {
-            self.metrics.fenced_writes.inc();
-            return Err(self.fenced(name));
+        match written {
+            Written::Applied => {
+                self.metrics.checkpoints.inc();
+                Ok(())
+            }
+            Written::Fenced => {
+                self.metrics.fenced_writes.inc();
+                Err(self.fenced(name))
+            }
+            Written::Lapsed => {
+                self.metrics.fenced_writes.inc();
+                Err(self.lapsed(name))
+            }
+            Written::Refused(why) => Err(ContextError::Refused {
+                robot: name.to_string(),
+                why,
+            }),
         }
-        self.metrics.checkpoints.inc();
-        Ok(())
     }
 
     /// Records the robot's lifecycle status, fenced like a checkpoint.

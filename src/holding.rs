@@ -16,16 +16,16 @@
 //!   until its previous hand-back is held by someone before giving another, so no
 //!   slot is left unheld and none bounces.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::lease::Candidate;
+use crate::line::LiveWorker;
 
 /// A live worker as the round sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     pub id: String,
-    /// Slots it holds now (live leases owned by it, from the survey).
+    /// Slots it holds now (from its heartbeat; its own count for this worker).
     pub held: usize,
     /// Its `--max-slots`, None for no cap.
     pub max_slots: Option<usize>,
@@ -126,26 +126,22 @@ impl Round<'_> {
     }
 }
 
-/// Live workers with the number of slots each holds: heartbeats say who is alive,
-/// the survey's owners say who holds what (fresher than any heartbeat).
-pub fn peers(
-    alive: &[(String, Option<usize>)],
-    owners: &HashMap<String, usize>,
-    me: &str,
-    my_max: Option<usize>,
-) -> Vec<Peer> {
+/// Live workers with the number of slots each holds: their heartbeats say who is
+/// alive and what others hold (each sends one at once when that changes); this
+/// worker knows its own.
+pub fn peers(alive: &[LiveWorker], me: &str, my_held: usize, my_max: Option<usize>) -> Vec<Peer> {
     let mut out: Vec<Peer> = alive
         .iter()
-        .filter(|(id, _)| id != me)
-        .map(|(id, max_slots)| Peer {
-            id: id.clone(),
-            held: owners.get(id).copied().unwrap_or(0),
-            max_slots: *max_slots,
+        .filter(|w| w.id != me)
+        .map(|w| Peer {
+            id: w.id.clone(),
+            held: w.held,
+            max_slots: w.max_slots,
         })
         .collect();
     out.push(Peer {
         id: me.to_string(),
-        held: owners.get(me).copied().unwrap_or(0),
+        held: my_held,
         max_slots: my_max,
     });
     out
@@ -255,10 +251,14 @@ mod tests {
     }
 
     #[test]
-    fn peers_count_what_the_survey_saw_owned() {
-        let alive = [("a".to_string(), None), ("b".to_string(), Some(2))];
-        let owners = HashMap::from([("a".to_string(), 2), ("z".to_string(), 1)]);
-        let p = peers(&alive, &owners, "a", Some(3));
+    fn peers_from_heartbeats_and_my_own_count() {
+        let live = |id: &str, held, max| LiveWorker {
+            id: id.into(),
+            held,
+            max_slots: max,
+        };
+        let alive = [live("a", 1, None), live("b", 0, Some(2))];
+        let p = peers(&alive, "a", 2, Some(3));
         assert_eq!(p.len(), 2);
         assert!(p.contains(&Peer {
             id: "a".into(),
@@ -270,8 +270,7 @@ mod tests {
             held: 0,
             max_slots: Some(2)
         }));
-        // A worker not yet in `workers` still counts itself.
-        let p = peers(&[], &owners, "me", None);
-        assert_eq!(p, [peer("me", 0)]);
+        // A worker whose heartbeat is not in yet still counts itself.
+        assert_eq!(peers(&[], "me", 0, None), [peer("me", 0)]);
     }
 }

@@ -12,12 +12,14 @@
 
 pub mod cli;
 pub mod clock;
+pub mod commit;
 pub mod config;
 pub mod context;
 pub mod held_slot;
 pub mod holding;
 pub mod http;
 pub mod lease;
+pub mod line;
 pub mod metrics;
 pub mod pacing;
 pub mod placement;

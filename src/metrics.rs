@@ -81,6 +81,9 @@ pub struct Metrics {
     pub claims: Counter,
     pub claim_attempts: Counter,
     pub claim_conflicts: Counter,
+    pub surveys: Counter,
+    pub survey_docs: Counter,
+    pub line_front: Gauge,
     pub losses: Counter,
     pub self_fences: Counter,
     pub releases: Counter,
@@ -88,6 +91,8 @@ pub struct Metrics {
     pub fenced_writes: Counter,
     pub checkpoints: Counter,
     pub checkpoints_refused: Counter,
+    pub write_batches: Counter,
+    pub batched_writes: Counter,
     pub log_lines_dropped: Counter,
     pub robot_restarts: Counter,
     pub robots_running: Gauge,
@@ -144,6 +149,24 @@ impl Metrics {
             c(&self.claim_conflicts),
         );
         one(
+            "surveys_total",
+            "counter",
+            "surveys of the expired slots",
+            c(&self.surveys),
+        );
+        one(
+            "survey_documents_total",
+            "counter",
+            "slot documents the surveys read (expired and soon-expiring ones only)",
+            c(&self.survey_docs),
+        );
+        one(
+            "line_front",
+            "gauge",
+            "1 while this worker is at the front of the line (watches every tick), 0 behind it",
+            g(&self.line_front),
+        );
+        one(
             "losses_total",
             "counter",
             "leases lost to another worker or removal",
@@ -178,6 +201,18 @@ impl Metrics {
             "counter",
             "robot checkpoints persisted",
             c(&self.checkpoints),
+        );
+        one(
+            "checkpoint_batches_total",
+            "counter",
+            "group commits sent: multi-statement updates carrying robot checkpoints",
+            c(&self.write_batches),
+        );
+        one(
+            "checkpoint_batched_total",
+            "counter",
+            "checkpoints sent in group commits (divide by checkpoint_batches_total for the batch size)",
+            c(&self.batched_writes),
         );
         one(
             "checkpoints_refused_total",

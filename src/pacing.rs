@@ -15,7 +15,7 @@
 //! robots get the database's spare capacity, and give it back as soon as the lease
 //! feels the pressure.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -53,7 +53,29 @@ impl Drop for WritePermit<'_> {
     }
 }
 
+/// A [`WritePermit`] that owns its pacer, for a write sent from another task.
+#[derive(Debug)]
+pub struct OwnedWritePermit {
+    pacer: Arc<WritePacer>,
+}
+
+impl Drop for OwnedWritePermit {
+    fn drop(&mut self) {
+        self.pacer.state.lock().expect("pacer lock").inflight -= 1;
+        self.pacer.freed.notify_one();
+    }
+}
+
 impl WritePacer {
+    /// [`WritePacer::acquire`], for a permit that moves into another task.
+    pub async fn acquire_owned(self: &Arc<Self>) -> OwnedWritePermit {
+        // The borrowed permit's count passes to the owned one, which gives it back.
+        std::mem::forget(self.acquire().await);
+        OwnedWritePermit {
+            pacer: self.clone(),
+        }
+    }
+
     /// A pacer for a lease whose holder fences itself `margin` before expiry. It
     /// starts at the full limit: a quiet database costs robots nothing.
     pub fn new(margin: Duration) -> Self {
@@ -119,7 +141,15 @@ impl WritePacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn an_owned_permit_counts_and_gives_back_like_a_borrowed_one() {
+        let p = Arc::new(WritePacer::new(MARGIN));
+        let owned = p.acquire_owned().await;
+        assert_eq!(p.inflight(), 1);
+        tokio::spawn(async move { drop(owned) }).await.unwrap();
+        assert_eq!(p.inflight(), 0);
+    }
 
     const MARGIN: Duration = Duration::from_millis(400);
 

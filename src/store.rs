@@ -1,5 +1,6 @@
 //! MongoDB handles, collection names, indexes and schema install (`slotpool init`).
 
+use std::collections::HashSet;
 use std::future::IntoFuture;
 use std::time::Duration;
 
@@ -14,7 +15,13 @@ pub const WORKERS: &str = "workers";
 pub const EVENTS: &str = "events";
 pub const DEFAULT_DATABASE: &str = "slotpool";
 /// The most slots `init` will create; slot ids are zero-padded to sort by `_id`.
-pub const MAX_SLOTS: u32 = 999;
+/// The most slots `init` makes: far past what one database's renewals can carry (see
+/// the scale model in BENCHMARKS.md), and names stay five digits wide at most.
+pub const MAX_SLOTS: u32 = 99_999;
+
+/// Digits in a slot name when a pool's first `init` asks for up to 999 slots
+/// (`slot-001`); a first `init` for more uses as many digits as the count has.
+pub const NARROWEST: usize = 3;
 const EVENTS_CAP_BYTES: i64 = 16 * 1024 * 1024;
 
 const SCHEMAS: [(&str, &str); 4] = [
@@ -39,6 +46,14 @@ pub enum StoreError {
     },
     #[error("--slots must be between 1 and {MAX_SLOTS}, got {0}")]
     SlotCount(u32),
+    #[error("this pool's slots are named with {width} digits (slot-{example}), so it can have at most {most} of them, not {wanted}: names must sort in numeric order, and renaming a slot would move its robots. Make the larger pool in a new database (MONGODB_URI ending in another database name) with `slotpool init --slots {wanted}`, where names get {need} digits, and recreate the robots there")]
+    SlotWidth {
+        width: usize,
+        example: String,
+        most: u32,
+        wanted: u32,
+        need: usize,
+    },
     #[error(transparent)]
     Db(#[from] mongodb::error::Error),
 }
@@ -284,12 +299,31 @@ impl Store {
         self.workers()
             .create_index(IndexModel::builder().keys(doc! {"slot_id": 1}).build())
             .await?;
+        self.lease_indexes().await
+    }
+
+    /// The indexes the survey and the line read through: slots by when their lease
+    /// runs out (the survey reads only the expired ones), workers by their place in
+    /// the line. Workers create them at start too, for pools made by an older init.
+    /// Slots from before `expires_ms` get 0 ("unknown: read me"; see
+    /// [`crate::lease::LeaseProtocol::mark_unknown`]).
+    pub async fn lease_indexes(&self) -> Result<(), StoreError> {
+        crate::lease::mark_unknown(&self.slots()).await?;
+        self.slots()
+            .create_index(IndexModel::builder().keys(doc! {"expires_ms": 1}).build())
+            .await?;
+        self.workers()
+            .create_index(
+                IndexModel::builder()
+                    .keys(doc! {"room": 1, "held": 1, "_id": 1})
+                    .build(),
+            )
+            .await?;
         Ok(())
     }
 
     async fn resize_slots(&self, count: u32) -> Result<InitReport, StoreError> {
         let mut report = InitReport::default();
-        let wanted: Vec<String> = (1..=count).map(slot_id).collect();
         let mut present: Vec<String> = Vec::new();
         let mut cursor = self
             .slots()
@@ -302,31 +336,59 @@ impl Store {
                 present.push(id.to_string());
             }
         }
+        let width = slot_width(&present, count)?;
+        let wanted: Vec<String> = (1..=count).map(|n| slot_name(n, width)).collect();
+        let wanted_set: HashSet<&String> = wanted.iter().collect();
         let extra: Vec<String> = present
             .iter()
-            .filter(|p| !wanted.contains(p))
+            .filter(|p| !wanted_set.contains(p))
             .cloned()
             .collect();
         if !extra.is_empty() {
             report.removed = self.retire_slots(count, &extra).await?;
         }
-        for id in wanted {
-            let result = self
-                .slots()
-                .update_one(
-                    doc! {"_id": &id},
-                    doc! {"$setOnInsert": {
-                        "owner": Bson::Null, "ip": Bson::Null, "port": Bson::Null,
-                        "time": Bson::Null, "epoch": 0_i64, "rev": 0_i64, "draining": false,
-                        "robot_count": 0_i64,
-                    }},
-                )
-                .upsert(true)
-                .await?;
-            if result.upserted_id.is_some() {
-                report.added.push(id);
+        let present: HashSet<&String> = present.iter().collect();
+        let missing: Vec<Document> = wanted
+            .iter()
+            .filter(|id| !present.contains(id))
+            .map(|id| {
+                doc! {
+                    "_id": id, "owner": Bson::Null, "ip": Bson::Null, "port": Bson::Null,
+                    "time": Bson::Null, "expires_ms": 0_i64, "epoch": 0_i64, "rev": 0_i64,
+                    "draining": false, "robot_count": 0_i64,
+                }
+            })
+            .collect();
+        // In chunks, unordered: a slot another `init` inserted meanwhile is a
+        // duplicate-key error for that one document only, and not ours to report.
+        for chunk in missing.chunks(1000) {
+            match self.slots().insert_many(chunk).ordered(false).await {
+                Ok(r) => report.added.extend(
+                    r.inserted_ids
+                        .values()
+                        .filter_map(|v| v.as_str().map(str::to_string)),
+                ),
+                Err(e) => match e.kind.as_ref() {
+                    mongodb::error::ErrorKind::InsertMany(m)
+                        if m.write_errors
+                            .as_ref()
+                            .is_some_and(|w| w.iter().all(|w| w.code == 11000)) =>
+                    {
+                        let failed: HashSet<usize> =
+                            m.write_errors.iter().flatten().map(|w| w.index).collect();
+                        report.added.extend(
+                            chunk
+                                .iter()
+                                .enumerate()
+                                .filter(|(i, _)| !failed.contains(i))
+                                .filter_map(|(_, d)| d.get_str("_id").ok().map(str::to_string)),
+                        );
+                    }
+                    _ => return Err(e.into()),
+                },
             }
         }
+        report.added.sort();
         report.total = count;
         // Robots left on a slot that is gone (a hand edit, an older version's
         // shrink) are re-placed; then the counts are made true.
@@ -395,9 +457,42 @@ pub struct InitReport {
     pub recounted: u64,
 }
 
-/// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order.
+/// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order. For a
+/// pool of more than 999 slots, see [`slot_name`].
 pub fn slot_id(n: u32) -> String {
-    format!("slot-{n:03}")
+    slot_name(n, NARROWEST)
+}
+
+/// Slot `n` of a pool whose names have `width` digits.
+pub fn slot_name(n: u32, width: usize) -> String {
+    format!("slot-{n:0width$}")
+}
+
+/// How many digits a pool's slot names have: as many as its existing `slot-N`
+/// slots have (the narrowest, if a hand edit mixed them), or for a new pool
+/// [`NARROWEST`] or the digits of `count`, whichever is more. An existing pool
+/// too narrow for `count` is refused: its names would stop sorting in order.
+pub fn slot_width(present: &[String], count: u32) -> Result<usize, StoreError> {
+    let digits = |n: u32| n.to_string().len();
+    let existing = present
+        .iter()
+        .filter_map(|id| id.strip_prefix("slot-"))
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .map(str::len)
+        .min();
+    let Some(width) = existing else {
+        return Ok(NARROWEST.max(digits(count)));
+    };
+    if digits(count) > width {
+        return Err(StoreError::SlotWidth {
+            width,
+            example: "0".repeat(width - 1) + "1",
+            most: 10_u32.pow(width as u32) - 1,
+            wanted: count,
+            need: digits(count),
+        });
+    }
+    Ok(width)
 }
 
 fn is_namespace_exists(e: &mongodb::error::Error) -> bool {
@@ -468,5 +563,33 @@ mod tests {
         let sorted = ids.clone();
         ids.sort();
         assert_eq!(ids, sorted);
+        let mut wide: Vec<String> = (1..=10_000).map(|n| slot_name(n, 5)).collect();
+        let sorted = wide.clone();
+        wide.sort();
+        assert_eq!(wide, sorted, "slot-10000 sorts after slot-09999");
+    }
+
+    #[test]
+    fn a_pool_keeps_its_width_and_a_new_one_fits_its_count() {
+        let none: Vec<String> = Vec::new();
+        assert_eq!(slot_width(&none, 3).unwrap(), 3);
+        assert_eq!(slot_width(&none, 999).unwrap(), 3);
+        assert_eq!(slot_width(&none, 1000).unwrap(), 4);
+        assert_eq!(slot_width(&none, 10_000).unwrap(), 5);
+        let narrow: Vec<String> = (1..=5).map(slot_id).collect();
+        assert_eq!(slot_width(&narrow, 999).unwrap(), 3);
+        let e = slot_width(&narrow, 1000).unwrap_err().to_string();
+        assert!(
+            e.contains("at most 999") && e.contains("slot-001") && e.contains("4 digits"),
+            "{e}"
+        );
+        let wide: Vec<String> = (1..=5).map(|n| slot_name(n, 5)).collect();
+        assert_eq!(
+            slot_width(&wide, 3).unwrap(),
+            5,
+            "shrinking keeps the width"
+        );
+        let odd = vec!["slot-A".to_string(), "other".to_string()];
+        assert_eq!(slot_width(&odd, 10).unwrap(), 3, "no slot-N: a new pool");
     }
 }

@@ -23,7 +23,7 @@ use crate::config::LeaseTiming;
 use crate::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
 use crate::metrics::Metrics;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
-use crate::store::{is_network, Store};
+use crate::store::Store;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const INVALID_BACKOFF: Duration = Duration::from_secs(2);
@@ -178,7 +178,9 @@ impl Supervisor {
             return Ok(0);
         }
         self.last_full = Instant::now();
+        let began = Instant::now();
         let listed = self.list().await?;
+        let listed_ms = began.elapsed().as_millis() as u64;
         let views: Vec<View> = listed
             .iter()
             .map(|l| View {
@@ -213,62 +215,52 @@ impl Supervisor {
             .filter(|l| starting.contains(&l.id))
             .map(|l| (l.id, l))
             .collect();
-        let adopted = self.adopt(&plan.start).await?;
-        let started = adopted.len();
-        for (id, gen) in adopted {
-            if let Some(l) = wanted.remove(&id) {
-                self.start(id, gen, l.name, l.loaded);
+        // Chunk by chunk, each chunk's robots started as soon as it is adopted: their
+        // first checkpoints go out while the next chunk is being adopted.
+        let mut started = 0;
+        for chunk in plan.start.chunks(ADOPT_CHUNK) {
+            let Some(adopted) = self.adopt(chunk).await? else {
+                break;
+            };
+            started += adopted.len();
+            for (id, gen) in adopted {
+                if let Some(l) = wanted.remove(&id) {
+                    self.start(id, gen, l.name, l.loaded);
+                }
             }
         }
+        self.record_adoption(format!("{started} robot(s) adopted"))
+            .await;
+        tracing::debug!(
+            slot = %self.ctx.slot_id(), listed = views.len(), listed_ms,
+            started, took_ms = began.elapsed().as_millis() as u64,
+            "synced the slot's robots"
+        );
         self.synced_rev = (!plan.incomplete).then_some(rev);
         Ok(started)
     }
 
-    /// Adopts the robots about to start, in chunks: each gets our epoch and a new
-    /// generation, and is marked running, in one write. Returns each adopted robot
-    /// with its generation. A chunk the database refuses (a hand-edited document
-    /// failing the validator) is retried one robot at a time, so one broken robot
-    /// holds back no other.
+    /// Adopts one chunk of the robots about to start (at most [`ADOPT_CHUNK`]): each
+    /// gets our epoch and a new generation, and is marked running, in one write.
+    /// Returns each adopted robot with its generation, or None once the lease lapsed.
+    /// A robot the database refuses (a hand-edited document failing the validator) is
+    /// reported once and skipped; it holds back no other.
     async fn adopt(
         &mut self,
-        ids: &[ObjectId],
-    ) -> Result<Vec<(ObjectId, i64)>, mongodb::error::Error> {
-        let mut adopted = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(ADOPT_CHUNK) {
-            match self.ctx.adopt(chunk).await {
-                Ok(ours) => adopted.extend(ours),
-                Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
-                Err(ContextError::Lapsed { .. }) => return Ok(adopted),
-                Err(e) => {
-                    tracing::warn!(slot = %self.ctx.slot_id(), "adopting {} robot(s) at once failed ({e}); adopting them one by one", chunk.len());
-                    self.adopt_one_by_one(chunk, &mut adopted).await?;
-                }
-            }
-        }
-        self.record_adoption(format!("{} robot(s) adopted", adopted.len()))
-            .await;
-        Ok(adopted)
-    }
-
-    /// Adoption for a chunk the database refused as a whole: the robots that still
-    /// fail are skipped (reported once each), the others adopted.
-    async fn adopt_one_by_one(
-        &mut self,
         chunk: &[ObjectId],
-        adopted: &mut Vec<(ObjectId, i64)>,
-    ) -> Result<(), mongodb::error::Error> {
-        for id in chunk {
-            match self.ctx.adopt(std::slice::from_ref(id)).await {
-                Ok(ours) => adopted.extend(ours),
-                Err(ContextError::Db(e)) if is_network(&e) => return Err(e),
-                Err(e) => {
-                    if self.warned.insert(format!("adopt:{id}")) {
-                        tracing::error!(robot = %id, slot = %self.ctx.slot_id(), "cannot adopt robot, skipping it: {e}");
+    ) -> Result<Option<Vec<(ObjectId, i64)>>, mongodb::error::Error> {
+        match self.ctx.adopt(chunk).await {
+            Ok(a) => {
+                for r in a.refused {
+                    if self.warned.insert(format!("adopt:{}", r.id)) {
+                        tracing::error!(robot = %r.id, slot = %self.ctx.slot_id(), "cannot adopt robot, skipping it: {}", crate::secrets::scrub(&r.why));
                     }
                 }
+                Ok(Some(a.ours))
             }
+            Err(ContextError::Db(e)) => Err(e),
+            Err(_lapsed) => Ok(None),
         }
-        Ok(())
     }
 
     /// The first adoption under this epoch goes into `events`: from then on no

@@ -1,19 +1,21 @@
 //! The worker: decides which slots to hold, and gives them back.
 //!
-//! Each round (at the earliest expiry, at most a tick apart, or at once when the
-//! `slots` change stream reports a release) it heartbeats, surveys the slots, reads
-//! who else is alive, and acts on what [`crate::holding`] decides: claim an expired
-//! slot (at once as a standby; as overflow when standbys had their chance), or hand
-//! one back to a standby. Everything that lives as long as one held lease, renewals
-//! and robots included, is a [`HeldSlot`]; a worker may hold several.
+//! Each round it heartbeats and re-reads its place in the line when those are due
+//! ([`crate::line`]), surveys the expired slots, reads who else is alive when that
+//! matters, and acts on what [`crate::holding`] decides: claim an expired slot (at
+//! once as a standby; as overflow when standbys had their chance), or hand one back
+//! to a standby. At the front of the line rounds come every tick, at the earliest
+//! expiry, or at once when the `slots` change stream reports a release; behind it,
+//! every few ticks. Everything that lives as long as one held lease, renewals and
+//! robots included, is a [`HeldSlot`]; a worker may hold several.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::{doc, Bson};
-use futures::{StreamExt, TryStreamExt};
+use bson::doc;
+use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +25,7 @@ use crate::config::{Identity, LeaseTiming};
 use crate::held_slot::{Ended, HeldSlot, HoldContext};
 use crate::holding::{peers, Round};
 use crate::lease::{Lease, LeaseProtocol, Survey};
+use crate::line::{self, Beat, Line, Place, ServerClock};
 use crate::metrics::Metrics;
 use crate::robot::Registry;
 use crate::store::Store;
@@ -44,6 +47,8 @@ pub struct WorkerSettings {
     /// How long past its expiry a slot stays unheld before a holder with room
     /// claims it too (standbys claim at expiry). Default: one lease `L`.
     pub overflow_after: Duration,
+    /// How many at the front of the line watch every tick (see [`crate::line`]).
+    pub watchers: u64,
 }
 
 /// One held slot as `/status` shows it.
@@ -162,8 +167,6 @@ impl Health {
 pub struct Worker {
     settings: WorkerSettings,
     store: Store,
-    /// Same database, separate connection pool, for the leases and heartbeats.
-    lease_store: Store,
     registry: Registry,
     clock: SharedClock,
     metrics: Arc<Metrics>,
@@ -179,6 +182,16 @@ pub struct Worker {
     handed_back: Option<(String, Instant)>,
     /// Wakes the loop: a released slot (change stream) or a held slot that ended.
     wake: Arc<Notify>,
+    line: Line,
+    /// Live workers with room ahead of this one in the line (counted up to
+    /// `--watchers`); its place follows from it.
+    ahead: u64,
+    /// The server's clock as of the last heartbeat.
+    server: Option<ServerClock>,
+    /// The slots the last heartbeat reported; a change sends one at once.
+    beaten: Option<Vec<String>>,
+    next_beat: Instant,
+    next_survey: Instant,
 }
 
 impl Worker {
@@ -211,7 +224,6 @@ impl Worker {
         Worker {
             settings,
             store,
-            lease_store,
             registry,
             clock,
             metrics: Arc::new(Metrics::default()),
@@ -223,6 +235,12 @@ impl Worker {
             held: Vec::new(),
             handed_back: None,
             wake: Arc::new(Notify::new()),
+            line: Line::new(lease_store.workers()),
+            ahead: 0,
+            server: None,
+            beaten: None,
+            next_beat: Instant::now(),
+            next_survey: Instant::now(),
         }
     }
 
@@ -264,11 +282,26 @@ impl Worker {
     /// Runs until the shutdown token is cancelled, then gives every slot back.
     pub async fn run(mut self) {
         tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, max_slots = ?self.settings.max_slots, "worker started as standby");
+        // A pool made by an older `init` lacks the indexes the line and the survey
+        // read through; creating an existing index is a no-op.
+        if let Err(e) = self.store.lease_indexes().await {
+            tracing::warn!(
+                "could not create the lease indexes ({}); surveys read every slot",
+                self.store.scrub(&e.to_string())
+            );
+        }
         // The change stream serves a worker that holds nothing; closed while holding.
         let mut watcher: Option<CancellationToken> = None;
+        let mut woken = true;
         while !self.shutdown.is_cancelled() {
             self.reap().await;
-            match (self.held.is_empty(), &watcher) {
+            let wait = self.round(woken).await;
+            // Only the first standby in line keeps a change stream open: on the dev
+            // server every write to the database wakes every open stream, so each
+            // stream costs the server work per write. The other watchers see a
+            // release at their next survey, within a tick.
+            let watching = self.held.is_empty() && self.ahead == 0;
+            match (watching, &watcher) {
                 (true, None) => watcher = self.watch(),
                 (false, Some(w)) => {
                     w.cancel();
@@ -276,11 +309,10 @@ impl Worker {
                 }
                 _ => {}
             }
-            let wait = self.round().await;
             tokio::select! {
                 _ = self.shutdown.cancelled() => break,
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
+                _ = self.wake.notified() => woken = true,
+                _ = tokio::time::sleep(wait) => woken = false,
             }
         }
         if let Some(w) = watcher {
@@ -308,15 +340,23 @@ impl Worker {
         }
     }
 
-    /// One round: heartbeat, survey, claim or hand back. Returns how long to wait
+    /// One round: heartbeat and place when due, survey when due (or when `woken` by
+    /// a release or a slot that ended), claim or hand back. Returns how long to wait
     /// before the next.
-    async fn round(&mut self) -> Duration {
+    async fn round(&mut self, woken: bool) -> Duration {
+        self.keep_place().await;
+        let now = Instant::now();
+        let every = line::survey_every(self.place(), self.held.len(), self.tick());
+        if !woken && now < self.next_survey {
+            return (self.next_survey - now).min(self.next_beat.saturating_duration_since(now));
+        }
+        self.next_survey = now + every;
         let limit = self.op_timeout();
-        let (survey, ()) = tokio::join!(
-            tokio::time::timeout(limit, self.protocol.survey()),
-            self.bounded_heartbeat()
-        );
-        let survey = match survey {
+        // Read what expires within the next tick too: it tells a watcher when to wake.
+        let until = self
+            .server
+            .map(|c| c.now_ms() + self.tick().as_millis() as i64);
+        let survey = match tokio::time::timeout(limit, self.protocol.survey(until)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 self.db_failed(&e.to_string());
@@ -327,6 +367,8 @@ impl Worker {
                 return Duration::ZERO;
             }
         };
+        self.metrics.surveys.inc();
+        self.metrics.survey_docs.add(survey.read as u64);
         self.health.ok(&self.metrics, &self.status);
         self.report_invalid(&survey.invalid);
         // Who else is alive matters only to order overflow claims (some slot is
@@ -336,7 +378,7 @@ impl Worker {
         let alive = if !needed {
             Vec::new()
         } else {
-            match tokio::time::timeout(limit, self.alive_workers()).await {
+            match tokio::time::timeout(limit, self.line.live()).await {
                 Ok(Ok(a)) => a,
                 Ok(Err(e)) => {
                     self.db_failed(&crate::store::brief(&e));
@@ -346,7 +388,7 @@ impl Worker {
             }
         };
         let me = self.owner();
-        let workers = peers(&alive, &survey.owners, &me, self.settings.max_slots);
+        let workers = peers(&alive, &me, self.held.len(), self.settings.max_slots);
         let round = Round {
             me: &me,
             workers: &workers,
@@ -356,8 +398,8 @@ impl Worker {
         };
         let claimable = round.claimable();
         let give_back = self.ready_to_give_back(&survey) && round.should_give_back();
-        let mut wait = self.tick();
-        if self.held.is_empty() {
+        let mut wait = every;
+        if self.held.is_empty() && self.place() == Place::Front {
             wait = wait.min(survey.next_expiry.unwrap_or(wait));
         }
         if let Some(soon) = round.next_claimable_in() {
@@ -368,7 +410,82 @@ impl Worker {
         } else if !claimable.is_empty() {
             self.claim(&claimable, !self.held.is_empty()).await;
         }
+        self.next_survey = Instant::now() + wait;
         wait
+    }
+
+    /// Heartbeats when one is due or what this worker holds changed, and then
+    /// re-reads its place in the line.
+    async fn keep_place(&mut self) {
+        let holding = self.holding();
+        let ids: Vec<String> = holding.iter().map(|(s, _)| s.clone()).collect();
+        let changed = self.beaten.as_ref() != Some(&ids);
+        if !changed && Instant::now() < self.next_beat {
+            return;
+        }
+        self.next_beat = Instant::now() + line::beat_every(self.tick());
+        let Some(clock) = self.bounded_heartbeat().await else {
+            return;
+        };
+        self.beaten = Some(ids);
+        let me = self.owner();
+        let limit = self.op_timeout();
+        match tokio::time::timeout(
+            limit,
+            self.line
+                .ahead(&me, holding.len(), &clock, self.settings.watchers),
+        )
+        .await
+        {
+            Ok(Ok(ahead)) => {
+                let was = self.place();
+                self.ahead = ahead;
+                let place = self.place();
+                if place != was {
+                    tracing::debug!(?place, ahead, "moved in the line");
+                    // Moving up: look at once rather than at the rear's pace.
+                    if place == Place::Front {
+                        self.next_survey = Instant::now();
+                    }
+                }
+                self.metrics.line_front.set((place == Place::Front) as i64);
+            }
+            // Unsure where it stands: watch, as every worker did before the line.
+            Ok(Err(_)) | Err(_) => self.ahead = 0,
+        }
+        // One marker is enough: the first in line.
+        if self.ahead == 0 {
+            self.mark_unknown().await;
+        }
+    }
+
+    /// Where this worker stands in the line.
+    fn place(&self) -> Place {
+        Place::behind(self.ahead, self.settings.watchers)
+    }
+
+    /// The first in line makes sure the survey's index sees every slot: one inserted
+    /// by hand or by an older version has no `expires_ms` (an indexed test, cheap when
+    /// there is none).
+    async fn mark_unknown(&self) {
+        match tokio::time::timeout(self.op_timeout(), self.protocol.mark_unknown()).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => tracing::info!(
+                slots = n,
+                "slots without expires_ms (inserted by hand or by an older version) are now surveyed"
+            ),
+            Ok(Err(e)) => tracing::debug!("could not mark slots without expires_ms: {e}"),
+            Err(_) => tracing::debug!("no answer marking slots without expires_ms"),
+        }
+    }
+
+    /// `(slot, epoch)` of every slot held and not ended.
+    fn holding(&self) -> Vec<(String, i64)> {
+        self.held
+            .iter()
+            .filter(|h| !h.is_finished())
+            .map(|h| (h.slot_id.clone(), h.epoch))
+            .collect()
     }
 
     /// Logs each broken slot document once (per reason).
@@ -399,8 +516,9 @@ impl Worker {
                     Some(lease) => {
                         let held = HeldSlot::spawn(lease, self.hold_context(), overflow);
                         self.held.push(held);
-                        // Tell the others who holds what right away.
-                        self.bounded_heartbeat().await;
+                        // Tell the others who holds what right away (and move back
+                        // in the line).
+                        self.keep_place().await;
                     }
                     None if outcome.conflicts > 0 => tracing::debug!(
                         conflicts = outcome.conflicts,
@@ -448,34 +566,6 @@ impl Worker {
         self.handed_back = Some((h.slot_id.clone(), Instant::now()));
     }
 
-    /// Live workers from their heartbeats (judged on the server's clock), with their
-    /// `--max-slots`.
-    async fn alive_workers(&self) -> Result<Vec<(String, Option<usize>)>, mongodb::error::Error> {
-        let pipeline = vec![
-            doc! {"$match": {"last_seen": {"$type": "date"}}},
-            doc! {"$project": {
-                "max_slots": 1, "tick_ms": 1,
-                "seen_ms": {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$last_seen"}]},
-            }},
-        ];
-        let mut cursor = self.lease_store.workers().aggregate(pipeline).await?;
-        let mut out = Vec::new();
-        while let Some(d) = cursor.try_next().await? {
-            let int = |k: &str| match d.get(k) {
-                Some(Bson::Int32(v)) => Some(*v as i64),
-                Some(Bson::Int64(v)) => Some(*v),
-                _ => None,
-            };
-            let tick = int("tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
-            let fresh = int("seen_ms").is_some_and(|s| s <= 2 * tick + 1000);
-            if let (true, Ok(id)) = (fresh, d.get_str("_id")) {
-                let max = int("max_slots").filter(|m| *m > 0).map(|m| m as usize);
-                out.push((id.to_string(), max));
-            }
-        }
-        Ok(out)
-    }
-
     /// Opens the release-watching change stream (if enabled); cancel the returned
     /// token to close it.
     fn watch(&self) -> Option<CancellationToken> {
@@ -497,10 +587,34 @@ impl Worker {
         (self.tick() * 2).max(Duration::from_secs(2))
     }
 
-    async fn bounded_heartbeat(&self) {
+    /// Sends a heartbeat, bounded by half a tick; on success, remembers and returns
+    /// the server's clock.
+    async fn bounded_heartbeat(&mut self) -> Option<ServerClock> {
         let limit = (self.tick() / 2).max(Duration::from_millis(100));
-        if tokio::time::timeout(limit, self.heartbeat()).await.is_err() {
-            tracing::debug!("heartbeat got no answer within {} ms", limit.as_millis());
+        let holding = self.holding();
+        let me = self.owner();
+        let beat = Beat {
+            me: &me,
+            held: &holding,
+            max_slots: self.settings.max_slots,
+            tick: self.tick(),
+        };
+        match tokio::time::timeout(limit, self.line.beat(&beat)).await {
+            Ok(Ok(clock)) => {
+                self.server = Some(clock);
+                Some(clock)
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(
+                    "heartbeat failed: {}",
+                    self.store.scrub(&crate::store::brief(&e))
+                );
+                None
+            }
+            Err(_) => {
+                tracing::debug!("heartbeat got no answer within {} ms", limit.as_millis());
+                None
+            }
         }
     }
 
@@ -509,53 +623,10 @@ impl Worker {
             .failed(&self.metrics, &self.status, &self.store.scrub(why));
     }
 
-    /// `workers` upsert: who is alive, and what it holds. Best effort.
-    async fn heartbeat(&self) {
-        let slots: Vec<(String, i64)> = self
-            .held
-            .iter()
-            .filter(|h| !h.is_finished())
-            .map(|h| (h.slot_id.clone(), h.epoch))
-            .collect();
-        let (slot, epoch) = match slots.first() {
-            Some((s, e)) => (Bson::String(s.clone()), Bson::Int64(*e)),
-            None => (Bson::Null, Bson::Null),
-        };
-        let ids: Vec<&String> = slots.iter().map(|(s, _)| s).collect();
-        let max = self
-            .settings
-            .max_slots
-            .map_or(Bson::Null, |m| Bson::Int64(m as i64));
-        let r = self
-            .lease_store
-            .workers()
-            .update_one(
-                doc! {"_id": self.owner()},
-                vec![doc! {"$set": {
-                    "slot_id": slot, "epoch": epoch, "slots": {"$literal": ids},
-                    "max_slots": max, "last_seen": "$$NOW",
-                    "tick_ms": self.tick().as_millis() as i64,
-                    "version": env!("CARGO_PKG_VERSION"),
-                }}],
-            )
-            .upsert(true)
-            .await;
-        if let Err(e) = r {
-            tracing::debug!(
-                "heartbeat failed: {}",
-                self.store.scrub(&crate::store::brief(&e))
-            );
-        }
-    }
-
     /// On a clean exit the worker leaves the `workers` list, so standbys are counted
     /// honestly.
     async fn leave(&self) {
-        let _ = self
-            .store
-            .workers()
-            .delete_one(doc! {"_id": self.owner()})
-            .await;
+        let _ = self.line.leave(&self.owner()).await;
         tracing::info!(worker = %self.owner(), "worker stopped");
     }
 }

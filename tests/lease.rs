@@ -43,7 +43,7 @@ async fn claim_then_renew_on_the_server_clock() {
     let clock = ManualClock::new();
     let p = protocol(&db, "10.0.0.1:7700", &clock);
 
-    let survey = p.survey().await.unwrap();
+    let survey = p.survey(None).await.unwrap();
     assert_eq!(survey.expired.len(), 1, "a new slot is free");
     let outcome = p.claim(&survey).await.unwrap();
     let mut lease = outcome.lease.expect("claimed");
@@ -77,7 +77,7 @@ async fn claim_then_renew_on_the_server_clock() {
 
     // A held slot is not offered to anyone else; its expiry is reported instead.
     let other = protocol(&db, "10.0.0.2:7700", &clock);
-    let survey = other.survey().await.unwrap();
+    let survey = other.survey(None).await.unwrap();
     assert!(survey.expired.is_empty());
     let wait = survey
         .next_expiry
@@ -95,9 +95,9 @@ async fn lost_race_falls_through_to_the_next_candidate_then_stands_by() {
     let c = protocol(&db, "10.0.0.3:7700", &clock);
     // All three look at the same picture, then race.
     let (sa, sb, sc) = (
-        a.survey().await.unwrap(),
-        b.survey().await.unwrap(),
-        c.survey().await.unwrap(),
+        a.survey(None).await.unwrap(),
+        b.survey(None).await.unwrap(),
+        c.survey(None).await.unwrap(),
     );
     let la = a.claim(&sa).await.unwrap();
     let lb = b.claim(&sb).await.unwrap();
@@ -124,14 +124,14 @@ async fn expiry_is_judged_at_exactly_l_on_the_server() {
     db.init(1).await;
     let clock = ManualClock::new();
     let holder = protocol(&db, "10.0.0.1:7700", &clock);
-    let s = holder.survey().await.unwrap();
+    let s = holder.survey(None).await.unwrap();
     holder.claim(&s).await.unwrap().lease.unwrap();
     let standby = protocol(&db, "10.0.0.2:7700", &clock);
     let l = timing().lease_ms();
 
     // Renewed L - 400 ms ago: still held, and it expires in about 400 ms.
     set_time_relative(&db, "slot-001", -(l - 400)).await;
-    let survey = standby.survey().await.unwrap();
+    let survey = standby.survey(None).await.unwrap();
     assert!(survey.expired.is_empty(), "younger than L is held");
     let wait = survey.next_expiry.unwrap();
     assert!(
@@ -142,7 +142,7 @@ async fn expiry_is_judged_at_exactly_l_on_the_server() {
     // Renewed L + 1 ms before our read of the server clock: the server's now at the
     // survey can only be later, so the age is over L: expired.
     set_time_relative(&db, "slot-001", -(l + 1)).await;
-    let survey = standby.survey().await.unwrap();
+    let survey = standby.survey(None).await.unwrap();
     assert_eq!(survey.expired.len(), 1, "older than L is expired");
     let lease = standby
         .claim(&survey)
@@ -159,7 +159,7 @@ async fn self_fence_when_renewals_cannot_happen_and_no_renew_after_the_deadline(
     db.init(1).await;
     let clock = ManualClock::new();
     let p = protocol(&db, "10.0.0.1:7700", &clock);
-    let s = p.survey().await.unwrap();
+    let s = p.survey(None).await.unwrap();
     let mut lease = p.claim(&s).await.unwrap().lease.unwrap();
     let time_before = db
         .slot("slot-001")
@@ -188,7 +188,7 @@ async fn self_fence_when_renewals_cannot_happen_and_no_renew_after_the_deadline(
 
     // Coming back takes a fresh claim, which needs the slot to expire: new epoch.
     set_time_relative(&db, "slot-001", -(t.lease_ms() + 1)).await;
-    let s = p.survey().await.unwrap();
+    let s = p.survey(None).await.unwrap();
     let fresh = p.claim(&s).await.unwrap().lease.expect("a fresh claim");
     assert_eq!(fresh.epoch, lease.epoch + 1);
 }
@@ -201,14 +201,14 @@ async fn renew_after_takeover_is_lost_and_release_only_releases_our_own() {
     let a = protocol(&db, "10.0.0.1:7700", &clock);
     let b = protocol(&db, "10.0.0.2:7700", &clock);
     let mut la = a
-        .claim(&a.survey().await.unwrap())
+        .claim(&a.survey(None).await.unwrap())
         .await
         .unwrap()
         .lease
         .unwrap();
     set_time_relative(&db, "slot-001", -(timing().lease_ms() + 1)).await;
     let mut lb = b
-        .claim(&b.survey().await.unwrap())
+        .claim(&b.survey(None).await.unwrap())
         .await
         .unwrap()
         .lease
@@ -231,7 +231,7 @@ async fn renew_after_takeover_is_lost_and_release_only_releases_our_own() {
     assert_eq!(slot.get("owner"), Some(&Bson::Null));
     assert_eq!(slot.get("time"), Some(&Bson::Null));
     // A released slot is immediately claimable.
-    assert_eq!(a.survey().await.unwrap().expired.len(), 1);
+    assert_eq!(a.survey(None).await.unwrap().expired.len(), 1);
 }
 
 #[tokio::test]
@@ -252,7 +252,7 @@ async fn broken_slot_documents_are_reported_and_skipped() {
     }
     let clock = ManualClock::new();
     let p = protocol(&db, "10.0.0.1:7700", &clock);
-    let survey = p.survey().await.unwrap();
+    let survey = p.survey(None).await.unwrap();
     let ids: Vec<_> = survey.invalid.iter().map(|i| i.id.as_str()).collect();
     assert_eq!(ids, ["slot-001", "slot-002"]);
     assert!(survey.invalid[0].why.contains("epoch"));
@@ -294,11 +294,157 @@ async fn a_claim_the_server_refuses_skips_that_slot_and_takes_the_next() {
     let clock = ManualClock::new();
     // Without the hash start, slot-001 is tried first.
     let p = protocol(&db, "10.0.0.1:7700", &clock).without_hashing();
-    let survey = p.survey().await.unwrap();
+    let survey = p.survey(None).await.unwrap();
     assert_eq!(survey.expired.len(), 2);
     let outcome = p.claim_among(&survey.expired).await.unwrap();
     assert_eq!(outcome.lease.unwrap().slot_id, "slot-002");
     assert_eq!(outcome.refused.len(), 1, "{:?}", outcome.refused);
     assert_eq!(outcome.refused[0].id, "slot-001");
     assert!(outcome.refused[0].why.contains("refused"));
+}
+
+/// The survey with a bound reads only what expires before it (plus slots with no
+/// `expires_ms`: free, never held, or renewed by an older version), and still judges
+/// each on the server's clock.
+#[tokio::test]
+async fn a_bounded_survey_reads_only_the_expired_and_judges_on_the_server() {
+    let db = TestDb::new("bounded").await;
+    db.init(4).await;
+    let clock = ManualClock::new();
+    let holder = protocol(&db, "10.0.0.1:7700", &clock);
+    // The holder claims three of the four: claims write `expires_ms`.
+    for _ in 0..3 {
+        let s = holder.survey(None).await.unwrap();
+        holder.claim(&s).await.unwrap().lease.unwrap();
+    }
+    let held = db.slots().await;
+    let claimed: Vec<&bson::Document> = held.iter().filter(|s| owner(s).is_some()).collect();
+    assert_eq!(claimed.len(), 3);
+    for s in &claimed {
+        let t = s.get_datetime("time").unwrap().timestamp_millis();
+        assert_eq!(
+            s.get_i64("expires_ms").unwrap(),
+            t + timing().lease_ms(),
+            "expires_ms = time + L"
+        );
+    }
+    let now = db.store.server_now().await.unwrap().timestamp_millis();
+    let standby = protocol(&db, "10.0.0.2:7700", &clock);
+    // Bound at now: the three held leases are not even read; the free slot is.
+    let s = standby.survey(Some(now)).await.unwrap();
+    assert_eq!(s.read, 1, "only the free slot is read");
+    assert_eq!(s.expired.len(), 1);
+    assert!(s.next_expiry.is_none(), "no held lease within the bound");
+    // Bound a lease ahead: the held ones are read too and tell when they expire,
+    // but none is offered.
+    let s = standby
+        .survey(Some(now + timing().lease_ms() + 1000))
+        .await
+        .unwrap();
+    assert_eq!((s.read, s.expired.len()), (4, 1));
+    assert!(s.next_expiry.unwrap() <= Duration::from_millis(2001));
+
+    // A lapsed lease (its expires_ms in the past) is read and offered.
+    let lapsed = claimed[0].get_str("_id").unwrap();
+    let past = now - 5000;
+    db.store
+        .slots()
+        .update_one(
+            doc! {"_id": lapsed},
+            doc! {"$set": {"time": bson::DateTime::from_millis(past), "expires_ms": past + 2000}},
+        )
+        .await
+        .unwrap();
+    let s = standby.survey(Some(now)).await.unwrap();
+    let ids: Vec<&str> = s.expired.iter().map(|c| c.id.as_str()).collect();
+    assert!(ids.contains(&lapsed), "{ids:?}");
+
+    // A slot from an older version (a fresh `time`, no `expires_ms`) is outside the
+    // index range until marked "unknown" (0); then it is read, and judged live by its
+    // time: a rolling upgrade never steals a live slot.
+    let legacy = claimed[1].get_str("_id").unwrap();
+    db.store
+        .slots()
+        .update_one(
+            doc! {"_id": legacy},
+            vec![
+                doc! {"$set": {"time": "$$NOW"}},
+                doc! {"$unset": "expires_ms"},
+            ],
+        )
+        .await
+        .unwrap();
+    let s = standby.survey(Some(now)).await.unwrap();
+    assert_eq!(s.read, 2, "the free and the lapsed slot");
+    assert_eq!(standby.mark_unknown().await.unwrap(), 1);
+    let s = standby.survey(Some(now)).await.unwrap();
+    assert_eq!(s.read, 3, "the marked slot too");
+    assert!(
+        s.expired.iter().all(|c| c.id != legacy),
+        "a live legacy slot is not offered"
+    );
+    assert!(s.next_expiry.is_some(), "its expiry is known from its time");
+
+    // A bound later than the server's now (a fast estimate) costs reads, not
+    // correctness: live leases are still judged live.
+    let s = standby.survey(Some(now + 60_000)).await.unwrap();
+    assert_eq!(s.read, 4);
+    let offered: Vec<&str> = s.expired.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(
+        offered.len(),
+        2,
+        "the free and the lapsed slot only: {offered:?}"
+    );
+
+    // A release clears expires_ms, so the slot is read again at once.
+    let mut lease = {
+        let s = standby.survey(Some(now)).await.unwrap();
+        standby.claim(&s).await.unwrap().lease.unwrap()
+    };
+    assert!(standby.release(&mut lease).await.unwrap());
+    let released = db.slot(&lease.slot_id).await;
+    assert_eq!(released.get("expires_ms"), Some(&Bson::Int64(0)));
+}
+
+/// A renewal is one update while nothing changed, and still learns of a robot
+/// change (`rev`) and a drain request, and of losing the slot.
+#[tokio::test]
+async fn renewal_notices_rev_changes_and_drains_and_loss() {
+    let db = TestDb::new("renew_paths").await;
+    db.init(1).await;
+    let clock = ManualClock::new();
+    let p = protocol(&db, "10.0.0.1:7700", &clock);
+    let s = p.survey(None).await.unwrap();
+    let mut lease = p.claim(&s).await.unwrap().lease.unwrap();
+    let expires = |d: &bson::Document| d.get_i64("expires_ms").unwrap();
+    let before = expires(&db.slot("slot-001").await);
+    let r = p.renew(&mut lease).await.unwrap();
+    assert_eq!((r.rev, r.draining), (0, false));
+    assert!(
+        expires(&db.slot("slot-001").await) >= before,
+        "the renewal moved expires_ms"
+    );
+    let bump = |update: bson::Document| {
+        let slots = db.store.slots();
+        async move {
+            slots
+                .update_one(doc! {"_id": "slot-001"}, update)
+                .await
+                .unwrap()
+        }
+    };
+    bump(doc! {"$inc": {"rev": 1_i64}}).await;
+    let r = p.renew(&mut lease).await.unwrap();
+    assert_eq!((r.rev, r.draining), (1, false), "a robot change is seen");
+    assert_eq!(lease.rev, 1);
+    let r = p.renew(&mut lease).await.unwrap();
+    assert_eq!(r.rev, 1, "and stays seen");
+    bump(doc! {"$set": {"draining": true}}).await;
+    let r = p.renew(&mut lease).await.unwrap();
+    assert!(r.draining, "a drain request is seen");
+    bump(doc! {"$set": {"owner": "10.0.0.9:7700"}}).await;
+    assert!(matches!(
+        p.renew(&mut lease).await,
+        Err(LeaseError::Lost { .. })
+    ));
 }

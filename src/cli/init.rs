@@ -4,8 +4,11 @@ use crate::store::Store;
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
-    /// How many slots the pool has (1 to 999). Run again to grow; shrinking removes
-    /// the highest-numbered slots and refuses while any of them has robots.
+    /// How many slots the pool has (1 to 99999). Run again to grow; shrinking removes
+    /// the highest-numbered slots and refuses while any of them has robots. Names
+    /// are zero-padded so they sort in order: slot-001… for up to 999 slots, and for
+    /// a new pool of more, as many digits as the count has (slot-00001…slot-10000).
+    /// A pool keeps its first width: growing past it is refused with what to do.
     #[arg(long)]
     slots: u32,
     /// Print what was done as JSON.

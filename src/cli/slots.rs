@@ -87,18 +87,14 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
     Ok(out)
 }
 
-/// Workers whose heartbeat is recent (within 2 of their ticks plus a second).
+/// Workers whose heartbeat still counts (see [`crate::line::is_alive`]).
 pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
-    let pipeline = vec![
-        doc! {"$match": {"last_seen": {"$type": "date"}}},
-        doc! {"$addFields": {"_seen_ms": {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$last_seen"}]}}},
-        doc! {"$sort": {"_id": 1}},
-    ];
+    let mut pipeline = crate::line::liveness();
+    pipeline.push(doc! {"$sort": {"_id": 1}});
     let mut cursor = store.workers().aggregate(pipeline).await?;
     let mut out = Vec::new();
     while let Some(d) = cursor.try_next().await? {
-        let tick = int(&d, "tick_ms").unwrap_or(1000);
-        if int(&d, "_seen_ms").unwrap_or(i64::MAX) <= 2 * tick + 1000 {
+        if crate::line::is_alive(&d) {
             out.push(d);
         }
     }

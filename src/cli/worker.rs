@@ -52,6 +52,15 @@ pub struct WorkerArgs {
     #[arg(long, env = "SLOTPOOL_OVERFLOW_AFTER", value_parser = parse_duration_arg, allow_hyphen_values = true)]
     overflow_after: Option<Duration>,
 
+    /// How many workers at the front of the line (standbys first, then the holders
+    /// with the fewest slots) watch the slots every tick and claim one at its expiry;
+    /// the rest look every 5 ticks, so standbys cost the database almost nothing.
+    /// Set it to at least the number of workers that can die together (e.g. all the
+    /// workers of one machine): that many expired slots are claimed at once, any
+    /// further ones within 5 ticks. Every worker should use the same value.
+    #[arg(long, env = "SLOTPOOL_WATCHERS", default_value_t = crate::line::FRONT, value_parser = parse_watchers, allow_hyphen_values = true)]
+    watchers: u64,
+
     /// Commands `exec` robots may run (repeat, or comma-separate). An entry ending in
     /// `/` allows every command under that directory; any other entry allows exactly
     /// that command. Default: none, so no `exec` robot runs (its status says why).
@@ -94,6 +103,14 @@ fn parse_identity(s: &str) -> Result<Identity, ConfigError> {
 
 fn parse_duration_arg(s: &str) -> Result<Duration, ConfigError> {
     parse_duration(s)
+}
+
+fn parse_watchers(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if (1..=1000).contains(&n) => Ok(n as u64),
+        Ok(n) => Err(format!("{n} watchers: use 1 to 1000")),
+        Err(_) => Err(format!("{s:?} is not a whole number of watchers")),
+    }
 }
 
 fn parse_max_slots(s: &str) -> Result<usize, String> {
@@ -161,7 +178,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
     tracing::info!(
         worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(),
-        lease_ms = timing.lease_ms(), max_slots = ?args.max_slots,
+        lease_ms = timing.lease_ms(), max_slots = ?args.max_slots, watchers = args.watchers,
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,
         stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %policy.describe(),
         exec_env = %policy.describe_env(), open_files = raise_fd_limit(),
@@ -175,6 +192,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         change_stream: !args.no_change_stream,
         max_slots: args.max_slots,
         overflow_after: args.overflow_after.unwrap_or(timing.lease()),
+        watchers: args.watchers,
     };
     let worker = Worker::new(settings, store, Registry::builtin_with(policy));
     let shutdown = worker.shutdown_token();

@@ -84,7 +84,7 @@ impl From<ContextError> for RobotError {
             ContextError::NotADocument { .. } | ContextError::TooLarge { .. } => {
                 RobotError::Invalid(e.to_string())
             }
-            ContextError::Db(_) => RobotError::Db(e.to_string()),
+            ContextError::Db(_) | ContextError::Refused { .. } => RobotError::Db(e.to_string()),
         }
     }
 }

@@ -1,0 +1,341 @@
+//! Standbys in line, not in a herd: who is alive, where each worker stands, and how
+//! often it looks at the slots.
+//!
+//! Every live worker with room for another slot stands in one line, ordered by how
+//! many slots it holds: standbys first (by id), then the emptiest holders (those
+//! holding as many stand side by side, see [`Line::ahead`]). Only the first
+//! [`FRONT`] *watch*: they survey every tick and wake at the earliest
+//! expiry, so a slot whose holder died is claimed at its expiry; the very first, if
+//! it holds nothing, also keeps the `slots` change stream open, so a released slot
+//! is claimed at once. Everyone else surveys, heartbeats and
+//! re-reads its place only every [`REAR_TICKS`] ticks; when one ahead claims a slot
+//! (it then holds one and moves behind every standby) or leaves, the next moves up
+//! at its next look. This is the herd-effect fix of the FMQ task platform and of
+//! ZooKeeper's lock recipe: each waiter watches what is just ahead of it, not the
+//! whole pool.
+//!
+//! Why three watchers by default ([`FRONT`], `--watchers`) and not one: a front
+//! watcher may have died a moment ago (its heartbeat is believed for two beats), and
+//! several slots expire at once when a machine with several workers dies. Three
+//! watchers claim three such slots in parallel at once; any further ones within
+//! [`REAR_TICKS`] ticks. Operators set `--watchers` to what can fail together.
+//!
+//! A worker's place costs one counted query of at most `--watchers` index entries, so
+//! the line costs O(1) per worker per look, whatever the pool's size. The decisions
+//! here are pure; the three small queries (heartbeat, place, live workers) sit at
+//! the bottom.
+
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+use mongodb::Collection;
+use tokio::time::Instant;
+
+/// How many workers at the front of the line watch at full rate, by default
+/// (`--watchers`).
+pub const FRONT: u64 = 3;
+
+/// Everyone not at the front surveys, heartbeats and re-reads its place once per
+/// this many ticks; heartbeats are this far apart for everyone.
+pub const REAR_TICKS: u32 = 5;
+
+/// Where a worker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Among the first [`FRONT`]: watches every tick, wakes at the earliest expiry.
+    Front,
+    /// Behind them: looks every [`REAR_TICKS`] ticks.
+    Rear,
+}
+
+impl Place {
+    /// The place of a worker with `ahead` live workers with room before it, when the
+    /// first `watchers` watch.
+    pub fn behind(ahead: u64, watchers: u64) -> Place {
+        if ahead < watchers {
+            Place::Front
+        } else {
+            Place::Rear
+        }
+    }
+}
+
+/// How often a worker surveys the slots: every tick at the front, and while it holds
+/// more than one slot (it must see a new standby within a tick to hand one back, and
+/// it only holds several when no standby was there to take them); otherwise every
+/// [`REAR_TICKS`] ticks.
+pub fn survey_every(place: Place, held: usize, tick: Duration) -> Duration {
+    if place == Place::Front || held > 1 {
+        tick
+    } else {
+        tick * REAR_TICKS
+    }
+}
+
+/// How far apart heartbeats are (besides the one sent at once whenever what a
+/// worker holds changes).
+pub fn beat_every(tick: Duration) -> Duration {
+    tick * REAR_TICKS
+}
+
+/// How long a heartbeat is believed: two beats and a second, so one lost or late
+/// heartbeat never makes a live worker look dead.
+pub fn believed_for(beat: Duration) -> Duration {
+    beat * 2 + Duration::from_secs(1)
+}
+
+/// The server's clock as last observed (from a heartbeat's reply), carried forward
+/// on the local monotonic clock. Only used to narrow what a survey reads, never to
+/// judge a lease.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerClock {
+    server_ms: i64,
+    at: Instant,
+}
+
+impl ServerClock {
+    pub fn observed(server_ms: i64, at: Instant) -> Self {
+        ServerClock { server_ms, at }
+    }
+
+    /// The server's now, estimated: never ahead of it by more than the local
+    /// clock's drift since the observation, behind it by up to the reply's way back.
+    pub fn now_ms(&self) -> i64 {
+        self.at_ms(Instant::now())
+    }
+
+    /// The server's clock at local instant `t` (not before the observation).
+    pub fn at_ms(&self, t: Instant) -> i64 {
+        self.server_ms + t.saturating_duration_since(self.at).as_millis() as i64
+    }
+}
+
+/// One worker's heartbeat, as written to `workers`.
+#[derive(Debug, Clone)]
+pub struct Beat<'a> {
+    pub me: &'a str,
+    /// `(slot, epoch)` of every slot held.
+    pub held: &'a [(String, i64)],
+    pub max_slots: Option<usize>,
+    pub tick: Duration,
+}
+
+impl Beat<'_> {
+    /// Below `--max-slots` (or uncapped): stands in the line.
+    pub fn room(&self) -> bool {
+        self.max_slots.is_none_or(|m| self.held.len() < m)
+    }
+}
+
+/// A live worker as its heartbeat says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveWorker {
+    pub id: String,
+    pub max_slots: Option<usize>,
+    /// Slots it held at its last heartbeat.
+    pub held: usize,
+}
+
+/// Whether a `workers` document read through [`LIVENESS`] is alive: its own
+/// `alive_ms` (time left on its heartbeat, on the server's clock) when it wrote
+/// one, else (a worker of an older version) two of its ticks and a second since it
+/// was last seen.
+pub fn is_alive(d: &Document) -> bool {
+    if let Some(left) = int(d, "alive_ms") {
+        return left > 0;
+    }
+    let tick = int(d, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
+    int(d, "seen_ms").is_some_and(|s| s <= 2 * tick + 1000)
+}
+
+/// Aggregation stages that add `seen_ms` and `alive_ms` to each heartbeat, on the
+/// server's clock, for [`is_alive`].
+pub fn liveness() -> Vec<Document> {
+    let now = doc! {"$toLong": "$$NOW"};
+    vec![
+        doc! {"$match": {"last_seen": {"$type": "date"}}},
+        doc! {"$addFields": {
+            "seen_ms": {"$subtract": [&now, {"$toLong": "$last_seen"}]},
+            "alive_ms": {"$cond": [
+                {"$in": [{"$type": "$alive_until_ms"}, ["int", "long"]]},
+                {"$subtract": ["$alive_until_ms", &now]},
+                Bson::Null,
+            ]},
+        }},
+    ]
+}
+
+/// The `workers` collection, as the line uses it.
+#[derive(Debug, Clone)]
+pub struct Line {
+    workers: Collection<Document>,
+}
+
+impl Line {
+    pub fn new(workers: Collection<Document>) -> Self {
+        Line { workers }
+    }
+
+    /// Writes this worker's heartbeat and returns the server's clock as of it.
+    ///
+    /// An `updateOne` and a `hello` (whose `localTime` is the clock `$$NOW` reads)
+    /// rather than one `findAndModify`: the dev server answers `findAndModify` by
+    /// scanning the collection, and the two cost it less than half as much.
+    pub async fn beat(&self, beat: &Beat<'_>) -> Result<ServerClock, mongodb::error::Error> {
+        let ids: Vec<&String> = beat.held.iter().map(|(s, _)| s).collect();
+        let (slot, epoch) = match beat.held.first() {
+            Some((s, e)) => (Bson::String(s.clone()), Bson::Int64(*e)),
+            None => (Bson::Null, Bson::Null),
+        };
+        let max = beat.max_slots.map_or(Bson::Null, |m| Bson::Int64(m as i64));
+        let every = beat_every(beat.tick);
+        self.workers
+            .update_one(
+                doc! {"_id": beat.me},
+                vec![doc! {"$set": {
+                    "slot_id": slot, "epoch": epoch, "slots": {"$literal": ids},
+                    "held": beat.held.len() as i64, "room": beat.room(),
+                    "max_slots": max, "last_seen": "$$NOW",
+                    "tick_ms": beat.tick.as_millis() as i64,
+                    "beat_ms": every.as_millis() as i64,
+                    "alive_until_ms": {"$add": [
+                        {"$toLong": "$$NOW"}, believed_for(every).as_millis() as i64,
+                    ]},
+                    "version": env!("CARGO_PKG_VERSION"),
+                }}],
+            )
+            .upsert(true)
+            .await?;
+        let sent = Instant::now();
+        let db = self.workers.client().database(&self.workers.namespace().db);
+        let hello = db.run_command(doc! {"hello": 1}).await?;
+        let server_ms = hello
+            .get_datetime("localTime")
+            .map_or(0, |t| t.timestamp_millis());
+        // The server read its clock between sending and now; carrying it forward from
+        // the send keeps the estimate behind the server, never ahead.
+        Ok(ServerClock::observed(server_ms, sent))
+    }
+
+    /// How many live workers with room stand ahead of this one (counted up to
+    /// `watchers`). For a standby: the standbys with a smaller id. For a holder: the
+    /// workers holding fewer slots, standbys included. Holders holding as many do not
+    /// count: which of them overflows onto an orphan first is decided by
+    /// [`crate::holding`]'s claim delays, and that needs each of them to look every
+    /// tick. (Ranking them by id too put a survivor behind dead holders whose
+    /// heartbeats still counted, and the other survivor took both orphans.)
+    pub async fn ahead(
+        &self,
+        me: &str,
+        held: usize,
+        now: &ServerClock,
+        watchers: u64,
+    ) -> Result<u64, mongodb::error::Error> {
+        let alive = now.now_ms();
+        let filter = if held == 0 {
+            doc! {"room": true, "held": 0_i64, "_id": {"$lt": me}, "alive_until_ms": {"$gt": alive}}
+        } else {
+            doc! {"room": true, "held": {"$lt": held as i64}, "alive_until_ms": {"$gt": alive}}
+        };
+        self.workers.count_documents(filter).limit(watchers).await
+    }
+
+    /// Every live worker, with its `--max-slots` and what it held at its last
+    /// heartbeat (judged on the server's clock).
+    pub async fn live(&self) -> Result<Vec<LiveWorker>, mongodb::error::Error> {
+        let mut pipeline = liveness();
+        pipeline.push(doc! {"$project": {
+            "max_slots": 1, "tick_ms": 1, "seen_ms": 1, "alive_ms": 1,
+            "held": {"$cond": [{"$isArray": "$slots"}, {"$size": "$slots"}, 0]},
+        }});
+        let mut cursor = self.workers.aggregate(pipeline).await?;
+        let mut out = Vec::new();
+        while let Some(d) = cursor.try_next().await? {
+            if let (true, Ok(id)) = (is_alive(&d), d.get_str("_id")) {
+                out.push(LiveWorker {
+                    id: id.to_string(),
+                    max_slots: int(&d, "max_slots").filter(|m| *m > 0).map(|m| m as usize),
+                    held: int(&d, "held").unwrap_or(0).max(0) as usize,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Leaves the line on a clean exit, so standbys are counted honestly.
+    pub async fn leave(&self, me: &str) -> Result<(), mongodb::error::Error> {
+        self.workers.delete_one(doc! {"_id": me}).await.map(|_| ())
+    }
+}
+
+fn int(d: &Document, key: &str) -> Option<i64> {
+    match d.get(key) {
+        Some(Bson::Int32(v)) => Some(*v as i64),
+        Some(Bson::Int64(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn the_first_few_watch_the_rest_look_now_and_then() {
+        assert_eq!(Place::behind(0, FRONT), Place::Front);
+        assert_eq!(Place::behind(FRONT - 1, FRONT), Place::Front);
+        assert_eq!(Place::behind(FRONT, FRONT), Place::Rear);
+        assert_eq!(Place::behind(0, 1), Place::Front);
+        assert_eq!(Place::behind(1, 1), Place::Rear);
+        assert_eq!(survey_every(Place::Front, 0, T), T);
+        assert_eq!(survey_every(Place::Rear, 0, T), T * REAR_TICKS);
+        assert_eq!(survey_every(Place::Rear, 1, T), T * REAR_TICKS);
+        assert_eq!(
+            survey_every(Place::Rear, 2, T),
+            T,
+            "an overflowing holder looks for standbys every tick"
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_outlives_one_lost_beat() {
+        let beat = beat_every(T);
+        assert!(believed_for(beat) > beat * 2);
+    }
+
+    #[test]
+    fn liveness_from_its_own_deadline_or_the_legacy_rule() {
+        assert!(is_alive(&doc! {"alive_ms": 5_i64, "seen_ms": 999_999_i64}));
+        assert!(!is_alive(&doc! {"alive_ms": -1_i64, "seen_ms": 0_i64}));
+        assert!(!is_alive(&doc! {"alive_ms": 0_i64}));
+        // An older worker: no deadline of its own, judged by its tick.
+        assert!(is_alive(&doc! {"seen_ms": 3000_i64, "tick_ms": 1000_i64}));
+        assert!(!is_alive(&doc! {"seen_ms": 3001_i64, "tick_ms": 1000_i64}));
+        assert!(!is_alive(&doc! {"tick_ms": 1000_i64}), "never seen");
+    }
+
+    #[test]
+    fn room_follows_the_cap() {
+        let held = [("s1".to_string(), 1_i64)];
+        let beat = |max| Beat {
+            me: "w",
+            held: &held,
+            max_slots: max,
+            tick: T,
+        };
+        assert!(beat(None).room());
+        assert!(beat(Some(2)).room());
+        assert!(!beat(Some(1)).room());
+    }
+
+    #[test]
+    fn the_server_clock_is_carried_forward() {
+        let t = Instant::now();
+        let c = ServerClock::observed(1_000, t);
+        assert_eq!(c.at_ms(t + Duration::from_millis(250)), 1_250);
+        assert_eq!(c.at_ms(t), 1_000);
+    }
+}
