@@ -420,7 +420,7 @@ async fn cost(n: u32) -> (f64, f64) {
             "86400000",
         ]);
     }
-    let holder = db.worker(&["--no-change-stream"]);
+    let holder = db.worker(&[]);
     common::wait_for(Duration::from_secs(120), "every robot running", || async {
         let (_, m) = holder.http_get("/metrics")?;
         (metric(&m, "slotpool_robots_running") == n as u64 && metric(&m, "slotpool_slot_held") == 1)
@@ -435,7 +435,7 @@ async fn cost(n: u32) -> (f64, f64) {
     tokio::time::sleep(window).await;
     let b = opcounters(&db).await;
     let holder_ops = (b - a - 2) as f64 / window.as_secs_f64(); // minus our own two reads
-    let standby = db.worker(&["--no-change-stream"]);
+    let standby = db.worker(&[]);
     wait_heartbeat(&db, &standby.id).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let a = opcounters(&db).await;
@@ -464,11 +464,11 @@ async fn slot_cost(n: u32) -> ((f64, Option<f64>), (f64, Option<f64>)) {
         (ops, c.zip(d).map(|(c, d)| (d - c) / window.as_secs_f64()))
     };
     let idle = measure().await;
-    let holder = db.worker(&["--no-change-stream"]);
+    let holder = db.worker(&[]);
     holder_of(&db, "slot-00000", None).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let one = measure().await;
-    let standby = db.worker(&["--no-change-stream"]);
+    let standby = db.worker(&[]);
     wait_heartbeat(&db, &standby.id).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let two = measure().await;
@@ -659,7 +659,7 @@ async fn restore(n: u32) -> Vec<Row> {
     fresh_server();
     let db = TestDb::new("b_restore").await;
     db.init(1).await;
-    let flags = ["--no-change-stream"];
+    let flags: [&str; 0] = [];
     // 1. Create, with no worker running: the CLI's own rate.
     let t = Instant::now();
     db.cli_ok(&[

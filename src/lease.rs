@@ -325,6 +325,20 @@ impl LeaseProtocol {
         }))
     }
 
+    /// Whether some non-draining slot's `expires_ms` is before `by_ms` (server-clock
+    /// milliseconds): a slot released (0), added (0), or whose lease ran out. One
+    /// indexed read of at most one document, so the first standby can ask often:
+    /// while every slot is held and renewed, the range is empty. A hit only says
+    /// "survey now"; the survey judges, as always, on the server's `$$NOW`.
+    pub async fn anything_free(&self, by_ms: i64) -> Result<bool, LeaseError> {
+        let found = self
+            .slots
+            .find_one(doc! {"expires_ms": {"$lt": by_ms}, "draining": {"$ne": true}})
+            .projection(doc! {"_id": 1})
+            .await?;
+        Ok(found.is_some())
+    }
+
     /// Gives every slot without an `expires_ms` (inserted by hand or by an older
     /// version, whose holders renew `time` only) the value 0, "unknown: read me", so
     /// the survey's index range sees it. A claim by this version sets the real value;

@@ -92,11 +92,27 @@ pub fn believed_for(beat: Duration) -> Duration {
 pub struct ServerClock {
     server_ms: i64,
     at: Instant,
+    /// The request's round trip: the server read its clock somewhere within it.
+    spread_ms: i64,
 }
 
 impl ServerClock {
-    pub fn observed(server_ms: i64, at: Instant) -> Self {
-        ServerClock { server_ms, at }
+    /// `server_ms` was read by the server between the local instants `sent` and
+    /// `received`.
+    pub fn observed(server_ms: i64, sent: Instant, received: Instant) -> Self {
+        let spread_ms = received.saturating_duration_since(sent).as_millis() as i64;
+        ServerClock {
+            server_ms,
+            at: sent,
+            spread_ms,
+        }
+    }
+
+    /// The latest the server's now can be: what a survey must read up to so a
+    /// lease expiring before the next survey is not missed, however slow the
+    /// observing round trip was.
+    pub fn latest_ms(&self) -> i64 {
+        self.now_ms() + self.spread_ms
     }
 
     /// The server's now, estimated: never ahead of it by more than the local
@@ -213,9 +229,7 @@ impl Line {
         let server_ms = hello
             .get_datetime("localTime")
             .map_or(0, |t| t.timestamp_millis());
-        // The server read its clock between sending and now; carrying it forward from
-        // the send keeps the estimate behind the server, never ahead.
-        Ok(ServerClock::observed(server_ms, sent))
+        Ok(ServerClock::observed(server_ms, sent, Instant::now()))
     }
 
     /// How many live workers with room stand ahead of this one (counted up to
@@ -334,8 +348,11 @@ mod tests {
     #[test]
     fn the_server_clock_is_carried_forward() {
         let t = Instant::now();
-        let c = ServerClock::observed(1_000, t);
+        let c = ServerClock::observed(1_000, t, t + Duration::from_millis(40));
+        // Carried forward from the send: never ahead of the server...
         assert_eq!(c.at_ms(t + Duration::from_millis(250)), 1_250);
         assert_eq!(c.at_ms(t), 1_000);
+        // ...and its latest possible value covers the whole round trip.
+        assert!(c.latest_ms() >= c.now_ms() + 40);
     }
 }

@@ -83,6 +83,7 @@ pub struct Metrics {
     pub claim_conflicts: Counter,
     pub surveys: Counter,
     pub survey_docs: Counter,
+    pub release_poll_hits: Counter,
     pub line_front: Gauge,
     pub losses: Counter,
     pub self_fences: Counter,
@@ -159,6 +160,12 @@ impl Metrics {
             "counter",
             "slot documents the surveys read (expired and soon-expiring ones only)",
             c(&self.survey_docs),
+        );
+        one(
+            "release_poll_hits_total",
+            "counter",
+            "release polls (first standby in line) that found a free slot and surveyed at once",
+            c(&self.release_poll_hits),
         );
         one(
             "line_front",

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::doc;
-use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -39,8 +38,9 @@ pub struct WorkerSettings {
     pub timing: LeaseTiming,
     /// Start claims at the identity's hash position (off only for benchmarks).
     pub hashing: bool,
-    /// Wake standbys through a change stream on `slots` when a slot is released.
-    pub change_stream: bool,
+    /// How often the first standby in line asks whether a slot was released or
+    /// added, between its surveys; None: only at its surveys (every tick).
+    pub release_poll: Option<Duration>,
     /// The most slots this worker holds at once; None: no cap, so every robot runs
     /// while one worker lives.
     pub max_slots: Option<usize>,
@@ -192,6 +192,10 @@ pub struct Worker {
     beaten: Option<Vec<String>>,
     next_beat: Instant,
     next_survey: Instant,
+    /// The release poll found a free slot: the next survey is its.
+    polled_free: bool,
+    /// No release poll before this (see [`Worker::survey_round`]).
+    poll_muted_until: Instant,
 }
 
 impl Worker {
@@ -241,6 +245,8 @@ impl Worker {
             beaten: None,
             next_beat: Instant::now(),
             next_survey: Instant::now(),
+            polled_free: false,
+            poll_muted_until: Instant::now(),
         }
     }
 
@@ -290,33 +296,14 @@ impl Worker {
                 self.store.scrub(&e.to_string())
             );
         }
-        // The change stream serves a worker that holds nothing; closed while holding.
-        let mut watcher: Option<CancellationToken> = None;
         let mut woken = true;
         while !self.shutdown.is_cancelled() {
             self.reap().await;
             let wait = self.round(woken).await;
-            // Only the first standby in line keeps a change stream open: on the dev
-            // server every write to the database wakes every open stream, so each
-            // stream costs the server work per write. The other watchers see a
-            // release at their next survey, within a tick.
-            let watching = self.held.is_empty() && self.ahead == 0;
-            match (watching, &watcher) {
-                (true, None) => watcher = self.watch(),
-                (false, Some(w)) => {
-                    w.cancel();
-                    watcher = None;
-                }
-                _ => {}
+            match self.pause(wait).await {
+                Some(early) => woken = early,
+                None => break,
             }
-            tokio::select! {
-                _ = self.shutdown.cancelled() => break,
-                _ = self.wake.notified() => woken = true,
-                _ = tokio::time::sleep(wait) => woken = false,
-            }
-        }
-        if let Some(w) = watcher {
-            w.cancel();
         }
         for h in &self.held {
             h.give_back();
@@ -325,6 +312,56 @@ impl Worker {
             h.join().await;
         }
         self.leave().await;
+    }
+
+    /// Waits `wait` for the next round. Some(true): woken early, by a held slot that
+    /// ended or (first standby in line only) by the release poll finding a free
+    /// slot. None: shut down.
+    ///
+    /// The release poll replaces a change stream on `slots`: on the dev server every
+    /// write wakes every open stream for a `getMore`, so a stream's cost grew with
+    /// the pool's renewals and checkpoints (about 0.03 of a core at 100 renewals/s),
+    /// while the poll costs one indexed read per period whatever the pool does.
+    async fn pause(&mut self, wait: Duration) -> Option<bool> {
+        let until = Instant::now() + wait;
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return Some(false);
+            }
+            let first_standby = self.held.is_empty() && self.ahead == 0;
+            let poll = self
+                .settings
+                .release_poll
+                .filter(|_| first_standby && now >= self.poll_muted_until);
+            let nap = poll.map_or(until - now, |p| p.min(until - now));
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return None,
+                _ = self.wake.notified() => return Some(true),
+                _ = tokio::time::sleep(nap) => {}
+            }
+            if poll.is_some() && Instant::now() < until && self.anything_free().await {
+                self.polled_free = true;
+                self.metrics.release_poll_hits.inc();
+                return Some(true);
+            }
+        }
+    }
+
+    /// The release poll's one read; false when it cannot tell.
+    async fn anything_free(&self) -> bool {
+        let Some(clock) = self.server else {
+            return false;
+        };
+        let read = self.protocol.anything_free(clock.now_ms());
+        match tokio::time::timeout(self.op_timeout(), read).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                tracing::debug!("release poll failed: {}", self.store.scrub(&e.to_string()));
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// Forgets held slots whose task ended (lost, drained or handed back).
@@ -340,22 +377,49 @@ impl Worker {
         }
     }
 
-    /// One round: heartbeat and place when due, survey when due (or when `woken` by
-    /// a release or a slot that ended), claim or hand back. Returns how long to wait
-    /// before the next.
+    /// One round: survey when due (or when `woken` by a release or a slot that
+    /// ended), claim or hand back, then heartbeat and re-read the place when due.
+    /// Returns how long to wait before the next.
+    ///
+    /// The survey goes first: a standby woken at a lease's expiry claims at once,
+    /// not behind the heartbeat's three round trips (on a loaded dev server those
+    /// took most of the second that kill -9 takeover has to spare).
     async fn round(&mut self, woken: bool) -> Duration {
-        self.keep_place().await;
+        let wait = self.survey_round(woken).await;
+        let moved_up = self.keep_place().await;
+        let now = Instant::now();
+        if moved_up {
+            // Moving up: look at once rather than at the rear's pace.
+            self.next_survey = now;
+            return Duration::ZERO;
+        }
+        wait.min(self.next_beat.saturating_duration_since(now))
+    }
+
+    /// The survey half of [`Worker::round`]: returns how long until the next survey.
+    async fn survey_round(&mut self, woken: bool) -> Duration {
+        let wait = self.survey_and_claim(woken).await;
+        // The poll found something this worker could not take (a race lost, a broken
+        // document, a holder whose lease is longer than its expires_ms says): poll
+        // again only after the next survey, so it cannot turn into a survey loop.
+        if std::mem::take(&mut self.polled_free) && self.held.is_empty() {
+            self.poll_muted_until = self.next_survey;
+        }
+        wait
+    }
+
+    async fn survey_and_claim(&mut self, woken: bool) -> Duration {
         let now = Instant::now();
         let every = line::survey_every(self.place(), self.held.len(), self.tick());
         if !woken && now < self.next_survey {
-            return (self.next_survey - now).min(self.next_beat.saturating_duration_since(now));
+            return self.next_survey - now;
         }
         self.next_survey = now + every;
         let limit = self.op_timeout();
         // Read what expires within the next tick too: it tells a watcher when to wake.
         let until = self
             .server
-            .map(|c| c.now_ms() + self.tick().as_millis() as i64);
+            .map(|c| c.latest_ms() + self.tick().as_millis() as i64);
         let survey = match tokio::time::timeout(limit, self.protocol.survey(until)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -415,21 +479,22 @@ impl Worker {
     }
 
     /// Heartbeats when one is due or what this worker holds changed, and then
-    /// re-reads its place in the line.
-    async fn keep_place(&mut self) {
+    /// re-reads its place in the line. True when it moved up to the front.
+    async fn keep_place(&mut self) -> bool {
         let holding = self.holding();
         let ids: Vec<String> = holding.iter().map(|(s, _)| s.clone()).collect();
         let changed = self.beaten.as_ref() != Some(&ids);
         if !changed && Instant::now() < self.next_beat {
-            return;
+            return false;
         }
         self.next_beat = Instant::now() + line::beat_every(self.tick());
         let Some(clock) = self.bounded_heartbeat().await else {
-            return;
+            return false;
         };
         self.beaten = Some(ids);
         let me = self.owner();
         let limit = self.op_timeout();
+        let was = self.place();
         match tokio::time::timeout(
             limit,
             self.line
@@ -437,26 +502,20 @@ impl Worker {
         )
         .await
         {
-            Ok(Ok(ahead)) => {
-                let was = self.place();
-                self.ahead = ahead;
-                let place = self.place();
-                if place != was {
-                    tracing::debug!(?place, ahead, "moved in the line");
-                    // Moving up: look at once rather than at the rear's pace.
-                    if place == Place::Front {
-                        self.next_survey = Instant::now();
-                    }
-                }
-                self.metrics.line_front.set((place == Place::Front) as i64);
-            }
+            Ok(Ok(ahead)) => self.ahead = ahead,
             // Unsure where it stands: watch, as every worker did before the line.
             Ok(Err(_)) | Err(_) => self.ahead = 0,
         }
+        let place = self.place();
+        if place != was {
+            tracing::debug!(?place, ahead = self.ahead, "moved in the line");
+        }
+        self.metrics.line_front.set((place == Place::Front) as i64);
         // One marker is enough: the first in line.
         if self.ahead == 0 {
             self.mark_unknown().await;
         }
+        place == Place::Front && was != Place::Front
     }
 
     /// Where this worker stands in the line.
@@ -566,21 +625,6 @@ impl Worker {
         self.handed_back = Some((h.slot_id.clone(), Instant::now()));
     }
 
-    /// Opens the release-watching change stream (if enabled); cancel the returned
-    /// token to close it.
-    fn watch(&self) -> Option<CancellationToken> {
-        if !self.settings.change_stream {
-            return None;
-        }
-        let stop = self.shutdown.child_token();
-        tokio::spawn(watch_releases(
-            self.store.clone(),
-            self.wake.clone(),
-            stop.clone(),
-        ));
-        Some(stop)
-    }
-
     /// How long a standby or bookkeeping operation may take before it counts as a
     /// database failure (the driver has no socket timeout).
     fn op_timeout(&self) -> Duration {
@@ -628,39 +672,5 @@ impl Worker {
     async fn leave(&self) {
         let _ = self.line.leave(&self.owner()).await;
         tracing::info!(worker = %self.owner(), "worker stopped");
-    }
-}
-
-/// Wakes standbys the moment a slot is released or added, instead of at their next
-/// poll. Needs a replica set (change streams); without one, polling alone still works.
-async fn watch_releases(store: Store, wake: Arc<Notify>, stop: CancellationToken) {
-    let pipeline = vec![doc! {"$match": {"$or": [
-        {"operationType": {"$in": ["insert", "replace"]}},
-        {"updateDescription.updatedFields.owner": {"$type": "null"}},
-        {"updateDescription.updatedFields.draining": false},
-    ]}}];
-    let mut warned = false;
-    while !stop.is_cancelled() {
-        match store.slots().watch().pipeline(pipeline.clone()).await {
-            Ok(mut stream) => loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    ev = stream.next() => match ev {
-                        Some(Ok(_)) => wake.notify_one(),
-                        Some(Err(_)) | None => break,
-                    }
-                }
-            },
-            Err(e) => {
-                if !warned {
-                    warned = true;
-                    tracing::info!("no change stream on slots ({e}); standbys rely on polling");
-                }
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-        }
     }
 }

@@ -8,6 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use bson::doc;
 use common::{invariants, owner, TestDb, WorkerProc};
 
 /// Counters `c-1`… stepping every 200 ms with their whole history.
@@ -159,4 +160,88 @@ async fn more_expiries_at_once_than_watchers_are_all_taken() {
     })
     .await;
     runs_on_once(&db, 6).await;
+}
+
+/// A graceful release is claimed through the first standby's release poll, long
+/// before its next survey: with a 20 s tick the survey is up to 20 s away, and the
+/// hit counter shows the poll, not a lucky survey, found it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_released_slot_is_claimed_through_the_release_poll() {
+    let db = TestDb::new("line_release").await;
+    db.init(1).await;
+    let slow = ["--tick", "20s"];
+    let holder = db.worker(&slow);
+    common::wait_for(Duration::from_secs(30), "the holder", || async {
+        (owner(&db.slot("slot-001").await)? == holder.id).then_some(())
+    })
+    .await;
+    create_counters(&db, 2);
+    let standby = db.worker(&slow);
+    wait_front(
+        &[&standby],
+        &first(&[&standby], 1),
+        "the standby at the front",
+    )
+    .await;
+    holder.signal(libc::SIGTERM);
+    common::wait_for(
+        Duration::from_secs(10),
+        "the standby to claim the released slot",
+        || async { (owner(&db.slot("slot-001").await)? == standby.id).then_some(()) },
+    )
+    .await;
+    let hits = standby
+        .metric("slotpool_release_poll_hits_total")
+        .unwrap_or(0);
+    assert!(hits >= 1, "claimed without a release-poll hit");
+    runs_on_once(&db, 2).await;
+}
+
+/// A slot the poll finds but nobody may take (an older holder renews `time` only,
+/// so its `expires_ms` stays 0) costs one extra survey per tick, not one per poll.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_the_poll_cannot_take_does_not_start_a_survey_loop() {
+    let db = TestDb::new("line_mute").await;
+    db.init(1).await;
+    let renew = || async {
+        db.store
+            .slots()
+            .update_one(
+                doc! {"_id": "slot-001"},
+                vec![doc! {"$set": {
+                    "owner": "10.9.9.9:7700", "ip": "10.9.9.9", "port": 7700_i64,
+                    "time": "$$NOW", "expires_ms": 0_i64,
+                }}],
+            )
+            .await
+            .unwrap();
+    };
+    renew().await;
+    let standby = db.worker(&[]);
+    wait_front(
+        &[&standby],
+        &first(&[&standby], 1),
+        "the standby at the front",
+    )
+    .await;
+    let count = |name| standby.metric(name).unwrap_or(0);
+    let (surveys, hits) = (
+        count("slotpool_surveys_total"),
+        count("slotpool_release_poll_hits_total"),
+    );
+    // The old holder renews every 300 ms for 6 s (3 leases).
+    for _ in 0..20 {
+        renew().await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let surveys = count("slotpool_surveys_total") - surveys;
+    let hits = count("slotpool_release_poll_hits_total") - hits;
+    println!("in about 6 s: {surveys} surveys, {hits} poll hits");
+    assert!(hits >= 1, "the poll saw the slot");
+    // Unmuted, a poll every 50 ms would survey over 100 times.
+    assert!(surveys <= 20, "{surveys} surveys in about 6 s");
+    assert_eq!(
+        owner(&db.slot("slot-001").await).as_deref(),
+        Some("10.9.9.9:7700")
+    );
 }

@@ -86,10 +86,16 @@ pub struct WorkerArgs {
     )]
     exec_env_allow: Vec<String>,
 
-    /// Do not open a change stream on `slots`: standbys then notice a released slot
-    /// at their next poll (at most one tick) instead of at once. For databases without
-    /// change streams, or to save the server the work.
-    #[arg(long, env = "SLOTPOOL_NO_CHANGE_STREAM")]
+    /// How often the first standby in line asks whether a slot was released or added
+    /// (one indexed read, which finds nothing while every slot is held), so a
+    /// released slot is claimed within this much instead of at the next survey, one
+    /// tick later. `0` turns it off. Must be below the tick.
+    #[arg(long, env = "SLOTPOOL_RELEASE_POLL", default_value = "100ms", value_parser = parse_release_poll, allow_hyphen_values = true)]
+    release_poll: Duration,
+
+    /// Deprecated: standbys no longer open change streams (on the dev server every
+    /// write woke every stream). Accepted for old scripts; means `--release-poll 0`.
+    #[arg(long, env = "SLOTPOOL_NO_CHANGE_STREAM", hide = true)]
     no_change_stream: bool,
 
     /// Benchmarks only: every worker tries the first expired slot first.
@@ -103,6 +109,19 @@ fn parse_identity(s: &str) -> Result<Identity, ConfigError> {
 
 fn parse_duration_arg(s: &str) -> Result<Duration, ConfigError> {
     parse_duration(s)
+}
+
+fn parse_release_poll(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(10) {
+        return Err(format!(
+            "{s}: poll at most every 10ms (or 0 for no release poll)"
+        ));
+    }
+    Ok(d)
 }
 
 fn parse_watchers(s: &str) -> Result<u64, String> {
@@ -157,6 +176,19 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         stop_grace: args.stop_grace.unwrap_or(defaults.stop_grace),
     };
     timing.validate()?;
+    let release_poll = if args.no_change_stream {
+        tracing::warn!("--no-change-stream is deprecated (standbys no longer open change streams); it now means --release-poll 0");
+        None
+    } else {
+        Some(args.release_poll).filter(|p| !p.is_zero())
+    };
+    if let Some(p) = release_poll.filter(|p| *p >= args.tick) {
+        anyhow::bail!(
+            "--release-poll {} is not below --tick {}: the first standby surveys every tick anyway (use 0 for no release poll)",
+            humantime::format_duration(p),
+            humantime::format_duration(args.tick)
+        );
+    }
     let policy = ExecPolicy::commands(args.exec_allow.clone())
         .with_env(args.exec_env_allow.clone())
         .map_err(anyhow::Error::msg)?;
@@ -179,6 +211,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
     tracing::info!(
         worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(),
         lease_ms = timing.lease_ms(), max_slots = ?args.max_slots, watchers = args.watchers,
+        release_poll_ms = release_poll.map_or(0, |p| p.as_millis() as u64),
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,
         stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %policy.describe(),
         exec_env = %policy.describe_env(), open_files = raise_fd_limit(),
@@ -189,7 +222,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         listen,
         timing,
         hashing: !args.no_hash,
-        change_stream: !args.no_change_stream,
+        release_poll,
         max_slots: args.max_slots,
         overflow_after: args.overflow_after.unwrap_or(timing.lease()),
         watchers: args.watchers,
