@@ -315,7 +315,7 @@ fn compose_file_and_dockerfile_hold_together() {
         .collect();
     assert!(
         cmd.contains(&"--replSet"),
-        "mongo must run as a replica set for change streams"
+        "mongo must run as a replica set, as in production"
     );
     assert!(mongo["healthcheck"]["test"]
         .as_sequence()
