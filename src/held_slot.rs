@@ -119,7 +119,7 @@ async fn hold(
     let owner = cx.protocol.owner().to_string();
     tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, worker = %owner, overflow, "claimed slot");
     cx.metrics.claims.inc();
-    cx.metrics.slot_held.add(1);
+    cx.metrics.slot_held.inc_by(1);
     cx.metrics.epoch.set(lease.epoch);
     cx.status
         .lock()
@@ -204,7 +204,7 @@ async fn hold(
         guard.revoke();
         release_slot(&cx, &mut lease, &owner).await;
     }
-    cx.metrics.slot_held.add(-1);
+    cx.metrics.slot_held.inc_by(-1);
     cx.status.lock().expect("status lock").left(&lease.slot_id);
     cx.ended.notify_one();
     ended
@@ -240,7 +240,7 @@ async fn release_slot(cx: &HoldContext, lease: &mut Lease, owner: &str) {
 fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> SupervisorHandle {
     let pacer = Arc::new(WritePacer::new(cx.timing.margin));
     let limit = pacer.limit();
-    cx.metrics.robot_write_limit.add(limit as i64);
+    cx.metrics.robot_write_limit.inc_by(limit as i64);
     let ctx = ContextStore::new(
         cx.store.robots(),
         &lease.slot_id,
@@ -306,7 +306,7 @@ impl SupervisorHandle {
     fn paced(&self, latency: Duration, metrics: &Metrics) {
         let now = self.pacer.observe(latency);
         let before = self.limit.swap(now, Ordering::Relaxed);
-        metrics.robot_write_limit.add(now as i64 - before as i64);
+        metrics.robot_write_limit.inc_by(now as i64 - before as i64);
     }
 
     /// Stops every robot and waits for that (bounded by the stop grace).
@@ -317,7 +317,7 @@ impl SupervisorHandle {
         }
         metrics
             .robot_write_limit
-            .add(-(self.limit.load(Ordering::Relaxed) as i64));
+            .inc_by(-(self.limit.load(Ordering::Relaxed) as i64));
     }
 }
 

@@ -232,7 +232,7 @@ fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
         }
         "/metrics" => {
             refresh_lease_age(state);
-            (200, "text/plain; version=0.0.4", state.metrics.render())
+            (200, crate::metrics::CONTENT_TYPE, state.metrics.render())
         }
         "/status" => {
             let mut s = state
@@ -264,8 +264,8 @@ fn refresh_lease_age(state: &HttpState) {
     let last = state.status.lock().expect("status lock").oldest_renewal();
     state
         .metrics
-        .lease_age_ms
-        .set(last.map_or(0, |t| t.elapsed().as_millis() as i64));
+        .lease_age
+        .set(last.map_or(0.0, |t| t.elapsed().as_secs_f64()));
 }
 
 async fn respond(

@@ -1,282 +1,166 @@
-//! Worker counters and gauges, rendered in the Prometheus text format by `/metrics`.
+//! Worker counters, gauges and the renewal-latency histogram, registered with
+//! `prometheus-client` (name and help text at registration, in one table below) and
+//! encoded by `/metrics` in the OpenMetrics text format.
+//!
+//! A counter registered as `claims` is exposed as `slotpool_claims_total`: the names
+//! are those of the hand-written encoder this replaced.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-/// A monotonically increasing count.
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
-impl Counter {
-    pub fn inc(&self) {
-        self.add(1);
-    }
-    pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
-    }
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// A value that goes up and down.
-#[derive(Debug, Default)]
-pub struct Gauge(AtomicI64);
-
-impl Gauge {
-    pub fn set(&self, v: i64) {
-        self.0.store(v, Ordering::Relaxed);
-    }
-    pub fn add(&self, v: i64) {
-        self.0.fetch_add(v, Ordering::Relaxed);
-    }
-    pub fn get(&self) -> i64 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
+/// The content type of [`Metrics::render`]'s page.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Renewal round-trip latency buckets, in seconds.
 const BUCKETS: [f64; 10] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
-#[derive(Debug, Default)]
-pub struct Histogram {
-    inner: Mutex<HistogramInner>,
+/// The renewal round trip, in [`BUCKETS`].
+#[derive(Debug, Clone)]
+pub struct Latency(Histogram);
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency(Histogram::new(BUCKETS))
+    }
 }
 
-#[derive(Debug, Default)]
-struct HistogramInner {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
-
-impl Histogram {
+impl Latency {
     pub fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        let mut h = self.inner.lock().expect("histogram lock");
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if s <= *b {
-                h.counts[i] += 1;
+        self.0.observe(d.as_secs_f64());
+    }
+}
+
+impl EncodeMetric for Latency {
+    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
+/// Declares [`Metrics`]' fields and registers each under its name and help text,
+/// so the two cannot drift apart.
+macro_rules! metrics {
+    ($( $(#[$doc:meta])* $field:ident: $ty:ty = $name:literal, $help:literal; )*) => {
+        /// Everything one worker counts. Shared as `Arc<Metrics>`; each metric is
+        /// itself a shared handle, so the registry holds clones of the same values.
+        #[derive(Debug, Default)]
+        pub struct Metrics {
+            $( $(#[$doc])* pub $field: $ty, )*
+        }
+
+        impl Metrics {
+            fn registry(&self) -> Registry {
+                let mut r = Registry::with_prefix("slotpool");
+                $( r.register($name, $help, self.$field.clone()); )*
+                r
             }
         }
-        h.count += 1;
-        h.sum += s;
-    }
-
-    pub fn count(&self) -> u64 {
-        self.inner.lock().expect("histogram lock").count
-    }
+    };
 }
 
-/// Everything one worker counts. Shared as `Arc<Metrics>`.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    pub slot_held: Gauge,
-    pub epoch: Gauge,
-    /// Milliseconds since the last successful renewal was sent, updated every tick.
-    pub lease_age_ms: Gauge,
-    pub db_healthy: Gauge,
-    pub claims: Counter,
-    pub claim_attempts: Counter,
-    pub claim_conflicts: Counter,
-    pub surveys: Counter,
-    pub survey_docs: Counter,
-    pub release_poll_hits: Counter,
-    pub line_front: Gauge,
-    pub losses: Counter,
-    pub self_fences: Counter,
-    pub releases: Counter,
-    pub renew_failures: Counter,
-    pub fenced_writes: Counter,
-    pub checkpoints: Counter,
-    pub checkpoints_refused: Counter,
-    pub write_batches: Counter,
-    pub batched_writes: Counter,
-    pub log_lines_dropped: Counter,
-    pub robot_restarts: Counter,
-    pub robots_running: Gauge,
-    pub robots_restarting: Gauge,
-    pub robot_write_limit: Gauge,
-    pub renew_latency: Histogram,
+metrics! {
+    slot_held: Gauge = "slot_held", "1 while this worker holds a slot";
+    epoch: Gauge = "epoch", "epoch of the held slot (0 when standby)";
+    /// Seconds since the last successful renewal was sent, set at each scrape.
+    lease_age: Gauge<f64, AtomicU64> = "lease_age_seconds", "time since the last successful renewal was sent";
+    db_healthy: Gauge = "database_up", "1 when the last database operation succeeded";
+    claims: Counter = "claims", "slots claimed";
+    claim_attempts: Counter = "claim_attempts", "compare-and-set claim updates sent";
+    claim_conflicts: Counter = "claim_conflicts", "claim updates that lost the race";
+    surveys: Counter = "surveys", "surveys of the expired slots";
+    survey_docs: Counter = "survey_documents", "slot documents the surveys read (expired and soon-expiring ones only)";
+    release_poll_hits: Counter = "release_poll_hits", "release polls (first standby in line) that found a free slot and surveyed at once";
+    line_front: Gauge = "line_front", "1 while this worker is at the front of the line (watches every tick), 0 behind it";
+    losses: Counter = "losses", "leases lost to another worker or removal";
+    self_fences: Counter = "self_fences", "leases dropped because the local deadline passed";
+    releases: Counter = "releases", "slots released on shutdown or drain";
+    renew_failures: Counter = "renew_failures", "renewals that failed with a database error";
+    fenced_writes: Counter = "fenced_writes", "robot writes refused by the epoch fence";
+    checkpoints: Counter = "checkpoints", "robot checkpoints persisted";
+    write_batches: Counter = "checkpoint_batches", "group commits sent: multi-statement updates carrying robot checkpoints";
+    batched_writes: Counter = "checkpoint_batched", "checkpoints sent in group commits (divide by checkpoint_batches_total for the batch size)";
+    checkpoints_refused: Counter = "checkpoints_refused", "robot checkpoints refused as unstorable (too large, not a document, out of range)";
+    log_lines_dropped: Counter = "robot_log_lines_dropped", "robot output lines not logged because the robot wrote more than its log rate";
+    robot_restarts: Counter = "robot_restarts", "robot restarts after a crash or exit";
+    robots_running: Gauge = "robots_running", "robots running on this worker";
+    robots_restarting: Gauge = "robots_restarting", "robots waiting in restart backoff";
+    robot_write_limit: Gauge = "robot_write_limit", "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)";
+    renew_latency: Latency = "renew_latency_seconds", "round trip of lease renewals";
 }
 
 impl Metrics {
+    /// The OpenMetrics text page ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let mut one = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP slotpool_{name} {help}");
-            let _ = writeln!(out, "# TYPE slotpool_{name} {kind}");
-            let _ = writeln!(out, "slotpool_{name} {value}");
-        };
-        let g = |v: &Gauge| v.get().to_string();
-        let c = |v: &Counter| v.get().to_string();
-        one(
-            "slot_held",
-            "gauge",
-            "1 while this worker holds a slot",
-            g(&self.slot_held),
-        );
-        one(
-            "epoch",
-            "gauge",
-            "epoch of the held slot (0 when standby)",
-            g(&self.epoch),
-        );
-        one(
-            "lease_age_seconds",
-            "gauge",
-            "time since the last successful renewal was sent",
-            format!("{:.3}", self.lease_age_ms.get() as f64 / 1000.0),
-        );
-        one(
-            "database_up",
-            "gauge",
-            "1 when the last database operation succeeded",
-            g(&self.db_healthy),
-        );
-        one("claims_total", "counter", "slots claimed", c(&self.claims));
-        one(
-            "claim_attempts_total",
-            "counter",
-            "compare-and-set claim updates sent",
-            c(&self.claim_attempts),
-        );
-        one(
-            "claim_conflicts_total",
-            "counter",
-            "claim updates that lost the race",
-            c(&self.claim_conflicts),
-        );
-        one(
-            "surveys_total",
-            "counter",
-            "surveys of the expired slots",
-            c(&self.surveys),
-        );
-        one(
-            "survey_documents_total",
-            "counter",
-            "slot documents the surveys read (expired and soon-expiring ones only)",
-            c(&self.survey_docs),
-        );
-        one(
-            "release_poll_hits_total",
-            "counter",
-            "release polls (first standby in line) that found a free slot and surveyed at once",
-            c(&self.release_poll_hits),
-        );
-        one(
-            "line_front",
-            "gauge",
-            "1 while this worker is at the front of the line (watches every tick), 0 behind it",
-            g(&self.line_front),
-        );
-        one(
-            "losses_total",
-            "counter",
-            "leases lost to another worker or removal",
-            c(&self.losses),
-        );
-        one(
-            "self_fences_total",
-            "counter",
-            "leases dropped because the local deadline passed",
-            c(&self.self_fences),
-        );
-        one(
-            "releases_total",
-            "counter",
-            "slots released on shutdown or drain",
-            c(&self.releases),
-        );
-        one(
-            "renew_failures_total",
-            "counter",
-            "renewals that failed with a database error",
-            c(&self.renew_failures),
-        );
-        one(
-            "fenced_writes_total",
-            "counter",
-            "robot writes refused by the epoch fence",
-            c(&self.fenced_writes),
-        );
-        one(
-            "checkpoints_total",
-            "counter",
-            "robot checkpoints persisted",
-            c(&self.checkpoints),
-        );
-        one(
-            "checkpoint_batches_total",
-            "counter",
-            "group commits sent: multi-statement updates carrying robot checkpoints",
-            c(&self.write_batches),
-        );
-        one(
-            "checkpoint_batched_total",
-            "counter",
-            "checkpoints sent in group commits (divide by checkpoint_batches_total for the batch size)",
-            c(&self.batched_writes),
-        );
-        one(
-            "checkpoints_refused_total",
-            "counter",
-            "robot checkpoints refused as unstorable (too large, not a document, out of range)",
-            c(&self.checkpoints_refused),
-        );
-        one(
-            "robot_log_lines_dropped_total",
-            "counter",
-            "robot output lines not logged because the robot wrote more than its log rate",
-            c(&self.log_lines_dropped),
-        );
-        one(
-            "robot_restarts_total",
-            "counter",
-            "robot restarts after a crash or exit",
-            c(&self.robot_restarts),
-        );
-        one(
-            "robots_running",
-            "gauge",
-            "robots running on this worker",
-            g(&self.robots_running),
-        );
-        one(
-            "robots_restarting",
-            "gauge",
-            "robots waiting in restart backoff",
-            g(&self.robots_restarting),
-        );
-        one(
-            "robot_write_limit",
-            "gauge",
-            "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)",
-            g(&self.robot_write_limit),
-        );
-        let h = self.renew_latency.inner.lock().expect("histogram lock");
-        let _ = writeln!(
-            out,
-            "# HELP slotpool_renew_latency_seconds round trip of lease renewals"
-        );
-        let _ = writeln!(out, "# TYPE slotpool_renew_latency_seconds histogram");
-        for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "slotpool_renew_latency_seconds_bucket{{le=\"{b}\"}} {}",
-                h.counts[i]
-            );
-        }
-        let _ = writeln!(
-            out,
-            "slotpool_renew_latency_seconds_bucket{{le=\"+Inf\"}} {}",
-            h.count
-        );
-        let _ = writeln!(out, "slotpool_renew_latency_seconds_sum {:.6}", h.sum);
-        let _ = writeln!(out, "slotpool_renew_latency_seconds_count {}", h.count);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(page: &str, name: &str) -> Option<String> {
+        page.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn the_names_of_the_hand_written_encoder_are_kept() {
+        let m = Metrics::default();
+        m.claims.inc_by(3);
+        m.slot_held.set(1);
+        m.lease_age.set(0.25);
+        m.renew_latency.observe(Duration::from_millis(3));
+        let page = m.render();
+        assert_eq!(sample(&page, "slotpool_claims_total").as_deref(), Some("3"));
+        assert_eq!(sample(&page, "slotpool_slot_held").as_deref(), Some("1"));
+        assert_eq!(
+            sample(&page, "slotpool_lease_age_seconds").as_deref(),
+            Some("0.25")
+        );
+        assert_eq!(
+            sample(&page, "slotpool_renew_latency_seconds_bucket{le=\"0.005\"}").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            sample(&page, "slotpool_renew_latency_seconds_count").as_deref(),
+            Some("1")
+        );
+        assert!(
+            page.contains("# HELP slotpool_claims slots claimed"),
+            "{page}"
+        );
+        assert!(page.trim_end().ends_with("# EOF"), "{page}");
+        // Every metric the worker had before is still there.
+        for name in [
+            "slotpool_epoch",
+            "slotpool_database_up",
+            "slotpool_claim_attempts_total",
+            "slotpool_surveys_total",
+            "slotpool_line_front",
+            "slotpool_self_fences_total",
+            "slotpool_fenced_writes_total",
+            "slotpool_checkpoint_batches_total",
+            "slotpool_robot_log_lines_dropped_total",
+            "slotpool_robots_running",
+            "slotpool_robot_write_limit",
+            "slotpool_release_poll_hits_total",
+        ] {
+            assert!(sample(&page, name).is_some(), "{name} missing from\n{page}");
+        }
     }
 }

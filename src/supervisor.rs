@@ -468,12 +468,12 @@ impl Runner {
             if let Ok(false) = recorded {
                 break; // fenced: no longer ours
             }
-            self.metrics.robots_restarting.add(1);
+            self.metrics.robots_restarting.inc_by(1);
             tokio::select! {
                 _ = self.token.cancelled() => {}
                 _ = tokio::time::sleep(backoff) => {}
             }
-            self.metrics.robots_restarting.add(-1);
+            self.metrics.robots_restarting.inc_by(-1);
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         self.id
@@ -517,9 +517,9 @@ impl Runner {
             grace: self.grace,
             backstop: self.backstop,
         };
-        self.metrics.robots_running.add(1);
+        self.metrics.robots_running.inc_by(1);
         let result = kind.run(run).await;
-        self.metrics.robots_running.add(-1);
+        self.metrics.robots_running.inc_by(-1);
         result
     }
 }

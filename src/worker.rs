@@ -432,7 +432,7 @@ impl Worker {
             }
         };
         self.metrics.surveys.inc();
-        self.metrics.survey_docs.add(survey.read as u64);
+        self.metrics.survey_docs.inc_by(survey.read as u64);
         self.health.ok(&self.metrics, &self.status);
         self.report_invalid(&survey.invalid);
         // Who else is alive matters only to order overflow claims (some slot is
@@ -569,8 +569,10 @@ impl Worker {
             }
             Ok(Ok(outcome)) => {
                 self.report_invalid(&outcome.refused);
-                self.metrics.claim_attempts.add(outcome.attempts as u64);
-                self.metrics.claim_conflicts.add(outcome.conflicts as u64);
+                self.metrics.claim_attempts.inc_by(outcome.attempts as u64);
+                self.metrics
+                    .claim_conflicts
+                    .inc_by(outcome.conflicts as u64);
                 match outcome.lease {
                     Some(lease) => {
                         let held = HeldSlot::spawn(lease, self.hold_context(), overflow);
