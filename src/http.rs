@@ -1,34 +1,43 @@
-//! Read-only HTTP on the worker's port: `GET /healthz`, `GET /metrics`, `GET /status`.
-//!
-//! A deliberately small HTTP/1.1 responder: one request per connection, GET and HEAD
-//! only, bounded request size and read time. Nothing here can change the pool.
+//! Read-only HTTP on the worker's port: `GET /healthz`, `GET /metrics`, `GET /status`,
+//! served by axum on hyper. Nothing here can change the pool: every route answers
+//! `GET` and `HEAD` only, anything else is `405`.
 //!
 //! The port is open to whoever can reach it, so it must not cost the worker what its
-//! robots need: at most [`MAX_CONNECTIONS`] connections are open at once (about 1,500
-//! idle ones would otherwise take every descriptor at the common limit of 1,024, and
-//! robots could not start). A connection must send its request within
-//! [`HEAD_TIMEOUT`] and is closed after [`CONNECTION_TIMEOUT`] in any case. When all
-//! are taken, a new connection evicts the oldest one that has not sent its request
-//! yet, so idle connections cannot lock out a health probe; when none is idle, the
-//! newcomer is closed at once.
+//! robots need. What hyper does not bound, this module does:
+//! - at most [`MAX_CONNECTIONS`] connections are open at once (about 1,500 idle ones
+//!   would otherwise take every descriptor at the common limit of 1,024, and robots
+//!   could not start). When all are taken, a new connection evicts the oldest one
+//!   that has not sent a request yet, so idle connections cannot lock out a health
+//!   probe; when none is idle, the newcomer is closed at once ([`Connections`]);
+//! - a request head must arrive within [`HEAD_TIMEOUT`] and fit in [`MAX_REQUEST`]
+//!   bytes (hyper answers `431` past it);
+//! - a connection is closed after [`CONNECTION_TIMEOUT`] in any case, kept alive or not.
 
 use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
 
 use crate::metrics::Metrics;
 use crate::worker::SharedStatus;
 
-const MAX_REQUEST: usize = 8 * 1024;
+/// The largest request head accepted (hyper's smallest allowed read buffer).
+pub const MAX_REQUEST: usize = 8 * 1024;
 
 /// The most connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// How long a connection may take to send its request head.
+/// How long a connection may take to send a request head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a connection may stay open at all.
@@ -87,7 +96,7 @@ impl Connections {
         Admission::Admit { id, evict }
     }
 
-    /// `id` sent its request: it is no longer idle.
+    /// `id` sent a request: it is no longer idle.
     pub fn busy(&mut self, id: u64) {
         self.idle.retain(|&i| i != id);
     }
@@ -139,12 +148,23 @@ impl Gate {
     }
 }
 
+/// The worker's routes.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz).fallback(read_only))
+        .route("/metrics", get(metrics).fallback(read_only))
+        .route("/status", get(status).fallback(read_only))
+        .fallback(unknown)
+        .with_state(state)
+}
+
 /// Serves until `stop` is cancelled. The listener is bound by the caller, so a port
 /// already in use fails before the worker touches the database.
 pub async fn serve(listener: TcpListener, state: HttpState, stop: CancellationToken) {
     let gate = Arc::new(Gate {
         book: Mutex::new((Connections::new(MAX_CONNECTIONS), HashMap::new())),
     });
+    let app = router(state);
     loop {
         let (conn, _) = tokio::select! {
             _ = stop.cancelled() => return,
@@ -162,139 +182,83 @@ pub async fn serve(listener: TcpListener, state: HttpState, stop: CancellationTo
             drop(conn);
             continue;
         };
-        let state = state.clone();
-        let gate = gate.clone();
+        let (app, gate) = (app.clone(), gate.clone());
         tokio::spawn(async move {
+            let requests = {
+                let gate = gate.clone();
+                hyper::service::service_fn(move |req| {
+                    gate.busy(id);
+                    app.clone().oneshot(req)
+                })
+            };
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .max_buf_size(MAX_REQUEST)
+                .serve_connection(TokioIo::new(conn), requests);
             tokio::select! {
                 _ = evicted.cancelled() => {}
-                _ = tokio::time::timeout(CONNECTION_TIMEOUT, handle(conn, state, || gate.busy(id))) => {}
+                _ = tokio::time::timeout(CONNECTION_TIMEOUT, served) => {}
             }
             gate.closed(id);
         });
     }
 }
 
-async fn handle(
-    mut conn: TcpStream,
-    state: HttpState,
-    got_request: impl FnOnce(),
-) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let read_head = async {
-        let mut chunk = [0u8; 1024];
-        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = conn.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(false);
-            }
-            buf.extend_from_slice(&chunk[..n]);
-            if buf.len() > MAX_REQUEST {
-                return Ok(true);
-            }
-        }
-        Ok::<bool, std::io::Error>(true)
-    };
-    match tokio::time::timeout(HEAD_TIMEOUT, read_head).await {
-        Ok(Ok(true)) => got_request(),
-        _ => return Ok(()),
-    }
-    if buf.len() > MAX_REQUEST {
-        return respond(&mut conn, 431, "text/plain", "request too large\n", false).await;
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    let head_only = method == "HEAD";
-    if method != "GET" && !head_only {
-        return respond(
-            &mut conn,
-            405,
-            "text/plain",
-            "read-only: GET /healthz, /metrics, /status\n",
-            false,
-        )
-        .await;
-    }
-    let (code, kind, body) = route(path, &state);
-    respond(&mut conn, code, kind, &body, head_only).await
-}
-
-fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
-    match path {
-        "/healthz" => {
-            let ok = state.status.lock().expect("status lock").database_ok;
-            if ok {
-                (200, "text/plain", "ok\n".into())
-            } else {
-                (503, "text/plain", "database unreachable\n".into())
-            }
-        }
-        "/metrics" => {
-            refresh_lease_age(state);
-            (200, crate::metrics::CONTENT_TYPE, state.metrics.render())
-        }
-        "/status" => {
-            let mut s = state
-                .status
-                .lock()
-                .expect("status lock")
-                .clone()
-                .with_ages();
-            s.robots_running = state.metrics.robots_running.get();
-            s.robots_restarting = state.metrics.robots_restarting.get();
-            (
-                200,
-                "application/json",
-                // Hidden as everywhere else: a status text may quote a driver error.
-                crate::secrets::scrub(&serde_json::to_string_pretty(&s).unwrap_or_default())
-                    .into_owned()
-                    + "\n",
-            )
-        }
-        _ => (
-            404,
-            "text/plain",
-            "not found: try /healthz, /metrics or /status\n".into(),
-        ),
+async fn healthz(State(state): State<HttpState>) -> Response {
+    if state.status.lock().expect("status lock").database_ok {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "database unreachable\n").into_response()
     }
 }
 
-fn refresh_lease_age(state: &HttpState) {
+async fn metrics(State(state): State<HttpState>) -> Response {
     let last = state.status.lock().expect("status lock").oldest_renewal();
     state
         .metrics
         .lease_age
         .set(last.map_or(0.0, |t| t.elapsed().as_secs_f64()));
+    (
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        state.metrics.render(),
+    )
+        .into_response()
 }
 
-async fn respond(
-    conn: &mut TcpStream,
-    code: u16,
-    kind: &str,
-    body: &str,
-    head_only: bool,
-) -> std::io::Result<()> {
-    let reason = match code {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        431 => "Request Header Fields Too Large",
-        _ => "Service Unavailable",
-    };
-    let mut out = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    if code == 405 {
-        out.push_str("Allow: GET, HEAD\r\n");
+async fn status(State(state): State<HttpState>) -> Response {
+    let mut s = state
+        .status
+        .lock()
+        .expect("status lock")
+        .clone()
+        .with_ages();
+    s.robots_running = state.metrics.robots_running.get();
+    s.robots_restarting = state.metrics.robots_restarting.get();
+    // Hidden as everywhere else: a status text may quote a driver error.
+    let body =
+        crate::secrets::scrub(&serde_json::to_string_pretty(&s).unwrap_or_default()).into_owned();
+    ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response()
+}
+
+async fn read_only() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "GET, HEAD")],
+        "read-only: GET /healthz, /metrics, /status\n",
+    )
+        .into_response()
+}
+
+async fn unknown(method: Method) -> Result<Response, Infallible> {
+    if method != Method::GET && method != Method::HEAD {
+        return Ok(read_only().await);
     }
-    out.push_str("\r\n");
-    if !head_only {
-        out.push_str(body);
-    }
-    conn.write_all(out.as_bytes()).await?;
-    conn.shutdown().await
+    Ok((
+        StatusCode::NOT_FOUND,
+        "not found: try /healthz, /metrics or /status\n",
+    )
+        .into_response())
 }
 
 #[cfg(test)]

@@ -74,12 +74,49 @@ async fn http_healthz_metrics_status_are_real_and_read_only() {
     use std::io::{Read, Write};
     write!(
         s,
-        "POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+        "POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut reply = String::new();
     s.read_to_string(&mut reply).unwrap();
     assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+    assert!(
+        reply.to_ascii_lowercase().contains("allow: get, head"),
+        "{reply}"
+    );
+    // Kept alive: a second request on the same connection is answered too.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", w.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut first = Vec::new();
+    while !first.ends_with(b"\r\n\r\nok\n") {
+        let mut chunk = [0u8; 512];
+        let n = s.read(&mut chunk).unwrap();
+        assert!(
+            n > 0,
+            "closed after one request: {:?}",
+            String::from_utf8_lossy(&first)
+        );
+        first.extend_from_slice(&chunk[..n]);
+    }
+    assert!(first.starts_with(b"HTTP/1.1 200"));
+    write!(
+        s,
+        "HEAD /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut second = String::new();
+    s.read_to_string(&mut second).unwrap();
+    assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+    assert!(!second.contains("\"worker\""), "HEAD has no body: {second}");
+    // A request head over 8 KiB is refused, and the worker serves on.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", w.port)).unwrap();
+    let big = "a".repeat(9000);
+    write!(s, "GET /status HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 431"), "{reply}");
+    assert_eq!(w.http_get("/healthz").unwrap().0, 200);
 
     // Cut the database off: /healthz says so, the worker fences itself, and it
     // recovers when the database is back.

@@ -37,7 +37,6 @@ const DEFAULT_URI: &str = "mongodb://127.0.0.1:27017/slotpool";
 #[command(name = "slotpool", version, propagate_version = true)]
 pub struct Cli {
     /// MongoDB connection string. Its path names the database (default `slotpool`).
-    /// Needs a replica set for instant handoff (change streams); works without.
     /// Default: mongodb://127.0.0.1:27017/slotpool. Credentials in it are hidden from
     /// every output and from other processes' view of this one.
     #[arg(long, global = true, env = "MONGODB_URI", hide_env_values = true)]

@@ -390,7 +390,11 @@ impl WorkerProc {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).ok()?;
         let code = out.split_whitespace().nth(1)?.parse().ok()?;
