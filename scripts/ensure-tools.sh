@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
 # Installs the system tools the tests use, when missing and when it can (root + apt):
-# faketime (the chaos suite skews a real worker's clock with libfaketime).
+# - faketime: the chaos suite skews a real worker's clock with libfaketime (required);
+# - promtool (Debian's `prometheus`): checks and unit-tests deploy/prometheus/alerts.yml
+#   (best effort: without it tests/deploy.rs checks the rules' metric names only).
 set -euo pipefail
-if [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]]; then exit 0; fi
+missing=()
+[[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || missing+=(faketime)
+command -v promtool >/dev/null || missing+=(prometheus)
+if [[ ${#missing[@]} == 0 ]]; then exit 0; fi
 if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-  echo "ensure-tools: installing faketime (Debian package)" >&2
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime) >/dev/null
+  echo "ensure-tools: installing ${missing[*]} (Debian packages)" >&2
+  apt-get update -qq >/dev/null || true
+  for pkg in "${missing[@]}"; do
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null; then
+      echo "ensure-tools: could not install $pkg" >&2
+    fi
+  done
+  # The package may start a Prometheus server; the tests need only promtool.
+  if command -v service >/dev/null; then service prometheus stop >/dev/null 2>&1 || true; fi
+  pkill -x prometheus >/dev/null 2>&1 || true
 else
-  echo "ensure-tools: please install the 'faketime' package (the clock-skew chaos test needs libfaketime)" >&2
+  echo "ensure-tools: please install ${missing[*]} (faketime for the clock-skew chaos test; prometheus for promtool)" >&2
 fi

@@ -432,6 +432,11 @@ impl Worker {
             }
         };
         self.metrics.surveys.inc();
+        self.metrics.slots_unheld.set(survey.expired.len() as i64);
+        let longest = survey.expired.iter().map(|c| c.expired_for).max();
+        self.metrics
+            .slot_unheld
+            .set(longest.map_or(0.0, |d| d.as_secs_f64()));
         self.metrics.survey_docs.inc_by(survey.read as u64);
         self.health.ok(&self.metrics, &self.status);
         self.report_invalid(&survey.invalid);

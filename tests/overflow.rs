@@ -182,7 +182,7 @@ async fn two_orphans_land_on_two_different_survivors() {
 async fn max_slots_caps_a_worker_and_the_rest_waits() {
     let db = TestDb::new("max_slots").await;
     db.init(5).await;
-    let _w: Vec<WorkerProc> = (0..2).map(|_| db.worker(&["--max-slots", "2"])).collect();
+    let w: Vec<WorkerProc> = (0..2).map(|_| db.worker(&["--max-slots", "2"])).collect();
     create_counters(&db, 5);
     wait_holders(&db, "4 slots held, 2 each", |h| {
         h.len() == 2 && h.values().all(|n| *n == 2)
@@ -210,4 +210,25 @@ async fn max_slots_caps_a_worker_and_the_rest_waits() {
     );
     let status = db.cli_ok(&["status"]);
     assert!(status.contains("not running"), "{status}");
+    // The workers' metrics say so too (what SlotpoolSlotUnheld alerts on): the slot
+    // was never held, so it counts as unheld for a year.
+    common::wait_for(
+        Duration::from_secs(15),
+        "a worker to report the unheld slot",
+        || async {
+            w.iter().find_map(|w| {
+                let (_, page) = w.http_get("/metrics")?;
+                let sample = |name: &str| -> Option<f64> {
+                    page.lines()
+                        .find_map(|l| l.strip_prefix(&format!("{name} ")))?
+                        .parse()
+                        .ok()
+                };
+                let n = sample("slotpool_slots_unheld")?;
+                let secs = sample("slotpool_slot_unheld_seconds")?;
+                (n == 1.0 && secs > 3.0).then_some(())
+            })
+        },
+    )
+    .await;
 }
