@@ -19,6 +19,7 @@ use mongodb::Collection;
 use crate::clock::SharedClock;
 use crate::commit::{GroupCommit, Statement, Written};
 use crate::metrics::Metrics;
+use crate::output_log::OutputLog;
 use crate::pacing::WritePacer;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -125,6 +126,8 @@ pub struct ContextStore {
     pacer: Arc<WritePacer>,
     /// Checkpoints go out in group commits (see [`crate::commit`]).
     commit: GroupCommit,
+    /// The robots' output lines, kept per robot (see [`crate::output_log`]).
+    output: OutputLog,
 }
 
 /// What one adoption write did.
@@ -168,8 +171,14 @@ impl ContextStore {
             guard.clone(),
             metrics.clone(),
         );
+        let outputs = robots
+            .client()
+            .database(&robots.namespace().db)
+            .collection(crate::output_log::COLLECTION);
+        let output = OutputLog::spawn(outputs, pacer.clone(), guard.clone());
         ContextStore {
             robots,
+            output,
             slot_id: slot_id.to_string(),
             epoch,
             worker: worker.to_string(),
@@ -182,6 +191,11 @@ impl ContextStore {
 
     pub fn slot_id(&self) -> &str {
         &self.slot_id
+    }
+
+    /// Where robots' output lines are kept.
+    pub fn output(&self) -> &OutputLog {
+        &self.output
     }
 
     pub fn epoch(&self) -> i64 {

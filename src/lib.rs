@@ -21,6 +21,7 @@ pub mod http;
 pub mod lease;
 pub mod line;
 pub mod metrics;
+pub mod output_log;
 pub mod pacing;
 pub mod placement;
 pub mod printable;

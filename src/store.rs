@@ -190,6 +190,11 @@ impl Store {
         self.db.collection(ROBOTS)
     }
 
+    /// Robots' kept output lines (see [`crate::output_log`]).
+    pub fn outputs(&self) -> Collection<Document> {
+        self.db.collection(crate::output_log::COLLECTION)
+    }
+
     pub fn workers(&self) -> Collection<Document> {
         self.db.collection(WORKERS)
     }

@@ -165,3 +165,79 @@ async fn nothing_is_sent_once_the_lease_lapsed() {
         .iter()
         .all(|r| r.get("seq") == Some(&Bson::Int64(0))));
 }
+
+/// Robot output is fenced by generation: once a newer instance kept lines, an older
+/// one's never land (its upsert collides); and nothing lands after the lease's
+/// write guard closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_of_a_stale_instance_or_after_the_deadline_never_lands() {
+    use slotpool::output_log::{OutputLog, Stream};
+    let db = TestDb::new("gc_output").await;
+    let outputs = db.store.outputs();
+    let open = || {
+        WriteGuard::new(
+            Instant::now() + Duration::from_secs(3600),
+            Arc::new(MonotonicClock),
+        )
+    };
+    let pacer = || Arc::new(WritePacer::new(Duration::from_millis(400)));
+    let older = OutputLog::spawn(outputs.clone(), pacer(), open());
+    let newer = OutputLog::spawn(outputs.clone(), pacer(), open());
+    let (robot, other) = (ObjectId::new(), ObjectId::new());
+    let texts = |id: ObjectId| {
+        let outputs = outputs.clone();
+        async move {
+            let d = outputs.find_one(doc! {"_id": id}).await.unwrap()?;
+            let lines = d.get_array("lines").ok()?.clone();
+            Some(
+                lines
+                    .iter()
+                    .map(|l| {
+                        l.as_document()
+                            .unwrap()
+                            .get_str("text")
+                            .unwrap()
+                            .to_string()
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        }
+    };
+    assert!(newer.keep(robot, 2, Stream::Stdout, "from the current instance"));
+    common::wait_for(Duration::from_secs(10), "the current line", || async {
+        texts(robot).await.filter(|t| t.len() == 1).map(|_| ())
+    })
+    .await;
+    // The stale instance writes for `robot` and, in the same command, for `other`:
+    // once `other`'s line is there, the stale write was answered.
+    assert!(older.keep(robot, 1, Stream::Stdout, "stale"));
+    assert!(older.keep(other, 1, Stream::Stderr, "witness"));
+    common::wait_for(Duration::from_secs(10), "the witness line", || async {
+        texts(other).await.map(|_| ())
+    })
+    .await;
+    assert_eq!(
+        texts(robot).await.unwrap(),
+        ["from the current instance"],
+        "a stale instance's line landed"
+    );
+    // Past the deadline nothing is written.
+    let lapsed = OutputLog::spawn(
+        outputs.clone(),
+        pacer(),
+        WriteGuard::new(Instant::now(), Arc::new(MonotonicClock)),
+    );
+    let late = ObjectId::new();
+    lapsed.keep(late, 9, Stream::Stdout, "after the deadline");
+    assert!(newer.keep(robot, 2, Stream::Stdout, "later"));
+    common::wait_for(Duration::from_secs(10), "the later line", || async {
+        texts(robot).await.filter(|t| t.len() == 2).map(|_| ())
+    })
+    .await;
+    // The lapsed writer had its flush by now (both wait one flush period).
+    tokio::time::sleep(slotpool::output_log::FLUSH_EVERY).await;
+    assert!(
+        texts(late).await.is_none(),
+        "a line landed after the deadline"
+    );
+}

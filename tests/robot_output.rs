@@ -235,3 +235,89 @@ async fn endless_lines_and_floods_cost_the_worker_neither_memory_nor_disk() {
     robot_where(&db, "steady", "keeps checkpointing", |r| seq(r) >= s0 + 5).await;
     assert_eq!(w.http_get("/healthz").map(|(c, _)| c), Some(200));
 }
+
+/// `robot logs`: the last 200 lines a robot wrote (checkpoints left out, stderr in),
+/// escaped; `--follow` prints new ones as they are kept; a deleted robot's output
+/// goes with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn robot_logs_shows_the_last_lines_and_follows_new_ones() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let db = TestDb::new("logs").await;
+    db.init(1).await;
+    // 250 numbered lines, a checkpoint, a hostile line on stderr, then a tick a
+    // second (each a line) until stopped.
+    let talker = script(
+        &db,
+        "talker.sh",
+        r#"i=1
+while [ $i -le 250 ]; do echo "line $i"; i=$((i+1)); done
+echo '{"checkpoint": {"said": 250}}'
+printf 'on stderr \033[31mred\033[0m\n' >&2
+t=1
+while true; do echo "tick $t"; t=$((t+1)); sleep 0.3; done
+"#,
+    );
+    create_exec(&db, "talker", serde_json::json!({"command": talker}));
+    let _w = db.exec_worker(&[]);
+    let shown = common::wait_for(Duration::from_secs(30), "ticks kept", || async {
+        let out = db.cli_ok(&["robot", "logs", "talker"]);
+        // stdout and stderr are separate pipes: wait for both.
+        (out.contains("tick 2") && out.contains("on stderr")).then_some(out)
+    })
+    .await;
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 200, "the last 200 lines:\n{shown}");
+    assert!(!shown.contains("checkpoint"), "{shown}");
+    assert!(
+        !shown.contains("\u{1b}"),
+        "escape characters are escaped: {shown:?}"
+    );
+    assert!(shown.contains("stderr on stderr"), "{shown}");
+    // In order: the numbered lines still kept are consecutive and end at 250.
+    let numbered: Vec<u32> = lines
+        .iter()
+        .filter_map(|l| l.rsplit_once("line ").and_then(|(_, n)| n.parse().ok()))
+        .collect();
+    assert_eq!(numbered.last(), Some(&250));
+    assert!(
+        numbered.windows(2).all(|w| w[0] + 1 == w[1]),
+        "{numbered:?}"
+    );
+    let json = db.cli_ok(&["robot", "logs", "talker", "--lines", "3", "--json"]);
+    assert_eq!(json.lines().count(), 3);
+    for l in json.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert!(v["n"].as_i64().unwrap() > 0 && v["text"].is_string(), "{v}");
+    }
+
+    // --follow prints ticks it has not printed before, in order.
+    let mut follow = Command::new(common::BIN)
+        .args(["robot", "logs", "talker", "--lines", "1", "--follow"])
+        .env("MONGODB_URI", &db.uri)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut ticks = Vec::new();
+    while ticks.len() < 6 {
+        let line = out.next().expect("follow ended early").unwrap();
+        if let Some((_, n)) = line.rsplit_once("tick ") {
+            ticks.push(n.parse::<u32>().unwrap());
+        }
+    }
+    assert!(ticks.windows(2).all(|w| w[0] + 1 == w[1]), "{ticks:?}");
+
+    // Deleting the robot ends --follow and removes its output.
+    db.cli_ok(&["robot", "delete", "talker"]);
+    let follow = std::sync::Mutex::new(follow);
+    let status = common::wait_for(Duration::from_secs(10), "follow to end", || async {
+        follow.lock().unwrap().try_wait().unwrap()
+    })
+    .await;
+    assert!(status.success());
+    let gone = db.cli(&["robot", "logs", "talker"]);
+    assert!(!gone.status.success());
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("no robot named"));
+}

@@ -13,6 +13,7 @@ macro_rules! say {
 
 mod create;
 mod init;
+mod logs;
 mod rebalance;
 mod robots;
 mod slots;

@@ -32,6 +32,22 @@ pub enum RobotCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A robot's latest output: the last lines (up to 200) its program wrote that were
+    /// not checkpoints, stdout and stderr, as kept by its holder about once a second.
+    /// Only `exec` robots write output.
+    Logs {
+        name: String,
+        /// Show at most this many of the kept lines.
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=200))]
+        lines: u32,
+        /// Keep printing new lines as they are kept (Ctrl-C to stop); ends when the
+        /// robot is deleted.
+        #[arg(long, short)]
+        follow: bool,
+        /// One JSON object per line: {"gen", "n", "at", "stream", "text"}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a robot; its holder stops it within a tick. Its context is gone.
     Delete {
         name: String,
@@ -67,6 +83,12 @@ pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
         RobotCommand::Create(args) => super::create::run(store, args).await,
         RobotCommand::List { slot, json } => list(store, slot, json).await,
         RobotCommand::Show { name, json } => show(store, &name, json).await,
+        RobotCommand::Logs {
+            name,
+            lines,
+            follow,
+            json,
+        } => super::logs::run(store, &name, lines as usize, follow, json).await,
         RobotCommand::Delete { name, json } => delete(store, &name, json).await,
         RobotCommand::Move { name, to, json } => move_to(store, &name, &to, json).await,
         RobotCommand::Pause { name, json } => set_paused(store, &name, true, json).await,
@@ -219,6 +241,12 @@ async fn delete(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> 
         if let Some(s) = &slot {
             placement::adjust(store, s, -1, true).await?;
         }
+        // Its kept output goes with it (a holder still stopping it may add a last
+        // line or two: `robot logs` of a deleted robot shows nothing regardless).
+        store
+            .outputs()
+            .delete_one(doc! {"_id": d.get("_id")})
+            .await?;
     }
     done(
         as_json,

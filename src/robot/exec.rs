@@ -339,7 +339,9 @@ async fn log_stderr(
         }
         match admit(&budget, &run) {
             Ok(()) => {
-                tracing::warn!(robot = %run.name(), stream = "stderr", "{}", output::shown(&l.text, l.cut))
+                let shown = output::shown(&l.text, l.cut);
+                run.keep_output(crate::output_log::Stream::Stderr, &shown);
+                tracing::warn!(robot = %run.name(), stream = "stderr", "{}", shown)
             }
             Err(Some(pause)) => tokio::time::sleep(pause).await,
             Err(None) => {}
@@ -404,7 +406,10 @@ impl Output<'_> {
             Line::Log(l) => {
                 match admit(&self.budget, self.run) {
                     Ok(()) => {
-                        tracing::info!(robot = %self.run.name(), "{}", output::shown(&l, line.cut))
+                        let shown = output::shown(&l, line.cut);
+                        self.run
+                            .keep_output(crate::output_log::Stream::Stdout, &shown);
+                        tracing::info!(robot = %self.run.name(), "{}", shown)
                     }
                     // Throttled, except while stopping: a last checkpoint may follow.
                     Err(Some(pause)) if !self.run.stop().is_cancelled() => {

@@ -164,6 +164,11 @@ impl RobotRun {
         self.store.worker()
     }
 
+    /// Keeps one output line with the robot's last lines (`robot logs`); never waits.
+    pub fn keep_output(&self, stream: crate::output_log::Stream, text: &str) {
+        self.store.output().keep(self.id, self.gen, stream, text);
+    }
+
     /// The worker's metrics.
     pub(crate) fn metrics(&self) -> &crate::metrics::Metrics {
         self.store.metrics()

@@ -1,0 +1,257 @@
+//! Robot output kept per robot: the last [`KEEP_LINES`] lines an `exec` robot wrote
+//! (stdout lines that are not checkpoints, and stderr), in the `robot_output`
+//! collection, one document per robot: `{_id: robot, gen, lines: [{n, at, stream,
+//! text}]}`. `slotpool robot logs NAME [--follow]` reads it.
+//!
+//! Output must never cost a robot its lease or a checkpoint its turn:
+//! - only lines the robot's log budget admitted get here (the same rate limit as the
+//!   worker's log, see [`crate::robot::output`]), each cut to [`LINE_BYTES`];
+//! - one task per held slot gathers them and writes every [`FLUSH_EVERY`], all
+//!   robots' new lines in one multi-statement `update`, under one permit of the
+//!   slot's [`WritePacer`], so renewals keep their priority as with checkpoints;
+//! - at most [`MAX_QUEUED`] lines wait; beyond that a line is dropped (it would be
+//!   shown in the worker's log all the same);
+//! - nothing is written once the lease's write guard has closed;
+//! - each write is fenced by generation: `{_id, gen: {$lte: mine}}`, upserted, so an
+//!   instance older than the one that last wrote (a robot moved or taken over)
+//!   cannot add lines: its upsert collides with the existing `_id` and is dropped.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Document};
+use mongodb::{Collection, Database};
+use tokio::sync::mpsc;
+
+use crate::context::WriteGuard;
+use crate::pacing::WritePacer;
+
+/// Lines kept per robot.
+pub const KEEP_LINES: i64 = 200;
+
+/// Bytes of a line kept (a longer one is cut at a character boundary, marked `…`).
+pub const LINE_BYTES: usize = 1024;
+
+/// How often a held slot's new lines are written.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// Lines waiting for the next write, over all robots of a held slot.
+pub const MAX_QUEUED: usize = 10_000;
+
+/// The collection.
+pub const COLLECTION: &str = "robot_output";
+
+/// Which stream a line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    id: ObjectId,
+    gen: i64,
+    stream: Stream,
+    at: bson::DateTime,
+    text: String,
+}
+
+/// A held slot's output writer; clones share it, and its task ends with the last
+/// clone (the lease ended).
+#[derive(Debug, Clone)]
+pub struct OutputLog {
+    queue: mpsc::Sender<Pending>,
+}
+
+impl OutputLog {
+    /// Starts the writer for one held slot.
+    pub fn spawn(outputs: Collection<Document>, pacer: Arc<WritePacer>, guard: WriteGuard) -> Self {
+        let (queue, rx) = mpsc::channel(MAX_QUEUED);
+        tokio::spawn(writer(rx, outputs, pacer, guard));
+        OutputLog { queue }
+    }
+
+    /// Keeps one line of robot `id`'s instance `gen`; never waits. False when it was
+    /// dropped (the queue is full or the lease ended).
+    pub fn keep(&self, id: ObjectId, gen: i64, stream: Stream, text: &str) -> bool {
+        self.queue
+            .try_send(Pending {
+                id,
+                gen,
+                stream,
+                at: bson::DateTime::now(),
+                text: cut(text, LINE_BYTES),
+            })
+            .is_ok()
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked when cut.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Every [`FLUSH_EVERY`]: what queued since, one statement per robot instance.
+async fn writer(
+    mut rx: mpsc::Receiver<Pending>,
+    outputs: Collection<Document>,
+    pacer: Arc<WritePacer>,
+    guard: WriteGuard,
+) {
+    // Each instance numbers its lines from 1, so a reader can follow them.
+    let mut numbered: HashMap<(ObjectId, i64), i64> = HashMap::new();
+    loop {
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        tokio::time::sleep(FLUSH_EVERY).await;
+        let mut batch = vec![first];
+        while let Ok(p) = rx.try_recv() {
+            batch.push(p);
+        }
+        if !guard.is_open() {
+            continue;
+        }
+        let statements = statements(batch, &mut numbered);
+        let _permit = pacer.acquire_owned().await;
+        if let Err(e) = send(&outputs, statements).await {
+            tracing::debug!("robot output not kept: {}", crate::store::brief(&e));
+        }
+    }
+}
+
+/// One upsert per robot instance, its lines in order, numbered on.
+fn statements(batch: Vec<Pending>, numbered: &mut HashMap<(ObjectId, i64), i64>) -> Vec<Document> {
+    let mut order: Vec<(ObjectId, i64)> = Vec::new();
+    let mut lines: HashMap<(ObjectId, i64), Vec<Document>> = HashMap::new();
+    for p in batch {
+        let key = (p.id, p.gen);
+        let n = numbered.entry(key).or_insert(0);
+        *n += 1;
+        let line = doc! {"n": *n, "at": p.at, "stream": p.stream.name(), "text": p.text};
+        lines
+            .entry(key)
+            .or_insert_with(|| {
+                order.push(key);
+                Vec::new()
+            })
+            .push(line);
+    }
+    order
+        .into_iter()
+        .map(|key| {
+            let (id, gen) = key;
+            let each = lines.remove(&key).unwrap_or_default();
+            doc! {
+                "q": {"_id": id, "gen": {"$lte": gen}},
+                "u": {
+                    "$set": {"gen": gen},
+                    "$push": {"lines": {"$each": each, "$slice": -KEEP_LINES}},
+                },
+                "upsert": true,
+            }
+        })
+        .collect()
+}
+
+async fn send(
+    outputs: &Collection<Document>,
+    statements: Vec<Document>,
+) -> Result<(), mongodb::error::Error> {
+    let db: Database = outputs.client().database(&outputs.namespace().db);
+    for chunk in statements.chunks(crate::commit::MAX_STATEMENTS) {
+        // Unordered: a fenced instance's statement (its upsert collides with a newer
+        // instance's document) fails alone.
+        db.run_command(doc! {
+            "update": outputs.name(),
+            "updates": chunk,
+            "ordered": false,
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_lines_are_cut_at_a_character_boundary() {
+        assert_eq!(cut("short", 10), "short");
+        let long = "é".repeat(600); // 1,200 bytes
+        let c = cut(&long, LINE_BYTES);
+        assert!(c.len() <= LINE_BYTES, "{}", c.len());
+        assert!(c.ends_with('…'));
+    }
+
+    #[test]
+    fn each_instance_numbers_its_lines_on_across_writes() {
+        let (a, b) = (ObjectId::new(), ObjectId::new());
+        let line = |id, gen, text: &str| Pending {
+            id,
+            gen,
+            stream: Stream::Stdout,
+            at: bson::DateTime::now(),
+            text: text.into(),
+        };
+        let mut numbered = HashMap::new();
+        let first = statements(
+            vec![line(a, 1, "a1"), line(b, 4, "b1"), line(a, 1, "a2")],
+            &mut numbered,
+        );
+        assert_eq!(first.len(), 2, "one statement per instance");
+        let each = first[0]
+            .get_document("u")
+            .unwrap()
+            .get_document("$push")
+            .unwrap()
+            .get_document("lines")
+            .unwrap()
+            .get_array("$each")
+            .unwrap();
+        let ns: Vec<i64> = each
+            .iter()
+            .map(|l| l.as_document().unwrap().get_i64("n").unwrap())
+            .collect();
+        assert_eq!(ns, [1, 2]);
+        let q = first[0].get_document("q").unwrap();
+        assert_eq!(q.get_document("gen").unwrap().get_i64("$lte").unwrap(), 1);
+        // The next write goes on from 3; a new instance starts at 1.
+        let next = statements(vec![line(a, 1, "a3"), line(a, 2, "new")], &mut numbered);
+        let n_of = |s: &Document| {
+            s.get_document("u")
+                .unwrap()
+                .get_document("$push")
+                .unwrap()
+                .get_document("lines")
+                .unwrap()
+                .get_array("$each")
+                .unwrap()[0]
+                .as_document()
+                .unwrap()
+                .get_i64("n")
+                .unwrap()
+        };
+        assert_eq!(n_of(&next[0]), 3);
+        assert_eq!(n_of(&next[1]), 1);
+    }
+}
