@@ -246,25 +246,28 @@ async fn robot_logs_shows_the_last_lines_and_follows_new_ones() {
 
     let db = TestDb::new("logs").await;
     db.init(1).await;
-    // 250 numbered lines, a checkpoint, a hostile line on stderr, then a tick a
-    // second (each a line) until stopped.
+    // 250 numbered lines, a checkpoint, then a tick every 0.3 s until stopped, and
+    // at tick 3 a hostile line on stderr (well after the burst: the two streams are
+    // read apart, so a stderr line written amid the burst may be kept before it).
     let talker = script(
         &db,
         "talker.sh",
         r#"i=1
 while [ $i -le 250 ]; do echo "line $i"; i=$((i+1)); done
 echo '{"checkpoint": {"said": 250}}'
-printf 'on stderr \033[31mred\033[0m\n' >&2
 t=1
-while true; do echo "tick $t"; t=$((t+1)); sleep 0.3; done
+while true; do
+  echo "tick $t"
+  if [ $t -eq 3 ]; then printf 'on stderr \033[31mred\033[0m\n' >&2; fi
+  t=$((t+1)); sleep 0.3
+done
 "#,
     );
     create_exec(&db, "talker", serde_json::json!({"command": talker}));
     let _w = db.exec_worker(&[]);
-    let shown = common::wait_for(Duration::from_secs(30), "ticks kept", || async {
+    let shown = common::wait_for(Duration::from_secs(60), "ticks kept", || async {
         let out = db.cli_ok(&["robot", "logs", "talker"]);
-        // stdout and stderr are separate pipes: wait for both.
-        (out.contains("tick 2") && out.contains("on stderr")).then_some(out)
+        (out.contains("tick 5") && out.contains("on stderr")).then_some(out)
     })
     .await;
     let lines: Vec<&str> = shown.lines().collect();
