@@ -10,8 +10,8 @@
 //!   delays it by one more tick, so orphans spread over the survivors instead of
 //!   piling onto whoever polls first, yet one is always taken if anyone has room.
 //! - **Hand-back.** While a live standby exists, a worker holding more than one slot
-//!   gives one back (robots stop and checkpoint, the slot is released, the standby's
-//!   change stream wakes it). One slot per standby: the donors, ranked by most slots
+//!   gives one back (robots stop and checkpoint, the slot is released, the first
+//!   standby's release poll finds it). One slot per standby: the donors, ranked by most slots
 //!   then by id, give back only as many as there are standbys, and a donor waits
 //!   until its previous hand-back is held by someone before giving another, so no
 //!   slot is left unheld and none bounces.

@@ -6,8 +6,8 @@
 //! holding as many stand side by side, see [`Line::ahead`]). Only the first
 //! [`FRONT`] *watch*: they survey every tick and wake at the earliest
 //! expiry, so a slot whose holder died is claimed at its expiry; the very first, if
-//! it holds nothing, also keeps the `slots` change stream open, so a released slot
-//! is claimed at once. Everyone else surveys, heartbeats and
+//! it holds nothing, also polls for a released slot every `--release-poll`, so a
+//! released slot is claimed within that. Everyone else surveys, heartbeats and
 //! re-reads its place only every [`REAR_TICKS`] ticks; when one ahead claims a slot
 //! (it then holds one and moves behind every standby) or leaves, the next moves up
 //! at its next look. This is the herd-effect fix of the FMQ task platform and of

@@ -5,7 +5,7 @@
 //! matters, and acts on what [`crate::holding`] decides: claim an expired slot (at
 //! once as a standby; as overflow when standbys had their chance), or hand one back
 //! to a standby. At the front of the line rounds come every tick, at the earliest
-//! expiry, or at once when the `slots` change stream reports a release; behind it,
+//! expiry, or within a release poll (`--release-poll`) of a release; behind it,
 //! every few ticks. Everything that lives as long as one held lease, renewals and
 //! robots included, is a [`HeldSlot`]; a worker may hold several.
 
@@ -180,7 +180,7 @@ pub struct Worker {
     /// hand-back meanwhile, so one standby never gets two slots and none is left
     /// unheld.
     handed_back: Option<(String, Instant)>,
-    /// Wakes the loop: a released slot (change stream) or a held slot that ended.
+    /// Wakes the loop: a held slot that ended.
     wake: Arc<Notify>,
     line: Line,
     /// Live workers with room ahead of this one in the line (counted up to
