@@ -203,6 +203,20 @@ mod tests {
         assert!(c.ends_with('…'));
     }
 
+    /// The line numbers one statement carries.
+    fn numbers(statement: &Document) -> Vec<i64> {
+        let push = statement.get_document("u").unwrap().get_document("$push");
+        let each = push
+            .unwrap()
+            .get_document("lines")
+            .unwrap()
+            .get_array("$each");
+        each.unwrap()
+            .iter()
+            .map(|l| l.as_document().unwrap().get_i64("n").unwrap())
+            .collect()
+    }
+
     #[test]
     fn each_instance_numbers_its_lines_on_across_writes() {
         let (a, b) = (ObjectId::new(), ObjectId::new());
@@ -219,39 +233,13 @@ mod tests {
             &mut numbered,
         );
         assert_eq!(first.len(), 2, "one statement per instance");
-        let each = first[0]
-            .get_document("u")
-            .unwrap()
-            .get_document("$push")
-            .unwrap()
-            .get_document("lines")
-            .unwrap()
-            .get_array("$each")
-            .unwrap();
-        let ns: Vec<i64> = each
-            .iter()
-            .map(|l| l.as_document().unwrap().get_i64("n").unwrap())
-            .collect();
-        assert_eq!(ns, [1, 2]);
+        assert_eq!(numbers(&first[0]), [1, 2]);
+        assert_eq!(numbers(&first[1]), [1]);
         let q = first[0].get_document("q").unwrap();
         assert_eq!(q.get_document("gen").unwrap().get_i64("$lte").unwrap(), 1);
         // The next write goes on from 3; a new instance starts at 1.
         let next = statements(vec![line(a, 1, "a3"), line(a, 2, "new")], &mut numbered);
-        let n_of = |s: &Document| {
-            s.get_document("u")
-                .unwrap()
-                .get_document("$push")
-                .unwrap()
-                .get_document("lines")
-                .unwrap()
-                .get_array("$each")
-                .unwrap()[0]
-                .as_document()
-                .unwrap()
-                .get_i64("n")
-                .unwrap()
-        };
-        assert_eq!(n_of(&next[0]), 3);
-        assert_eq!(n_of(&next[1]), 1);
+        assert_eq!(numbers(&next[0]), [3]);
+        assert_eq!(numbers(&next[1]), [1]);
     }
 }
