@@ -69,8 +69,8 @@ macro_rules! metrics {
 }
 
 metrics! {
-    slot_held: Gauge = "slot_held", "1 while this worker holds a slot";
-    epoch: Gauge = "epoch", "epoch of the held slot (0 when standby)";
+    slot_held: Gauge = "slot_held", "slots this worker holds (0 as standby, more than 1 while overflowing)";
+    epoch: Gauge = "epoch", "epoch of the slot claimed last (0 before the first claim)";
     /// Seconds since the last successful renewal was sent, set at each scrape.
     lease_age: Gauge<f64, AtomicU64> = "lease_age_seconds", "time since the last successful renewal was sent";
     db_healthy: Gauge = "database_up", "1 when the last database operation succeeded";
