@@ -224,21 +224,36 @@ async fn mongosh_inspect_script_shows_the_truth() {
     )
     .await;
     let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new(format!("{root}/scripts/mongosh.sh"))
-        .args([
-            &db.uri,
-            "--quiet",
-            "--file",
-            &format!("{root}/scripts/inspect.js"),
-        ])
-        .output()
-        .expect("run mongosh");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "mongosh failed: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let inspect = || {
+        let out = Command::new(format!("{root}/scripts/mongosh.sh"))
+            .args([
+                &db.uri,
+                "--quiet",
+                "--file",
+                &format!("{root}/scripts/inspect.js"),
+            ])
+            .output()
+            .expect("run mongosh");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "mongosh failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    // The broken robot is retried with backoff, so it is `running` for a moment now
+    // and then: read until the script shows it in backoff.
+    let text = common::wait_for(
+        Duration::from_secs(20),
+        "the script to show the broken robot restarting",
+        || async {
+            let text = inspect();
+            let stale = text.split("== stale robots").nth(1)?.to_string();
+            (stale.contains("bad") && stale.contains("restarting")).then_some(text)
+        },
+    )
+    .await;
     let holder1 = owner(&db.slot("slot-001").await).unwrap();
     let line1 = text
         .lines()
