@@ -70,12 +70,7 @@ pub async fn run(
 }
 
 async fn robot_id(store: &Store, name: &str) -> anyhow::Result<Bson> {
-    let d = store
-        .robots()
-        .find_one(doc! {"name": name})
-        .projection(doc! {"_id": 1})
-        .await?
-        .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))?;
+    let d = super::robots::find_with(store, name, doc! {"_id": 1}).await?;
     d.get("_id").cloned().context("the robot has no _id")
 }
 

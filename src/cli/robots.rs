@@ -97,10 +97,20 @@ pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
 }
 
 async fn find(store: &Store, name: &str) -> anyhow::Result<Document> {
+    find_with(store, name, doc! {"history": 0}).await
+}
+
+/// The robot named `name`, with `projection` (empty: the whole document), or an
+/// error that says where to look.
+pub(super) async fn find_with(
+    store: &Store,
+    name: &str,
+    projection: Document,
+) -> anyhow::Result<Document> {
     store
         .robots()
         .find_one(doc! {"name": name})
-        .projection(doc! {"history": 0})
+        .projection(projection)
         .await?
         .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))
 }
@@ -208,11 +218,7 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
 }
 
 async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
-    let full = store
-        .robots()
-        .find_one(doc! {"name": name})
-        .await?
-        .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))?;
+    let full = find_with(store, name, doc! {}).await?;
     let slots = state::slot_views(&slot_rows(store).await?);
     let st = state_of(&full, &slots);
     let mut v = Bson::Document(full).into_relaxed_extjson();
