@@ -29,6 +29,7 @@ pub mod robot;
 pub mod secrets;
 pub mod store;
 pub mod supervisor;
+pub mod view;
 pub mod worker;
 
 pub use config::{Identity, LeaseTiming};

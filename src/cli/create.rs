@@ -157,7 +157,7 @@ pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
         );
     }
     let placement = placement::reserve(store, todo.len()).await?;
-    if super::slots::live_workers(store).await?.is_empty() {
+    if crate::view::live_workers(store).await?.is_empty() {
         eprintln!("warning: no worker is alive; the robots start when one is (slotpool worker)");
     }
     let now = store.server_now().await?;

@@ -17,7 +17,6 @@ mod logs;
 mod rebalance;
 mod robots;
 mod slots;
-mod state;
 mod status;
 mod worker;
 
@@ -164,19 +163,4 @@ fn print_json(v: &serde_json::Value) {
     println!("{}", crate::printable::escape_json(&text));
 }
 
-fn int(d: &bson::Document, key: &str) -> Option<i64> {
-    match d.get(key) {
-        Some(bson::Bson::Int64(v)) => Some(*v),
-        Some(bson::Bson::Int32(v)) => Some(*v as i64),
-        Some(bson::Bson::Double(v)) => Some(*v as i64),
-        _ => None,
-    }
-}
-
-fn text(d: &bson::Document, key: &str) -> Option<String> {
-    match d.get(key) {
-        Some(bson::Bson::String(s)) => Some(s.clone()),
-        Some(bson::Bson::Null) | None => None,
-        Some(other) => Some(other.to_string()),
-    }
-}
+pub(crate) use crate::view::{int, text};

@@ -6,11 +6,10 @@ use serde_json::json;
 
 use std::collections::HashMap;
 
-use super::slots::slot_rows;
-use super::state::{self, RobotState, SlotView};
 use super::{age, int, print_json, print_table, text};
 use crate::placement;
 use crate::store::Store;
+use crate::view::{self as state, slot_rows, RobotState, SlotView};
 
 use super::create::CreateArgs;
 

@@ -1,13 +1,13 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson};
 use clap::Subcommand;
-use futures::TryStreamExt;
 use serde_json::json;
 
 use super::{age, int, print_json, print_table, text};
 use crate::store::Store;
+use crate::view::{live_workers, slot_rows, SlotView};
 
 #[derive(Debug, Subcommand)]
 pub enum SlotsCommand {
@@ -35,72 +35,6 @@ pub async fn run(store: &Store, cmd: SlotsCommand) -> anyhow::Result<()> {
     }
 }
 
-/// A slot row as the server sees it now.
-pub struct SlotRow {
-    pub doc: Document,
-    pub lease_age_ms: Option<i64>,
-    pub state: &'static str,
-}
-
-/// Reads every slot with its lease age and state judged on the server's clock.
-pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
-    let pipeline = vec![
-        doc! {"$sort": {"_id": 1}},
-        doc! {"$addFields": {
-            "_age_ms": {"$cond": [
-                {"$eq": [{"$type": "$time"}, "date"]},
-                {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$time"}]},
-                Bson::Null,
-            ]},
-        }},
-    ];
-    let mut cursor = store.slots().aggregate(pipeline).await?;
-    let mut out = Vec::new();
-    while let Some(mut d) = cursor.try_next().await? {
-        let lease_age_ms = int(&d, "_age_ms");
-        d.remove("_age_ms");
-        let lease_ms = int(&d, "lease_ms");
-        let owner = text(&d, "owner");
-        let live =
-            matches!((&owner, lease_age_ms, lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
-        let state = if matches!(d.get("draining"), Some(Bson::Boolean(true))) {
-            if live {
-                "draining"
-            } else {
-                "drained"
-            }
-        } else if !matches!(d.get("epoch"), Some(Bson::Int64(_) | Bson::Int32(_))) {
-            "invalid"
-        } else {
-            match (live, owner) {
-                (true, _) => "held",
-                (false, Some(_)) => "expired",
-                (false, None) => "free",
-            }
-        };
-        out.push(SlotRow {
-            doc: d,
-            lease_age_ms,
-            state,
-        });
-    }
-    Ok(out)
-}
-
-/// Workers whose heartbeat still counts (see [`crate::line::is_alive`]).
-pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
-    let mut pipeline = crate::line::liveness();
-    pipeline.push(doc! {"$sort": {"_id": 1}});
-    let mut cursor = store.workers().aggregate(pipeline).await?;
-    let mut out = Vec::new();
-    while let Some(d) = cursor.try_next().await? {
-        if crate::line::is_alive(&d) {
-            out.push(d);
-        }
-    }
-    Ok(out)
-}
-
 async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let rows = slot_rows(store).await?;
     let workers = live_workers(store).await?;
@@ -115,7 +49,7 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
             .map(|r| {
                 json!({
                     "id": text(&r.doc, "_id"),
-                    "owner": super::state::SlotView::of(r).holder,
+                    "owner": SlotView::of(r).holder,
                     "epoch": int(&r.doc, "epoch"),
                     "rev": int(&r.doc, "rev"),
                     "state": r.state,
@@ -139,9 +73,7 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
             vec![
                 text(&r.doc, "_id").unwrap_or_default(),
                 r.state.to_string(),
-                super::state::SlotView::of(r)
-                    .holder
-                    .unwrap_or_else(|| "-".into()),
+                SlotView::of(r).holder.unwrap_or_else(|| "-".into()),
                 r.doc
                     .get("epoch")
                     .map(|e| e.to_string())

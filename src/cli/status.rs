@@ -7,10 +7,9 @@ use serde_json::json;
 
 use std::collections::BTreeMap;
 
-use super::slots::{live_workers, slot_rows, SlotRow};
-use super::state;
 use super::{age, int, print_json, print_table, text};
 use crate::store::Store;
+use crate::view::{self as state, live_workers, slot_rows, SlotRow};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {

@@ -1,12 +1,100 @@
-//! What a robot is doing now, derived from its slot's lease rather than from the
-//! status its last holder wrote: a holder that died cannot update its robots, so a
-//! stored `running` alone proves nothing. `robot list`, `robot show`, `slots list` and
-//! `status` all show this.
+//! The pool as people see it: every slot judged on the server's clock, the live
+//! workers, and what each robot is doing now, derived from its slot's lease rather
+//! than from the status its last holder wrote (a holder that died cannot update its
+//! robots, so a stored `running` alone proves nothing). The CLI (`status`, `slots
+//! list`, `robot list`, `robot show`) and `slotpool web` both show this.
 
 use std::collections::HashMap;
 
-use super::slots::SlotRow;
-use super::text;
+use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+
+use crate::store::Store;
+
+/// An integer field, whatever numeric type a hand edit left it.
+pub fn int(d: &Document, key: &str) -> Option<i64> {
+    match d.get(key) {
+        Some(Bson::Int64(v)) => Some(*v),
+        Some(Bson::Int32(v)) => Some(*v as i64),
+        Some(Bson::Double(v)) => Some(*v as i64),
+        _ => None,
+    }
+}
+
+/// A text field; a non-string value is shown as BSON text.
+pub fn text(d: &Document, key: &str) -> Option<String> {
+    match d.get(key) {
+        Some(Bson::String(s)) => Some(s.clone()),
+        Some(Bson::Null) | None => None,
+        Some(other) => Some(other.to_string()),
+    }
+}
+
+/// A slot row as the server sees it now.
+pub struct SlotRow {
+    pub doc: Document,
+    pub lease_age_ms: Option<i64>,
+    pub state: &'static str,
+}
+
+/// Reads every slot with its lease age and state judged on the server's clock.
+pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
+    let pipeline = vec![
+        doc! {"$sort": {"_id": 1}},
+        doc! {"$addFields": {
+            "_age_ms": {"$cond": [
+                {"$eq": [{"$type": "$time"}, "date"]},
+                {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$time"}]},
+                Bson::Null,
+            ]},
+        }},
+    ];
+    let mut cursor = store.slots().aggregate(pipeline).await?;
+    let mut out = Vec::new();
+    while let Some(mut d) = cursor.try_next().await? {
+        let lease_age_ms = int(&d, "_age_ms");
+        d.remove("_age_ms");
+        let lease_ms = int(&d, "lease_ms");
+        let owner = text(&d, "owner");
+        let live =
+            matches!((&owner, lease_age_ms, lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
+        let state = if matches!(d.get("draining"), Some(Bson::Boolean(true))) {
+            if live {
+                "draining"
+            } else {
+                "drained"
+            }
+        } else if !matches!(d.get("epoch"), Some(Bson::Int64(_) | Bson::Int32(_))) {
+            "invalid"
+        } else {
+            match (live, owner) {
+                (true, _) => "held",
+                (false, Some(_)) => "expired",
+                (false, None) => "free",
+            }
+        };
+        out.push(SlotRow {
+            doc: d,
+            lease_age_ms,
+            state,
+        });
+    }
+    Ok(out)
+}
+
+/// Workers whose heartbeat still counts (see [`crate::line::is_alive`]).
+pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
+    let mut pipeline = crate::line::liveness();
+    pipeline.push(doc! {"$sort": {"_id": 1}});
+    let mut cursor = store.workers().aggregate(pipeline).await?;
+    let mut out = Vec::new();
+    while let Some(d) = cursor.try_next().await? {
+        if crate::line::is_alive(&d) {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
 
 /// A slot as robot views need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
