@@ -10,6 +10,7 @@
 //! [`context`]. Robot kinds live in [`robot`]; a library user registers more through
 //! [`robot::RobotKind`] and runs a [`worker::Worker`] with its own [`robot::Registry`].
 
+pub mod actions;
 pub mod cli;
 pub mod clock;
 pub mod commit;

@@ -1,4 +1,4 @@
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use bson::{doc, Bson, Document};
 use clap::Subcommand;
 use futures::TryStreamExt;
@@ -7,7 +7,7 @@ use serde_json::json;
 use std::collections::HashMap;
 
 use super::{age, int, print_json, print_table, text};
-use crate::placement;
+use crate::actions::{self, Actor};
 use crate::store::Store;
 use crate::view::{self as state, slot_rows, RobotState, SlotView};
 
@@ -95,10 +95,6 @@ pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
     }
 }
 
-async fn find(store: &Store, name: &str) -> anyhow::Result<Document> {
-    find_with(store, name, doc! {"history": 0}).await
-}
-
 /// The robot named `name`, with `projection` (empty: the whole document), or an
 /// error that says where to look.
 pub(super) async fn find_with(
@@ -112,10 +108,6 @@ pub(super) async fn find_with(
         .projection(projection)
         .await?
         .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))
-}
-
-fn slot_of(d: &Document) -> anyhow::Result<String> {
-    text(d, "slot_id").context("this robot's slot_id is missing or not a string; fix it by hand")
 }
 
 /// A robot document's derived state (see [`super::state`]).
@@ -236,75 +228,37 @@ async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
 }
 
 async fn delete(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
-    let d = find(store, name).await?;
-    let slot = text(&d, "slot_id");
-    let r = store
-        .robots()
-        .delete_one(doc! {"_id": d.get("_id")})
-        .await?;
-    if r.deleted_count == 1 {
-        if let Some(s) = &slot {
-            placement::adjust(store, s, -1, true).await?;
-        }
-        // Its kept output goes with it (a holder still stopping it may add a last
-        // line or two: `robot logs` of a deleted robot shows nothing regardless).
-        store
-            .outputs()
-            .delete_one(doc! {"_id": d.get("_id")})
-            .await?;
-    }
+    let d = actions::delete(store, name, &Actor::cli()).await?;
     done(
         as_json,
-        json!({"deleted": name, "slot": slot}),
+        json!({"deleted": name, "slot": d.slot}),
         format!("deleted {name}"),
     );
     Ok(())
 }
 
 async fn move_to(store: &Store, name: &str, to: &str, as_json: bool) -> anyhow::Result<()> {
-    let d = find(store, name).await?;
-    let from = slot_of(&d)?;
-    if from == to {
-        done(
-            as_json,
-            json!({"moved": name, "from": from, "to": to}),
-            format!("{name} is already on {to}"),
-        );
-        return Ok(());
-    }
-    let id = d
-        .get_object_id("_id")
-        .context("this robot's _id is not an ObjectId; fix it by hand")?;
-    let moved = placement::move_robots(store, &[id], &from, to).await?;
-    if moved == 0 {
-        bail!("{name} changed while moving it; try again");
-    }
+    let d = actions::move_to(store, name, to, &Actor::cli()).await?;
+    let from = d.slot.unwrap_or_default();
+    let line = if d.changed {
+        format!("moved {name} from {from} to {to}")
+    } else {
+        format!("{name} is already on {to}")
+    };
     done(
         as_json,
         json!({"moved": name, "from": from, "to": to}),
-        format!("moved {name} from {from} to {to}"),
+        line,
     );
     Ok(())
 }
 
 async fn set_paused(store: &Store, name: &str, paused: bool, as_json: bool) -> anyhow::Result<()> {
-    let d = find(store, name).await?;
-    let slot = slot_of(&d)?;
-    let mut set = doc! {"paused": paused};
-    if paused {
-        set.insert("status", "paused");
-    } else {
-        set.insert("status", "pending");
-    }
-    store
-        .robots()
-        .update_one(doc! {"_id": d.get("_id")}, doc! {"$set": set})
-        .await?;
-    placement::adjust(store, &slot, 0, true).await?;
+    let d = actions::set_paused(store, name, paused, &Actor::cli()).await?;
     let word = if paused { "paused" } else { "resumed" };
     done(
         as_json,
-        json!({word: name, "slot": slot}),
+        json!({word: name, "slot": d.slot}),
         format!("{word} {name}"),
     );
     Ok(())

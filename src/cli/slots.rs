@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use bson::{doc, Bson};
+use bson::Bson;
 use clap::Subcommand;
 use serde_json::json;
 
@@ -99,17 +99,8 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
 }
 
 async fn drain(store: &Store, slot: &str, on: bool, wait: bool) -> anyhow::Result<()> {
-    let r = store
-        .slots()
-        .update_one(doc! {"_id": slot}, doc! {"$set": {"draining": on}})
-        .await
-        .context("updating the slot")?;
-    if r.matched_count == 0 {
-        bail!("no slot {slot:?}: see `slotpool slots list`");
-    }
-    store
-        .record_event(if on { "drain" } else { "undrain" }, doc! {"slot_id": slot})
-        .await;
+    use crate::actions::{self, Actor};
+    actions::set_draining(store, slot, on, &Actor::cli()).await?;
     if !on {
         say!("{slot}: workers may claim it again");
         return Ok(());
