@@ -18,7 +18,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -158,15 +158,27 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// Serves until `stop` is cancelled. The listener is bound by the caller, so a port
-/// already in use fails before the worker touches the database.
+/// Serves the worker's routes until `stop` is cancelled. The listener is bound by
+/// the caller, so a port already in use fails before the worker touches the database.
 pub async fn serve(listener: TcpListener, state: HttpState, stop: CancellationToken) {
+    serve_router(listener, router(state), CONNECTION_TIMEOUT, stop).await
+}
+
+/// Serves `app` with this module's bounds (at most [`MAX_CONNECTIONS`], idle ones
+/// evicted first, [`HEAD_TIMEOUT`], [`MAX_REQUEST`]), closing each connection after
+/// `connection_timeout`. Handlers can read the peer's address with axum's
+/// `ConnectInfo<SocketAddr>`.
+pub async fn serve_router(
+    listener: TcpListener,
+    app: Router,
+    connection_timeout: Duration,
+    stop: CancellationToken,
+) {
     let gate = Arc::new(Gate {
         book: Mutex::new((Connections::new(MAX_CONNECTIONS), HashMap::new())),
     });
-    let app = router(state);
     loop {
-        let (conn, _) = tokio::select! {
+        let (conn, peer) = tokio::select! {
             _ = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
@@ -186,8 +198,9 @@ pub async fn serve(listener: TcpListener, state: HttpState, stop: CancellationTo
         tokio::spawn(async move {
             let requests = {
                 let gate = gate.clone();
-                hyper::service::service_fn(move |req| {
+                hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                     gate.busy(id);
+                    req.extensions_mut().insert(ConnectInfo(peer));
                     app.clone().oneshot(req)
                 })
             };
@@ -198,7 +211,7 @@ pub async fn serve(listener: TcpListener, state: HttpState, stop: CancellationTo
                 .serve_connection(TokioIo::new(conn), requests);
             tokio::select! {
                 _ = evicted.cancelled() => {}
-                _ = tokio::time::timeout(CONNECTION_TIMEOUT, served) => {}
+                _ = tokio::time::timeout(connection_timeout, served) => {}
             }
             gate.closed(id);
         });

@@ -31,6 +31,7 @@ pub mod secrets;
 pub mod store;
 pub mod supervisor;
 pub mod view;
+pub mod web;
 pub mod worker;
 
 pub use config::{Identity, LeaseTiming};

@@ -68,6 +68,9 @@ pub enum Command {
     Rebalance(rebalance::RebalanceArgs),
     /// The pool at a glance: slots, holders, robots, standbys, failures it can absorb.
     Status(status::StatusArgs),
+    /// Serve a live dashboard of the pool (and its JSON API) to browsers: read-only
+    /// unless --allow-actions with SLOTPOOL_WEB_TOKEN. Binds 127.0.0.1:8080 by default.
+    Web(crate::web::WebArgs),
 }
 
 /// The connection string, from exactly one of the flag (or `MONGODB_URI`) and the
@@ -95,6 +98,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Robot(cmd) => robots::run(&connect(&uri).await?, cmd).await,
         Command::Status(args) => status::run(&connect(&uri).await?, args).await,
         Command::Rebalance(args) => rebalance::run(&connect(&uri).await?, args).await,
+        Command::Web(args) => crate::web::run(&uri, args).await,
     }
 }
 
@@ -146,7 +150,7 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
 }
 
 /// `1.2s`, `340ms`, `3m05s`, or `-` when unknown.
-fn age(ms: Option<i64>) -> String {
+pub(crate) fn age(ms: Option<i64>) -> String {
     match ms {
         None => "-".into(),
         Some(ms) if ms < 0 => "0ms".into(),

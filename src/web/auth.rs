@@ -1,0 +1,313 @@
+//! Who may act through `slotpool web`: nobody, unless it runs with `--allow-actions`
+//! and a token in `SLOTPOOL_WEB_TOKEN`.
+//!
+//! - **The API** takes `Authorization: Bearer TOKEN` on every write. It never reads
+//!   cookies, so another site cannot make a browser call it with its credentials.
+//! - **The browser** logs in once with the token and gets a session cookie
+//!   (`HttpOnly`, `SameSite=Strict`). Every form that acts carries the session's own
+//!   CSRF token, and a request whose `Origin` is not this server is refused, so a
+//!   page elsewhere cannot submit a form here in the user's name.
+//!
+//! Sessions live in this process only (a restart logs everyone out), for at most
+//! [`SESSION_TTL`], and at most [`MAX_SESSIONS`] at once (the oldest goes first).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The name of the session cookie.
+pub const COOKIE: &str = "slotpool_session";
+
+/// How long a browser session lasts.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+
+/// The most sessions kept at once.
+pub const MAX_SESSIONS: usize = 1000;
+
+/// The shortest token accepted: guessing 32 characters is out of reach.
+pub const MIN_TOKEN: usize = 32;
+
+/// A logged-in browser.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Sent back in every form that acts.
+    pub csrf: String,
+    /// The name given at login, for events.
+    pub who: String,
+    started: Instant,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Denied {
+    /// Actions are off in this process.
+    Disabled,
+    /// No credentials, or wrong ones.
+    Unauthenticated,
+    /// A browser form without this session's CSRF token, or from another origin.
+    Forged,
+}
+
+/// The token, when actions are allowed, and the browser sessions.
+pub struct Auth {
+    token: Option<String>,
+    sessions: Mutex<HashMap<String, Session>>,
+}
+
+impl Auth {
+    /// `token` is Some exactly when actions are allowed; check it with
+    /// [`check_token`] first.
+    pub fn new(token: Option<String>) -> Auth {
+        Auth {
+            token,
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn actions_allowed(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Checks an `Authorization` header value.
+    pub fn bearer(&self, header: Option<&str>) -> Result<(), Denied> {
+        let token = self.token.as_deref().ok_or(Denied::Disabled)?;
+        let given = header
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .ok_or(Denied::Unauthenticated)?;
+        if same(given.trim().as_bytes(), token.as_bytes()) {
+            Ok(())
+        } else {
+            Err(Denied::Unauthenticated)
+        }
+    }
+
+    /// Starts a session for whoever knows the token; returns its id.
+    pub fn login(&self, given: &str, who: &str) -> Result<(String, Session), Denied> {
+        let token = self.token.as_deref().ok_or(Denied::Disabled)?;
+        if !same(given.trim().as_bytes(), token.as_bytes()) {
+            return Err(Denied::Unauthenticated);
+        }
+        let session = Session {
+            csrf: random_hex(),
+            who: clean_name(who),
+            started: Instant::now(),
+        };
+        let id = random_hex();
+        let mut sessions = self.sessions.lock().expect("sessions lock");
+        sessions.retain(|_, s| s.started.elapsed() < SESSION_TTL);
+        if sessions.len() >= MAX_SESSIONS {
+            if let Some(oldest) = sessions
+                .iter()
+                .min_by_key(|(_, s)| s.started)
+                .map(|(k, _)| k.clone())
+            {
+                sessions.remove(&oldest);
+            }
+        }
+        sessions.insert(id.clone(), session.clone());
+        Ok((id, session))
+    }
+
+    /// The session a `Cookie` header names, if it is live.
+    pub fn session(&self, cookie_header: Option<&str>) -> Option<Session> {
+        self.token.as_ref()?;
+        let id = cookie(cookie_header?, COOKIE)?;
+        let sessions = self.sessions.lock().expect("sessions lock");
+        sessions
+            .get(id)
+            .filter(|s| s.started.elapsed() < SESSION_TTL)
+            .cloned()
+    }
+
+    pub fn logout(&self, cookie_header: Option<&str>) {
+        if let Some(id) = cookie_header.and_then(|h| cookie(h, COOKIE)) {
+            self.sessions.lock().expect("sessions lock").remove(id);
+        }
+    }
+
+    /// Checks a browser form that acts: a live session, its CSRF token, and an
+    /// `Origin` (when the browser sends one) that is this server.
+    pub fn form(
+        &self,
+        cookie_header: Option<&str>,
+        csrf: Option<&str>,
+        origin: Option<&str>,
+        host: Option<&str>,
+    ) -> Result<Session, Denied> {
+        if self.token.is_none() {
+            return Err(Denied::Disabled);
+        }
+        if !same_origin(origin, host) {
+            return Err(Denied::Forged);
+        }
+        let session = self.session(cookie_header).ok_or(Denied::Unauthenticated)?;
+        match csrf {
+            Some(c) if same(c.as_bytes(), session.csrf.as_bytes()) => Ok(session),
+            _ => Err(Denied::Forged),
+        }
+    }
+}
+
+/// Whether a token is good enough to guard the power to start robots.
+pub fn check_token(token: &str) -> Result<(), String> {
+    if token.trim().chars().count() < MIN_TOKEN {
+        return Err(format!(
+            "SLOTPOOL_WEB_TOKEN must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 32`)"
+        ));
+    }
+    if token.chars().any(char::is_control) {
+        return Err("SLOTPOOL_WEB_TOKEN must not contain control characters".into());
+    }
+    Ok(())
+}
+
+/// A request that names an origin must name this server (`http://HOST`).
+fn same_origin(origin: Option<&str>, host: Option<&str>) -> bool {
+    match (origin, host) {
+        (None, _) => true,
+        (Some(o), Some(h)) => o == format!("http://{h}") || o == format!("https://{h}"),
+        (Some(_), None) => false,
+    }
+}
+
+/// Compares without stopping at the first difference, so timing tells nothing of
+/// how much of a guess was right.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One cookie's value from a `Cookie` header.
+fn cookie<'a>(header: &'a str, name: &str) -> Option<&'a str> {
+    header.split(';').find_map(|part| {
+        let (k, v) = part.trim().split_once('=')?;
+        (k == name).then_some(v)
+    })
+}
+
+/// A name for the events log: printable, at most 64 characters, never empty.
+pub fn clean_name(who: &str) -> String {
+    let name: String = who
+        .trim()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(64)
+        .collect();
+    if name.is_empty() {
+        "web user".into()
+    } else {
+        name
+    }
+}
+
+/// 128 random bits as hex, from the operating system.
+fn random_hex() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn without_a_token_nothing_is_allowed() {
+        let auth = Auth::new(None);
+        assert_eq!(auth.bearer(Some("Bearer x")), Err(Denied::Disabled));
+        assert_eq!(auth.login(TOKEN, "me").unwrap_err(), Denied::Disabled);
+        assert_eq!(
+            auth.form(None, None, None, None).unwrap_err(),
+            Denied::Disabled
+        );
+    }
+
+    #[test]
+    fn the_api_needs_the_exact_bearer_token() {
+        let auth = Auth::new(Some(TOKEN.into()));
+        assert_eq!(auth.bearer(Some(&format!("Bearer {TOKEN}"))), Ok(()));
+        for bad in [
+            None,
+            Some(TOKEN),
+            Some("Bearer "),
+            Some("Bearer 0123456789abcdef0123456789abcdeX"),
+            Some("Bearer 0123456789abcdef"),
+            Some("Basic MDEyMw=="),
+        ] {
+            assert_eq!(auth.bearer(bad), Err(Denied::Unauthenticated), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_form_needs_the_session_its_csrf_token_and_this_origin() {
+        let auth = Auth::new(Some(TOKEN.into()));
+        assert_eq!(
+            auth.login("wrong", "me").unwrap_err(),
+            Denied::Unauthenticated
+        );
+        let (id, s) = auth.login(TOKEN, "  ada\u{1b}[31m ").unwrap();
+        assert_eq!(s.who, "ada[31m");
+        let cookie = format!("other=1; {COOKIE}={id}");
+        let host = Some("127.0.0.1:8080");
+        let ok = auth.form(
+            Some(&cookie),
+            Some(&s.csrf),
+            Some("http://127.0.0.1:8080"),
+            host,
+        );
+        assert_eq!(ok.unwrap().who, "ada[31m");
+        // No Origin header (older browsers, curl): the CSRF token still decides.
+        assert!(auth.form(Some(&cookie), Some(&s.csrf), None, host).is_ok());
+        assert_eq!(
+            auth.form(Some(&cookie), Some("nope"), None, host)
+                .unwrap_err(),
+            Denied::Forged
+        );
+        assert_eq!(
+            auth.form(Some(&cookie), None, None, host).unwrap_err(),
+            Denied::Forged
+        );
+        assert_eq!(
+            auth.form(
+                Some(&cookie),
+                Some(&s.csrf),
+                Some("http://evil.example"),
+                host
+            )
+            .unwrap_err(),
+            Denied::Forged
+        );
+        assert_eq!(
+            auth.form(Some("slotpool_session=forged"), Some(&s.csrf), None, host)
+                .unwrap_err(),
+            Denied::Unauthenticated
+        );
+        auth.logout(Some(&cookie));
+        assert_eq!(
+            auth.form(Some(&cookie), Some(&s.csrf), None, host)
+                .unwrap_err(),
+            Denied::Unauthenticated
+        );
+    }
+
+    #[test]
+    fn short_tokens_are_refused() {
+        assert!(check_token("short").unwrap_err().contains("at least 32"));
+        assert!(check_token(TOKEN).is_ok());
+        assert!(check_token(&format!("{TOKEN}\n\u{7}")).is_err());
+    }
+
+    #[test]
+    fn sessions_are_bounded() {
+        let auth = Auth::new(Some(TOKEN.into()));
+        let (first, _) = auth.login(TOKEN, "a").unwrap();
+        for _ in 0..MAX_SESSIONS {
+            auth.login(TOKEN, "b").unwrap();
+        }
+        assert_eq!(auth.sessions.lock().unwrap().len(), MAX_SESSIONS);
+        assert!(auth.session(Some(&format!("{COOKIE}={first}"))).is_none());
+    }
+}

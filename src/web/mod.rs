@@ -1,0 +1,374 @@
+//! `slotpool web`: the pool in a browser, and the same data as JSON under `/api/v1`.
+//!
+//! A separate process from the workers, read-only unless started with
+//! `--allow-actions` and `SLOTPOOL_WEB_TOKEN` ([`auth`]). Every page and API call
+//! reads one shared [`snapshot`], refreshed by two background loops only while
+//! someone is looking, so viewers never add database queries; only a robot's own
+//! page reads that robot (by its unique name, cached for one refresh interval).
+//!
+//! - [`snapshot`]: what is read from the database, and how often;
+//! - [`query`]: the robot table's search, filters, sort and pages;
+//! - [`pages`]: the HTML (maud escapes every value; scripts and styles are files, so
+//!   the content security policy forbids inline ones);
+//! - [`api`]: the JSON API and its actions;
+//! - [`auth`]: the token, browser sessions and CSRF.
+
+pub mod api;
+pub mod auth;
+pub mod pages;
+pub mod query;
+pub mod snapshot;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use bson::{doc, Document};
+use clap::Args;
+use tokio::sync::{watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::actions::Actor;
+use crate::store::Store;
+use auth::Auth;
+use snapshot::{Demand, Snapshot, Snapshotter};
+
+/// The largest request body accepted (a form or an API action's JSON).
+pub const MAX_BODY: usize = 16 * 1024;
+
+/// A robot's context is shown up to this size; the rest is cut with a note.
+pub const MAX_CONTEXT_SHOWN: usize = 256 * 1024;
+
+/// Robot pages read by name at once, at most; more wait.
+const DETAIL_READS: usize = 2;
+
+/// Robot pages remembered (each for one refresh interval).
+const DETAIL_CACHE: usize = 256;
+
+#[derive(Debug, Args)]
+pub struct WebArgs {
+    /// Address to serve on. The default is reachable from this machine only; any
+    /// other address shows the pool (robot names, contexts, output) to everyone who
+    /// can reach it: put it behind a proxy with TLS and authentication.
+    #[arg(long, default_value = "127.0.0.1:8080", env = "SLOTPOOL_WEB_LISTEN")]
+    pub listen: SocketAddr,
+    /// How often the slots, workers and events are read while someone is looking
+    /// (the overview updates at this rate). 200ms to 2s.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub refresh: Duration,
+    /// How often the robot table is read again while someone is looking: one query
+    /// per slot, with rests between. 2s to 1h.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub robots_refresh: Duration,
+    /// Allow pause, resume, move, delete, drain and undrain, for holders of the token
+    /// in SLOTPOOL_WEB_TOKEN (at least 32 characters): `Authorization: Bearer` on the
+    /// API, a login in the browser. Without this flag every write is refused.
+    #[arg(long)]
+    pub allow_actions: bool,
+}
+
+impl WebArgs {
+    /// Checks the settings; returns the token when actions are allowed.
+    fn validate(&self, token: Option<String>) -> anyhow::Result<Option<String>> {
+        let ms = |d: Duration| d.as_millis();
+        if !(200..=2000).contains(&ms(self.refresh)) {
+            anyhow::bail!("--refresh must be from 200ms to 2s (the overview promises at most 2s)");
+        }
+        if !(2_000..=3_600_000).contains(&ms(self.robots_refresh)) {
+            anyhow::bail!("--robots-refresh must be from 2s to 1h");
+        }
+        match (self.allow_actions, token) {
+            (false, _) => Ok(None),
+            (true, None) => anyhow::bail!(
+                "--allow-actions needs a token in SLOTPOOL_WEB_TOKEN (at least {} characters, e.g. `openssl rand -hex 32`)",
+                auth::MIN_TOKEN
+            ),
+            (true, Some(t)) => {
+                auth::check_token(&t).map_err(anyhow::Error::msg)?;
+                Ok(Some(t.trim().to_string()))
+            }
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct App {
+    store: Store,
+    snapshot: watch::Receiver<Arc<Snapshot>>,
+    demand: Arc<Demand>,
+    auth: Arc<Auth>,
+    refresh: Duration,
+    details: Arc<Details>,
+}
+
+/// One robot as its page shows it: the whole document and its kept output.
+#[derive(Debug, Clone)]
+pub struct RobotDetail {
+    pub doc: Document,
+    pub output: Option<Document>,
+}
+
+/// A robot page's read, and when (None: no such robot).
+type Remembered = (Instant, Option<Arc<RobotDetail>>);
+
+/// Robot pages read lately, so a page open in many browsers costs one read per
+/// refresh interval, and a flood of requests costs at most [`DETAIL_READS`] reads
+/// at a time.
+struct Details {
+    recent: Mutex<HashMap<String, Remembered>>,
+    reads: Semaphore,
+}
+
+impl App {
+    /// The shared snapshot; waits (up to 3 s) for a fresh one after a quiet spell.
+    pub async fn snapshot(&self) -> Arc<Snapshot> {
+        self.demand.touch();
+        let limit = self.refresh * 3;
+        let stale = |s: &Arc<Snapshot>| s.taken.is_none_or(|t| t.elapsed() > limit);
+        let mut rx = self.snapshot.clone();
+        if stale(&rx.borrow()) {
+            let _ = tokio::time::timeout(Duration::from_secs(3), rx.wait_for(|s| !stale(s))).await;
+        }
+        let s = rx.borrow().clone();
+        s
+    }
+
+    /// The robot named `name` (None: no such robot), at most one refresh old.
+    pub async fn robot(&self, name: &str) -> anyhow::Result<Option<Arc<RobotDetail>>> {
+        let fresh = |recent: &HashMap<String, Remembered>| {
+            recent
+                .get(name)
+                .filter(|(t, _)| t.elapsed() < self.refresh)
+                .map(|(_, d)| d.clone())
+        };
+        if let Some(d) = fresh(&self.details.recent.lock().expect("details lock")) {
+            return Ok(d);
+        }
+        let _permit = self.details.reads.acquire().await?;
+        // Another request may have read it while this one waited.
+        if let Some(d) = fresh(&self.details.recent.lock().expect("details lock")) {
+            return Ok(d);
+        }
+        let found = self
+            .store
+            .robots()
+            .find_one(doc! {"name": name})
+            .await
+            .context("reading the robot")?;
+        let detail = match found {
+            None => None,
+            Some(doc) => {
+                let output = self
+                    .store
+                    .outputs()
+                    .find_one(doc! {"_id": doc.get("_id")})
+                    .await
+                    .context("reading the robot's output")?;
+                Some(Arc::new(RobotDetail { doc, output }))
+            }
+        };
+        let mut recent = self.details.recent.lock().expect("details lock");
+        if recent.len() >= DETAIL_CACHE {
+            recent.retain(|_, (t, _)| t.elapsed() < self.refresh);
+            if recent.len() >= DETAIL_CACHE {
+                recent.clear();
+            }
+        }
+        recent.insert(name.to_string(), (Instant::now(), detail.clone()));
+        Ok(detail)
+    }
+
+    /// Forgets a robot's cached page after an action changed it.
+    fn forget(&self, name: &str) {
+        self.details
+            .recent
+            .lock()
+            .expect("details lock")
+            .remove(name);
+    }
+}
+
+/// The actor of a web action, for its event.
+fn web_actor(who: &str, peer: SocketAddr) -> Actor {
+    Actor {
+        by: "web",
+        who: auth::clean_name(who),
+        from: Some(peer.to_string()),
+    }
+}
+
+/// Every route of the dashboard.
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/robots", get(pages::robots))
+        .route("/robots/{name}", get(pages::robot))
+        .route("/robots/{name}/{action}", post(pages::robot_action))
+        .route("/slots/{id}/{action}", post(pages::slot_action))
+        .route("/login", get(pages::login_form).post(pages::login))
+        .route("/logout", post(pages::logout))
+        .route("/static/app.js", get(pages::script))
+        .route("/static/app.css", get(pages::style))
+        .route("/api/v1/overview", get(api::overview))
+        .route("/api/v1/slots", get(api::slots))
+        .route("/api/v1/workers", get(api::workers))
+        .route("/api/v1/events", get(api::events))
+        .route("/api/v1/robots", get(api::robots))
+        .route(
+            "/api/v1/robots/{name}",
+            get(api::robot).delete(api::delete_robot),
+        )
+        .route("/api/v1/robots/{name}/output", get(api::output))
+        .route("/api/v1/robots/{name}/{action}", post(api::robot_action))
+        .route("/api/v1/slots/{id}/{action}", post(api::slot_action))
+        .fallback(pages::not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn(security_headers))
+        .with_state(app)
+}
+
+/// Headers on every answer: no inline script or style may run, no other site may
+/// frame the pages, and nothing is sniffed or cached.
+async fn security_headers(req: Request, next: Next) -> Response {
+    let mut res = next.run(req).await;
+    let h: &mut HeaderMap = res.headers_mut();
+    let set = |h: &mut HeaderMap, k: header::HeaderName, v: &'static str| {
+        h.insert(k, HeaderValue::from_static(v));
+    };
+    set(
+        h,
+        header::CONTENT_SECURITY_POLICY,
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+         img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    );
+    set(h, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(h, header::X_FRAME_OPTIONS, "DENY");
+    set(h, header::REFERRER_POLICY, "no-referrer");
+    set(h, header::CACHE_CONTROL, "no-store");
+    res
+}
+
+/// Runs the dashboard until SIGINT or SIGTERM.
+pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
+    let token = std::env::var("SLOTPOOL_WEB_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty());
+    let token = args.validate(token)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let store = Store::connect(uri)
+        .await
+        .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
+    // Two connections at most: the dashboard can never take the server's attention
+    // from the workers by opening many.
+    let store = store.dedicated(2, "web")?;
+    let stop = CancellationToken::new();
+    let (snapshot, demand) = Snapshotter::spawn(
+        store.clone(),
+        args.refresh,
+        args.robots_refresh,
+        stop.clone(),
+    );
+    let actions = token.is_some();
+    let app = App {
+        store,
+        snapshot,
+        demand,
+        auth: Arc::new(Auth::new(token)),
+        refresh: args.refresh,
+        details: Arc::new(Details {
+            recent: Mutex::new(HashMap::new()),
+            reads: Semaphore::new(DETAIL_READS),
+        }),
+    };
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(
+            "slotpool web listens on {addr}: everyone who can reach it can read the pool \
+             (robot names, specs, contexts, output){}; put it behind a proxy with TLS and \
+             authentication",
+            if actions {
+                ", and the token travels in clear text without TLS"
+            } else {
+                ""
+            }
+        );
+    }
+    tracing::info!(
+        "slotpool web: serving http://{addr}/ ({})",
+        if actions {
+            "actions allowed with the token"
+        } else {
+            "read-only"
+        }
+    );
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let server = crate::http::serve_router(
+        listener,
+        router(app),
+        Duration::from_secs(30),
+        stop.child_token(),
+    );
+    tokio::select! {
+        _ = server => {}
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    stop.cancel();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(refresh: &str, robots: &str, allow: bool) -> WebArgs {
+        WebArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            refresh: humantime::parse_duration(refresh).unwrap(),
+            robots_refresh: humantime::parse_duration(robots).unwrap(),
+            allow_actions: allow,
+        }
+    }
+
+    #[test]
+    fn settings_are_checked_with_reasons() {
+        let token = "x".repeat(40);
+        assert_eq!(
+            args("1s", "10s", false)
+                .validate(Some(token.clone()))
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            args("1s", "10s", true)
+                .validate(Some(token.clone()))
+                .unwrap(),
+            Some(token.clone())
+        );
+        let e = args("1s", "10s", true)
+            .validate(None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SLOTPOOL_WEB_TOKEN"), "{e}");
+        let e = args("1s", "10s", true)
+            .validate(Some("short".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 32"), "{e}");
+        assert!(args("5s", "10s", false).validate(None).is_err());
+        assert!(args("1s", "1s", false).validate(None).is_err());
+    }
+}

@@ -1,0 +1,616 @@
+//! The dashboard's HTML pages, written with maud, which escapes every value it
+//! interpolates: robot names, specs, contexts, output and errors are hostile input
+//! and reach the page only as text. Scripts and styles are served as files
+//! (`/static/…`) so the content security policy can forbid inline ones.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Path, RawQuery, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use bson::Bson;
+use maud::{html, Markup, DOCTYPE};
+
+use super::api::{self, Action};
+use super::auth::{self, Denied, Session};
+use super::query::{self, RobotQuery};
+use super::snapshot::{SlotInfo, Snapshot};
+use super::{web_actor, App, RobotDetail, MAX_CONTEXT_SHOWN};
+use crate::cli::age;
+
+const SCRIPT: &str = include_str!("static/app.js");
+const STYLE: &str = include_str!("static/app.css");
+
+fn header_str(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The logged-in browser, if any.
+fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
+    app.auth.session(header_str(headers, header::COOKIE))
+}
+
+/// The frame of every page.
+fn page(app: &App, s: Option<&Session>, name: &str, title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · slotpool" }
+                link rel="stylesheet" href="/static/app.css";
+            }
+            body data-page=(name) data-refresh-ms=(app.refresh.as_millis()) {
+                nav {
+                    a.brand href="/" { "slotpool" }
+                    a href="/" { "Overview" }
+                    a href="/robots" { "Robots" }
+                    span.who {
+                        @if let Some(s) = s {
+                            "signed in as " (s.who) " "
+                            form.inline method="post" action="/logout" {
+                                input type="hidden" name="csrf" value=(s.csrf);
+                                button type="submit" { "Log out" }
+                            }
+                        } @else if app.auth.actions_allowed() {
+                            a href="/login" { "Log in to act" }
+                        } @else {
+                            span.readonly { "read-only" }
+                        }
+                    }
+                }
+                main { (body) }
+                script src="/static/app.js" {}
+            }
+        }
+    }
+}
+
+/// A page saying what went wrong, with its status.
+fn problem(
+    app: &App,
+    s: Option<&Session>,
+    status: StatusCode,
+    title: &str,
+    text: &str,
+) -> Response {
+    let body = html! {
+        h1 { (title) }
+        p.problem { (text) }
+        p { a href="/" { "Back to the overview" } " · " a href="/robots" { "All robots" } }
+    };
+    (status, page(app, s, "problem", title, body)).into_response()
+}
+
+fn freshness(s: &Snapshot) -> Markup {
+    html! {
+        p #freshness {
+            @if let Some(e) = &s.error {
+                span.error { "The last refresh failed: " (e) }
+            } @else {
+                "Live: updates every second or two, on the database server's clock."
+            }
+        }
+    }
+}
+
+fn summary(s: &Snapshot) -> Markup {
+    let sum = &s.summary;
+    html! {
+        ul #summary {
+            li #sum-slots { (sum.held) " of " (sum.slots) " slots held" }
+            li #sum-unheld .(if sum.unheld > 0 { "bad" } else { "good" }) { (sum.unheld) " waiting for a worker" }
+            li #sum-workers { (sum.workers) " workers, " (sum.standbys) " standby" }
+            li #sum-absorb .(if sum.failures_absorbable == 0 { "bad" } else { "good" }) {
+                "can absorb " (sum.failures_absorbable) " holder failure(s)"
+            }
+            li #sum-robots {
+                @if s.robots.is_some() {
+                    (sum.robots) " robots"
+                    @for (state, n) in &sum.robots_by_state { " · " (n) " " (state) }
+                } @else { "robots: reading…" }
+            }
+            @if sum.robots_unplaced > 0 {
+                li.bad { (sum.robots_unplaced) " robots bound to no existing slot (see slotpool robot list)" }
+            }
+        }
+    }
+}
+
+fn slot_row(slot: &SlotInfo, s: Option<&Session>) -> Markup {
+    html! {
+        tr data-slot=(slot.id) {
+            td.slot { (slot.id) }
+            td.state { span.badge.(slot.state) { (slot.state) } }
+            td.holder { (slot.holder.as_deref().unwrap_or("-")) }
+            td.lease {
+                meter min="0" max=(slot.lease_ms.unwrap_or(1)) value=(slot.lease_left_ms.unwrap_or(0)) {}
+                " "
+                span.left { (slot.lease_left_ms.map_or("-".to_string(), |l| format!("{l} ms"))) }
+            }
+            td.epoch { (slot.epoch.map_or("-".to_string(), |e| e.to_string())) }
+            td.robots { (slot.robots) }
+            td.actions {
+                @if let Some(s) = s {
+                    @let (action, label) = if slot.draining { ("undrain", "Undrain") } else { ("drain", "Drain") };
+                    form.inline method="post" action=(format!("/slots/{}/{action}", urlencode(&slot.id))) {
+                        input type="hidden" name="csrf" value=(s.csrf);
+                        button type="submit" { (label) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn event_item(e: &super::snapshot::EventInfo) -> Markup {
+    html! {
+        li {
+            span.at { (e.at.as_deref().unwrap_or("?")) } " "
+            span.kind { (e.kind) } " "
+            @for (k, v) in &e.fields { span.field { (k) "=" (v) } " " }
+        }
+    }
+}
+
+pub async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
+    let snap = app.snapshot().await;
+    let s = session(&app, &headers);
+    let body = html! {
+        h1 { "The pool" }
+        (freshness(&snap))
+        (summary(&snap))
+        h2 { "Slots" }
+        table #slots {
+            thead { tr { th { "Slot" } th { "State" } th { "Holder" } th { "Lease left" } th { "Epoch" } th { "Robots" } th {} } }
+            tbody { @for slot in &snap.slots { (slot_row(slot, s.as_ref())) } }
+        }
+        @if snap.slots.is_empty() { p { "No slots yet: run " code { "slotpool init --slots N" } "." } }
+        h2 { "Workers" }
+        table #workers {
+            thead { tr { th { "Worker" } th { "Role" } th { "Slot" } th { "Last seen" } th { "Version" } } }
+            tbody {
+                @for w in &snap.workers {
+                    tr {
+                        td { (w.id) } td { (w.role) } td { (w.slot.as_deref().unwrap_or("-")) }
+                        td { (age(w.last_seen_ms)) " ago" } td { (w.version.as_deref().unwrap_or("-")) }
+                    }
+                }
+            }
+        }
+        h2 { "Latest events" }
+        ol #events { @for e in &snap.events { (event_item(e)) } }
+    };
+    page(&app, s.as_ref(), "overview", "Overview", body).into_response()
+}
+
+fn urlencode(s: &str) -> String {
+    serde_urlencoded::to_string([("", s)])
+        .map(|v| v.trim_start_matches('=').replace('+', "%20"))
+        .unwrap_or_default()
+}
+
+fn select(name: &str, label: &str, options: &[&str], chosen: Option<&str>) -> Markup {
+    html! {
+        label { (label) " "
+            select name=(name) {
+                option value="" selected[chosen.is_none()] { "any" }
+                @for o in options { option value=(o) selected[chosen == Some(*o)] { (o) } }
+            }
+        }
+    }
+}
+
+pub async fn robots(
+    State(app): State<App>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let s = session(&app, &headers);
+    let q = match api::pairs(raw.as_deref()).and_then(|p| RobotQuery::parse(&p)) {
+        Ok(q) => q,
+        Err(e) => return problem(&app, s.as_ref(), StatusCode::BAD_REQUEST, "Bad search", &e),
+    };
+    let snap = app.snapshot().await;
+    let slot_ids: Vec<&str> = snap.slots.iter().map(|x| x.id.as_str()).collect();
+    let form = html! {
+        form #search method="get" action="/robots" {
+            label { "Name contains " input type="search" name="q" value=(q.q) maxlength=(query::MAX_TEXT) autofocus; }
+            (select("state", "State", query::STATES, q.state.as_deref()))
+            (select("slot", "Slot", &slot_ids, q.slot.as_deref()))
+            label { "Kind " input type="text" name="kind" value=(q.kind.as_deref().unwrap_or("")) size="8" maxlength=(query::MAX_TEXT); }
+            label { "Sort "
+                select name="sort" { @for o in query::SORTS { option value=(o) selected[q.sort == *o] { (o) } } }
+            }
+            label { "Order "
+                select name="order" {
+                    option value="asc" selected[!q.desc] { "ascending" }
+                    option value="desc" selected[q.desc] { "descending" }
+                }
+            }
+            button type="submit" { "Search" }
+        }
+    };
+    let Some(rows) = &snap.robots else {
+        let body = html! {
+            h1 { "Robots" } (form)
+            p #reading { "Reading the robots (the first pass over every slot takes a few seconds)… reload in a moment." }
+        };
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            page(&app, s.as_ref(), "robots", "Robots", body),
+        )
+            .into_response();
+    };
+    let p = query::apply(rows, &q);
+    let now = snap.now_ms;
+    let body = html! {
+        h1 { "Robots" }
+        (form)
+        p #matching {
+            (p.matching) " matching · page " (p.page) " of " (p.pages)
+            " · table read " (age(snap.robots_at_ms.map(|t| now - t))) " ago; states are live"
+        }
+        table #robots {
+            thead { tr { th { "Name" } th { "Kind" } th { "Slot" } th { "State" } th { "Holder" } th { "Seq" } th { "Restarts" } th { "Last checkpoint" } } }
+            tbody {
+                @for r in &p.rows {
+                    tr data-robot=(r.name) {
+                        td.name { a href=(format!("/robots/{}", urlencode(&r.name))) { (r.name) } }
+                        td { (r.kind) } td { (r.slot) }
+                        td { span.badge.(r.state) title=(r.why.as_deref().unwrap_or("")) { (r.state) } }
+                        td { (r.holder.as_deref().unwrap_or("-")) }
+                        td { (r.seq.map_or("-".into(), |x| x.to_string())) }
+                        td { (r.restarts.unwrap_or(0)) }
+                        td { (age(r.checkpointed_at_ms.map(|t| now - t))) }
+                    }
+                }
+            }
+        }
+        nav.pages {
+            @if p.page > 1 { a rel="prev" href=(format!("/robots?{}", q.to_query_string(p.page - 1))) { "← previous" } " " }
+            @if p.page < p.pages { a rel="next" href=(format!("/robots?{}", q.to_query_string(p.page + 1))) { "next →" } }
+        }
+    };
+    page(&app, s.as_ref(), "robots", "Robots", body).into_response()
+}
+
+fn pretty(v: Option<&Bson>) -> String {
+    let Some(v) = v else { return "(none)".into() };
+    let text = serde_json::to_string_pretty(&v.clone().into_relaxed_extjson()).unwrap_or_default();
+    if text.len() > MAX_CONTEXT_SHOWN {
+        let mut cut = MAX_CONTEXT_SHOWN;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        format!(
+            "{}\n… cut at {} KiB of {} KiB: see `slotpool robot show NAME --json`",
+            &text[..cut],
+            MAX_CONTEXT_SHOWN / 1024,
+            text.len() / 1024
+        )
+    } else {
+        text
+    }
+}
+
+fn output_lines(d: &RobotDetail) -> Vec<(String, String)> {
+    let Some(Ok(lines)) = d.output.as_ref().map(|o| o.get_array("lines")) else {
+        return Vec::new();
+    };
+    lines
+        .iter()
+        .filter_map(|l| l.as_document())
+        .map(|l| {
+            (
+                l.get_str("stream").unwrap_or("?").to_string(),
+                l.get_str("text").unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+pub async fn robot(
+    State(app): State<App>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let s = session(&app, &headers);
+    let snap = app.snapshot().await;
+    let d = match app.robot(&name).await {
+        Ok(Some(d)) => d,
+        Ok(None) => {
+            return problem(
+                &app,
+                s.as_ref(),
+                StatusCode::NOT_FOUND,
+                "No such robot",
+                &format!("There is no robot named {name:?}."),
+            )
+        }
+        Err(e) => {
+            return problem(
+                &app,
+                s.as_ref(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Database unavailable",
+                &crate::secrets::scrub(&format!("{e:#}")),
+            )
+        }
+    };
+    let v = api::robot_json(&d, &snap);
+    let txt = |k: &str| match v["robot"].get(k) {
+        None | Some(serde_json::Value::Null) => "-".to_string(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    };
+    let state = v["state"].as_str().unwrap_or("waiting").to_string();
+    let history = d.doc.get_array("history").ok();
+    let events: Vec<_> = snap
+        .events
+        .iter()
+        .filter(|e| e.fields.get("robot") == Some(&name))
+        .collect();
+    let paused = d.doc.get_bool("paused").unwrap_or(false);
+    let href = format!("/robots/{}", urlencode(&name));
+    let body = html! {
+        h1 { (name) }
+        p #state {
+            span.badge.(state) { (state) }
+            @if let Some(h) = v["holder"].as_str() { " on " span #holder { (h) } }
+            @if let Some(why) = v["why"].as_str() { " — " span #why { (why) } }
+        }
+        @if let Some(s) = &s {
+            section #actions {
+                @let (act, label) = if paused { ("resume", "Resume") } else { ("pause", "Pause") };
+                form.inline method="post" action=(format!("{href}/{act}")) {
+                    input type="hidden" name="csrf" value=(s.csrf);
+                    button #(act) type="submit" { (label) }
+                }
+                form.inline method="post" action=(format!("{href}/move")) {
+                    input type="hidden" name="csrf" value=(s.csrf);
+                    select name="to" { @for slot in &snap.slots { option value=(slot.id) { (slot.id) } } }
+                    button #move type="submit" { "Move" }
+                }
+                form.inline method="post" action=(format!("{href}/delete")) {
+                    input type="hidden" name="csrf" value=(s.csrf);
+                    label { input type="checkbox" name="confirm" value="yes" required; " sure" }
+                    button #delete type="submit" { "Delete" }
+                }
+            }
+        }
+        dl #facts {
+            @for k in ["kind", "slot_id", "status", "error", "seq", "epoch", "gen", "restarts", "paused", "worker", "created_at", "checkpointed_at"] {
+                dt { (k) } dd data-field=(k) { (txt(k)) }
+            }
+        }
+        h2 { "Context" }
+        pre #context { (pretty(d.doc.get("context"))) }
+        h2 { "Spec" }
+        pre #spec { (pretty(d.doc.get("spec"))) }
+        @if let Some(h) = history {
+            h2 { "Checkpoint history" }
+            pre #history { (pretty(Some(&Bson::Array(h.clone())))) }
+        }
+        h2 { "Latest output" }
+        @let lines = output_lines(&d);
+        @if lines.is_empty() { p { "No output kept (only exec robots write output)." } }
+        @else {
+            pre #output { @for (stream, text) in &lines { span.(stream) { (text) } "\n" } }
+        }
+        h2 { "Its latest events" }
+        @if events.is_empty() { p { "None among the latest events." } }
+        ol #robot-events { @for e in &events { (event_item(e)) } }
+    };
+    page(&app, s.as_ref(), "robot", &name, body).into_response()
+}
+
+/// A refused browser action, as a page.
+fn refused(app: &App, s: Option<&Session>, d: Denied) -> Response {
+    let (status, text) = match d {
+        Denied::Disabled => (
+            StatusCode::FORBIDDEN,
+            "Actions are disabled: this dashboard is read-only.",
+        ),
+        Denied::Unauthenticated => (
+            StatusCode::UNAUTHORIZED,
+            "Log in with the dashboard's token first.",
+        ),
+        Denied::Forged => (
+            StatusCode::FORBIDDEN,
+            "Refused: this form did not come from this dashboard's page (reload it and try again).",
+        ),
+    };
+    problem(app, s, status, "Not allowed", text)
+}
+
+async fn form_action(
+    app: &App,
+    peer: SocketAddr,
+    headers: &HeaderMap,
+    form: &HashMap<String, String>,
+    target: &str,
+    action: Result<Action, String>,
+    back: String,
+) -> Response {
+    let checked = app.auth.form(
+        header_str(headers, header::COOKIE),
+        form.get("csrf").map(String::as_str),
+        header_str(headers, header::ORIGIN),
+        header_str(headers, header::HOST),
+    );
+    let s = match checked {
+        Ok(s) => s,
+        Err(d) => return refused(app, session(app, headers).as_ref(), d),
+    };
+    let action = match action {
+        Ok(a) => a,
+        Err(e) => return problem(app, Some(&s), StatusCode::NOT_FOUND, "No such action", &e),
+    };
+    match api::perform(app, target, &action, &web_actor(&s.who, peer)).await {
+        Ok(_) => Redirect::to(&back).into_response(),
+        Err(e) => problem(
+            app,
+            Some(&s),
+            api::failure_status(&e),
+            "The action failed",
+            &crate::secrets::scrub(&e.to_string()),
+        ),
+    }
+}
+
+pub async fn robot_action(
+    State(app): State<App>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((name, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    let back = if action == "delete" {
+        "/robots".to_string()
+    } else {
+        format!("/robots/{}", urlencode(&name))
+    };
+    let parsed = Action::for_robot(&action, form.get("to").cloned());
+    form_action(&app, peer, &headers, &form, &name, parsed, back).await
+}
+
+pub async fn slot_action(
+    State(app): State<App>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((id, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    let parsed = Action::for_slot(&action);
+    form_action(&app, peer, &headers, &form, &id, parsed, "/".into()).await
+}
+
+pub async fn login_form(State(app): State<App>, headers: HeaderMap) -> Response {
+    login_page(&app, &headers, StatusCode::OK, None)
+}
+
+fn login_page(app: &App, headers: &HeaderMap, status: StatusCode, note: Option<&str>) -> Response {
+    if !app.auth.actions_allowed() {
+        return refused(app, None, Denied::Disabled);
+    }
+    let s = session(app, headers);
+    let body = html! {
+        h1 { "Log in" }
+        @if let Some(n) = note { p.problem { (n) } }
+        form #login method="post" action="/login" {
+            p { label { "Token " input type="password" name="token" autocomplete="current-password" required; } }
+            p { label { "Your name (for the events log) " input type="text" name="who" maxlength="64"; } }
+            button type="submit" { "Log in" }
+        }
+        p { "The token is the one in the dashboard's SLOTPOOL_WEB_TOKEN. Whoever has it can pause, move and delete robots and drain slots." }
+    };
+    (status, page(app, s.as_ref(), "login", "Log in", body)).into_response()
+}
+
+pub async fn login(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    if !app.auth.actions_allowed() {
+        return refused(&app, None, Denied::Disabled);
+    }
+    let origin = header_str(&headers, header::ORIGIN);
+    let host = header_str(&headers, header::HOST);
+    if origin.is_some_and(|o| Some(o) != host.map(|h| format!("http://{h}")).as_deref()) {
+        return refused(&app, None, Denied::Forged);
+    }
+    let token = form.get("token").map(String::as_str).unwrap_or("");
+    let who = form.get("who").map(String::as_str).unwrap_or("");
+    match app.auth.login(token, who) {
+        Ok((id, _)) => {
+            let cookie = format!(
+                "{}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+                auth::COOKIE,
+                auth::SESSION_TTL.as_secs()
+            );
+            let mut res = Redirect::to("/").into_response();
+            if let Ok(v) = header::HeaderValue::from_str(&cookie) {
+                res.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            res
+        }
+        Err(_) => login_page(
+            &app,
+            &headers,
+            StatusCode::UNAUTHORIZED,
+            Some("Wrong token."),
+        ),
+    }
+}
+
+pub async fn logout(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    let checked = app.auth.form(
+        header_str(&headers, header::COOKIE),
+        form.get("csrf").map(String::as_str),
+        header_str(&headers, header::ORIGIN),
+        header_str(&headers, header::HOST),
+    );
+    if checked.is_ok() {
+        app.auth.logout(header_str(&headers, header::COOKIE));
+    }
+    let mut res = Redirect::to("/").into_response();
+    let clear = format!(
+        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+        auth::COOKIE
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&clear) {
+        res.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    res
+}
+
+pub async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        SCRIPT,
+    )
+        .into_response()
+}
+
+pub async fn style() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
+}
+
+pub async fn not_found(
+    State(app): State<App>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    if method != Method::GET && method != Method::HEAD {
+        let mut res = api::error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "nothing to change here: see the README for the actions",
+        );
+        res.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return res;
+    }
+    if uri.path().starts_with("/api/") {
+        return api::error(
+            StatusCode::NOT_FOUND,
+            "no such API path: see the README's /api/v1 section",
+        );
+    }
+    problem(
+        &app,
+        session(&app, &headers).as_ref(),
+        StatusCode::NOT_FOUND,
+        "Not found",
+        "There is no page here.",
+    )
+}

@@ -1,0 +1,627 @@
+//! One snapshot of the pool, shared by every viewer of `slotpool web`: the database
+//! sees the same few queries per interval whether one browser is open or fifty, and
+//! none at all while nobody looks.
+//!
+//! Two parts, read at two rates, because they cost the database very differently:
+//! - the **lease view** (slots judged on the server's clock, live workers, the latest
+//!   events) is a handful of small reads, refreshed every `refresh` (1 s by default),
+//!   so a takeover shows within about a second;
+//! - the **robot table** (every robot's name, kind, slot, stored status, seq,
+//!   restarts, error, last checkpoint) is read slot by slot through the `slot_id`
+//!   index, resting between slots at least four times as long as each read took, and
+//!   at most once per `robots_every` (10 s by default). Measured on the dev server:
+//!   reading 10,000 robots in one query takes it about 650 ms of work, during which a
+//!   renewal would wait; per slot it is 1,000 robots at a time, with room between.
+//!
+//! A robot's *state* (running, waiting, …) is derived at every lease refresh from the
+//! table and the fresh slots ([`crate::view::derive`]), so a dead holder's robots show
+//! `waiting` within a second even though their rows are older.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+use futures::TryStreamExt;
+use serde::Serialize;
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::store::Store;
+use crate::view::{self, int, text, SlotRow, SlotView};
+
+/// How many of the latest events the snapshot keeps.
+pub const EVENTS_KEPT: i64 = 50;
+
+/// How far back of the newest kept event each read of `events` looks.
+pub const EVENTS_OVERLAP: Duration = Duration::from_secs(30);
+
+/// How far back the first read of `events` looks.
+pub const EVENTS_FIRST: Duration = Duration::from_secs(15 * 60);
+
+/// Nobody has asked for this long: stop reading until someone does.
+pub const IDLE_AFTER: Duration = Duration::from_secs(60);
+
+/// A slot as the dashboard shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SlotInfo {
+    pub id: String,
+    /// `held`, `expired`, `free`, `draining`, `drained` or `invalid`.
+    pub state: &'static str,
+    /// The worker holding it while its lease is live.
+    pub holder: Option<String>,
+    pub epoch: Option<i64>,
+    pub lease_ms: Option<i64>,
+    /// Since the last renewal, on the server's clock.
+    pub lease_age_ms: Option<i64>,
+    /// What is left of the lease (0 once expired), on the server's clock.
+    pub lease_left_ms: Option<i64>,
+    /// Robots bound to it (the slot's own count).
+    pub robots: i64,
+    pub draining: bool,
+}
+
+/// A live worker.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WorkerInfo {
+    pub id: String,
+    /// `holder` or `standby`.
+    pub role: &'static str,
+    /// Its first held slot (a holder with room may hold more: see `held`).
+    pub slot: Option<String>,
+    pub held: Option<i64>,
+    pub last_seen_ms: Option<i64>,
+    pub version: Option<String>,
+}
+
+/// One entry of the `events` log: `at` (RFC 3339, server clock), `kind`, and the
+/// rest of its fields as text.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EventInfo {
+    pub at: Option<String>,
+    pub kind: String,
+    pub fields: BTreeMap<String, String>,
+}
+
+/// A robot as the table shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RobotRow {
+    pub name: String,
+    pub kind: String,
+    pub slot: String,
+    /// Derived now from its slot's lease: `running`, `starting`, `restarting`,
+    /// `failed`, `paused` or `waiting`.
+    pub state: &'static str,
+    pub holder: Option<String>,
+    /// Why it is not running.
+    pub why: Option<String>,
+    /// What its last holder wrote.
+    pub status: Option<String>,
+    pub error: Option<String>,
+    pub paused: bool,
+    pub seq: Option<i64>,
+    pub epoch: Option<i64>,
+    pub restarts: Option<i64>,
+    /// Server-clock milliseconds since the epoch of its last checkpoint.
+    pub checkpointed_at_ms: Option<i64>,
+    #[serde(skip)]
+    worker: Option<String>,
+}
+
+impl RobotRow {
+    /// A row with only a name, for tests.
+    #[cfg(test)]
+    pub fn named(name: &str) -> RobotRow {
+        robot_row(&doc! {"name": name})
+    }
+}
+
+/// The pool in numbers.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Summary {
+    pub slots: usize,
+    pub held: usize,
+    /// Free or expired: waiting for a worker.
+    pub unheld: usize,
+    pub workers: usize,
+    pub standbys: usize,
+    /// Holder failures the pool can absorb now with a standby each.
+    pub failures_absorbable: usize,
+    /// Robots in the table, by derived state.
+    pub robots: usize,
+    pub robots_by_state: BTreeMap<&'static str, usize>,
+    /// Robots bound to no existing slot (hand-edited documents), found by count.
+    pub robots_unplaced: i64,
+}
+
+/// Everything a page or an API call shows.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The server's clock when the lease view was read (ms since the epoch); 0
+    /// before the first read.
+    pub now_ms: i64,
+    /// When this process took it, for its age.
+    pub taken: Option<Instant>,
+    pub slots: Vec<SlotInfo>,
+    pub workers: Vec<WorkerInfo>,
+    pub events: Vec<EventInfo>,
+    /// None until the first pass over the robots is complete.
+    pub robots: Option<Arc<Vec<RobotRow>>>,
+    /// Server-clock ms when the robot table's pass began.
+    pub robots_at_ms: Option<i64>,
+    pub summary: Summary,
+    /// The last refresh's failure, if it failed (the rest is then older).
+    pub error: Option<String>,
+}
+
+/// When someone last asked, so reads stop while nobody looks.
+#[derive(Default)]
+pub struct Demand {
+    last: Mutex<Option<Instant>>,
+    wake: Notify,
+}
+
+impl Demand {
+    /// A viewer wants data.
+    pub fn touch(&self) {
+        let was_idle = {
+            let mut last = self.last.lock().expect("demand lock");
+            let idle = last.is_none_or(|t| t.elapsed() > IDLE_AFTER);
+            *last = Some(Instant::now());
+            idle
+        };
+        if was_idle {
+            self.wake.notify_waiters();
+        }
+    }
+
+    fn wanted(&self) -> bool {
+        self.last
+            .lock()
+            .expect("demand lock")
+            .is_some_and(|t| t.elapsed() <= IDLE_AFTER)
+    }
+
+    /// Returns when someone wants data (at once if someone did lately).
+    async fn until_wanted(&self) {
+        loop {
+            let woken = self.wake.notified();
+            if self.wanted() {
+                return;
+            }
+            woken.await;
+        }
+    }
+}
+
+/// The robot table as last read completely.
+#[derive(Default)]
+struct Table {
+    rows: Option<Arc<Vec<RobotRow>>>,
+    at_ms: Option<i64>,
+    unplaced: i64,
+}
+
+/// Runs the two refresh loops and publishes each new snapshot.
+pub struct Snapshotter {
+    store: Store,
+    refresh: Duration,
+    robots_every: Duration,
+    demand: Arc<Demand>,
+    table: Mutex<Table>,
+    table_changed: Notify,
+    /// The latest events with their ids, newest first.
+    events: Mutex<Vec<(ObjectId, EventInfo)>>,
+    tx: watch::Sender<Arc<Snapshot>>,
+}
+
+impl Snapshotter {
+    /// Starts both loops; they stop when `stop` is cancelled.
+    pub fn spawn(
+        store: Store,
+        refresh: Duration,
+        robots_every: Duration,
+        stop: CancellationToken,
+    ) -> (watch::Receiver<Arc<Snapshot>>, Arc<Demand>) {
+        let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+        let demand = Arc::new(Demand::default());
+        let me = Arc::new(Snapshotter {
+            store,
+            refresh,
+            robots_every,
+            demand: demand.clone(),
+            table: Mutex::new(Table::default()),
+            table_changed: Notify::new(),
+            events: Mutex::new(Vec::new()),
+            tx,
+        });
+        let (lease, robots) = (me.clone(), me);
+        let stop2 = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = lease.lease_loop() => {}
+            }
+        });
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop2.cancelled() => {}
+                _ = robots.robot_loop() => {}
+            }
+        });
+        (rx, demand)
+    }
+
+    async fn lease_loop(&self) {
+        loop {
+            self.demand.until_wanted().await;
+            let started = Instant::now();
+            let previous = self.tx.borrow().clone();
+            let next = match self.read_lease_view().await {
+                Ok(mut s) => {
+                    self.attach_robots(&mut s);
+                    s
+                }
+                Err(e) => {
+                    tracing::warn!("dashboard refresh failed: {e:#}");
+                    let mut s = (*previous).clone();
+                    s.error = Some(crate::secrets::scrub(&format!("{e:#}")).into_owned());
+                    s
+                }
+            };
+            self.tx.send_replace(Arc::new(next));
+            // Wake early when a robot pass completes, so its rows show at once.
+            tokio::select! {
+                _ = tokio::time::sleep(self.refresh.saturating_sub(started.elapsed())) => {}
+                _ = self.table_changed.notified() => {}
+            }
+        }
+    }
+
+    async fn read_lease_view(&self) -> anyhow::Result<Snapshot> {
+        let rows = view::slot_rows(&self.store).await?;
+        let workers = view::live_workers(&self.store).await?;
+        let now_ms = self.store.server_now().await?.timestamp_millis();
+        let events = self.read_events(now_ms).await?;
+        Ok(Snapshot {
+            now_ms,
+            taken: Some(Instant::now()),
+            slots: rows.iter().map(slot_info).collect(),
+            workers: workers.iter().map(worker_info).collect(),
+            events,
+            ..Default::default()
+        })
+    }
+
+    /// The latest [`EVENTS_KEPT`] events, read incrementally: only those whose `_id`
+    /// (made by the writer, so its clock) is at most [`EVENTS_OVERLAP`] older than
+    /// the newest one already kept, or, at first, from the last [`EVENTS_FIRST`].
+    /// The dev server sorts a whole collection to answer "the newest 50" (and
+    /// ignores `$natural` order); a range of `_id` stays small whatever the size of
+    /// the capped log. An event from a writer whose clock is off by more than the
+    /// overlap may be missed here (it is still in `events`).
+    async fn read_events(&self, now_ms: i64) -> anyhow::Result<Vec<EventInfo>> {
+        let mut kept = self.events.lock().expect("events lock").clone();
+        let since_s = match kept.iter().map(|(id, _)| id.timestamp()).max() {
+            Some(newest) => newest.timestamp_millis() / 1000 - EVENTS_OVERLAP.as_secs() as i64,
+            None => (now_ms - EVENTS_FIRST.as_millis() as i64) / 1000,
+        };
+        let mut bound = [0u8; 12];
+        bound[..4].copy_from_slice(&(since_s.clamp(0, u32::MAX as i64) as u32).to_be_bytes());
+        let fresh: Vec<Document> = self
+            .store
+            .events()
+            .find(doc! {"_id": {"$gt": ObjectId::from_bytes(bound)}})
+            .sort(doc! {"_id": -1})
+            .limit(EVENTS_KEPT * 4)
+            .await?
+            .try_collect()
+            .await?;
+        for d in &fresh {
+            let Ok(id) = d.get_object_id("_id") else {
+                continue;
+            };
+            if !kept.iter().any(|(k, _)| *k == id) {
+                kept.push((id, event_info(d)));
+            }
+        }
+        // Newest first by the server's clock (`at`), then by id.
+        kept.sort_by(|a, b| (&b.1.at, b.0).cmp(&(&a.1.at, a.0)));
+        kept.truncate(EVENTS_KEPT as usize);
+        *self.events.lock().expect("events lock") = kept.clone();
+        Ok(kept.into_iter().map(|(_, e)| e).collect())
+    }
+
+    /// Adds the robot table, each row's state derived from the fresh slots, and the
+    /// summary.
+    fn attach_robots(&self, s: &mut Snapshot) {
+        let (rows, at_ms, unplaced) = {
+            let t = self.table.lock().expect("table lock");
+            (t.rows.clone(), t.at_ms, t.unplaced)
+        };
+        let views: std::collections::HashMap<String, SlotView> = s
+            .slots
+            .iter()
+            .map(|i| {
+                (
+                    i.id.clone(),
+                    SlotView {
+                        state: i.state,
+                        holder: i.holder.clone(),
+                    },
+                )
+            })
+            .collect();
+        s.robots = rows.map(|rows| {
+            Arc::new(
+                rows.iter()
+                    .map(|r| {
+                        let st = view::derive(
+                            &r.slot,
+                            r.status.as_deref(),
+                            r.paused,
+                            r.worker.as_deref(),
+                            views.get(&r.slot),
+                        );
+                        RobotRow {
+                            state: st.state,
+                            holder: st.holder,
+                            why: st.why,
+                            ..r.clone()
+                        }
+                    })
+                    .collect(),
+            )
+        });
+        s.robots_at_ms = at_ms;
+        s.summary = summarize(s, unplaced);
+    }
+
+    async fn robot_loop(&self) {
+        loop {
+            self.demand.until_wanted().await;
+            let started = Instant::now();
+            match self.read_robots().await {
+                Ok(()) => self.table_changed.notify_waiters(),
+                Err(e) => tracing::warn!("dashboard robot refresh failed: {e:#}"),
+            }
+            tokio::time::sleep(self.robots_every.saturating_sub(started.elapsed())).await;
+        }
+    }
+
+    /// One pass over every slot's robots, then the count that finds robots bound to
+    /// no slot. The table is replaced only when the pass is complete.
+    async fn read_robots(&self) -> anyhow::Result<()> {
+        let at_ms = self.store.server_now().await?.timestamp_millis();
+        let slot_ids: Vec<String> = self
+            .store
+            .slots()
+            .find(doc! {})
+            .projection(doc! {"_id": 1})
+            .await?
+            .try_collect::<Vec<Document>>()
+            .await?
+            .iter()
+            .filter_map(|d| text(d, "_id"))
+            .collect();
+        let mut rows = Vec::new();
+        for id in &slot_ids {
+            let t = Instant::now();
+            let docs: Vec<Document> = self
+                .store
+                .robots()
+                .find(doc! {"slot_id": id})
+                .projection(doc! {
+                    "name": 1, "kind": 1, "slot_id": 1, "status": 1, "error": 1,
+                    "paused": 1, "worker": 1, "seq": 1, "epoch": 1, "restarts": 1,
+                    "checkpointed_at": 1,
+                })
+                .await?
+                .try_collect()
+                .await?;
+            rows.extend(docs.iter().map(robot_row));
+            tokio::time::sleep((t.elapsed() * 4).max(Duration::from_millis(5))).await;
+        }
+        let total = self.store.robots().estimated_document_count().await? as i64;
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut table = self.table.lock().expect("table lock");
+        table.unplaced = (total - rows.len() as i64).max(0);
+        table.rows = Some(Arc::new(rows));
+        table.at_ms = Some(at_ms);
+        Ok(())
+    }
+}
+
+fn slot_info(r: &SlotRow) -> SlotInfo {
+    let d = &r.doc;
+    let lease_ms = int(d, "lease_ms");
+    let held = matches!(r.state, "held" | "draining");
+    SlotInfo {
+        id: text(d, "_id").unwrap_or_default(),
+        state: r.state,
+        holder: SlotView::of(r).holder,
+        epoch: int(d, "epoch"),
+        lease_ms,
+        lease_age_ms: r.lease_age_ms,
+        lease_left_ms: match (held, lease_ms, r.lease_age_ms) {
+            (true, Some(l), Some(a)) => Some((l - a).max(0)),
+            (false, Some(_), _) => Some(0),
+            _ => None,
+        },
+        robots: int(d, "robot_count").unwrap_or(0),
+        draining: matches!(d.get("draining"), Some(Bson::Boolean(true))),
+    }
+}
+
+fn worker_info(d: &Document) -> WorkerInfo {
+    let slot = text(d, "slot_id");
+    WorkerInfo {
+        id: text(d, "_id").unwrap_or_default(),
+        role: if slot.is_some() { "holder" } else { "standby" },
+        slot,
+        held: int(d, "held"),
+        last_seen_ms: int(d, "seen_ms"),
+        version: text(d, "version"),
+    }
+}
+
+fn event_info(d: &Document) -> EventInfo {
+    let at = match d.get("at") {
+        Some(Bson::DateTime(t)) => t.try_to_rfc3339_string().ok(),
+        _ => None,
+    };
+    let fields = d
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "_id" | "at" | "kind"))
+        .filter(|(_, v)| !matches!(v, Bson::Null))
+        .map(|(k, v)| {
+            let v = match v {
+                Bson::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    EventInfo {
+        at,
+        kind: text(d, "kind").unwrap_or_default(),
+        fields,
+    }
+}
+
+fn robot_row(d: &Document) -> RobotRow {
+    RobotRow {
+        name: text(d, "name").unwrap_or_default(),
+        kind: text(d, "kind").unwrap_or_default(),
+        slot: text(d, "slot_id").unwrap_or_default(),
+        state: "waiting",
+        holder: None,
+        why: None,
+        status: text(d, "status"),
+        error: text(d, "error"),
+        paused: d.get_bool("paused").unwrap_or(false),
+        seq: int(d, "seq"),
+        epoch: int(d, "epoch"),
+        restarts: int(d, "restarts"),
+        checkpointed_at_ms: match d.get("checkpointed_at") {
+            Some(Bson::DateTime(t)) => Some(t.timestamp_millis()),
+            _ => None,
+        },
+        worker: text(d, "worker"),
+    }
+}
+
+/// The pool in numbers, from a snapshot's parts.
+pub fn summarize(s: &Snapshot, unplaced: i64) -> Summary {
+    let held = s
+        .slots
+        .iter()
+        .filter(|x| matches!(x.state, "held" | "draining"))
+        .count();
+    let unheld = s
+        .slots
+        .iter()
+        .filter(|x| matches!(x.state, "free" | "expired"))
+        .count();
+    let standbys = s.workers.iter().filter(|w| w.role == "standby").count();
+    let mut by_state = BTreeMap::new();
+    for r in s.robots.iter().flat_map(|r| r.iter()) {
+        *by_state.entry(r.state).or_default() += 1;
+    }
+    Summary {
+        slots: s.slots.len(),
+        held,
+        unheld,
+        workers: s.workers.len(),
+        standbys,
+        // Each holder failure needs one standby; unheld slots take standbys first.
+        failures_absorbable: standbys.saturating_sub(unheld),
+        robots: s.robots.as_ref().map_or(0, |r| r.len()),
+        robots_by_state: by_state,
+        robots_unplaced: unplaced,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(id: &str, state: &'static str) -> SlotInfo {
+        SlotInfo {
+            id: id.into(),
+            state,
+            holder: None,
+            epoch: Some(1),
+            lease_ms: Some(2000),
+            lease_age_ms: Some(100),
+            lease_left_ms: Some(1900),
+            robots: 0,
+            draining: false,
+        }
+    }
+
+    fn worker(id: &str, slot: Option<&str>) -> WorkerInfo {
+        WorkerInfo {
+            id: id.into(),
+            role: if slot.is_some() { "holder" } else { "standby" },
+            slot: slot.map(str::to_string),
+            held: None,
+            last_seen_ms: Some(10),
+            version: None,
+        }
+    }
+
+    #[test]
+    fn unheld_slots_use_up_standbys_before_failures_can_be_absorbed() {
+        let mut s = Snapshot {
+            slots: vec![slot("a", "held"), slot("b", "expired"), slot("c", "free")],
+            workers: vec![worker("w1", Some("a")), worker("w2", None)],
+            ..Default::default()
+        };
+        let sum = summarize(&s, 0);
+        assert_eq!((sum.held, sum.unheld, sum.standbys), (1, 2, 1));
+        assert_eq!(sum.failures_absorbable, 0);
+        s.slots = vec![slot("a", "held"), slot("b", "draining")];
+        s.workers.push(worker("w3", None));
+        let sum = summarize(&s, 3);
+        assert_eq!((sum.held, sum.unheld, sum.failures_absorbable), (2, 0, 2));
+        assert_eq!(sum.robots_unplaced, 3);
+    }
+
+    #[test]
+    fn a_dead_holders_slot_shows_no_holder_and_no_lease_left() {
+        let d = doc! {"_id": "slot-1", "owner": "w:1", "epoch": 4_i64, "lease_ms": 2000_i64, "robot_count": 7_i64};
+        let expired = slot_info(&SlotRow {
+            doc: d.clone(),
+            lease_age_ms: Some(5000),
+            state: "expired",
+        });
+        assert_eq!(expired.holder, None);
+        assert_eq!(expired.lease_left_ms, Some(0));
+        assert_eq!((expired.epoch, expired.robots), (Some(4), 7));
+        let held = slot_info(&SlotRow {
+            doc: d,
+            lease_age_ms: Some(500),
+            state: "held",
+        });
+        assert_eq!(held.holder.as_deref(), Some("w:1"));
+        assert_eq!(held.lease_left_ms, Some(1500));
+    }
+
+    #[test]
+    fn event_fields_are_kept_as_text_without_id_and_nulls() {
+        let e = event_info(&doc! {
+            "_id": bson::oid::ObjectId::new(), "at": bson::DateTime::from_millis(0),
+            "kind": "claim", "worker": "w:1", "epoch": 3_i64, "detail": Bson::Null,
+        });
+        assert_eq!(e.kind, "claim");
+        assert_eq!(e.at.as_deref(), Some("1970-01-01T00:00:00Z"));
+        assert_eq!(
+            e.fields.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("epoch".to_string(), "3".to_string()),
+                ("worker".to_string(), "w:1".to_string())
+            ]
+        );
+    }
+}
