@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
+use axum::extract::rejection::FormRejection;
 use axum::extract::{ConnectInfo, Path, RawQuery, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -427,6 +428,26 @@ fn refused(app: &App, s: Option<&Session>, d: Denied) -> Response {
     problem(app, s, status, "Not allowed", text)
 }
 
+/// A form's fields, once actions are known to be allowed (a read-only dashboard
+/// answers every write 403, whatever its body).
+fn fields(
+    app: &App,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
+) -> Result<HashMap<String, String>, Box<Response>> {
+    if !app.auth.actions_allowed() {
+        return Err(Box::new(refused(app, None, Denied::Disabled)));
+    }
+    form.map(|Form(f)| f).map_err(|e| {
+        Box::new(problem(
+            app,
+            None,
+            StatusCode::BAD_REQUEST,
+            "Bad form",
+            &e.body_text(),
+        ))
+    })
+}
+
 async fn form_action(
     app: &App,
     peer: SocketAddr,
@@ -467,8 +488,12 @@ pub async fn robot_action(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((name, action)): Path<(String, String)>,
     headers: HeaderMap,
-    Form(form): Form<HashMap<String, String>>,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
+    let form = match fields(&app, form) {
+        Ok(f) => f,
+        Err(res) => return *res,
+    };
     let back = if action == "delete" {
         "/robots".to_string()
     } else {
@@ -483,8 +508,12 @@ pub async fn slot_action(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((id, action)): Path<(String, String)>,
     headers: HeaderMap,
-    Form(form): Form<HashMap<String, String>>,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
+    let form = match fields(&app, form) {
+        Ok(f) => f,
+        Err(res) => return *res,
+    };
     let parsed = Action::for_slot(&action);
     form_action(&app, peer, &headers, &form, &id, parsed, "/".into()).await
 }
@@ -514,11 +543,12 @@ fn login_page(app: &App, headers: &HeaderMap, status: StatusCode, note: Option<&
 pub async fn login(
     State(app): State<App>,
     headers: HeaderMap,
-    Form(form): Form<HashMap<String, String>>,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
-    if !app.auth.actions_allowed() {
-        return refused(&app, None, Denied::Disabled);
-    }
+    let form = match fields(&app, form) {
+        Ok(f) => f,
+        Err(res) => return *res,
+    };
     let origin = header_str(&headers, header::ORIGIN);
     let host = header_str(&headers, header::HOST);
     if origin.is_some_and(|o| Some(o) != host.map(|h| format!("http://{h}")).as_deref()) {
@@ -551,8 +581,12 @@ pub async fn login(
 pub async fn logout(
     State(app): State<App>,
     headers: HeaderMap,
-    Form(form): Form<HashMap<String, String>>,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
+    let form = match fields(&app, form) {
+        Ok(f) => f,
+        Err(res) => return *res,
+    };
     let checked = app.auth.form(
         header_str(&headers, header::COOKIE),
         form.get("csrf").map(String::as_str),

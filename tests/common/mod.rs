@@ -14,6 +14,7 @@ use slotpool::Store;
 
 pub mod invariants;
 pub mod proxy;
+pub mod web;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_slotpool");
 

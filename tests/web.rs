@@ -1,0 +1,445 @@
+//! `slotpool web` over plain HTTP: what it shows, that it is read-only unless told
+//! otherwise, that actions need the token and are recorded, and that bad input gets
+//! clear answers with nothing changed. The browser tests are in tests/browser.rs.
+
+mod common;
+
+use std::time::Duration;
+
+use bson::doc;
+use common::web::{request, WebProc, TOKEN};
+use common::{wait_for, TestDb};
+
+fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+async fn paused(db: &TestDb, name: &str) -> bool {
+    db.robot(name).await.get_bool("paused").unwrap_or(false)
+}
+
+#[tokio::test]
+async fn read_only_dashboard_shows_the_pool_and_refuses_every_write() {
+    let db = TestDb::new("web_ro").await;
+    db.init(3).await;
+    let worker = db.worker(&[]);
+    wait_for(
+        Duration::from_secs(20),
+        "the worker to hold every slot",
+        || async { (db.held_per_worker().await.get(&worker.id) == Some(&3)).then_some(()) },
+    )
+    .await;
+    db.cli_ok(&[
+        "robot", "create", "--name", "ro", "--kind", "counter", "--count", "3",
+    ]);
+    let web = WebProc::start(&db.uri, &db.dir, false, &[]).await;
+
+    // Every slot, its holder and epoch; the worker; the summary.
+    let v = web.overview_with_robots().await;
+    let slots = v["slots"].as_array().unwrap();
+    assert_eq!(slots.len(), 3);
+    for s in slots {
+        assert_eq!(s["holder"], worker.id.as_str(), "{s}");
+        assert_eq!(s["state"], "held");
+        assert!(s["epoch"].as_i64().unwrap() >= 1);
+        assert!(s["lease_left_ms"].as_i64().unwrap() <= s["lease_ms"].as_i64().unwrap());
+    }
+    assert_eq!(v["summary"]["held"], 3);
+    assert_eq!(v["summary"]["robots"], 3);
+    assert_eq!(v["workers"][0]["id"], worker.id.as_str());
+    let page = web.get("/").unwrap();
+    assert_eq!(page.status, 200);
+    for s in ["slot-001", "slot-002", "slot-003", &worker.id] {
+        assert!(page.body.contains(s), "{s} on the overview");
+    }
+    assert!(
+        page.body.contains("read-only") && !page.body.contains("<form"),
+        "no buttons when read-only"
+    );
+    assert!(page
+        .header("content-security-policy")
+        .unwrap()
+        .contains("script-src 'self'"));
+    let robots = web.json("/api/v1/robots?q=ro-2");
+    assert_eq!(robots["matching"], 1);
+    assert_eq!(robots["robots"][0]["name"], "ro-2");
+
+    // Every write is refused, with or without the token; nothing changes.
+    let auth = bearer();
+    let with_token = [("Authorization", auth.as_str())];
+    for (method, path, headers) in [
+        ("POST", "/api/v1/robots/ro-1/pause", &with_token[..]),
+        ("POST", "/api/v1/robots/ro-1/pause", &[][..]),
+        ("DELETE", "/api/v1/robots/ro-1", &with_token[..]),
+        ("POST", "/api/v1/slots/slot-001/drain", &with_token[..]),
+        ("POST", "/robots/ro-1/pause", &[][..]),
+        ("POST", "/login", &[][..]),
+    ] {
+        let r = request(web.port, method, path, headers, b"").unwrap();
+        assert_eq!(r.status, 403, "{method} {path}: {}", r.body);
+    }
+    for (method, path) in [
+        ("POST", "/"),
+        ("PUT", "/api/v1/robots/ro-1"),
+        ("POST", "/api/v1/overview"),
+        ("PATCH", "/nowhere"),
+    ] {
+        let r = request(web.port, method, path, &[], b"").unwrap();
+        assert_eq!(r.status, 405, "{method} {path}: {}", r.body);
+    }
+    assert_eq!(web.get("/login").unwrap().status, 403);
+    assert!(!paused(&db, "ro-1").await);
+    assert_ne!(
+        db.slot("slot-001").await.get_bool("draining").ok(),
+        Some(true)
+    );
+    assert!(web.log_text().contains("read-only"));
+}
+
+#[tokio::test]
+async fn actions_need_the_token_and_are_recorded_with_who_and_where() {
+    let db = TestDb::new("web_act").await;
+    db.init(2).await;
+    db.cli_ok(&[
+        "robot", "create", "--name", "act", "--kind", "counter", "--count", "2",
+    ]);
+    let web = WebProc::start(&db.uri, &db.dir, true, &[]).await;
+    let port = web.port;
+    let post = |path: &str, headers: &[(&str, &str)], body: &[u8]| {
+        request(port, "POST", path, headers, body).unwrap()
+    };
+
+    // No token, a wrong one, another scheme: 401, nothing changed.
+    for h in [
+        vec![],
+        vec![(
+            "Authorization",
+            "Bearer wrong-token-wrong-token-wrong-token",
+        )],
+        vec![("Authorization", "Basic dGVzdDp0ZXN0")],
+    ] {
+        let r = post("/api/v1/robots/act-1/pause", &h, b"");
+        assert_eq!(r.status, 401, "{h:?}: {}", r.body);
+        assert!(r.header("www-authenticate").unwrap().starts_with("Bearer"));
+    }
+    assert!(!paused(&db, "act-1").await);
+
+    let auth = bearer();
+    let ok = [
+        ("Authorization", auth.as_str()),
+        ("X-Slotpool-Actor", "ada"),
+    ];
+    let r = post("/api/v1/robots/act-1/pause", &ok, b"");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(paused(&db, "act-1").await);
+    let event = db
+        .store
+        .events()
+        .find_one(doc! {"kind": "pause", "robot": "act-1"})
+        .await
+        .unwrap()
+        .expect("the pause is in events");
+    assert_eq!(event.get_str("by").unwrap(), "web");
+    assert_eq!(event.get_str("actor").unwrap(), "ada");
+    assert!(event.get_str("from").unwrap().starts_with("127.0.0.1:"));
+
+    let r = post("/api/v1/robots/act-1/resume", &ok, b"");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(!paused(&db, "act-1").await);
+
+    // A move names its destination; a bad one is refused and changes nothing.
+    let from = db
+        .robot("act-1")
+        .await
+        .get_str("slot_id")
+        .unwrap()
+        .to_string();
+    let to = if from == "slot-001" {
+        "slot-002"
+    } else {
+        "slot-001"
+    };
+    for (body, status) in [
+        (&b"{\"to\": \"slot-999\"}"[..], 404),
+        (&b"{}"[..], 404),
+        (&b"not json"[..], 400),
+    ] {
+        let r = post("/api/v1/robots/act-1/move", &ok, body);
+        assert_eq!(
+            r.status,
+            status,
+            "{}: {}",
+            String::from_utf8_lossy(body),
+            r.body
+        );
+    }
+    assert_eq!(db.robot("act-1").await.get_str("slot_id").unwrap(), from);
+    let r = post(
+        "/api/v1/robots/act-1/move",
+        &ok,
+        format!("{{\"to\": \"{to}\"}}").as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(db.robot("act-1").await.get_str("slot_id").unwrap(), to);
+
+    // Slots drain and undrain; unknown things are 404 with a reason.
+    assert_eq!(post("/api/v1/slots/slot-002/drain", &ok, b"").status, 200);
+    assert!(db.slot("slot-002").await.get_bool("draining").unwrap());
+    assert_eq!(post("/api/v1/slots/slot-002/undrain", &ok, b"").status, 200);
+    assert!(!db.slot("slot-002").await.get_bool("draining").unwrap());
+    let r = post("/api/v1/slots/slot-404/drain", &ok, b"");
+    assert_eq!(r.status, 404);
+    assert!(r.body.contains("no slot"), "{}", r.body);
+    assert_eq!(post("/api/v1/robots/ghost/pause", &ok, b"").status, 404);
+    assert_eq!(post("/api/v1/robots/act-1/explode", &ok, b"").status, 404);
+
+    let r = request(port, "DELETE", "/api/v1/robots/act-2", &ok, b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(db
+        .store
+        .robots()
+        .find_one(doc! {"name": "act-2"})
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        db.store
+            .events()
+            .count_documents(doc! {"by": "web"})
+            .await
+            .unwrap(),
+        6,
+        "pause, resume, move, drain, undrain, delete"
+    );
+}
+
+/// Logs in as a browser would; returns the session cookie and the CSRF token.
+fn login(port: u16) -> (String, String) {
+    let body = format!("token={TOKEN}&who=grace");
+    let r = request(
+        port,
+        "POST",
+        "/login",
+        &[
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", &format!("http://127.0.0.1:{port}")),
+        ],
+        body.as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 303, "{}", r.body);
+    let cookie = r.header("set-cookie").unwrap();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let cookie = cookie.split(';').next().unwrap().to_string();
+    let page = request(port, "GET", "/", &[("Cookie", &cookie)], b"").unwrap();
+    let csrf = page
+        .body
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a CSRF token in the page's forms")
+        .to_string();
+    (cookie, csrf)
+}
+
+#[tokio::test]
+async fn browser_forms_need_the_session_its_csrf_token_and_this_origin() {
+    let db = TestDb::new("web_csrf").await;
+    db.init(1).await;
+    db.cli_ok(&["robot", "create", "--name", "form", "--kind", "counter"]);
+    let web = WebProc::start(&db.uri, &db.dir, true, &[]).await;
+    let port = web.port;
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let r = request(
+        port,
+        "POST",
+        "/login",
+        &form,
+        b"token=wrong-token-wrong-token-wrong-token&who=x",
+    )
+    .unwrap();
+    assert_eq!(r.status, 401);
+    assert!(r.header("set-cookie").is_none());
+
+    let (cookie, csrf) = login(port);
+    let ours = format!("http://127.0.0.1:{port}");
+    let send = |cookie: &str, origin: &str, body: &str| {
+        request(
+            port,
+            "POST",
+            "/robots/form/pause",
+            &[
+                ("Content-Type", "application/x-www-form-urlencoded"),
+                ("Cookie", cookie),
+                ("Origin", origin),
+            ],
+            body.as_bytes(),
+        )
+        .unwrap()
+    };
+    // Forged: no CSRF token, a wrong one, another site's origin, no session.
+    assert_eq!(send(&cookie, &ours, "").status, 403);
+    assert_eq!(send(&cookie, &ours, "csrf=0000").status, 403);
+    assert_eq!(
+        send(&cookie, "http://evil.example", &format!("csrf={csrf}")).status,
+        403
+    );
+    assert_eq!(
+        send("slotpool_session=forged", &ours, &format!("csrf={csrf}")).status,
+        401
+    );
+    // The API never takes the cookie.
+    let r = request(
+        port,
+        "POST",
+        "/api/v1/robots/form/pause",
+        &[("Cookie", &cookie)],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(r.status, 401);
+    assert!(!paused(&db, "form").await);
+
+    let r = send(&cookie, &ours, &format!("csrf={csrf}"));
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(r.header("location"), Some("/robots/form"));
+    assert!(paused(&db, "form").await);
+    let event = db
+        .store
+        .events()
+        .find_one(doc! {"kind": "pause", "robot": "form"})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.get_str("actor").unwrap(), "grace");
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_answers_and_hostile_text_stays_text() {
+    let db = TestDb::new("web_bad").await;
+    db.init(1).await;
+    let hostile = "<script>alert('name')</script>";
+    db.insert_exec_by_hand(hostile, doc! {"command": "/bin/true"})
+        .await;
+    let id = db.robot(hostile).await.get_object_id("_id").unwrap();
+    db.store
+        .robots()
+        .update_one(
+            doc! {"_id": id},
+            doc! {"$set": {"context": {"note": "</pre><img src=x onerror=alert(1)>"}}},
+        )
+        .await
+        .unwrap();
+    db.store
+        .outputs()
+        .insert_one(doc! {"_id": id, "gen": 1_i64, "lines": [
+            {"n": 1_i64, "at": bson::DateTime::now(), "stream": "stdout\" onmouseover=\"x", "text": "<b>bold</b>"},
+        ]})
+        .await
+        .unwrap();
+    let web = WebProc::start(&db.uri, &db.dir, false, &[]).await;
+    web.overview_with_robots().await;
+
+    // Escaped everywhere it shows.
+    let encoded = "%3Cscript%3Ealert('name')%3C%2Fscript%3E";
+    let page = web.get(&format!("/robots/{encoded}")).unwrap();
+    assert_eq!(page.status, 200, "{}", page.body);
+    for raw in ["<script>alert", "<img src=x", "<b>bold", "onmouseover=\"x"] {
+        assert!(
+            !page.body.contains(raw),
+            "{raw} unescaped in the robot page"
+        );
+    }
+    assert!(page
+        .body
+        .contains("&lt;script&gt;alert('name')&lt;/script&gt;"));
+    assert!(page.body.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    assert!(page.body.contains("&lt;b&gt;bold&lt;/b&gt;"));
+    let list = web.get("/robots").unwrap();
+    assert!(!list.body.contains("<script>alert"));
+    assert!(list.body.contains("&lt;script&gt;"));
+    let api = web.json(&format!("/api/v1/robots/{encoded}"));
+    assert_eq!(
+        api["robot"]["name"], hostile,
+        "JSON carries the name as data"
+    );
+
+    // Unknown robot: a 404 page (HTML) and a 404 JSON error.
+    let r = web.get("/robots/nobody").unwrap();
+    assert_eq!(r.status, 404);
+    assert!(r.header("content-type").unwrap().starts_with("text/html"));
+    assert!(r.body.contains("There is no robot named"));
+    let r = web.get("/api/v1/robots/nobody").unwrap();
+    assert_eq!(r.status, 404);
+    assert!(r.body.contains("no robot named"));
+    assert_eq!(web.get("/no/such/page").unwrap().status, 404);
+    assert_eq!(web.get("/api/v1/nothing").unwrap().status, 404);
+
+    // Malformed query parameters: 400 that says what is accepted.
+    for q in [
+        "page=0",
+        "page=abc",
+        "per_page=100000",
+        "state=dead",
+        "sort=%24where",
+        "order=sideways",
+        "q=a&q=b",
+        "page%5B%24gt%5D=1",
+    ] {
+        let r = web.get(&format!("/api/v1/robots?{q}")).unwrap();
+        assert_eq!(r.status, 400, "{q}: {}", r.body);
+        assert!(r.body.contains("\"error\""), "{q}: {}", r.body);
+        let page = web.get(&format!("/robots?{q}")).unwrap();
+        assert_eq!(page.status, 400, "{q}");
+        assert!(page.body.contains("Bad search"));
+    }
+
+    // Oversized: a request head past 8 KiB, a body past 16 KiB.
+    let long = format!("/robots?q={}", "x".repeat(10 * 1024));
+    let r = request(web.port, "GET", &long, &[], b"").unwrap();
+    assert_eq!(r.status, 431);
+    let big = vec![b'a'; 64 * 1024];
+    let auth = bearer();
+    let r = request(
+        web.port,
+        "POST",
+        "/api/v1/robots/x/move",
+        &[("Authorization", &auth)],
+        &big,
+    );
+    // Read-only: refused before the body matters, or refused for its size.
+    assert!(matches!(r.map(|r| r.status), Some(403) | Some(413) | None));
+
+    // The dashboard is still well.
+    assert_eq!(web.get("/api/v1/overview").unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn an_oversized_action_body_is_refused_and_nothing_changes() {
+    let db = TestDb::new("web_big").await;
+    db.init(2).await;
+    db.cli_ok(&["robot", "create", "--name", "big", "--kind", "counter"]);
+    let web = WebProc::start(&db.uri, &db.dir, true, &[]).await;
+    let auth = bearer();
+    let mut body = b"{\"to\": \"slot-002\", \"pad\": \"".to_vec();
+    body.extend(std::iter::repeat_n(b'a', 64 * 1024));
+    body.extend(b"\"}");
+    let before = db
+        .robot("big")
+        .await
+        .get_str("slot_id")
+        .unwrap()
+        .to_string();
+    let r = request(
+        web.port,
+        "POST",
+        "/api/v1/robots/big/move",
+        &[("Authorization", &auth)],
+        &body,
+    );
+    if let Some(r) = r {
+        assert_eq!(r.status, 413, "{}", r.body);
+    }
+    assert_eq!(db.robot("big").await.get_str("slot_id").unwrap(), before);
+    assert_eq!(web.get("/api/v1/overview").unwrap().status, 200);
+}
