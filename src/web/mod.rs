@@ -252,7 +252,9 @@ async fn security_headers(req: Request, next: Next) -> Response {
     );
     set(h, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
     set(h, header::X_FRAME_OPTIONS, "DENY");
-    set(h, header::REFERRER_POLICY, "no-referrer");
+    // same-origin, not no-referrer: with no-referrer a browser sends `Origin: null`
+    // on form posts, and the CSRF check needs the real origin.
+    set(h, header::REFERRER_POLICY, "same-origin");
     set(h, header::CACHE_CONTROL, "no-store");
     res
 }

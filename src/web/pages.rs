@@ -172,11 +172,11 @@ pub async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
         @if snap.slots.is_empty() { p { "No slots yet: run " code { "slotpool init --slots N" } "." } }
         h2 { "Workers" }
         table #workers {
-            thead { tr { th { "Worker" } th { "Role" } th { "Slot" } th { "Last seen" } th { "Version" } } }
+            thead { tr { th { "Worker" } th { "Role" } th { "Slot" } th { "Slots held" } th { "Last seen" } th { "Version" } } }
             tbody {
                 @for w in &snap.workers {
                     tr {
-                        td { (w.id) } td { (w.role) } td { (w.slot.as_deref().unwrap_or("-")) }
+                        td { (w.id) } td { (w.role) } td { (w.slot.as_deref().unwrap_or("-")) } td { (w.held.unwrap_or(0)) }
                         td { (age(w.last_seen_ms)) " ago" } td { (w.version.as_deref().unwrap_or("-")) }
                     }
                 }

@@ -65,10 +65,13 @@ pub struct SlotInfo {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct WorkerInfo {
     pub id: String,
-    /// `holder` or `standby`.
+    /// `holder` (holds a live slot), `standby`, or `overdue` (holds nothing and its
+    /// last heartbeat is older than one beat: probably gone, not counted as a
+    /// standby).
     pub role: &'static str,
     /// Its first held slot (a holder with room may hold more: see `held`).
     pub slot: Option<String>,
+    /// How many slots it holds now.
     pub held: Option<i64>,
     pub last_seen_ms: Option<i64>,
     pub version: Option<String>,
@@ -283,11 +286,12 @@ impl Snapshotter {
         let workers = view::live_workers(&self.store).await?;
         let now_ms = self.store.server_now().await?.timestamp_millis();
         let events = self.read_events(now_ms).await?;
+        let slots: Vec<SlotInfo> = rows.iter().map(slot_info).collect();
         Ok(Snapshot {
             now_ms,
             taken: Some(Instant::now()),
-            slots: rows.iter().map(slot_info).collect(),
-            workers: workers.iter().map(worker_info).collect(),
+            workers: workers.iter().map(|w| worker_info(w, &slots)).collect(),
+            slots,
             events,
             ..Default::default()
         })
@@ -453,13 +457,29 @@ fn slot_info(r: &SlotRow) -> SlotInfo {
     }
 }
 
-fn worker_info(d: &Document) -> WorkerInfo {
-    let slot = text(d, "slot_id");
+/// A live worker, its role judged by the slots it holds now (its own document may
+/// still name a slot it lost: a killed worker cannot update it).
+fn worker_info(d: &Document, slots: &[SlotInfo]) -> WorkerInfo {
+    let id = text(d, "_id").unwrap_or_default();
+    let held: Vec<&SlotInfo> = slots
+        .iter()
+        .filter(|s| s.holder.as_deref() == Some(id.as_str()))
+        .collect();
+    // Heartbeats are at most REAR_TICKS ticks apart; the line believes one for two
+    // beats, so a worker killed a moment ago still counts as live there. Past one
+    // beat (and a second of slack) it is shown as overdue, not as a standby.
+    let tick = int(d, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
+    let beat = tick * crate::line::REAR_TICKS as i64 + 1000;
+    let overdue = int(d, "seen_ms").is_some_and(|s| s > beat);
     WorkerInfo {
-        id: text(d, "_id").unwrap_or_default(),
-        role: if slot.is_some() { "holder" } else { "standby" },
-        slot,
-        held: int(d, "held"),
+        role: match (held.is_empty(), overdue) {
+            (false, _) => "holder",
+            (true, false) => "standby",
+            (true, true) => "overdue",
+        },
+        slot: held.first().map(|s| s.id.clone()),
+        held: Some(held.len() as i64),
+        id,
         last_seen_ms: int(d, "seen_ms"),
         version: text(d, "version"),
     }
@@ -606,6 +626,24 @@ mod tests {
         });
         assert_eq!(held.holder.as_deref(), Some("w:1"));
         assert_eq!(held.lease_left_ms, Some(1500));
+    }
+
+    #[test]
+    fn a_workers_role_comes_from_the_slots_it_holds_and_its_last_heartbeat() {
+        let mut held = slot("slot-1", "held");
+        held.holder = Some("w:1".into());
+        let slots = vec![held];
+        // Its own document still names a slot; the slots say who holds it.
+        let w = |id: &str, seen: i64| doc! {"_id": id, "slot_id": "slot-1", "tick_ms": 1000_i64, "seen_ms": seen};
+        let holder = worker_info(&w("w:1", 20_000), &slots);
+        assert_eq!((holder.role, holder.held), ("holder", Some(1)));
+        assert_eq!(holder.slot.as_deref(), Some("slot-1"));
+        assert_eq!(worker_info(&w("w:2", 5_900), &slots).role, "standby");
+        let gone = worker_info(&w("w:3", 6_100), &slots);
+        assert_eq!(
+            (gone.role, gone.slot, gone.held),
+            ("overdue", None, Some(0))
+        );
     }
 
     #[test]

@@ -82,7 +82,7 @@
   function renderWorkers(workers) {
     var rows = workers.map(function (w) {
       var tr = el('tr');
-      [w.id, w.role, w.slot || '-', age(w.last_seen_ms) + ' ago', w.version || '-'].forEach(function (t) { tr.appendChild(el('td', null, t)); });
+      [w.id, w.role, w.slot || '-', w.held || 0, age(w.last_seen_ms) + ' ago', w.version || '-'].forEach(function (t) { tr.appendChild(el('td', null, t)); });
       return tr;
     });
     var tbody = document.querySelector('#workers tbody');
