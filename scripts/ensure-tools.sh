@@ -2,11 +2,15 @@
 # Installs the system tools the tests use, when missing and when it can (root + apt):
 # - faketime: the chaos suite skews a real worker's clock with libfaketime (required);
 # - promtool (Debian's `prometheus`): checks and unit-tests deploy/prometheus/alerts.yml
-#   (best effort: without it tests/deploy.rs checks the rules' metric names only).
+#   (best effort: without it tests/deploy.rs checks the rules' metric names only);
+# - chromium and chromium-driver: tests/browser.rs drives the dashboard in a real
+#   headless Chromium (required).
 set -euo pipefail
 missing=()
 [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || missing+=(faketime)
 command -v promtool >/dev/null || missing+=(prometheus)
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)
+[[ -x /usr/bin/chromedriver ]] || missing+=(chromium-driver)
 if [[ ${#missing[@]} == 0 ]]; then exit 0; fi
 if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
   echo "ensure-tools: installing ${missing[*]} (Debian packages)" >&2
@@ -20,5 +24,5 @@ if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
   if command -v service >/dev/null; then service prometheus stop >/dev/null 2>&1 || true; fi
   pkill -x prometheus >/dev/null 2>&1 || true
 else
-  echo "ensure-tools: please install ${missing[*]} (faketime for the clock-skew chaos test; prometheus for promtool)" >&2
+  echo "ensure-tools: please install ${missing[*]} (faketime for the clock-skew chaos test; prometheus for promtool; chromium and chromium-driver for the browser tests)" >&2
 fi
