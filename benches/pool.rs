@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots
+//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -591,6 +591,123 @@ async fn standbys(held: usize) -> Row {
     }
 }
 
+/// What `slotpool web` costs the database, and how fast it answers, over `n` robots
+/// on 10 slots held by a ghost holder (renewed every second by the bench): the dev
+/// server's CPU and operations with no dashboard, then with one viewer and with 20
+/// viewers each polling the overview and a search once a second; then the latency of
+/// a search over all `n` robots and of a page of the robot table.
+async fn web_cost(n: u32) -> Row {
+    let name = format!("Dashboard (`slotpool web`, defaults) over {n} robots on 10 slots: the dev server's CPU and operations/s it adds (20 s windows), and its answer times");
+    fresh_server();
+    let db = TestDb::new("b_web").await;
+    ghost_slots(&db, 10, 2000, false).await;
+    let renewing = renew_ghosts(&db);
+    for keys in [doc! {"name": 1}, doc! {"slot_id": 1}] {
+        db.store
+            .robots()
+            .create_index(mongodb::IndexModel::builder().keys(keys).build())
+            .await
+            .unwrap();
+    }
+    let now = bson::DateTime::now();
+    let docs: Vec<bson::Document> = (0..n)
+        .map(|i| {
+            doc! {
+                "name": format!("bot-{i:05}"), "kind": "counter", "spec": {},
+                "slot_id": format!("slot-{:05}", i % 10 + 1), "epoch": 0_i64,
+                "context": {"n": 0_i64}, "seq": 0_i64, "paused": false, "status": "pending",
+                "created_at": now,
+            }
+        })
+        .collect();
+    for chunk in docs.chunks(1000) {
+        db.store.robots().insert_many(chunk.to_vec()).await.unwrap();
+    }
+    let window = Duration::from_secs(20);
+    let pid = server_pid();
+    let measure = |label: String| {
+        let db = &db;
+        async move {
+            let ops = opcounters(db).await;
+            let t = Instant::now();
+            let cores = match pid {
+                Some(pid) => server_cores(pid, window).await,
+                None => {
+                    tokio::time::sleep(window).await;
+                    f64::NAN
+                }
+            };
+            let rate = (opcounters(db).await - ops) as f64 / t.elapsed().as_secs_f64();
+            (label, cores, rate)
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let base = measure("no dashboard".into()).await;
+    let web = common::web::WebProc::start(&db.uri, &db.dir, false, &[]).await;
+    web.overview_with_robots().await;
+    let mut figures = vec![format!(
+        "no dashboard: {:.3} cores, {:.1} ops/s",
+        base.1, base.2
+    )];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut viewers = Vec::new();
+    for viewers_wanted in [1usize, 20] {
+        while viewers.len() < viewers_wanted {
+            let (stop, port) = (stop.clone(), web.port);
+            viewers.push(std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = common::web::request(port, "GET", "/api/v1/overview", &[], b"");
+                    let _ = common::web::request(
+                        port,
+                        "GET",
+                        "/api/v1/robots?q=bot-07&sort=seq",
+                        &[],
+                        b"",
+                    );
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let (_, cores, rate) = measure(String::new()).await;
+        figures.push(format!(
+            "{viewers_wanted} viewer(s): +{:.3} cores, +{:.1} ops/s",
+            cores - base.1,
+            rate - base.2
+        ));
+    }
+    let times = |path: &str| {
+        let mut ms: Vec<f64> = (0..200)
+            .map(|_| {
+                let t = Instant::now();
+                let r = common::web::request(web.port, "GET", path, &[], b"").unwrap();
+                assert_eq!(r.status, 200, "{path}");
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        format!("p50 {:.1} ms, p99 {:.1} ms", pct(&ms, 0.5), pct(&ms, 0.99))
+    };
+    figures.push(format!(
+        "search of all {n} (`/api/v1/robots?q=bot-07&sort=seq&order=desc`): {}",
+        times("/api/v1/robots?q=bot-07&sort=seq&order=desc")
+    ));
+    figures.push(format!(
+        "a page of the table (`/robots?page=40`): {}",
+        times("/robots?page=40")
+    ));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for v in viewers {
+        let _ = v.join();
+    }
+    renewing.abort();
+    Row {
+        name,
+        figures: figures.join("; "),
+        goal: "issue 11: viewers share one snapshot; fast at 10,000 robots".into(),
+    }
+}
+
 /// Waits until worker `id` has written its first heartbeat.
 async fn wait_heartbeat(db: &TestDb, id: &str) {
     common::wait_for(
@@ -973,6 +1090,9 @@ async fn main() {
     }
     if want("standbys") {
         show(&mut rows, standbys(100).await);
+    }
+    if want("web") {
+        show(&mut rows, web_cost(big as u32).await);
     }
     if want("output") {
         show(&mut rows, output().await);
