@@ -1,5 +1,5 @@
 //! What people may do to the pool, in one place for the CLI and `slotpool web`:
-//! pause, resume, move and delete a robot, drain and undrain a slot. Every action is
+//! pause, resume, move and delete a robot, drain and undrain a slot, rebalance. Every action is
 //! recorded in `events` with who asked and from where ([`Actor`]), so the log shows
 //! the operator's hand next to the workers' claims and losses.
 //!
@@ -7,7 +7,8 @@
 //! slot's `rev` so its holder notices within a tick, a move is the fenced move of
 //! [`crate::placement::move_robots`], a drain sets `draining` for the holder to act on.
 
-use bson::{doc, Document};
+use bson::{doc, oid::ObjectId, Document};
+use futures::TryStreamExt;
 
 use crate::placement::{self, MoveError};
 use crate::store::Store;
@@ -54,6 +55,8 @@ pub enum ActionError {
     BadDocument(String),
     #[error("{0} changed while moving it; try again")]
     Changed(String),
+    #[error("no slots to rebalance over: run `slotpool init --slots N` first (draining slots are not used)")]
+    NoSlots,
     #[error(transparent)]
     Refused(MoveError),
     #[error("database error: {}", crate::store::brief(.0))]
@@ -226,4 +229,138 @@ pub async fn set_draining(
         slot: Some(slot.to_string()),
         changed: r.modified_count == 1,
     })
+}
+
+/// One planned move of robots from one slot to another, and what came of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedMove {
+    pub from: String,
+    pub to: String,
+    /// Ids and names, by name.
+    pub robots: Vec<(ObjectId, String)>,
+    pub moved: u64,
+    /// Why the destination refused (drained meanwhile, say).
+    pub refused: Option<String>,
+}
+
+/// A rebalance: the counts it started from and its moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rebalance {
+    pub dry_run: bool,
+    /// Robots per non-draining slot, counted from the robots themselves.
+    pub before: Vec<(String, i64)>,
+    pub moves: Vec<PlannedMove>,
+}
+
+impl Rebalance {
+    /// Robots per slot after the moves (planned ones, for a dry run).
+    pub fn after(&self) -> Vec<(String, i64)> {
+        let mut after = self.before.clone();
+        for p in &self.moves {
+            let n = if self.dry_run {
+                p.robots.len() as i64
+            } else {
+                p.moved as i64
+            };
+            for (slot, delta) in [(&p.from, -n), (&p.to, n)] {
+                if let Some(c) = after.iter_mut().find(|c| &c.0 == slot) {
+                    c.1 += delta;
+                }
+            }
+        }
+        after
+    }
+
+    pub fn moved(&self) -> u64 {
+        self.moves.iter().map(|p| p.moved).sum()
+    }
+}
+
+/// Evens robots out over the non-draining slots with fenced moves, most loaded to
+/// least loaded, until counts differ by at most one or `max_moves` robots moved.
+/// A destination that refuses is reported in its move, not as an error.
+pub async fn rebalance(
+    store: &Store,
+    max_moves: Option<u32>,
+    dry_run: bool,
+    actor: &Actor,
+) -> Result<Rebalance, ActionError> {
+    let slots = placement::loads(store).await.map_err(|e| match e {
+        placement::PlacementError::Db(e) => ActionError::Db(e),
+        other => ActionError::BadDocument(other.to_string()),
+    })?;
+    if slots.is_empty() {
+        return Err(ActionError::NoSlots);
+    }
+    let counts = placement::true_counts(store).await?;
+    let before: Vec<(String, i64)> = slots
+        .iter()
+        .map(|s| (s.id.clone(), counts.get(&s.id).copied().unwrap_or(0)))
+        .collect();
+    let max = max_moves.map_or(usize::MAX, |m| m as usize);
+    let mut moves: Vec<PlannedMove> = Vec::new();
+    for (from, to, k) in placement::rebalance_plan(&before, max) {
+        // Several moves may leave one slot: each takes robots none before it took.
+        let taken: Vec<ObjectId> = moves
+            .iter()
+            .filter(|p| p.from == from)
+            .flat_map(|p| p.robots.iter().map(|(id, _)| *id))
+            .collect();
+        let robots = pick(store, &from, k, &taken).await?;
+        moves.push(PlannedMove {
+            from,
+            to,
+            robots,
+            moved: 0,
+            refused: None,
+        });
+    }
+    if !dry_run {
+        for p in &mut moves {
+            let ids: Vec<ObjectId> = p.robots.iter().map(|(id, _)| *id).collect();
+            match placement::move_robots(store, &ids, &p.from, &p.to).await {
+                Ok(n) => p.moved = n,
+                Err(MoveError::Db(e)) => return Err(e.into()),
+                Err(e) => p.refused = Some(e.to_string()),
+            }
+        }
+        let moved: u64 = moves.iter().map(|p| p.moved).sum();
+        record(
+            store,
+            "rebalance",
+            actor,
+            doc! {"detail": format!("{moved} robot(s) moved")},
+        )
+        .await;
+    }
+    Ok(Rebalance {
+        dry_run,
+        before,
+        moves,
+    })
+}
+
+/// `k` robots of `from` not among `taken`, by name (so a plan reads the same twice).
+async fn pick(
+    store: &Store,
+    from: &str,
+    k: usize,
+    taken: &[ObjectId],
+) -> Result<Vec<(ObjectId, String)>, mongodb::error::Error> {
+    let docs: Vec<Document> = store
+        .robots()
+        .find(doc! {"slot_id": from, "_id": {"$nin": taken}})
+        .projection(doc! {"_id": 1, "name": 1})
+        .sort(doc! {"name": -1})
+        .limit(k as i64)
+        .await?
+        .try_collect()
+        .await?;
+    Ok(docs
+        .iter()
+        .filter_map(|d| {
+            let id = d.get_object_id("_id").ok()?;
+            Some((id, d.get_str("name").unwrap_or_default().to_string()))
+        })
+        .collect())
 }

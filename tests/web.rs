@@ -72,8 +72,12 @@ async fn read_only_dashboard_shows_the_pool_and_refuses_every_write() {
         ("POST", "/api/v1/robots/ro-1/pause", &[][..]),
         ("DELETE", "/api/v1/robots/ro-1", &with_token[..]),
         ("POST", "/api/v1/slots/slot-001/drain", &with_token[..]),
+        ("POST", "/api/v1/rebalance", &with_token[..]),
         ("POST", "/robots/ro-1/pause", &[][..]),
+        ("POST", "/slots/slot-001/drain", &[][..]),
+        ("POST", "/rebalance", &[][..]),
         ("POST", "/login", &[][..]),
+        ("POST", "/logout", &[][..]),
     ] {
         let r = request(web.port, method, path, headers, b"").unwrap();
         assert_eq!(r.status, 403, "{method} {path}: {}", r.body);
@@ -442,4 +446,105 @@ async fn an_oversized_action_body_is_refused_and_nothing_changes() {
     }
     assert_eq!(db.robot("big").await.get_str("slot_id").unwrap(), before);
     assert_eq!(web.get("/api/v1/overview").unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn the_dashboard_says_when_the_database_is_gone_and_recovers() {
+    let server = common::PrivateServer::start("web_down");
+    let db = TestDb::on(&server.uri, "web_down").await;
+    db.init(2).await;
+    let web = WebProc::start(&db.uri, &db.dir, false, &[]).await;
+    assert!(web.json("/api/v1/overview")["error"].is_null());
+
+    server.kill9();
+    // Every answer still comes promptly, saying the refresh failed; the last
+    // known slots stay on show.
+    let v = wait_for(
+        Duration::from_secs(60),
+        "the refresh failure on show",
+        || async {
+            let t = std::time::Instant::now();
+            let v = web.json("/api/v1/overview");
+            assert!(
+                t.elapsed() < Duration::from_secs(8),
+                "an answer took {:?}",
+                t.elapsed()
+            );
+            (!v["error"].is_null()).then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(v["slots"].as_array().unwrap().len(), 2);
+    let page = web.get("/").unwrap();
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("The last refresh failed"));
+
+    server.restart();
+    wait_for(
+        Duration::from_secs(90),
+        "the dashboard to recover",
+        || async {
+            web.json("/api/v1/overview")["error"]
+                .is_null()
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn rebalance_through_the_api_evens_the_slots_and_is_recorded() {
+    let db = TestDb::new("web_rebal").await;
+    db.init(2).await;
+    db.cli_ok(&[
+        "robot", "create", "--name", "rb", "--kind", "counter", "--count", "4",
+    ]);
+    for i in 1..=4 {
+        db.cli_ok(&["robot", "move", &format!("rb-{i}"), "--to", "slot-001"]);
+    }
+    let web = WebProc::start(&db.uri, &db.dir, true, &[]).await;
+    let auth = bearer();
+    let ok = [("Authorization", auth.as_str())];
+    let post = |body: &[u8]| request(web.port, "POST", "/api/v1/rebalance", &ok, body).unwrap();
+
+    assert_eq!(
+        request(web.port, "POST", "/api/v1/rebalance", &[], b"")
+            .unwrap()
+            .status,
+        401
+    );
+    let r = post(b"{\"max_moves\": 0}");
+    assert_eq!(r.status, 400, "{}", r.body);
+    let r = post(b"{\"moves\": 3}");
+    assert_eq!(r.status, 400, "unknown fields are refused: {}", r.body);
+
+    let dry: serde_json::Value = serde_json::from_str(&post(b"{\"dry_run\": true}").body).unwrap();
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["moved"], 0);
+    assert_eq!(dry["before"]["slot-001"], 4);
+    assert_eq!(dry["after"]["slot-002"], 2);
+    let on_one = || async {
+        db.robots()
+            .await
+            .iter()
+            .filter(|r| r.get_str("slot_id") == Ok("slot-001"))
+            .count()
+    };
+    assert_eq!(on_one().await, 4, "a dry run moves nothing");
+
+    let r = post(b"");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let done: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(done["moved"], 2);
+    assert_eq!(done["after"]["slot-001"], 2);
+    assert_eq!(on_one().await, 2);
+    let event = db
+        .store
+        .events()
+        .find_one(doc! {"kind": "rebalance"})
+        .await
+        .unwrap()
+        .expect("the rebalance is in events");
+    assert_eq!(event.get_str("by").unwrap(), "web");
+    assert_eq!(event.get_str("detail").unwrap(), "2 robot(s) moved");
 }

@@ -391,3 +391,69 @@ mod tests {
         assert!(pairs(None).unwrap().is_empty());
     }
 }
+
+#[derive(Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RebalanceBody {
+    max_moves: Option<u32>,
+    dry_run: Option<bool>,
+}
+
+/// `{"ok", "dry_run", "moved", "moves": [{from, to, robots, moved, refused}],
+/// "before": {slot: n}, "after": {slot: n}}`.
+pub fn rebalance_json(r: &actions::Rebalance) -> Value {
+    let counts = |c: &[(String, i64)]| -> serde_json::Map<String, Value> {
+        c.iter().map(|(s, n)| (s.clone(), json!(n))).collect()
+    };
+    json!({
+        "ok": true, "dry_run": r.dry_run, "moved": r.moved(),
+        "moves": r.moves.iter().map(|p| json!({
+            "from": p.from, "to": p.to,
+            "robots": p.robots.iter().map(|(_, n)| n).collect::<Vec<_>>(),
+            "moved": p.moved, "refused": p.refused,
+        })).collect::<Vec<_>>(),
+        "before": counts(&r.before), "after": counts(&r.after()),
+    })
+}
+
+pub async fn rebalance(
+    State(app): State<App>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let actor = match api_actor(&app, &headers, peer) {
+        Ok(a) => a,
+        Err(d) => return denied(d),
+    };
+    let body: RebalanceBody = if body.iter().all(u8::is_ascii_whitespace) {
+        RebalanceBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("rebalance takes an optional JSON body {{\"max_moves\": N, \"dry_run\": true}}: {e}"),
+                )
+            }
+        }
+    };
+    if body.max_moves == Some(0) {
+        return error(StatusCode::BAD_REQUEST, "max_moves must be at least 1");
+    }
+    match actions::rebalance(
+        &app.store,
+        body.max_moves,
+        body.dry_run.unwrap_or(false),
+        &actor,
+    )
+    .await
+    {
+        Ok(r) => Json(rebalance_json(&r)).into_response(),
+        Err(e) => error(
+            failure_status(&e),
+            crate::secrets::scrub(&e.to_string()).into_owned(),
+        ),
+    }
+}

@@ -68,7 +68,7 @@ pub struct WebArgs {
     /// per slot, with rests between. 2s to 1h.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub robots_refresh: Duration,
-    /// Allow pause, resume, move, delete, drain and undrain, for holders of the token
+    /// Allow pause, resume, move, delete, drain, undrain and rebalance, for holders of the token
     /// in SLOTPOOL_WEB_TOKEN (at least 32 characters): `Authorization: Bearer` on the
     /// API, a login in the browser. Without this flag every write is refused.
     #[arg(long)]
@@ -133,7 +133,7 @@ impl App {
     pub async fn snapshot(&self) -> Arc<Snapshot> {
         self.demand.touch();
         let limit = self.refresh * 3;
-        let stale = |s: &Arc<Snapshot>| s.taken.is_none_or(|t| t.elapsed() > limit);
+        let stale = |s: &Arc<Snapshot>| s.attempted.is_none_or(|t| t.elapsed() > limit);
         let mut rx = self.snapshot.clone();
         if stale(&rx.borrow()) {
             let _ = tokio::time::timeout(Duration::from_secs(3), rx.wait_for(|s| !stale(s))).await;
@@ -214,6 +214,7 @@ pub fn router(app: App) -> Router {
         .route("/robots/{name}", get(pages::robot))
         .route("/robots/{name}/{action}", post(pages::robot_action))
         .route("/slots/{id}/{action}", post(pages::slot_action))
+        .route("/rebalance", post(pages::rebalance))
         .route("/login", get(pages::login_form).post(pages::login))
         .route("/logout", post(pages::logout))
         .route("/static/app.js", get(pages::script))
@@ -230,6 +231,7 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/robots/{name}/output", get(api::output))
         .route("/api/v1/robots/{name}/{action}", post(api::robot_action))
         .route("/api/v1/slots/{id}/{action}", post(api::slot_action))
+        .route("/api/v1/rebalance", post(api::rebalance))
         .fallback(pages::not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn(security_headers))

@@ -165,6 +165,12 @@ pub async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
         (freshness(&snap))
         (summary(&snap))
         h2 { "Slots" }
+        @if let Some(s) = &s {
+            form.inline #rebalance method="post" action="/rebalance" {
+                input type="hidden" name="csrf" value=(s.csrf);
+                button type="submit" title="Even robots out over the non-draining slots with fenced moves" { "Rebalance" }
+            }
+        }
         table #slots {
             thead { tr { th { "Slot" } th { "State" } th { "Holder" } th { "Lease left" } th { "Epoch" } th { "Robots" } th {} } }
             tbody { @for slot in &snap.slots { (slot_row(slot, s.as_ref())) } }
@@ -516,6 +522,52 @@ pub async fn slot_action(
     };
     let parsed = Action::for_slot(&action);
     form_action(&app, peer, &headers, &form, &id, parsed, "/".into()).await
+}
+
+pub async fn rebalance(
+    State(app): State<App>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    form: Result<Form<HashMap<String, String>>, FormRejection>,
+) -> Response {
+    let form = match fields(&app, form) {
+        Ok(f) => f,
+        Err(res) => return *res,
+    };
+    let checked = app.auth.form(
+        header_str(&headers, header::COOKIE),
+        form.get("csrf").map(String::as_str),
+        header_str(&headers, header::ORIGIN),
+        header_str(&headers, header::HOST),
+    );
+    let s = match checked {
+        Ok(s) => s,
+        Err(d) => return refused(&app, session(&app, &headers).as_ref(), d),
+    };
+    match crate::actions::rebalance(&app.store, None, false, &web_actor(&s.who, peer)).await {
+        Ok(r) if r.moves.iter().all(|m| m.refused.is_none()) => Redirect::to("/").into_response(),
+        Ok(r) => {
+            let why: Vec<&str> = r
+                .moves
+                .iter()
+                .filter_map(|m| m.refused.as_deref())
+                .collect();
+            problem(
+                &app,
+                Some(&s),
+                StatusCode::CONFLICT,
+                "Rebalance incomplete",
+                &format!("{} robot(s) moved; refused: {}", r.moved(), why.join("; ")),
+            )
+        }
+        Err(e) => problem(
+            &app,
+            Some(&s),
+            api::failure_status(&e),
+            "The rebalance failed",
+            &crate::secrets::scrub(&e.to_string()),
+        ),
+    }
 }
 
 pub async fn login_form(State(app): State<App>, headers: HeaderMap) -> Response {

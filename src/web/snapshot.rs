@@ -145,6 +145,10 @@ pub struct Snapshot {
     pub now_ms: i64,
     /// When this process took it, for its age.
     pub taken: Option<Instant>,
+    /// When the last refresh was attempted, successful or not: a viewer waits for a
+    /// fresh attempt after a quiet spell, not for a success the database may not
+    /// give.
+    pub attempted: Option<Instant>,
     pub slots: Vec<SlotInfo>,
     pub workers: Vec<WorkerInfo>,
     pub events: Vec<EventInfo>,
@@ -271,6 +275,10 @@ impl Snapshotter {
                     s.error = Some(crate::secrets::scrub(&format!("{e:#}")).into_owned());
                     s
                 }
+            };
+            let next = Snapshot {
+                attempted: Some(Instant::now()),
+                ..next
             };
             self.tx.send_replace(Arc::new(next));
             // Wake early when a robot pass completes, so its rows show at once.
