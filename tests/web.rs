@@ -548,3 +548,35 @@ async fn rebalance_through_the_api_evens_the_slots_and_is_recorded() {
     assert_eq!(event.get_str("by").unwrap(), "web");
     assert_eq!(event.get_str("detail").unwrap(), "2 robot(s) moved");
 }
+
+#[tokio::test]
+async fn binding_beyond_this_machine_warns_and_the_default_is_loopback() {
+    let db = TestDb::new("web_bind").await;
+    db.init(1).await;
+    let help = std::process::Command::new(common::BIN)
+        .args(["web", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[default: 127.0.0.1:8080]"), "{help}");
+    let port = common::free_port();
+    let log = db.dir.join("web-wide.log");
+    let mut child = std::process::Command::new(common::BIN)
+        .env("MONGODB_URI", &db.uri)
+        .args(["web", "--listen", &format!("0.0.0.0:{port}")])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(db.dir.join("web-wide.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let text = wait_for(Duration::from_secs(20), "the warning", || async {
+        let t = std::fs::read_to_string(db.dir.join("web-wide.err")).unwrap_or_default();
+        t.contains("serving").then_some(t)
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        text.contains("WARN") && text.contains("everyone who can reach it can read the pool"),
+        "{text}"
+    );
+}
