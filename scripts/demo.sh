@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# The demo: the dev database, 3 slots, 5 workers, a few robots, and a live status
-# view. Ctrl-C stops every worker gracefully (robots checkpoint, slots released) and
+# The demo: the dev database, 3 slots, 5 workers, a few robots, the web dashboard
+# (http://127.0.0.1:8080/, read-only) and a live status view. Ctrl-C stops every worker gracefully (robots checkpoint, slots released) and
 # leaves nothing running but the dev database (stop it: scripts/dev-mongo.sh stop).
 #
 #   scripts/demo.sh            # on the embedded dev database
 #   MONGODB_URI=... scripts/demo.sh
 #   DEMO_WORKERS=7 DEMO_SLOTS=3 scripts/demo.sh
+#   DEMO_WEB=127.0.0.1:9090 scripts/demo.sh    # the dashboard elsewhere
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 WORKERS="${DEMO_WORKERS:-5}"
 SLOTS="${DEMO_SLOTS:-3}"
 BASE_PORT="${DEMO_BASE_PORT:-7701}"
+WEB="${DEMO_WEB:-127.0.0.1:8080}"
 LOGS="$ROOT/.state/demo"
 mkdir -p "$LOGS"
 
@@ -30,7 +32,7 @@ cleanup() {
   trap '' PIPE
   set +e
   echo
-  echo "== stopping $WORKERS workers (SIGTERM: robots checkpoint, slots are released)"
+  echo "== stopping $WORKERS workers and the dashboard (SIGTERM: robots checkpoint, slots are released)"
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do
     for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
@@ -50,6 +52,9 @@ for i in $(seq 0 $((WORKERS - 1))); do
   pids+=($!)
 done
 echo "== started $WORKERS workers on ports $BASE_PORT..$((BASE_PORT + WORKERS - 1)) (try: curl localhost:$BASE_PORT/metrics)"
+setsid "$BIN" web --listen "$WEB" >"$LOGS/web.log" 2>&1 &
+pids+=($!)
+echo "== dashboard: http://$WEB/ (read-only; if it is not there, see $LOGS/web.log)"
 
 # A few robots, unless they already exist from an earlier demo.
 if ! "$BIN" robot show counter-1 >/dev/null 2>&1; then

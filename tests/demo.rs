@@ -41,6 +41,7 @@ fn dev_mongo(port: u16, action: &str) -> std::process::Output {
 async fn ctrl_c_stops_the_workers_and_leaves_the_dev_database_running() {
     let db_port = common::free_port();
     let base = free_run(5);
+    let web_port = common::free_port();
     let root = env!("CARGO_MANIFEST_DIR");
     let log =
         std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("demo-{db_port}.log"));
@@ -51,6 +52,7 @@ async fn ctrl_c_stops_the_workers_and_leaves_the_dev_database_running() {
         .env_remove("MONGODB_URI")
         .env("SLOTPOOL_DEV_PORT", db_port.to_string())
         .env("DEMO_BASE_PORT", base.to_string())
+        .env("DEMO_WEB", format!("127.0.0.1:{web_port}"))
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&log).unwrap())
         .stderr(Stdio::null())
@@ -85,6 +87,13 @@ async fn ctrl_c_stops_the_workers_and_leaves_the_dev_database_running() {
         },
     )
     .await;
+    // Its dashboard shows the same pool.
+    common::wait_for(Duration::from_secs(30), "the demo's dashboard", || async {
+        let r = common::web::request(web_port, "GET", "/api/v1/slots", &[], b"")?;
+        let v: serde_json::Value = serde_json::from_str(&r.body).ok()?;
+        (v["slots"].as_array()?.len() == 3).then_some(())
+    })
+    .await;
     // Ctrl-C: SIGINT to the whole group.
     // SAFETY: kill(2) on the process group this test created.
     unsafe {
@@ -106,6 +115,11 @@ async fn ctrl_c_stops_the_workers_and_leaves_the_dev_database_running() {
         .output()
         .unwrap();
     assert!(leftover.stdout.is_empty(), "no worker left running");
+    let leftover = Command::new("pgrep")
+        .args(["-f", &format!("web --listen 127.0.0.1:{web_port}")])
+        .output()
+        .unwrap();
+    assert!(leftover.stdout.is_empty(), "no dashboard left running");
     let status = dev_mongo(db_port, "status");
     let said = String::from_utf8_lossy(&status.stderr).to_string();
     assert!(

@@ -402,6 +402,14 @@ fn compose_file_and_dockerfile_hold_together() {
         .as_str()
         .unwrap()
         .contains("replicaSet=rs0"));
+    // The dashboard: read-only, published on the host's loopback only.
+    let web = &svc["web"];
+    assert_eq!(web["command"][0].as_str(), Some("web"));
+    assert!(
+        !text.contains("--allow-actions\""),
+        "the dashboard is read-only in compose"
+    );
+    assert!(web["ports"][0].as_str().unwrap().starts_with("127.0.0.1:"));
     // The Dockerfile copies what the build needs and runs the binary under tini.
     let docker = std::fs::read_to_string(format!("{root}/Dockerfile")).unwrap();
     for needed in ["Cargo.toml", "Cargo.lock", "src", "schemas"] {
