@@ -314,10 +314,12 @@ impl Snapshotter {
     /// overlap may be missed here (it is still in `events`).
     async fn read_events(&self, now_ms: i64) -> anyhow::Result<Vec<EventInfo>> {
         let mut kept = self.events.lock().expect("events lock").clone();
-        let since_s = match kept.iter().map(|(id, _)| id.timestamp()).max() {
-            Some(newest) => newest.timestamp_millis() / 1000 - EVENTS_OVERLAP.as_secs() as i64,
-            None => (now_ms - EVENTS_FIRST.as_millis() as i64) / 1000,
-        };
+        let since_s = events_since(
+            kept.iter()
+                .map(|(id, _)| id.timestamp().timestamp_millis() / 1000)
+                .max(),
+            now_ms / 1000,
+        );
         let mut bound = [0u8; 12];
         bound[..4].copy_from_slice(&(since_s.clamp(0, u32::MAX as i64) as u32).to_be_bytes());
         let fresh: Vec<Document> = self
@@ -441,6 +443,17 @@ impl Snapshotter {
         table.rows = Some(Arc::new(rows));
         table.at_ms = Some(at_ms);
         Ok(())
+    }
+}
+
+/// The second from which to read events again: [`EVENTS_OVERLAP`] before the newest
+/// kept one, but never after the server's clock (a writer whose clock runs an hour
+/// ahead must not hide everyone else's events for that hour); [`EVENTS_FIRST`] back
+/// when none is kept.
+fn events_since(newest_kept_s: Option<i64>, now_s: i64) -> i64 {
+    match newest_kept_s {
+        Some(newest) => newest.min(now_s) - EVENTS_OVERLAP.as_secs() as i64,
+        None => now_s - EVENTS_FIRST.as_secs() as i64,
     }
 }
 
@@ -652,6 +665,16 @@ mod tests {
             (gone.role, gone.slot, gone.held),
             ("overdue", None, Some(0))
         );
+    }
+
+    #[test]
+    fn events_are_read_from_just_before_the_newest_but_never_from_the_future() {
+        let now = 1_000_000;
+        assert_eq!(events_since(None, now), now - 900);
+        assert_eq!(events_since(Some(now - 5), now), now - 35);
+        assert_eq!(events_since(Some(now - 3600), now), now - 3630);
+        // An event from a writer an hour ahead anchors nothing.
+        assert_eq!(events_since(Some(now + 3600), now), now - 30);
     }
 
     #[test]
