@@ -5,7 +5,8 @@
 //! Two parts, read at two rates, because they cost the database very differently:
 //! - the **lease view** (slots judged on the server's clock, live workers, the latest
 //!   events) is a handful of small reads, refreshed every `refresh` (1 s by default),
-//!   so a takeover shows within about a second;
+//!   so a takeover shows within about a second; in a pool of thousands of slots,
+//!   where the read itself is slow, it rests at least four times as long as it read;
 //! - the **robot table** (every robot's name, kind, slot, stored status, seq,
 //!   restarts, error, last checkpoint) is read slot by slot through the `slot_id`
 //!   index, resting between slots at least four times as long as each read took, and
@@ -281,9 +282,14 @@ impl Snapshotter {
                 ..next
             };
             self.tx.send_replace(Arc::new(next));
+            // Every `refresh`, but resting at least four times as long as the read
+            // took: a pool of thousands of slots makes the read slow, and then the
+            // dashboard slows down rather than keep the database busy.
+            let took = started.elapsed();
+            let rest = self.refresh.saturating_sub(took).max(took * 4);
             // Wake early when a robot pass completes, so its rows show at once.
             tokio::select! {
-                _ = tokio::time::sleep(self.refresh.saturating_sub(started.elapsed())) => {}
+                _ = tokio::time::sleep(rest) => {}
                 _ = self.table_changed.notified() => {}
             }
         }
