@@ -352,6 +352,13 @@ pub async fn robot(
     let txt = |k: &str| match v["robot"].get(k) {
         None | Some(serde_json::Value::Null) => "-".to_string(),
         Some(serde_json::Value::String(s)) => s.clone(),
+        // A date, as relaxed extended JSON renders it: {"$date": "…"}.
+        Some(serde_json::Value::Object(o)) if o.len() == 1 && o.contains_key("$date") => {
+            match &o["$date"] {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }
+        }
         Some(other) => other.to_string(),
     };
     let state = v["state"].as_str().unwrap_or("waiting").to_string();

@@ -168,18 +168,23 @@ pub fn apply<'a>(rows: &'a [RobotRow], q: &RobotQuery) -> Page<'a> {
         .filter(|r| q.slot.as_deref().is_none_or(|s| r.slot == s))
         .filter(|r| q.kind.as_deref().is_none_or(|k| r.kind == k))
         .collect();
-    // Stable: ties keep name order.
-    match q.sort {
-        "slot" => hits.sort_by(|a, b| a.slot.cmp(&b.slot)),
-        "state" => hits.sort_by(|a, b| a.state.cmp(b.state)),
-        "seq" => hits.sort_by_key(|r| r.seq),
-        "restarts" => hits.sort_by_key(|r| r.restarts),
-        "checkpoint" => hits.sort_by_key(|r| r.checkpointed_at_ms),
-        _ => {}
-    }
-    if q.desc {
-        hits.reverse();
-    }
+    // Stable, and only the key is reversed for `desc`: ties keep name order.
+    let key = |a: &RobotRow, b: &RobotRow| match q.sort {
+        "slot" => a.slot.cmp(&b.slot),
+        "state" => a.state.cmp(b.state),
+        "seq" => a.seq.cmp(&b.seq),
+        "restarts" => a.restarts.cmp(&b.restarts),
+        "checkpoint" => a.checkpointed_at_ms.cmp(&b.checkpointed_at_ms),
+        _ => a.name.cmp(&b.name),
+    };
+    hits.sort_by(|a, b| {
+        let o = key(a, b);
+        if q.desc {
+            o.reverse()
+        } else {
+            o
+        }
+    });
     let matching = hits.len();
     let pages = matching.div_ceil(q.per_page).max(1);
     let rows = hits
@@ -280,9 +285,16 @@ mod tests {
             names(apply(&rows, &q("sort=seq&order=desc"))),
             ["gamma-77", "alpha", "delta", "Beta-7"]
         );
+        // Descending by state, ties still by name.
+        assert_eq!(
+            names(apply(&rows, &q("sort=state&order=desc"))),
+            ["Beta-7", "alpha", "gamma-77", "delta"]
+        );
+        assert_eq!(names(apply(&rows, &q("order=desc")))[0], "gamma-77");
+        // By name in byte order (capitals first), as the snapshot keeps them.
         let p = apply(&rows, &q("per_page=3&page=2"));
         assert_eq!((p.matching, p.pages, p.page), (4, 2, 2));
-        assert_eq!(names(p), ["delta"]);
+        assert_eq!(names(p), ["gamma-77"]);
         // Past the end: an empty page, not an error.
         let p = apply(&rows, &q("page=9"));
         assert!(p.rows.is_empty() && p.pages == 1);
