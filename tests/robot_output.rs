@@ -324,3 +324,114 @@ done
     assert!(!gone.status.success());
     assert!(String::from_utf8_lossy(&gone.stderr).contains("no robot named"));
 }
+
+/// Kept output is fenced like checkpoints, through real moves: the robot moves
+/// X → Y → X → Y between two workers while it writes a line every 0.1 s tagged with
+/// its process id, so each instance's lines are told apart. (Without the fence this
+/// test fails: checked by replacing it with a match-all filter.) In the kept lines, an
+/// instance's lines never come after a later instance's (a stopped copy's late
+/// flush never lands behind its successor's), and the document carries the robot's
+/// current generation.
+#[tokio::test(flavor = "multi_thread")]
+async fn kept_output_of_a_moved_robot_never_lands_behind_its_successor() {
+    let db = TestDb::new("out_move").await;
+    db.init(2).await;
+    let chatter = script(
+        &db,
+        "chatter.sh",
+        r#"i=1
+while true; do echo "pid=$$ i=$i"; i=$((i+1)); sleep 0.1; done
+"#,
+    );
+    // The first worker renews every 5 s, so after a move away from it the stopped
+    // copy keeps writing for seconds while the second worker (tick 1 s) already
+    // runs the new one: only the generation fence keeps those lines out.
+    let first = db.exec_worker(&["--tick", "5s"]);
+    common::wait_for(
+        Duration::from_secs(30),
+        "the first worker to hold a slot",
+        || async {
+            db.held_per_worker()
+                .await
+                .contains_key(&first.id)
+                .then_some(())
+        },
+    )
+    .await;
+    let second = db.exec_worker(&[]);
+    common::wait_for(Duration::from_secs(60), "one slot per worker", || async {
+        let held = db.held_per_worker().await;
+        (held.get(&first.id) == Some(&1) && held.get(&second.id) == Some(&1)).then_some(())
+    })
+    .await;
+    create_exec(&db, "mover", serde_json::json!({"command": chatter}));
+    let id = db.robot("mover").await.get_object_id("_id").unwrap();
+    let kept_pids = || async {
+        let doc = db
+            .store
+            .outputs()
+            .find_one(bson::doc! {"_id": id})
+            .await
+            .unwrap()?;
+        let pids: Vec<String> = doc
+            .get_array("lines")
+            .ok()?
+            .iter()
+            .filter_map(|l| l.as_document()?.get_str("text").ok())
+            .filter_map(|t| t.split_whitespace().next().map(str::to_string))
+            .collect();
+        Some((doc, pids))
+    };
+    common::wait_for(Duration::from_secs(30), "its first lines kept", || async {
+        kept_pids().await.filter(|(_, p)| p.len() >= 5).map(|_| ())
+    })
+    .await;
+    let mut instances = 1;
+    for _ in 0..3 {
+        let on = db
+            .robot("mover")
+            .await
+            .get_str("slot_id")
+            .unwrap()
+            .to_string();
+        let to = if on == "slot-001" {
+            "slot-002"
+        } else {
+            "slot-001"
+        };
+        db.cli_ok(&["robot", "move", "mover", "--to", to]);
+        instances += 1;
+        // The new instance's lines are kept before the next move.
+        common::wait_for(
+            Duration::from_secs(30),
+            "the new instance's lines",
+            || async {
+                let (_, pids) = kept_pids().await?;
+                let mut distinct = pids.clone();
+                distinct.dedup();
+                (distinct.len() >= instances.min(4)).then_some(())
+            },
+        )
+        .await;
+    }
+    // Let any stopped instance's last flush come (or be refused).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (doc, pids) = kept_pids().await.unwrap();
+    let mut order: Vec<&String> = Vec::new();
+    for p in &pids {
+        if order.last() != Some(&p) {
+            assert!(
+                !order.contains(&p),
+                "{p}'s lines came back after a later instance's: {order:?} then {p}"
+            );
+            order.push(p);
+        }
+    }
+    assert_eq!(order.len(), 4, "four instances in order: {order:?}");
+    let gen = db.robot("mover").await.get_i64("gen").unwrap();
+    assert_eq!(
+        doc.get_i64("gen").unwrap(),
+        gen,
+        "the output's generation is the robot's"
+    );
+}
