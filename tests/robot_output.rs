@@ -386,8 +386,7 @@ while true; do echo "pid=$$ i=$i"; i=$((i+1)); sleep 0.1; done
         kept_pids().await.filter(|(_, p)| p.len() >= 5).map(|_| ())
     })
     .await;
-    let mut instances = 1;
-    for _ in 0..3 {
+    for instances in 2..=4 {
         let on = db
             .robot("mover")
             .await
@@ -400,7 +399,6 @@ while true; do echo "pid=$$ i=$i"; i=$((i+1)); sleep 0.1; done
             "slot-001"
         };
         db.cli_ok(&["robot", "move", "mover", "--to", to]);
-        instances += 1;
         // The new instance's lines are kept before the next move.
         common::wait_for(
             Duration::from_secs(30),
@@ -409,7 +407,7 @@ while true; do echo "pid=$$ i=$i"; i=$((i+1)); sleep 0.1; done
                 let (_, pids) = kept_pids().await?;
                 let mut distinct = pids.clone();
                 distinct.dedup();
-                (distinct.len() >= instances.min(4)).then_some(())
+                (distinct.len() >= instances).then_some(())
             },
         )
         .await;
