@@ -43,7 +43,7 @@ async fn the_overview_shows_every_slot_and_a_takeover_without_a_reload() {
     })
     .await;
     let standby = db.worker(&[]);
-    let web = WebProc::start(&db.uri, &db.dir, false, &["--refresh", "500ms"]).await;
+    let web = WebProc::start(&db.uri, &db.dir, false, &[]).await;
     let browser = Browser::start(&db.dir).await;
     let c = &browser.client;
     c.goto(&web.url("/")).await.unwrap();
