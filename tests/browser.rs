@@ -24,24 +24,7 @@ async fn the_overview_shows_every_slot_and_a_takeover_without_a_reload() {
     ]);
     // Two holders of one slot each (the second gets its slot handed back by the
     // first, which claimed both), then a standby.
-    let mut first = db.worker(&[]);
-    wait_for(
-        Duration::from_secs(20),
-        "the first worker to hold a slot",
-        || async {
-            db.held_per_worker()
-                .await
-                .contains_key(&first.id)
-                .then_some(())
-        },
-    )
-    .await;
-    let second = db.worker(&[]);
-    wait_for(Duration::from_secs(30), "one slot per worker", || async {
-        let held = db.held_per_worker().await;
-        (held.get(&first.id) == Some(&1) && held.get(&second.id) == Some(&1)).then_some(())
-    })
-    .await;
+    let (mut first, _second) = db.one_slot_each(|_| db.worker(&[])).await;
     let standby = db.worker(&[]);
     let web = WebProc::start(&db.uri, &db.dir, false, &[]).await;
     let browser = Browser::start(&db.dir).await;
@@ -142,14 +125,8 @@ async fn search_finds_one_robot_among_a_thousand() {
         })
         .await;
     assert!(matching.contains("page 1 of 20"), "{matching}");
-    let q = c.find(Locator::Css("#search input[name=q]")).await.unwrap();
-    q.send_keys("bot-777").await.unwrap();
-    c.find(Locator::Css("#search button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.fill("#search input[name=q]", "bot-777").await;
+    browser.click("#search button[type=submit]").await;
     browser
         .wait_text("#matching", Duration::from_secs(10), |t| {
             t.starts_with("1 matching")
@@ -162,12 +139,7 @@ async fn search_finds_one_robot_among_a_thousand() {
         Some("bot-777")
     );
     // Its link leads to its page.
-    c.find(Locator::Css("#robots tbody tr td.name a"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("#robots tbody tr td.name a").await;
     browser
         .wait_text("h1", Duration::from_secs(10), |t| t == "bot-777")
         .await;
@@ -268,42 +240,19 @@ async fn pause_works_after_logging_in_and_shows_its_event() {
 
     // A wrong token: refused, still no session.
     c.goto(&web.url("/login")).await.unwrap();
-    c.find(Locator::Css("input[name=token]"))
-        .await
-        .unwrap()
-        .send_keys("wrong-token-wrong-token-wrong-token")
-        .await
-        .unwrap();
-    c.find(Locator::Css("#login button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser
+        .fill("input[name=token]", "wrong-token-wrong-token-wrong-token")
+        .await;
+    browser.click("#login button").await;
     browser
         .wait_text("p.problem", Duration::from_secs(10), |t| {
             t == "Wrong token."
         })
         .await;
 
-    c.find(Locator::Css("input[name=token]"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    c.find(Locator::Css("input[name=who]"))
-        .await
-        .unwrap()
-        .send_keys("margaret")
-        .await
-        .unwrap();
-    c.find(Locator::Css("#login button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.fill("input[name=token]", TOKEN).await;
+    browser.fill("input[name=who]", "margaret").await;
+    browser.click("#login button").await;
     browser
         .wait_text("nav .who", Duration::from_secs(10), |t| {
             t.contains("signed in as margaret")
@@ -311,13 +260,7 @@ async fn pause_works_after_logging_in_and_shows_its_event() {
         .await;
 
     c.goto(&web.url("/robots/pausable")).await.unwrap();
-    c.wait()
-        .for_element(Locator::Css("button#pause"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("button#pause").await;
     browser
         .wait_text(
             "#facts dd[data-field=paused]",

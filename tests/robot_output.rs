@@ -346,24 +346,15 @@ while true; do echo "pid=$$ i=$i"; i=$((i+1)); sleep 0.1; done
     // The first worker renews every 5 s, so after a move away from it the stopped
     // copy keeps writing for seconds while the second worker (tick 1 s) already
     // runs the new one: only the generation fence keeps those lines out.
-    let first = db.exec_worker(&["--tick", "5s"]);
-    common::wait_for(
-        Duration::from_secs(30),
-        "the first worker to hold a slot",
-        || async {
-            db.held_per_worker()
-                .await
-                .contains_key(&first.id)
-                .then_some(())
-        },
-    )
-    .await;
-    let second = db.exec_worker(&[]);
-    common::wait_for(Duration::from_secs(60), "one slot per worker", || async {
-        let held = db.held_per_worker().await;
-        (held.get(&first.id) == Some(&1) && held.get(&second.id) == Some(&1)).then_some(())
-    })
-    .await;
+    let _workers = db
+        .one_slot_each(|i| {
+            if i == 0 {
+                db.exec_worker(&["--tick", "5s"])
+            } else {
+                db.exec_worker(&[])
+            }
+        })
+        .await;
     create_exec(&db, "mover", serde_json::json!({"command": chatter}));
     let id = db.robot("mover").await.get_object_id("_id").unwrap();
     let kept_pids = || async {

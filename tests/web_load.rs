@@ -21,32 +21,14 @@ async fn twenty_clients_for_thirty_seconds_do_not_disturb_the_leases() {
     db.init(2).await;
     let out = db.counters("lo", 60, 250);
     assert!(out.status.success());
-    let first = db.worker(&[]);
-    wait_for(
-        Duration::from_secs(20),
-        "the first worker to hold a slot",
-        || async {
-            db.held_per_worker()
-                .await
-                .contains_key(&first.id)
-                .then_some(())
-        },
-    )
-    .await;
-    let second = db.worker(&[]);
-    wait_for(
-        Duration::from_secs(30),
-        "one slot per worker, every robot running",
-        || async {
-            let held = db.held_per_worker().await;
-            let running: u64 = [&first, &second]
-                .iter()
-                .map(|w| w.metric("slotpool_robots_running").unwrap_or(0))
-                .sum();
-            (held.get(&first.id) == Some(&1) && held.get(&second.id) == Some(&1) && running == 60)
-                .then_some(())
-        },
-    )
+    let (first, second) = db.one_slot_each(|_| db.worker(&[])).await;
+    wait_for(Duration::from_secs(30), "every robot running", || async {
+        let running: u64 = [&first, &second]
+            .iter()
+            .map(|w| w.metric("slotpool_robots_running").unwrap_or(0))
+            .sum();
+        (running == 60).then_some(())
+    })
     .await;
     let web = WebProc::start(&db.uri, &db.dir, false, &[]).await;
     web.overview_with_robots().await;

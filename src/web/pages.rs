@@ -441,16 +441,18 @@ fn refused(app: &App, s: Option<&Session>, d: Denied) -> Response {
     problem(app, s, status, "Not allowed", text)
 }
 
-/// A form's fields, once actions are known to be allowed (a read-only dashboard
-/// answers every write 403, whatever its body).
-fn fields(
+/// A form that acts: actions must be allowed (a read-only dashboard answers every
+/// write 403, whatever its body), and the form must carry this session's CSRF token
+/// from this origin. Returns the session and the form's fields.
+fn signed(
     app: &App,
+    headers: &HeaderMap,
     form: Result<Form<HashMap<String, String>>, FormRejection>,
-) -> Result<HashMap<String, String>, Box<Response>> {
+) -> Result<(Session, HashMap<String, String>), Box<Response>> {
     if !app.auth.actions_allowed() {
         return Err(Box::new(refused(app, None, Denied::Disabled)));
     }
-    form.map(|Form(f)| f).map_err(|e| {
+    let Form(form) = form.map_err(|e| {
         Box::new(problem(
             app,
             None,
@@ -458,37 +460,35 @@ fn fields(
             "Bad form",
             &e.body_text(),
         ))
-    })
+    })?;
+    app.auth
+        .form(
+            header_str(headers, header::COOKIE),
+            form.get("csrf").map(String::as_str),
+            header_str(headers, header::ORIGIN),
+            header_str(headers, header::HOST),
+        )
+        .map(|s| (s, form))
+        .map_err(|d| Box::new(refused(app, session(app, headers).as_ref(), d)))
 }
 
 async fn form_action(
     app: &App,
     peer: SocketAddr,
-    headers: &HeaderMap,
-    form: &HashMap<String, String>,
+    s: &Session,
     target: &str,
     action: Result<Action, String>,
     back: String,
 ) -> Response {
-    let checked = app.auth.form(
-        header_str(headers, header::COOKIE),
-        form.get("csrf").map(String::as_str),
-        header_str(headers, header::ORIGIN),
-        header_str(headers, header::HOST),
-    );
-    let s = match checked {
-        Ok(s) => s,
-        Err(d) => return refused(app, session(app, headers).as_ref(), d),
-    };
     let action = match action {
         Ok(a) => a,
-        Err(e) => return problem(app, Some(&s), StatusCode::NOT_FOUND, "No such action", &e),
+        Err(e) => return problem(app, Some(s), StatusCode::NOT_FOUND, "No such action", &e),
     };
     match api::perform(app, target, &action, &web_actor(&s.who, peer)).await {
         Ok(_) => Redirect::to(&back).into_response(),
         Err(e) => problem(
             app,
-            Some(&s),
+            Some(s),
             api::failure_status(&e),
             "The action failed",
             &crate::secrets::scrub(&e.to_string()),
@@ -503,8 +503,8 @@ pub async fn robot_action(
     headers: HeaderMap,
     form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
-    let form = match fields(&app, form) {
-        Ok(f) => f,
+    let (s, form) = match signed(&app, &headers, form) {
+        Ok(signed) => signed,
         Err(res) => return *res,
     };
     let back = if action == "delete" {
@@ -513,7 +513,7 @@ pub async fn robot_action(
         format!("/robots/{}", urlencode(&name))
     };
     let parsed = Action::for_robot(&action, form.get("to").cloned());
-    form_action(&app, peer, &headers, &form, &name, parsed, back).await
+    form_action(&app, peer, &s, &name, parsed, back).await
 }
 
 pub async fn slot_action(
@@ -523,12 +523,11 @@ pub async fn slot_action(
     headers: HeaderMap,
     form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
-    let form = match fields(&app, form) {
-        Ok(f) => f,
+    let (s, _) = match signed(&app, &headers, form) {
+        Ok(signed) => signed,
         Err(res) => return *res,
     };
-    let parsed = Action::for_slot(&action);
-    form_action(&app, peer, &headers, &form, &id, parsed, "/".into()).await
+    form_action(&app, peer, &s, &id, Action::for_slot(&action), "/".into()).await
 }
 
 pub async fn rebalance(
@@ -537,19 +536,9 @@ pub async fn rebalance(
     headers: HeaderMap,
     form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
-    let form = match fields(&app, form) {
-        Ok(f) => f,
+    let (s, _) = match signed(&app, &headers, form) {
+        Ok(signed) => signed,
         Err(res) => return *res,
-    };
-    let checked = app.auth.form(
-        header_str(&headers, header::COOKIE),
-        form.get("csrf").map(String::as_str),
-        header_str(&headers, header::ORIGIN),
-        header_str(&headers, header::HOST),
-    );
-    let s = match checked {
-        Ok(s) => s,
-        Err(d) => return refused(&app, session(&app, &headers).as_ref(), d),
     };
     match crate::actions::rebalance(&app.store, None, false, &web_actor(&s.who, peer)).await {
         Ok(r) if r.moves.iter().all(|m| m.refused.is_none()) => Redirect::to("/").into_response(),
@@ -604,9 +593,17 @@ pub async fn login(
     headers: HeaderMap,
     form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
-    let form = match fields(&app, form) {
-        Ok(f) => f,
-        Err(res) => return *res,
+    if !app.auth.actions_allowed() {
+        return refused(&app, None, Denied::Disabled);
+    }
+    let Ok(Form(form)) = form else {
+        return problem(
+            &app,
+            None,
+            StatusCode::BAD_REQUEST,
+            "Bad form",
+            "send the token and your name as a form",
+        );
     };
     let origin = header_str(&headers, header::ORIGIN);
     let host = header_str(&headers, header::HOST);
@@ -642,17 +639,11 @@ pub async fn logout(
     headers: HeaderMap,
     form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
-    let form = match fields(&app, form) {
-        Ok(f) => f,
-        Err(res) => return *res,
-    };
-    let checked = app.auth.form(
-        header_str(&headers, header::COOKIE),
-        form.get("csrf").map(String::as_str),
-        header_str(&headers, header::ORIGIN),
-        header_str(&headers, header::HOST),
-    );
-    if checked.is_ok() {
+    if !app.auth.actions_allowed() {
+        return refused(&app, None, Denied::Disabled);
+    }
+    // A forged logout logs nobody out; the cookie is cleared in this browser anyway.
+    if signed(&app, &headers, form).is_ok() {
         app.auth.logout(header_str(&headers, header::COOKIE));
     }
     let mut res = Redirect::to("/").into_response();

@@ -164,6 +164,33 @@ impl TestDb {
         out
     }
 
+    /// Two workers of a two-slot pool holding one slot each: `start(0)` claims the
+    /// slots first; once `start(1)` runs, the first hands one back to it.
+    pub async fn one_slot_each(
+        &self,
+        start: impl Fn(usize) -> WorkerProc,
+    ) -> (WorkerProc, WorkerProc) {
+        let first = start(0);
+        wait_for(
+            Duration::from_secs(30),
+            "the first worker to hold a slot",
+            || async {
+                self.held_per_worker()
+                    .await
+                    .contains_key(&first.id)
+                    .then_some(())
+            },
+        )
+        .await;
+        let second = start(1);
+        wait_for(Duration::from_secs(60), "one slot per worker", || async {
+            let held = self.held_per_worker().await;
+            (held.get(&first.id) == Some(&1) && held.get(&second.id) == Some(&1)).then_some(())
+        })
+        .await;
+        (first, second)
+    }
+
     pub fn worker(&self, extra: &[&str]) -> WorkerProc {
         WorkerProc::start(&self.uri, &self.dir, extra)
     }

@@ -246,6 +246,26 @@ impl Browser {
         e.text().await.ok()
     }
 
+    /// Types `text` into the first element matching `css`.
+    pub async fn fill(&self, css: &str, text: &str) {
+        let e = self.client.find(fantoccini::Locator::Css(css)).await;
+        let e = e.unwrap_or_else(|err| panic!("{css}: {err}"));
+        e.send_keys(text).await.unwrap();
+    }
+
+    /// Clicks the element matching `css`, once it is there.
+    pub async fn click(&self, css: &str) {
+        let e = self
+            .client
+            .wait()
+            .for_element(fantoccini::Locator::Css(css))
+            .await;
+        e.unwrap_or_else(|err| panic!("{css}: {err}"))
+            .click()
+            .await
+            .unwrap();
+    }
+
     /// Waits until the element matching `css` has text for which `ok` holds.
     pub async fn wait_text(&self, css: &str, limit: Duration, ok: impl Fn(&str) -> bool) -> String {
         wait_for(limit, &format!("{css} in the page"), || async {
