@@ -96,6 +96,37 @@ pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
     Ok(out)
 }
 
+/// What the pool can take: slots held, slots waiting for a worker, and how many more
+/// holder failures standbys can absorb now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Held or draining (a live lease).
+    pub held: usize,
+    /// Free or expired: waiting for a worker (drained and invalid slots are neither).
+    pub unheld: usize,
+    pub failures_absorbable: usize,
+}
+
+/// The capacity of a pool whose slots are in `states` (as [`slot_rows`] judges
+/// them), with `standbys` live standbys.
+pub fn capacity<'a>(states: impl IntoIterator<Item = &'a str>, standbys: usize) -> Capacity {
+    let (mut held, mut unheld) = (0, 0);
+    for state in states {
+        match state {
+            "held" | "draining" => held += 1,
+            "free" | "expired" => unheld += 1,
+            _ => {}
+        }
+    }
+    Capacity {
+        held,
+        unheld,
+        // Each holder failure needs one standby; unheld slots take standbys first.
+        // Without a standby the survivors overflow (see README), but that costs room.
+        failures_absorbable: standbys.saturating_sub(unheld),
+    }
+}
+
 /// A slot as robot views need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotView {
@@ -189,6 +220,20 @@ mod tests {
             state,
             holder: holder.map(str::to_string),
         }
+    }
+
+    #[test]
+    fn unheld_slots_take_standbys_before_failures_can_be_absorbed() {
+        let states = ["held", "expired", "free", "draining", "drained", "invalid"];
+        assert_eq!(
+            capacity(states, 3),
+            Capacity {
+                held: 2,
+                unheld: 2,
+                failures_absorbable: 1
+            }
+        );
+        assert_eq!(capacity(states, 1).failures_absorbable, 0);
     }
 
     #[test]

@@ -112,22 +112,16 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let slots = slot_rows(store).await?;
     let workers = live_workers(store).await?;
     let counts = count_robots(store, &slots).await?;
-    let held = slots
-        .iter()
-        .filter(|s| matches!(s.state, "held" | "draining"))
-        .count();
-    let claimable = slots
-        .iter()
-        .filter(|s| matches!(s.state, "free" | "expired"))
-        .count();
     let standbys: Vec<String> = workers
         .iter()
         .filter(|w| text(w, "slot_id").is_none())
         .filter_map(|w| text(w, "_id"))
         .collect();
-    // Each holder failure needs one standby; unheld slots consume standbys first.
-    // Without a standby the survivors overflow (see README), but that costs room.
-    let absorb = standbys.len().saturating_sub(claimable);
+    let state::Capacity {
+        held,
+        unheld: claimable,
+        failures_absorbable: absorb,
+    } = state::capacity(slots.iter().map(|s| s.state), standbys.len());
     let total: i64 = counts.per_state.values().sum();
     let running = counts.per_state.get("running").copied().unwrap_or(0);
     if as_json {

@@ -560,29 +560,19 @@ fn robot_row(d: &Document) -> RobotRow {
 
 /// The pool in numbers, from a snapshot's parts.
 pub fn summarize(s: &Snapshot, unplaced: i64) -> Summary {
-    let held = s
-        .slots
-        .iter()
-        .filter(|x| matches!(x.state, "held" | "draining"))
-        .count();
-    let unheld = s
-        .slots
-        .iter()
-        .filter(|x| matches!(x.state, "free" | "expired"))
-        .count();
     let standbys = s.workers.iter().filter(|w| w.role == "standby").count();
+    let capacity = view::capacity(s.slots.iter().map(|x| x.state), standbys);
     let mut by_state = BTreeMap::new();
     for r in s.robots.iter().flat_map(|r| r.iter()) {
         *by_state.entry(r.state).or_default() += 1;
     }
     Summary {
         slots: s.slots.len(),
-        held,
-        unheld,
+        held: capacity.held,
+        unheld: capacity.unheld,
         workers: s.workers.len(),
         standbys,
-        // Each holder failure needs one standby; unheld slots take standbys first.
-        failures_absorbable: standbys.saturating_sub(unheld),
+        failures_absorbable: capacity.failures_absorbable,
         robots: s.robots.as_ref().map_or(0, |r| r.len()),
         robots_by_state: by_state,
         robots_unplaced: unplaced,
