@@ -3,7 +3,8 @@
 //! The command gets its context as JSON in `SLOTPOOL_CONTEXT`, with `SLOTPOOL_ROBOT`
 //! (its name) and `SLOTPOOL_EPOCH`. A stdout line `{"checkpoint": {...}}` persists a
 //! new context; every other stdout or stderr line is logged, tagged with the robot.
-//! To stop it the worker sends SIGTERM to its process group, keeps persisting
+//! To stop it the worker sends SIGTERM to its whole process tree (through the shim,
+//! which finds descendants that left the group too), keeps persisting
 //! checkpoints it prints, and sends SIGKILL when the grace runs out. When it exits by
 //! itself the supervisor restarts it with backoff.
 //!
@@ -270,6 +271,12 @@ impl RobotKind for Exec {
         // once it has one.
         control.send(Control::Deadline(monotonic(deadline))).await;
         let forwarder = tokio::spawn(forward_deadlines(deadlines, control.clone()));
+        // Said in the robot's document, for `robot show` and the dashboard. A
+        // failure here is the next checkpoint's to report.
+        let _ = run
+            .store
+            .set_containment(&run.id, run.gen, shim::CONTAINMENT)
+            .await;
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let out = Output {
@@ -519,7 +526,8 @@ async fn stop_child(
             let _ = tokio::time::timeout(Duration::from_secs(5), robot.child.wait()).await;
         }
     }
-    // The shim killed anything left in the robot's group when its leader exited.
+    // The shim killed anything left of the robot's tree (its group, and every
+    // descendant that left it) when the robot's own process exited.
     Ok(())
 }
 

@@ -23,8 +23,21 @@
 //! - the robot never holds `CAP_SYS_PTRACE`, so even as root it cannot read the
 //!   non-dumpable worker's memory or environment (see [`crate::secrets`]).
 //!
+//! **Containment: the whole process tree.** A robot that daemonizes (`setsid`, a
+//! double fork) leaves its process group, so a signal to the group alone would miss
+//! it, and PDEATHSIG reaches only the direct child. The shim therefore makes itself
+//! a *child subreaper* (`PR_SET_CHILD_SUBREAPER`): every orphaned descendant of the
+//! robot is re-parented to the shim, never to init, so the robot's whole tree stays
+//! below the shim whatever it does to its session or group. Each signal goes to the
+//! group *and* to every descendant found under the shim in `/proc` ([`descendants`]);
+//! a kill repeats until none is left, so a child forked meanwhile is caught in the
+//! next round (its parent was killed, so it was re-parented to the shim). The shim
+//! exits only once its tree is empty: when the worker sees the shim gone, so is
+//! every process the robot started. Which containment applies is stored in the
+//! robot's document (`containment: "subreaper"`).
+//!
 //! The shim exits as its robot did (same code, or the same signal), after killing
-//! whatever is left in the robot's group. Plain PDEATHSIG on the robot alone would
+//! whatever is left of the robot's tree. Plain PDEATHSIG on the robot alone would
 //! not cover a SIGSTOPped worker; this does.
 //!
 //! A program embedding the worker as a library must call [`run_if_requested`] first
@@ -175,7 +188,119 @@ impl Enforcer {
 
 enum Event {
     Control(Option<Control>),
-    Exited(std::io::Result<ExitStatus>),
+    /// The robot's own process ended (its wait status, as `waitpid` gives it).
+    Exited(ExitStatus),
+}
+
+/// What contains a robot's processes, as stored in its document.
+pub const CONTAINMENT: &str = "subreaper";
+
+/// The processes below `root` in `/proc` (children, grandchildren, …), leaving
+/// out zombies (already dead, waiting to be reaped). Re-read on every call: the
+/// tree changes under us.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some((state, ppid)) = parse_stat(&stat) {
+            if state != 'Z' && state != 'X' {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    tree_below(root, &parent_of)
+}
+
+/// The state and parent pid from a `/proc/PID/stat` line. The command name (field
+/// 2) is in parentheses and may itself hold spaces and parentheses, so the fields
+/// are read after its *last* `)`.
+pub fn parse_stat(stat: &str) -> Option<(char, i32)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+/// Every pid whose chain of parents in `parent_of` leads to `root`.
+pub fn tree_below(root: i32, parent_of: &[(i32, i32)]) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(child, parent) in parent_of {
+            if parent == p && child != root && !out.contains(&child) {
+                out.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    out
+}
+
+/// Sends `sig` to the robot's group and to every process below the shim.
+fn signal_tree(group: i32, sig: i32) {
+    // SAFETY: kill(2) on pids and a group of our own tree; no memory involved.
+    unsafe {
+        libc::kill(-group, sig);
+    }
+    for pid in descendants(std::process::id() as i32) {
+        // SAFETY: as above.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// SIGKILLs the shim's whole tree, round after round, until nothing is left below
+/// it (the reaper thread collects the dead). A process forked during a round is
+/// caught in the next: its parent died, so it now hangs below the shim.
+fn kill_tree(group: i32) {
+    let me = std::process::id() as i32;
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        signal_tree(group, libc::SIGKILL);
+        if descendants(me).is_empty() || std::time::Instant::now() > give_up {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Reaps every child of the shim (the robot and any orphan re-parented to it) and
+/// reports the robot's own end.
+fn reap(robot: i32, tx: mpsc::Sender<Event>) {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes the status into our local.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid == robot {
+            if tx
+                .send(Event::Exited(ExitStatus::from_raw(status)))
+                .is_err()
+            {
+                return;
+            }
+        } else if pid < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            // No child at all for now: look again shortly (an orphan may be
+            // re-parented to us at any time while the robot's tree lives).
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// `CAP_SYS_PTRACE` (linux/capability.h).
@@ -272,6 +397,11 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
         _ => return Err("no live lease deadline before start; not starting".into()),
     };
     drop(stdin);
+    // Orphans of the robot's tree come to us, not to init (see the module docs).
+    // SAFETY: prctl on this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
     let mut cmd = Command::new(command);
     cmd.args(rest).stdin(Stdio::null()).process_group(0);
     // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
@@ -285,10 +415,12 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
             Ok(())
         });
     }
-    let mut child = cmd
+    let child = cmd
         .spawn()
         .map_err(|e| format!("cannot start command {command:?}: {e}"))?;
     let group = child.id() as i32;
+    // The reaper below waits for every child, so the std handle must never wait.
+    std::mem::forget(child);
     let control = tx.clone();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
@@ -301,18 +433,10 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
         }
         let _ = control.send(Event::Control(None));
     });
-    std::thread::spawn(move || {
-        let _ = tx.send(Event::Exited(child.wait()));
-    });
-    let signal = |action: Action| {
-        let sig = match action {
-            Action::Term => libc::SIGTERM,
-            Action::Kill => libc::SIGKILL,
-        };
-        // SAFETY: kill(2) on the robot's own process group; no memory involved.
-        unsafe {
-            libc::kill(-group, sig);
-        }
+    std::thread::spawn(move || reap(group, tx));
+    let signal = |action: Action| match action {
+        Action::Term => signal_tree(group, libc::SIGTERM),
+        Action::Kill => kill_tree(group),
     };
     let mut enforcer = Enforcer::new(deadline, grace);
     loop {
@@ -321,9 +445,9 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
             .min(Duration::from_secs(1));
         let action = match rx.recv_timeout(wait) {
             Ok(Event::Exited(status)) => {
-                // Whatever the robot left behind in its group goes with it.
-                signal(Action::Kill);
-                return status.map_err(|e| format!("lost the robot process: {e}"));
+                // Whatever the robot left behind, in its group or not, goes with it.
+                kill_tree(group);
+                return Ok(status);
             }
             Ok(Event::Control(msg)) => enforcer.on_message(msg, monotonic_ns()),
             Err(mpsc::RecvTimeoutError::Timeout) => enforcer.on_time(monotonic_ns()),
@@ -355,6 +479,27 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn stat_lines_are_read_after_the_last_parenthesis() {
+        assert_eq!(parse_stat("42 (bash) S 7 42 42 0"), Some(('S', 7)));
+        assert_eq!(
+            parse_stat("43 (a) b) (c) Z 1 43 43 0"),
+            Some(('Z', 1)),
+            "a command name with spaces and parentheses"
+        );
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn the_tree_below_a_pid_follows_parents_through_every_generation() {
+        // 10 → 11 → 12 → 13, 10 → 14; 20 → 21 is someone else's.
+        let parents = [(11, 10), (12, 11), (13, 12), (14, 10), (21, 20), (10, 1)];
+        let mut below = tree_below(10, &parents);
+        below.sort();
+        assert_eq!(below, vec![11, 12, 13, 14]);
+        assert!(tree_below(13, &parents).is_empty());
+    }
 
     #[test]
     fn control_lines_round_trip() {
