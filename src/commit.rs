@@ -94,24 +94,38 @@ pub enum Written {
 /// says which applied. Used by the batcher and by adoption alike.
 ///
 /// A server that fails the whole command for one bad statement (the dev server does,
-/// e.g. for `$add` on a hand-edited string, where MongoDB reports that statement
-/// alone) gets the statements again one by one, so one broken robot holds back no
-/// other. Network errors are the caller's.
+/// e.g. for `$concatArrays` on a hand-edited `history`, where MongoDB reports that
+/// statement alone) may already have applied the statements before it. So the
+/// documents are read back by `_id` first: a statement whose token landed is
+/// reported applied and never sent again, and only the others go again, one by one
+/// with their own tokens, so one broken robot holds back no other. (Each checkpoint
+/// is also conditioned on the `seq` it follows, so even a resend of one that landed
+/// would match nothing; the read-back keeps it from being reported fenced.)
+/// Network errors are the caller's.
 pub async fn send(
     robots: &Collection<Document>,
     statements: &[Statement],
 ) -> Result<Vec<Written>, mongodb::error::Error> {
-    match send_together(robots, statements).await {
+    let tokens: Vec<ObjectId> = statements.iter().map(|_| ObjectId::new()).collect();
+    match send_together(robots, statements, &tokens).await {
         Err(e) if statements.len() > 1 && !crate::store::is_network(&e) => {
+            let landed = read_tokens(robots, statements).await?;
             let mut out = Vec::with_capacity(statements.len());
-            for s in statements {
-                out.push(match send_together(robots, std::slice::from_ref(s)).await {
-                    Ok(mut w) => w.pop().unwrap_or(Written::Fenced),
-                    Err(e) if !crate::store::is_network(&e) => {
-                        Written::Refused(crate::store::brief(&e))
-                    }
-                    Err(e) => return Err(e),
-                });
+            for (s, token) in statements.iter().zip(&tokens) {
+                if landed.get(&s.id).is_some_and(|d| landed_token(token, d)) {
+                    out.push(Written::Applied);
+                    continue;
+                }
+                let one = std::slice::from_ref(s);
+                out.push(
+                    match send_together(robots, one, std::slice::from_ref(token)).await {
+                        Ok(mut w) => w.pop().unwrap_or(Written::Fenced),
+                        Err(e) if !crate::store::is_network(&e) => {
+                            Written::Refused(crate::store::brief(&e))
+                        }
+                        Err(e) => return Err(e),
+                    },
+                );
             }
             Ok(out)
         }
@@ -151,9 +165,11 @@ pub async fn send_many(
     }
 }
 
+/// Sends the statements as one command, each stamping its own token.
 async fn send_together(
     robots: &Collection<Document>,
     statements: &[Statement],
+    tokens: &[ObjectId],
 ) -> Result<Vec<Written>, mongodb::error::Error> {
     if statements.is_empty() {
         return Ok(Vec::new());
@@ -161,10 +177,9 @@ async fn send_together(
     // Each statement also stamps a token of its own, so a short count is resolved
     // by what landed, not by whether the fence holds at read-back time (a robot moved
     // X → Y → X between the two would hold its fence again without this write).
-    let tokens: Vec<ObjectId> = statements.iter().map(|_| ObjectId::new()).collect();
     let updates: Vec<Document> = statements
         .iter()
-        .zip(&tokens)
+        .zip(tokens)
         .map(|(s, token)| {
             let mut c = s.to_command();
             let mut u = s.update.clone();
@@ -201,6 +216,20 @@ async fn send_together(
         return Ok(out);
     }
     // Short: read the tokens back to find which did not land.
+    let now = read_tokens(robots, statements).await?;
+    for ((s, token), w) in statements.iter().zip(tokens).zip(out.iter_mut()) {
+        if *w == Written::Applied && !now.get(&s.id).is_some_and(|d| landed_token(token, d)) {
+            *w = Written::Fenced;
+        }
+    }
+    Ok(out)
+}
+
+/// The statements' documents as they are now (`_id` and `write_id` only), by `_id`.
+async fn read_tokens(
+    robots: &Collection<Document>,
+    statements: &[Statement],
+) -> Result<HashMap<ObjectId, Document>, mongodb::error::Error> {
     let ids: Vec<ObjectId> = statements.iter().map(|s| s.id).collect();
     let mut cursor = robots
         .find(doc! {"_id": {"$in": &ids}})
@@ -212,18 +241,13 @@ async fn send_together(
             now.insert(id, d);
         }
     }
-    for ((s, token), w) in statements.iter().zip(&tokens).zip(out.iter_mut()) {
-        if *w == Written::Applied && !now.get(&s.id).is_some_and(|d| landed(token, d)) {
-            *w = Written::Fenced;
-        }
-    }
-    Ok(out)
+    Ok(now)
 }
 
 /// Whether the write stamped `token` is the one `doc` shows. A robot writes again only
 /// after its previous write was answered, and no other instance can write past the
 /// fence, so nothing else replaces the token before the read-back.
-pub fn landed(token: &ObjectId, doc: &Document) -> bool {
+pub fn landed_token(token: &ObjectId, doc: &Document) -> bool {
     doc.get_object_id("write_id").is_ok_and(|t| t == *token)
 }
 
@@ -377,14 +401,14 @@ mod tests {
     #[test]
     fn a_write_landed_only_if_its_own_token_is_there() {
         let mine = ObjectId::new();
-        assert!(landed(&mine, &doc! {"write_id": mine}));
+        assert!(landed_token(&mine, &doc! {"write_id": mine}));
         assert!(
-            !landed(&mine, &doc! {"write_id": ObjectId::new()}),
+            !landed_token(&mine, &doc! {"write_id": ObjectId::new()}),
             "another write's"
         );
-        assert!(!landed(&mine, &doc! {}), "none yet");
+        assert!(!landed_token(&mine, &doc! {}), "none yet");
         assert!(
-            !landed(&mine, &doc! {"write_id": mine.to_hex()}),
+            !landed_token(&mine, &doc! {"write_id": mine.to_hex()}),
             "not an ObjectId"
         );
     }

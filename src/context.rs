@@ -354,7 +354,11 @@ impl ContextStore {
 
     /// Persists a new context: `seq + 1`, `checkpointed_at = $$NOW`, and when
     /// `history > 0` a `{seq, epoch, gen, worker, slot, at}` record appended
-    /// atomically. Only the instance of generation `gen` can write.
+    /// atomically. Only the instance of generation `gen` can write, and only over
+    /// the checkpoint `after_seq` it follows: a statement resent after it landed
+    /// (a half-applied batch, an answer lost on the network) matches nothing the
+    /// second time, so no step is ever applied twice. Zero matched is reported
+    /// fenced; the robot stops and reloads from what the database holds.
     pub async fn checkpoint(
         &self,
         id: &ObjectId,
@@ -362,6 +366,7 @@ impl ContextStore {
         name: &str,
         context: Document,
         history: i64,
+        after_seq: i64,
     ) -> Result<(), ContextError> {
         let bytes = bson::to_vec(&context).map_or(usize::MAX, |v| v.len());
         if bytes > MAX_CONTEXT_BYTES {
@@ -397,11 +402,13 @@ impl ContextStore {
                 ]},
             );
         }
+        let mut filter = self.fence(id, gen);
+        filter.insert("seq", after_seq);
         let written = self
             .commit
             .write(Statement {
                 id: *id,
-                filter: self.fence(id, gen),
+                filter,
                 update: vec![doc! {"$set": set}],
             })
             .await?;
@@ -452,6 +459,31 @@ impl ContextStore {
         let r = self
             .robots
             .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
+            .await?;
+        Ok(r.matched_count == 1)
+    }
+}
+
+impl ContextStore {
+    /// Records what contains a running robot's processes (see
+    /// [`crate::robot::shim::CONTAINMENT`]), fenced like a checkpoint; false when
+    /// fenced or the lease lapsed.
+    pub async fn set_containment(
+        &self,
+        id: &ObjectId,
+        gen: i64,
+        containment: &str,
+    ) -> Result<bool, ContextError> {
+        let _permit = self.pacer.acquire().await;
+        if !self.guard.is_open() {
+            return Ok(false);
+        }
+        let r = self
+            .robots
+            .update_one(
+                self.fence(id, gen),
+                doc! {"$set": {"containment": containment}},
+            )
             .await?;
         Ok(r.matched_count == 1)
     }

@@ -510,6 +510,7 @@ impl Runner {
             gen: self.gen,
             name: loaded.name.clone(),
             history: history_len(&loaded.spec),
+            seq: Arc::new(std::sync::atomic::AtomicI64::new(loaded.seq)),
             spec: loaded.spec,
             context: loaded.context,
             store: self.ctx.clone(),

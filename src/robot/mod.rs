@@ -81,10 +81,12 @@ impl From<ContextError> for RobotError {
             ContextError::Fenced { .. } | ContextError::Lapsed { .. } => {
                 RobotError::Fenced(e.to_string())
             }
-            ContextError::NotADocument { .. } | ContextError::TooLarge { .. } => {
-                RobotError::Invalid(e.to_string())
-            }
-            ContextError::Db(_) | ContextError::Refused { .. } => RobotError::Db(e.to_string()),
+            // A refused write is this robot's own document (a hand edit the
+            // validator let through): it fails alone, with the reason as its status.
+            ContextError::NotADocument { .. }
+            | ContextError::TooLarge { .. }
+            | ContextError::Refused { .. } => RobotError::Invalid(e.to_string()),
+            ContextError::Db(_) => RobotError::Db(e.to_string()),
         }
     }
 }
@@ -114,6 +116,9 @@ pub struct RobotRun {
     pub(crate) spec: Document,
     pub(crate) context: Document,
     pub(crate) history: i64,
+    /// The `seq` of the checkpoint this instance's next one follows (shared by the
+    /// clones a kind makes of its run).
+    pub(crate) seq: Arc<std::sync::atomic::AtomicI64>,
     pub(crate) store: ContextStore,
     pub(crate) stop: CancellationToken,
     pub(crate) grace: Duration,
@@ -174,12 +179,18 @@ impl RobotRun {
         self.store.metrics()
     }
 
-    /// Persists a new context, proving slot and epoch. `Err(Fenced)` means: return now.
+    /// Persists a new context, proving slot, epoch, generation and the checkpoint it
+    /// follows. `Err(Fenced)` means: return now. Checkpoints of one run go one after
+    /// another (each waits for its answer), as every built-in kind does.
     pub async fn checkpoint(&self, context: Document) -> Result<(), RobotError> {
+        use std::sync::atomic::Ordering;
+        let after = self.seq.load(Ordering::Acquire);
         self.store
-            .checkpoint(&self.id, self.gen, &self.name, context, self.history)
+            .checkpoint(&self.id, self.gen, &self.name, context, self.history, after)
             .await
-            .map_err(RobotError::from)
+            .map_err(RobotError::from)?;
+        self.seq.store(after + 1, Ordering::Release);
+        Ok(())
     }
 }
 
