@@ -79,13 +79,16 @@ pub struct Done {
     pub slot: Option<String>,
     /// Whether anything changed (moving a robot to its own slot changes nothing).
     pub changed: bool,
+    /// A move found the robot already on its destination but never started there
+    /// (an earlier move was cut off before it told the holder), and told it now.
+    pub repaired: bool,
 }
 
 async fn robot(store: &Store, name: &str) -> Result<Document, ActionError> {
     store
         .robots()
         .find_one(doc! {"name": name})
-        .projection(doc! {"_id": 1, "slot_id": 1})
+        .projection(doc! {"_id": 1, "slot_id": 1, "status": 1, "paused": 1})
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))
 }
@@ -128,6 +131,7 @@ pub async fn set_paused(
         name: name.to_string(),
         slot: Some(slot),
         changed: true,
+        repaired: false,
     })
 }
 
@@ -161,6 +165,7 @@ pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, Ac
         name: name.to_string(),
         slot,
         changed: r.deleted_count == 1,
+        repaired: false,
     })
 }
 
@@ -174,10 +179,26 @@ pub async fn move_to(
     let d = robot(store, name).await?;
     let from = slot_of(&d)?;
     if from == to {
+        // A rerun of a move may find the robot moved but its holder never told (the
+        // first run was cut off between the two writes): tell it again. Harmless
+        // when nothing was wrong: the holder reads its robots once more.
+        let waiting =
+            text(&d, "status").as_deref() == Some("pending") && d.get_bool("paused") != Ok(true);
+        placement::adjust(store, to, 0, true).await?;
+        if waiting {
+            record(
+                store,
+                "move",
+                actor,
+                doc! {"robot": name, "slot_id": to, "detail": "repaired: the robot was on its slot but never started there"},
+            )
+            .await;
+        }
         return Ok(Done {
             name: name.to_string(),
             slot: Some(from),
             changed: false,
+            repaired: waiting,
         });
     }
     let id = d.get_object_id("_id").map_err(|_| {
@@ -204,6 +225,7 @@ pub async fn move_to(
         name: name.to_string(),
         slot: Some(from),
         changed: true,
+        repaired: false,
     })
 }
 
@@ -228,6 +250,7 @@ pub async fn set_draining(
         name: slot.to_string(),
         slot: Some(slot.to_string()),
         changed: r.modified_count == 1,
+        repaired: false,
     })
 }
 

@@ -91,6 +91,7 @@ metrics! {
     renew_failures: Counter = "renew_failures", "renewals that failed with a database error";
     fenced_writes: Counter = "fenced_writes", "robot writes refused by the epoch fence";
     checkpoints: Counter = "checkpoints", "robot checkpoints persisted";
+    unbumped_changes: Counter = "unbumped_robot_changes", "robot changes on a held slot found by the probe, not by a rev bump (an interrupted move or a hand edit)";
     write_batches: Counter = "checkpoint_batches", "group commits sent: multi-statement updates carrying robot checkpoints";
     batched_writes: Counter = "checkpoint_batched", "checkpoints sent in group commits (divide by checkpoint_batches_total for the batch size)";
     checkpoints_refused: Counter = "checkpoints_refused", "robot checkpoints refused as unstorable (too large, not a document, out of range)";

@@ -5,6 +5,14 @@
 //! moved (a robot was created, deleted, moved, paused or resumed) does it read the
 //! slot's robots again, so a quiet slot costs no robot queries per tick.
 //!
+//! A write that bumps `rev` can be cut off before the bump (a CLI killed or its
+//! link cut between moving a robot and bumping the slots): so every
+//! [`PROBE_EVERY`] a quiet slot is also *probed*, one aggregation that counts its
+//! robots, the unpaused ones not adopted under this epoch, and the paused ones
+//! ([`Fingerprint`]). Any difference from what the last read left means the
+//! robots changed without a bump, and the slot is read again at once. A robot moved
+//! in (unadopted), moved out or deleted (fewer), paused or resumed all show.
+//!
 //! Each robot runs in its own task under a child [`CancellationToken`]. A crash or
 //! exit restarts it with exponential backoff (recorded in its `status`); a fenced
 //! checkpoint ends it for good on this holder.
@@ -33,6 +41,39 @@ const HEALTHY_RUN: Duration = Duration::from_secs(10);
 /// Even without a `rev` change, re-read the slot's robots this often: a safety net
 /// for documents edited by hand without bumping `rev`.
 const FULL_RESYNC: Duration = Duration::from_secs(60);
+/// How often a quiet slot is probed for robot changes that came without a `rev`
+/// bump (an interrupted move): one aggregation over the slot's robots.
+pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+
+/// What a probe counts on a slot, and what the last read expects it to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fingerprint {
+    /// Robots bound to the slot (with an ObjectId `_id`).
+    pub total: i64,
+    /// Unpaused robots whose epoch is not this holder's: waiting to be adopted, or
+    /// refused, or a newer holder's.
+    pub unadopted: i64,
+    pub paused: i64,
+}
+
+impl Fingerprint {
+    /// What a probe must find right after a sync that listed `listed` and adopted
+    /// `adopted` under epoch `mine`, if nothing changed since.
+    fn expected(listed: &[View], adopted: &HashSet<ObjectId>, mine: i64) -> Fingerprint {
+        let mut f = Fingerprint {
+            total: listed.len() as i64,
+            ..Default::default()
+        };
+        for v in listed {
+            if v.paused {
+                f.paused += 1;
+            } else if v.epoch != mine && !adopted.contains(&v.id) {
+                f.unadopted += 1;
+            }
+        }
+        f
+    }
+}
 
 /// One robot of the slot as a sync reads it.
 struct Listed {
@@ -130,6 +171,9 @@ pub struct Supervisor {
     warned: HashSet<String>,
     adopted: bool,
     last_full: Instant,
+    /// What the next probe should find, once a complete sync set it.
+    expected: Option<Fingerprint>,
+    last_probe: Instant,
 }
 
 impl Supervisor {
@@ -153,6 +197,8 @@ impl Supervisor {
             warned: Default::default(),
             adopted: false,
             last_full: Instant::now(),
+            expected: None,
+            last_probe: Instant::now(),
         }
     }
 
@@ -174,10 +220,12 @@ impl Supervisor {
     /// is a stall that this holder's renewals must wait out.
     pub async fn sync(&mut self, rev: i64) -> Result<usize, mongodb::error::Error> {
         self.reap();
-        if !self.will_read(rev) {
+        if !self.will_read(rev) && !self.probe_finds_changes().await? {
             return Ok(0);
         }
         self.last_full = Instant::now();
+        self.last_probe = Instant::now();
+        self.expected = None;
         let began = Instant::now();
         let listed = self.list().await?;
         let listed_ms = began.elapsed().as_millis() as u64;
@@ -218,12 +266,14 @@ impl Supervisor {
         // Chunk by chunk, each chunk's robots started as soon as it is adopted: their
         // first checkpoints go out while the next chunk is being adopted.
         let mut started = 0;
+        let mut adopted_now = HashSet::new();
         for chunk in plan.start.chunks(ADOPT_CHUNK) {
             let Some(adopted) = self.adopt(chunk).await? else {
                 break;
             };
             started += adopted.len();
             for (id, gen) in adopted {
+                adopted_now.insert(id);
                 if let Some(l) = wanted.remove(&id) {
                     self.start(id, gen, l.name, l.loaded);
                 }
@@ -237,7 +287,53 @@ impl Supervisor {
             "synced the slot's robots"
         );
         self.synced_rev = (!plan.incomplete).then_some(rev);
+        if !plan.incomplete {
+            self.expected = Some(Fingerprint::expected(
+                &views,
+                &adopted_now,
+                self.ctx.epoch(),
+            ));
+        }
         Ok(started)
+    }
+
+    /// Every [`PROBE_EVERY`], counts the slot's robots and says whether they differ
+    /// from what the last complete read left (robots changed without a `rev` bump).
+    async fn probe_finds_changes(&mut self) -> Result<bool, mongodb::error::Error> {
+        let Some(expected) = self.expected else {
+            return Ok(false);
+        };
+        if self.last_probe.elapsed() < PROBE_EVERY {
+            return Ok(false);
+        }
+        self.last_probe = Instant::now();
+        let mine = self.ctx.epoch();
+        let pipeline = vec![
+            doc! {"$match": {"slot_id": self.ctx.slot_id(), "_id": {"$type": "objectId"}}},
+            doc! {"$group": {
+                "_id": Bson::Null,
+                "total": {"$sum": 1_i64},
+                "paused": {"$sum": {"$cond": [{"$eq": ["$paused", true]}, 1_i64, 0_i64]}},
+                "unadopted": {"$sum": {"$cond": [
+                    {"$and": [{"$ne": ["$paused", true]}, {"$ne": ["$epoch", mine]}]},
+                    1_i64, 0_i64,
+                ]}},
+            }},
+        ];
+        let mut cursor = self.store.robots().aggregate(pipeline).await?;
+        let found = match cursor.try_next().await? {
+            Some(d) => Fingerprint {
+                total: long_or_zero(&d, "total"),
+                unadopted: long_or_zero(&d, "unadopted"),
+                paused: long_or_zero(&d, "paused"),
+            },
+            None => Fingerprint::default(),
+        };
+        if found != expected {
+            tracing::info!(slot = %self.ctx.slot_id(), ?expected, ?found, "the slot's robots changed without a rev bump (an interrupted move?); reading them again");
+            self.metrics.unbumped_changes.inc();
+        }
+        Ok(found != expected)
     }
 
     /// Adopts one chunk of the robots about to start (at most [`ADOPT_CHUNK`]): each
@@ -558,6 +654,29 @@ mod tests {
         let plan = plan_sync(&listed, &HashMap::new(), 5);
         assert_eq!(plan.start, vec![a, b], "epoch 6 belongs to a newer holder");
         assert!(plan.stop.is_empty() && !plan.incomplete);
+    }
+
+    #[test]
+    fn the_expected_fingerprint_counts_what_a_probe_would_after_the_sync() {
+        let (a, b, c, d) = (
+            ObjectId::new(),
+            ObjectId::new(),
+            ObjectId::new(),
+            ObjectId::new(),
+        );
+        let mut paused = view(c, 0, 0);
+        paused.paused = true;
+        // a: adopted now; b: already ours; c: paused; d: refused (left unadopted).
+        let listed = [view(a, 0, 0), view(b, 5, 2), paused, view(d, 0, 0)];
+        let adopted: HashSet<ObjectId> = [a].into_iter().collect();
+        assert_eq!(
+            Fingerprint::expected(&listed, &adopted, 5),
+            Fingerprint {
+                total: 4,
+                unadopted: 1,
+                paused: 1
+            }
+        );
     }
 
     #[test]

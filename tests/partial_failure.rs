@@ -197,3 +197,181 @@ async fn one_poisoned_robot_document_doubles_no_neighbours_step() {
     let report = invariants::check(&db).await;
     assert_eq!(report.robots, 12, "{report:?}");
 }
+
+/// What the first write of `robot move` does to a robot, alone: the state a move
+/// cut off right after it leaves (no slot's `rev` bumped).
+async fn move_first_write_only(db: &TestDb, name: &str, to: &str) {
+    db.store
+        .robots()
+        .update_one(
+            doc! {"name": name},
+            vec![doc! {"$set": {
+                "slot_id": to, "epoch": 0_i64, "worker": bson::Bson::Null,
+                "status": {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
+            }}],
+        )
+        .await
+        .unwrap();
+}
+
+fn rev(slot: &Document) -> i64 {
+    slot.get_i64("rev").unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_move_cut_off_after_its_first_write_strands_no_robot() {
+    let db = TestDb::new("cutmove").await;
+    db.init(2).await;
+    let (a, b) = db.one_slot_each(|_| db.worker(&[])).await;
+    assert!(db.counters("m", 2, 50).status.success());
+    wait_for(Duration::from_secs(30), "both counters to run", || async {
+        db.robots().await.iter().all(|r| seq(r) >= 5).then_some(())
+    })
+    .await;
+    let robot = db.robot("m-1").await;
+    let from = robot.get_str("slot_id").unwrap().to_string();
+    let to = if from == "slot-001" {
+        "slot-002"
+    } else {
+        "slot-001"
+    };
+    let to_holder = common::owner(&db.slot(to).await).unwrap();
+    let rev_before = rev(&db.slot(to).await);
+    move_first_write_only(&db, "m-1", to).await;
+
+    // Nobody tells the holder: it finds the robot by itself (its probe), well
+    // before the 60 s full re-read.
+    let t0 = Instant::now();
+    let moved = wait_for(
+        Duration::from_secs(20),
+        "the moved robot to run on its new slot",
+        || async {
+            let r = db.robot("m-1").await;
+            (r.get_str("worker") == Ok(to_holder.as_str())
+                && r.get_str("status") == Ok("running")
+                && seq(&r) > seq(&robot) + 5)
+                .then_some(r)
+        },
+    )
+    .await;
+    assert!(t0.elapsed() < Duration::from_secs(20), "{moved}");
+    assert_eq!(
+        rev(&db.slot(to).await),
+        rev_before,
+        "no rev bump was needed"
+    );
+    let holder = if to_holder == a.id { &a } else { &b };
+    assert!(
+        holder
+            .metric("slotpool_unbumped_robot_changes_total")
+            .unwrap_or(0)
+            >= 1,
+        "the probe found it"
+    );
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 2, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rerun_of_a_cut_off_move_repairs_it() {
+    let db = TestDb::new("rerunmove").await;
+    db.init(2).await;
+    assert!(db.counters("r", 1, 50).status.success());
+    let from = db.robot("r").await.get_str("slot_id").unwrap().to_string();
+    let to = if from == "slot-001" {
+        "slot-002"
+    } else {
+        "slot-001"
+    };
+    move_first_write_only(&db, "r", to).await;
+    let rev_before = rev(&db.slot(to).await);
+    let out = db.cli_ok(&["robot", "move", "r", "--to", to]);
+    assert!(out.contains("never started there"), "{out}");
+    assert!(rev(&db.slot(to).await) > rev_before, "the holder is told");
+    // A second rerun finds nothing wrong to report, and says so plainly.
+    let paused = db.cli_ok(&["robot", "pause", "r"]);
+    assert!(paused.contains("paused"), "{paused}");
+    let out = db.cli_ok(&["robot", "move", "r", "--to", to]);
+    assert!(
+        out.contains("already on") && !out.contains("never started"),
+        "{out}"
+    );
+    db.cli_ok(&["robot", "resume", "r"]);
+    let _w = db.worker(&[]);
+    wait_for(
+        Duration::from_secs(30),
+        "the robot to run on its slot",
+        || async {
+            let r = db.robot("r").await;
+            (r.get_str("slot_id") == Ok(to) && seq(&r) >= 5).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_web_move_runs_to_its_end_when_the_client_hangs_up() {
+    use std::io::Write;
+    let db = TestDb::new("webmove").await;
+    db.init(2).await;
+    assert!(db.counters("w", 1, 50).status.success());
+    let from = db.robot("w").await.get_str("slot_id").unwrap().to_string();
+    let to = if from == "slot-001" {
+        "slot-002"
+    } else {
+        "slot-001"
+    };
+    // Every database round trip of the dashboard takes a while, so the client can
+    // hang up in the middle of the move's writes.
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let web = common::web::WebProc::start(&proxy.uri(&db.uri), &db.dir, true, &[]).await;
+    proxy.delay(Duration::from_millis(150));
+    let body = format!("{{\"to\": \"{to}\"}}");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", web.port)).unwrap();
+    write!(
+        s,
+        "POST /api/v1/robots/w/move HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        web.port,
+        common::web::TOKEN,
+        body.len()
+    )
+    .unwrap();
+    // Hang up right after the move's first write landed.
+    wait_for(
+        Duration::from_secs(30),
+        "the move's first write",
+        || async { (db.robot("w").await.get_str("slot_id") == Ok(to)).then_some(()) },
+    )
+    .await;
+    let rev_at_cut = rev(&db.slot(to).await);
+    drop(s);
+    // The action goes on to its end: the holder is told, the counts move, and the
+    // event is recorded.
+    wait_for(
+        Duration::from_secs(30),
+        "the move to finish without its client",
+        || async {
+            let moved = db
+                .store
+                .events()
+                .count_documents(doc! {"kind": "move", "robot": "w"})
+                .await
+                .unwrap();
+            (moved == 1 && rev(&db.slot(to).await) > rev_at_cut).then_some(())
+        },
+    )
+    .await;
+    let counts: Vec<i64> = db
+        .slots()
+        .await
+        .iter()
+        .map(|s| s.get_i64("robot_count").unwrap_or(0))
+        .collect();
+    let on_to = if to == "slot-001" {
+        counts[0]
+    } else {
+        counts[1]
+    };
+    assert_eq!(on_to, 1, "{counts:?}");
+    assert_eq!(counts.iter().sum::<i64>(), 1, "{counts:?}");
+}

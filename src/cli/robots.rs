@@ -242,12 +242,14 @@ async fn move_to(store: &Store, name: &str, to: &str, as_json: bool) -> anyhow::
     let from = d.slot.unwrap_or_default();
     let line = if d.changed {
         format!("moved {name} from {from} to {to}")
+    } else if d.repaired {
+        format!("{name} is already on {to} but was never started there (an earlier move was cut off); its holder was told to start it")
     } else {
         format!("{name} is already on {to}")
     };
     done(
         as_json,
-        json!({"moved": name, "from": from, "to": to}),
+        json!({"moved": name, "from": from, "to": to, "changed": d.changed, "repaired": d.repaired}),
         line,
     );
     Ok(())

@@ -226,17 +226,26 @@ pub async fn perform(
     action: &Action,
     actor: &Actor,
 ) -> Result<Done, ActionError> {
-    let store = &app.store;
-    let done = match action {
-        Action::Pause => actions::set_paused(store, target, true, actor).await,
-        Action::Resume => actions::set_paused(store, target, false, actor).await,
-        Action::Move { to } => actions::move_to(store, target, to, actor).await,
-        Action::Delete => actions::delete(store, target, actor).await,
-        Action::Drain => actions::set_draining(store, target, true, actor).await,
-        Action::Undrain => actions::set_draining(store, target, false, actor).await,
-    };
-    app.forget(target);
-    done
+    let (app, target, action, actor) = (
+        app.clone(),
+        target.to_string(),
+        action.clone(),
+        actor.clone(),
+    );
+    super::to_the_end(async move {
+        let store = &app.store;
+        let done = match &action {
+            Action::Pause => actions::set_paused(store, &target, true, &actor).await,
+            Action::Resume => actions::set_paused(store, &target, false, &actor).await,
+            Action::Move { to } => actions::move_to(store, &target, to, &actor).await,
+            Action::Delete => actions::delete(store, &target, &actor).await,
+            Action::Drain => actions::set_draining(store, &target, true, &actor).await,
+            Action::Undrain => actions::set_draining(store, &target, false, &actor).await,
+        };
+        app.forget(&target);
+        done
+    })
+    .await
 }
 
 /// The status an action's failure answers with.
@@ -442,14 +451,17 @@ pub async fn rebalance(
     if body.max_moves == Some(0) {
         return error(StatusCode::BAD_REQUEST, "max_moves must be at least 1");
     }
-    match actions::rebalance(
-        &app.store,
-        body.max_moves,
-        body.dry_run.unwrap_or(false),
-        &actor,
-    )
-    .await
-    {
+    let store = app.store.clone();
+    let planned = super::to_the_end(async move {
+        actions::rebalance(
+            &store,
+            body.max_moves,
+            body.dry_run.unwrap_or(false),
+            &actor,
+        )
+        .await
+    });
+    match planned.await {
         Ok(r) => Json(rebalance_json(&r)).into_response(),
         Err(e) => error(
             failure_status(&e),

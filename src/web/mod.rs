@@ -99,6 +99,19 @@ impl WebArgs {
     }
 }
 
+/// Runs an action that writes to its end, whatever becomes of the request: axum
+/// drops a handler's future when its client hangs up, and a move dropped between
+/// its writes would strand its robot. Spawned, the action finishes; the handler only
+/// waits for its answer.
+pub async fn to_the_end<T: Send + 'static>(
+    action: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    match tokio::spawn(action).await {
+        Ok(done) => done,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 /// What every handler shares.
 #[derive(Clone)]
 pub struct App {

@@ -540,7 +540,12 @@ pub async fn rebalance(
         Ok(signed) => signed,
         Err(res) => return *res,
     };
-    match crate::actions::rebalance(&app.store, None, false, &web_actor(&s.who, peer)).await {
+    let (store, actor) = (app.store.clone(), web_actor(&s.who, peer));
+    let planned =
+        super::to_the_end(
+            async move { crate::actions::rebalance(&store, None, false, &actor).await },
+        );
+    match planned.await {
         Ok(r) if r.moves.iter().all(|m| m.refused.is_none()) => Redirect::to("/").into_response(),
         Ok(r) => {
             let why: Vec<&str> = r
