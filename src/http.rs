@@ -6,9 +6,11 @@
 //! robots need. What hyper does not bound, this module does:
 //! - at most [`MAX_CONNECTIONS`] connections are open at once (about 1,500 idle ones
 //!   would otherwise take every descriptor at the common limit of 1,024, and robots
-//!   could not start). When all are taken, a new connection evicts the oldest one
-//!   that has not sent a request yet, so idle connections cannot lock out a health
-//!   probe; when none is idle, the newcomer is closed at once ([`Connections`]);
+//!   could not start). When all are taken, a new connection evicts the one idle
+//!   longest: only a request in flight protects a connection, so neither silent
+//!   connections nor kept-alive ones between their requests can lock out a health
+//!   probe; when every connection is answering a request, the newcomer is closed
+//!   at once ([`Connections`]);
 //! - a request head must arrive within [`HEAD_TIMEOUT`] and fit in [`MAX_REQUEST`]
 //!   bytes (hyper answers `431` past it);
 //! - a connection is closed after [`CONNECTION_TIMEOUT`] in any case, kept alive or not.
@@ -56,7 +58,7 @@ pub struct Connections {
     max: usize,
     next: u64,
     open: usize,
-    /// Open and not yet past their request head, oldest first.
+    /// Open with no request in flight, longest idle first.
     idle: VecDeque<u64>,
 }
 
@@ -101,6 +103,12 @@ impl Connections {
         self.idle.retain(|&i| i != id);
     }
 
+    /// `id`'s request was answered: idle again, and the last to be evicted.
+    pub fn answered(&mut self, id: u64) {
+        self.idle.retain(|&i| i != id);
+        self.idle.push_back(id);
+    }
+
     /// `id` closed by itself (not evicted).
     pub fn closed(&mut self, id: u64) {
         self.idle.retain(|&i| i != id);
@@ -136,6 +144,14 @@ impl Gate {
 
     fn busy(&self, id: u64) {
         self.book.lock().expect("http gate lock").0.busy(id);
+    }
+
+    fn answered(&self, id: u64) {
+        let mut book = self.book.lock().expect("http gate lock");
+        // Not if it was evicted meanwhile (it is no longer counted).
+        if book.1.contains_key(&id) {
+            book.0.answered(id);
+        }
     }
 
     /// Called as a connection's task ends, evicted or not.
@@ -201,7 +217,12 @@ pub async fn serve_router(
                 hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                     gate.busy(id);
                     req.extensions_mut().insert(ConnectInfo(peer));
-                    app.clone().oneshot(req)
+                    let (app, gate) = (app.clone(), gate.clone());
+                    async move {
+                        let answer = app.oneshot(req).await;
+                        gate.answered(id);
+                        answer
+                    }
                 })
             };
             let served = hyper::server::conn::http1::Builder::new()
@@ -304,6 +325,36 @@ mod tests {
                 id: 4,
                 evict: Some(3)
             }
+        );
+    }
+
+    #[test]
+    fn a_kept_alive_connection_is_protected_only_while_its_request_is_in_flight() {
+        let mut c = Connections::new(2);
+        for id in 0..2 {
+            c.admit();
+            c.busy(id);
+        }
+        assert_eq!(c.admit(), Admission::Refuse, "both answering");
+        // 0 was answered and keeps its connection open for the next request; 1
+        // was answered after it. The probe evicts the one idle longest.
+        c.answered(0);
+        c.answered(1);
+        assert_eq!(
+            c.admit(),
+            Admission::Admit {
+                id: 2,
+                evict: Some(0)
+            }
+        );
+        c.busy(1);
+        assert_eq!(
+            c.admit(),
+            Admission::Admit {
+                id: 3,
+                evict: Some(2)
+            },
+            "a newcomer that has not sent its request yet is idle too"
         );
     }
 }

@@ -375,3 +375,71 @@ async fn a_web_move_runs_to_its_end_when_the_client_hangs_up() {
     assert_eq!(on_to, 1, "{counts:?}");
     assert_eq!(counts.iter().sum::<i64>(), 1, "{counts:?}");
 }
+
+/// Opens `n` kept-alive connections to `port`, each of which sends one request for
+/// `path` and reads its whole answer, then stays open for the next.
+fn kept_alive_clients(port: u16, path: &str, n: usize) -> Vec<std::net::TcpStream> {
+    use std::io::{Read, Write};
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").unwrap();
+        // Read the head, then the body by its length: the connection stays open.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let k = s.read(&mut buf).unwrap();
+            assert!(k > 0, "the server closed a kept-alive connection early");
+            got.extend_from_slice(&buf[..k]);
+            let text = String::from_utf8_lossy(&got).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .expect("a length");
+                if body.len() >= len {
+                    break;
+                }
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
+/// Sends 12 probes, each on a fresh connection; returns how many were answered 200.
+fn probes(port: u16, path: &str) -> usize {
+    (0..12)
+        .filter(|_| {
+            common::web::request(port, "GET", path, &[], b"").is_some_and(|r| r.status == 200)
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kept_alive_clients_never_lock_out_a_probe() {
+    let db = TestDb::new("keepalive").await;
+    db.init(1).await;
+    let w = db.worker(&[]);
+    wait_for(Duration::from_secs(20), "the worker to answer", || async {
+        w.http_get("/healthz")
+            .filter(|(s, _)| *s == 200)
+            .map(|_| ())
+    })
+    .await;
+    // As many kept-alive clients as the worker serves connections, each between
+    // two requests: only a request in flight may protect a connection.
+    let clients = kept_alive_clients(w.port, "/metrics", slotpool::http::MAX_CONNECTIONS);
+    assert_eq!(probes(w.port, "/healthz"), 12, "the worker's health probes");
+    drop(clients);
+
+    let web = common::web::WebProc::start(&db.uri, &db.dir, false, &[]).await;
+    let clients = kept_alive_clients(web.port, "/api/v1/slots", slotpool::http::MAX_CONNECTIONS);
+    assert_eq!(probes(web.port, "/api/v1/slots"), 12, "the dashboard's");
+    drop(clients);
+}
