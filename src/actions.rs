@@ -147,12 +147,11 @@ pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, Ac
         if let Some(s) = &slot {
             placement::adjust(store, s, -1, true).await?;
         }
-        // Its kept output goes with it (a holder still stopping it may add a last
-        // line or two: the output of a deleted robot is never shown).
-        store
-            .outputs()
-            .delete_one(doc! {"_id": d.get("_id")})
-            .await?;
+        // Its kept output goes with it, as a tombstone: a holder still stopping
+        // the robot may flush a last line or two, and must not re-create it.
+        if let Some(id) = d.get("_id") {
+            store.bury_output(id).await?;
+        }
         record(
             store,
             "delete",

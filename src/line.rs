@@ -79,6 +79,14 @@ pub fn beat_every(tick: Duration) -> Duration {
     tick * REAR_TICKS
 }
 
+/// How long after its last beat a worker's heartbeat document is removed (by the
+/// TTL index on `expire_at`): ten minutes, or three times as long as a beat is
+/// believed when that is longer, so a live worker's document never goes. A killed
+/// worker shows as overdue meanwhile, then leaves; churn no longer piles up.
+pub fn forgotten_after(beat: Duration) -> Duration {
+    (believed_for(beat) * 3).max(Duration::from_secs(600))
+}
+
 /// How long a heartbeat is believed: two beats and a second, so one lost or late
 /// heartbeat never makes a live worker look dead.
 pub fn believed_for(beat: Duration) -> Duration {
@@ -218,6 +226,7 @@ impl Line {
                     "alive_until_ms": {"$add": [
                         {"$toLong": "$$NOW"}, believed_for(every).as_millis() as i64,
                     ]},
+                    "expire_at": {"$add": ["$$NOW", forgotten_after(every).as_millis() as i64]},
                     "version": env!("CARGO_PKG_VERSION"),
                 }}],
             )

@@ -324,6 +324,69 @@ impl Store {
                     .build(),
             )
             .await?;
+        // Documents that leave by themselves at their `expire_at`: dead workers'
+        // heartbeats, and deleted robots' output tombstones.
+        let at_expiry = IndexOptions::builder()
+            .expire_after(Duration::from_secs(0))
+            .build();
+        for coll in [self.workers(), self.outputs()] {
+            coll.create_index(
+                IndexModel::builder()
+                    .keys(doc! {"expire_at": 1})
+                    .options(at_expiry.clone())
+                    .build(),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Removes kept output whose robot no longer exists (left by versions that
+    /// deleted it while a holder could still write; tombstones are left to expire).
+    /// Returns how many went.
+    pub async fn remove_orphaned_output(&self) -> Result<u64, mongodb::error::Error> {
+        use futures::TryStreamExt;
+        let orphans: Vec<Bson> = self
+            .outputs()
+            .aggregate(vec![
+                doc! {"$match": {"deleted": {"$ne": true}}},
+                doc! {"$lookup": {"from": ROBOTS, "localField": "_id", "foreignField": "_id", "as": "robot"}},
+                doc! {"$match": {"robot": {"$size": 0}}},
+                doc! {"$project": {"_id": 1}},
+            ])
+            .await?
+            .try_collect::<Vec<Document>>()
+            .await?
+            .into_iter()
+            .filter_map(|d| d.get("_id").cloned())
+            .collect();
+        let mut removed = 0;
+        for chunk in orphans.chunks(1000) {
+            // Still no robot (and still not a tombstone) at the moment of removal.
+            removed += self
+                .outputs()
+                .delete_many(doc! {"_id": {"$in": chunk}, "deleted": {"$ne": true}})
+                .await?
+                .deleted_count;
+        }
+        Ok(removed)
+    }
+
+    /// Marks a deleted robot's output as deleted, for an hour: a holder still
+    /// stopping the robot may flush a last line, and its upsert (fenced by
+    /// generation) now collides with the tombstone instead of re-creating the
+    /// document. The TTL index removes it.
+    pub async fn bury_output(&self, id: &Bson) -> Result<(), mongodb::error::Error> {
+        self.outputs()
+            .update_one(
+                doc! {"_id": id},
+                vec![doc! {"$set": {
+                    "gen": i64::MAX, "deleted": true, "lines": [],
+                    "expire_at": {"$add": ["$$NOW", 3_600_000_i64]},
+                }}],
+            )
+            .upsert(true)
+            .await?;
         Ok(())
     }
 
@@ -399,6 +462,7 @@ impl Store {
         // shrink) are re-placed; then the counts are made true.
         report.rescued = crate::placement::rescue_all(self).await?;
         report.recounted = crate::placement::reconcile_counts(self).await?;
+        report.orphaned_output = self.remove_orphaned_output().await?;
         Ok(report)
     }
 
@@ -460,6 +524,8 @@ pub struct InitReport {
     pub rescued: u64,
     /// Slots whose `robot_count` was corrected.
     pub recounted: u64,
+    /// Kept output of robots that no longer exist, removed.
+    pub orphaned_output: u64,
 }
 
 /// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order. For a

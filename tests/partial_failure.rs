@@ -443,3 +443,174 @@ async fn kept_alive_clients_never_lock_out_a_probe() {
     assert_eq!(probes(web.port, "/api/v1/slots"), 12, "the dashboard's");
     drop(clients);
 }
+
+/// Kept-output documents that are not tombstones and whose robot is gone.
+async fn orphaned_output(db: &TestDb) -> Vec<Document> {
+    use futures::TryStreamExt;
+    let robots: Vec<bson::Bson> = db
+        .robots()
+        .await
+        .iter()
+        .filter_map(|r| r.get("_id").cloned())
+        .collect();
+    db.store
+        .outputs()
+        .find(doc! {"_id": {"$nin": robots}, "deleted": {"$ne": true}})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_robots_output_never_comes_back() {
+    let db = TestDb::new("noresurrect").await;
+    db.init(1).await;
+    let chatty = script(
+        &db,
+        "chatty.sh",
+        "while true; do echo \"line $RANDOM\"; sleep 0.02; done\n",
+    );
+    let w = db.exec_worker(&[]);
+    for round in 0..3 {
+        let name = format!("chat{round}");
+        db.cli_ok(&[
+            "robot",
+            "create",
+            "--name",
+            &name,
+            "--kind",
+            "exec",
+            "--command",
+            &chatty,
+            "--count",
+            "10",
+        ]);
+        wait_for(
+            Duration::from_secs(30),
+            "every chatty robot's output to be kept",
+            || async {
+                let kept = db
+                    .store
+                    .outputs()
+                    .count_documents(doc! {"deleted": {"$ne": true}})
+                    .await
+                    .unwrap();
+                (kept == 10).then_some(())
+            },
+        )
+        .await;
+        for i in 1..=10 {
+            db.cli_ok(&["robot", "delete", &format!("{name}-{i}")]);
+        }
+        wait_for(
+            Duration::from_secs(30),
+            "the holder to stop every robot",
+            || async { (w.metric("slotpool_robots_running") == Some(0)).then_some(()) },
+        )
+        .await;
+    }
+    // The holder flushes output every second; watch for three, every 100 ms: no
+    // deleted robot's output may ever come back.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let orphans: Vec<_> = orphaned_output(&db)
+            .await
+            .iter()
+            .map(|d| d.get("_id").cloned())
+            .collect();
+        assert!(
+            orphans.is_empty(),
+            "deleted robots' output came back: {orphans:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        db.store
+            .outputs()
+            .count_documents(doc! {"deleted": true, "expire_at": {"$type": "date"}})
+            .await
+            .unwrap(),
+        30,
+        "each deleted robot leaves a tombstone that expires"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn init_removes_orphaned_output_and_dead_heartbeats_expire() {
+    let db = TestDb::new("leftovers").await;
+    db.init(1).await;
+    // Orphans an older version left: output of robots that are gone.
+    for _ in 0..3 {
+        db.store
+            .outputs()
+            .insert_one(doc! {"_id": bson::oid::ObjectId::new(), "gen": 1_i64, "lines": []})
+            .await
+            .unwrap();
+    }
+    assert!(db.counters("kept", 1, 1000).status.success());
+    let kept = db.robot("kept").await.get_object_id("_id").unwrap();
+    db.store
+        .outputs()
+        .insert_one(doc! {"_id": kept, "gen": 1_i64, "lines": []})
+        .await
+        .unwrap();
+    let out = db.cli_ok(&["init", "--slots", "1"]);
+    assert!(
+        out.contains("removed the kept output of 3 robot(s)"),
+        "{out}"
+    );
+    assert_eq!(
+        db.store.outputs().count_documents(doc! {}).await.unwrap(),
+        1
+    );
+
+    // A live worker's heartbeat carries its expiry; a dead one's document leaves
+    // by itself (the TTL index), with nobody cleaning up.
+    let w = db.worker(&[]);
+    let beat = wait_for(
+        Duration::from_secs(20),
+        "the worker's heartbeat",
+        || async {
+            db.store
+                .workers()
+                .find_one(doc! {"_id": &w.id})
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    let seen = beat.get_datetime("last_seen").unwrap().timestamp_millis();
+    let expires = beat.get_datetime("expire_at").unwrap().timestamp_millis();
+    assert!(expires - seen >= 600_000, "{beat}");
+    let long_ago = bson::DateTime::from_millis(seen - 3_600_000);
+    db.store
+        .workers()
+        .insert_one(doc! {"_id": "10.9.9.9:7700", "last_seen": long_ago, "expire_at": long_ago})
+        .await
+        .unwrap();
+    wait_for(
+        Duration::from_secs(150),
+        "the dead worker's heartbeat to expire",
+        || async {
+            let left = db
+                .store
+                .workers()
+                .count_documents(doc! {"_id": "10.9.9.9:7700"})
+                .await
+                .unwrap();
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        db.store
+            .workers()
+            .count_documents(doc! {"_id": &w.id})
+            .await
+            .unwrap()
+            == 1,
+        "the live worker's stays"
+    );
+}

@@ -37,6 +37,12 @@ pub async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
             format!(", removed {}", report.removed.join(" "))
         },
     );
+    if report.orphaned_output > 0 {
+        say!(
+            "removed the kept output of {} robot(s) that no longer exist",
+            report.orphaned_output
+        );
+    }
     if report.rescued > 0 {
         say!(
             "re-placed {} robot(s) that were bound to slots that no longer exist",
