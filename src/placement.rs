@@ -408,6 +408,37 @@ pub async fn bump_revs(store: &Store, slots: &[String]) -> Result<(), mongodb::e
     Ok(())
 }
 
+/// Makes one slot's `robot_count` the count its holder just read, `truth`, in one
+/// conditional write judged on the server's clock: raised at once when below it,
+/// lowered only when the slot saw no reservation for [`STALE_RESERVATION`] (a create
+/// in flight may have reserved room for robots not yet written). So a create cut
+/// off by a long outage stops skewing placement by itself, without an operator.
+/// Returns whether the count changed.
+pub async fn heal_count(
+    store: &Store,
+    slot: &str,
+    truth: i64,
+) -> Result<bool, mongodb::error::Error> {
+    let stale_ms = STALE_RESERVATION.as_millis() as i64;
+    let filter = doc! {
+        "_id": slot,
+        "robot_count": {"$ne": truth},
+        "$expr": {"$or": [
+            {"$lt": ["$robot_count", truth]},
+            {"$eq": [{"$type": "$reserved_at"}, "missing"]},
+            {"$lt": [
+                {"$toLong": "$reserved_at"},
+                {"$subtract": [{"$toLong": "$$NOW"}, stale_ms]},
+            ]},
+        ]},
+    };
+    let r = store
+        .slots()
+        .update_one(filter, doc! {"$set": {"robot_count": truth}})
+        .await?;
+    Ok(r.modified_count == 1)
+}
+
 /// Makes each slot's `robot_count` the true count of its robots (run by `init`),
 /// repairing drift from hand edits and from creates that died half-way. Without
 /// stopping anyone: a count below the truth is raised at once (in-flight work only

@@ -171,6 +171,8 @@ pub struct Supervisor {
     warned: HashSet<String>,
     adopted: bool,
     last_full: Instant,
+    /// Robot documents bound to the slot at the last read, odd ones included.
+    listed_total: i64,
     /// What the next probe should find, once a complete sync set it.
     expected: Option<Fingerprint>,
     last_probe: Instant,
@@ -197,6 +199,7 @@ impl Supervisor {
             warned: Default::default(),
             adopted: false,
             last_full: Instant::now(),
+            listed_total: 0,
             expected: None,
             last_probe: Instant::now(),
         }
@@ -229,6 +232,21 @@ impl Supervisor {
         let began = Instant::now();
         let listed = self.list().await?;
         let listed_ms = began.elapsed().as_millis() as u64;
+        // The slot's count of robots, kept for placement, healed from what was
+        // just read (a create cut off mid-way leaves it too high).
+        if self.ctx.lease_open() {
+            match crate::placement::heal_count(&self.store, self.ctx.slot_id(), self.listed_total)
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(slot = %self.ctx.slot_id(), robots = self.listed_total, "robot_count corrected to the robots bound to the slot")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::debug!("could not correct robot_count: {}", crate::store::brief(&e))
+                }
+            }
+        }
         let views: Vec<View> = listed
             .iter()
             .map(|l| View {
@@ -388,7 +406,9 @@ impl Supervisor {
             .batch_size(BATCH)
             .await?;
         let mut out = Vec::new();
+        self.listed_total = 0;
         while let Some(d) = cursor.try_next().await? {
+            self.listed_total += 1;
             let Some(Bson::ObjectId(id)) = d.get("_id").cloned() else {
                 let key = format!("{:?}", d.get("_id"));
                 if self.warned.insert(key.clone()) {

@@ -614,3 +614,52 @@ async fn init_removes_orphaned_output_and_dead_heartbeats_expire() {
         "the live worker's stays"
     );
 }
+
+fn robot_count(slot: &Document) -> i64 {
+    slot.get_i64("robot_count")
+        .or_else(|_| slot.get_i32("robot_count").map(i64::from))
+        .unwrap_or(-1)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reservation_left_by_a_cut_off_create_heals_without_an_operator() {
+    let db = TestDb::new("healcount").await;
+    db.init(1).await;
+    assert!(db.counters("h", 3, 100).status.success());
+    // A create that reserved room for 5,000 and wrote 3 before the database went
+    // away for good: its reservation is fresh, so it may still be writing.
+    let now = bson::DateTime::now();
+    db.store
+        .slots()
+        .update_one(
+            doc! {"_id": "slot-001"},
+            doc! {"$set": {"robot_count": 5000_i64, "reserved_at": now}},
+        )
+        .await
+        .unwrap();
+    let _w = db.worker(&[]);
+    wait_for(Duration::from_secs(30), "the robots to run", || async {
+        db.robots().await.iter().all(|r| seq(r) >= 3).then_some(())
+    })
+    .await;
+    assert_eq!(
+        robot_count(&db.slot("slot-001").await),
+        5000,
+        "a fresh reservation is left alone"
+    );
+    // Ten minutes on, nobody finished it: the holder's next read of its robots
+    // makes the count true (a rev bump stands in for the minute-long wait).
+    let stale = bson::DateTime::from_millis(now.timestamp_millis() - 11 * 60 * 1000);
+    db.store
+        .slots()
+        .update_one(
+            doc! {"_id": "slot-001"},
+            doc! {"$set": {"reserved_at": stale}, "$inc": {"rev": 1_i64}},
+        )
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(30), "robot_count to heal", || async {
+        (robot_count(&db.slot("slot-001").await) == 3).then_some(())
+    })
+    .await;
+}
