@@ -14,8 +14,12 @@
 //!   standby's release poll finds it). One slot per standby: the donors, ranked by most slots
 //!   then by id, give back only as many as there are standbys, and a donor waits
 //!   until its previous hand-back is held by someone before giving another, so no
-//!   slot is left unheld and none bounces.
+//!   slot is left unheld. A standby that did not take a handed slot (frozen, say:
+//!   its heartbeat is still believed for two beats) is *passed over* until it beats
+//!   again ([`HandBack::NotTaken`]), so a slot is handed to it once, not bounced
+//!   back and forth until its heartbeat runs out.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::lease::Candidate;
@@ -29,6 +33,9 @@ pub struct Peer {
     pub held: usize,
     /// Its `--max-slots`, None for no cap.
     pub max_slots: Option<usize>,
+    /// A standby that left a slot handed to it untaken and has not beaten since:
+    /// no slot is handed back for it.
+    pub passed_over: bool,
 }
 
 impl Peer {
@@ -59,6 +66,7 @@ impl Round<'_> {
                 id: self.me.to_string(),
                 held: 0,
                 max_slots: None,
+                passed_over: false,
             })
     }
 
@@ -113,7 +121,11 @@ impl Round<'_> {
     /// True when this worker should give one slot back now: it holds more than one,
     /// and its rank among the donors is below the number of live standbys.
     pub fn should_give_back(&self) -> bool {
-        let standbys = self.workers.iter().filter(|p| p.held == 0).count();
+        let standbys = self
+            .workers
+            .iter()
+            .filter(|p| p.held == 0 && !p.passed_over)
+            .count();
         if standbys == 0 {
             return false;
         }
@@ -128,8 +140,16 @@ impl Round<'_> {
 
 /// Live workers with the number of slots each holds: their heartbeats say who is
 /// alive and what others hold (each sends one at once when that changes); this
-/// worker knows its own.
-pub fn peers(alive: &[LiveWorker], me: &str, my_held: usize, my_max: Option<usize>) -> Vec<Peer> {
+/// worker knows its own. `passed_over` maps standbys that left a handed slot
+/// untaken to the heartbeat they had then; one that has not beaten since is passed
+/// over.
+pub fn peers(
+    alive: &[LiveWorker],
+    me: &str,
+    my_held: usize,
+    my_max: Option<usize>,
+    passed_over: &HashMap<String, Option<i64>>,
+) -> Vec<Peer> {
     let mut out: Vec<Peer> = alive
         .iter()
         .filter(|w| w.id != me)
@@ -137,14 +157,51 @@ pub fn peers(alive: &[LiveWorker], me: &str, my_held: usize, my_max: Option<usiz
             id: w.id.clone(),
             held: w.held,
             max_slots: w.max_slots,
+            passed_over: passed_over.get(&w.id) == Some(&w.seen_at_ms),
         })
         .collect();
     out.push(Peer {
         id: me.to_string(),
         held: my_held,
         max_slots: my_max,
+        passed_over: false,
     });
     out
+}
+
+/// What became of a slot this worker handed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandBack {
+    /// Still being released, or unheld for less than two leases.
+    Pending,
+    /// Someone else holds it.
+    Taken,
+    /// Nobody took it: it stayed unheld two leases, or this worker holds it again
+    /// (claimed back as overflow). The standbys of the moment are passed over.
+    NotTaken,
+}
+
+/// Decides [`HandBack`] from what the round sees of the handed slot.
+pub fn hand_back_outcome(
+    releasing: bool,
+    expired: bool,
+    mine_again: bool,
+    waited: Duration,
+    lease: Duration,
+) -> HandBack {
+    if releasing {
+        HandBack::Pending
+    } else if mine_again {
+        HandBack::NotTaken
+    } else if expired {
+        if waited < lease * 2 {
+            HandBack::Pending
+        } else {
+            HandBack::NotTaken
+        }
+    } else {
+        HandBack::Taken
+    }
 }
 
 #[cfg(test)]
@@ -159,6 +216,7 @@ mod tests {
             id: id.into(),
             held,
             max_slots: None,
+            passed_over: false,
         }
     }
 
@@ -256,21 +314,51 @@ mod tests {
             id: id.into(),
             held,
             max_slots: max,
+            seen_at_ms: Some(100),
         };
         let alive = [live("a", 1, None), live("b", 0, Some(2))];
-        let p = peers(&alive, "a", 2, Some(3));
+        let none = HashMap::new();
+        let p = peers(&alive, "a", 2, Some(3), &none);
         assert_eq!(p.len(), 2);
         assert!(p.contains(&Peer {
             id: "a".into(),
             held: 2,
-            max_slots: Some(3)
+            max_slots: Some(3),
+            passed_over: false,
         }));
         assert!(p.contains(&Peer {
             id: "b".into(),
             held: 0,
-            max_slots: Some(2)
+            max_slots: Some(2),
+            passed_over: false,
         }));
         // A worker whose heartbeat is not in yet still counts itself.
-        assert_eq!(peers(&[], "me", 0, None), [peer("me", 0)]);
+        assert_eq!(peers(&[], "me", 0, None, &none), [peer("me", 0)]);
+    }
+
+    #[test]
+    fn a_standby_that_left_a_handed_slot_is_passed_over_until_it_beats_again() {
+        let live = |seen| LiveWorker {
+            id: "s".into(),
+            held: 0,
+            max_slots: None,
+            seen_at_ms: Some(seen),
+        };
+        let passed: HashMap<String, Option<i64>> = [("s".to_string(), Some(100))].into();
+        let w = peers(&[live(100)], "a", 2, None, &passed);
+        assert!(!round("a", &w, &[]).should_give_back(), "still frozen");
+        let w = peers(&[live(5100)], "a", 2, None, &passed);
+        assert!(round("a", &w, &[]).should_give_back(), "it beat again");
+    }
+
+    #[test]
+    fn a_hand_back_is_taken_pending_or_not_taken() {
+        use HandBack::*;
+        let l = L;
+        assert_eq!(hand_back_outcome(true, false, false, 10 * l, l), Pending);
+        assert_eq!(hand_back_outcome(false, true, false, l, l), Pending);
+        assert_eq!(hand_back_outcome(false, true, false, 2 * l, l), NotTaken);
+        assert_eq!(hand_back_outcome(false, false, true, l / 2, l), NotTaken);
+        assert_eq!(hand_back_outcome(false, false, false, l / 2, l), Taken);
     }
 }

@@ -159,6 +159,9 @@ pub struct LiveWorker {
     pub max_slots: Option<usize>,
     /// Slots it held at its last heartbeat.
     pub held: usize,
+    /// When that heartbeat was written (server-clock ms): a worker that beat again
+    /// since is alive, not merely still believed.
+    pub seen_at_ms: Option<i64>,
 }
 
 /// Whether a `workers` document read through [`LIVENESS`] is alive: its own
@@ -270,6 +273,7 @@ impl Line {
         let mut pipeline = liveness();
         pipeline.push(doc! {"$project": {
             "max_slots": 1, "tick_ms": 1, "seen_ms": 1, "alive_ms": 1,
+            "seen_at_ms": {"$toLong": "$last_seen"},
             "held": {"$cond": [{"$isArray": "$slots"}, {"$size": "$slots"}, 0]},
         }});
         let mut cursor = self.workers.aggregate(pipeline).await?;
@@ -280,6 +284,7 @@ impl Line {
                     id: id.to_string(),
                     max_slots: int(&d, "max_slots").filter(|m| *m > 0).map(|m| m as usize),
                     held: int(&d, "held").unwrap_or(0).max(0) as usize,
+                    seen_at_ms: int(&d, "seen_at_ms"),
                 });
             }
         }

@@ -9,7 +9,7 @@
 //! every few ticks. Everything that lives as long as one held lease, renewals and
 //! robots included, is a [`HeldSlot`]; a worker may hold several.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{MonotonicClock, SharedClock};
 use crate::config::{Identity, LeaseTiming};
 use crate::held_slot::{Ended, HeldSlot, HoldContext};
-use crate::holding::{peers, Round};
+use crate::holding::{peers, HandBack, Round};
 use crate::lease::{Lease, LeaseProtocol, Survey};
 use crate::line::{self, Beat, Line, Place, ServerClock};
 use crate::metrics::Metrics;
@@ -178,8 +178,11 @@ pub struct Worker {
     held: Vec<HeldSlot>,
     /// A slot this worker handed back, until someone holds it again: no further
     /// hand-back meanwhile, so one standby never gets two slots and none is left
-    /// unheld.
-    handed_back: Option<(String, Instant)>,
+    /// unheld. With the standbys of the moment and their last heartbeats.
+    handed_back: Option<(String, Instant, Vec<(String, Option<i64>)>)>,
+    /// Standbys that left a slot handed to them untaken, with the heartbeat they had
+    /// then: passed over until they beat again (see [`crate::holding::HandBack`]).
+    passed_over: HashMap<String, Option<i64>>,
     /// Wakes the loop: a held slot that ended.
     wake: Arc<Notify>,
     line: Line,
@@ -238,6 +241,7 @@ impl Worker {
             reported: HashSet::new(),
             held: Vec::new(),
             handed_back: None,
+            passed_over: HashMap::new(),
             wake: Arc::new(Notify::new()),
             line: Line::new(lease_store.workers()),
             ahead: 0,
@@ -457,7 +461,20 @@ impl Worker {
             }
         };
         let me = self.owner();
-        let workers = peers(&alive, &me, self.held.len(), self.settings.max_slots);
+        // First what became of the last hand-back: it may pass standbys over.
+        let ready = self.ready_to_give_back(&survey);
+        if needed {
+            // Forget the passed-over once they are no longer believed alive.
+            self.passed_over
+                .retain(|id, _| alive.iter().any(|w| &w.id == id));
+        }
+        let workers = peers(
+            &alive,
+            &me,
+            self.held.len(),
+            self.settings.max_slots,
+            &self.passed_over,
+        );
         let round = Round {
             me: &me,
             workers: &workers,
@@ -466,7 +483,7 @@ impl Worker {
             tick: self.tick(),
         };
         let claimable = round.claimable();
-        let give_back = self.ready_to_give_back(&survey) && round.should_give_back();
+        let give_back = ready && round.should_give_back();
         let mut wait = every;
         if self.held.is_empty() && self.place() == Place::Front {
             wait = wait.min(survey.next_expiry.unwrap_or(wait));
@@ -475,7 +492,12 @@ impl Worker {
             wait = wait.min(soon + Duration::from_millis(1));
         }
         if give_back {
-            self.give_back_one();
+            let standbys = alive
+                .iter()
+                .filter(|w| w.held == 0)
+                .map(|w| (w.id.clone(), w.seen_at_ms))
+                .collect();
+            self.give_back_one(standbys);
         } else if !claimable.is_empty() {
             self.claim(&claimable, !self.held.is_empty()).await;
         }
@@ -600,25 +622,40 @@ impl Worker {
     /// False while a previous hand-back has not been taken up yet (the slot is still
     /// unheld), for at most two leases.
     fn ready_to_give_back(&mut self, survey: &Survey) -> bool {
-        let Some((slot, at)) = &self.handed_back else {
+        let Some((slot, at, _)) = &self.handed_back else {
             return true;
         };
-        // Pending while its release is still under way or nobody holds it yet; once
-        // held again (by the standby, or later by this worker overflowing) it is over.
         let releasing = self
             .held
             .iter()
             .any(|h| &h.slot_id == slot && h.giving_back());
-        let pending = releasing || survey.expired.iter().any(|c| &c.id == slot);
-        if pending && at.elapsed() < self.settings.timing.lease() * 2 {
-            return false;
+        let mine_again = self
+            .held
+            .iter()
+            .any(|h| &h.slot_id == slot && !h.giving_back());
+        let expired = survey.expired.iter().any(|c| &c.id == slot);
+        let outcome = crate::holding::hand_back_outcome(
+            releasing,
+            expired,
+            mine_again,
+            at.elapsed(),
+            self.settings.timing.lease(),
+        );
+        match outcome {
+            HandBack::Pending => return false,
+            HandBack::Taken => {}
+            HandBack::NotTaken => {
+                let (slot, _, standbys) = self.handed_back.take().expect("checked above");
+                tracing::warn!(%slot, standbys = ?standbys.iter().map(|(id, _)| id).collect::<Vec<_>>(), "no standby took the slot handed back; passing them over until they send a heartbeat again");
+                self.passed_over.extend(standbys);
+            }
         }
         self.handed_back = None;
         true
     }
 
     /// Hands the most recently claimed slot back to a standby.
-    fn give_back_one(&mut self) {
+    fn give_back_one(&mut self, standbys: Vec<(String, Option<i64>)>) {
         let Some(h) = self
             .held
             .iter()
@@ -629,7 +666,7 @@ impl Worker {
         };
         tracing::info!(slot = %h.slot_id, held = self.held.len(), "a standby is live: handing a slot back");
         h.give_back();
-        self.handed_back = Some((h.slot_id.clone(), Instant::now()));
+        self.handed_back = Some((h.slot_id.clone(), Instant::now(), standbys));
     }
 
     /// How long a standby or bookkeeping operation may take before it counts as a

@@ -663,3 +663,70 @@ async fn a_reservation_left_by_a_cut_off_create_heals_without_an_operator() {
     })
     .await;
 }
+
+/// Releases of a slot `worker` recorded (hand-backs, drains, shutdowns).
+async fn releases_by(db: &TestDb, worker: &str) -> u64 {
+    db.store
+        .events()
+        .count_documents(doc! {"kind": "release", "worker": worker})
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_is_handed_to_a_frozen_standby_once_not_bounced() {
+    let db = TestDb::new("nobounce").await;
+    db.init(2).await;
+    let (a, mut b) = db.one_slot_each(|_| db.worker(&[])).await;
+    let c = db.worker(&[]);
+    wait_for(
+        Duration::from_secs(20),
+        "the third worker's heartbeat",
+        || async {
+            db.store
+                .workers()
+                .find_one(doc! {"_id": &c.id})
+                .await
+                .unwrap()
+                .map(|_| ())
+        },
+    )
+    .await;
+    // The standby freezes (its heartbeat is still believed for two beats), then a
+    // holder dies: the survivor overflows onto the orphan and, seeing a "live"
+    // standby, hands it back. Nobody takes it.
+    c.signal(libc::SIGSTOP);
+    let released_before = releases_by(&db, &a.id).await;
+    b.kill9();
+    wait_for(
+        Duration::from_secs(30),
+        "the frozen standby's heartbeat to run out",
+        || async {
+            let d = db
+                .store
+                .workers()
+                .find_one(doc! {"_id": &c.id})
+                .await
+                .unwrap()?;
+            let until = d.get_i64("alive_until_ms").ok()?;
+            (until < bson::DateTime::now().timestamp_millis() - 500).then_some(())
+        },
+    )
+    .await;
+    let bounced = releases_by(&db, &a.id).await - released_before;
+    assert!(
+        bounced <= 1,
+        "the slot was handed to the frozen standby {bounced} times"
+    );
+    // Thawed, it beats again and gets a slot.
+    c.signal(libc::SIGCONT);
+    wait_for(
+        Duration::from_secs(60),
+        "the thawed standby to hold a slot",
+        || async {
+            let held = db.held_per_worker().await;
+            (held.get(&c.id) == Some(&1) && held.get(&a.id) == Some(&1)).then_some(())
+        },
+    )
+    .await;
+}
