@@ -179,7 +179,7 @@ pub struct Worker {
     /// A slot this worker handed back, until someone holds it again: no further
     /// hand-back meanwhile, so one standby never gets two slots and none is left
     /// unheld. With the standbys of the moment and their last heartbeats.
-    handed_back: Option<(String, Instant, Vec<(String, Option<i64>)>)>,
+    handed_back: Option<(String, Instant, Vec<Standby>)>,
     /// Standbys that left a slot handed to them untaken, with the heartbeat they had
     /// then: passed over until they beat again (see [`crate::holding::HandBack`]).
     passed_over: HashMap<String, Option<i64>>,
@@ -655,7 +655,7 @@ impl Worker {
     }
 
     /// Hands the most recently claimed slot back to a standby.
-    fn give_back_one(&mut self, standbys: Vec<(String, Option<i64>)>) {
+    fn give_back_one(&mut self, standbys: Vec<Standby>) {
         let Some(h) = self
             .held
             .iter()
