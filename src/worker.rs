@@ -164,6 +164,9 @@ impl Health {
     }
 }
 
+/// A standby as a hand-back saw it: its id and the heartbeat it had then.
+type Standby = (String, Option<i64>);
+
 pub struct Worker {
     settings: WorkerSettings,
     store: Store,
