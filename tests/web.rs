@@ -580,3 +580,74 @@ async fn binding_beyond_this_machine_warns_and_the_default_is_loopback() {
         "{text}"
     );
 }
+
+/// One request with the `Host` header given; returns the status.
+fn status_with_host(port: u16, host: &str, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_rebound_host_name_is_refused_and_token_guessing_is_throttled() {
+    let db = TestDb::new("web_host").await;
+    db.init(1).await;
+    let web = WebProc::start(
+        &db.uri,
+        &db.dir,
+        true,
+        &["--allowed-host", "dash.example.com"],
+    )
+    .await;
+    let port = web.port;
+    // A page whose own name was rebound to this address reads nothing.
+    for path in ["/api/v1/robots", "/api/v1/overview", "/"] {
+        assert_eq!(
+            status_with_host(port, &format!("attacker.example:{port}"), path),
+            421,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        status_with_host(port, &format!("localhost:{port}"), "/api/v1/slots"),
+        200
+    );
+    assert_eq!(
+        status_with_host(port, "dash.example.com", "/api/v1/slots"),
+        200
+    );
+    assert_eq!(
+        status_with_host(port, &format!("127.0.0.1:{port}"), "/api/v1/slots"),
+        200
+    );
+
+    // Wrong tokens: the first ten are told so, then the address waits, even with
+    // the right token.
+    let pause = |auth: &str| {
+        request(
+            port,
+            "POST",
+            "/api/v1/robots/none/pause",
+            &[("Authorization", auth)],
+            b"",
+        )
+        .unwrap()
+    };
+    for _ in 0..10 {
+        assert_eq!(pause("Bearer wrong-token").status, 401);
+    }
+    let throttled = pause(&bearer());
+    assert_eq!(throttled.status, 429, "{}", throttled.body);
+    assert_eq!(throttled.header("retry-after"), Some("60"));
+}

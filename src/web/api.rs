@@ -276,13 +276,28 @@ pub fn denied(d: Denied) -> Response {
             res
         }
         Denied::Forged => error(StatusCode::FORBIDDEN, "refused: not from this dashboard"),
+        Denied::Throttled => {
+            let mut res = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "too many wrong tokens from this address: try again in {} s",
+                    super::auth::FAILURE_WINDOW.as_secs()
+                ),
+            );
+            res.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from(super::auth::FAILURE_WINDOW.as_secs()),
+            );
+            res
+        }
     }
 }
 
 /// Checks the bearer token; the actor is `X-Slotpool-Actor`, else `api`.
 fn api_actor(app: &App, headers: &HeaderMap, peer: SocketAddr) -> Result<Actor, Denied> {
     let header = |k: &str| headers.get(k).and_then(|v| v.to_str().ok());
-    app.auth.bearer(header(header::AUTHORIZATION.as_str()))?;
+    app.auth
+        .bearer(header(header::AUTHORIZATION.as_str()), peer.ip())?;
     Ok(web_actor(header("x-slotpool-actor").unwrap_or("api"), peer))
 }
 

@@ -12,6 +12,7 @@
 //! [`SESSION_TTL`], and at most [`MAX_SESSIONS`] at once (the oldest goes first).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -45,12 +46,83 @@ pub enum Denied {
     Unauthenticated,
     /// A browser form without this session's CSRF token, or from another origin.
     Forged,
+    /// Too many wrong tokens from this address lately: wait (see [`Throttle`]).
+    Throttled,
+}
+
+/// Wrong tokens allowed from one address within [`FAILURE_WINDOW`]; past them every
+/// attempt from it, right or wrong, is refused until the window has passed. A 32
+/// character token is out of reach of guessing at this rate; the limit keeps a
+/// guesser from costing the dashboard anything.
+pub const MAX_FAILURES: u32 = 10;
+
+/// See [`MAX_FAILURES`].
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// Addresses tracked at most; when that many are failing at once, everyone new is
+/// throttled too (a guesser spread over many addresses).
+const MAX_TRACKED: usize = 10_000;
+
+/// Whether a request's `Host` names this dashboard: an IP address (a browser sends
+/// one only when the user typed it), `localhost`, or one of `allowed` (from
+/// `--allowed-host`), with any port. Any other name may be a page that rebound its
+/// own DNS name to this address to read the pool from the operator's browser.
+pub fn host_allowed(host: Option<&str>, allowed: &[String]) -> bool {
+    let Some(host) = host.map(str::trim).filter(|h| !h.is_empty()) else {
+        return false;
+    };
+    let name = if let Some(v6) = host.strip_prefix('[') {
+        return v6
+            .split_once(']')
+            .is_some_and(|(ip, _)| ip.parse::<std::net::Ipv6Addr>().is_ok());
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        }
+    };
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+}
+
+/// Failed token attempts by client address: the decision, with time passed in.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    failures: HashMap<IpAddr, (u32, Instant)>,
+}
+
+impl Throttle {
+    /// Whether `ip` may try a token now.
+    pub fn allowed(&mut self, ip: IpAddr, now: Instant) -> bool {
+        if self.failures.len() >= MAX_TRACKED {
+            self.failures
+                .retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
+            if self.failures.len() >= MAX_TRACKED && !self.failures.contains_key(&ip) {
+                return false;
+            }
+        }
+        match self.failures.get(&ip) {
+            Some((n, since)) if now.duration_since(*since) < FAILURE_WINDOW => *n < MAX_FAILURES,
+            _ => true,
+        }
+    }
+
+    /// `ip` sent a wrong token.
+    pub fn failed(&mut self, ip: IpAddr, now: Instant) {
+        let entry = self.failures.entry(ip).or_insert((0, now));
+        if now.duration_since(entry.1) >= FAILURE_WINDOW {
+            *entry = (0, now);
+        }
+        entry.0 += 1;
+    }
 }
 
 /// The token, when actions are allowed, and the browser sessions.
 pub struct Auth {
     token: Option<String>,
     sessions: Mutex<HashMap<String, Session>>,
+    throttle: Mutex<Throttle>,
 }
 
 impl Auth {
@@ -60,6 +132,7 @@ impl Auth {
         Auth {
             token,
             sessions: Mutex::new(HashMap::new()),
+            throttle: Mutex::new(Throttle::default()),
         }
     }
 
@@ -67,25 +140,34 @@ impl Auth {
         self.token.is_some()
     }
 
-    /// Checks an `Authorization` header value.
-    pub fn bearer(&self, header: Option<&str>) -> Result<(), Denied> {
+    /// Checks an `Authorization` header value from `peer`.
+    pub fn bearer(&self, header: Option<&str>, peer: IpAddr) -> Result<(), Denied> {
         let token = self.token.as_deref().ok_or(Denied::Disabled)?;
         let given = header
             .and_then(|h| h.strip_prefix("Bearer "))
             .ok_or(Denied::Unauthenticated)?;
+        self.try_token(given, token, peer)
+    }
+
+    /// Compares a token, counting a wrong one against `peer`.
+    fn try_token(&self, given: &str, token: &str, peer: IpAddr) -> Result<(), Denied> {
+        let mut throttle = self.throttle.lock().expect("throttle lock");
+        let now = Instant::now();
+        if !throttle.allowed(peer, now) {
+            return Err(Denied::Throttled);
+        }
         if same(given.trim().as_bytes(), token.as_bytes()) {
             Ok(())
         } else {
+            throttle.failed(peer, now);
             Err(Denied::Unauthenticated)
         }
     }
 
     /// Starts a session for whoever knows the token; returns its id.
-    pub fn login(&self, given: &str, who: &str) -> Result<(String, Session), Denied> {
+    pub fn login(&self, given: &str, who: &str, peer: IpAddr) -> Result<(String, Session), Denied> {
         let token = self.token.as_deref().ok_or(Denied::Disabled)?;
-        if !same(given.trim().as_bytes(), token.as_bytes()) {
-            return Err(Denied::Unauthenticated);
-        }
+        self.try_token(given, token, peer)?;
         let session = Session {
             csrf: random_hex(),
             who: clean_name(who),
@@ -212,13 +294,73 @@ fn random_hex() -> String {
 mod tests {
     use super::*;
 
+    const ME: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn only_addresses_localhost_and_allowed_names_are_this_dashboard() {
+        let extra = vec!["dash.example.com".to_string()];
+        for ok in [
+            "127.0.0.1:8080",
+            "127.0.0.1",
+            "10.1.2.3:80",
+            "[::1]:8080",
+            "localhost:8080",
+            "LOCALHOST",
+            "dash.example.com",
+            "Dash.Example.com:443",
+        ] {
+            assert!(host_allowed(Some(ok), &extra), "{ok}");
+        }
+        for bad in [
+            "attacker.example:8080",
+            "attacker.example",
+            "127.0.0.1.attacker.example",
+            "localhost.attacker.example",
+            "[::1",
+            "",
+        ] {
+            assert!(!host_allowed(Some(bad), &extra), "{bad}");
+        }
+        assert!(!host_allowed(None, &extra), "no Host at all");
+    }
+
+    #[test]
+    fn wrong_tokens_from_one_address_are_throttled_for_a_window() {
+        let mut t = Throttle::default();
+        let (a, b) = (ME, IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2)));
+        let t0 = Instant::now();
+        for _ in 0..MAX_FAILURES {
+            assert!(t.allowed(a, t0));
+            t.failed(a, t0);
+        }
+        assert!(!t.allowed(a, t0), "throttled");
+        assert!(t.allowed(b, t0), "another address is not");
+        assert!(t.allowed(a, t0 + FAILURE_WINDOW), "the window passed");
+    }
+
+    #[test]
+    fn a_throttled_address_is_refused_even_the_right_token() {
+        let auth = Auth::new(Some(TOKEN.into()));
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(
+                auth.bearer(Some("Bearer wrong"), ME),
+                Err(Denied::Unauthenticated)
+            );
+        }
+        assert_eq!(
+            auth.bearer(Some(&format!("Bearer {TOKEN}")), ME),
+            Err(Denied::Throttled)
+        );
+        assert_eq!(auth.login(TOKEN, "me", ME).unwrap_err(), Denied::Throttled);
+    }
+
     const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
     #[test]
     fn without_a_token_nothing_is_allowed() {
         let auth = Auth::new(None);
-        assert_eq!(auth.bearer(Some("Bearer x")), Err(Denied::Disabled));
-        assert_eq!(auth.login(TOKEN, "me").unwrap_err(), Denied::Disabled);
+        assert_eq!(auth.bearer(Some("Bearer x"), ME), Err(Denied::Disabled));
+        assert_eq!(auth.login(TOKEN, "me", ME).unwrap_err(), Denied::Disabled);
         assert_eq!(
             auth.form(None, None, None, None).unwrap_err(),
             Denied::Disabled
@@ -228,7 +370,7 @@ mod tests {
     #[test]
     fn the_api_needs_the_exact_bearer_token() {
         let auth = Auth::new(Some(TOKEN.into()));
-        assert_eq!(auth.bearer(Some(&format!("Bearer {TOKEN}"))), Ok(()));
+        assert_eq!(auth.bearer(Some(&format!("Bearer {TOKEN}")), ME), Ok(()));
         for bad in [
             None,
             Some(TOKEN),
@@ -237,7 +379,11 @@ mod tests {
             Some("Bearer 0123456789abcdef"),
             Some("Basic MDEyMw=="),
         ] {
-            assert_eq!(auth.bearer(bad), Err(Denied::Unauthenticated), "{bad:?}");
+            assert_eq!(
+                auth.bearer(bad, ME),
+                Err(Denied::Unauthenticated),
+                "{bad:?}"
+            );
         }
     }
 
@@ -245,10 +391,10 @@ mod tests {
     fn a_form_needs_the_session_its_csrf_token_and_this_origin() {
         let auth = Auth::new(Some(TOKEN.into()));
         assert_eq!(
-            auth.login("wrong", "me").unwrap_err(),
+            auth.login("wrong", "me", ME).unwrap_err(),
             Denied::Unauthenticated
         );
-        let (id, s) = auth.login(TOKEN, "  ada\u{1b}[31m ").unwrap();
+        let (id, s) = auth.login(TOKEN, "  ada\u{1b}[31m ", ME).unwrap();
         assert_eq!(s.who, "ada[31m");
         let cookie = format!("other=1; {COOKIE}={id}");
         let host = Some("127.0.0.1:8080");
@@ -303,9 +449,9 @@ mod tests {
     #[test]
     fn sessions_are_bounded() {
         let auth = Auth::new(Some(TOKEN.into()));
-        let (first, _) = auth.login(TOKEN, "a").unwrap();
+        let (first, _) = auth.login(TOKEN, "a", ME).unwrap();
         for _ in 0..MAX_SESSIONS {
-            auth.login(TOKEN, "b").unwrap();
+            auth.login(TOKEN, "b", ME).unwrap();
         }
         assert_eq!(auth.sessions.lock().unwrap().len(), MAX_SESSIONS);
         assert!(auth.session(Some(&format!("{COOKIE}={first}"))).is_none());

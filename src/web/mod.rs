@@ -73,6 +73,13 @@ pub struct WebArgs {
     /// API, a login in the browser. Without this flag every write is refused.
     #[arg(long)]
     pub allow_actions: bool,
+    /// A host name this dashboard is reached by (repeat for more), e.g. the name a
+    /// proxy in front of it serves. Requests whose `Host` names anything else are
+    /// refused (421), so a web page cannot rebind its own name to this address and
+    /// read the pool through the operator's browser. IP addresses and `localhost`
+    /// are always accepted.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    pub allowed_hosts: Vec<String>,
 }
 
 impl WebArgs {
@@ -121,6 +128,8 @@ pub struct App {
     auth: Arc<Auth>,
     refresh: Duration,
     details: Arc<Details>,
+    /// `--allowed-host` names (see [`auth::host_allowed`]).
+    hosts: Arc<Vec<String>>,
 }
 
 /// One robot as its page shows it: the whole document and its kept output.
@@ -247,8 +256,31 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/rebalance", post(api::rebalance))
         .fallback(pages::not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(middleware::from_fn_with_state(app.clone(), this_host_only))
         .layer(middleware::from_fn(security_headers))
         .with_state(app)
+}
+
+/// Refuses a request whose `Host` is not this dashboard (see
+/// [`auth::host_allowed`]) before anything reads the pool for it.
+async fn this_host_only(
+    axum::extract::State(app): axum::extract::State<App>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok());
+    if auth::host_allowed(host, &app.hosts) {
+        return next.run(req).await;
+    }
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::MISDIRECTED_REQUEST,
+        "this dashboard answers only to its IP addresses, localhost and --allowed-host names\n",
+    )
+        .into_response()
 }
 
 /// Headers on every answer: no inline script or style may run, no other site may
@@ -307,6 +339,7 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
             recent: Mutex::new(HashMap::new()),
             reads: Semaphore::new(DETAIL_READS),
         }),
+        hosts: Arc::new(args.allowed_hosts.clone()),
     };
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {
@@ -357,6 +390,7 @@ mod tests {
             refresh: humantime::parse_duration(refresh).unwrap(),
             robots_refresh: humantime::parse_duration(robots).unwrap(),
             allow_actions: allow,
+            allowed_hosts: Vec::new(),
         }
     }
 

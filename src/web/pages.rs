@@ -437,6 +437,10 @@ fn refused(app: &App, s: Option<&Session>, d: Denied) -> Response {
             StatusCode::FORBIDDEN,
             "Refused: this form did not come from this dashboard's page (reload it and try again).",
         ),
+        Denied::Throttled => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many wrong tokens from this address: wait a minute and try again.",
+        ),
     };
     problem(app, s, status, "Not allowed", text)
 }
@@ -595,6 +599,7 @@ fn login_page(app: &App, headers: &HeaderMap, status: StatusCode, note: Option<&
 
 pub async fn login(
     State(app): State<App>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     form: Result<Form<HashMap<String, String>>, FormRejection>,
 ) -> Response {
@@ -617,7 +622,7 @@ pub async fn login(
     }
     let token = form.get("token").map(String::as_str).unwrap_or("");
     let who = form.get("who").map(String::as_str).unwrap_or("");
-    match app.auth.login(token, who) {
+    match app.auth.login(token, who, peer.ip()) {
         Ok((id, _)) => {
             let cookie = format!(
                 "{}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
@@ -630,6 +635,7 @@ pub async fn login(
             }
             res
         }
+        Err(Denied::Throttled) => refused(&app, None, Denied::Throttled),
         Err(_) => login_page(
             &app,
             &headers,
