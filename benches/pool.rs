@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web
+//!   scripts/bench.sh --only takeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web,webload
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -708,6 +708,76 @@ async fn web_cost(n: u32) -> Row {
     }
 }
 
+/// The leases under the dashboard's load: 20 clients hit `slotpool web` for 30 s
+/// beside two workers holding a slot each with 30 counters each (tests/web_load.rs
+/// asserts only what must always hold; these are the figures that depend on the
+/// machine).
+async fn web_load() -> Row {
+    fresh_server();
+    let db = TestDb::new("b_webload").await;
+    db.init(2).await;
+    assert!(db.counters("lo", 60, 250).status.success());
+    let (first, second) = db.one_slot_each(|_| db.worker(&[])).await;
+    let web = common::web::WebProc::start(&db.uri, &db.dir, false, &[]).await;
+    web.overview_with_robots().await;
+    let sample = |w: &WorkerProc| {
+        let page = w.http_get("/metrics").expect("worker metrics").1;
+        [
+            metric(&page, "slotpool_self_fences_total"),
+            metric(&page, "slotpool_losses_total"),
+            metric(&page, "slotpool_renew_latency_seconds_count"),
+            metric(&page, "slotpool_renew_latency_seconds_bucket{le=\"0.25\"}"),
+        ]
+    };
+    let before = [sample(&first), sample(&second)];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let paths = [
+        "/",
+        "/api/v1/overview",
+        "/robots?q=lo-1&sort=seq&order=desc",
+        "/robots/lo-7",
+        "/api/v1/robots?state=running&page=2&per_page=20",
+    ];
+    let t = Instant::now();
+    let clients: Vec<_> = (0..20)
+        .map(|i| {
+            let (stop, served, port) = (stop.clone(), served.clone(), web.port);
+            std::thread::spawn(move || {
+                let mut n = i;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    if common::web::request(port, "GET", paths[n % paths.len()], &[], b"")
+                        .is_some_and(|r| r.status == 200)
+                    {
+                        served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in clients {
+        let _ = c.join();
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let after = [sample(&first), sample(&second)];
+    let d = |i: usize| -> u64 { (0..2).map(|w| after[w][i] - before[w][i]).sum() };
+    Row {
+        name: "Leases under the dashboard's load: 20 clients for 30 s, two workers holding a slot each, 60 counters".into(),
+        figures: format!(
+            "{:.0} answers/s; {} self-fences, {} losses; {} of {} renewals slower than 250 ms (fence margin 450 ms)",
+            served.load(std::sync::atomic::Ordering::Relaxed) as f64 / secs,
+            d(0),
+            d(1),
+            d(2) - d(3),
+            d(2)
+        ),
+        goal: "no self-fence, every renewal under 250 ms".into(),
+    }
+}
+
 /// Waits until worker `id` has written its first heartbeat.
 async fn wait_heartbeat(db: &TestDb, id: &str) {
     common::wait_for(
@@ -1094,6 +1164,9 @@ async fn main() {
     if want("web") {
         show(&mut rows, web_cost(big as u32).await);
     }
+    if want("webload") {
+        show(&mut rows, web_load().await);
+    }
     if want("output") {
         show(&mut rows, output().await);
     }
@@ -1128,7 +1201,7 @@ async fn main() {
     }
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots`).");
+    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web,webload`).");
     let _ = writeln!(
         md,
         "It runs release builds of real worker processes against a throwaway dev server of its"
