@@ -732,13 +732,7 @@ async fn web_load() -> Row {
     let before = [sample(&first), sample(&second)];
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let served = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let paths = [
-        "/",
-        "/api/v1/overview",
-        "/robots?q=lo-1&sort=seq&order=desc",
-        "/robots/lo-7",
-        "/api/v1/robots?state=running&page=2&per_page=20",
-    ];
+    let paths = common::web::LOAD_PATHS;
     let t = Instant::now();
     let clients: Vec<_> = (0..20)
         .map(|i| {

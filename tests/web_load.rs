@@ -41,16 +41,7 @@ async fn twenty_clients_for_thirty_seconds_break_no_promise() {
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
-    let paths = [
-        "/",
-        "/api/v1/overview",
-        "/robots?q=lo-1&sort=seq&order=desc",
-        "/robots/lo-7",
-        "/api/v1/robots?state=running&page=2&per_page=20",
-        "/api/v1/robots/lo-33",
-        "/robots?page=3&per_page=10",
-        "/static/app.js",
-    ];
+    let paths = common::web::LOAD_PATHS;
     let port = web.port;
     let started = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)

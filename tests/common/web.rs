@@ -13,6 +13,20 @@ use super::{free_port, wait_for, BIN};
 /// A token for tests (at least 32 characters).
 pub const TOKEN: &str = "test-token-0123456789abcdef0123456789";
 
+/// What a loading client asks the dashboard for, in turn (tests/web_load.rs and the
+/// `webload` benchmark): pages, searches, a robot's page, the API and a static file,
+/// over counters named `lo-N`.
+pub const LOAD_PATHS: [&str; 8] = [
+    "/",
+    "/api/v1/overview",
+    "/robots?q=lo-1&sort=seq&order=desc",
+    "/robots/lo-7",
+    "/api/v1/robots?state=running&page=2&per_page=20",
+    "/api/v1/robots/lo-33",
+    "/robots?page=3&per_page=10",
+    "/static/app.js",
+];
+
 /// A real `slotpool web` process.
 pub struct WebProc {
     pub child: Child,
