@@ -307,6 +307,8 @@ async fn a_rerun_of_a_cut_off_move_repairs_it() {
         },
     )
     .await;
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 1, "{report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -662,6 +664,8 @@ async fn a_reservation_left_by_a_cut_off_create_heals_without_an_operator() {
         (robot_count(&db.slot("slot-001").await) == 3).then_some(())
     })
     .await;
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 3, "{report:?}");
 }
 
 /// Releases of a slot `worker` recorded (hand-backs, drains, shutdowns).
