@@ -32,14 +32,14 @@ say() { echo "images: $*" >&2; }
 engine() {
   mkdir -p "$STATE"
   if ! command -v dockerd >/dev/null || ! command -v mmdebstrap >/dev/null \
-      || ! command -v docker >/dev/null; then
+      || ! command -v docker >/dev/null || ! command -v docker-compose >/dev/null; then
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
-      say "installing docker.io and mmdebstrap (Debian packages)"
+      say "installing docker.io, docker-compose and mmdebstrap (Debian packages)"
       apt-get update -qq >/dev/null || true
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        docker.io mmdebstrap >/dev/null
+        docker.io docker-compose mmdebstrap >/dev/null
     else
-      say "needs Debian's docker.io and mmdebstrap: run as root, or install them"
+      say "needs Debian's docker.io, docker-compose and mmdebstrap: run as root, or install them"
       exit 3
     fi
   fi

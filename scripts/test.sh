@@ -23,6 +23,10 @@ echo "== tools: mongosh (inspection tests), faketime (clock-skew chaos test)"
 scripts/mongosh.sh --install-only >/dev/null
 scripts/ensure-tools.sh
 
+echo "== container images (scripts/images.sh: the engine, the base, slotpool:local, the dev database)"
+# tests/containers.rs runs five worker containers on them; it fails without them.
+scripts/images.sh
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -1,0 +1,363 @@
+//! N identical worker containers, for real: the images `scripts/images.sh` builds
+//! (no registry), `compose.yaml` + `compose.dev.yaml` scaled to five workers over
+//! three slots, and the faults only hosts can have: `docker kill`, `docker pause`
+//! (the cgroup freezer stops the whole container) and `docker network disconnect`
+//! (a true partition). The invariant checker reads every counter's history at the
+//! end. The test talks to the database and the workers on their own bridge
+//! addresses only.
+//!
+//! It needs the images: `scripts/test.sh` builds them first (and `.ci/run` runs
+//! that). Without them it fails and says what to run; it never skips.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use bson::doc;
+use common::{invariants, owner, wait_for, TestDb, BIN};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The lease at the compose file's default tick (1 s).
+const L: Duration = Duration::from_secs(2);
+
+fn docker(args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("run docker")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// One compose project of this test; `down -v` when dropped.
+struct Pool {
+    project: String,
+    /// The dashboard's port on the host's loopback.
+    web_port: u16,
+}
+
+impl Pool {
+    fn compose(&self, args: &[&str]) -> Output {
+        Command::new("docker-compose")
+            .current_dir(ROOT)
+            .args([
+                "-p",
+                &self.project,
+                "-f",
+                "compose.yaml",
+                "-f",
+                "compose.dev.yaml",
+            ])
+            .args(args)
+            .env("SLOTS", "3")
+            .env("WEB_PORT", self.web_port.to_string())
+            .output()
+            .expect("run docker-compose")
+    }
+
+    fn up(workers: usize) -> Pool {
+        for image in ["slotpool:local", "slotpool-devdb:local"] {
+            let o = docker(&["image", "inspect", image]);
+            assert!(
+                o.status.success(),
+                "image {image} is missing: run scripts/images.sh (scripts/test.sh does) — {}",
+                text(&o)
+            );
+        }
+        let pool = Pool {
+            project: format!("spt{}", std::process::id()),
+            web_port: common::free_port(),
+        };
+        let scale = format!("worker={workers}");
+        let o = pool.compose(&["up", "-d", "--scale", &scale]);
+        assert!(o.status.success(), "compose up: {}", text(&o));
+        pool
+    }
+
+    /// The containers of a service, by name.
+    fn containers(&self, service: &str) -> Vec<String> {
+        let o = docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=com.docker.compose.project={}", self.project),
+            "--filter",
+            &format!("label=com.docker.compose.service={service}"),
+            "--format",
+            "{{.Names}}",
+        ]);
+        let mut out: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn network(&self) -> String {
+        format!("{}_default", self.project)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = self.compose(&["down", "-v", "-t", "2"]);
+    }
+}
+
+/// A container's address on the pool's network.
+fn ip(container: &str) -> String {
+    let o = docker(&[
+        "inspect",
+        "-f",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+        container,
+    ]);
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// The worker container advertising `id` (`ip:7700`).
+fn container_of(workers: &[String], id: &str) -> String {
+    workers
+        .iter()
+        .find(|c| format!("{}:7700", ip(c)) == id)
+        .unwrap_or_else(|| panic!("no worker container advertises {id}"))
+        .clone()
+}
+
+async fn holders(db: &TestDb) -> BTreeMap<String, String> {
+    db.slots()
+        .await
+        .iter()
+        .filter_map(|s| Some((s.get_str("_id").ok()?.to_string(), owner(s)?)))
+        .collect()
+}
+
+/// Every counter has stepped past `seq` now.
+async fn all_step_past(db: &TestDb, before: &BTreeMap<String, i64>, what: &str) {
+    wait_for(Duration::from_secs(60), what, || async {
+        db.robots()
+            .await
+            .iter()
+            .all(|r| {
+                let name = r.get_str("name").unwrap_or_default();
+                r.get_i64("seq").unwrap_or(0) > before.get(name).copied().unwrap_or(0)
+            })
+            .then_some(())
+    })
+    .await;
+}
+
+async fn seqs(db: &TestDb) -> BTreeMap<String, i64> {
+    db.robots()
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r.get_str("name").unwrap_or_default().to_string(),
+                r.get_i64("seq").unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Waits until `slot` is held by someone other than `old`; returns how long it took.
+async fn taken_over(db: &TestDb, slot: &str, old: &str, t0: Instant) -> Duration {
+    wait_for(
+        L + Duration::from_secs(20),
+        &format!("{slot} taken over from {old}"),
+        || async {
+            let s = db.slot(slot).await;
+            owner(&s).filter(|o| o != old).map(|_| ())
+        },
+    )
+    .await;
+    t0.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn five_worker_containers_survive_kill_freeze_and_partition() {
+    let pool = Pool::up(5);
+    let mongo = pool.containers("mongo");
+    let base = format!("mongodb://{}:27017/?directConnection=true", ip(&mongo[0]));
+    let db = TestDb::on(&base, "slotpool").await;
+    let workers = pool.containers("worker");
+    assert_eq!(workers.len(), 5);
+
+    // Start: three holders and two standbys, each on its own address.
+    let held = wait_for(Duration::from_secs(60), "three slots held", || async {
+        let h = holders(&db).await;
+        (h.len() == 3).then_some(h)
+    })
+    .await;
+    let mut ids: Vec<String> = workers.iter().map(|c| format!("{}:7700", ip(c))).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 5, "five distinct addresses: {ids:?}");
+    let distinct: std::collections::BTreeSet<&String> = held.values().collect();
+    assert_eq!(distinct.len(), 3, "three different holders: {held:?}");
+    wait_for(Duration::from_secs(30), "five heartbeats", || async {
+        (db.store.workers().count_documents(doc! {}).await.ok()? == 5).then_some(())
+    })
+    .await;
+
+    // Robots: six counters land 2/2/2.
+    let out = Command::new(BIN)
+        .args([
+            "robot",
+            "create",
+            "--name",
+            "c",
+            "--kind",
+            "counter",
+            "--interval-ms",
+            "100",
+            "--history",
+            "1000",
+            "--count",
+            "6",
+        ])
+        .env("MONGODB_URI", &db.uri)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let mut per_slot: BTreeMap<String, usize> = BTreeMap::new();
+    for r in db.robots().await {
+        *per_slot
+            .entry(r.get_str("slot_id").unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(per_slot.values().copied().collect::<Vec<_>>(), [2, 2, 2]);
+    all_step_past(&db, &seqs(&db).await, "every counter running").await;
+
+    // Kill: a standby container takes over, and the robots resume from their contexts.
+    let (slot, old) = held
+        .iter()
+        .next()
+        .map(|(s, o)| (s.clone(), o.clone()))
+        .unwrap();
+    let victim = container_of(&workers, &old);
+    let before = seqs(&db).await;
+    let t0 = Instant::now();
+    assert!(docker(&["kill", &victim]).status.success());
+    let took = taken_over(&db, &slot, &old, t0).await;
+    println!("docker kill → {slot} claimed: {took:?}");
+    all_step_past(&db, &before, "every counter after the kill").await;
+
+    // Freeze: the cgroup freezer stops a holder (robots and all) for 3 L; another
+    // worker takes its slot, and once thawed it never writes again under its epoch.
+    let held = holders(&db).await;
+    let (slot, old) = held
+        .iter()
+        .next()
+        .map(|(s, o)| (s.clone(), o.clone()))
+        .unwrap();
+    let frozen = container_of(&workers, &old);
+    let t0 = Instant::now();
+    assert!(docker(&["pause", &frozen]).status.success());
+    let took = taken_over(&db, &slot, &old, t0).await;
+    println!("docker pause → {slot} claimed: {took:?}");
+    let until = t0 + 3 * L;
+    if until > Instant::now() {
+        tokio::time::sleep_until(until.into()).await;
+    }
+    assert!(docker(&["unpause", &frozen]).status.success());
+    let before = seqs(&db).await;
+    all_step_past(&db, &before, "every counter after the freeze").await;
+
+    // Partition: a holder cut off from the database's network fences itself, a
+    // standby takes over, and after reconnecting it rejoins.
+    let held = holders(&db).await;
+    let (slot, old) = held
+        .iter()
+        .next()
+        .map(|(s, o)| (s.clone(), o.clone()))
+        .unwrap();
+    let cut = container_of(&workers, &old);
+    let net = pool.network();
+    let t0 = Instant::now();
+    assert!(docker(&["network", "disconnect", &net, &cut])
+        .status
+        .success());
+    let took = taken_over(&db, &slot, &old, t0).await;
+    println!("network disconnect → {slot} claimed: {took:?}");
+    let log = text(&docker(&["logs", &cut]));
+    assert!(
+        log.contains("self-fenced"),
+        "the cut-off holder fenced itself"
+    );
+    assert!(docker(&["network", "connect", &net, &cut]).status.success());
+    let before = seqs(&db).await;
+    all_step_past(&db, &before, "every counter after the partition").await;
+    wait_for(Duration::from_secs(30), "every slot held", || async {
+        (holders(&db).await.len() == 3).then_some(())
+    })
+    .await;
+
+    // The dashboard container shows the pool from the host.
+    let slots = common::web::request(pool.web_port, "GET", "/api/v1/slots", &[], b"")
+        .expect("the dashboard answers on the host's loopback");
+    assert_eq!(slots.status, 200);
+    for s in ["slot-001", "slot-002", "slot-003"] {
+        assert!(slots.body.contains(s), "{}", slots.body);
+    }
+
+    // No robot ran twice, none lost or doubled a step, through all of it.
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 6, "{report:?}");
+    drop(pool);
+}
+
+/// `slotpool:local` (built without a registry) and the multi-stage `Dockerfile` (for
+/// users with one) give the same runtime layout: entrypoint, command, user, port,
+/// and the robots' directory.
+#[test]
+fn the_local_image_has_the_dockerfiles_runtime_layout() {
+    let file = std::fs::read_to_string(format!("{ROOT}/Dockerfile")).unwrap();
+    let runtime = file.rsplit("\nFROM ").next().unwrap();
+    let line = |key: &str| {
+        runtime
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("the Dockerfile's runtime stage has {key}"))
+            .trim()
+            .to_string()
+    };
+    let inspect = |format: &str| {
+        let o = docker(&["image", "inspect", "-f", format, "slotpool:local"]);
+        assert!(o.status.success(), "run scripts/images.sh: {}", text(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let compact = |s: &str| s.replace(' ', "");
+    assert_eq!(
+        compact(&inspect("{{json .Config.Entrypoint}}")),
+        compact(&line("ENTRYPOINT"))
+    );
+    assert_eq!(
+        compact(&inspect("{{json .Config.Cmd}}")),
+        compact(&line("CMD"))
+    );
+    assert_eq!(inspect("{{.Config.User}}"), line("USER"));
+    assert_eq!(
+        inspect("{{json .Config.ExposedPorts}}"),
+        format!("{{\"{}/tcp\":{{}}}}", line("EXPOSE"))
+    );
+    assert!(line("COPY examples/robots").ends_with("/opt/robots"));
+    let listed = docker(&[
+        "run",
+        "--rm",
+        "--entrypoint",
+        "ls",
+        "slotpool:local",
+        "/opt/robots",
+    ]);
+    assert!(text(&listed).contains("heartbeat.sh"), "{}", text(&listed));
+}
