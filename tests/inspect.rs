@@ -110,12 +110,18 @@ async fn http_healthz_metrics_status_are_real_and_read_only() {
     assert!(second.starts_with("HTTP/1.1 200"), "{second}");
     assert!(!second.contains("\"worker\""), "HEAD has no body: {second}");
     // A request head over 8 KiB is refused, and the worker serves on.
+    // The worker may answer and close before the client has written the whole
+    // head: then the write fails (EPIPE) or the answer is lost to the reset. Either
+    // way it was refused; it must never be served.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", w.port)).unwrap();
     let big = "a".repeat(9000);
-    write!(s, "GET /status HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n").unwrap();
+    let _ = write!(s, "GET /status HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n");
     let mut reply = String::new();
     let _ = s.read_to_string(&mut reply);
-    assert!(reply.starts_with("HTTP/1.1 431"), "{reply}");
+    assert!(
+        reply.starts_with("HTTP/1.1 431") || reply.is_empty(),
+        "an oversized head is refused: {reply}"
+    );
     assert_eq!(w.http_get("/healthz").unwrap().0, 200);
 
     // Cut the database off: /healthz says so, the worker fences itself, and it
