@@ -141,6 +141,13 @@ async fn holders(db: &TestDb) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A held slot, its holder's id and the holder's container.
+async fn a_holder(db: &TestDb, workers: &[String]) -> (String, String, String) {
+    let (slot, id) = holders(db).await.into_iter().next().expect("a held slot");
+    let container = container_of(workers, &id);
+    (slot, id, container)
+}
+
 /// Every counter has stepped past `seq` now.
 async fn all_step_past(db: &TestDb, before: &BTreeMap<String, i64>, what: &str) {
     wait_for(Duration::from_secs(60), what, || async {
@@ -239,12 +246,7 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
     all_step_past(&db, &seqs(&db).await, "every counter running").await;
 
     // Kill: a standby container takes over, and the robots resume from their contexts.
-    let (slot, old) = held
-        .iter()
-        .next()
-        .map(|(s, o)| (s.clone(), o.clone()))
-        .unwrap();
-    let victim = container_of(&workers, &old);
+    let (slot, old, victim) = a_holder(&db, &workers).await;
     let before = seqs(&db).await;
     let t0 = Instant::now();
     assert!(docker(&["kill", &victim]).status.success());
@@ -254,13 +256,7 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
 
     // Freeze: the cgroup freezer stops a holder (robots and all) for 3 L; another
     // worker takes its slot, and once thawed it never writes again under its epoch.
-    let held = holders(&db).await;
-    let (slot, old) = held
-        .iter()
-        .next()
-        .map(|(s, o)| (s.clone(), o.clone()))
-        .unwrap();
-    let frozen = container_of(&workers, &old);
+    let (slot, old, frozen) = a_holder(&db, &workers).await;
     let t0 = Instant::now();
     assert!(docker(&["pause", &frozen]).status.success());
     let took = taken_over(&db, &slot, &old, t0).await;
@@ -275,13 +271,7 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
 
     // Partition: a holder cut off from the database's network fences itself, a
     // standby takes over, and after reconnecting it rejoins.
-    let held = holders(&db).await;
-    let (slot, old) = held
-        .iter()
-        .next()
-        .map(|(s, o)| (s.clone(), o.clone()))
-        .unwrap();
-    let cut = container_of(&workers, &old);
+    let (slot, old, cut) = a_holder(&db, &workers).await;
     let net = pool.network();
     let t0 = Instant::now();
     assert!(docker(&["network", "disconnect", &net, &cut])
