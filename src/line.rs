@@ -139,6 +139,9 @@ impl ServerClock {
 #[derive(Debug, Clone)]
 pub struct Beat<'a> {
     pub me: &'a str,
+    /// This process's own random id: two processes advertising the same `ip:port`
+    /// (a copied `SLOTPOOL_ADVERTISE`, host networking) are told apart by it.
+    pub instance: &'a str,
     /// `(slot, epoch)` of every slot held.
     pub held: &'a [(String, i64)],
     pub max_slots: Option<usize>,
@@ -193,6 +196,33 @@ pub fn liveness() -> Vec<Document> {
     ]
 }
 
+/// Why a heartbeat was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum BeatError {
+    /// Another process beats under this worker's `ip:port`, and its heartbeat is
+    /// still believed: the two would share one identity in the line, in hand-backs
+    /// and on the dashboard.
+    #[error(
+        "another live worker process advertises {id} (its heartbeat has {left_ms} ms left): \
+         give every worker its own --advertise address (SLOTPOOL_ADVERTISE)"
+    )]
+    IdentityInUse { id: String, left_ms: i64 },
+    #[error(transparent)]
+    Db(#[from] mongodb::error::Error),
+}
+
+/// The heartbeat's filter: this worker's document, unless another process's
+/// heartbeat there is still believed. A document without an instance (an older
+/// version) or whose time ran out (a predecessor that was killed) is taken over.
+/// No match makes the upsert collide with the existing `_id`: that duplicate key
+/// is how a second live process learns of the first.
+fn own_heartbeat(me: &str, instance: &str) -> Document {
+    doc! {"_id": me, "$expr": {"$or": [
+        {"$eq": [{"$ifNull": ["$instance", instance]}, instance]},
+        {"$lte": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]},
+    ]}}
+}
+
 /// The `workers` collection, as the line uses it.
 #[derive(Debug, Clone)]
 pub struct Line {
@@ -204,12 +234,14 @@ impl Line {
         Line { workers }
     }
 
-    /// Writes this worker's heartbeat and returns the server's clock as of it.
+    /// Writes this worker's heartbeat and returns the server's clock as of it;
+    /// refuses with [`BeatError::IdentityInUse`] while another process's heartbeat
+    /// under the same `ip:port` is believed.
     ///
     /// An `updateOne` and a `hello` (whose `localTime` is the clock `$$NOW` reads)
     /// rather than one `findAndModify`: the dev server answers `findAndModify` by
     /// scanning the collection, and the two cost it less than half as much.
-    pub async fn beat(&self, beat: &Beat<'_>) -> Result<ServerClock, mongodb::error::Error> {
+    pub async fn beat(&self, beat: &Beat<'_>) -> Result<ServerClock, BeatError> {
         let ids: Vec<&String> = beat.held.iter().map(|(s, _)| s).collect();
         let (slot, epoch) = match beat.held.first() {
             Some((s, e)) => (Bson::String(s.clone()), Bson::Int64(*e)),
@@ -217,10 +249,12 @@ impl Line {
         };
         let max = beat.max_slots.map_or(Bson::Null, |m| Bson::Int64(m as i64));
         let every = beat_every(beat.tick);
-        self.workers
+        let written = self
+            .workers
             .update_one(
-                doc! {"_id": beat.me},
+                own_heartbeat(beat.me, beat.instance),
                 vec![doc! {"$set": {
+                    "instance": beat.instance,
                     "slot_id": slot, "epoch": epoch, "slots": {"$literal": ids},
                     "held": beat.held.len() as i64, "room": beat.room(),
                     "max_slots": max, "last_seen": "$$NOW",
@@ -234,7 +268,14 @@ impl Line {
                 }}],
             )
             .upsert(true)
-            .await?;
+            .await;
+        match written {
+            Ok(_) => {}
+            Err(e) if crate::store::is_duplicate_key(&e) => {
+                return Err(self.in_use(beat.me).await);
+            }
+            Err(e) => return Err(e.into()),
+        }
         let sent = Instant::now();
         let db = self.workers.client().database(&self.workers.namespace().db);
         let hello = db.run_command(doc! {"hello": 1}).await?;
@@ -291,9 +332,31 @@ impl Line {
         Ok(out)
     }
 
-    /// Leaves the line on a clean exit, so standbys are counted honestly.
-    pub async fn leave(&self, me: &str) -> Result<(), mongodb::error::Error> {
-        self.workers.delete_one(doc! {"_id": me}).await.map(|_| ())
+    /// The refusal for a heartbeat that collided with another process's: how long
+    /// that one's heartbeat is still believed.
+    async fn in_use(&self, me: &str) -> BeatError {
+        let mut pipeline = vec![doc! {"$match": {"_id": me}}];
+        pipeline.extend(liveness());
+        let left_ms = match self.workers.aggregate(pipeline).await {
+            Ok(mut cursor) => match cursor.try_next().await {
+                Ok(Some(d)) => int(&d, "alive_ms").unwrap_or(0),
+                Ok(None) | Err(_) => 0,
+            },
+            Err(e) => return e.into(),
+        };
+        BeatError::IdentityInUse {
+            id: me.to_string(),
+            left_ms,
+        }
+    }
+
+    /// Leaves the line on a clean exit, so standbys are counted honestly; never
+    /// removes another process's heartbeat under the same `ip:port`.
+    pub async fn leave(&self, me: &str, instance: &str) -> Result<(), mongodb::error::Error> {
+        self.workers
+            .delete_one(doc! {"_id": me, "instance": instance})
+            .await
+            .map(|_| ())
     }
 }
 
@@ -350,6 +413,7 @@ mod tests {
         let held = [("s1".to_string(), 1_i64)];
         let beat = |max| Beat {
             me: "w",
+            instance: "i",
             held: &held,
             max_slots: max,
             tick: T,

@@ -24,7 +24,7 @@ use crate::config::{Identity, LeaseTiming};
 use crate::held_slot::{Ended, HeldSlot, HoldContext};
 use crate::holding::{peers, HandBack, Round};
 use crate::lease::{Lease, LeaseProtocol, Survey};
-use crate::line::{self, Beat, Line, Place, ServerClock};
+use crate::line::{self, Beat, BeatError, Line, Place, ServerClock};
 use crate::metrics::Metrics;
 use crate::robot::Registry;
 use crate::store::Store;
@@ -167,6 +167,25 @@ impl Health {
 /// A standby as a hand-back saw it: its id and the heartbeat it had then.
 type Standby = (String, Option<i64>);
 
+/// Why a worker stopped by itself rather than on request.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Another live process advertises the same `ip:port`. Both would count as
+    /// one worker in the line, in hand-backs and on the dashboard, so the one that
+    /// finds the other refuses to run (at start, before it claims anything; or
+    /// later, when its own heartbeat lapsed and the other took the identity over).
+    #[error(transparent)]
+    IdentityInUse(BeatError),
+}
+
+/// What one heartbeat attempt gave.
+enum Beaten {
+    Written(ServerClock),
+    /// The database did not take it (unreachable, slow): tried again later.
+    Failed,
+    InUse(BeatError),
+}
+
 pub struct Worker {
     settings: WorkerSettings,
     store: Store,
@@ -176,6 +195,10 @@ pub struct Worker {
     status: SharedStatus,
     health: Arc<Health>,
     shutdown: CancellationToken,
+    /// This process's random id in its heartbeat (see [`Line::beat`]).
+    instance: String,
+    /// Set when another process took this worker's identity: the loop stops.
+    refused: Option<BeatError>,
     protocol: LeaseProtocol,
     reported: HashSet<String>,
     held: Vec<HeldSlot>,
@@ -240,6 +263,8 @@ impl Worker {
             status: Arc::new(Mutex::new(status)),
             health: Arc::new(Health::default()),
             shutdown: CancellationToken::new(),
+            instance: new_instance(),
+            refused: None,
             protocol,
             reported: HashSet::new(),
             held: Vec::new(),
@@ -293,7 +318,10 @@ impl Worker {
     }
 
     /// Runs until the shutdown token is cancelled, then gives every slot back.
-    pub async fn run(mut self) {
+    /// Refuses to run (before claiming anything) while another live process
+    /// advertises the same `ip:port`, and stops the same way if one takes the
+    /// identity over later.
+    pub async fn run(mut self) -> Result<(), WorkerError> {
         tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, max_slots = ?self.settings.max_slots, "worker started as standby");
         // A pool made by an older `init` lacks the indexes the line and the survey
         // read through; creating an existing index is a no-op.
@@ -303,6 +331,7 @@ impl Worker {
                 self.store.scrub(&e.to_string())
             );
         }
+        self.take_identity().await?;
         let mut woken = true;
         while !self.shutdown.is_cancelled() {
             self.reap().await;
@@ -319,6 +348,51 @@ impl Worker {
             h.join().await;
         }
         self.leave().await;
+        match self.refused.take() {
+            Some(e) => Err(WorkerError::IdentityInUse(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Beats once before anything else, so a second process with this worker's
+    /// `ip:port` is found before it claims a slot. Another process's heartbeat there
+    /// may be a predecessor's, killed a moment ago (a restarted container): it is
+    /// waited out, as long as it was still believed when first seen. One that was
+    /// renewed meanwhile is a live second worker, and this one refuses to run.
+    async fn take_identity(&mut self) -> Result<(), WorkerError> {
+        let mut waited_out: Option<Instant> = None;
+        while !self.shutdown.is_cancelled() {
+            let pause = match self.bounded_heartbeat().await {
+                Beaten::Written(_) => return Ok(()),
+                Beaten::Failed => {
+                    self.db_failed("the first heartbeat was not written");
+                    self.tick()
+                }
+                Beaten::InUse(e) => {
+                    let left = match &e {
+                        BeatError::IdentityInUse { left_ms, .. } => {
+                            Duration::from_millis((*left_ms).max(0) as u64)
+                        }
+                        BeatError::Db(_) => Duration::ZERO,
+                    };
+                    let now = Instant::now();
+                    let deadline = *waited_out.get_or_insert_with(|| {
+                        tracing::warn!(worker = %self.owner(), "{e}; waiting {} ms for it to lapse, in case it was this worker's predecessor", left.as_millis());
+                        now + left + self.tick()
+                    });
+                    if now >= deadline {
+                        tracing::error!(worker = %self.owner(), "{e}");
+                        return Err(WorkerError::IdentityInUse(e));
+                    }
+                    (left + Duration::from_millis(50)).min(deadline - now)
+                }
+            };
+            tokio::select! {
+                _ = self.shutdown.cancelled() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+        Ok(())
     }
 
     /// Waits `wait` for the next round. Some(true): woken early, by a held slot that
@@ -518,8 +592,15 @@ impl Worker {
             return false;
         }
         self.next_beat = Instant::now() + line::beat_every(self.tick());
-        let Some(clock) = self.bounded_heartbeat().await else {
-            return false;
+        let clock = match self.bounded_heartbeat().await {
+            Beaten::Written(clock) => clock,
+            Beaten::Failed => return false,
+            Beaten::InUse(e) => {
+                tracing::error!(worker = %self.owner(), "{e}; this process's heartbeat had lapsed and another took its identity over: stopping its robots and exiting");
+                self.refused = Some(e);
+                self.shutdown.cancel();
+                return false;
+            }
         };
         self.beaten = Some(ids);
         let me = self.owner();
@@ -680,12 +761,13 @@ impl Worker {
 
     /// Sends a heartbeat, bounded by half a tick; on success, remembers and returns
     /// the server's clock.
-    async fn bounded_heartbeat(&mut self) -> Option<ServerClock> {
+    async fn bounded_heartbeat(&mut self) -> Beaten {
         let limit = (self.tick() / 2).max(Duration::from_millis(100));
         let holding = self.holding();
         let me = self.owner();
         let beat = Beat {
             me: &me,
+            instance: &self.instance,
             held: &holding,
             max_slots: self.settings.max_slots,
             tick: self.tick(),
@@ -693,18 +775,19 @@ impl Worker {
         match tokio::time::timeout(limit, self.line.beat(&beat)).await {
             Ok(Ok(clock)) => {
                 self.server = Some(clock);
-                Some(clock)
+                Beaten::Written(clock)
             }
-            Ok(Err(e)) => {
+            Ok(Err(e @ BeatError::IdentityInUse { .. })) => Beaten::InUse(e),
+            Ok(Err(BeatError::Db(e))) => {
                 tracing::debug!(
                     "heartbeat failed: {}",
                     self.store.scrub(&crate::store::brief(&e))
                 );
-                None
+                Beaten::Failed
             }
             Err(_) => {
                 tracing::debug!("heartbeat got no answer within {} ms", limit.as_millis());
-                None
+                Beaten::Failed
             }
         }
     }
@@ -717,7 +800,15 @@ impl Worker {
     /// On a clean exit the worker leaves the `workers` list, so standbys are counted
     /// honestly.
     async fn leave(&self) {
-        let _ = self.line.leave(&self.owner()).await;
+        let _ = self.line.leave(&self.owner(), &self.instance).await;
         tracing::info!(worker = %self.owner(), "worker stopped");
     }
+}
+
+/// A random id for this process (64 bits, hex), told apart from any other process
+/// advertising the same `ip:port`.
+fn new_instance() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

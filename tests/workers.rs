@@ -463,3 +463,132 @@ async fn a_proxied_worker_goes_through_its_proxy_whatever_the_uri_says() {
     })
     .await;
 }
+
+/// The sum of every robot's `seq`: grows while the robots run.
+async fn total_steps(db: &TestDb) -> i64 {
+    db.robots()
+        .await
+        .iter()
+        .map(|r| r.get_i64("seq").unwrap_or(0))
+        .sum()
+}
+
+async fn heartbeat_instance(db: &TestDb, id: &str) -> Option<String> {
+    let d = db.store.workers().find_one(doc! {"_id": id}).await.ok()??;
+    d.get_str("instance").ok().map(str::to_string)
+}
+
+/// Two processes advertising one `ip:port` (a copied `SLOTPOOL_ADVERTISE`, host
+/// networking) must never both run robots or overwrite each other's heartbeat:
+/// - a second process while the first is alive refuses to run, before it claims
+///   anything, and the first keeps its slot, its heartbeat and its robots;
+/// - a holder stopped (SIGSTOP) until its heartbeat lapsed is replaced by a new
+///   process with its identity; thawed, it finds that and exits without a write;
+/// - a predecessor killed a moment ago (a restarted container) is waited out.
+///
+/// The invariant checker reads the counters' histories over the whole run.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_identity_one_live_process() {
+    let db = TestDb::new("dupid").await;
+    db.init(1).await;
+    let tick = ["--tick", "200ms"];
+    let mut a = db.worker(&tick);
+    held_by(
+        &db,
+        "slot-001",
+        std::slice::from_ref(&a),
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(db.counters("c", 2, 100).status.success());
+    let first = common::wait_for(Duration::from_secs(15), "a's heartbeat", || {
+        heartbeat_instance(&db, &a.id)
+    })
+    .await;
+    let epoch_a = epoch(&db.slot("slot-001").await);
+
+    // A copy while the first lives: refused, having claimed nothing.
+    let mut copy = WorkerProc::start_as(&db.uri, &db.dir, &a.id, &tick);
+    let status = copy
+        .wait_exit(Duration::from_secs(30))
+        .expect("the copy exits by itself");
+    assert!(!status.success(), "{}", copy.log_text());
+    assert!(
+        copy.log_text()
+            .contains(&format!("another live worker process advertises {}", a.id)),
+        "{}",
+        copy.log_text()
+    );
+    assert!(!copy.log_text().contains("claimed"), "{}", copy.log_text());
+    assert!(
+        a.child.try_wait().unwrap().is_none(),
+        "the first still runs"
+    );
+    assert_eq!(epoch(&db.slot("slot-001").await), epoch_a);
+    assert_eq!(heartbeat_instance(&db, &a.id).await, Some(first.clone()));
+    let steps = total_steps(&db).await;
+    common::wait_for(Duration::from_secs(15), "the robots step on", || async {
+        (total_steps(&db).await > steps + 4).then_some(())
+    })
+    .await;
+
+    // The holder frozen until its heartbeat lapsed: a new process takes the
+    // identity over, and then the slot; the thawed one exits and writes nothing.
+    a.signal(libc::SIGSTOP);
+    let mut b = WorkerProc::start_as(&db.uri, &db.dir, &a.id, &tick);
+    let epoch_b = common::wait_for(
+        Duration::from_secs(30),
+        "the new process's claim",
+        || async {
+            let e = epoch(&db.slot("slot-001").await);
+            (e > epoch_a).then_some(e)
+        },
+    )
+    .await;
+    let second = heartbeat_instance(&db, &a.id).await.expect("b's heartbeat");
+    assert_ne!(second, first);
+    a.signal(libc::SIGCONT);
+    let status = a
+        .wait_exit(Duration::from_secs(30))
+        .expect("the thawed process exits by itself");
+    assert!(!status.success(), "{}", a.log_text());
+    assert!(
+        a.log_text().contains("took its identity over"),
+        "{}",
+        a.log_text()
+    );
+    assert_eq!(
+        epoch(&db.slot("slot-001").await),
+        epoch_b,
+        "b still holds it"
+    );
+    assert_eq!(heartbeat_instance(&db, &a.id).await, Some(second));
+    let steps = total_steps(&db).await;
+    common::wait_for(
+        Duration::from_secs(15),
+        "the robots step on under b",
+        || async { (total_steps(&db).await > steps + 4).then_some(()) },
+    )
+    .await;
+
+    // A predecessor killed a moment ago: waited out, then the slot is taken.
+    b.kill9();
+    let c = WorkerProc::start_as(&db.uri, &db.dir, &a.id, &tick);
+    common::wait_for(
+        Duration::from_secs(30),
+        "the restarted process's claim",
+        || async { (epoch(&db.slot("slot-001").await) > epoch_b).then_some(()) },
+    )
+    .await;
+    assert!(c.log_text().contains("waiting"), "{}", c.log_text());
+    let steps = total_steps(&db).await;
+    common::wait_for(
+        Duration::from_secs(15),
+        "the robots step on under c",
+        || async { (total_steps(&db).await > steps + 4).then_some(()) },
+    )
+    .await;
+
+    let report = common::invariants::check(&db).await;
+    assert_eq!(report.robots, 2, "{report:?}");
+}

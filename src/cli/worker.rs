@@ -235,7 +235,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
     };
     tokio::spawn(http::serve(listener, state, shutdown.child_token()));
     tokio::spawn(on_signals(shutdown));
-    worker.run().await;
+    worker.run().await?;
     Ok(())
 }
 

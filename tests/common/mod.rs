@@ -344,13 +344,26 @@ impl WorkerProc {
         Self::spawn(cmd, dir, extra)
     }
 
-    fn spawn(mut cmd: Command, dir: &Path, extra: &[&str]) -> WorkerProc {
+    fn spawn(cmd: Command, dir: &Path, extra: &[&str]) -> WorkerProc {
         let port = free_port();
-        let id = format!("127.0.0.1:{port}");
+        Self::spawn_as(cmd, dir, &format!("127.0.0.1:{port}"), port, extra)
+    }
+
+    /// A worker that advertises `id` whatever port it serves HTTP on (a copied
+    /// `SLOTPOOL_ADVERTISE`); its HTTP port is a fresh one.
+    pub fn start_as(uri: &str, dir: &Path, id: &str, extra: &[&str]) -> WorkerProc {
+        let mut cmd = Command::new(BIN);
+        cmd.env("MONGODB_URI", uri);
+        Self::spawn_as(cmd, dir, id, free_port(), extra)
+    }
+
+    fn spawn_as(mut cmd: Command, dir: &Path, id: &str, port: u16, extra: &[&str]) -> WorkerProc {
+        let id = id.to_string();
+        let listen = format!("127.0.0.1:{port}");
         let log = dir.join(format!("worker-{port}.log"));
         let file = File::create(&log).unwrap();
         let child = cmd
-            .args(["worker", "--advertise", &id, "--listen", &id])
+            .args(["worker", "--advertise", &id, "--listen", &listen])
             .args(extra)
             .env("SLOTPOOL_LOG", "info,slotpool=debug,mongodb=warn")
             .stdin(Stdio::null())
