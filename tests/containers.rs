@@ -148,6 +148,31 @@ async fn a_holder(db: &TestDb, workers: &[String]) -> (String, String, String) {
     (slot, id, container)
 }
 
+/// How many exec robots (`bash /opt/robots/heartbeat.sh`, the shims aside) run in
+/// this pool's worker containers, frozen ones included. (Counted per container, not
+/// on the whole host, where other tests' robots may run.)
+fn robot_processes(pool: &Pool) -> usize {
+    pool.containers("worker")
+        .iter()
+        .map(|c| {
+            let o = docker(&["top", c, "-eo", "pid,args"]);
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.trim_end().ends_with("bash /opt/robots/heartbeat.sh"))
+                .count()
+        })
+        .sum()
+}
+
+/// Waits until exactly `n` exec robots run in the pool: none left behind by a
+/// killed or frozen holder, none missing.
+async fn robot_processes_are(pool: &Pool, n: usize, what: &str) {
+    wait_for(Duration::from_secs(60), what, || async {
+        (robot_processes(pool) == n).then_some(())
+    })
+    .await;
+}
+
 /// Every counter has stepped past `seq` now.
 async fn all_step_past(db: &TestDb, before: &BTreeMap<String, i64>, what: &str) {
     wait_for(Duration::from_secs(60), what, || async {
@@ -161,6 +186,35 @@ async fn all_step_past(db: &TestDb, before: &BTreeMap<String, i64>, what: &str) 
             .then_some(())
     })
     .await;
+}
+
+/// The server's clock, in ms.
+async fn now_ms(db: &TestDb) -> i64 {
+    let d = db
+        .store
+        .db()
+        .run_command(doc! {"hello": 1})
+        .await
+        .expect("hello");
+    d.get_datetime("localTime").unwrap().timestamp_millis()
+}
+
+/// The longest time any robot went without a checkpoint since `from_ms` (server
+/// clock), up to now.
+async fn longest_gap_since(db: &TestDb, from_ms: i64) -> Duration {
+    let now = now_ms(db).await;
+    let mut longest = 0;
+    for r in db.robots().await {
+        let mut at: Vec<i64> = invariants::entries(&r)
+            .iter()
+            .map(|e| e.at)
+            .filter(|t| *t >= from_ms)
+            .collect();
+        at.insert(0, from_ms);
+        at.push(now);
+        longest = at.windows(2).map(|w| w[1] - w[0]).fold(longest, i64::max);
+    }
+    Duration::from_millis(longest.max(0) as u64)
 }
 
 async fn seqs(db: &TestDb) -> BTreeMap<String, i64> {
@@ -243,7 +297,28 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
             .or_default() += 1;
     }
     assert_eq!(per_slot.values().copied().collect::<Vec<_>>(), [2, 2, 2]);
-    all_step_past(&db, &seqs(&db).await, "every counter running").await;
+    // Three exec robots, one a slot: their processes must follow their slots.
+    let out = Command::new(BIN)
+        .args([
+            "robot",
+            "create",
+            "--name",
+            "x",
+            "--kind",
+            "exec",
+            "--command",
+            "/opt/robots/heartbeat.sh",
+            "--history",
+            "1000",
+            "--count",
+            "3",
+        ])
+        .env("MONGODB_URI", &db.uri)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    all_step_past(&db, &seqs(&db).await, "every robot running").await;
+    robot_processes_are(&pool, 3, "three exec robot processes").await;
 
     // Kill: a standby container takes over, and the robots resume from their contexts.
     let (slot, old, victim) = a_holder(&db, &workers).await;
@@ -252,7 +327,8 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
     assert!(docker(&["kill", &victim]).status.success());
     let took = taken_over(&db, &slot, &old, t0).await;
     println!("docker kill → {slot} claimed: {took:?}");
-    all_step_past(&db, &before, "every counter after the kill").await;
+    all_step_past(&db, &before, "every robot after the kill").await;
+    robot_processes_are(&pool, 3, "no exec robot left behind by the killed holder").await;
 
     // Freeze: the cgroup freezer stops a holder (robots and all) for 3 L; another
     // worker takes its slot, and once thawed it never writes again under its epoch.
@@ -267,7 +343,9 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
     }
     assert!(docker(&["unpause", &frozen]).status.success());
     let before = seqs(&db).await;
-    all_step_past(&db, &before, "every counter after the freeze").await;
+    all_step_past(&db, &before, "every robot after the freeze").await;
+    // The thawed holder's shims find their deadline long past and kill their robots.
+    robot_processes_are(&pool, 3, "the thawed holder's exec robots gone").await;
 
     // Partition: a holder cut off from the database's network fences itself, a
     // standby takes over, and after reconnecting it rejoins.
@@ -286,11 +364,78 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
     );
     assert!(docker(&["network", "connect", &net, &cut]).status.success());
     let before = seqs(&db).await;
-    all_step_past(&db, &before, "every counter after the partition").await;
+    all_step_past(&db, &before, "every robot after the partition").await;
     wait_for(Duration::from_secs(30), "every slot held", || async {
         (holders(&db).await.len() == 3).then_some(())
     })
     .await;
+    robot_processes_are(&pool, 3, "one process per exec robot after the partition").await;
+
+    // Rolling restart: every live worker, one at a time (SIGTERM through tini: a
+    // holder stops its robots, each writes a last checkpoint, and releases).
+    let live: Vec<String> = workers
+        .iter()
+        .filter(|c| c.as_str() != victim.as_str())
+        .cloned()
+        .collect();
+    let restart_from = now_ms(&db).await;
+    for c in &live {
+        let before = seqs(&db).await;
+        assert!(docker(&["restart", "-t", "10", c]).status.success());
+        wait_for(Duration::from_secs(60), "every slot held again", || async {
+            (holders(&db).await.len() == 3).then_some(())
+        })
+        .await;
+        all_step_past(&db, &before, &format!("every robot after restarting {c}")).await;
+    }
+    let gap = longest_gap_since(&db, restart_from).await;
+    println!(
+        "rolling restart of {} workers: longest gap between two steps of a robot {gap:?}",
+        live.len()
+    );
+    assert!(
+        gap < Duration::from_secs(15),
+        "a robot stood still for {gap:?} during the rolling restart"
+    );
+    robot_processes_are(
+        &pool,
+        3,
+        "one process per exec robot after the rolling restart",
+    )
+    .await;
+
+    // Scale down to one worker: it holds all three slots (overflow). Back up to four:
+    // it hands two back, one to each new standby.
+    let o = pool.compose(&["up", "-d", "--no-recreate", "--scale", "worker=1"]);
+    assert!(o.status.success(), "compose scale down: {}", text(&o));
+    let last = wait_for(
+        Duration::from_secs(60),
+        "one worker holding every slot",
+        || async {
+            let h = holders(&db).await;
+            let owners: std::collections::BTreeSet<&String> = h.values().collect();
+            (h.len() == 3 && owners.len() == 1).then(|| h.values().next().cloned())?
+        },
+    )
+    .await;
+    let before = seqs(&db).await;
+    all_step_past(&db, &before, "every robot on the one worker").await;
+    println!("scaled to 1: {last} holds all three slots");
+    let o = pool.compose(&["up", "-d", "--no-recreate", "--scale", "worker=4"]);
+    assert!(o.status.success(), "compose scale up: {}", text(&o));
+    wait_for(
+        Duration::from_secs(90),
+        "three holders after scaling up",
+        || async {
+            let h = holders(&db).await;
+            let owners: std::collections::BTreeSet<&String> = h.values().collect();
+            (h.len() == 3 && owners.len() == 3).then_some(())
+        },
+    )
+    .await;
+    let before = seqs(&db).await;
+    all_step_past(&db, &before, "every robot after the hand-back").await;
+    robot_processes_are(&pool, 3, "one process per exec robot after scaling").await;
 
     // The dashboard container shows the pool from the host.
     let slots = common::web::request(pool.web_port, "GET", "/api/v1/slots", &[], b"")
@@ -302,7 +447,7 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
 
     // No robot ran twice, none lost or doubled a step, through all of it.
     let report = invariants::check(&db).await;
-    assert_eq!(report.robots, 6, "{report:?}");
+    assert_eq!(report.robots, 9, "{report:?}");
     drop(pool);
 }
 
