@@ -147,10 +147,17 @@ impl Store {
     /// connections. The worker renews its lease through one, so robots' traffic
     /// (a restore burst of thousands of checkpoints) can never queue a renewal
     /// behind it in the driver.
+    ///
+    /// Every connection of it is opened up front and kept open (`minPoolSize` =
+    /// `pool`), so a renewal never waits for one to be made. On a fast link the pool
+    /// needs one or two; when the link slows, several requests overlap, and each
+    /// connection opened then costs a handshake's round trips: at 300 ms of added
+    /// latency, a holder of three slots missed a renewal's window that way (the
+    /// first seconds of tests/containers.rs's latency phase).
     pub fn dedicated(&self, pool: u32, name: &str) -> Result<Store, StoreError> {
         let mut options = self.options.clone();
         options.max_pool_size = Some(pool);
-        options.min_pool_size = Some(1);
+        options.min_pool_size = Some(pool);
         options.app_name = Some(format!("slotpool-{name}"));
         let client = Client::with_options(options.clone()).map_err(|e| StoreError::BadUri {
             uri: self.shown_uri(),

@@ -759,10 +759,16 @@ impl Worker {
         (self.tick() * 2).max(Duration::from_secs(2))
     }
 
-    /// Sends a heartbeat, bounded by half a tick; on success, remembers and returns
-    /// the server's clock.
+    /// Sends a heartbeat, bounded like every bookkeeping call; on success,
+    /// remembers and returns the server's clock.
+    ///
+    /// Not bounded by less: a heartbeat is two round trips, and one abandoned in
+    /// flight costs the lease's pool its connection. Bounded by half a tick, every
+    /// heartbeat over a link with 300 ms of latency was abandoned, and a renewal
+    /// waiting for the replacement connection missed its window: the holder fenced
+    /// itself within seconds (tests/containers.rs, the latency phase).
     async fn bounded_heartbeat(&mut self) -> Beaten {
-        let limit = (self.tick() / 2).max(Duration::from_millis(100));
+        let limit = self.op_timeout();
         let holding = self.holding();
         let me = self.owner();
         let beat = Beat {

@@ -42,6 +42,8 @@ struct Pool {
     project: String,
     /// The dashboard's port on the host's loopback.
     web_port: u16,
+    /// Containers started beside compose's (`docker run`), removed on drop.
+    extra: std::sync::Mutex<Vec<String>>,
 }
 
 impl Pool {
@@ -75,6 +77,7 @@ impl Pool {
         let pool = Pool {
             project: format!("spt{}", std::process::id()),
             web_port: common::free_port(),
+            extra: Default::default(),
         };
         let scale = format!("worker={workers}");
         let o = pool.compose(&["up", "-d", "--scale", &scale]);
@@ -105,10 +108,25 @@ impl Pool {
     fn network(&self) -> String {
         format!("{}_default", self.project)
     }
+
+    /// `docker run -d` of one more container on the pool's network; its name.
+    fn run(&self, name: &str, args: &[&str]) -> String {
+        let name = format!("{}_{name}", self.project);
+        let net = self.network();
+        let mut all = vec!["run", "-d", "--name", &name, "--network", &net];
+        all.extend_from_slice(args);
+        let o = docker(&all);
+        assert!(o.status.success(), "docker run {name}: {}", text(&o));
+        self.extra.lock().unwrap().push(name.clone());
+        name
+    }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        for c in self.extra.lock().unwrap().iter() {
+            let _ = docker(&["rm", "-f", "-v", c]);
+        }
         let _ = self.compose(&["down", "-v", "-t", "2"]);
     }
 }
@@ -436,6 +454,99 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
     let before = seqs(&db).await;
     all_step_past(&db, &before, "every robot after the hand-back").await;
     robot_processes_are(&pool, 3, "one process per exec robot after scaling").await;
+
+    // Latency: one worker reaches the database through a proxy that delays what it
+    // sends (the kernel here has no netem). It holds every slot once the others
+    // stop; at 300 ms it keeps them without a self-fence, at 1.5 s it fences itself.
+    let script = format!("{ROOT}/tests/fixtures/delay_proxy.py");
+    let mount = format!("{script}:/delay_proxy.py:ro");
+    let proxy = pool.run(
+        "delay",
+        &[
+            "-v",
+            &mount,
+            "--entrypoint",
+            "/opt/devdb/bin/python",
+            "slotpool-devdb:local",
+            "/delay_proxy.py",
+            "mongo",
+            "27017",
+            "27017",
+        ],
+    );
+    let slow_uri = format!(
+        "MONGODB_URI=mongodb://{}:27017/slotpool?directConnection=true",
+        ip(&proxy)
+    );
+    let slow = pool.run(
+        "slow",
+        &[
+            "-e",
+            &slow_uri,
+            "slotpool:local",
+            "worker",
+            "--exec-allow",
+            "/opt/robots/",
+        ],
+    );
+    let slow_id = format!("{}:7700", ip(&slow));
+    let o = pool.compose(&["stop", "-t", "10", "worker"]);
+    assert!(o.status.success(), "compose stop: {}", text(&o));
+    wait_for(
+        Duration::from_secs(60),
+        "the slow worker holding every slot",
+        || async {
+            let h = holders(&db).await;
+            (h.len() == 3 && h.values().all(|o| o == &slow_id)).then_some(())
+        },
+    )
+    .await;
+    let set_delay = |ms: u32| {
+        let cmd = format!("echo {ms} > /tmp/delay_ms");
+        let o = docker(&["exec", &proxy, "sh", "-c", &cmd]);
+        assert!(o.status.success(), "set the delay: {}", text(&o));
+    };
+    let epochs =
+        |slots: Vec<bson::Document>| -> Vec<i64> { slots.iter().map(common::epoch).collect() };
+    let held_epochs = epochs(db.slots().await);
+    set_delay(300);
+    let window = Instant::now() + 5 * L;
+    while Instant::now() < window {
+        let before = seqs(&db).await;
+        all_step_past(&db, &before, "every robot stepping at 300 ms").await;
+    }
+    assert_eq!(
+        epochs(db.slots().await),
+        held_epochs,
+        "no slot changed hands at 300 ms"
+    );
+    assert!(
+        !text(&docker(&["logs", &slow])).contains("self-fenced"),
+        "no self-fence at 300 ms"
+    );
+    set_delay(1500);
+    wait_for(Duration::from_secs(30), "a self-fence at 1.5 s", || async {
+        text(&docker(&["logs", &slow]))
+            .contains("self-fenced")
+            .then_some(())
+    })
+    .await;
+    set_delay(0);
+    let o = pool.compose(&["start", "worker"]);
+    assert!(o.status.success(), "compose start: {}", text(&o));
+    assert!(docker(&["rm", "-f", &slow]).status.success());
+    wait_for(
+        Duration::from_secs(60),
+        "every slot held without the slow worker",
+        || async {
+            let h = holders(&db).await;
+            (h.len() == 3 && h.values().all(|o| o != &slow_id)).then_some(())
+        },
+    )
+    .await;
+    let before = seqs(&db).await;
+    all_step_past(&db, &before, "every robot after the slow worker").await;
+    robot_processes_are(&pool, 3, "one process per exec robot after the latency").await;
 
     // The dashboard container shows the pool from the host.
     let slots = common::web::request(pool.web_port, "GET", "/api/v1/slots", &[], b"")
