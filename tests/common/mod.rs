@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, Document};
 use slotpool::Store;
 
+pub mod containers;
 pub mod invariants;
 pub mod proxy;
 pub mod web;

@@ -1,0 +1,156 @@
+//! A compose project of this repository's images (`scripts/images.sh`), for the
+//! container tests and benchmarks: `compose.yaml` + `compose.dev.yaml` on a project
+//! name of its own, torn down (`down -v`) when dropped, and the containers' bridge
+//! addresses, which are the only ones the tests talk to.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// The lease at the compose file's default tick (1 s).
+pub const L: Duration = Duration::from_secs(2);
+
+/// Pools made by this process so far: each gets a project name of its own.
+static POOLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+pub fn docker(args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("run docker")
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// One compose project of this test; `down -v` when dropped.
+pub struct Pool {
+    pub project: String,
+    /// The dashboard's port on the host's loopback.
+    pub web_port: u16,
+    /// `init --slots` (compose.yaml's `SLOTS`).
+    pub slots: u32,
+    /// Containers started beside compose's (`docker run`), removed on drop.
+    extra: std::sync::Mutex<Vec<String>>,
+}
+
+impl Pool {
+    pub fn compose(&self, args: &[&str]) -> Output {
+        Command::new("docker-compose")
+            .current_dir(ROOT)
+            .args([
+                "-p",
+                &self.project,
+                "-f",
+                "compose.yaml",
+                "-f",
+                "compose.dev.yaml",
+            ])
+            .args(args)
+            .env("SLOTS", self.slots.to_string())
+            .env("WEB_PORT", self.web_port.to_string())
+            .output()
+            .expect("run docker-compose")
+    }
+
+    /// Three slots and `workers` workers.
+    pub fn up(workers: usize) -> Pool {
+        Self::up_with(3, workers)
+    }
+
+    pub fn up_with(slots: u32, workers: usize) -> Pool {
+        for image in ["slotpool:local", "slotpool-devdb:local"] {
+            let o = docker(&["image", "inspect", image]);
+            assert!(
+                o.status.success(),
+                "image {image} is missing: run scripts/images.sh (scripts/test.sh does) — {}",
+                text(&o)
+            );
+        }
+        let pool = Pool {
+            project: format!(
+                "spt{}x{}",
+                std::process::id(),
+                POOLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
+            web_port: super::free_port(),
+            slots,
+            extra: Default::default(),
+        };
+        let scale = format!("worker={workers}");
+        let o = pool.compose(&["up", "-d", "--scale", &scale]);
+        assert!(o.status.success(), "compose up: {}", text(&o));
+        pool
+    }
+
+    /// The containers of a service, by name.
+    pub fn containers(&self, service: &str) -> Vec<String> {
+        let o = docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=com.docker.compose.project={}", self.project),
+            "--filter",
+            &format!("label=com.docker.compose.service={service}"),
+            "--format",
+            "{{.Names}}",
+        ]);
+        let mut out: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        out.sort();
+        out
+    }
+
+    pub fn network(&self) -> String {
+        format!("{}_default", self.project)
+    }
+
+    /// `docker run -d` of one more container on the pool's network; its name.
+    pub fn run(&self, name: &str, args: &[&str]) -> String {
+        let name = format!("{}_{name}", self.project);
+        let net = self.network();
+        let mut all = vec!["run", "-d", "--name", &name, "--network", &net];
+        all.extend_from_slice(args);
+        let o = docker(&all);
+        assert!(o.status.success(), "docker run {name}: {}", text(&o));
+        self.extra.lock().unwrap().push(name.clone());
+        name
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for c in self.extra.lock().unwrap().iter() {
+            let _ = docker(&["rm", "-f", "-v", c]);
+        }
+        let _ = self.compose(&["down", "-v", "-t", "2"]);
+    }
+}
+
+/// A container's address on the pool's network.
+pub fn ip(container: &str) -> String {
+    let o = docker(&[
+        "inspect",
+        "-f",
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+        container,
+    ]);
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// The worker container advertising `id` (`ip:7700`).
+pub fn container_of(workers: &[String], id: &str) -> String {
+    workers
+        .iter()
+        .find(|c| format!("{}:7700", ip(c)) == id)
+        .unwrap_or_else(|| panic!("no worker container advertises {id}"))
+        .clone()
+}
