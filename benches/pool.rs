@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,ctakeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web,webload
+//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web,webload
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -278,6 +278,123 @@ async fn container_takeover(trials: usize, robots: u32) -> Row {
             dist(&mut all_running)
         ),
         goal: "p99 ≤ L + 150 ms = 2150 ms, as between processes (issue 20)".into(),
+    }
+}
+
+/// The dev server's operations per second over 10 s (its opcounters).
+async fn ops_per_s(db: &TestDb) -> f64 {
+    let (a, t) = (opcounters(db).await, Instant::now());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    (opcounters(db).await - a) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// A pool of `workers` worker containers over `slots` slots with `robots` eager
+/// counters: `kill` holders' containers killed at once, `trials` times (each time
+/// replaced by fresh containers). Reports when all their robots ran again, the
+/// claims' CAS conflicts, and the dev server's operations/s before and after.
+async fn container_pool(
+    workers: usize,
+    slots: u32,
+    robots: u32,
+    kill: usize,
+    trials: usize,
+) -> Row {
+    let pool = Pool::up_with(slots, workers);
+    let mongo = pool.containers("mongo");
+    let base = format!("mongodb://{}:27017/?directConnection=true", ip(&mongo[0]));
+    let db = TestDb::on(&base, "slotpool").await;
+    let live = || async {
+        common::wait_for(
+            Duration::from_secs(300),
+            "every worker container beating",
+            || async {
+                let now = container_instances(&db, &pool).await;
+                (now.len() == workers && now.values().all(Option::is_some)).then_some(())
+            },
+        )
+        .await
+    };
+    live().await;
+    common::wait_for(Duration::from_secs(120), "every slot held", || async {
+        (db.held_per_worker().await.values().sum::<usize>() == slots as usize).then_some(())
+    })
+    .await;
+    eager_counters(&db, "p", robots);
+    checkpointed_since(&db, 0, robots as u64).await;
+    let before = ops_per_s(&db).await;
+    let conflicts = || async {
+        let mut sum = 0;
+        for id in container_instances(&db, &pool).await.keys() {
+            sum += common::containers::metrics_at(id)
+                .map_or(0, |m| metric(&m, "slotpool_claim_conflicts_total"));
+        }
+        sum
+    };
+    let (mut resumed, mut conflicted) = (Vec::new(), Vec::new());
+    for _ in 0..trials {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let held: Vec<(String, String)> = db
+            .slots()
+            .await
+            .iter()
+            .filter_map(|s| Some((s.get_str("_id").ok()?.to_string(), owner(s)?)))
+            .collect();
+        let mut victims: Vec<(String, String)> = Vec::new();
+        for (slot, o) in &held {
+            if victims.len() < kill && !victims.iter().any(|(_, v)| v == o) {
+                victims.push((slot.clone(), o.clone()));
+            }
+        }
+        let containers = pool.containers("worker");
+        let names: Vec<String> = victims
+            .iter()
+            .map(|(_, o)| container_of(&containers, o))
+            .collect();
+        let slots_hit: Vec<String> = held
+            .iter()
+            .filter(|(_, o)| victims.iter().any(|(_, v)| v == o))
+            .map(|(s, _)| s.clone())
+            .collect();
+        let on_them = db
+            .store
+            .robots()
+            .count_documents(doc! {"slot_id": {"$in": &slots_hit}})
+            .await
+            .unwrap();
+        let c0 = conflicts().await;
+        let t0 = wall_ms();
+        let mut args = vec!["kill"];
+        args.extend(names.iter().map(String::as_str));
+        assert!(docker(&args).status.success());
+        for (slot, old) in held.iter().filter(|(s, _)| slots_hit.contains(s)) {
+            claimed_after(&db, slot, old, t0).await;
+        }
+        // Eager counters checkpoint once per start: any checkpoint since the kill is
+        // a robot running again on a new holder.
+        let last =
+            checkpointed_where(&db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
+        resumed.push((last - t0) as f64);
+        conflicted.push((conflicts().await.saturating_sub(c0)) as f64);
+        let mut rm = vec!["rm", "-f"];
+        rm.extend(names.iter().map(String::as_str));
+        assert!(docker(&rm).status.success());
+        let scale = format!("worker={workers}");
+        let o = pool.compose(&["up", "-d", "--no-recreate", "--scale", &scale]);
+        assert!(o.status.success(), "{}", common::containers::text(&o));
+        live().await;
+    }
+    let after = ops_per_s(&db).await;
+    drop(pool);
+    Row {
+        name: format!(
+            "Container pool: {workers} worker containers, {slots} slots, {robots} robots; {kill} holders' containers killed at once, {trials} times"
+        ),
+        figures: format!(
+            "all their robots checkpointed again after: {}; CAS conflicts per round: {}; dev server {before:.0} ops/s before, {after:.0} after",
+            dist(&mut resumed),
+            dist(&mut conflicted)
+        ),
+        goal: "resumed within L + 1 s; ops/s flat (issue 20)".into(),
     }
 }
 
@@ -1184,6 +1301,13 @@ async fn main() {
     if want("ctakeover") {
         show(&mut rows, container_takeover(trials, 100).await);
     }
+    if want("cpool") {
+        let (workers, robots, rounds) = if quick { (20, 500, 3) } else { (50, 2000, 10) };
+        show(
+            &mut rows,
+            container_pool(workers, 20, robots, 5, rounds).await,
+        );
+    }
     if want("handoff") {
         show(&mut rows, handover(trials, 100, true).await);
     }
@@ -1275,7 +1399,7 @@ async fn main() {
     }
     let mut md = String::new();
     let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,ctakeover,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web,webload`).");
+    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web,webload`).");
     let _ = writeln!(
         md,
         "It runs release builds of real worker processes against a throwaway dev server of its"

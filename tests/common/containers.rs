@@ -154,3 +154,19 @@ pub fn container_of(workers: &[String], id: &str) -> String {
         .unwrap_or_else(|| panic!("no worker container advertises {id}"))
         .clone()
 }
+
+/// A worker's `/metrics`, read on its container's own address (`ip:7700`).
+pub fn metrics_at(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
