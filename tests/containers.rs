@@ -12,12 +12,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bson::doc;
 use common::containers::{container_of, docker, ip, text, Pool, L, ROOT};
-use common::{invariants, owner, wait_for, TestDb, BIN};
+use common::{invariants, owner, wait_for, TestDb};
 
 async fn holders(db: &TestDb) -> BTreeMap<String, String> {
     db.slots()
@@ -157,24 +156,7 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
     .await;
 
     // Robots: six counters land 2/2/2.
-    let out = Command::new(BIN)
-        .args([
-            "robot",
-            "create",
-            "--name",
-            "c",
-            "--kind",
-            "counter",
-            "--interval-ms",
-            "100",
-            "--history",
-            "1000",
-            "--count",
-            "6",
-        ])
-        .env("MONGODB_URI", &db.uri)
-        .output()
-        .unwrap();
+    let out = db.counters("c", 6, 100);
     assert!(out.status.success(), "{}", text(&out));
     let mut per_slot: BTreeMap<String, usize> = BTreeMap::new();
     for r in db.robots().await {
@@ -184,25 +166,20 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
     }
     assert_eq!(per_slot.values().copied().collect::<Vec<_>>(), [2, 2, 2]);
     // Three exec robots, one a slot: their processes must follow their slots.
-    let out = Command::new(BIN)
-        .args([
-            "robot",
-            "create",
-            "--name",
-            "x",
-            "--kind",
-            "exec",
-            "--command",
-            "/opt/robots/heartbeat.sh",
-            "--history",
-            "1000",
-            "--count",
-            "3",
-        ])
-        .env("MONGODB_URI", &db.uri)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "x",
+        "--kind",
+        "exec",
+        "--command",
+        "/opt/robots/heartbeat.sh",
+        "--history",
+        "1000",
+        "--count",
+        "3",
+    ]);
     all_step_past(&db, &seqs(&db).await, "every robot running").await;
     robot_processes_are(&pool, 3, "three exec robot processes").await;
 

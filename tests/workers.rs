@@ -473,6 +473,15 @@ async fn total_steps(db: &TestDb) -> i64 {
         .sum()
 }
 
+/// Waits until the robots have taken a few more steps.
+async fn steps_on(db: &TestDb, what: &str) {
+    let steps = total_steps(db).await;
+    common::wait_for(Duration::from_secs(15), what, || async {
+        (total_steps(db).await > steps + 4).then_some(())
+    })
+    .await;
+}
+
 async fn heartbeat_instance(db: &TestDb, id: &str) -> Option<String> {
     let d = db.store.workers().find_one(doc! {"_id": id}).await.ok()??;
     d.get_str("instance").ok().map(str::to_string)
@@ -526,11 +535,7 @@ async fn one_identity_one_live_process() {
     );
     assert_eq!(epoch(&db.slot("slot-001").await), epoch_a);
     assert_eq!(heartbeat_instance(&db, &a.id).await, Some(first.clone()));
-    let steps = total_steps(&db).await;
-    common::wait_for(Duration::from_secs(15), "the robots step on", || async {
-        (total_steps(&db).await > steps + 4).then_some(())
-    })
-    .await;
+    steps_on(&db, "the robots step on").await;
 
     // The holder frozen until its heartbeat lapsed: a new process takes the
     // identity over, and then the slot; the thawed one exits and writes nothing.
@@ -563,13 +568,7 @@ async fn one_identity_one_live_process() {
         "b still holds it"
     );
     assert_eq!(heartbeat_instance(&db, &a.id).await, Some(second));
-    let steps = total_steps(&db).await;
-    common::wait_for(
-        Duration::from_secs(15),
-        "the robots step on under b",
-        || async { (total_steps(&db).await > steps + 4).then_some(()) },
-    )
-    .await;
+    steps_on(&db, "the robots step on under b").await;
 
     // A predecessor killed a moment ago: waited out, then the slot is taken.
     b.kill9();
@@ -581,13 +580,7 @@ async fn one_identity_one_live_process() {
     )
     .await;
     assert!(c.log_text().contains("waiting"), "{}", c.log_text());
-    let steps = total_steps(&db).await;
-    common::wait_for(
-        Duration::from_secs(15),
-        "the robots step on under c",
-        || async { (total_steps(&db).await > steps + 4).then_some(()) },
-    )
-    .await;
+    steps_on(&db, "the robots step on under c").await;
 
     let report = common::invariants::check(&db).await;
     assert_eq!(report.robots, 2, "{report:?}");
