@@ -289,12 +289,23 @@ pub fn script(db: &TestDb, name: &str, body: &str) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// A port nothing listens on now, and one this test process has not handed out
+/// before: the kernel may give the same free port to two callers in a row, and two
+/// workers of one test then shared an identity and a log file (a CI run failed so:
+/// five workers, four logs, one refused).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if GIVEN.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A real `slotpool worker` process.
