@@ -380,7 +380,7 @@ async fn container_pool(
         args.extend(names.iter().map(String::as_str));
         assert!(docker(&args).status.success());
         for (slot, old) in held.iter().filter(|(s, _)| slots_hit.contains(s)) {
-            claimed_after(&db, slot, old, t0).await;
+            holder_of(&db, slot, Some(old)).await;
         }
         // Eager counters checkpoint once per start: any checkpoint since the kill is
         // a robot running again on a new holder.
