@@ -133,7 +133,7 @@ async fn taken_over(db: &TestDb, slot: &str, old: &str, t0: Instant) -> Duration
 async fn five_worker_containers_survive_kill_freeze_and_partition() {
     let pool = Pool::up(5);
     let mongo = pool.containers("mongo");
-    let base = format!("mongodb://{}:27017/?directConnection=true", ip(&mongo[0]));
+    let base = common::containers::devdb_uri(&mongo[0]);
     let db = TestDb::on(&base, "slotpool").await;
     let workers = pool.containers("worker");
     assert_eq!(workers.len(), 5);
@@ -320,7 +320,7 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
         ],
     );
     let slow_uri = format!(
-        "MONGODB_URI=mongodb://{}:27017/slotpool?directConnection=true",
+        "MONGODB_URI=mongodb://{}:27017/slotpool?directConnection=true&retryWrites=false",
         ip(&proxy)
     );
     let slow = pool.run(

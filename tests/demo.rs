@@ -62,7 +62,9 @@ async fn ctrl_c_stops_the_workers_and_leaves_the_dev_database_running() {
         .unwrap();
     let group = demo.id() as i32;
     let mut demo = scopeguard(demo);
-    let uri = format!("mongodb://127.0.0.1:{db_port}/slotpool_demo?directConnection=true");
+    let uri = format!(
+        "mongodb://127.0.0.1:{db_port}/slotpool_demo?directConnection=true&retryWrites=false"
+    );
     common::wait_for(
         Duration::from_secs(180),
         "the demo's 3 slots held",
