@@ -53,6 +53,17 @@ pub const MAX_STATEMENTS: usize = 100;
 /// context alone may be 1 MiB).
 pub const MAX_BYTES: usize = 8 * 1024 * 1024;
 
+/// How long a batch may go unanswered while the lease stays renewed before its writes
+/// count as in doubt (each robot then reloads its context and goes on). The driver
+/// has no socket timeout, so something must end a command stuck on a dead
+/// connection; a slow server is not that. This bound was the lease deadline as read
+/// when the batch was sent, at most `L - margin` away, and a 50-worker pool on the
+/// dev server went past it: when five holders died at once, their successors'
+/// first batches of 100 took longer than that, every robot of the batch restarted
+/// with backoff, the restarts loaded the server further, and the five slots' robots
+/// took 35–80 s to all run again (`scripts/bench.sh --only cpool`).
+pub const IN_DOUBT_AFTER: Duration = Duration::from_secs(10);
+
 /// One fenced single-document update.
 #[derive(Debug, Clone)]
 pub struct Statement {
@@ -353,26 +364,18 @@ async fn commit(
     }
     let statements: Vec<Statement> = batch.iter().map(|q| q.statement.clone()).collect();
     let t = Instant::now();
-    // Bounded by the lease deadline: a command the driver still holds (waiting for a
-    // server that went away, say) is dropped unsent at the deadline, so it can never
-    // reach a restarted server after this holder fenced itself. (The chaos suite's
-    // database restart failed once without it: a counter's `n` one ahead of its
-    // `seq`, as when a batch held through the outage lands on a server that lost
-    // the write before it.)
-    let r = match tokio::time::timeout_at(guard.deadline(), send(robots, &statements)).await {
-        Ok(r) => r,
-        // Past the deadline it was read at: lapsed, unless renewals moved it on
-        // meanwhile, when the write is merely in doubt (the robot reloads its
-        // context from the database and goes on).
-        Err(_) if !guard.is_open() => {
+    let r = match while_open(guard, IN_DOUBT_AFTER, send(robots, &statements)).await {
+        Answer::Sent(r) => r,
+        Answer::Lapsed => {
             for q in batch {
                 let _ = q.reply.send(Ok(Written::Lapsed));
             }
             return;
         }
-        Err(_) => Err(mongodb::error::Error::custom(format!(
-            "no answer to {} robot write(s) within the lease; they may or may not have landed",
-            statements.len()
+        Answer::InDoubt => Err(mongodb::error::Error::custom(format!(
+            "no answer to {} robot write(s) within {} s; they may or may not have landed",
+            statements.len(),
+            IN_DOUBT_AFTER.as_secs()
         ))),
     };
     tracing::trace!(
@@ -394,9 +397,129 @@ async fn commit(
     }
 }
 
+/// What became of a command awaited under the lease.
+#[derive(Debug, PartialEq)]
+enum Answer<T> {
+    /// It answered while the lease was open.
+    Sent(T),
+    /// The lease's write guard closed first; the command was dropped (unsent, if the
+    /// driver still held it).
+    Lapsed,
+    /// No answer within the bound, the lease open all along.
+    InDoubt,
+}
+
+/// Awaits `command` while `guard` stays open, following its deadline as renewals move
+/// it on, for at most `limit`.
+///
+/// Dropped the moment the guard closes: a command the driver still holds (waiting
+/// for a server that went away, say) can then never reach a restarted server after
+/// this holder fenced itself. (The chaos suite's database restart failed once
+/// without that: a counter's `n` one ahead of its `seq`, as when a batch held through
+/// the outage lands on a server that lost the write before it.) A command already on
+/// the wire that lands later anyway is harmless: every statement is fenced, and the
+/// next holder's adoption raised the fence first.
+async fn while_open<F: std::future::Future>(
+    guard: &WriteGuard,
+    limit: Duration,
+    command: F,
+) -> Answer<F::Output> {
+    let give_up = Instant::now() + limit;
+    let mut deadline = guard.watch();
+    let mut moving = true;
+    tokio::pin!(command);
+    loop {
+        let at = *deadline.borrow_and_update();
+        // Woken at the deadline to see whether it still holds; a guard on a clock of
+        // its own (tests) that calls a passed deadline open waits for news instead.
+        let wake = if Instant::now() < at {
+            at.min(give_up)
+        } else {
+            give_up
+        };
+        tokio::select! {
+            r = &mut command => return Answer::Sent(r),
+            changed = deadline.changed(), if moving => moving = changed.is_ok(),
+            () = tokio::time::sleep_until(wake) => {}
+        }
+        if !guard.is_open() {
+            return Answer::Lapsed;
+        }
+        if Instant::now() >= give_up {
+            return Answer::InDoubt;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::MonotonicClock;
+
+    fn guard_for(d: Duration) -> WriteGuard {
+        WriteGuard::new(Instant::now() + d, Arc::new(MonotonicClock))
+    }
+
+    /// Renews `guard` every `every` by `by`, as the lease does while the server answers.
+    fn renewing(guard: &WriteGuard, every: Duration, by: Duration) -> tokio::task::JoinHandle<()> {
+        let guard = guard.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                guard.extend(Instant::now() + by);
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_answer_counts_while_renewals_keep_the_lease_open() {
+        let guard = guard_for(Duration::from_millis(1500));
+        let renewals = renewing(&guard, Duration::from_secs(1), Duration::from_millis(1550));
+        let slow = tokio::time::sleep(Duration::from_secs(4));
+        let t = Instant::now();
+        let answer = while_open(&guard, IN_DOUBT_AFTER, async {
+            slow.await;
+            7
+        })
+        .await;
+        assert_eq!(answer, Answer::Sent(7), "the first deadline was 1.5 s away");
+        assert_eq!(t.elapsed(), Duration::from_secs(4));
+        renewals.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_that_lapses_drops_the_command_at_its_deadline() {
+        let guard = guard_for(Duration::from_millis(1500));
+        let t = Instant::now();
+        let answer = while_open(&guard, IN_DOUBT_AFTER, std::future::pending::<()>()).await;
+        assert_eq!(answer, Answer::Lapsed);
+        assert_eq!(t.elapsed(), Duration::from_millis(1500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revoked_lease_drops_the_command_at_once() {
+        let guard = guard_for(Duration::from_secs(2));
+        let revoker = guard.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            revoker.revoke();
+        });
+        let t = Instant::now();
+        let answer = while_open(&guard, IN_DOUBT_AFTER, std::future::pending::<()>()).await;
+        assert_eq!(answer, Answer::Lapsed);
+        assert_eq!(t.elapsed(), Duration::from_millis(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_answer_under_a_renewed_lease_is_in_doubt_after_the_bound() {
+        let guard = guard_for(Duration::from_millis(1500));
+        let renewals = renewing(&guard, Duration::from_secs(1), Duration::from_millis(1550));
+        let t = Instant::now();
+        let answer = while_open(&guard, IN_DOUBT_AFTER, std::future::pending::<()>()).await;
+        assert_eq!(answer, Answer::InDoubt);
+        assert_eq!(t.elapsed(), IN_DOUBT_AFTER);
+        renewals.abort();
+    }
 
     #[test]
     fn a_write_landed_only_if_its_own_token_is_there() {
