@@ -136,6 +136,68 @@ async fn claim_time(db: &TestDb, slot: &str, old: &str) -> i64 {
     .await
 }
 
+/// Where one slot's takeover spent its time, in ms after `t0`: its events (claim,
+/// adopt) and the spread of its robots' last checkpoints.
+async fn restore_detail(db: &TestDb, slot: &str, t0: i64) -> String {
+    use futures::TryStreamExt;
+    let since = bson::DateTime::from_millis(t0);
+    let events: Vec<bson::Document> = db
+        .store
+        .events()
+        .find(doc! {"slot_id": slot, "at": {"$gte": since}})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let events: Vec<String> = events
+        .iter()
+        .filter_map(|e| {
+            let at = e.get_datetime("at").ok()?.timestamp_millis() - t0;
+            Some(format!("{} +{at}", e.get_str("kind").ok()?))
+        })
+        .collect();
+    let robots: Vec<bson::Document> = db
+        .store
+        .robots()
+        .find(doc! {"slot_id": slot})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut at: Vec<f64> = robots
+        .iter()
+        .filter_map(|d| {
+            Some((d.get_datetime("checkpointed_at").ok()?.timestamp_millis() - t0) as f64)
+        })
+        .collect();
+    at.sort_by(f64::total_cmp);
+    format!(
+        "{}; robots checkpointed: first +{:.0}, median +{:.0}, p90 +{:.0}, last +{:.0} ms",
+        events.join(", "),
+        at.first().copied().unwrap_or(f64::NAN),
+        pct(&at, 0.5),
+        pct(&at, 0.9),
+        at.last().copied().unwrap_or(f64::NAN)
+    )
+}
+
+/// The latest checkpoint of any robot on `slot` (server ms).
+async fn last_checkpoint(db: &TestDb, slot: &str) -> i64 {
+    let d = db
+        .store
+        .robots()
+        .find_one(doc! {"slot_id": slot})
+        .sort(doc! {"checkpointed_at": -1})
+        .await
+        .unwrap()
+        .expect("a robot on the slot");
+    d.get_datetime("checkpointed_at")
+        .unwrap()
+        .timestamp_millis()
+}
+
 /// Crash takeover or graceful handoff, `trials` times, `robots` eager counters.
 async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
     fresh_server();
@@ -245,7 +307,7 @@ async fn container_instances(db: &TestDb, pool: &Pool) -> BTreeMap<String, Optio
 async fn container_takeover(trials: usize, robots: u32) -> Row {
     let pool = Pool::up_with(1, 2);
     let mongo = pool.containers("mongo");
-    let base = format!("mongodb://{}:27017/?directConnection=true", ip(&mongo[0]));
+    let base = common::containers::devdb_uri(&mongo[0]);
     let db = TestDb::on(&base, "slotpool").await;
     holder_of(&db, "slot-001", None).await;
     eager_counters(&db, "b", robots);
@@ -310,22 +372,27 @@ async fn container_pool(
     kill: usize,
     trials: usize,
 ) -> Row {
-    let pool = Pool::up_with(slots, workers);
+    // First with only `kill` standbys, for the server's load at rest beside the
+    // full pool's: the standbys' share of it must not grow with their number.
+    let few = slots as usize + kill;
+    let pool = Pool::up_with(slots, few);
     let mongo = pool.containers("mongo");
-    let base = format!("mongodb://{}:27017/?directConnection=true", ip(&mongo[0]));
-    let db = TestDb::on(&base, "slotpool").await;
-    let live = || async {
-        common::wait_for(
-            Duration::from_secs(300),
-            "every worker container beating",
-            || async {
-                let now = container_instances(&db, &pool).await;
-                (now.len() == workers && now.values().all(Option::is_some)).then_some(())
-            },
-        )
-        .await
+    let db = TestDb::on(&common::containers::devdb_uri(&mongo[0]), "slotpool").await;
+    let live = |n: usize| {
+        let (db, pool) = (&db, &pool);
+        async move {
+            common::wait_for(
+                Duration::from_secs(300),
+                "every worker container beating",
+                || async {
+                    let now = container_instances(db, pool).await;
+                    (now.len() == n && now.values().all(Option::is_some)).then_some(())
+                },
+            )
+            .await
+        }
     };
-    live().await;
+    live(few).await;
     common::wait_for(Duration::from_secs(120), "every slot held", || async {
         (db.held_per_worker().await.values().sum::<usize>() == slots as usize).then_some(())
     })
@@ -333,6 +400,12 @@ async fn container_pool(
     eager_counters(&db, "p", robots);
     checkpointed_since(&db, 0, robots as u64).await;
     // The pool at rest, its first start over.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let at_few = ops_per_s(&db).await;
+    let scale = format!("worker={workers}");
+    let o = pool.compose(&["up", "-d", "--no-recreate", "--scale", &scale]);
+    assert!(o.status.success(), "{}", common::containers::text(&o));
+    live(workers).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let before = ops_per_s(&db).await;
     let conflicts = || async {
@@ -346,6 +419,8 @@ async fn container_pool(
     let (mut resumed, mut conflicted) = (Vec::new(), Vec::new());
     for _ in 0..trials {
         tokio::time::sleep(Duration::from_millis(700)).await;
+        // Scraped first: it takes seconds, and the holders are read just before the kill.
+        let c0 = conflicts().await;
         let held: Vec<(String, String)> = db
             .slots()
             .await
@@ -374,27 +449,44 @@ async fn container_pool(
             .count_documents(doc! {"slot_id": {"$in": &slots_hit}})
             .await
             .unwrap();
-        let c0 = conflicts().await;
         let t0 = wall_ms();
         let mut args = vec!["kill"];
         args.extend(names.iter().map(String::as_str));
         assert!(docker(&args).status.success());
-        for (slot, old) in held.iter().filter(|(s, _)| slots_hit.contains(s)) {
-            holder_of(&db, slot, Some(old)).await;
-        }
+        // Watched side by side: a claim's `time` is only its own until the new
+        // holder's first renewal, a tick later.
+        let claims: Vec<i64> = futures::future::join_all(
+            held.iter()
+                .filter(|(s, _)| slots_hit.contains(s))
+                .map(|(slot, old)| claim_time(&db, slot, old)),
+        )
+        .await
+        .into_iter()
+        .map(|t| t - t0)
+        .collect();
         // Eager counters checkpoint once per start: any checkpoint since the kill is
         // a robot running again on a new holder.
         let last =
             checkpointed_where(&db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
         resumed.push((last - t0) as f64);
+        let mut per_slot = Vec::new();
+        for slot in &slots_hit {
+            per_slot.push(last_checkpoint(&db, slot).await - t0);
+        }
+        for slot in &slots_hit {
+            eprintln!("  {slot}: {}", restore_detail(&db, slot, t0).await);
+        }
+        eprintln!(
+            "cpool round {}: claims +{claims:?} ms, each slot's robots all running +{per_slot:?} ms",
+            resumed.len()
+        );
         conflicted.push((conflicts().await.saturating_sub(c0)) as f64);
         let mut rm = vec!["rm", "-f"];
         rm.extend(names.iter().map(String::as_str));
         assert!(docker(&rm).status.success());
-        let scale = format!("worker={workers}");
         let o = pool.compose(&["up", "-d", "--no-recreate", "--scale", &scale]);
         assert!(o.status.success(), "{}", common::containers::text(&o));
-        live().await;
+        live(workers).await;
     }
     let after = ops_per_s(&db).await;
     drop(pool);
@@ -403,9 +495,10 @@ async fn container_pool(
             "Container pool: {workers} worker containers, {slots} slots, {robots} robots; {kill} holders' containers killed at once, {trials} times"
         ),
         figures: format!(
-            "all their robots checkpointed again after: {}; CAS conflicts per round: {}; dev server {before:.0} ops/s before, {after:.0} after",
+            "all their robots checkpointed again after: {}; CAS conflicts per round: {}; dev server at rest: {at_few:.0} ops/s with {kill} standbys, {before:.0} with {}, {after:.0} after the kills",
             dist(&mut resumed),
-            counts(&mut conflicted)
+            counts(&mut conflicted),
+            workers - slots as usize
         ),
         goal: "resumed within L + 1 s; ops/s flat (issue 20)".into(),
     }
