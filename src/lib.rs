@@ -6,37 +6,28 @@
 //! and runs every robot bound to it from the robot's persisted, epoch-fenced context.
 //! When its claim lapses it stops them all, and a standby takes the slot over.
 //!
-//! The data flows one way: [`worker`] tick → [`lease`] → [`supervisor`] →
-//! [`context`]. Robot kinds live in [`robot`]; a library user registers more through
-//! [`robot::RobotKind`] and runs a [`worker::Worker`] with its own [`robot::Registry`].
+//! The data flows one way: [`worker`] tick → [`db::lease`] → [`worker::supervisor`] →
+//! [`db::context`]. The folders show the architecture: [`worker`] is what runs,
+//! [`db`] what is stored, [`pool`] what people do to the pool, [`robot`] the kinds of
+//! robot, and [`cli`] and [`web`] are thin layers over [`pool`] and [`db`]. A library
+//! user registers more kinds through [`robot::RobotKind`] and runs a
+//! [`worker::Worker`] with its own [`robot::Registry`].
 
-pub mod actions;
 pub mod cli;
 pub mod clock;
-pub mod commit;
 pub mod config;
-pub mod context;
-pub mod held_slot;
-pub mod holding;
-pub mod http;
-pub mod lease;
-pub mod line;
+pub mod db;
 pub mod metrics;
-pub mod output_log;
-pub mod pacing;
-pub mod placement;
+pub mod pool;
 pub mod printable;
 pub mod robot;
 pub mod secrets;
-pub mod store;
-pub mod supervisor;
-pub mod view;
 pub mod web;
 pub mod worker;
 
 pub use config::{Identity, LeaseTiming};
-pub use lease::{Lease, LeaseError, LeaseProtocol};
+pub use db::lease::{Lease, LeaseError, LeaseProtocol};
+pub use db::store::{Slot, Store};
 pub use robot::{Registry, RobotError, RobotKind, RobotRun};
-pub use store::{Slot, Store};
-pub use supervisor::Supervisor;
+pub use worker::supervisor::Supervisor;
 pub use worker::{Worker, WorkerSettings};

@@ -261,26 +261,6 @@ fn start_blocks() -> Option<[(usize, usize); 2]> {
     Some([(field(48)?, field(49)?), (field(50)?, field(51)?)])
 }
 
-/// Reads the connection string from a file (`--mongodb-uri-file`,
-/// `MONGODB_URI_FILE`: the Docker-secrets convention). Surrounding whitespace, such
-/// as the file's final newline, is not part of it.
-pub fn read_uri_file(path: &std::path::Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "cannot read the MongoDB URI file {}: {e}",
-            crate::printable::escape(&path.display().to_string())
-        )
-    })?;
-    let uri = text.trim();
-    if uri.is_empty() {
-        return Err(format!(
-            "the MongoDB URI file {} is empty",
-            crate::printable::escape(&path.display().to_string())
-        ));
-    }
-    Ok(uri.to_string())
-}
-
 /// `%XX` sequences decoded (invalid ones kept as they are); `+` stays `+`.
 fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();

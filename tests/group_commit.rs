@@ -10,9 +10,10 @@ use std::time::Duration;
 use bson::{doc, oid::ObjectId, Bson};
 use common::TestDb;
 use slotpool::clock::MonotonicClock;
-use slotpool::context::{ContextError, ContextStore, WriteGuard};
+use slotpool::db::context::{ContextError, ContextStore};
+use slotpool::db::guard::WriteGuard;
+use slotpool::db::pacing::WritePacer;
 use slotpool::metrics::Metrics;
-use slotpool::pacing::WritePacer;
 use tokio::time::Instant;
 
 const N: usize = 300;
@@ -175,7 +176,7 @@ async fn nothing_is_sent_once_the_lease_lapsed() {
 /// write guard closed.
 #[tokio::test(flavor = "multi_thread")]
 async fn output_of_a_stale_instance_or_after_the_deadline_never_lands() {
-    use slotpool::output_log::{OutputLog, Stream};
+    use slotpool::db::output_log::{OutputLog, Stream};
     let db = TestDb::new("gc_output").await;
     let outputs = db.store.outputs();
     let open = || {
@@ -239,7 +240,7 @@ async fn output_of_a_stale_instance_or_after_the_deadline_never_lands() {
     })
     .await;
     // The lapsed writer had its flush by now (both wait one flush period).
-    tokio::time::sleep(slotpool::output_log::FLUSH_EVERY).await;
+    tokio::time::sleep(slotpool::db::output_log::FLUSH_EVERY).await;
     assert!(
         texts(late).await.is_none(),
         "a line landed after the deadline"

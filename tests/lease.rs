@@ -287,7 +287,7 @@ async fn a_claim_the_server_refuses_skips_that_slot_and_takes_the_next() {
         .slots()
         .update_one(
             doc! {"_id": "slot-001"},
-            doc! {"$set": {"epoch": slotpool::lease::MAX_EPOCH}},
+            doc! {"$set": {"epoch": slotpool::db::lease::MAX_EPOCH}},
         )
         .await
         .unwrap();

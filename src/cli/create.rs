@@ -14,9 +14,9 @@ use futures::TryStreamExt;
 use serde_json::json;
 
 use super::{print_json, text};
-use crate::placement;
+use crate::db::store::{is_duplicate_key, Store};
+use crate::pool::placement;
 use crate::robot::Registry;
-use crate::store::{is_duplicate_key, Store};
 
 /// At most this many robots per `create` call.
 const MAX_COUNT: u32 = 100_000;
@@ -157,7 +157,7 @@ pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
         );
     }
     let placement = placement::reserve(store, todo.len()).await?;
-    if crate::view::live_workers(store).await?.is_empty() {
+    if crate::pool::view::live_workers(store).await?.is_empty() {
         eprintln!("warning: no worker is alive; the robots start when one is (slotpool worker)");
     }
     let now = store.server_now().await?;
@@ -188,15 +188,15 @@ pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
              (N: the current slot count) makes them true again.",
             docs.len(),
             PATIENCE.as_secs(),
-            crate::store::brief(&e)
+            crate::db::store::brief(&e)
         ),
         (Some(e), Ok(n)) => {
             let why = if is_duplicate_key(e) {
                 "a robot of the same name was created by someone else meanwhile".to_string()
-            } else if crate::store::is_network(e) {
-                format!("the database became unreachable ({})", crate::store::brief(e))
+            } else if crate::db::store::is_network(e) {
+                format!("the database became unreachable ({})", crate::db::store::brief(e))
             } else {
-                crate::store::brief(e)
+                crate::db::store::brief(e)
             };
             bail!(
                 "created {n} of {} robots: {why}. Rerun the same command to create the rest \
@@ -226,7 +226,7 @@ where
     loop {
         match op().await {
             Ok(v) => return Ok(v),
-            Err(e) if crate::store::is_network(&e) && std::time::Instant::now() < deadline => {
+            Err(e) if crate::db::store::is_network(&e) && std::time::Instant::now() < deadline => {
                 if !warned {
                     eprintln!(
                         "warning: the database is unreachable while {what}; retrying for up to {}s",

@@ -1,6 +1,6 @@
 use clap::Args;
 
-use crate::store::Store;
+use crate::db::store::Store;
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
@@ -17,7 +17,7 @@ pub struct InitArgs {
 }
 
 pub async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
-    let report = store.init(args.slots).await?;
+    let report = crate::pool::init::init(store, args.slots).await?;
     if args.json {
         super::print_json(&serde_json::to_value(&report)?);
         return Ok(());

@@ -1,12 +1,12 @@
 //! `slotpool robot logs NAME [--follow]`: a robot's kept output lines (see
-//! [`crate::output_log`]), escaped like every other text a robot controls.
+//! [`crate::db::output_log`]), escaped like every other text a robot controls.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
 use bson::{doc, Bson, Document};
 
-use crate::store::Store;
+use crate::db::store::Store;
 
 /// How often `--follow` looks for new lines (they are kept about once a second).
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
@@ -70,7 +70,7 @@ pub async fn run(
 }
 
 async fn robot_id(store: &Store, name: &str) -> anyhow::Result<Bson> {
-    let d = super::robots::find_with(store, name, doc! {"_id": 1}).await?;
+    let d = super::find_robot(store, name, doc! {"_id": 1}).await?;
     d.get("_id").cloned().context("the robot has no _id")
 }
 

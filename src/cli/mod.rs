@@ -21,9 +21,10 @@ mod status;
 mod worker;
 
 use anyhow::Context as _;
+use bson::{doc, Document};
 use clap::{Parser, Subcommand};
 
-use crate::store::Store;
+use crate::db::store::Store;
 
 const DEFAULT_URI: &str = "mongodb://127.0.0.1:27017/slotpool";
 
@@ -82,7 +83,7 @@ fn connection_string(cli: &Cli) -> anyhow::Result<String> {
              (--mongodb-uri-file or MONGODB_URI_FILE) are set; give only one"
         ),
         (Some(uri), None) => Ok(uri.clone()),
-        (None, Some(path)) => crate::secrets::read_uri_file(path).map_err(anyhow::Error::msg),
+        (None, Some(path)) => read_uri_file(path).map_err(anyhow::Error::msg),
         (None, None) => Ok(DEFAULT_URI.to_string()),
     }
 }
@@ -149,16 +150,24 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// `1.2s`, `340ms`, `3m05s`, or `-` when unknown.
-pub(crate) fn age(ms: Option<i64>) -> String {
-    match ms {
-        None => "-".into(),
-        Some(ms) if ms < 0 => "0ms".into(),
-        Some(ms) if ms < 1000 => format!("{ms}ms"),
-        Some(ms) if ms < 60_000 => format!("{:.1}s", ms as f64 / 1000.0),
-        Some(ms) if ms < 3_600_000 => format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60),
-        Some(ms) => format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60),
+/// Reads the connection string from a file (`--mongodb-uri-file`,
+/// `MONGODB_URI_FILE`: the Docker-secrets convention). Surrounding whitespace, such
+/// as the file's final newline, is not part of it.
+pub fn read_uri_file(path: &std::path::Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read the MongoDB URI file {}: {e}",
+            crate::printable::escape(&path.display().to_string())
+        )
+    })?;
+    let uri = text.trim();
+    if uri.is_empty() {
+        return Err(format!(
+            "the MongoDB URI file {} is empty",
+            crate::printable::escape(&path.display().to_string())
+        ));
     }
+    Ok(uri.to_string())
 }
 
 /// Prints a value as pretty JSON on stdout.
@@ -167,4 +176,15 @@ fn print_json(v: &serde_json::Value) {
     println!("{}", crate::printable::escape_json(&text));
 }
 
-pub(crate) use crate::view::{int, text};
+pub(crate) use crate::pool::view::{age, int, text};
+
+/// The robot named `name`, with `projection` (empty: the whole document), or an
+/// error that says where to look.
+async fn find_robot(store: &Store, name: &str, projection: Document) -> anyhow::Result<Document> {
+    store
+        .robots()
+        .find_one(doc! {"name": name})
+        .projection(projection)
+        .await?
+        .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))
+}

@@ -6,8 +6,8 @@ use clap::Args;
 use serde_json::json;
 
 use super::print_json;
-use crate::actions::{self, Actor, Rebalance};
-use crate::store::Store;
+use crate::db::store::Store;
+use crate::pool::actions::{self, Actor, Rebalance};
 
 #[derive(Debug, Args)]
 pub struct RebalanceArgs {

@@ -1,4 +1,3 @@
-use anyhow::Context as _;
 use bson::{doc, Bson, Document};
 use clap::Subcommand;
 use futures::TryStreamExt;
@@ -7,9 +6,9 @@ use serde_json::json;
 use std::collections::HashMap;
 
 use super::{age, int, print_json, print_table, text};
-use crate::actions::{self, Actor};
-use crate::store::Store;
-use crate::view::{self as state, slot_rows, RobotState, SlotView};
+use crate::db::store::Store;
+use crate::pool::actions::{self, Actor};
+use crate::pool::view::{self as state, slot_rows, RobotState, SlotView};
 
 use super::create::CreateArgs;
 
@@ -93,21 +92,6 @@ pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
         RobotCommand::Pause { name, json } => set_paused(store, &name, true, json).await,
         RobotCommand::Resume { name, json } => set_paused(store, &name, false, json).await,
     }
-}
-
-/// The robot named `name`, with `projection` (empty: the whole document), or an
-/// error that says where to look.
-pub(super) async fn find_with(
-    store: &Store,
-    name: &str,
-    projection: Document,
-) -> anyhow::Result<Document> {
-    store
-        .robots()
-        .find_one(doc! {"name": name})
-        .projection(projection)
-        .await?
-        .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))
 }
 
 /// A robot document's derived state (see [`super::state`]).
@@ -209,7 +193,7 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
 }
 
 async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
-    let full = find_with(store, name, doc! {}).await?;
+    let full = super::find_robot(store, name, doc! {}).await?;
     let slots = state::slot_views(&slot_rows(store).await?);
     let st = state_of(&full, &slots);
     let mut v = Bson::Document(full).into_relaxed_extjson();

@@ -6,8 +6,8 @@ use clap::Subcommand;
 use serde_json::json;
 
 use super::{age, int, print_json, print_table, text};
-use crate::store::Store;
-use crate::view::{live_workers, slot_rows, SlotView};
+use crate::db::store::Store;
+use crate::pool::view::{live_workers, slot_rows, SlotView};
 
 #[derive(Debug, Subcommand)]
 pub enum SlotsCommand {
@@ -99,7 +99,7 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
 }
 
 async fn drain(store: &Store, slot: &str, on: bool, wait: bool) -> anyhow::Result<()> {
-    use crate::actions::{self, Actor};
+    use crate::pool::actions::{self, Actor};
     actions::set_draining(store, slot, on, &Actor::cli()).await?;
     if !on {
         say!("{slot}: workers may claim it again");

@@ -8,8 +8,8 @@ use serde_json::json;
 use std::collections::BTreeMap;
 
 use super::{age, int, print_json, print_table, text};
-use crate::store::Store;
-use crate::view::{self as state, live_workers, slot_rows, SlotRow};
+use crate::db::store::Store;
+use crate::pool::view::{self as state, live_workers, slot_rows, SlotRow};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {

@@ -6,10 +6,10 @@ use clap::Args;
 use tokio::net::TcpListener;
 
 use crate::config::{parse_duration, ConfigError, Identity, LeaseTiming};
-use crate::http::{self, HttpState};
+use crate::db::store::Store;
 use crate::robot::exec::ExecPolicy;
 use crate::robot::Registry;
-use crate::store::Store;
+use crate::worker::http::{self, HttpState};
 use crate::worker::{Worker, WorkerSettings};
 
 pub const DEFAULT_PORT: u16 = 7700;
@@ -58,7 +58,7 @@ pub struct WorkerArgs {
     /// Set it to at least the number of workers that can die together (e.g. all the
     /// workers of one machine): that many expired slots are claimed at once, any
     /// further ones within 5 ticks. Every worker should use the same value.
-    #[arg(long, env = "SLOTPOOL_WATCHERS", default_value_t = crate::line::FRONT, value_parser = parse_watchers, allow_hyphen_values = true)]
+    #[arg(long, env = "SLOTPOOL_WATCHERS", default_value_t = crate::worker::standby_line::FRONT, value_parser = parse_watchers, allow_hyphen_values = true)]
     watchers: u64,
 
     /// Commands `exec` robots may run (repeat, or comma-separate). An entry ending in

@@ -347,7 +347,7 @@ async fn log_stderr(
         match admit(&budget, &run) {
             Ok(()) => {
                 let shown = output::shown(&l.text, l.cut);
-                run.keep_output(crate::output_log::Stream::Stderr, &shown);
+                run.keep_output(crate::db::output_log::Stream::Stderr, &shown);
                 tracing::warn!(robot = %run.name(), stream = "stderr", "{}", shown)
             }
             Err(Some(pause)) => tokio::time::sleep(pause).await,
@@ -415,7 +415,7 @@ impl Output<'_> {
                     Ok(()) => {
                         let shown = output::shown(&l, line.cut);
                         self.run
-                            .keep_output(crate::output_log::Stream::Stdout, &shown);
+                            .keep_output(crate::db::output_log::Stream::Stdout, &shown);
                         tracing::info!(robot = %self.run.name(), "{}", shown)
                     }
                     // Throttled, except while stopping: a last checkpoint may follow.

@@ -57,7 +57,7 @@ use async_trait::async_trait;
 use bson::{oid::ObjectId, Document};
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{ContextError, ContextStore};
+use crate::db::context::{ContextError, ContextStore};
 
 /// Why a robot run ended other than by being asked to stop.
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +170,7 @@ impl RobotRun {
     }
 
     /// Keeps one output line with the robot's last lines (`robot logs`); never waits.
-    pub fn keep_output(&self, stream: crate::output_log::Stream, text: &str) {
+    pub fn keep_output(&self, stream: crate::db::output_log::Stream, text: &str) {
         self.store.output().keep(self.id, self.gen, stream, text);
     }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 /// The longest stdout line kept whole, in bytes: room for a checkpoint of the
-/// largest context ([`crate::context::MAX_CONTEXT_BYTES`]) written as JSON.
+/// largest context ([`crate::db::context::MAX_CONTEXT_BYTES`]) written as JSON.
 pub const MAX_STDOUT_LINE: usize = 4 * 1024 * 1024;
 
 /// The longest stderr line kept, in bytes (stderr is only ever logged).

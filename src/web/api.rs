@@ -22,8 +22,8 @@ use super::auth::Denied;
 use super::query::{self, RobotQuery};
 use super::snapshot::Snapshot;
 use super::{web_actor, App, RobotDetail};
-use crate::actions::{self, ActionError, Actor, Done};
-use crate::view::{self, SlotView};
+use crate::pool::actions::{self, ActionError, Actor, Done};
+use crate::pool::view::{self, SlotView};
 
 /// An answer `{"error": message}`.
 pub fn error(status: StatusCode, message: impl Into<String>) -> Response {

@@ -36,8 +36,8 @@ use clap::Args;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::actions::Actor;
-use crate::store::Store;
+use crate::db::store::Store;
+use crate::pool::actions::Actor;
 use auth::Auth;
 use snapshot::{Demand, Snapshot, Snapshotter};
 
@@ -365,7 +365,7 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let server = crate::http::serve_router(
+    let server = crate::worker::http::serve_router(
         listener,
         router(app),
         Duration::from_secs(30),

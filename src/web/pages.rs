@@ -19,7 +19,7 @@ use super::auth::{self, Denied, Session};
 use super::query::{self, RobotQuery};
 use super::snapshot::{SlotInfo, Snapshot};
 use super::{web_actor, App, RobotDetail, MAX_CONTEXT_SHOWN};
-use crate::cli::age;
+use crate::pool::view::age;
 
 const SCRIPT: &str = include_str!("static/app.js");
 const STYLE: &str = include_str!("static/app.css");
@@ -545,10 +545,9 @@ pub async fn rebalance(
         Err(res) => return *res,
     };
     let (store, actor) = (app.store.clone(), web_actor(&s.who, peer));
-    let planned =
-        super::to_the_end(
-            async move { crate::actions::rebalance(&store, None, false, &actor).await },
-        );
+    let planned = super::to_the_end(async move {
+        crate::pool::actions::rebalance(&store, None, false, &actor).await
+    });
     match planned.await {
         Ok(r) if r.moves.iter().all(|m| m.refused.is_none()) => Redirect::to("/").into_response(),
         Ok(r) => {

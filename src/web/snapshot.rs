@@ -15,7 +15,7 @@
 //!   renewal would wait; per slot it is 1,000 robots at a time, with room between.
 //!
 //! A robot's *state* (running, waiting, …) is derived at every lease refresh from the
-//! table and the fresh slots ([`crate::view::derive`]), so a dead holder's robots show
+//! table and the fresh slots ([`crate::pool::view::derive`]), so a dead holder's robots show
 //! `waiting` within a second even though their rows are older.
 
 use std::collections::BTreeMap;
@@ -28,8 +28,8 @@ use serde::Serialize;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
-use crate::view::{self, int, text, SlotRow, SlotView};
+use crate::db::store::Store;
+use crate::pool::view::{self, int, text, SlotRow, SlotView};
 
 /// How many of the latest events the snapshot keeps.
 pub const EVENTS_KEPT: i64 = 50;
@@ -496,7 +496,7 @@ fn worker_info(d: &Document, slots: &[SlotInfo]) -> WorkerInfo {
     // beats, so a worker killed a moment ago still counts as live there. Past one
     // beat (and a second of slack) it is shown as overdue, not as a standby.
     let tick = int(d, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
-    let beat = tick * crate::line::REAR_TICKS as i64 + 1000;
+    let beat = tick * crate::worker::standby_line::REAR_TICKS as i64 + 1000;
     let overdue = int(d, "seen_ms").is_some_and(|s| s > beat);
     WorkerInfo {
         role: match (held.is_empty(), overdue) {

@@ -110,7 +110,9 @@ impl TestDb {
     }
 
     pub async fn init(&self, slots: u32) {
-        self.store.init(slots).await.expect("init");
+        slotpool::pool::init::init(&self.store, slots)
+            .await
+            .expect("init");
     }
 
     /// Runs the CLI against this database.

@@ -35,9 +35,9 @@ use mongodb::{Collection, Database};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::context::WriteGuard;
+use crate::db::guard::WriteGuard;
+use crate::db::pacing::{OwnedWritePermit, WritePacer};
 use crate::metrics::Metrics;
-use crate::pacing::{OwnedWritePermit, WritePacer};
 
 /// How long the first write of a batch waits for others to join it. Small next to a
 /// round trip to a real database across a network, and well under the 5 ms a single
@@ -119,7 +119,7 @@ pub async fn send(
 ) -> Result<Vec<Written>, mongodb::error::Error> {
     let tokens: Vec<ObjectId> = statements.iter().map(|_| ObjectId::new()).collect();
     match send_together(robots, statements, &tokens).await {
-        Err(e) if statements.len() > 1 && !crate::store::is_network(&e) => {
+        Err(e) if statements.len() > 1 && !crate::db::store::is_network(&e) => {
             let landed = read_tokens(robots, statements).await?;
             let mut out = Vec::with_capacity(statements.len());
             for (s, token) in statements.iter().zip(&tokens) {
@@ -131,8 +131,8 @@ pub async fn send(
                 out.push(
                     match send_together(robots, one, std::slice::from_ref(token)).await {
                         Ok(mut w) => w.pop().unwrap_or(Written::Fenced),
-                        Err(e) if !crate::store::is_network(&e) => {
-                            Written::Refused(crate::store::brief(&e))
+                        Err(e) if !crate::db::store::is_network(&e) => {
+                            Written::Refused(crate::db::store::brief(&e))
                         }
                         Err(e) => return Err(e),
                     },
@@ -140,9 +140,9 @@ pub async fn send(
             }
             Ok(out)
         }
-        Err(e) if !crate::store::is_network(&e) => {
+        Err(e) if !crate::db::store::is_network(&e) => {
             Ok(vec![
-                Written::Refused(crate::store::brief(&e));
+                Written::Refused(crate::db::store::brief(&e));
                 statements.len()
             ])
         }

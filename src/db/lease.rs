@@ -24,12 +24,14 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
+use mongodb::options::IndexOptions;
 use mongodb::options::ReturnDocument;
-use mongodb::Collection;
+use mongodb::{Collection, IndexModel};
 use tokio::time::Instant;
 
 use crate::clock::SharedClock;
 use crate::config::{Identity, LeaseTiming};
+use crate::db::store::{Store, StoreError};
 
 /// Why a lease ended or an operation on it failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +45,7 @@ pub enum LeaseError {
     /// No successful renewal before the local deadline; never renew this lease again.
     #[error("self-fenced on slot {slot} (epoch {epoch}): no successful renewal before the local deadline")]
     SelfFenced { slot: String, epoch: i64 },
-    #[error("database error: {}", crate::store::brief(.0))]
+    #[error("database error: {}", crate::db::store::brief(.0))]
     Db(#[from] mongodb::error::Error),
 }
 
@@ -284,10 +286,10 @@ impl LeaseProtocol {
                 Ok(None) => outcome.conflicts += 1,
                 // One document the server will not change is that slot's problem,
                 // not the database's: skip it and try the others.
-                Err(LeaseError::Db(e)) if !crate::store::is_network(&e) => {
+                Err(LeaseError::Db(e)) if !crate::db::store::is_network(&e) => {
                     outcome.refused.push(InvalidSlot {
                         id: c.id.clone(),
-                        why: format!("the claim was refused: {}", crate::store::brief(&e)),
+                        why: format!("the claim was refused: {}", crate::db::store::brief(&e)),
                     })
                 }
                 Err(e) => return Err(e),
@@ -546,6 +548,42 @@ pub fn stable_hash(s: &str) -> u64 {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     s.bytes()
         .fold(OFFSET, |h, b| (h ^ b as u64).wrapping_mul(PRIME))
+}
+
+/// The indexes the survey and the line read through: slots by when their lease
+/// runs out (the survey reads only the expired ones), workers by their place in
+/// the line. Workers create them at start too, for pools made by an older init.
+/// Slots from before `expires_ms` get 0 ("unknown: read me"; see
+/// [`crate::db::lease::LeaseProtocol::mark_unknown`]).
+pub async fn ensure_indexes(store: &Store) -> Result<(), StoreError> {
+    mark_unknown(&store.slots()).await?;
+    store
+        .slots()
+        .create_index(IndexModel::builder().keys(doc! {"expires_ms": 1}).build())
+        .await?;
+    store
+        .workers()
+        .create_index(
+            IndexModel::builder()
+                .keys(doc! {"room": 1, "held": 1, "_id": 1})
+                .build(),
+        )
+        .await?;
+    // Documents that leave by themselves at their `expire_at`: dead workers'
+    // heartbeats, and deleted robots' output tombstones.
+    let at_expiry = IndexOptions::builder()
+        .expire_after(Duration::from_secs(0))
+        .build();
+    for coll in [store.workers(), store.outputs()] {
+        coll.create_index(
+            IndexModel::builder()
+                .keys(doc! {"expire_at": 1})
+                .options(at_expiry.clone())
+                .build(),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

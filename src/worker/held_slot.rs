@@ -20,14 +20,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
-use crate::context::{ContextStore, WriteGuard};
-use crate::lease::{Lease, LeaseError, LeaseProtocol};
+use crate::db::context::ContextStore;
+use crate::db::guard::WriteGuard;
+use crate::db::lease::{Lease, LeaseError, LeaseProtocol};
+use crate::db::pacing::WritePacer;
+use crate::db::store::Store;
 use crate::metrics::Metrics;
-use crate::pacing::WritePacer;
 use crate::robot::Registry;
-use crate::store::Store;
-use crate::supervisor::Supervisor;
-use crate::worker::{Health, SharedStatus};
+use crate::worker::status::{Health, SharedStatus};
+use crate::worker::supervisor::Supervisor;
 
 /// What every held slot of one worker shares.
 #[derive(Clone)]
@@ -156,7 +157,7 @@ async fn hold(
                 }
                 next = sent + tick;
                 robots.paced(latency, &cx.metrics);
-                robots.beats.send_replace(Beat {
+                robots.beats.send_replace(Renewal {
                     rev: renewed.rev,
                     at: Instant::now(),
                 });
@@ -164,7 +165,7 @@ async fn hold(
             Err(LeaseError::Db(e)) => {
                 cx.metrics.renew_failures.inc();
                 let left = lease.deadline().saturating_duration_since(cx.clock.now());
-                let why = crate::store::brief(&e);
+                let why = crate::db::store::brief(&e);
                 tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, left_ms = left.as_millis() as u64, "renewal failed: {}", cx.store.scrub(&why));
                 cx.health
                     .failed(&cx.metrics, &cx.status, &cx.store.scrub(&why));
@@ -257,7 +258,7 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         cx.timing,
         cx.metrics.clone(),
     );
-    let (beats, rx) = watch::channel(Beat {
+    let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,
         at: Instant::now(),
     });
@@ -282,7 +283,7 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
 
 /// What the slot tells its supervisor after each renewal (and the claim).
 #[derive(Debug, Clone, Copy)]
-struct Beat {
+struct Renewal {
     /// The slot's `rev`: it moves whenever the slot's robots change.
     rev: i64,
     /// When the renewal came back: the next one is about a tick later.
@@ -291,7 +292,7 @@ struct Beat {
 
 /// The slot's side of its running supervisor task.
 struct SupervisorHandle {
-    beats: watch::Sender<Beat>,
+    beats: watch::Sender<Renewal>,
     pacer: Arc<WritePacer>,
     /// The pacer's limit as last added to the worker-wide gauge.
     limit: AtomicUsize,
@@ -332,7 +333,7 @@ impl SupervisorHandle {
 /// the next fresh one is.
 async fn supervise(
     mut supervisor: Supervisor,
-    mut beats: watch::Receiver<Beat>,
+    mut beats: watch::Receiver<Renewal>,
     stop: CancellationToken,
     tick: Duration,
     running: Arc<AtomicUsize>,
@@ -351,7 +352,7 @@ async fn supervise(
                     failing = true;
                     tracing::warn!(
                         "could not update robots: {}; retrying after each renewal",
-                        crate::store::brief(&e)
+                        crate::db::store::brief(&e)
                     );
                 }
                 Err(_) => {}

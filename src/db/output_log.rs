@@ -20,12 +20,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Document};
+use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::{Collection, Database};
 use tokio::sync::mpsc;
 
-use crate::context::WriteGuard;
-use crate::pacing::WritePacer;
+use crate::db::guard::WriteGuard;
+use crate::db::pacing::WritePacer;
+use crate::db::store::{Store, ROBOTS};
 
 /// Lines kept per robot.
 pub const KEEP_LINES: i64 = 200;
@@ -39,8 +40,8 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Lines waiting for the next write, over all robots of a held slot.
 pub const MAX_QUEUED: usize = 10_000;
 
-/// The collection.
-pub const COLLECTION: &str = "robot_output";
+/// The collection (its name lives with the others in [`crate::db::store`]).
+pub const COLLECTION: &str = crate::db::store::OUTPUTS;
 
 /// Which stream a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +134,7 @@ async fn writer(
         let statements = statements(batch, &mut numbered);
         let _permit = pacer.acquire_owned().await;
         if let Err(e) = send(&outputs, statements).await {
-            tracing::debug!("robot output not kept: {}", crate::store::brief(&e));
+            tracing::debug!("robot output not kept: {}", crate::db::store::brief(&e));
         }
     }
 }
@@ -177,7 +178,7 @@ async fn send(
     statements: Vec<Document>,
 ) -> Result<(), mongodb::error::Error> {
     let db: Database = outputs.client().database(&outputs.namespace().db);
-    for chunk in statements.chunks(crate::commit::MAX_STATEMENTS) {
+    for chunk in statements.chunks(crate::db::group_commit::MAX_STATEMENTS) {
         // Unordered: a fenced instance's statement (its upsert collides with a newer
         // instance's document) fails alone.
         db.run_command(doc! {
@@ -187,6 +188,56 @@ async fn send(
         })
         .await?;
     }
+    Ok(())
+}
+
+/// Removes kept output whose robot no longer exists (left by versions that
+/// deleted it while a holder could still write; tombstones are left to expire).
+/// Returns how many went.
+pub async fn remove_orphaned(store: &Store) -> Result<u64, mongodb::error::Error> {
+    use futures::TryStreamExt;
+    let orphans: Vec<Bson> = store
+        .outputs()
+        .aggregate(vec![
+            doc! {"$match": {"deleted": {"$ne": true}}},
+            doc! {"$lookup": {"from": ROBOTS, "localField": "_id", "foreignField": "_id", "as": "robot"}},
+            doc! {"$match": {"robot": {"$size": 0}}},
+            doc! {"$project": {"_id": 1}},
+        ])
+        .await?
+        .try_collect::<Vec<Document>>()
+        .await?
+        .into_iter()
+        .filter_map(|d| d.get("_id").cloned())
+        .collect();
+    let mut removed = 0;
+    for chunk in orphans.chunks(1000) {
+        // Still no robot (and still not a tombstone) at the moment of removal.
+        removed += store
+            .outputs()
+            .delete_many(doc! {"_id": {"$in": chunk}, "deleted": {"$ne": true}})
+            .await?
+            .deleted_count;
+    }
+    Ok(removed)
+}
+
+/// Marks a deleted robot's output as deleted, for an hour: a holder still
+/// stopping the robot may flush a last line, and its upsert (fenced by
+/// generation) now collides with the tombstone instead of re-creating the
+/// document. The TTL index removes it.
+pub async fn bury(store: &Store, id: &Bson) -> Result<(), mongodb::error::Error> {
+    store
+        .outputs()
+        .update_one(
+            doc! {"_id": id},
+            vec![doc! {"$set": {
+                "gen": i64::MAX, "deleted": true, "lines": [],
+                "expire_at": {"$add": ["$$NOW", 3_600_000_i64]},
+            }}],
+        )
+        .upsert(true)
+        .await?;
     Ok(())
 }
 

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::store::Store;
+use crate::db::store::Store;
 
 /// An integer field, whatever numeric type a hand edit left it.
 pub fn int(d: &Document, key: &str) -> Option<i64> {
@@ -82,14 +82,14 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
     Ok(out)
 }
 
-/// Workers whose heartbeat still counts (see [`crate::line::is_alive`]).
+/// Workers whose heartbeat still counts (see [`crate::worker::standby_line::is_alive`]).
 pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
-    let mut pipeline = crate::line::liveness();
+    let mut pipeline = crate::worker::standby_line::liveness();
     pipeline.push(doc! {"$sort": {"_id": 1}});
     let mut cursor = store.workers().aggregate(pipeline).await?;
     let mut out = Vec::new();
     while let Some(d) = cursor.try_next().await? {
-        if crate::line::is_alive(&d) {
+        if crate::worker::standby_line::is_alive(&d) {
             out.push(d);
         }
     }
@@ -208,6 +208,18 @@ pub fn derive(
         state,
         holder: Some(holder),
         why: why.map(str::to_string),
+    }
+}
+
+/// `1.2s`, `340ms`, `3m05s`, or `-` when unknown.
+pub fn age(ms: Option<i64>) -> String {
+    match ms {
+        None => "-".into(),
+        Some(ms) if ms < 0 => "0ms".into(),
+        Some(ms) if ms < 1000 => format!("{ms}ms"),
+        Some(ms) if ms < 60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        Some(ms) if ms < 3_600_000 => format!("{}m{:02}s", ms / 60_000, (ms / 1000) % 60),
+        Some(ms) => format!("{}h{:02}m", ms / 3_600_000, (ms / 60_000) % 60),
     }
 }
 

@@ -22,8 +22,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::lease::Candidate;
-use crate::line::LiveWorker;
+use crate::db::lease::Candidate;
+use crate::worker::standby_line::LiveWorker;
 
 /// A live worker as the round sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -271,7 +271,7 @@ impl Line {
             .await;
         match written {
             Ok(_) => {}
-            Err(e) if crate::store::is_duplicate_key(&e) => {
+            Err(e) if crate::db::store::is_duplicate_key(&e) => {
                 return Err(self.in_use(beat.me).await);
             }
             Err(e) => return Err(e.into()),
@@ -289,7 +289,7 @@ impl Line {
     /// `watchers`). For a standby: the standbys with a smaller id. For a holder: the
     /// workers holding fewer slots, standbys included. Holders holding as many do not
     /// count: which of them overflows onto an orphan first is decided by
-    /// [`crate::holding`]'s claim delays, and that needs each of them to look every
+    /// [`crate::worker::slot_rules`]'s claim delays, and that needs each of them to look every
     /// tick. (Ranking them by id too put a survivor behind dead holders whose
     /// heartbeats still counted, and the other survivor took both orphans.)
     pub async fn ahead(

@@ -5,14 +5,14 @@
 //!
 //! The writes themselves are the ones the workers expect: a pause or resume bumps the
 //! slot's `rev` so its holder notices within a tick, a move is the fenced move of
-//! [`crate::placement::move_robots`], a drain sets `draining` for the holder to act on.
+//! [`crate::pool::placement::move_robots`], a drain sets `draining` for the holder to act on.
 
 use bson::{doc, oid::ObjectId, Document};
 use futures::TryStreamExt;
 
-use crate::placement::{self, MoveError};
-use crate::store::Store;
-use crate::view::text;
+use crate::db::store::Store;
+use crate::pool::placement::{self, MoveError};
+use crate::pool::view::text;
 
 /// Who asked for an action, as recorded in its event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub enum ActionError {
     NoSlots,
     #[error(transparent)]
     Refused(MoveError),
-    #[error("database error: {}", crate::store::brief(.0))]
+    #[error("database error: {}", crate::db::store::brief(.0))]
     Db(#[from] mongodb::error::Error),
 }
 
@@ -150,7 +150,7 @@ pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, Ac
         // Its kept output goes with it, as a tombstone: a holder still stopping
         // the robot may flush a last line or two, and must not re-create it.
         if let Some(id) = d.get("_id") {
-            store.bury_output(id).await?;
+            crate::db::output_log::bury(store, id).await?;
         }
         record(
             store,

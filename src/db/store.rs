@@ -1,18 +1,19 @@
-//! MongoDB handles, collection names, indexes and schema install (`slotpool init`).
+//! MongoDB handles, collection names, slot names, and how database errors read.
 
-use std::collections::HashSet;
 use std::future::IntoFuture;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use mongodb::options::{ClientOptions, IndexOptions};
-use mongodb::{Client, Collection, Database, IndexModel};
+use mongodb::options::ClientOptions;
+use mongodb::{Client, Collection, Database};
 use serde::{Deserialize, Serialize};
 
 pub const SLOTS: &str = "slots";
 pub const ROBOTS: &str = "robots";
 pub const WORKERS: &str = "workers";
 pub const EVENTS: &str = "events";
+/// Robots' kept output lines (see [`crate::db::output_log`]).
+pub const OUTPUTS: &str = "robot_output";
 pub const DEFAULT_DATABASE: &str = "slotpool";
 /// The most slots `init` will create; slot ids are zero-padded to sort by `_id`.
 /// The most slots `init` makes: far past what one database's renewals can carry (see
@@ -22,14 +23,6 @@ pub const MAX_SLOTS: u32 = 99_999;
 /// Digits in a slot name when a pool's first `init` asks for up to 999 slots
 /// (`slot-001`); a first `init` for more uses as many digits as the count has.
 pub const NARROWEST: usize = 3;
-const EVENTS_CAP_BYTES: i64 = 16 * 1024 * 1024;
-
-const SCHEMAS: [(&str, &str); 4] = [
-    (SLOTS, include_str!("../schemas/slots.json")),
-    (ROBOTS, include_str!("../schemas/robots.json")),
-    (WORKERS, include_str!("../schemas/workers.json")),
-    (EVENTS, include_str!("../schemas/events.json")),
-];
 
 /// Errors a caller can act on.
 #[derive(Debug, thiserror::Error)]
@@ -197,9 +190,9 @@ impl Store {
         self.db.collection(ROBOTS)
     }
 
-    /// Robots' kept output lines (see [`crate::output_log`]).
+    /// Robots' kept output lines (see [`crate::db::output_log`]).
     pub fn outputs(&self) -> Collection<Document> {
-        self.db.collection(crate::output_log::COLLECTION)
+        self.db.collection(OUTPUTS)
     }
 
     pub fn workers(&self) -> Collection<Document> {
@@ -246,293 +239,6 @@ impl Store {
             Err(_) => tracing::debug!(kind, "could not record event: no answer within 2s"),
         }
     }
-
-    /// Creates collections, validators and indexes, and makes exactly `count` slots
-    /// exist. Idempotent; growing adds slots, shrinking refuses while a removed slot
-    /// has robots.
-    pub async fn init(&self, count: u32) -> Result<InitReport, StoreError> {
-        if count == 0 || count > MAX_SLOTS {
-            return Err(StoreError::SlotCount(count));
-        }
-        self.install_schemas().await?;
-        self.create_indexes().await?;
-        self.resize_slots(count).await
-    }
-
-    async fn install_schemas(&self) -> Result<(), StoreError> {
-        let existing = self.db.list_collection_names().await?;
-        for (name, schema) in SCHEMAS {
-            let validator: Document = serde_json::from_str::<serde_json::Value>(schema)
-                .ok()
-                .and_then(|v| bson::to_document(&v).ok())
-                .expect("schemas/*.json are valid JSON objects, checked by tests");
-            if !existing.iter().any(|c| c == name) {
-                let create = self.db.create_collection(name);
-                let create = if name == EVENTS {
-                    create.capped(true).size(EVENTS_CAP_BYTES as u64)
-                } else {
-                    create
-                };
-                if let Err(e) = create.await {
-                    // Another `init` may have created it between the list and here.
-                    if !is_namespace_exists(&e) {
-                        return Err(e.into());
-                    }
-                }
-            }
-            self.db
-                .run_command(doc! {
-                    "collMod": name,
-                    "validator": validator,
-                    // moderate: a document someone hand-edited past the validator
-                    // can still be updated (fenced, status), so one broken robot
-                    // cannot block its slot; valid documents cannot turn invalid.
-                    "validationLevel": "moderate",
-                    "validationAction": "error",
-                })
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn create_indexes(&self) -> Result<(), StoreError> {
-        let unique = IndexOptions::builder().unique(true).build();
-        self.robots()
-            .create_index(
-                IndexModel::builder()
-                    .keys(doc! {"name": 1})
-                    .options(unique)
-                    .build(),
-            )
-            .await?;
-        self.robots()
-            .create_index(IndexModel::builder().keys(doc! {"slot_id": 1}).build())
-            .await?;
-        self.workers()
-            .create_index(IndexModel::builder().keys(doc! {"slot_id": 1}).build())
-            .await?;
-        self.lease_indexes().await
-    }
-
-    /// The indexes the survey and the line read through: slots by when their lease
-    /// runs out (the survey reads only the expired ones), workers by their place in
-    /// the line. Workers create them at start too, for pools made by an older init.
-    /// Slots from before `expires_ms` get 0 ("unknown: read me"; see
-    /// [`crate::lease::LeaseProtocol::mark_unknown`]).
-    pub async fn lease_indexes(&self) -> Result<(), StoreError> {
-        crate::lease::mark_unknown(&self.slots()).await?;
-        self.slots()
-            .create_index(IndexModel::builder().keys(doc! {"expires_ms": 1}).build())
-            .await?;
-        self.workers()
-            .create_index(
-                IndexModel::builder()
-                    .keys(doc! {"room": 1, "held": 1, "_id": 1})
-                    .build(),
-            )
-            .await?;
-        // Documents that leave by themselves at their `expire_at`: dead workers'
-        // heartbeats, and deleted robots' output tombstones.
-        let at_expiry = IndexOptions::builder()
-            .expire_after(Duration::from_secs(0))
-            .build();
-        for coll in [self.workers(), self.outputs()] {
-            coll.create_index(
-                IndexModel::builder()
-                    .keys(doc! {"expire_at": 1})
-                    .options(at_expiry.clone())
-                    .build(),
-            )
-            .await?;
-        }
-        Ok(())
-    }
-
-    /// Removes kept output whose robot no longer exists (left by versions that
-    /// deleted it while a holder could still write; tombstones are left to expire).
-    /// Returns how many went.
-    pub async fn remove_orphaned_output(&self) -> Result<u64, mongodb::error::Error> {
-        use futures::TryStreamExt;
-        let orphans: Vec<Bson> = self
-            .outputs()
-            .aggregate(vec![
-                doc! {"$match": {"deleted": {"$ne": true}}},
-                doc! {"$lookup": {"from": ROBOTS, "localField": "_id", "foreignField": "_id", "as": "robot"}},
-                doc! {"$match": {"robot": {"$size": 0}}},
-                doc! {"$project": {"_id": 1}},
-            ])
-            .await?
-            .try_collect::<Vec<Document>>()
-            .await?
-            .into_iter()
-            .filter_map(|d| d.get("_id").cloned())
-            .collect();
-        let mut removed = 0;
-        for chunk in orphans.chunks(1000) {
-            // Still no robot (and still not a tombstone) at the moment of removal.
-            removed += self
-                .outputs()
-                .delete_many(doc! {"_id": {"$in": chunk}, "deleted": {"$ne": true}})
-                .await?
-                .deleted_count;
-        }
-        Ok(removed)
-    }
-
-    /// Marks a deleted robot's output as deleted, for an hour: a holder still
-    /// stopping the robot may flush a last line, and its upsert (fenced by
-    /// generation) now collides with the tombstone instead of re-creating the
-    /// document. The TTL index removes it.
-    pub async fn bury_output(&self, id: &Bson) -> Result<(), mongodb::error::Error> {
-        self.outputs()
-            .update_one(
-                doc! {"_id": id},
-                vec![doc! {"$set": {
-                    "gen": i64::MAX, "deleted": true, "lines": [],
-                    "expire_at": {"$add": ["$$NOW", 3_600_000_i64]},
-                }}],
-            )
-            .upsert(true)
-            .await?;
-        Ok(())
-    }
-
-    async fn resize_slots(&self, count: u32) -> Result<InitReport, StoreError> {
-        let mut report = InitReport::default();
-        let mut present: Vec<String> = Vec::new();
-        let mut cursor = self
-            .slots()
-            .find(doc! {})
-            .projection(doc! {"_id": 1})
-            .await?;
-        use futures::TryStreamExt;
-        while let Some(d) = cursor.try_next().await? {
-            if let Ok(id) = d.get_str("_id") {
-                present.push(id.to_string());
-            }
-        }
-        let width = slot_width(&present, count)?;
-        let wanted: Vec<String> = (1..=count).map(|n| slot_name(n, width)).collect();
-        let wanted_set: HashSet<&String> = wanted.iter().collect();
-        let extra: Vec<String> = present
-            .iter()
-            .filter(|p| !wanted_set.contains(p))
-            .cloned()
-            .collect();
-        if !extra.is_empty() {
-            report.removed = self.retire_slots(count, &extra).await?;
-        }
-        let present: HashSet<&String> = present.iter().collect();
-        let missing: Vec<Document> = wanted
-            .iter()
-            .filter(|id| !present.contains(id))
-            .map(|id| {
-                doc! {
-                    "_id": id, "owner": Bson::Null, "ip": Bson::Null, "port": Bson::Null,
-                    "time": Bson::Null, "expires_ms": 0_i64, "epoch": 0_i64, "rev": 0_i64,
-                    "draining": false, "robot_count": 0_i64,
-                }
-            })
-            .collect();
-        // In chunks, unordered: a slot another `init` inserted meanwhile is a
-        // duplicate-key error for that one document only, and not ours to report.
-        for chunk in missing.chunks(1000) {
-            match self.slots().insert_many(chunk).ordered(false).await {
-                Ok(r) => report.added.extend(
-                    r.inserted_ids
-                        .values()
-                        .filter_map(|v| v.as_str().map(str::to_string)),
-                ),
-                Err(e) => match e.kind.as_ref() {
-                    mongodb::error::ErrorKind::InsertMany(m)
-                        if m.write_errors
-                            .as_ref()
-                            .is_some_and(|w| w.iter().all(|w| w.code == 11000)) =>
-                    {
-                        let failed: HashSet<usize> =
-                            m.write_errors.iter().flatten().map(|w| w.index).collect();
-                        report.added.extend(
-                            chunk
-                                .iter()
-                                .enumerate()
-                                .filter(|(i, _)| !failed.contains(i))
-                                .filter_map(|(_, d)| d.get_str("_id").ok().map(str::to_string)),
-                        );
-                    }
-                    _ => return Err(e.into()),
-                },
-            }
-        }
-        report.added.sort();
-        report.total = count;
-        // Robots left on a slot that is gone (a hand edit, an older version's
-        // shrink) are re-placed; then the counts are made true.
-        report.rescued = crate::placement::rescue_all(self).await?;
-        report.recounted = crate::placement::reconcile_counts(self).await?;
-        report.orphaned_output = self.remove_orphaned_output().await?;
-        Ok(report)
-    }
-
-    /// Removes `extra` slots safely against concurrent creates and moves: retire
-    /// them (no reservation can land on a retiring slot), then check that no robot
-    /// is bound to them, then delete. A create or move that reserved before the
-    /// retirement either shows up in the check (and the shrink is refused) or sees
-    /// the retirement in its own check after writing, and re-places its robots
-    /// (see [`crate::placement`]).
-    async fn retire_slots(&self, wanted: u32, extra: &[String]) -> Result<Vec<String>, StoreError> {
-        self.slots()
-            .update_many(
-                doc! {"_id": {"$in": extra}},
-                doc! {"$set": {"retiring": true}},
-            )
-            .await?;
-        let mut cursor = self
-            .robots()
-            .aggregate(vec![
-                doc! {"$match": {"slot_id": {"$in": extra}}},
-                doc! {"$group": {"_id": "$slot_id", "n": {"$sum": 1}}},
-                doc! {"$sort": {"_id": 1}},
-                doc! {"$limit": 1},
-            ])
-            .await?;
-        use futures::TryStreamExt;
-        if let Some(d) = cursor.try_next().await? {
-            self.slots()
-                .update_many(
-                    doc! {"_id": {"$in": extra}},
-                    doc! {"$unset": {"retiring": ""}},
-                )
-                .await?;
-            let robots = match d.get("n") {
-                Some(Bson::Int32(n)) => *n as u64,
-                Some(Bson::Int64(n)) => *n as u64,
-                _ => 1,
-            };
-            return Err(StoreError::ShrinkWithRobots {
-                wanted,
-                slot: d.get_str("_id").unwrap_or("?").to_string(),
-                robots,
-            });
-        }
-        self.slots()
-            .delete_many(doc! {"_id": {"$in": extra}, "retiring": true})
-            .await?;
-        Ok(extra.to_vec())
-    }
-}
-
-/// What `init` changed.
-#[derive(Debug, Default, Clone, Serialize)]
-pub struct InitReport {
-    pub total: u32,
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
-    /// Robots that were bound to a slot that no longer exists, now re-placed.
-    pub rescued: u64,
-    /// Slots whose `robot_count` was corrected.
-    pub recounted: u64,
-    /// Kept output of robots that no longer exist, removed.
-    pub orphaned_output: u64,
 }
 
 /// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order. For a
@@ -573,7 +279,7 @@ pub fn slot_width(present: &[String], count: u32) -> Result<usize, StoreError> {
     Ok(width)
 }
 
-fn is_namespace_exists(e: &mongodb::error::Error) -> bool {
+pub(crate) fn is_namespace_exists(e: &mongodb::error::Error) -> bool {
     matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 48)
 }
 
@@ -626,14 +332,6 @@ fn first_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn schemas_are_json_objects() {
-        for (name, text) in SCHEMAS {
-            let v: serde_json::Value = serde_json::from_str(text).expect(name);
-            assert!(v.get("$jsonSchema").is_some(), "{name}");
-        }
-    }
 
     #[test]
     fn slot_ids_sort_numerically() {

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use crate::metrics::Metrics;
-use crate::worker::SharedStatus;
+use crate::worker::status::SharedStatus;
 
 /// The largest request head accepted (hyper's smallest allowed read buffer).
 pub const MAX_REQUEST: usize = 8 * 1024;

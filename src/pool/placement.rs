@@ -22,7 +22,7 @@
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::store::Store;
+use crate::db::store::Store;
 
 /// A slot as placement sees it.
 #[derive(Debug, Clone, PartialEq)]

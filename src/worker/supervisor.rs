@@ -28,10 +28,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LeaseTiming;
-use crate::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
+use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
+use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
-use crate::store::Store;
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const INVALID_BACKOFF: Duration = Duration::from_secs(2);
@@ -235,15 +235,22 @@ impl Supervisor {
         // The slot's count of robots, kept for placement, healed from what was
         // just read (a create cut off mid-way leaves it too high).
         if self.ctx.lease_open() {
-            match crate::placement::heal_count(&self.store, self.ctx.slot_id(), self.listed_total)
-                .await
+            match crate::pool::placement::heal_count(
+                &self.store,
+                self.ctx.slot_id(),
+                self.listed_total,
+            )
+            .await
             {
                 Ok(true) => {
                     tracing::info!(slot = %self.ctx.slot_id(), robots = self.listed_total, "robot_count corrected to the robots bound to the slot")
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::debug!("could not correct robot_count: {}", crate::store::brief(&e))
+                    tracing::debug!(
+                        "could not correct robot_count: {}",
+                        crate::db::store::brief(&e)
+                    )
                 }
             }
         }

@@ -16,59 +16,14 @@
 use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
 
-use crate::clock::SharedClock;
-use crate::commit::{GroupCommit, Statement, Written};
+use crate::db::group_commit::{GroupCommit, Statement, Written};
+use crate::db::guard::WriteGuard;
+use crate::db::output_log::OutputLog;
+use crate::db::pacing::WritePacer;
 use crate::metrics::Metrics;
-use crate::output_log::OutputLog;
-use crate::pacing::WritePacer;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
-
-/// The holder's lease deadline as robots see it. Checked before every write, so a
-/// process that was paused past its deadline refuses to write even in the moment
-/// before the new holder's adoption would fence it in the database. Robots that run
-/// outside the worker's process follow it through [`WriteGuard::watch`] (see
-/// [`crate::robot::shim`]).
-#[derive(Debug, Clone)]
-pub struct WriteGuard {
-    deadline: Arc<watch::Sender<Instant>>,
-    clock: SharedClock,
-}
-
-impl WriteGuard {
-    pub fn new(deadline: Instant, clock: SharedClock) -> Self {
-        WriteGuard {
-            deadline: Arc::new(watch::channel(deadline).0),
-            clock,
-        }
-    }
-
-    /// Moves the deadline after a successful renewal.
-    pub fn extend(&self, deadline: Instant) {
-        self.deadline.send_replace(deadline);
-    }
-
-    /// Ends writing at once (lease lost or self-fenced).
-    pub fn revoke(&self) {
-        self.deadline.send_replace(self.clock.now());
-    }
-
-    pub fn is_open(&self) -> bool {
-        self.clock.now() < *self.deadline.borrow()
-    }
-
-    /// The lease deadline as of now (the local monotonic instant past which
-    /// nothing may be written).
-    pub fn deadline(&self) -> Instant {
-        *self.deadline.borrow()
-    }
-
-    /// The deadline now and every change of it (extensions and the revocation).
-    pub fn watch(&self) -> watch::Receiver<Instant> {
-        self.deadline.subscribe()
-    }
-}
 
 /// How many checkpoint records a robot keeps in its `history` array when its spec
 /// asks for one (`"history": N`).
@@ -94,7 +49,7 @@ pub enum ContextError {
     TooLarge { robot: String, bytes: usize },
     #[error("robot {robot}: the database refused the write: {}", crate::secrets::scrub(.why))]
     Refused { robot: String, why: String },
-    #[error("database error: {}", crate::store::brief(.0))]
+    #[error("database error: {}", crate::db::store::brief(.0))]
     Db(#[from] mongodb::error::Error),
 }
 
@@ -122,11 +77,11 @@ pub struct ContextStore {
     worker: String,
     metrics: Arc<Metrics>,
     guard: WriteGuard,
-    /// Paces robot writes by the lease's renewal latency (see [`crate::pacing`]).
+    /// Paces robot writes by the lease's renewal latency (see [`crate::db::pacing`]).
     pacer: Arc<WritePacer>,
-    /// Checkpoints go out in group commits (see [`crate::commit`]).
+    /// Checkpoints go out in group commits (see [`crate::db::group_commit`]).
     commit: GroupCommit,
-    /// The robots' output lines, kept per robot (see [`crate::output_log`]).
+    /// The robots' output lines, kept per robot (see [`crate::db::output_log`]).
     output: OutputLog,
 }
 
@@ -174,7 +129,7 @@ impl ContextStore {
         let outputs = robots
             .client()
             .database(&robots.namespace().db)
-            .collection(crate::output_log::COLLECTION);
+            .collection(crate::db::output_log::COLLECTION);
         let output = OutputLog::spawn(outputs, pacer.clone(), guard.clone());
         ContextStore {
             robots,
@@ -262,29 +217,30 @@ impl ContextStore {
             filter: filter(doc! {"$in": ids}.into()),
             update: update.clone(),
         };
-        let taken: Vec<ObjectId> = match crate::commit::send_many(&self.robots, &together).await {
-            Ok(()) => ids.to_vec(),
-            Err(e) if crate::store::is_network(&e) => return Err(e.into()),
-            Err(_) => {
-                let one_each: Vec<Statement> = ids
-                    .iter()
-                    .map(|id| Statement {
-                        id: *id,
-                        filter: filter(Bson::ObjectId(*id)),
-                        update: update.clone(),
-                    })
-                    .collect();
-                let written = crate::commit::send(&self.robots, &one_each).await?;
-                let mut taken = Vec::with_capacity(ids.len());
-                for (s, w) in one_each.iter().zip(written) {
-                    match w {
-                        Written::Refused(why) => refused.push(AdoptRefused { id: s.id, why }),
-                        _ => taken.push(s.id),
+        let taken: Vec<ObjectId> =
+            match crate::db::group_commit::send_many(&self.robots, &together).await {
+                Ok(()) => ids.to_vec(),
+                Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
+                Err(_) => {
+                    let one_each: Vec<Statement> = ids
+                        .iter()
+                        .map(|id| Statement {
+                            id: *id,
+                            filter: filter(Bson::ObjectId(*id)),
+                            update: update.clone(),
+                        })
+                        .collect();
+                    let written = crate::db::group_commit::send(&self.robots, &one_each).await?;
+                    let mut taken = Vec::with_capacity(ids.len());
+                    for (s, w) in one_each.iter().zip(written) {
+                        match w {
+                            Written::Refused(why) => refused.push(AdoptRefused { id: s.id, why }),
+                            _ => taken.push(s.id),
+                        }
                     }
+                    taken
                 }
-                taken
-            }
-        };
+            };
         // Read back each robot's new generation (by _id, so a point lookup).
         let mut cursor = self
             .robots

@@ -1,33 +1,40 @@
 //! The worker: decides which slots to hold, and gives them back.
 //!
 //! Each round it heartbeats and re-reads its place in the line when those are due
-//! ([`crate::line`]), surveys the expired slots, reads who else is alive when that
-//! matters, and acts on what [`crate::holding`] decides: claim an expired slot (at
+//! ([`crate::worker::standby_line`]), surveys the expired slots, reads who else is alive when that
+//! matters, and acts on what [`crate::worker::slot_rules`] decides: claim an expired slot (at
 //! once as a standby; as overflow when standbys had their chance), or hand one back
 //! to a standby. At the front of the line rounds come every tick, at the earliest
 //! expiry, or within a release poll (`--release-poll`) of a release; behind it,
 //! every few ticks. Everything that lives as long as one held lease, renewals and
 //! robots included, is a [`HeldSlot`]; a worker may hold several.
 
+pub mod held_slot;
+pub mod http;
+pub mod slot_rules;
+pub mod standby_line;
+pub mod status;
+pub mod supervisor;
+
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::doc;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::{MonotonicClock, SharedClock};
 use crate::config::{Identity, LeaseTiming};
-use crate::held_slot::{Ended, HeldSlot, HoldContext};
-use crate::holding::{peers, HandBack, Round};
-use crate::lease::{Lease, LeaseProtocol, Survey};
-use crate::line::{self, Beat, BeatError, Line, Place, ServerClock};
+use crate::db::lease::{LeaseProtocol, Survey};
+use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::Registry;
-use crate::store::Store;
+use crate::worker::held_slot::{Ended, HeldSlot, HoldContext};
+use crate::worker::slot_rules::{peers, HandBack, Round};
+use crate::worker::standby_line::{Beat, BeatError, Line, Place, ServerClock};
+use crate::worker::status::{Health, SharedStatus, WorkerStatus};
 
 /// Everything a worker is configured with.
 #[derive(Debug, Clone)]
@@ -47,121 +54,8 @@ pub struct WorkerSettings {
     /// How long past its expiry a slot stays unheld before a holder with room
     /// claims it too (standbys claim at expiry). Default: one lease `L`.
     pub overflow_after: Duration,
-    /// How many at the front of the line watch every tick (see [`crate::line`]).
+    /// How many at the front of the line watch every tick (see [`crate::worker::standby_line`]).
     pub watchers: u64,
-}
-
-/// One held slot as `/status` shows it.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct HeldStatus {
-    pub slot_id: String,
-    pub epoch: i64,
-    pub overflow: bool,
-    #[serde(skip)]
-    pub last_renewed: Instant,
-    pub lease_age_ms: u64,
-}
-
-/// What `/status` shows, kept current by the loop and the held slots.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct WorkerStatus {
-    pub worker: String,
-    /// `standby` (holds nothing) or `holder`.
-    pub role: &'static str,
-    /// The first slot held (see `slots` for all of them).
-    pub slot_id: Option<String>,
-    pub epoch: Option<i64>,
-    /// Age of the oldest renewal among the held slots.
-    pub lease_age_ms: Option<u64>,
-    pub slots: Vec<HeldStatus>,
-    pub max_slots: Option<usize>,
-    /// Filled in from the metrics when served.
-    pub robots_running: i64,
-    pub robots_restarting: i64,
-    pub database_ok: bool,
-    pub tick_ms: u64,
-    pub version: &'static str,
-}
-
-impl WorkerStatus {
-    pub(crate) fn held(&mut self, lease: &Lease, overflow: bool) {
-        self.slots.push(HeldStatus {
-            slot_id: lease.slot_id.clone(),
-            epoch: lease.epoch,
-            overflow,
-            last_renewed: lease.last_renewed(),
-            lease_age_ms: 0,
-        });
-        self.summarize();
-    }
-
-    pub(crate) fn renewed(&mut self, lease: &Lease) {
-        if let Some(s) = self.slots.iter_mut().find(|s| s.slot_id == lease.slot_id) {
-            s.last_renewed = lease.last_renewed();
-        }
-    }
-
-    pub(crate) fn left(&mut self, slot_id: &str) {
-        self.slots.retain(|s| s.slot_id != slot_id);
-        self.summarize();
-    }
-
-    fn summarize(&mut self) {
-        self.role = if self.slots.is_empty() {
-            "standby"
-        } else {
-            "holder"
-        };
-        self.slot_id = self.slots.first().map(|s| s.slot_id.clone());
-        self.epoch = self.slots.first().map(|s| s.epoch);
-    }
-
-    /// Fills in the lease ages as of now (for serving).
-    pub fn with_ages(mut self) -> Self {
-        for s in &mut self.slots {
-            s.lease_age_ms = s.last_renewed.elapsed().as_millis() as u64;
-        }
-        self.lease_age_ms = self.slots.iter().map(|s| s.lease_age_ms).max();
-        self
-    }
-
-    /// When the least recently renewed held slot was renewed.
-    pub fn oldest_renewal(&self) -> Option<Instant> {
-        self.slots.iter().map(|s| s.last_renewed).min()
-    }
-}
-
-pub type SharedStatus = Arc<Mutex<WorkerStatus>>;
-
-/// Whether the database answers, as every part of the worker last saw it: one
-/// place for the metric, the status, and the once-per-outage log line.
-#[derive(Debug, Default)]
-pub struct Health {
-    down_since: Mutex<Option<Instant>>,
-}
-
-impl Health {
-    pub fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
-        if let Some(since) = self.down_since.lock().expect("health lock").take() {
-            tracing::info!(
-                down_ms = since.elapsed().as_millis() as u64,
-                "database reachable again"
-            );
-        }
-        metrics.db_healthy.set(1);
-        status.lock().expect("status lock").database_ok = true;
-    }
-
-    /// `why` must already be scrubbed of credentials.
-    pub fn failed(&self, metrics: &Metrics, status: &SharedStatus, why: &str) {
-        metrics.db_healthy.set(0);
-        status.lock().expect("status lock").database_ok = false;
-        let mut down = self.down_since.lock().expect("health lock");
-        if down.is_none() {
-            *down = Some(Instant::now());
-            tracing::error!("database unreachable: {why}");
-        }
-    }
 }
 
 /// A standby as a hand-back saw it: its id and the heartbeat it had then.
@@ -207,7 +101,7 @@ pub struct Worker {
     /// unheld. With the standbys of the moment and their last heartbeats.
     handed_back: Option<(String, Instant, Vec<Standby>)>,
     /// Standbys that left a slot handed to them untaken, with the heartbeat they had
-    /// then: passed over until they beat again (see [`crate::holding::HandBack`]).
+    /// then: passed over until they beat again (see [`crate::worker::slot_rules::HandBack`]).
     passed_over: HashMap<String, Option<i64>>,
     /// Wakes the loop: a held slot that ended.
     wake: Arc<Notify>,
@@ -325,7 +219,7 @@ impl Worker {
         tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, max_slots = ?self.settings.max_slots, "worker started as standby");
         // A pool made by an older `init` lacks the indexes the line and the survey
         // read through; creating an existing index is a no-op.
-        if let Err(e) = self.store.lease_indexes().await {
+        if let Err(e) = crate::db::lease::ensure_indexes(&self.store).await {
             tracing::warn!(
                 "could not create the lease indexes ({}); surveys read every slot",
                 self.store.scrub(&e.to_string())
@@ -491,7 +385,7 @@ impl Worker {
 
     async fn survey_and_claim(&mut self, woken: bool) -> Duration {
         let now = Instant::now();
-        let every = line::survey_every(self.place(), self.held.len(), self.tick());
+        let every = standby_line::survey_every(self.place(), self.held.len(), self.tick());
         if !woken && now < self.next_survey {
             return self.next_survey - now;
         }
@@ -531,7 +425,7 @@ impl Worker {
             match tokio::time::timeout(limit, self.line.live()).await {
                 Ok(Ok(a)) => a,
                 Ok(Err(e)) => {
-                    self.db_failed(&crate::store::brief(&e));
+                    self.db_failed(&crate::db::store::brief(&e));
                     return self.tick();
                 }
                 Err(_) => return self.tick(),
@@ -585,13 +479,13 @@ impl Worker {
     /// Heartbeats when one is due or what this worker holds changed, and then
     /// re-reads its place in the line. True when it moved up to the front.
     async fn keep_place(&mut self) -> bool {
-        let holding = self.holding();
+        let holding = self.held_leases();
         let ids: Vec<String> = holding.iter().map(|(s, _)| s.clone()).collect();
         let changed = self.beaten.as_ref() != Some(&ids);
         if !changed && Instant::now() < self.next_beat {
             return false;
         }
-        self.next_beat = Instant::now() + line::beat_every(self.tick());
+        self.next_beat = Instant::now() + standby_line::beat_every(self.tick());
         let clock = match self.bounded_heartbeat().await {
             Beaten::Written(clock) => clock,
             Beaten::Failed => return false,
@@ -650,7 +544,7 @@ impl Worker {
     }
 
     /// `(slot, epoch)` of every slot held and not ended.
-    fn holding(&self) -> Vec<(String, i64)> {
+    fn held_leases(&self) -> Vec<(String, i64)> {
         self.held
             .iter()
             .filter(|h| !h.is_finished())
@@ -659,7 +553,7 @@ impl Worker {
     }
 
     /// Logs each broken slot document once (per reason).
-    fn report_invalid(&mut self, invalid: &[crate::lease::InvalidSlot]) {
+    fn report_invalid(&mut self, invalid: &[crate::db::lease::InvalidSlot]) {
         for bad in invalid {
             if self.reported.insert(format!("{}:{}", bad.id, bad.why)) {
                 tracing::error!(slot = %bad.id, "skipping broken slot document: {}", bad.why);
@@ -668,7 +562,7 @@ impl Worker {
     }
 
     /// Claims one of `claimable` (hash start, compare-and-set) and starts holding it.
-    async fn claim(&mut self, claimable: &[crate::lease::Candidate], overflow: bool) {
+    async fn claim(&mut self, claimable: &[crate::db::lease::Candidate], overflow: bool) {
         match tokio::time::timeout(self.op_timeout(), self.protocol.claim_among(claimable)).await {
             Err(_) => {
                 // A claim may have landed without its answer: that slot then expires
@@ -718,7 +612,7 @@ impl Worker {
             .iter()
             .any(|h| &h.slot_id == slot && !h.giving_back());
         let expired = survey.expired.iter().any(|c| &c.id == slot);
-        let outcome = crate::holding::hand_back_outcome(
+        let outcome = crate::worker::slot_rules::hand_back_outcome(
             releasing,
             expired,
             mine_again,
@@ -769,7 +663,7 @@ impl Worker {
     /// itself within seconds (tests/containers.rs, the latency phase).
     async fn bounded_heartbeat(&mut self) -> Beaten {
         let limit = self.op_timeout();
-        let holding = self.holding();
+        let holding = self.held_leases();
         let me = self.owner();
         let beat = Beat {
             me: &me,
@@ -787,7 +681,7 @@ impl Worker {
             Ok(Err(BeatError::Db(e))) => {
                 tracing::debug!(
                     "heartbeat failed: {}",
-                    self.store.scrub(&crate::store::brief(&e))
+                    self.store.scrub(&crate::db::store::brief(&e))
                 );
                 Beaten::Failed
             }

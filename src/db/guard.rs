@@ -1,0 +1,53 @@
+//! The write guard: one held slot's lease deadline as every robot write sees it.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::clock::SharedClock;
+
+/// The holder's lease deadline as robots see it. Checked before every write, so a
+/// process that was paused past its deadline refuses to write even in the moment
+/// before the new holder's adoption would fence it in the database. Robots that run
+/// outside the worker's process follow it through [`WriteGuard::watch`] (see
+/// [`crate::robot::shim`]).
+#[derive(Debug, Clone)]
+pub struct WriteGuard {
+    deadline: Arc<watch::Sender<Instant>>,
+    clock: SharedClock,
+}
+
+impl WriteGuard {
+    pub fn new(deadline: Instant, clock: SharedClock) -> Self {
+        WriteGuard {
+            deadline: Arc::new(watch::channel(deadline).0),
+            clock,
+        }
+    }
+
+    /// Moves the deadline after a successful renewal.
+    pub fn extend(&self, deadline: Instant) {
+        self.deadline.send_replace(deadline);
+    }
+
+    /// Ends writing at once (lease lost or self-fenced).
+    pub fn revoke(&self) {
+        self.deadline.send_replace(self.clock.now());
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.clock.now() < *self.deadline.borrow()
+    }
+
+    /// The lease deadline as of now (the local monotonic instant past which
+    /// nothing may be written).
+    pub fn deadline(&self) -> Instant {
+        *self.deadline.borrow()
+    }
+
+    /// The deadline now and every change of it (extensions and the revocation).
+    pub fn watch(&self) -> watch::Receiver<Instant> {
+        self.deadline.subscribe()
+    }
+}

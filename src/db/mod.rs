@@ -1,0 +1,11 @@
+//! What is stored: the database handle and its collections, the lease protocol, the
+//! fenced context store and its write guard, group commit, robots' kept output, and
+//! the pacer that keeps robot writes from starving the lease.
+
+pub mod context;
+pub mod group_commit;
+pub mod guard;
+pub mod lease;
+pub mod output_log;
+pub mod pacing;
+pub mod store;

@@ -1,0 +1,123 @@
+//! What the worker shows of itself: its `/status` (role, held slots, lease ages) and
+//! whether the database answers. Kept current by the loop and the held slots, read
+//! by the HTTP server.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+use crate::db::lease::Lease;
+use crate::metrics::Metrics;
+
+/// One held slot as `/status` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HeldStatus {
+    pub slot_id: String,
+    pub epoch: i64,
+    pub overflow: bool,
+    #[serde(skip)]
+    pub last_renewed: Instant,
+    pub lease_age_ms: u64,
+}
+
+/// What `/status` shows, kept current by the loop and the held slots.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct WorkerStatus {
+    pub worker: String,
+    /// `standby` (holds nothing) or `holder`.
+    pub role: &'static str,
+    /// The first slot held (see `slots` for all of them).
+    pub slot_id: Option<String>,
+    pub epoch: Option<i64>,
+    /// Age of the oldest renewal among the held slots.
+    pub lease_age_ms: Option<u64>,
+    pub slots: Vec<HeldStatus>,
+    pub max_slots: Option<usize>,
+    /// Filled in from the metrics when served.
+    pub robots_running: i64,
+    pub robots_restarting: i64,
+    pub database_ok: bool,
+    pub tick_ms: u64,
+    pub version: &'static str,
+}
+
+impl WorkerStatus {
+    pub(crate) fn held(&mut self, lease: &Lease, overflow: bool) {
+        self.slots.push(HeldStatus {
+            slot_id: lease.slot_id.clone(),
+            epoch: lease.epoch,
+            overflow,
+            last_renewed: lease.last_renewed(),
+            lease_age_ms: 0,
+        });
+        self.summarize();
+    }
+
+    pub(crate) fn renewed(&mut self, lease: &Lease) {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.slot_id == lease.slot_id) {
+            s.last_renewed = lease.last_renewed();
+        }
+    }
+
+    pub(crate) fn left(&mut self, slot_id: &str) {
+        self.slots.retain(|s| s.slot_id != slot_id);
+        self.summarize();
+    }
+
+    fn summarize(&mut self) {
+        self.role = if self.slots.is_empty() {
+            "standby"
+        } else {
+            "holder"
+        };
+        self.slot_id = self.slots.first().map(|s| s.slot_id.clone());
+        self.epoch = self.slots.first().map(|s| s.epoch);
+    }
+
+    /// Fills in the lease ages as of now (for serving).
+    pub fn with_ages(mut self) -> Self {
+        for s in &mut self.slots {
+            s.lease_age_ms = s.last_renewed.elapsed().as_millis() as u64;
+        }
+        self.lease_age_ms = self.slots.iter().map(|s| s.lease_age_ms).max();
+        self
+    }
+
+    /// When the least recently renewed held slot was renewed.
+    pub fn oldest_renewal(&self) -> Option<Instant> {
+        self.slots.iter().map(|s| s.last_renewed).min()
+    }
+}
+
+pub type SharedStatus = Arc<Mutex<WorkerStatus>>;
+
+/// Whether the database answers, as every part of the worker last saw it: one
+/// place for the metric, the status, and the once-per-outage log line.
+#[derive(Debug, Default)]
+pub struct Health {
+    down_since: Mutex<Option<Instant>>,
+}
+
+impl Health {
+    pub fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
+        if let Some(since) = self.down_since.lock().expect("health lock").take() {
+            tracing::info!(
+                down_ms = since.elapsed().as_millis() as u64,
+                "database reachable again"
+            );
+        }
+        metrics.db_healthy.set(1);
+        status.lock().expect("status lock").database_ok = true;
+    }
+
+    /// `why` must already be scrubbed of credentials.
+    pub fn failed(&self, metrics: &Metrics, status: &SharedStatus, why: &str) {
+        metrics.db_healthy.set(0);
+        status.lock().expect("status lock").database_ok = false;
+        let mut down = self.down_since.lock().expect("health lock");
+        if down.is_none() {
+            *down = Some(Instant::now());
+            tracing::error!("database unreachable: {why}");
+        }
+    }
+}
