@@ -114,8 +114,9 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let counts = count_robots(store, &slots).await?;
     let standbys: Vec<String> = workers
         .iter()
-        .filter(|w| text(w, "slot_id").is_none())
-        .filter_map(|w| text(w, "_id"))
+        .filter_map(|w| text(w, "_id").map(|id| (w, id)))
+        .filter(|(w, id)| state::worker_role(w, state::holds_live_slot(id, &slots)) == "standby")
+        .map(|(_, id)| id)
         .collect();
     let state::Capacity {
         held,

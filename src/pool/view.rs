@@ -96,6 +96,34 @@ pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
     Ok(out)
 }
 
+/// A live worker's role: the one rule the CLI and the dashboard share.
+///
+/// - `holder`: a live lease names it (`holds_live_slot`), whatever its own document
+///   says: a killed worker cannot take back the slot it still names there;
+/// - `standby`: it holds nothing and its heartbeat is fresh;
+/// - `overdue`: it holds nothing and has missed a heartbeat. Heartbeats are at most
+///   [`REAR_TICKS`](crate::worker::standby_line::REAR_TICKS) ticks apart, and the
+///   line believes one for two beats, so a worker killed a moment ago still counts
+///   as live there; past one beat and a second of slack it is no standby to count on.
+pub fn worker_role(worker: &Document, holds_live_slot: bool) -> &'static str {
+    let tick = int(worker, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
+    let beat = tick * crate::worker::standby_line::REAR_TICKS as i64 + 1000;
+    let overdue = int(worker, "seen_ms").is_some_and(|s| s > beat);
+    match (holds_live_slot, overdue) {
+        (true, _) => "holder",
+        (false, false) => "standby",
+        (false, true) => "overdue",
+    }
+}
+
+/// Whether a live lease among `slots` (held or draining) names `worker_id`.
+pub fn holds_live_slot(worker_id: &str, slots: &[SlotRow]) -> bool {
+    slots.iter().any(|s| {
+        matches!(s.state, "held" | "draining")
+            && text(&s.doc, "owner").as_deref() == Some(worker_id)
+    })
+}
+
 /// What the pool can take: slots held, slots waiting for a worker, and how many more
 /// holder failures standbys can absorb now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,6 +254,21 @@ pub fn age(ms: Option<i64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workers_role_follows_the_leases_and_its_heartbeats_age() {
+        let fresh =
+            doc! {"_id": "w", "seen_ms": 500_i64, "tick_ms": 1000_i64, "slot_id": "slot-001"};
+        assert_eq!(worker_role(&fresh, true), "holder");
+        // Its own document names a slot, but no live lease names it: a standby.
+        assert_eq!(worker_role(&fresh, false), "standby");
+        let beat = 1000 * crate::worker::standby_line::REAR_TICKS as i64 + 1000;
+        let late = doc! {"_id": "w", "seen_ms": beat + 1, "tick_ms": 1000_i64};
+        assert_eq!(worker_role(&late, false), "overdue");
+        assert_eq!(worker_role(&late, true), "holder");
+        let at_the_bound = doc! {"_id": "w", "seen_ms": beat, "tick_ms": 1000_i64};
+        assert_eq!(worker_role(&at_the_bound, false), "standby");
+    }
 
     fn slot(state: &'static str, holder: Option<&str>) -> SlotView {
         SlotView {

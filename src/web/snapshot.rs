@@ -492,18 +492,8 @@ fn worker_info(d: &Document, slots: &[SlotInfo]) -> WorkerInfo {
         .iter()
         .filter(|s| s.holder.as_deref() == Some(id.as_str()))
         .collect();
-    // Heartbeats are at most REAR_TICKS ticks apart; the line believes one for two
-    // beats, so a worker killed a moment ago still counts as live there. Past one
-    // beat (and a second of slack) it is shown as overdue, not as a standby.
-    let tick = int(d, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
-    let beat = tick * crate::worker::standby_line::REAR_TICKS as i64 + 1000;
-    let overdue = int(d, "seen_ms").is_some_and(|s| s > beat);
     WorkerInfo {
-        role: match (held.is_empty(), overdue) {
-            (false, _) => "holder",
-            (true, false) => "standby",
-            (true, true) => "overdue",
-        },
+        role: view::worker_role(d, !held.is_empty()),
         slot: held.first().map(|s| s.id.clone()),
         held: Some(held.len() as i64),
         id,
