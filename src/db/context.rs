@@ -445,14 +445,10 @@ impl ContextStore {
     }
 }
 
-/// A whole-number field (`long` or `int`) of a robot document; 0 when it is missing
-/// or of another type (a hand-edited document).
+/// A whole-number field of a robot document ([`crate::db::store::int`]); 0 when it
+/// is missing or not a whole number (a hand-edited document).
 pub(crate) fn long_or_zero(d: &Document, key: &str) -> i64 {
-    match d.get(key) {
-        Some(Bson::Int64(v)) => *v,
-        Some(Bson::Int32(v)) => *v as i64,
-        _ => 0,
-    }
+    crate::db::store::int(d, key).unwrap_or(0)
 }
 
 pub(crate) fn type_name(b: &Bson) -> &'static str {

@@ -203,11 +203,7 @@ async fn send_together(
     let reply = db
         .run_command(doc! {"update": robots.name(), "updates": updates, "ordered": false})
         .await?;
-    let matched = match reply.get("n") {
-        Some(Bson::Int32(n)) => *n as usize,
-        Some(Bson::Int64(n)) => *n as usize,
-        _ => 0,
-    };
+    let matched = crate::db::store::int(&reply, "n").map_or(0, |n| n.max(0) as usize);
     let mut out = vec![Written::Applied; statements.len()];
     let mut refused = 0;
     if let Ok(errors) = reply.get_array("writeErrors") {

@@ -24,6 +24,19 @@ pub const MAX_SLOTS: u32 = 99_999;
 /// (`slot-001`); a first `init` for more uses as many digits as the count has.
 pub const NARROWEST: usize = 3;
 
+/// A whole-number field, read by the one rule every part of slotpool uses: a `long`
+/// or an `int`, or a `double` with no fraction (what the mongo shell writes for a
+/// hand-typed `5`). Anything else, missing, fractional, out of range or not a
+/// number, is `None`, and each caller says what that means where it reads.
+pub fn int(d: &Document, key: &str) -> Option<i64> {
+    match d.get(key)? {
+        Bson::Int64(v) => Some(*v),
+        Bson::Int32(v) => Some(i64::from(*v)),
+        Bson::Double(v) if v.fract() == 0.0 && v.abs() < 9.0e15 => Some(*v as i64),
+        _ => None,
+    }
+}
+
 /// Errors a caller can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -332,6 +345,20 @@ fn first_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_numbers_read_by_one_rule() {
+        let d = doc! {
+            "long": 7_i64, "int": 7_i32, "typed": 7.0, "half": 7.5, "huge": 1e300,
+            "text": "7", "null": Bson::Null,
+        };
+        for key in ["long", "int", "typed"] {
+            assert_eq!(int(&d, key), Some(7), "{key}");
+        }
+        for key in ["half", "huge", "text", "null", "missing"] {
+            assert_eq!(int(&d, key), None, "{key}");
+        }
+    }
 
     #[test]
     fn slot_ids_sort_numerically() {

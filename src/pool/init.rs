@@ -220,11 +220,7 @@ async fn retire_slots(
                 doc! {"$unset": {"retiring": ""}},
             )
             .await?;
-        let robots = match d.get("n") {
-            Some(Bson::Int32(n)) => *n as u64,
-            Some(Bson::Int64(n)) => *n as u64,
-            _ => 1,
-        };
+        let robots = crate::db::store::int(&d, "n").map_or(1, |n| n.max(0) as u64);
         return Err(StoreError::ShrinkWithRobots {
             wanted,
             slot: d.get_str("_id").unwrap_or("?").to_string(),

@@ -22,7 +22,7 @@
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::db::store::Store;
+use crate::db::store::{int, Store};
 
 /// A slot as placement sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,11 +60,7 @@ pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
     let mut cursor = store.slots().aggregate(pipeline).await?;
     let mut out = Vec::new();
     while let Some(d) = cursor.try_next().await? {
-        let seen = match d.get("robot_count") {
-            Some(Bson::Int64(n)) => Some(*n),
-            Some(Bson::Int32(n)) => Some(*n as i64),
-            _ => None,
-        };
+        let seen = int(&d, "robot_count");
         out.push(SlotLoad {
             id: d.get_str("_id").unwrap_or_default().to_string(),
             robots: seen.unwrap_or(0).max(0),
@@ -194,11 +190,7 @@ pub async fn true_counts(
         .await?;
     while let Some(d) = cursor.try_next().await? {
         if let Ok(id) = d.get_str("_id") {
-            let n = match d.get("n") {
-                Some(Bson::Int32(n)) => *n as i64,
-                Some(Bson::Int64(n)) => *n,
-                _ => 0,
-            };
+            let n = int(&d, "n").unwrap_or(0);
             counts.insert(id.to_string(), n);
         }
     }
@@ -461,11 +453,7 @@ pub async fn reconcile_counts(store: &Store) -> Result<u64, mongodb::error::Erro
     for slot in slots {
         let id = slot.get_str("_id").unwrap_or_default();
         let seen = slot.get("robot_count").cloned();
-        let count = match &seen {
-            Some(Bson::Int64(n)) => *n,
-            Some(Bson::Int32(n)) => *n as i64,
-            _ => -1,
-        };
+        let count = int(&slot, "robot_count").unwrap_or(-1);
         let t = truth.get(id).copied().unwrap_or(0);
         if count == t {
             continue;

@@ -11,15 +11,7 @@ use futures::TryStreamExt;
 
 use crate::db::store::Store;
 
-/// An integer field, whatever numeric type a hand edit left it.
-pub fn int(d: &Document, key: &str) -> Option<i64> {
-    match d.get(key) {
-        Some(Bson::Int64(v)) => Some(*v),
-        Some(Bson::Int32(v)) => Some(*v as i64),
-        Some(Bson::Double(v)) => Some(*v as i64),
-        _ => None,
-    }
-}
+pub use crate::db::store::int;
 
 /// A text field; a non-string value is shown as BSON text.
 pub fn text(d: &Document, key: &str) -> Option<String> {

@@ -66,11 +66,13 @@ impl RobotKind for Counter {
 
     async fn run(&self, run: RobotRun) -> Result<(), RobotError> {
         let every = interval(run.spec()).map_err(RobotError::Invalid)?;
-        let mut n = match run.context().get("n") {
-            None => 0,
-            Some(Bson::Int64(n)) => *n,
-            Some(Bson::Int32(n)) => *n as i64,
-            Some(other) => {
+        let mut n = match (
+            run.context().get("n"),
+            crate::db::store::int(run.context(), "n"),
+        ) {
+            (None, _) => 0,
+            (Some(_), Some(n)) => n,
+            (Some(other), None) => {
                 return Err(RobotError::Invalid(format!(
                     "context.n must be an integer, found {other}"
                 )))

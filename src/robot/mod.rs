@@ -253,9 +253,5 @@ impl Registry {
 
 /// Reads the optional `"history": N` spec field every kind honours.
 pub(crate) fn history_len(spec: &Document) -> i64 {
-    match spec.get("history") {
-        Some(bson::Bson::Int32(n)) => (*n as i64).max(0),
-        Some(bson::Bson::Int64(n)) => (*n).max(0),
-        _ => 0,
-    }
+    crate::db::store::int(spec, "history").unwrap_or(0).max(0)
 }

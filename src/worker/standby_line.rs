@@ -32,6 +32,8 @@ use futures::TryStreamExt;
 use mongodb::Collection;
 use tokio::time::Instant;
 
+use crate::db::store::int;
+
 /// How many workers at the front of the line watch at full rate, by default
 /// (`--watchers`).
 pub const FRONT: u64 = 3;
@@ -357,14 +359,6 @@ impl Line {
             .delete_one(doc! {"_id": me, "instance": instance})
             .await
             .map(|_| ())
-    }
-}
-
-fn int(d: &Document, key: &str) -> Option<i64> {
-    match d.get(key) {
-        Some(Bson::Int32(v)) => Some(*v as i64),
-        Some(Bson::Int64(v)) => Some(*v),
-        _ => None,
     }
 }
 
