@@ -8,6 +8,7 @@
 //! 404 no such robot, slot or action, 409 the document changed or refuses, 413 too
 //! large, 503 the database did not answer or the robot table is still being read.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use axum::body::Bytes;
@@ -16,62 +17,199 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bson::Bson;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::auth::Denied;
 use super::query::{self, RobotQuery};
-use super::snapshot::Snapshot;
+use super::snapshot::{EventInfo, RobotRow, SlotInfo, Snapshot, Summary, WorkerInfo};
 use super::{web_actor, App, RobotDetail};
 use crate::pool::actions::{self, ActionError, Actor, Done};
 use crate::pool::view::{self, SlotView};
 
+// The answers of `/api/v1`, one struct each: their field names are the API's promise
+// (the README's table), pinned by `answers_keep_their_field_names` below.
+
+/// `{"error": message}`.
+#[derive(Debug, Serialize)]
+pub struct ErrorAnswer {
+    pub error: String,
+}
+
+/// The fields every reading answer starts with: the server's clock when the snapshot
+/// was read, how old the snapshot is, and why the last read failed, if it did.
+#[derive(Debug, Serialize)]
+pub struct Freshness<'a> {
+    pub now_ms: i64,
+    pub age_ms: Option<u64>,
+    pub error: Option<&'a str>,
+}
+
+impl<'a> Freshness<'a> {
+    fn of(s: &'a Snapshot) -> Self {
+        Freshness {
+            now_ms: s.now_ms,
+            age_ms: s.taken.map(|t| t.elapsed().as_millis() as u64),
+            error: s.error.as_deref(),
+        }
+    }
+}
+
+/// `GET /api/v1/overview`.
+#[derive(Debug, Serialize)]
+pub struct OverviewAnswer<'a> {
+    #[serde(flatten)]
+    pub fresh: Freshness<'a>,
+    pub summary: &'a Summary,
+    pub slots: &'a [SlotInfo],
+    pub workers: &'a [WorkerInfo],
+    pub events: &'a [EventInfo],
+    pub robots_at_ms: Option<i64>,
+}
+
+/// `GET /api/v1/slots`.
+#[derive(Debug, Serialize)]
+pub struct SlotsAnswer<'a> {
+    #[serde(flatten)]
+    pub fresh: Freshness<'a>,
+    pub slots: &'a [SlotInfo],
+}
+
+/// `GET /api/v1/workers`.
+#[derive(Debug, Serialize)]
+pub struct WorkersAnswer<'a> {
+    #[serde(flatten)]
+    pub fresh: Freshness<'a>,
+    pub workers: &'a [WorkerInfo],
+}
+
+/// `GET /api/v1/events`.
+#[derive(Debug, Serialize)]
+pub struct EventsAnswer<'a> {
+    #[serde(flatten)]
+    pub fresh: Freshness<'a>,
+    pub events: &'a [EventInfo],
+}
+
+/// `GET /api/v1/robots`: one page of the robots that match.
+#[derive(Debug, Serialize)]
+pub struct RobotsAnswer<'a> {
+    #[serde(flatten)]
+    pub fresh: Freshness<'a>,
+    pub robots_at_ms: Option<i64>,
+    pub matching: usize,
+    pub page: usize,
+    pub pages: usize,
+    pub per_page: usize,
+    pub robots: Vec<&'a RobotRow>,
+}
+
+/// One robot: its document (relaxed extended JSON, `_id` left out), its state as
+/// derived from its slot's lease, and its kept output.
+#[derive(Debug, Serialize)]
+pub struct RobotAnswer {
+    pub robot: Value,
+    pub state: &'static str,
+    pub holder: Option<String>,
+    pub why: Option<String>,
+    pub output: Value,
+}
+
+/// `GET /api/v1/robots/NAME`.
+#[derive(Debug, Serialize)]
+pub struct RobotDetailAnswer<'a> {
+    #[serde(flatten)]
+    pub fresh: Freshness<'a>,
+    #[serde(flatten)]
+    pub robot: RobotAnswer,
+}
+
+/// `GET /api/v1/robots/NAME/output`.
+#[derive(Debug, Serialize)]
+pub struct OutputAnswer {
+    pub output: Value,
+}
+
+/// What an action did.
+#[derive(Debug, Serialize)]
+pub struct ActionAnswer {
+    pub ok: bool,
+    pub action: &'static str,
+    pub target: String,
+    pub slot: Option<String>,
+    pub changed: bool,
+}
+
+/// One move of a rebalance.
+#[derive(Debug, Serialize)]
+pub struct MoveAnswer {
+    pub from: String,
+    pub to: String,
+    pub robots: Vec<String>,
+    pub moved: u64,
+    pub refused: Option<String>,
+}
+
+/// `POST /api/v1/rebalance`.
+#[derive(Debug, Serialize)]
+pub struct RebalanceAnswer {
+    pub ok: bool,
+    pub dry_run: bool,
+    pub moved: u64,
+    pub moves: Vec<MoveAnswer>,
+    pub before: BTreeMap<String, i64>,
+    pub after: BTreeMap<String, i64>,
+}
+
 /// An answer `{"error": message}`.
 pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": message.into()}))).into_response()
-}
-
-/// The fields every reading answer starts with.
-fn base(s: &Snapshot) -> serde_json::Map<String, Value> {
-    let mut m = serde_json::Map::new();
-    m.insert("now_ms".into(), json!(s.now_ms));
-    m.insert(
-        "age_ms".into(),
-        json!(s.taken.map(|t| t.elapsed().as_millis() as u64)),
-    );
-    m.insert("error".into(), json!(s.error));
-    m
-}
-
-fn with(s: &Snapshot, key: &str, v: Value) -> Response {
-    let mut m = base(s);
-    m.insert(key.into(), v);
-    Json(Value::Object(m)).into_response()
+    let answer = ErrorAnswer {
+        error: message.into(),
+    };
+    (status, Json(answer)).into_response()
 }
 
 pub async fn overview(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
-    let mut m = base(&s);
-    m.insert("summary".into(), json!(s.summary));
-    m.insert("slots".into(), json!(s.slots));
-    m.insert("workers".into(), json!(s.workers));
-    m.insert("events".into(), json!(s.events));
-    m.insert("robots_at_ms".into(), json!(s.robots_at_ms));
-    Json(Value::Object(m)).into_response()
+    Json(OverviewAnswer {
+        fresh: Freshness::of(&s),
+        summary: &s.summary,
+        slots: &s.slots,
+        workers: &s.workers,
+        events: &s.events,
+        robots_at_ms: s.robots_at_ms,
+    })
+    .into_response()
 }
 
 pub async fn slots(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
-    with(&s, "slots", json!(s.slots))
+    let fresh = Freshness::of(&s);
+    Json(SlotsAnswer {
+        fresh,
+        slots: &s.slots,
+    })
+    .into_response()
 }
 
 pub async fn workers(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
-    with(&s, "workers", json!(s.workers))
+    let fresh = Freshness::of(&s);
+    Json(WorkersAnswer {
+        fresh,
+        workers: &s.workers,
+    })
+    .into_response()
 }
 
 pub async fn events(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
-    with(&s, "events", json!(s.events))
+    let fresh = Freshness::of(&s);
+    Json(EventsAnswer {
+        fresh,
+        events: &s.events,
+    })
+    .into_response()
 }
 
 /// Parses a raw query string into pairs, or says why it cannot.
@@ -96,18 +234,20 @@ pub async fn robots(State(app): State<App>, RawQuery(raw): RawQuery) -> Response
         return res;
     };
     let page = query::apply(rows, &q);
-    let mut m = base(&s);
-    m.insert("robots_at_ms".into(), json!(s.robots_at_ms));
-    m.insert("matching".into(), json!(page.matching));
-    m.insert("page".into(), json!(page.page));
-    m.insert("pages".into(), json!(page.pages));
-    m.insert("per_page".into(), json!(q.per_page));
-    m.insert("robots".into(), json!(page.rows));
-    Json(Value::Object(m)).into_response()
+    Json(RobotsAnswer {
+        fresh: Freshness::of(&s),
+        robots_at_ms: s.robots_at_ms,
+        matching: page.matching,
+        page: page.page,
+        pages: page.pages,
+        per_page: q.per_page,
+        robots: page.rows,
+    })
+    .into_response()
 }
 
 /// A robot's document as JSON, with its state derived from the snapshot's slots.
-pub fn robot_json(d: &RobotDetail, s: &Snapshot) -> Value {
+pub fn robot_json(d: &RobotDetail, s: &Snapshot) -> RobotAnswer {
     let slot_id = view::text(&d.doc, "slot_id").unwrap_or_default();
     let slot = s.slots.iter().find(|x| x.id == slot_id).map(|x| SlotView {
         state: x.state,
@@ -122,11 +262,13 @@ pub fn robot_json(d: &RobotDetail, s: &Snapshot) -> Value {
     );
     let mut doc = d.doc.clone();
     doc.remove("_id");
-    json!({
-        "robot": Bson::Document(doc).into_relaxed_extjson(),
-        "state": st.state, "holder": st.holder, "why": st.why,
-        "output": output_json(d),
-    })
+    RobotAnswer {
+        robot: Bson::Document(doc).into_relaxed_extjson(),
+        state: st.state,
+        holder: st.holder,
+        why: st.why,
+        output: output_json(d),
+    }
 }
 
 /// The kept output: `{gen, lines: [{n, at, stream, text}]}`, or null.
@@ -155,20 +297,21 @@ async fn detail(app: &App, name: &str) -> Result<std::sync::Arc<RobotDetail>, Re
 pub async fn robot(State(app): State<App>, Path(name): Path<String>) -> Response {
     let s = app.snapshot().await;
     match detail(&app, &name).await {
-        Ok(d) => {
-            let mut m = base(&s);
-            if let Value::Object(r) = robot_json(&d, &s) {
-                m.extend(r);
-            }
-            Json(Value::Object(m)).into_response()
-        }
+        Ok(d) => Json(RobotDetailAnswer {
+            fresh: Freshness::of(&s),
+            robot: robot_json(&d, &s),
+        })
+        .into_response(),
         Err(res) => res,
     }
 }
 
 pub async fn output(State(app): State<App>, Path(name): Path<String>) -> Response {
     match detail(&app, &name).await {
-        Ok(d) => Json(json!({"output": output_json(&d)})).into_response(),
+        Ok(d) => Json(OutputAnswer {
+            output: output_json(&d),
+        })
+        .into_response(),
         Err(res) => res,
     }
 }
@@ -303,10 +446,13 @@ fn api_actor(app: &App, headers: &HeaderMap, peer: SocketAddr) -> Result<Actor, 
 
 async fn answer(app: &App, target: &str, action: Action, actor: Actor) -> Response {
     match perform(app, target, &action, &actor).await {
-        Ok(done) => Json(json!({
-            "ok": true, "action": action.word(), "target": done.name,
-            "slot": done.slot, "changed": done.changed,
-        }))
+        Ok(done) => Json(ActionAnswer {
+            ok: true,
+            action: action.word(),
+            target: done.name,
+            slot: done.slot,
+            changed: done.changed,
+        })
         .into_response(),
         Err(e) => error(
             failure_status(&e),
@@ -406,6 +552,197 @@ mod tests {
             .contains("drain or undrain"));
     }
 
+    /// The keys of `v`, a JSON object, sorted.
+    fn keys(v: impl Serialize) -> Vec<String> {
+        match serde_json::to_value(v).unwrap() {
+            Value::Object(m) => sorted(&m.keys().map(String::as_str).collect::<Vec<_>>()),
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    fn sorted(names: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    }
+
+    /// The field names of every `/api/v1` answer are its promise to clients (the
+    /// README's table): a rename must fail here first.
+    #[test]
+    fn answers_keep_their_field_names() {
+        let snap = Snapshot {
+            slots: vec![SlotInfo {
+                id: "slot-001".into(),
+                state: "held",
+                holder: Some("10.0.0.5:7700".into()),
+                epoch: Some(3),
+                lease_ms: Some(2000),
+                lease_age_ms: Some(10),
+                lease_left_ms: Some(1990),
+                robots: 2,
+                draining: false,
+            }],
+            workers: vec![WorkerInfo {
+                id: "10.0.0.5:7700".into(),
+                role: "holder",
+                slot: Some("slot-001".into()),
+                held: Some(1),
+                last_seen_ms: Some(100),
+                version: Some("0.1.0".into()),
+            }],
+            events: vec![EventInfo {
+                at: None,
+                kind: "claim".into(),
+                fields: BTreeMap::new(),
+            }],
+            ..Snapshot::default()
+        };
+        let fresh = ["now_ms", "age_ms", "error"];
+        let with = |more: &[&str]| sorted(&[&fresh[..], more].concat());
+        let overview = OverviewAnswer {
+            fresh: Freshness::of(&snap),
+            summary: &snap.summary,
+            slots: &snap.slots,
+            workers: &snap.workers,
+            events: &snap.events,
+            robots_at_ms: None,
+        };
+        assert_eq!(
+            keys(overview),
+            with(&["summary", "slots", "workers", "events", "robots_at_ms"])
+        );
+        let slots = SlotsAnswer {
+            fresh: Freshness::of(&snap),
+            slots: &snap.slots,
+        };
+        assert_eq!(keys(slots), with(&["slots"]));
+        let workers = WorkersAnswer {
+            fresh: Freshness::of(&snap),
+            workers: &snap.workers,
+        };
+        assert_eq!(keys(workers), with(&["workers"]));
+        let events = EventsAnswer {
+            fresh: Freshness::of(&snap),
+            events: &snap.events,
+        };
+        assert_eq!(keys(events), with(&["events"]));
+        let row = RobotRow::named("r");
+        let robots = RobotsAnswer {
+            fresh: Freshness::of(&snap),
+            robots_at_ms: Some(1),
+            matching: 1,
+            page: 1,
+            pages: 1,
+            per_page: 50,
+            robots: vec![&row],
+        };
+        assert_eq!(
+            keys(robots),
+            with(&[
+                "robots_at_ms",
+                "matching",
+                "page",
+                "pages",
+                "per_page",
+                "robots"
+            ])
+        );
+        let robot = || RobotAnswer {
+            robot: Value::Object(Default::default()),
+            state: "running",
+            holder: None,
+            why: None,
+            output: Value::Null,
+        };
+        let detail = RobotDetailAnswer {
+            fresh: Freshness::of(&snap),
+            robot: robot(),
+        };
+        assert_eq!(
+            keys(detail),
+            with(&["robot", "state", "holder", "why", "output"])
+        );
+        assert_eq!(
+            keys(OutputAnswer {
+                output: Value::Null
+            }),
+            ["output"]
+        );
+        let action = ActionAnswer {
+            ok: true,
+            action: "pause",
+            target: "r".into(),
+            slot: None,
+            changed: true,
+        };
+        assert_eq!(
+            keys(action),
+            sorted(&["ok", "action", "target", "slot", "changed"])
+        );
+        let rebalance = RebalanceAnswer {
+            ok: true,
+            dry_run: true,
+            moved: 0,
+            moves: vec![],
+            before: BTreeMap::new(),
+            after: BTreeMap::new(),
+        };
+        assert_eq!(
+            keys(rebalance),
+            sorted(&["ok", "dry_run", "moved", "moves", "before", "after"])
+        );
+        let one_move = MoveAnswer {
+            from: "slot-001".into(),
+            to: "slot-002".into(),
+            robots: vec![],
+            moved: 0,
+            refused: None,
+        };
+        assert_eq!(
+            keys(one_move),
+            sorted(&["from", "to", "robots", "moved", "refused"])
+        );
+        assert_eq!(keys(ErrorAnswer { error: "x".into() }), ["error"]);
+        // The rows inside the answers.
+        assert_eq!(
+            keys(&snap.slots[0]),
+            sorted(&[
+                "id",
+                "state",
+                "holder",
+                "epoch",
+                "lease_ms",
+                "lease_age_ms",
+                "lease_left_ms",
+                "robots",
+                "draining",
+            ])
+        );
+        assert_eq!(
+            keys(&snap.workers[0]),
+            sorted(&["id", "role", "slot", "held", "last_seen_ms", "version"])
+        );
+        assert_eq!(keys(&snap.events[0]), sorted(&["at", "kind", "fields"]));
+        assert_eq!(
+            keys(&row),
+            sorted(&[
+                "name",
+                "kind",
+                "slot",
+                "state",
+                "holder",
+                "why",
+                "status",
+                "error",
+                "paused",
+                "seq",
+                "epoch",
+                "restarts",
+                "checkpointed_at_ms",
+            ])
+        );
+    }
+
     #[test]
     fn query_strings_that_cannot_be_read_are_errors() {
         assert_eq!(
@@ -425,19 +762,26 @@ struct RebalanceBody {
 
 /// `{"ok", "dry_run", "moved", "moves": [{from, to, robots, moved, refused}],
 /// "before": {slot: n}, "after": {slot: n}}`.
-pub fn rebalance_json(r: &actions::Rebalance) -> Value {
-    let counts = |c: &[(String, i64)]| -> serde_json::Map<String, Value> {
-        c.iter().map(|(s, n)| (s.clone(), json!(n))).collect()
-    };
-    json!({
-        "ok": true, "dry_run": r.dry_run, "moved": r.moved(),
-        "moves": r.moves.iter().map(|p| json!({
-            "from": p.from, "to": p.to,
-            "robots": p.robots.iter().map(|(_, n)| n).collect::<Vec<_>>(),
-            "moved": p.moved, "refused": p.refused,
-        })).collect::<Vec<_>>(),
-        "before": counts(&r.before), "after": counts(&r.after()),
-    })
+pub fn rebalance_json(r: &actions::Rebalance) -> RebalanceAnswer {
+    let counts = |c: &[(String, i64)]| c.iter().cloned().collect::<BTreeMap<String, i64>>();
+    RebalanceAnswer {
+        ok: true,
+        dry_run: r.dry_run,
+        moved: r.moved(),
+        moves: r
+            .moves
+            .iter()
+            .map(|p| MoveAnswer {
+                from: p.from.clone(),
+                to: p.to.clone(),
+                robots: p.robots.iter().map(|(_, n)| n.clone()).collect(),
+                moved: p.moved,
+                refused: p.refused.clone(),
+            })
+            .collect(),
+        before: counts(&r.before),
+        after: counts(&r.after()),
+    }
 }
 
 pub async fn rebalance(

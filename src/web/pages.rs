@@ -349,7 +349,7 @@ pub async fn robot(
         }
     };
     let v = api::robot_json(&d, &snap);
-    let txt = |k: &str| match v["robot"].get(k) {
+    let txt = |k: &str| match v.robot.get(k) {
         None | Some(serde_json::Value::Null) => "-".to_string(),
         Some(serde_json::Value::String(s)) => s.clone(),
         // A date, as relaxed extended JSON renders it: {"$date": "…"}.
@@ -361,7 +361,7 @@ pub async fn robot(
         }
         Some(other) => other.to_string(),
     };
-    let state = v["state"].as_str().unwrap_or("waiting").to_string();
+    let state = v.state.to_string();
     let history = d.doc.get_array("history").ok();
     let events: Vec<_> = snap
         .events
@@ -374,8 +374,8 @@ pub async fn robot(
         h1 { (name) }
         p #state {
             span.badge.(state) { (state) }
-            @if let Some(h) = v["holder"].as_str() { " on " span #holder { (h) } }
-            @if let Some(why) = v["why"].as_str() { " — " span #why { (why) } }
+            @if let Some(h) = v.holder.as_deref() { " on " span #holder { (h) } }
+            @if let Some(why) = v.why.as_deref() { " — " span #why { (why) } }
         }
         @if let Some(s) = &s {
             section #actions {
