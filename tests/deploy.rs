@@ -133,3 +133,100 @@ fn the_dashboard_is_well_formed() {
         .iter()
         .any(|v| v["name"] == "datasource" && v["type"] == "datasource"));
 }
+
+#[test]
+fn compose_file_and_dockerfile_hold_together() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let text = std::fs::read_to_string(format!("{root}/compose.yaml")).unwrap();
+    let y: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let svc = &y["services"];
+    let mongo = &svc["mongo"];
+    let cmd: Vec<&str> = mongo["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        cmd.contains(&"--replSet"),
+        "mongo must run as a replica set, as in production"
+    );
+    assert!(mongo["healthcheck"]["test"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|v| v.as_str().unwrap().contains("rs.initiate")));
+    assert!(mongo["volumes"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("mongo-data:"));
+    assert!(y["volumes"]["mongo-data"].is_null() || y["volumes"]["mongo-data"].is_mapping());
+    let init = &svc["init"];
+    assert_eq!(init["command"][0].as_str(), Some("init"));
+    assert_eq!(
+        init["depends_on"]["mongo"]["condition"].as_str(),
+        Some("service_healthy")
+    );
+    let worker = &svc["worker"];
+    assert_eq!(
+        worker["depends_on"]["init"]["condition"].as_str(),
+        Some("service_completed_successfully")
+    );
+    assert!(
+        worker["ports"].is_null(),
+        "scaled workers must not publish fixed host ports"
+    );
+    assert!(
+        worker["container_name"].is_null(),
+        "a container_name prevents --scale"
+    );
+    assert!(worker["environment"]["MONGODB_URI"]
+        .as_str()
+        .unwrap()
+        .contains("replicaSet=rs0"));
+    // The dashboard: read-only, published on the host's loopback only.
+    let web = &svc["web"];
+    assert_eq!(web["command"][0].as_str(), Some("web"));
+    assert!(
+        !text.contains("--allow-actions\""),
+        "the dashboard is read-only in compose"
+    );
+    assert!(web["ports"][0].as_str().unwrap().starts_with("127.0.0.1:"));
+    // The Dockerfile copies what the build needs and runs the binary under tini.
+    let docker = std::fs::read_to_string(format!("{root}/Dockerfile")).unwrap();
+    for needed in ["Cargo.toml", "Cargo.lock", "src", "schemas"] {
+        assert!(
+            docker.contains(&format!("COPY {needed}")) || docker.contains(&format!(" {needed} ")),
+            "Dockerfile must copy {needed}"
+        );
+        assert!(std::path::Path::new(&format!("{root}/{needed}")).exists());
+    }
+    assert!(docker.contains("cargo build --release --locked --bin slotpool"));
+    assert!(docker.contains("ENTRYPOINT [\"/usr/bin/tini\""));
+    // Validate with a compose client when one is installed (no engine is needed).
+    let tries: [&[&str]; 2] = [&["docker", "compose"], &["docker-compose"]];
+    for t in tries {
+        let works = Command::new(t[0])
+            .args(&t[1..])
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !works {
+            continue;
+        }
+        let out = Command::new(t[0])
+            .args(&t[1..])
+            .args(["-f", &format!("{root}/compose.yaml"), "config", "--quiet"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{} config rejected compose.yaml: {}",
+            t.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        println!("validated compose.yaml with {}", t.join(" "));
+        return;
+    }
+    println!("no compose client installed: compose.yaml checked structurally only");
+}

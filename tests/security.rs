@@ -491,3 +491,61 @@ async fn http_clients_cannot_starve_the_worker_or_its_robots() {
     let log = w.log_text();
     assert!(!log.contains("Too many open files"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_allow_list_restricts_commands() {
+    let db = TestDb::new("allow").await;
+    db.init(1).await;
+    let allowed_dir = db.dir.join("allowed");
+    std::fs::create_dir_all(&allowed_dir).unwrap();
+    let ok = allowed_dir.join("ok.sh");
+    std::fs::write(
+        &ok,
+        "#!/bin/sh\necho '{\"checkpoint\": {\"hi\": 1}}'\nexec sleep 60\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&ok, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let allow = format!("{}/", allowed_dir.display());
+    let _w = db.worker(&["--exec-allow", &allow]);
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "inside",
+        "--kind",
+        "exec",
+        "--command",
+        ok.to_str().unwrap(),
+    ]);
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "outside",
+        "--kind",
+        "exec",
+        "--command",
+        "/bin/sh",
+        "--arg",
+        "-c",
+        "--arg",
+        "echo pwned",
+    ]);
+    common::wait_for(
+        Duration::from_secs(15),
+        "the allowed robot to checkpoint and the other to be refused",
+        || async {
+            let inside = db.robot("inside").await.get_i64("seq").ok()? >= 1;
+            let outside = db.robot("outside").await;
+            let refused = outside.get_str("status").ok()? == "failed"
+                && outside
+                    .get_str("error")
+                    .ok()?
+                    .contains("not allowed by this worker's --exec-allow");
+            (inside && refused).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(db.robot("outside").await.get_i64("seq").unwrap(), 0);
+}
