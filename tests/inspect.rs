@@ -9,7 +9,6 @@ use std::time::Duration;
 use bson::{doc, oid::ObjectId, Bson};
 use common::{owner, TestDb};
 
-
 #[tokio::test]
 async fn every_collection_rejects_a_bad_document() {
     let db = TestDb::new("schemas").await;

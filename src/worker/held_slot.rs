@@ -117,23 +117,9 @@ async fn hold(
     release: CancellationToken,
     overflow: bool,
 ) -> Ended {
-    let owner = cx.protocol.owner().to_string();
-    tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, worker = %owner, overflow, "claimed slot");
-    cx.metrics.claims.inc();
-    cx.metrics.slot_held.inc_by(1);
-    cx.metrics.epoch.set(lease.epoch);
-    cx.status
-        .lock()
-        .expect("status lock")
-        .held(&lease, overflow);
+    report(&cx, &lease, SlotEvent::Claimed { overflow }).await;
     let guard = WriteGuard::new(lease.deadline(), cx.clock.clone());
     let robots = start_supervisor(&cx, &lease, guard.clone());
-    cx.store
-        .record_event(
-            "claim",
-            doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch, "overflow": overflow},
-        )
-        .await;
     let tick = cx.timing.tick;
     let mut next = lease.last_renewed() + tick;
     let mut lost = None;
@@ -146,13 +132,18 @@ async fn hold(
         match cx.protocol.renew(&mut lease).await {
             Ok(renewed) => {
                 let latency = sent.elapsed();
-                cx.metrics.renew_latency.observe(latency);
-                tracing::debug!(slot = %lease.slot_id, rev = renewed.rev, latency_ms = latency.as_millis() as u64, "renewed");
                 guard.extend(lease.deadline());
-                cx.health.ok(&cx.metrics, &cx.status);
-                cx.status.lock().expect("status lock").renewed(&lease);
+                report(
+                    &cx,
+                    &lease,
+                    SlotEvent::Renewed {
+                        latency,
+                        rev: renewed.rev,
+                    },
+                )
+                .await;
                 if renewed.draining {
-                    tracing::info!(slot = %lease.slot_id, "slot is draining: handing it back");
+                    report(&cx, &lease, SlotEvent::Draining).await;
                     break Ended::Drained;
                 }
                 next = sent + tick;
@@ -163,30 +154,31 @@ async fn hold(
                 });
             }
             Err(LeaseError::Db(e)) => {
-                cx.metrics.renew_failures.inc();
                 let left = lease.deadline().saturating_duration_since(cx.clock.now());
-                let why = crate::db::store::brief(&e);
-                tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, left_ms = left.as_millis() as u64, "renewal failed: {}", cx.store.scrub(&why));
-                cx.health
-                    .failed(&cx.metrics, &cx.status, &cx.store.scrub(&why));
+                let why = cx.store.scrub(&crate::db::store::brief(&e));
+                report(&cx, &lease, SlotEvent::RenewFailed { why, left }).await;
                 next = cx.clock.now() + (tick / 4).min(left);
             }
             Err(e) => {
                 guard.revoke();
-                let kind = if matches!(e, LeaseError::Lost { .. }) {
-                    cx.metrics.losses.inc();
-                    "lost"
+                let detail = e.to_string();
+                let (kind, event) = if matches!(e, LeaseError::Lost { .. }) {
+                    (
+                        "lost",
+                        SlotEvent::Lost {
+                            detail: detail.clone(),
+                        },
+                    )
                 } else {
-                    cx.metrics.self_fences.inc();
-                    cx.health.failed(
-                        &cx.metrics,
-                        &cx.status,
-                        "no renewal succeeded before the local deadline",
-                    );
-                    "self_fence"
+                    (
+                        "self_fence",
+                        SlotEvent::SelfFenced {
+                            detail: detail.clone(),
+                        },
+                    )
                 };
-                tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, "{e}; stopping its robots");
-                lost = Some((kind, e.to_string()));
+                report(&cx, &lease, event).await;
+                lost = Some((kind, detail));
                 break Ended::Lost;
             }
         }
@@ -194,45 +186,148 @@ async fn hold(
     if let Some((kind, detail)) = lost {
         // The guard is revoked: the robots can no longer write; stop them now.
         robots.stop(&cx.metrics).await;
-        cx.store
-            .record_event(kind, doc! {"worker": &owner, "slot_id": &lease.slot_id, "epoch": lease.epoch, "detail": detail})
-            .await;
+        report(&cx, &lease, SlotEvent::RobotsStopped { kind, detail }).await;
     } else {
         // Hand-back, drain or shutdown: robots first (each may write a last
         // checkpoint), then the slot.
-        tracing::info!(slot = %lease.slot_id, robots = robots.running.load(Ordering::Relaxed), "releasing: stopping robots");
+        let running = robots.running.load(Ordering::Relaxed);
+        report(&cx, &lease, SlotEvent::Releasing { running }).await;
         robots.stop(&cx.metrics).await;
         guard.revoke();
-        release_slot(&cx, &mut lease, &owner).await;
+        release_slot(&cx, &mut lease).await;
     }
-    cx.metrics.slot_held.inc_by(-1);
-    cx.status.lock().expect("status lock").left(&lease.slot_id);
-    cx.ended.notify_one();
+    report(&cx, &lease, SlotEvent::Left).await;
     ended
 }
 
-async fn release_slot(cx: &HoldContext, lease: &mut Lease, owner: &str) {
+async fn release_slot(cx: &HoldContext, lease: &mut Lease) {
     let limit = (cx.timing.tick * 2).max(Duration::from_secs(2));
-    let lease_ms = cx.timing.lease_ms();
-    match tokio::time::timeout(limit, cx.protocol.release(lease)).await {
-        Ok(Ok(true)) => {
-            cx.metrics.releases.inc();
-            tracing::info!(slot = %lease.slot_id, epoch = lease.epoch, "released slot");
+    let event = match tokio::time::timeout(limit, cx.protocol.release(lease)).await {
+        Ok(Ok(true)) => SlotEvent::Released,
+        Ok(Ok(false)) => SlotEvent::ReleaseFailed {
+            why: "slot was no longer ours at release".into(),
+        },
+        Ok(Err(e)) => SlotEvent::ReleaseFailed {
+            why: format!(
+                "could not release slot (it expires by itself within {} ms): {}",
+                cx.timing.lease_ms(),
+                cx.store.scrub(&e.to_string())
+            ),
+        },
+        Err(_) => SlotEvent::ReleaseFailed {
+            why: format!(
+                "no answer to the release (the slot expires by itself within {} ms)",
+                cx.timing.lease_ms()
+            ),
+        },
+    };
+    report(cx, lease, event).await;
+}
+
+/// A step in one held slot's life. [`hold`] emits each into [`report`], the one place
+/// that turns it into log lines, metrics, the worker's status and `events`.
+#[derive(Debug)]
+enum SlotEvent {
+    /// The claim landed; `overflow` when the worker already held a slot.
+    Claimed { overflow: bool },
+    /// A renewal landed after `latency`; `rev` is the slot's robot revision.
+    Renewed { latency: Duration, rev: i64 },
+    /// A renewal failed for a reason the next one may not have; `left` until the
+    /// local deadline.
+    RenewFailed { why: String, left: Duration },
+    /// An operator drained the slot: it is being handed back.
+    Draining,
+    /// Taken by another worker or removed: robots are being stopped.
+    Lost { detail: String },
+    /// No renewal succeeded before the local deadline: robots are being stopped.
+    SelfFenced { detail: String },
+    /// The robots of a lost (`kind` "lost") or self-fenced ("self_fence") slot are
+    /// all stopped.
+    RobotsStopped { kind: &'static str, detail: String },
+    /// A hand-back, drain or shutdown: the `running` robots are being stopped
+    /// (each may write a last checkpoint) before the slot is released.
+    Releasing { running: usize },
+    /// The slot was released: a standby may take it at once.
+    Released,
+    /// The release did not land; the slot expires by itself.
+    ReleaseFailed { why: String },
+    /// The held slot is over, however it ended.
+    Left,
+}
+
+/// Reports one step of a held slot to every sink at once: the log, the metrics, the
+/// worker's `/status` and database health, and the `events` collection.
+async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
+    let (slot, epoch) = (&lease.slot_id, lease.epoch);
+    let owner = cx.protocol.owner();
+    let m = &cx.metrics;
+    match event {
+        SlotEvent::Claimed { overflow } => {
+            tracing::info!(slot = %slot, epoch, worker = %owner, overflow, "claimed slot");
+            m.claims.inc();
+            m.slot_held.inc_by(1);
+            m.epoch.set(epoch);
+            cx.status.lock().expect("status lock").held(lease, overflow);
             cx.store
                 .record_event(
-                    "release",
-                    doc! {"worker": owner, "slot_id": &lease.slot_id, "epoch": lease.epoch},
+                    "claim",
+                    doc! {"worker": owner, "slot_id": slot, "epoch": epoch, "overflow": overflow},
                 )
                 .await;
         }
-        Ok(Ok(false)) => {
-            tracing::warn!(slot = %lease.slot_id, "slot was no longer ours at release")
+        SlotEvent::Renewed { latency, rev } => {
+            m.renew_latency.observe(latency);
+            tracing::debug!(slot = %slot, rev, latency_ms = latency.as_millis() as u64, "renewed");
+            cx.health.ok(m, &cx.status);
+            cx.status.lock().expect("status lock").renewed(lease);
         }
-        Ok(Err(e)) => {
-            tracing::warn!(slot = %lease.slot_id, "could not release slot (it expires by itself within {lease_ms} ms): {}", cx.store.scrub(&e.to_string()))
+        SlotEvent::RenewFailed { why, left } => {
+            m.renew_failures.inc();
+            tracing::warn!(slot = %slot, epoch, left_ms = left.as_millis() as u64, "renewal failed: {why}");
+            cx.health.failed(m, &cx.status, &why);
         }
-        Err(_) => {
-            tracing::warn!(slot = %lease.slot_id, "no answer to the release (the slot expires by itself within {lease_ms} ms)")
+        SlotEvent::Draining => {
+            tracing::info!(slot = %slot, "slot is draining: handing it back");
+        }
+        SlotEvent::Lost { detail } => {
+            m.losses.inc();
+            tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
+        }
+        SlotEvent::SelfFenced { detail } => {
+            m.self_fences.inc();
+            cx.health.failed(
+                m,
+                &cx.status,
+                "no renewal succeeded before the local deadline",
+            );
+            tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
+        }
+        SlotEvent::RobotsStopped { kind, detail } => {
+            cx.store
+                .record_event(
+                    kind,
+                    doc! {"worker": owner, "slot_id": slot, "epoch": epoch, "detail": detail},
+                )
+                .await;
+        }
+        SlotEvent::Releasing { running } => {
+            tracing::info!(slot = %slot, robots = running, "releasing: stopping robots");
+        }
+        SlotEvent::Released => {
+            m.releases.inc();
+            tracing::info!(slot = %slot, epoch, "released slot");
+            cx.store
+                .record_event(
+                    "release",
+                    doc! {"worker": owner, "slot_id": slot, "epoch": epoch},
+                )
+                .await;
+        }
+        SlotEvent::ReleaseFailed { why } => tracing::warn!(slot = %slot, "{why}"),
+        SlotEvent::Left => {
+            m.slot_held.inc_by(-1);
+            cx.status.lock().expect("status lock").left(slot);
+            cx.ended.notify_one();
         }
     }
 }
