@@ -63,13 +63,6 @@ pub enum ActionError {
     Db(#[from] mongodb::error::Error),
 }
 
-impl ActionError {
-    /// Whether the action named something that does not exist.
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, ActionError::NoRobot(_) | ActionError::NoSlot(_))
-    }
-}
-
 /// What an action did, for its caller to report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Done {
