@@ -16,6 +16,7 @@
 use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
 
+use crate::db::field::{EPOCH, GEN, SEQ, SLOT_ID};
 use crate::db::group_commit::{GroupCommit, Statement, Written};
 use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
@@ -192,8 +193,8 @@ impl ContextStore {
         // A pipeline, so a hand-broken `gen` (a string) restarts from 1 instead of
         // failing the write the way `$inc` would.
         let update = vec![doc! {"$set": {
-            "epoch": self.epoch,
-            "gen": {"$add": [
+            EPOCH: self.epoch,
+            GEN: {"$add": [
                 {"$cond": [{"$in": [{"$type": "$gen"}, ["int", "long"]]}, {"$toLong": "$gen"}, 0_i64]},
                 1_i64,
             ]},
@@ -207,8 +208,8 @@ impl ContextStore {
         // robot, so one broken robot holds back no other.
         let filter = |ids: Bson| {
             doc! {
-                "_id": ids, "slot_id": &self.slot_id,
-                "epoch": {"$not": {"$gt": self.epoch}},
+                "_id": ids, SLOT_ID: &self.slot_id,
+                EPOCH: {"$not": {"$gt": self.epoch}},
             }
         };
         let mut refused = Vec::new();
@@ -244,20 +245,20 @@ impl ContextStore {
         // Read back each robot's new generation (by _id, so a point lookup).
         let mut cursor = self
             .robots
-            .find(doc! {"_id": {"$in": &taken}, "slot_id": &self.slot_id, "epoch": self.epoch})
-            .projection(doc! {"_id": 1, "gen": 1})
+            .find(doc! {"_id": {"$in": &taken}, SLOT_ID: &self.slot_id, EPOCH: self.epoch})
+            .projection(doc! {"_id": 1, GEN: 1})
             .await?;
         let mut ours = Vec::new();
         while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
             if let Ok(id) = d.get_object_id("_id") {
-                ours.push((id, long_or_zero(&d, "gen")));
+                ours.push((id, long_or_zero(&d, GEN)));
             }
         }
         Ok(Adopted { ours, refused })
     }
 
     fn fence(&self, id: &ObjectId, gen: i64) -> Document {
-        doc! {"_id": id, "slot_id": &self.slot_id, "epoch": self.epoch, "gen": gen}
+        doc! {"_id": id, SLOT_ID: &self.slot_id, EPOCH: self.epoch, GEN: gen}
     }
 
     fn lapsed(&self, name: &str) -> ContextError {
@@ -281,7 +282,7 @@ impl ContextStore {
         let d = self
             .robots
             .find_one(self.fence(id, gen))
-            .projection(doc! {"name": 1, "kind": 1, "spec": 1, "context": 1, "seq": 1})
+            .projection(doc! {"name": 1, "kind": 1, "spec": 1, "context": 1, SEQ: 1})
             .await?
             .ok_or_else(|| self.fenced(name))?;
         let context = match d.get("context") {
@@ -299,7 +300,7 @@ impl ContextStore {
             kind: d.get_str("kind").unwrap_or("").to_string(),
             spec: d.get_document("spec").cloned().unwrap_or_default(),
             context,
-            seq: long_or_zero(&d, "seq"),
+            seq: long_or_zero(&d, SEQ),
         })
     }
 
@@ -338,14 +339,14 @@ impl ContextStore {
         }
         let mut set = doc! {
             "context": {"$literal": context},
-            "seq": {"$add": ["$seq", 1_i64]},
+            SEQ: {"$add": ["$seq", 1_i64]},
             "checkpointed_at": "$$NOW",
         };
         if history > 0 {
             let entry = doc! {
-                "seq": {"$add": ["$seq", 1_i64]},
-                "epoch": self.epoch,
-                "gen": gen,
+                SEQ: {"$add": ["$seq", 1_i64]},
+                EPOCH: self.epoch,
+                GEN: gen,
                 "worker": {"$literal": &self.worker},
                 "slot": &self.slot_id,
                 "at": "$$NOW",
@@ -359,7 +360,7 @@ impl ContextStore {
             );
         }
         let mut filter = self.fence(id, gen);
-        filter.insert("seq", after_seq);
+        filter.insert(SEQ, after_seq);
         let written = self
             .commit
             .write(Statement {

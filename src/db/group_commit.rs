@@ -35,6 +35,7 @@ use mongodb::{Collection, Database};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::db::field::WRITE_ID;
 use crate::db::guard::WriteGuard;
 use crate::db::pacing::{OwnedWritePermit, WritePacer};
 use crate::metrics::Metrics;
@@ -194,7 +195,7 @@ async fn send_together(
         .map(|(s, token)| {
             let mut c = s.to_command();
             let mut u = s.update.clone();
-            u.push(doc! {"$set": {"write_id": token}});
+            u.push(doc! {"$set": {WRITE_ID: token}});
             c.insert("u", u);
             c
         })
@@ -240,7 +241,7 @@ async fn read_tokens(
     let ids: Vec<ObjectId> = statements.iter().map(|s| s.id).collect();
     let mut cursor = robots
         .find(doc! {"_id": {"$in": &ids}})
-        .projection(doc! {"write_id": 1})
+        .projection(doc! {WRITE_ID: 1})
         .await?;
     let mut now: HashMap<ObjectId, Document> = HashMap::new();
     while let Some(d) = cursor.try_next().await? {
@@ -255,7 +256,7 @@ async fn read_tokens(
 /// after its previous write was answered, and no other instance can write past the
 /// fence, so nothing else replaces the token before the read-back.
 pub fn landed_token(token: &ObjectId, doc: &Document) -> bool {
-    doc.get_object_id("write_id").is_ok_and(|t| t == *token)
+    doc.get_object_id(WRITE_ID).is_ok_and(|t| t == *token)
 }
 
 struct Queued {

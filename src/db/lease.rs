@@ -31,6 +31,7 @@ use tokio::time::Instant;
 
 use crate::clock::SharedClock;
 use crate::config::{Identity, LeaseTiming};
+use crate::db::field::{EPOCH, OWNER, REV};
 use crate::db::store::{Store, StoreError};
 
 /// Why a lease ended or an operation on it failed.
@@ -215,7 +216,7 @@ impl LeaseProtocol {
             doc! {"$match": matching},
             doc! {"$sort": {"_id": 1}},
             doc! {"$project": {
-                "time": 1, "epoch": 1,
+                "time": 1, EPOCH: 1,
                 "id_type": {"$type": "$_id"},
                 "time_type": {"$type": "$time"},
                 "epoch_type": {"$type": "$epoch"},
@@ -300,27 +301,27 @@ impl LeaseProtocol {
 
     async fn try_claim(&self, c: &Candidate) -> Result<Option<Lease>, LeaseError> {
         let seen_time = c.time.map_or(Bson::Null, Bson::DateTime);
-        let filter = doc! {"_id": &c.id, "time": seen_time, "epoch": c.epoch};
+        let filter = doc! {"_id": &c.id, "time": seen_time, EPOCH: c.epoch};
         let update = vec![doc! {"$set": {
-            "owner": &self.owner,
+            OWNER: &self.owner,
             "ip": self.identity.ip.to_string(),
             "port": self.identity.port as i32,
             "time": "$$NOW",
             "lease_ms": self.timing.lease_ms(),
             "expires_ms": self.expires_ms(),
-            "epoch": {"$add": ["$epoch", 1_i64]},
+            EPOCH: {"$add": ["$epoch", 1_i64]},
         }}];
         let sent = self.clock.now();
         let claimed = self
             .slots
             .find_one_and_update(filter, update)
             .return_document(ReturnDocument::After)
-            .projection(doc! {"epoch": 1, "rev": 1})
+            .projection(doc! {EPOCH: 1, REV: 1})
             .await?;
         Ok(claimed.map(|d| Lease {
             slot_id: c.id.clone(),
-            epoch: int64(&d, "epoch").unwrap_or(c.epoch + 1),
-            rev: int64(&d, "rev").unwrap_or(0),
+            epoch: int64(&d, EPOCH).unwrap_or(c.epoch + 1),
+            rev: int64(&d, REV).unwrap_or(0),
             deadline: sent + self.fence_window(),
             last_renewed: sent,
             fenced: false,
@@ -418,10 +419,10 @@ impl LeaseProtocol {
         epoch: i64,
         rev: i64,
     ) -> Result<Option<Renewed>, mongodb::error::Error> {
-        let ours = doc! {"_id": &slot, "owner": &self.owner, "epoch": epoch};
+        let ours = doc! {"_id": &slot, OWNER: &self.owner, EPOCH: epoch};
         let renew = vec![doc! {"$set": {"time": "$$NOW", "expires_ms": self.expires_ms()}}];
         let mut unchanged = ours.clone();
-        unchanged.insert("rev", rev);
+        unchanged.insert(REV, rev);
         unchanged.insert("draining", doc! {"$ne": true});
         let r = self.slots.update_one(unchanged, renew.clone()).await?;
         if r.matched_count == 1 {
@@ -434,10 +435,10 @@ impl LeaseProtocol {
             .slots
             .find_one_and_update(ours, renew)
             .return_document(ReturnDocument::After)
-            .projection(doc! {"rev": 1, "draining": 1})
+            .projection(doc! {REV: 1, "draining": 1})
             .await?;
         Ok(d.map(|d| Renewed {
-            rev: int64(&d, "rev").unwrap_or(rev),
+            rev: int64(&d, REV).unwrap_or(rev),
             draining: matches!(d.get("draining"), Some(Bson::Boolean(true))),
         }))
     }
@@ -450,9 +451,9 @@ impl LeaseProtocol {
         let result = self
             .slots
             .update_one(
-                doc! {"_id": &lease.slot_id, "owner": &self.owner, "epoch": lease.epoch},
+                doc! {"_id": &lease.slot_id, OWNER: &self.owner, EPOCH: lease.epoch},
                 doc! {
-                    "$set": {"owner": Bson::Null, "time": Bson::Null, "expires_ms": 0_i64},
+                    "$set": {OWNER: Bson::Null, "time": Bson::Null, "expires_ms": 0_i64},
                     "$currentDate": {"released_at": true},
                 },
             )
@@ -498,7 +499,7 @@ fn judge(d: &Document) -> Result<Judged, InvalidSlot> {
         id: id.clone(),
         why,
     };
-    let epoch = match d.get("epoch") {
+    let epoch = match d.get(EPOCH) {
         Some(Bson::Int64(e)) if (0..=MAX_EPOCH).contains(e) => *e,
         Some(Bson::Int32(e)) if *e >= 0 => *e as i64,
         Some(Bson::Int64(e)) if *e > MAX_EPOCH => {

@@ -3,6 +3,7 @@
 //! the pacer that keeps robot writes from starving the lease.
 
 pub mod context;
+pub mod field;
 pub mod group_commit;
 pub mod guard;
 pub mod lease;

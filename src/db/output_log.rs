@@ -24,6 +24,7 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::{Collection, Database};
 use tokio::sync::mpsc;
 
+use crate::db::field::GEN;
 use crate::db::guard::WriteGuard;
 use crate::db::pacing::WritePacer;
 use crate::db::store::{Store, ROBOTS};
@@ -162,9 +163,9 @@ fn statements(batch: Vec<Pending>, numbered: &mut HashMap<(ObjectId, i64), i64>)
             let (id, gen) = key;
             let each = lines.remove(&key).unwrap_or_default();
             doc! {
-                "q": {"_id": id, "gen": {"$lte": gen}},
+                "q": {"_id": id, GEN: {"$lte": gen}},
                 "u": {
-                    "$set": {"gen": gen},
+                    "$set": {GEN: gen},
                     "$push": {"lines": {"$each": each, "$slice": -KEEP_LINES}},
                 },
                 "upsert": true,
@@ -232,7 +233,7 @@ pub async fn bury(store: &Store, id: &Bson) -> Result<(), mongodb::error::Error>
         .update_one(
             doc! {"_id": id},
             vec![doc! {"$set": {
-                "gen": i64::MAX, "deleted": true, "lines": [],
+                GEN: i64::MAX, "deleted": true, "lines": [],
                 "expire_at": {"$add": ["$$NOW", 3_600_000_i64]},
             }}],
         )

@@ -9,6 +9,7 @@ use mongodb::options::IndexOptions;
 use mongodb::IndexModel;
 use serde::Serialize;
 
+use crate::db::field::{EPOCH, OWNER, REV, ROBOT_COUNT, SLOT_ID};
 use crate::db::store::{
     is_namespace_exists, slot_name, slot_width, Store, StoreError, EVENTS, MAX_SLOTS, ROBOTS,
     SLOTS, WORKERS,
@@ -99,11 +100,11 @@ async fn create_indexes(store: &Store) -> Result<(), StoreError> {
         .await?;
     store
         .robots()
-        .create_index(IndexModel::builder().keys(doc! {"slot_id": 1}).build())
+        .create_index(IndexModel::builder().keys(doc! {SLOT_ID: 1}).build())
         .await?;
     store
         .workers()
-        .create_index(IndexModel::builder().keys(doc! {"slot_id": 1}).build())
+        .create_index(IndexModel::builder().keys(doc! {SLOT_ID: 1}).build())
         .await?;
     crate::db::lease::ensure_indexes(store).await
 }
@@ -139,9 +140,9 @@ async fn resize_slots(store: &Store, count: u32) -> Result<InitReport, StoreErro
         .filter(|id| !present.contains(id))
         .map(|id| {
             doc! {
-                "_id": id, "owner": Bson::Null, "ip": Bson::Null, "port": Bson::Null,
-                "time": Bson::Null, "expires_ms": 0_i64, "epoch": 0_i64, "rev": 0_i64,
-                "draining": false, "robot_count": 0_i64,
+                "_id": id, OWNER: Bson::Null, "ip": Bson::Null, "port": Bson::Null,
+                "time": Bson::Null, "expires_ms": 0_i64, EPOCH: 0_i64, REV: 0_i64,
+                "draining": false, ROBOT_COUNT: 0_i64,
             }
         })
         .collect();
@@ -205,7 +206,7 @@ async fn retire_slots(
     let mut cursor = store
         .robots()
         .aggregate(vec![
-            doc! {"$match": {"slot_id": {"$in": extra}}},
+            doc! {"$match": {SLOT_ID: {"$in": extra}}},
             doc! {"$group": {"_id": "$slot_id", "n": {"$sum": 1}}},
             doc! {"$sort": {"_id": 1}},
             doc! {"$limit": 1},

@@ -22,6 +22,7 @@
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
+use crate::db::field::{EPOCH, REV, ROBOT_COUNT, SLOT_ID};
 use crate::db::store::{int, Store};
 
 /// A slot as placement sees it.
@@ -55,12 +56,12 @@ pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
     let pipeline = vec![
         doc! {"$match": {"draining": {"$ne": true}, "retiring": {"$ne": true}, "_id": {"$type": "string"}}},
         doc! {"$sort": {"_id": 1}},
-        doc! {"$project": {"robot_count": 1}},
+        doc! {"$project": {ROBOT_COUNT: 1}},
     ];
     let mut cursor = store.slots().aggregate(pipeline).await?;
     let mut out = Vec::new();
     while let Some(d) = cursor.try_next().await? {
-        let seen = int(&d, "robot_count");
+        let seen = int(&d, ROBOT_COUNT);
         out.push(SlotLoad {
             id: d.get_str("_id").unwrap_or_default().to_string(),
             robots: seen.unwrap_or(0).max(0),
@@ -74,7 +75,7 @@ pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
 /// [`STALE_RESERVATION`] has passed, a count above the true one may be robots
 /// still being written, and [`reconcile_counts`] leaves it alone.
 fn reservation(k: i64) -> Document {
-    doc! {"$inc": {"robot_count": k}, "$currentDate": {"reserved_at": true}}
+    doc! {"$inc": {ROBOT_COUNT: k}, "$currentDate": {"reserved_at": true}}
 }
 
 /// How long after its last reservation a slot's count may include robots that
@@ -116,8 +117,8 @@ pub async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementErro
         for (i, k) in take.iter().enumerate().filter(|(_, k)| **k > 0) {
             let s = &pool[i];
             let mut filter = match s.seen {
-                Some(c) => doc! {"_id": &s.id, "robot_count": c},
-                None => doc! {"_id": &s.id, "robot_count": {"$exists": false}},
+                Some(c) => doc! {"_id": &s.id, ROBOT_COUNT: c},
+                None => doc! {"_id": &s.id, ROBOT_COUNT: {"$exists": false}},
             };
             filter.extend(open_for_robots());
             let r = store
@@ -238,7 +239,7 @@ pub async fn move_robots(
     }
     let r = store
         .robots()
-        .update_many(doc! {"_id": {"$in": ids}, "slot_id": from}, rebind(to))
+        .update_many(doc! {"_id": {"$in": ids}, SLOT_ID: from}, rebind(to))
         .await?;
     let moved = r.modified_count as i64;
     adjust(store, to, moved - k, moved > 0).await?;
@@ -278,11 +279,11 @@ pub async fn rescue(
         for chunk in ids.chunks(1000) {
             let mut cursor = store
                 .robots()
-                .find(doc! {"_id": {"$in": chunk}, "slot_id": {"$in": &gone}})
-                .projection(doc! {"slot_id": 1})
+                .find(doc! {"_id": {"$in": chunk}, SLOT_ID: {"$in": &gone}})
+                .projection(doc! {SLOT_ID: 1})
                 .await?;
             while let Some(d) = cursor.try_next().await? {
-                if let (Ok(id), Ok(slot)) = (d.get_object_id("_id"), d.get_str("slot_id")) {
+                if let (Ok(id), Ok(slot)) = (d.get_object_id("_id"), d.get_str(SLOT_ID)) {
                     lost.push((id, slot.to_string()));
                 }
             }
@@ -299,7 +300,7 @@ pub async fn rescue(
         for ((id, old), new) in lost.iter().zip(&placement.slots) {
             let r = store
                 .robots()
-                .update_one(doc! {"_id": id, "slot_id": old}, rebind(new))
+                .update_one(doc! {"_id": id, SLOT_ID: old}, rebind(new))
                 .await?;
             if r.modified_count == 1 {
                 rescued += 1;
@@ -322,7 +323,7 @@ pub async fn rescue(
 /// adopts them (raising their generation), no worker, and `pending` unless paused.
 fn rebind(to: &str) -> Vec<Document> {
     vec![doc! {"$set": {
-        "slot_id": {"$literal": to}, "epoch": 0_i64, "worker": Bson::Null,
+        SLOT_ID: {"$literal": to}, EPOCH: 0_i64, "worker": Bson::Null,
         "status": {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
     }}]
 }
@@ -346,8 +347,8 @@ pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
     let existing = slot_ids(store, doc! {"retiring": {"$ne": true}}).await?;
     let stranded: Vec<Document> = store
         .robots()
-        .find(doc! {"slot_id": {"$nin": &existing}})
-        .projection(doc! {"_id": 1, "slot_id": 1})
+        .find(doc! {SLOT_ID: {"$nin": &existing}})
+        .projection(doc! {"_id": 1, SLOT_ID: 1})
         .await?
         .try_collect()
         .await?;
@@ -360,7 +361,7 @@ pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
         .collect();
     let slots: Vec<String> = stranded
         .iter()
-        .filter_map(|d| d.get_str("slot_id").ok().map(str::to_string))
+        .filter_map(|d| d.get_str(SLOT_ID).ok().map(str::to_string))
         .collect();
     rescue(store, &ids, &slots).await
 }
@@ -374,10 +375,10 @@ pub async fn adjust(
 ) -> Result<(), mongodb::error::Error> {
     let mut inc = Document::new();
     if delta != 0 {
-        inc.insert("robot_count", delta);
+        inc.insert(ROBOT_COUNT, delta);
     }
     if bump {
-        inc.insert("rev", 1_i64);
+        inc.insert(REV, 1_i64);
     }
     if !inc.is_empty() {
         store
@@ -395,7 +396,7 @@ pub async fn bump_revs(store: &Store, slots: &[String]) -> Result<(), mongodb::e
     unique.dedup();
     store
         .slots()
-        .update_many(doc! {"_id": {"$in": unique}}, doc! {"$inc": {"rev": 1_i64}})
+        .update_many(doc! {"_id": {"$in": unique}}, doc! {"$inc": {REV: 1_i64}})
         .await?;
     Ok(())
 }
@@ -414,7 +415,7 @@ pub async fn heal_count(
     let stale_ms = STALE_RESERVATION.as_millis() as i64;
     let filter = doc! {
         "_id": slot,
-        "robot_count": {"$ne": truth},
+        ROBOT_COUNT: {"$ne": truth},
         "$expr": {"$or": [
             {"$lt": ["$robot_count", truth]},
             {"$eq": [{"$type": "$reserved_at"}, "missing"]},
@@ -426,7 +427,7 @@ pub async fn heal_count(
     };
     let r = store
         .slots()
-        .update_one(filter, doc! {"$set": {"robot_count": truth}})
+        .update_one(filter, doc! {"$set": {ROBOT_COUNT: truth}})
         .await?;
     Ok(r.modified_count == 1)
 }
@@ -442,7 +443,7 @@ pub async fn reconcile_counts(store: &Store) -> Result<u64, mongodb::error::Erro
     let mut slots: Vec<Document> = store
         .slots()
         .find(doc! {})
-        .projection(doc! {"_id": 1, "robot_count": 1, "reserved_at": 1})
+        .projection(doc! {"_id": 1, ROBOT_COUNT: 1, "reserved_at": 1})
         .await?
         .try_collect()
         .await?;
@@ -452,15 +453,15 @@ pub async fn reconcile_counts(store: &Store) -> Result<u64, mongodb::error::Erro
     let mut fixed = 0;
     for slot in slots {
         let id = slot.get_str("_id").unwrap_or_default();
-        let seen = slot.get("robot_count").cloned();
-        let count = int(&slot, "robot_count").unwrap_or(-1);
+        let seen = slot.get(ROBOT_COUNT).cloned();
+        let count = int(&slot, ROBOT_COUNT).unwrap_or(-1);
         let t = truth.get(id).copied().unwrap_or(0);
         if count == t {
             continue;
         }
-        let mut filter = doc! {"_id": id, "robot_count": seen.clone().unwrap_or(Bson::Null)};
+        let mut filter = doc! {"_id": id, ROBOT_COUNT: seen.clone().unwrap_or(Bson::Null)};
         if seen.is_none() {
-            filter.insert("robot_count", doc! {"$exists": false});
+            filter.insert(ROBOT_COUNT, doc! {"$exists": false});
         }
         if count > t {
             let reserved_at = slot.get_datetime("reserved_at").ok().copied();
@@ -478,7 +479,7 @@ pub async fn reconcile_counts(store: &Store) -> Result<u64, mongodb::error::Erro
         }
         let r = store
             .slots()
-            .update_one(filter, doc! {"$set": {"robot_count": t}})
+            .update_one(filter, doc! {"$set": {ROBOT_COUNT: t}})
             .await?;
         fixed += r.modified_count;
     }

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::LeaseTiming;
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
+use crate::db::field::{EPOCH, GEN, SEQ, SLOT_ID};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
@@ -334,7 +335,7 @@ impl Supervisor {
         self.last_probe = Instant::now();
         let mine = self.ctx.epoch();
         let pipeline = vec![
-            doc! {"$match": {"slot_id": self.ctx.slot_id(), "_id": {"$type": "objectId"}}},
+            doc! {"$match": {SLOT_ID: self.ctx.slot_id(), "_id": {"$type": "objectId"}}},
             doc! {"$group": {
                 "_id": Bson::Null,
                 "total": {"$sum": 1_i64},
@@ -395,8 +396,8 @@ impl Supervisor {
             .record_event(
                 "adopt",
                 doc! {
-                    "worker": self.ctx.worker(), "slot_id": self.ctx.slot_id(),
-                    "epoch": self.ctx.epoch(), "detail": detail,
+                    "worker": self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                    EPOCH: self.ctx.epoch(), "detail": detail,
                 },
             )
             .await;
@@ -408,7 +409,7 @@ impl Supervisor {
         let mut cursor = self
             .store
             .robots()
-            .find(doc! {"slot_id": self.ctx.slot_id()})
+            .find(doc! {SLOT_ID: self.ctx.slot_id()})
             .projection(doc! {"history": 0})
             .batch_size(BATCH)
             .await?;
@@ -430,8 +431,8 @@ impl Supervisor {
             out.push(Listed {
                 id,
                 paused: matches!(d.get("paused"), Some(Bson::Boolean(true))),
-                epoch: long_or_zero(&d, "epoch"),
-                gen: long_or_zero(&d, "gen"),
+                epoch: long_or_zero(&d, EPOCH),
+                gen: long_or_zero(&d, GEN),
                 loaded: preload(&d, &name),
                 name,
             });
@@ -515,7 +516,7 @@ fn preload(d: &Document, name: &str) -> Option<Loaded> {
         kind: d.get_str("kind").ok()?.to_string(),
         spec: d.get_document("spec").ok()?.clone(),
         context,
-        seq: long_or_zero(d, "seq"),
+        seq: long_or_zero(d, SEQ),
     })
 }
 
@@ -555,8 +556,8 @@ impl Runner {
                         .record_event(
                             "fenced_write",
                             doc! {
-                                "worker": self.ctx.worker(), "slot_id": self.ctx.slot_id(),
-                                "epoch": self.ctx.epoch(), "robot": &self.name, "detail": why,
+                                "worker": self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                                EPOCH: self.ctx.epoch(), "robot": &self.name, "detail": why,
                             },
                         )
                         .await;
