@@ -6,6 +6,7 @@ pub mod context;
 pub mod field;
 pub mod group_commit;
 pub mod guard;
+pub mod heartbeat;
 pub mod lease;
 pub mod output_log;
 pub mod pacing;

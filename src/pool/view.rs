@@ -74,14 +74,14 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
     Ok(out)
 }
 
-/// Workers whose heartbeat still counts (see [`crate::worker::standby_line::is_alive`]).
+/// Workers whose heartbeat still counts (see [`crate::db::heartbeat::is_alive`]).
 pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
-    let mut pipeline = crate::worker::standby_line::liveness();
+    let mut pipeline = crate::db::heartbeat::liveness();
     pipeline.push(doc! {"$sort": {"_id": 1}});
     let mut cursor = store.workers().aggregate(pipeline).await?;
     let mut out = Vec::new();
     while let Some(d) = cursor.try_next().await? {
-        if crate::worker::standby_line::is_alive(&d) {
+        if crate::db::heartbeat::is_alive(&d) {
             out.push(d);
         }
     }
@@ -94,12 +94,12 @@ pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
 ///   says: a killed worker cannot take back the slot it still names there;
 /// - `standby`: it holds nothing and its heartbeat is fresh;
 /// - `overdue`: it holds nothing and has missed a heartbeat. Heartbeats are at most
-///   [`REAR_TICKS`](crate::worker::standby_line::REAR_TICKS) ticks apart, and the
+///   [`REAR_TICKS`](crate::db::heartbeat::REAR_TICKS) ticks apart, and the
 ///   line believes one for two beats, so a worker killed a moment ago still counts
 ///   as live there; past one beat and a second of slack it is no standby to count on.
 pub fn worker_role(worker: &Document, holds_live_slot: bool) -> &'static str {
     let tick = int(worker, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
-    let beat = tick * crate::worker::standby_line::REAR_TICKS as i64 + 1000;
+    let beat = tick * crate::db::heartbeat::REAR_TICKS as i64 + 1000;
     let overdue = int(worker, "seen_ms").is_some_and(|s| s > beat);
     match (holds_live_slot, overdue) {
         (true, _) => "holder",
@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(worker_role(&fresh, true), "holder");
         // Its own document names a slot, but no live lease names it: a standby.
         assert_eq!(worker_role(&fresh, false), "standby");
-        let beat = 1000 * crate::worker::standby_line::REAR_TICKS as i64 + 1000;
+        let beat = 1000 * crate::db::heartbeat::REAR_TICKS as i64 + 1000;
         let late = doc! {"_id": "w", "seen_ms": beat + 1, "tick_ms": 1000_i64};
         assert_eq!(worker_role(&late, false), "overdue");
         assert_eq!(worker_role(&late, true), "holder");
