@@ -161,6 +161,7 @@ async fn restore_detail(db: &TestDb, slot: &str, t0: i64) -> String {
         .store
         .robots()
         .find(doc! {"slot_id": slot})
+        .projection(doc! {"checkpointed_at": 1})
         .await
         .unwrap()
         .try_collect()
@@ -181,21 +182,6 @@ async fn restore_detail(db: &TestDb, slot: &str, t0: i64) -> String {
         pct(&at, 0.9),
         at.last().copied().unwrap_or(f64::NAN)
     )
-}
-
-/// The latest checkpoint of any robot on `slot` (server ms).
-async fn last_checkpoint(db: &TestDb, slot: &str) -> i64 {
-    let d = db
-        .store
-        .robots()
-        .find_one(doc! {"slot_id": slot})
-        .sort(doc! {"checkpointed_at": -1})
-        .await
-        .unwrap()
-        .expect("a robot on the slot");
-    d.get_datetime("checkpointed_at")
-        .unwrap()
-        .timestamp_millis()
 }
 
 /// Crash takeover or graceful handoff, `trials` times, `robots` eager counters.
@@ -469,17 +455,10 @@ async fn container_pool(
         let last =
             checkpointed_where(&db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
         resumed.push((last - t0) as f64);
-        let mut per_slot = Vec::new();
-        for slot in &slots_hit {
-            per_slot.push(last_checkpoint(&db, slot).await - t0);
-        }
+        eprintln!("cpool round {}: claims +{claims:?} ms", resumed.len());
         for slot in &slots_hit {
             eprintln!("  {slot}: {}", restore_detail(&db, slot, t0).await);
         }
-        eprintln!(
-            "cpool round {}: claims +{claims:?} ms, each slot's robots all running +{per_slot:?} ms",
-            resumed.len()
-        );
         conflicted.push((conflicts().await.saturating_sub(c0)) as f64);
         let mut rm = vec!["rm", "-f"];
         rm.extend(names.iter().map(String::as_str));

@@ -320,8 +320,9 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
         ],
     );
     let slow_uri = format!(
-        "MONGODB_URI=mongodb://{}:27017/slotpool?directConnection=true&retryWrites=false",
-        ip(&proxy)
+        "MONGODB_URI=mongodb://{}:27017/slotpool?{}",
+        ip(&proxy),
+        common::containers::DEVDB_OPTIONS
     );
     let slow = pool.run(
         "slow",

@@ -62,7 +62,7 @@ pub const MAX_BYTES: usize = 8 * 1024 * 1024;
 /// dev server went past it: when five holders died at once, their successors'
 /// first batches of 100 took longer than that, every robot of the batch restarted
 /// with backoff, the restarts loaded the server further, and the five slots' robots
-/// took 35–80 s to all run again (`scripts/bench.sh --only cpool`).
+/// took 34–87 s to all run again (`scripts/bench.sh --only cpool`).
 pub const IN_DOUBT_AFTER: Duration = Duration::from_secs(10);
 
 /// One fenced single-document update.
@@ -96,7 +96,8 @@ pub enum Written {
     Applied,
     /// The fence did not match: nothing changed.
     Fenced,
-    /// The lease's write guard closed before the batch was sent: nothing sent.
+    /// The lease's write guard closed before the batch was answered: unsent, or on
+    /// the wire and fenced by the next holder's adoption; its robot is being stopped.
     Lapsed,
     /// The server refused this statement (e.g. the validator), with its message.
     Refused(String),

@@ -138,11 +138,11 @@ impl Drop for Pool {
 /// The URI of a pool's dev database container, as the host reaches it (the same
 /// options as `scripts/dev-mongo.sh` gives: see there why retryable writes are off).
 pub fn devdb_uri(mongo: &str) -> String {
-    format!(
-        "mongodb://{}:27017/?directConnection=true&retryWrites=false",
-        ip(mongo)
-    )
+    format!("mongodb://{}:27017/?{DEVDB_OPTIONS}", ip(mongo))
 }
+
+/// The options every client of a pool's dev database connects with.
+pub const DEVDB_OPTIONS: &str = "directConnection=true&retryWrites=false";
 
 /// A container's address on the pool's network.
 pub fn ip(container: &str) -> String {
