@@ -1,5 +1,6 @@
 //! The lease protocol against the real dev server, with the local clock under the
-//! test's control (ManualClock): claim, renew, lost race, expiry at L, self-fence.
+//! test's control (ManualClock): claim, renew, lost race, expiry at L, self-fence;
+//! and the whole worker loop on that clock.
 
 mod common;
 
@@ -7,9 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, Bson};
-use common::{epoch, owner, TestDb};
+use common::{epoch, invariants, metric, owner, wait_for, TestDb};
 use slotpool::clock::ManualClock;
-use slotpool::{Identity, LeaseError, LeaseProtocol, LeaseTiming};
+use slotpool::metrics::Metrics;
+use slotpool::{
+    Identity, LeaseError, LeaseProtocol, LeaseTiming, Registry, Worker, WorkerSettings,
+};
 
 fn timing() -> LeaseTiming {
     LeaseTiming::from_tick(Duration::from_secs(1))
@@ -447,4 +451,146 @@ async fn renewal_notices_rev_changes_and_drains_and_loss() {
         p.renew(&mut lease).await,
         Err(LeaseError::Lost { .. })
     ));
+}
+
+/// Advances `clock` one tick and waits for the worker's next renewal, the `n`th.
+async fn renew_once_more(clock: &ManualClock, metrics: &Metrics, n: u64) {
+    clock.advance(timing().tick);
+    wait_for(Duration::from_secs(10), &format!("renewal {n}"), || async {
+        (renewals(metrics) >= n).then_some(())
+    })
+    .await;
+    assert_eq!(renewals(metrics), n, "one renewal per tick advanced");
+}
+
+fn renewals(metrics: &Metrics) -> u64 {
+    metric(&metrics.render(), "slotpool_renew_latency_seconds_count")
+}
+
+/// The whole worker loop (claim, renewals, robots, self-fence, a fresh claim) on a
+/// manual clock, against the real server. Renewals follow the clock, not the wall:
+/// exactly one per tick advanced. A jump past the fence deadline, as a paused process
+/// sees on waking, stops the robots before any further write, and the worker comes
+/// back only through a fresh claim under a new epoch.
+#[tokio::test]
+async fn the_worker_loop_keeps_time_by_its_clock() {
+    let db = TestDb::new("worker_clock").await;
+    db.init(1).await;
+    assert!(db.counters("tick", 2, 100).status.success());
+    let started = std::time::Instant::now();
+    let clock = ManualClock::new();
+    let me = "10.0.0.9:7709";
+    let settings = WorkerSettings {
+        identity: me.parse().unwrap(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        timing: timing(),
+        hashing: true,
+        release_poll: None,
+        max_slots: None,
+        overflow_after: timing().lease(),
+        watchers: 2,
+    };
+    let worker = Worker::with_clock(
+        settings,
+        db.store.clone(),
+        Registry::builtin(),
+        Arc::new(clock.clone()),
+    );
+    let metrics = worker.metrics();
+    let shutdown = worker.shutdown_token();
+    let running = tokio::spawn(worker.run());
+
+    // The first round needs no clock: a standby claims at once.
+    wait_for(Duration::from_secs(20), "the claim", || async {
+        let slot = db.slot("slot-001").await;
+        (owner(&slot).as_deref() == Some(me)).then_some(())
+    })
+    .await;
+    // Real time runs past the first renewal's due time (one tick after the claim) but
+    // not past the lease on the server (two ticks): a worker on the wall clock would
+    // have renewed by now. Waiting out real time is what this checks, not a stand-in.
+    tokio::time::sleep_until((started + timing().tick * 3 / 2).into()).await;
+    assert_eq!(renewals(&metrics), 0, "no tick has passed on its clock");
+    assert_eq!(metric(&metrics.render(), "slotpool_self_fences_total"), 0);
+    // Renewals keep the lease (on the server too) while the robots start on real time.
+    let mut n = 0;
+    loop {
+        n += 1;
+        renew_once_more(&clock, &metrics, n).await;
+        let robots = db.robots().await;
+        if robots.iter().all(|r| r.get_i64("seq").unwrap_or(0) >= 2) {
+            break;
+        }
+        assert!(n < 200, "the robots never checkpointed: {robots:?}");
+    }
+
+    // A jump past the deadline, as a process paused for a whole lease sees on waking.
+    clock.advance(timing().lease());
+    wait_for(Duration::from_secs(20), "the self-fence", || async {
+        let fenced = db
+            .store
+            .events()
+            .count_documents(doc! {"kind": "self_fence", "epoch": 1})
+            .await
+            .unwrap();
+        (fenced == 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        metric(&metrics.render(), "slotpool_self_fences_total"),
+        1,
+        "the renewal refused itself: no renewal went out past the deadline"
+    );
+    assert_eq!(renewals(&metrics), n, "no renewal after the deadline");
+    // Stopped before any further write: the robots' last steps, now.
+    let fenced_at: Vec<(String, i64)> = db
+        .robots()
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r.get_str("name").unwrap().to_string(),
+                r.get_i64("seq").unwrap(),
+            )
+        })
+        .collect();
+
+    // Back only through a fresh claim, once the server sees the lease expired. The
+    // worker looks each time its clock moves.
+    wait_for(Duration::from_secs(30), "the fresh claim", || async {
+        let slot = db.slot("slot-001").await;
+        if owner(&slot).as_deref() == Some(me) && epoch(&slot) == 2 {
+            return Some(());
+        }
+        clock.advance(Duration::from_millis(100));
+        None
+    })
+    .await;
+    for (name, seq) in &fenced_at {
+        wait_for(
+            Duration::from_secs(30),
+            &format!("{name} again"),
+            || async { (db.robot(name).await.get_i64("seq").unwrap() > *seq).then_some(()) },
+        )
+        .await;
+        let robot = db.robot(name).await;
+        for e in invariants::entries(&robot) {
+            assert_eq!(
+                e.epoch,
+                if e.seq <= *seq { 1 } else { 2 },
+                "{name}: step {} written under the wrong lease: {e:?}",
+                e.seq
+            );
+        }
+    }
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 2);
+
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(
+        owner(&db.slot("slot-001").await),
+        None,
+        "released on shutdown"
+    );
 }

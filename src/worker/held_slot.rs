@@ -77,7 +77,7 @@ impl HeldSlot {
             slot_id: lease.slot_id.clone(),
             epoch: lease.epoch,
             overflow,
-            claimed_at: Instant::now(),
+            claimed_at: cx.clock.now(),
             release: release.clone(),
             task: tokio::spawn(hold(lease, cx, release, overflow)),
         }
@@ -126,12 +126,14 @@ async fn hold(
     let ended = loop {
         tokio::select! {
             _ = release.cancelled() => break Ended::Released,
-            _ = tokio::time::sleep_until(next.min(lease.deadline())) => {}
+            _ = cx.clock.sleep_until(next.min(lease.deadline())) => {}
         }
         let sent = cx.clock.now();
+        // The round trip is a measurement of the database, on real time.
+        let began = Instant::now();
         match cx.protocol.renew(&mut lease).await {
             Ok(renewed) => {
-                let latency = sent.elapsed();
+                let latency = began.elapsed();
                 guard.extend(lease.deadline());
                 report(
                     &cx,
@@ -150,7 +152,7 @@ async fn hold(
                 robots.paced(latency, &cx.metrics);
                 robots.beats.send_replace(Renewal {
                     rev: renewed.rev,
-                    at: Instant::now(),
+                    at: cx.clock.now(),
                 });
             }
             Err(LeaseError::Db(e)) => {
@@ -352,10 +354,11 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         cx.registry.clone(),
         cx.timing,
         cx.metrics.clone(),
+        cx.clock.clone(),
     );
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,
-        at: Instant::now(),
+        at: cx.clock.now(),
     });
     let stop = CancellationToken::new();
     let running = Arc::new(AtomicUsize::new(0));
@@ -364,6 +367,7 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         rx,
         stop.clone(),
         cx.timing.tick,
+        cx.clock.clone(),
         running.clone(),
     ));
     SupervisorHandle {
@@ -431,12 +435,13 @@ async fn supervise(
     mut beats: watch::Receiver<Renewal>,
     stop: CancellationToken,
     tick: Duration,
+    clock: SharedClock,
     running: Arc<AtomicUsize>,
 ) {
     let mut failing = false;
     loop {
         let beat = *beats.borrow_and_update();
-        if beat.at.elapsed() <= tick / 4 || !supervisor.will_read(beat.rev) {
+        if clock.since(beat.at) <= tick / 4 || !supervisor.will_read(beat.rev) {
             let synced = tokio::select! {
                 _ = stop.cancelled() => break,
                 r = supervisor.sync(beat.rev) => r,

@@ -123,7 +123,18 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(settings: WorkerSettings, store: Store, registry: Registry) -> Self {
-        let clock: SharedClock = Arc::new(MonotonicClock);
+        Self::with_clock(settings, store, registry, Arc::new(MonotonicClock))
+    }
+
+    /// A worker whose every decision about time (renewals, the self-fence, surveys,
+    /// heartbeats, hand-backs, robot restarts) reads and waits on `clock`, the one
+    /// its leases use: tests drive the whole loop with a [`crate::clock::ManualClock`].
+    pub fn with_clock(
+        settings: WorkerSettings,
+        store: Store,
+        registry: Registry,
+        clock: SharedClock,
+    ) -> Self {
         // Lease traffic (survey, claim, renew, release, heartbeat) has a pool of its
         // own: robots' checkpoints must never delay a renewal. Each held slot renews
         // once a tick; a few connections serve several held slots at once.
@@ -140,6 +151,7 @@ impl Worker {
         if !settings.hashing {
             protocol = protocol.without_hashing();
         }
+        let now = clock.now();
         let status = WorkerStatus {
             worker: settings.identity.to_string(),
             role: "standby",
@@ -169,10 +181,10 @@ impl Worker {
             ahead: 0,
             server: None,
             beaten: None,
-            next_beat: Instant::now(),
-            next_survey: Instant::now(),
+            next_beat: now,
+            next_survey: now,
             polled_free: false,
-            poll_muted_until: Instant::now(),
+            poll_muted_until: now,
         }
     }
 
@@ -269,7 +281,7 @@ impl Worker {
                         }
                         BeatError::Db(_) => Duration::ZERO,
                     };
-                    let now = Instant::now();
+                    let now = self.clock.now();
                     let deadline = *waited_out.get_or_insert_with(|| {
                         tracing::warn!(worker = %self.owner(), "{e}; waiting {} ms for it to lapse, in case it was this worker's predecessor", left.as_millis());
                         now + left + self.tick()
@@ -283,7 +295,7 @@ impl Worker {
             };
             tokio::select! {
                 _ = self.shutdown.cancelled() => {}
-                _ = tokio::time::sleep(pause) => {}
+                _ = self.clock.sleep(pause) => {}
             }
         }
         Ok(())
@@ -298,9 +310,9 @@ impl Worker {
     /// the pool's renewals and checkpoints (about 0.03 of a core at 100 renewals/s),
     /// while the poll costs one indexed read per period whatever the pool does.
     async fn pause(&mut self, wait: Duration) -> Option<bool> {
-        let until = Instant::now() + wait;
+        let until = self.clock.now() + wait;
         loop {
-            let now = Instant::now();
+            let now = self.clock.now();
             if now >= until {
                 return Some(false);
             }
@@ -313,9 +325,9 @@ impl Worker {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return None,
                 _ = self.wake.notified() => return Some(true),
-                _ = tokio::time::sleep(nap) => {}
+                _ = self.clock.sleep(nap) => {}
             }
-            if poll.is_some() && Instant::now() < until && self.anything_free().await {
+            if poll.is_some() && self.clock.now() < until && self.anything_free().await {
                 self.polled_free = true;
                 self.metrics.release_poll_hits.inc();
                 return Some(true);
@@ -362,7 +374,7 @@ impl Worker {
     async fn round(&mut self, woken: bool) -> Duration {
         let wait = self.survey_round(woken).await;
         let moved_up = self.keep_place().await;
-        let now = Instant::now();
+        let now = self.clock.now();
         if moved_up {
             // Moving up: look at once rather than at the rear's pace.
             self.next_survey = now;
@@ -384,7 +396,7 @@ impl Worker {
     }
 
     async fn survey_and_claim(&mut self, woken: bool) -> Duration {
-        let now = Instant::now();
+        let now = self.clock.now();
         let every = standby_line::survey_every(self.place(), self.held.len(), self.tick());
         if !woken && now < self.next_survey {
             return self.next_survey - now;
@@ -472,7 +484,7 @@ impl Worker {
         } else if !claimable.is_empty() {
             self.claim(&claimable, !self.held.is_empty()).await;
         }
-        self.next_survey = Instant::now() + wait;
+        self.next_survey = self.clock.now() + wait;
         wait
     }
 
@@ -482,10 +494,10 @@ impl Worker {
         let holding = self.held_leases();
         let ids: Vec<String> = holding.iter().map(|(s, _)| s.clone()).collect();
         let changed = self.beaten.as_ref() != Some(&ids);
-        if !changed && Instant::now() < self.next_beat {
+        if !changed && self.clock.now() < self.next_beat {
             return false;
         }
-        self.next_beat = Instant::now() + standby_line::beat_every(self.tick());
+        self.next_beat = self.clock.now() + standby_line::beat_every(self.tick());
         let clock = match self.bounded_heartbeat().await {
             Beaten::Written(clock) => clock,
             Beaten::Failed => return false,
@@ -616,7 +628,7 @@ impl Worker {
             releasing,
             expired,
             mine_again,
-            at.elapsed(),
+            self.clock.since(*at),
             self.settings.timing.lease(),
         );
         match outcome {
@@ -644,7 +656,7 @@ impl Worker {
         };
         tracing::info!(slot = %h.slot_id, held = self.held.len(), "a standby is live: handing a slot back");
         h.give_back();
-        self.handed_back = Some((h.slot_id.clone(), Instant::now(), standbys));
+        self.handed_back = Some((h.slot_id.clone(), self.clock.now(), standbys));
     }
 
     /// How long a standby or bookkeeping operation may take before it counts as a

@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
 use crate::db::field::{EPOCH, GEN, SEQ, SLOT_ID};
@@ -177,6 +178,8 @@ pub struct Supervisor {
     /// What the next probe should find, once a complete sync set it.
     expected: Option<Fingerprint>,
     last_probe: Instant,
+    /// Reads and waits of the slot's lease (resyncs, probes, restart backoff).
+    clock: SharedClock,
 }
 
 impl Supervisor {
@@ -186,7 +189,9 @@ impl Supervisor {
         registry: Registry,
         timing: LeaseTiming,
         metrics: Arc<Metrics>,
+        clock: SharedClock,
     ) -> Self {
+        let now = clock.now();
         Supervisor {
             store,
             ctx,
@@ -199,10 +204,11 @@ impl Supervisor {
             synced_rev: None,
             warned: Default::default(),
             adopted: false,
-            last_full: Instant::now(),
+            last_full: now,
             listed_total: 0,
             expected: None,
-            last_probe: Instant::now(),
+            last_probe: now,
+            clock,
         }
     }
 
@@ -213,7 +219,7 @@ impl Supervisor {
 
     /// Whether a sync at `rev` would read the slot's robots, rather than only tidy up.
     pub fn will_read(&self, rev: i64) -> bool {
-        self.synced_rev != Some(rev) || self.last_full.elapsed() >= FULL_RESYNC
+        self.synced_rev != Some(rev) || self.clock.since(self.last_full) >= FULL_RESYNC
     }
 
     /// Brings the running set in line with the slot's robots when `rev` changed (or a
@@ -227,8 +233,8 @@ impl Supervisor {
         if !self.will_read(rev) && !self.probe_finds_changes().await? {
             return Ok(0);
         }
-        self.last_full = Instant::now();
-        self.last_probe = Instant::now();
+        self.last_full = self.clock.now();
+        self.last_probe = self.clock.now();
         self.expected = None;
         let began = Instant::now();
         let listed = self.list().await?;
@@ -329,10 +335,10 @@ impl Supervisor {
         let Some(expected) = self.expected else {
             return Ok(false);
         };
-        if self.last_probe.elapsed() < PROBE_EVERY {
+        if self.clock.since(self.last_probe) < PROBE_EVERY {
             return Ok(false);
         }
-        self.last_probe = Instant::now();
+        self.last_probe = self.clock.now();
         let mine = self.ctx.epoch();
         let pipeline = vec![
             doc! {"$match": {SLOT_ID: self.ctx.slot_id(), "_id": {"$type": "objectId"}}},
@@ -453,6 +459,7 @@ impl Supervisor {
             backstop: self.timing.stop_grace + self.timing.abort_slack(),
             metrics: self.metrics.clone(),
             store: self.store.clone(),
+            clock: self.clock.clone(),
         };
         self.tasks.spawn(runner.run(loaded));
         self.running.insert(
@@ -532,6 +539,8 @@ struct Runner {
     grace: Duration,
     metrics: Arc<Metrics>,
     store: Store,
+    /// Measures a run's length and waits out the restart backoff.
+    clock: SharedClock,
 }
 
 impl Runner {
@@ -539,7 +548,7 @@ impl Runner {
         let mut restarts: i64 = 0;
         let mut backoff = FIRST_BACKOFF;
         while !self.token.is_cancelled() {
-            let began = Instant::now();
+            let began = self.clock.now();
             let outcome = self.run_once(first.take(), restarts > 0).await;
             let error = match outcome {
                 Ok(()) if self.token.is_cancelled() => break,
@@ -568,7 +577,7 @@ impl Runner {
             if self.token.is_cancelled() {
                 break;
             }
-            if began.elapsed() >= HEALTHY_RUN {
+            if self.clock.since(began) >= HEALTHY_RUN {
                 backoff = FIRST_BACKOFF;
             }
             let (status, floor) = match error {
@@ -595,7 +604,7 @@ impl Runner {
             self.metrics.robots_restarting.inc_by(1);
             tokio::select! {
                 _ = self.token.cancelled() => {}
-                _ = tokio::time::sleep(backoff) => {}
+                _ = self.clock.sleep(backoff) => {}
             }
             self.metrics.robots_restarting.inc_by(-1);
             backoff = (backoff * 2).min(MAX_BACKOFF);
