@@ -14,6 +14,10 @@ use futures::TryStreamExt;
 use serde_json::json;
 
 use super::{print_json, text};
+use crate::db::field::{
+    CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID,
+    SPEC, STATUS, WORKER,
+};
 use crate::db::store::{is_duplicate_key, Store};
 use crate::pool::placement;
 use crate::robot::Registry;
@@ -122,10 +126,10 @@ pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
     let existing = existing_robots(store, &names).await?;
     let mut conflicts = Vec::new();
     for d in existing.values() {
-        if text(d, "kind").as_deref() != Some(args.kind.as_str())
-            || d.get_document("spec").ok() != Some(&spec)
+        if text(d, KIND).as_deref() != Some(args.kind.as_str())
+            || d.get_document(SPEC).ok() != Some(&spec)
         {
-            conflicts.push(text(d, "name").unwrap_or_default());
+            conflicts.push(text(d, NAME).unwrap_or_default());
         }
     }
     if !conflicts.is_empty() {
@@ -166,10 +170,10 @@ pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
         .zip(&placement.slots)
         .map(|(name, slot)| {
             doc! {
-                "_id": ObjectId::new(), "name": name, "kind": &args.kind, "spec": spec.clone(),
-                "slot_id": slot, "epoch": 0_i64, "context": {}, "seq": 0_i64, "paused": false,
-                "status": "pending", "error": Bson::Null, "restarts": 0_i64, "worker": Bson::Null,
-                "created_at": now, "checkpointed_at": Bson::Null,
+                "_id": ObjectId::new(), NAME: name, KIND: &args.kind, SPEC: spec.clone(),
+                SLOT_ID: slot, EPOCH: 0_i64, CONTEXT: {}, SEQ: 0_i64, PAUSED: false,
+                STATUS: "pending", ERROR: Bson::Null, RESTARTS: 0_i64, WORKER: Bson::Null,
+                CREATED_AT: now, CHECKPOINTED_AT: Bson::Null,
             }
         })
         .collect();
@@ -309,11 +313,11 @@ async fn existing_robots(
     for chunk in names.chunks(1000) {
         let mut cursor = store
             .robots()
-            .find(doc! {"name": {"$in": chunk}})
-            .projection(doc! {"name": 1, "kind": 1, "spec": 1})
+            .find(doc! {NAME: {"$in": chunk}})
+            .projection(doc! {NAME: 1, KIND: 1, SPEC: 1})
             .await?;
         while let Some(d) = cursor.try_next().await? {
-            if let Some(n) = text(&d, "name") {
+            if let Some(n) = text(&d, NAME) {
                 found.insert(n, d);
             }
         }

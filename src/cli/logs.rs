@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bson::{doc, Bson, Document};
 
+use crate::db::field::GEN;
 use crate::db::store::Store;
 
 /// How often `--follow` looks for new lines (they are kept about once a second).
@@ -84,7 +85,7 @@ async fn read(store: &Store, id: &Bson) -> anyhow::Result<Vec<Kept>> {
 }
 
 fn parse(d: &Document) -> Vec<Kept> {
-    let gen = super::int(d, "gen").unwrap_or(0);
+    let gen = super::int(d, GEN).unwrap_or(0);
     let Ok(lines) = d.get_array("lines") else {
         return Vec::new();
     };

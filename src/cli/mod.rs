@@ -24,6 +24,7 @@ use anyhow::Context as _;
 use bson::{doc, Document};
 use clap::{Parser, Subcommand};
 
+use crate::db::field::NAME;
 use crate::db::store::Store;
 
 const DEFAULT_URI: &str = "mongodb://127.0.0.1:27017/slotpool";
@@ -183,7 +184,7 @@ pub(crate) use crate::pool::view::{age, int, text};
 async fn find_robot(store: &Store, name: &str, projection: Document) -> anyhow::Result<Document> {
     store
         .robots()
-        .find_one(doc! {"name": name})
+        .find_one(doc! {NAME: name})
         .projection(projection)
         .await?
         .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))

@@ -6,6 +6,9 @@ use serde_json::json;
 use std::collections::HashMap;
 
 use super::{age, int, print_json, print_table, text};
+use crate::db::field::{
+    EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, STATUS, WORKER,
+};
 use crate::db::store::Store;
 use crate::pool::actions::{self, Actor};
 use crate::pool::view::{self as state, slot_rows, RobotState, SlotView};
@@ -96,27 +99,27 @@ pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
 
 /// A robot document's derived state (see [`super::state`]).
 fn state_of(d: &Document, slots: &HashMap<String, SlotView>) -> RobotState {
-    let slot_id = text(d, "slot_id").unwrap_or_default();
+    let slot_id = text(d, SLOT_ID).unwrap_or_default();
     state::derive(
         &slot_id,
-        d.get_str("status").ok(),
-        d.get_bool("paused").unwrap_or(false),
-        d.get_str("worker").ok(),
+        d.get_str(STATUS).ok(),
+        d.get_bool(PAUSED).unwrap_or(false),
+        d.get_str(WORKER).ok(),
         slots.get(&slot_id),
     )
 }
 
 async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Result<()> {
     let filter = match &slot {
-        Some(s) => doc! {"slot_id": s},
+        Some(s) => doc! {SLOT_ID: s},
         None => doc! {},
     };
     let pipeline = vec![
         doc! {"$match": filter},
-        doc! {"$sort": {"name": 1}},
+        doc! {"$sort": {NAME: 1}},
         doc! {"$project": {
-            "name": 1, "kind": 1, "slot_id": 1, "status": 1, "error": 1, "seq": 1, "paused": 1,
-            "epoch": 1, "gen": 1, "restarts": 1, "worker": 1,
+            NAME: 1, KIND: 1, SLOT_ID: 1, STATUS: 1, ERROR: 1, SEQ: 1, PAUSED: 1,
+            EPOCH: 1, GEN: 1, RESTARTS: 1, WORKER: 1,
             "checkpoint_age_ms": {"$cond": [
                 {"$eq": [{"$type": "$checkpointed_at"}, "date"]},
                 {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$checkpointed_at"}]},
@@ -137,11 +140,11 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
             .map(|d| {
                 let st = state_of(d, &slots);
                 json!({
-                    "name": text(d, "name"), "kind": text(d, "kind"), "slot": text(d, "slot_id"),
+                    "name": text(d, NAME), "kind": text(d, KIND), "slot": text(d, SLOT_ID),
                     "holder": st.holder, "state": st.state, "why": st.why,
-                    "status": text(d, "status"), "error": text(d, "error"),
-                    "paused": d.get_bool("paused").unwrap_or(false), "seq": int(d, "seq"),
-                    "epoch": int(d, "epoch"), "gen": int(d, "gen"), "restarts": int(d, "restarts"),
+                    "status": text(d, STATUS), "error": text(d, ERROR),
+                    "paused": d.get_bool(PAUSED).unwrap_or(false), "seq": int(d, SEQ),
+                    "epoch": int(d, EPOCH), "gen": int(d, GEN), "restarts": int(d, RESTARTS),
                     "checkpoint_age_ms": int(d, "checkpoint_age_ms"),
                 })
             })
@@ -154,17 +157,17 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
         .map(|d| {
             let st = state_of(d, &slots);
             let mut status = st.state.to_string();
-            match (st.state, text(d, "error"), &st.why) {
+            match (st.state, text(d, ERROR), &st.why) {
                 ("restarting" | "failed", Some(e), _) => status = format!("{status}: {e}"),
                 ("waiting", _, Some(why)) => status = format!("{status}: {why}"),
                 _ => {}
             }
             vec![
-                text(d, "name").unwrap_or_default(),
-                text(d, "kind").unwrap_or_default(),
-                text(d, "slot_id").unwrap_or_default(),
+                text(d, NAME).unwrap_or_default(),
+                text(d, KIND).unwrap_or_default(),
+                text(d, SLOT_ID).unwrap_or_default(),
                 st.holder.unwrap_or_else(|| "-".into()),
-                int(d, "seq").map_or("-".into(), |s| s.to_string()),
+                int(d, SEQ).map_or("-".into(), |s| s.to_string()),
                 age(int(d, "checkpoint_age_ms")),
                 status,
             ]

@@ -6,6 +6,7 @@ use clap::Subcommand;
 use serde_json::json;
 
 use super::{age, int, print_json, print_table, text};
+use crate::db::field::{DRAINING, EPOCH, REV, ROBOT_COUNT, SLOT_ID};
 use crate::db::store::Store;
 use crate::pool::view::{live_workers, slot_rows, SlotView};
 
@@ -40,7 +41,7 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let workers = live_workers(store).await?;
     let standbys: Vec<String> = workers
         .iter()
-        .filter(|w| text(w, "slot_id").is_none())
+        .filter(|w| text(w, SLOT_ID).is_none())
         .filter_map(|w| text(w, "_id"))
         .collect();
     if as_json {
@@ -50,13 +51,13 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
                 json!({
                     "id": text(&r.doc, "_id"),
                     "owner": SlotView::of(r).holder,
-                    "epoch": int(&r.doc, "epoch"),
-                    "rev": int(&r.doc, "rev"),
+                    "epoch": int(&r.doc, EPOCH),
+                    "rev": int(&r.doc, REV),
                     "state": r.state,
                     "lease_age_ms": r.lease_age_ms,
                     "lease_ms": int(&r.doc, "lease_ms"),
-                    "robots": int(&r.doc, "robot_count").unwrap_or(0),
-                    "draining": matches!(r.doc.get("draining"), Some(Bson::Boolean(true))),
+                    "robots": int(&r.doc, ROBOT_COUNT).unwrap_or(0),
+                    "draining": matches!(r.doc.get(DRAINING), Some(Bson::Boolean(true))),
                 })
             })
             .collect();
@@ -75,11 +76,11 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
                 r.state.to_string(),
                 SlotView::of(r).holder.unwrap_or_else(|| "-".into()),
                 r.doc
-                    .get("epoch")
+                    .get(EPOCH)
                     .map(|e| e.to_string())
                     .unwrap_or_else(|| "-".into()),
                 age(r.lease_age_ms),
-                int(&r.doc, "robot_count").unwrap_or(0).to_string(),
+                int(&r.doc, ROBOT_COUNT).unwrap_or(0).to_string(),
             ]
         })
         .collect();

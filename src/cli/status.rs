@@ -8,6 +8,7 @@ use serde_json::json;
 use std::collections::BTreeMap;
 
 use super::{age, int, print_json, print_table, text};
+use crate::db::field::EPOCH;
 use crate::db::store::Store;
 use crate::pool::view::{self as state, live_workers, slot_rows, SlotRow};
 
@@ -133,7 +134,7 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
                 let view = state::SlotView::of(s);
                 json!({
                     "id": id, "state": s.state, "owner": view.holder,
-                    "epoch": int(&s.doc, "epoch"), "lease_age_ms": s.lease_age_ms,
+                    "epoch": int(&s.doc, EPOCH), "lease_age_ms": s.lease_age_ms,
                     "robots": counts.per_slot.get(&id).copied().unwrap_or(0),
                 })
             })
@@ -155,7 +156,7 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
                 s.state.to_string(),
                 state::SlotView::of(s).holder.unwrap_or_else(|| "-".into()),
                 s.doc
-                    .get("epoch")
+                    .get(EPOCH)
                     .map(Bson::to_string)
                     .unwrap_or_else(|| "-".into()),
                 age(s.lease_age_ms),

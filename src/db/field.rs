@@ -1,6 +1,10 @@
-//! The names of the fields that fence and place robots, one constant each, so that a
-//! filter, the update it guards and the reader of its result cannot disagree on a
-//! spelling. Aggregation paths (`"$seq"`) are written out beside their pipelines.
+//! The names of stored fields, one constant each, so that a filter, the update it
+//! guards and every reader of the result (the worker, the CLI, the dashboard) cannot
+//! disagree on a spelling. Aggregation paths (`"$seq"`) are written out beside their
+//! pipelines; the names of JSON answers (`--json`, `/api/v1`) are the answers' own.
+//! The collections' shapes are in `schemas/` and ARCHITECTURE.md.
+
+// Fencing and placement.
 
 /// A robot's slot; also the slot named in `workers` and `events` documents.
 pub const SLOT_ID: &str = "slot_id";
@@ -18,3 +22,39 @@ pub const WRITE_ID: &str = "write_id";
 pub const ROBOT_COUNT: &str = "robot_count";
 /// A slot's revision: any change to its robots raises it.
 pub const REV: &str = "rev";
+
+// Slots.
+/// When a slot was last claimed or renewed (server clock), or null once released.
+pub const TIME: &str = "time";
+/// `time + L` in server-clock milliseconds: what the survey's index orders by.
+pub const EXPIRES_MS: &str = "expires_ms";
+/// True while an operator drains a slot: no claim, no new robot.
+pub const DRAINING: &str = "draining";
+
+// Robots.
+/// A robot's unique name.
+pub const NAME: &str = "name";
+/// A robot's kind (`counter`, `exec`, a library's own); also an event's kind.
+pub const KIND: &str = "kind";
+/// A robot's configuration, as its kind reads it.
+pub const SPEC: &str = "spec";
+/// A robot's persisted state: the last checkpoint.
+pub const CONTEXT: &str = "context";
+/// `pending`, `running`, `restarting`, `failed`, `paused`.
+pub const STATUS: &str = "status";
+/// Why a robot last failed or restarted, or null.
+pub const ERROR: &str = "error";
+/// True while an operator paused a robot.
+pub const PAUSED: &str = "paused";
+/// How many times a robot restarted on its current holder.
+pub const RESTARTS: &str = "restarts";
+/// The worker (`ip:port`) running a robot; also the worker named in an event.
+pub const WORKER: &str = "worker";
+/// When a robot was created (server clock).
+pub const CREATED_AT: &str = "created_at";
+/// When a robot's last checkpoint landed (server clock).
+pub const CHECKPOINTED_AT: &str = "checkpointed_at";
+
+// Workers.
+/// A worker's last heartbeat (server clock).
+pub const LAST_SEEN: &str = "last_seen";

@@ -4,6 +4,7 @@
 
 use bson::{doc, Bson, Document};
 
+use crate::db::field::LAST_SEEN;
 use crate::db::store::int;
 
 /// Everyone not at the front surveys, heartbeats and re-reads its place once per
@@ -27,7 +28,7 @@ pub fn is_alive(d: &Document) -> bool {
 pub fn liveness() -> Vec<Document> {
     let now = doc! {"$toLong": "$$NOW"};
     vec![
-        doc! {"$match": {"last_seen": {"$type": "date"}}},
+        doc! {"$match": {LAST_SEEN: {"$type": "date"}}},
         doc! {"$addFields": {
             "seen_ms": {"$subtract": [&now, {"$toLong": "$last_seen"}]},
             "alive_ms": {"$cond": [

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use crate::clock::SharedClock;
 use crate::config::{Identity, LeaseTiming};
-use crate::db::field::{EPOCH, OWNER, REV};
+use crate::db::field::{DRAINING, EPOCH, EXPIRES_MS, OWNER, REV, TIME};
 use crate::db::store::{Store, StoreError};
 
 /// Why a lease ended or an operation on it failed.
@@ -208,15 +208,15 @@ impl LeaseProtocol {
     pub async fn survey(&self, until: Option<i64>) -> Result<Survey, LeaseError> {
         let lease_ms = self.timing.lease_ms();
         let now = doc! {"$toLong": "$$NOW"};
-        let mut matching = doc! {"draining": {"$ne": true}};
+        let mut matching = doc! {DRAINING: {"$ne": true}};
         if let Some(until) = until {
-            matching.insert("expires_ms", doc! {"$lt": until});
+            matching.insert(EXPIRES_MS, doc! {"$lt": until});
         }
         let pipeline = vec![
             doc! {"$match": matching},
             doc! {"$sort": {"_id": 1}},
             doc! {"$project": {
-                "time": 1, EPOCH: 1,
+                TIME: 1, EPOCH: 1,
                 "id_type": {"$type": "$_id"},
                 "time_type": {"$type": "$time"},
                 "epoch_type": {"$type": "$epoch"},
@@ -301,14 +301,14 @@ impl LeaseProtocol {
 
     async fn try_claim(&self, c: &Candidate) -> Result<Option<Lease>, LeaseError> {
         let seen_time = c.time.map_or(Bson::Null, Bson::DateTime);
-        let filter = doc! {"_id": &c.id, "time": seen_time, EPOCH: c.epoch};
+        let filter = doc! {"_id": &c.id, TIME: seen_time, EPOCH: c.epoch};
         let update = vec![doc! {"$set": {
             OWNER: &self.owner,
             "ip": self.identity.ip.to_string(),
             "port": self.identity.port as i32,
-            "time": "$$NOW",
+            TIME: "$$NOW",
             "lease_ms": self.timing.lease_ms(),
-            "expires_ms": self.expires_ms(),
+            EXPIRES_MS: self.expires_ms(),
             EPOCH: {"$add": ["$epoch", 1_i64]},
         }}];
         let sent = self.clock.now();
@@ -336,7 +336,7 @@ impl LeaseProtocol {
     pub async fn anything_free(&self, by_ms: i64) -> Result<bool, LeaseError> {
         let found = self
             .slots
-            .find_one(doc! {"expires_ms": {"$lt": by_ms}, "draining": {"$ne": true}})
+            .find_one(doc! {EXPIRES_MS: {"$lt": by_ms}, DRAINING: {"$ne": true}})
             .projection(doc! {"_id": 1})
             .await?;
         Ok(found.is_some())
@@ -420,10 +420,10 @@ impl LeaseProtocol {
         rev: i64,
     ) -> Result<Option<Renewed>, mongodb::error::Error> {
         let ours = doc! {"_id": &slot, OWNER: &self.owner, EPOCH: epoch};
-        let renew = vec![doc! {"$set": {"time": "$$NOW", "expires_ms": self.expires_ms()}}];
+        let renew = vec![doc! {"$set": {TIME: "$$NOW", EXPIRES_MS: self.expires_ms()}}];
         let mut unchanged = ours.clone();
         unchanged.insert(REV, rev);
-        unchanged.insert("draining", doc! {"$ne": true});
+        unchanged.insert(DRAINING, doc! {"$ne": true});
         let r = self.slots.update_one(unchanged, renew.clone()).await?;
         if r.matched_count == 1 {
             return Ok(Some(Renewed {
@@ -435,11 +435,11 @@ impl LeaseProtocol {
             .slots
             .find_one_and_update(ours, renew)
             .return_document(ReturnDocument::After)
-            .projection(doc! {REV: 1, "draining": 1})
+            .projection(doc! {REV: 1, DRAINING: 1})
             .await?;
         Ok(d.map(|d| Renewed {
             rev: int64(&d, REV).unwrap_or(rev),
-            draining: matches!(d.get("draining"), Some(Bson::Boolean(true))),
+            draining: matches!(d.get(DRAINING), Some(Bson::Boolean(true))),
         }))
     }
 
@@ -453,7 +453,7 @@ impl LeaseProtocol {
             .update_one(
                 doc! {"_id": &lease.slot_id, OWNER: &self.owner, EPOCH: lease.epoch},
                 doc! {
-                    "$set": {OWNER: Bson::Null, "time": Bson::Null, "expires_ms": 0_i64},
+                    "$set": {OWNER: Bson::Null, TIME: Bson::Null, EXPIRES_MS: 0_i64},
                     "$currentDate": {"released_at": true},
                 },
             )
@@ -466,8 +466,8 @@ impl LeaseProtocol {
 pub async fn mark_unknown(slots: &Collection<Document>) -> Result<u64, mongodb::error::Error> {
     let r = slots
         .update_many(
-            doc! {"expires_ms": Bson::Null},
-            doc! {"$set": {"expires_ms": 0_i64}},
+            doc! {EXPIRES_MS: Bson::Null},
+            doc! {"$set": {EXPIRES_MS: 0_i64}},
         )
         .await?;
     Ok(r.modified_count)
@@ -514,7 +514,7 @@ fn judge(d: &Document) -> Result<Judged, InvalidSlot> {
         }
         None => return Err(bad("epoch is missing".into())),
     };
-    let time = match d.get("time") {
+    let time = match d.get(TIME) {
         Some(Bson::DateTime(t)) => Some(*t),
         Some(Bson::Null) | None => None,
         Some(other) => return Err(bad(format!("time must be a date or null, found {other}"))),
@@ -560,7 +560,7 @@ pub async fn ensure_indexes(store: &Store) -> Result<(), StoreError> {
     mark_unknown(&store.slots()).await?;
     store
         .slots()
-        .create_index(IndexModel::builder().keys(doc! {"expires_ms": 1}).build())
+        .create_index(IndexModel::builder().keys(doc! {EXPIRES_MS: 1}).build())
         .await?;
     store
         .workers()

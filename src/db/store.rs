@@ -1,5 +1,6 @@
 //! MongoDB handles, collection names, slot names, and how database errors read.
 
+use crate::db::field::KIND;
 use std::future::IntoFuture;
 use std::time::Duration;
 
@@ -229,7 +230,7 @@ impl Store {
     /// Appends to the capped `events` log. Inspection only: a failure is logged, never
     /// fatal. `at` is the server's clock.
     pub async fn record_event(&self, kind: &str, fields: Document) {
-        let mut set = doc! {"at": "$$NOW", "kind": kind};
+        let mut set = doc! {"at": "$$NOW", KIND: kind};
         // $literal: a robot name or error text starting with `$` is not a field
         // path; and no text of an event may carry a credential.
         set.extend(fields.into_iter().map(|(k, v)| {

@@ -10,6 +10,7 @@
 use bson::{doc, oid::ObjectId, Document};
 use futures::TryStreamExt;
 
+use crate::db::field::{DRAINING, NAME, PAUSED, SLOT_ID, STATUS};
 use crate::db::store::Store;
 use crate::pool::placement::{self, MoveError};
 use crate::pool::view::text;
@@ -80,14 +81,14 @@ pub struct Done {
 async fn robot(store: &Store, name: &str) -> Result<Document, ActionError> {
     store
         .robots()
-        .find_one(doc! {"name": name})
-        .projection(doc! {"_id": 1, "slot_id": 1, "status": 1, "paused": 1})
+        .find_one(doc! {NAME: name})
+        .projection(doc! {"_id": 1, SLOT_ID: 1, STATUS: 1, PAUSED: 1})
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))
 }
 
 fn slot_of(d: &Document) -> Result<String, ActionError> {
-    text(d, "slot_id").ok_or_else(|| {
+    text(d, SLOT_ID).ok_or_else(|| {
         ActionError::BadDocument(
             "this robot's slot_id is missing or not a string; fix it by hand".into(),
         )
@@ -114,12 +115,12 @@ pub async fn set_paused(
         .robots()
         .update_one(
             doc! {"_id": d.get("_id")},
-            doc! {"$set": {"paused": paused, "status": status}},
+            doc! {"$set": {PAUSED: paused, STATUS: status}},
         )
         .await?;
     placement::adjust(store, &slot, 0, true).await?;
     let kind = if paused { "pause" } else { "resume" };
-    record(store, kind, actor, doc! {"robot": name, "slot_id": &slot}).await;
+    record(store, kind, actor, doc! {"robot": name, SLOT_ID: &slot}).await;
     Ok(Done {
         name: name.to_string(),
         slot: Some(slot),
@@ -131,7 +132,7 @@ pub async fn set_paused(
 /// Deletes a robot and its kept output; its holder stops it within a tick.
 pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
     let d = robot(store, name).await?;
-    let slot = text(&d, "slot_id");
+    let slot = text(&d, SLOT_ID);
     let r = store
         .robots()
         .delete_one(doc! {"_id": d.get("_id")})
@@ -149,7 +150,7 @@ pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, Ac
             store,
             "delete",
             actor,
-            doc! {"robot": name, "slot_id": slot.clone()},
+            doc! {"robot": name, SLOT_ID: slot.clone()},
         )
         .await;
     }
@@ -175,14 +176,14 @@ pub async fn move_to(
         // first run was cut off between the two writes): tell it again. Harmless
         // when nothing was wrong: the holder reads its robots once more.
         let waiting =
-            text(&d, "status").as_deref() == Some("pending") && d.get_bool("paused") != Ok(true);
+            text(&d, STATUS).as_deref() == Some("pending") && d.get_bool(PAUSED) != Ok(true);
         placement::adjust(store, to, 0, true).await?;
         if waiting {
             record(
                 store,
                 "move",
                 actor,
-                doc! {"robot": name, "slot_id": to, "detail": "repaired: the robot was on its slot but never started there"},
+                doc! {"robot": name, SLOT_ID: to, "detail": "repaired: the robot was on its slot but never started there"},
             )
             .await;
         }
@@ -210,7 +211,7 @@ pub async fn move_to(
         store,
         "move",
         actor,
-        doc! {"robot": name, "slot_id": to, "detail": format!("from {from}")},
+        doc! {"robot": name, SLOT_ID: to, "detail": format!("from {from}")},
     )
     .await;
     Ok(Done {
@@ -231,13 +232,13 @@ pub async fn set_draining(
 ) -> Result<Done, ActionError> {
     let r = store
         .slots()
-        .update_one(doc! {"_id": slot}, doc! {"$set": {"draining": on}})
+        .update_one(doc! {"_id": slot}, doc! {"$set": {DRAINING: on}})
         .await?;
     if r.matched_count == 0 {
         return Err(ActionError::NoSlot(slot.to_string()));
     }
     let kind = if on { "drain" } else { "undrain" };
-    record(store, kind, actor, doc! {"slot_id": slot}).await;
+    record(store, kind, actor, doc! {SLOT_ID: slot}).await;
     Ok(Done {
         name: slot.to_string(),
         slot: Some(slot.to_string()),
@@ -364,9 +365,9 @@ async fn pick(
 ) -> Result<Vec<(ObjectId, String)>, mongodb::error::Error> {
     let docs: Vec<Document> = store
         .robots()
-        .find(doc! {"slot_id": from, "_id": {"$nin": taken}})
-        .projection(doc! {"_id": 1, "name": 1})
-        .sort(doc! {"name": -1})
+        .find(doc! {SLOT_ID: from, "_id": {"$nin": taken}})
+        .projection(doc! {"_id": 1, NAME: 1})
+        .sort(doc! {NAME: -1})
         .limit(k as i64)
         .await?
         .try_collect()
@@ -375,7 +376,7 @@ async fn pick(
         .iter()
         .filter_map(|d| {
             let id = d.get_object_id("_id").ok()?;
-            Some((id, d.get_str("name").unwrap_or_default().to_string()))
+            Some((id, d.get_str(NAME).unwrap_or_default().to_string()))
         })
         .collect())
 }

@@ -9,7 +9,7 @@ use mongodb::options::IndexOptions;
 use mongodb::IndexModel;
 use serde::Serialize;
 
-use crate::db::field::{EPOCH, OWNER, REV, ROBOT_COUNT, SLOT_ID};
+use crate::db::field::{DRAINING, EPOCH, EXPIRES_MS, NAME, OWNER, REV, ROBOT_COUNT, SLOT_ID, TIME};
 use crate::db::store::{
     is_namespace_exists, slot_name, slot_width, Store, StoreError, EVENTS, MAX_SLOTS, ROBOTS,
     SLOTS, WORKERS,
@@ -93,7 +93,7 @@ async fn create_indexes(store: &Store) -> Result<(), StoreError> {
         .robots()
         .create_index(
             IndexModel::builder()
-                .keys(doc! {"name": 1})
+                .keys(doc! {NAME: 1})
                 .options(unique)
                 .build(),
         )
@@ -141,8 +141,8 @@ async fn resize_slots(store: &Store, count: u32) -> Result<InitReport, StoreErro
         .map(|id| {
             doc! {
                 "_id": id, OWNER: Bson::Null, "ip": Bson::Null, "port": Bson::Null,
-                "time": Bson::Null, "expires_ms": 0_i64, EPOCH: 0_i64, REV: 0_i64,
-                "draining": false, ROBOT_COUNT: 0_i64,
+                TIME: Bson::Null, EXPIRES_MS: 0_i64, EPOCH: 0_i64, REV: 0_i64,
+                DRAINING: false, ROBOT_COUNT: 0_i64,
             }
         })
         .collect();

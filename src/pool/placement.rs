@@ -22,7 +22,7 @@
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::db::field::{EPOCH, REV, ROBOT_COUNT, SLOT_ID};
+use crate::db::field::{DRAINING, EPOCH, REV, ROBOT_COUNT, SLOT_ID, STATUS, WORKER};
 use crate::db::store::{int, Store};
 
 /// A slot as placement sees it.
@@ -54,7 +54,7 @@ pub struct Placement {
 /// Reads every non-draining slot's load.
 pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
     let pipeline = vec![
-        doc! {"$match": {"draining": {"$ne": true}, "retiring": {"$ne": true}, "_id": {"$type": "string"}}},
+        doc! {"$match": {DRAINING: {"$ne": true}, "retiring": {"$ne": true}, "_id": {"$type": "string"}}},
         doc! {"$sort": {"_id": 1}},
         doc! {"$project": {ROBOT_COUNT: 1}},
     ];
@@ -84,7 +84,7 @@ pub const STALE_RESERVATION: std::time::Duration = std::time::Duration::from_sec
 
 /// The part of a slot filter that admits only slots robots may be placed on.
 fn open_for_robots() -> Document {
-    doc! {"draining": {"$ne": true}, "retiring": {"$ne": true}}
+    doc! {DRAINING: {"$ne": true}, "retiring": {"$ne": true}}
 }
 
 /// Spreads `n` robots over `slots`, filling the emptiest first (ties by id).
@@ -230,7 +230,7 @@ pub async fn move_robots(
         let dest = store
             .slots()
             .find_one(doc! {"_id": to})
-            .projection(doc! {"draining": 1})
+            .projection(doc! {DRAINING: 1})
             .await?;
         return Err(match dest {
             None => MoveError::NoSuchSlot(to.to_string()),
@@ -323,8 +323,8 @@ pub async fn rescue(
 /// adopts them (raising their generation), no worker, and `pending` unless paused.
 fn rebind(to: &str) -> Vec<Document> {
     vec![doc! {"$set": {
-        SLOT_ID: {"$literal": to}, EPOCH: 0_i64, "worker": Bson::Null,
-        "status": {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
+        SLOT_ID: {"$literal": to}, EPOCH: 0_i64, WORKER: Bson::Null,
+        STATUS: {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
     }}]
 }
 

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
+use crate::db::field::{DRAINING, EPOCH, OWNER};
 use crate::db::store::Store;
 
 pub use crate::db::store::int;
@@ -47,16 +48,16 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
         let lease_age_ms = int(&d, "_age_ms");
         d.remove("_age_ms");
         let lease_ms = int(&d, "lease_ms");
-        let owner = text(&d, "owner");
+        let owner = text(&d, OWNER);
         let live =
             matches!((&owner, lease_age_ms, lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
-        let state = if matches!(d.get("draining"), Some(Bson::Boolean(true))) {
+        let state = if matches!(d.get(DRAINING), Some(Bson::Boolean(true))) {
             if live {
                 "draining"
             } else {
                 "drained"
             }
-        } else if !matches!(d.get("epoch"), Some(Bson::Int64(_) | Bson::Int32(_))) {
+        } else if !matches!(d.get(EPOCH), Some(Bson::Int64(_) | Bson::Int32(_))) {
             "invalid"
         } else {
             match (live, owner) {
@@ -111,8 +112,7 @@ pub fn worker_role(worker: &Document, holds_live_slot: bool) -> &'static str {
 /// Whether a live lease among `slots` (held or draining) names `worker_id`.
 pub fn holds_live_slot(worker_id: &str, slots: &[SlotRow]) -> bool {
     slots.iter().any(|s| {
-        matches!(s.state, "held" | "draining")
-            && text(&s.doc, "owner").as_deref() == Some(worker_id)
+        matches!(s.state, "held" | "draining") && text(&s.doc, OWNER).as_deref() == Some(worker_id)
     })
 }
 
@@ -162,7 +162,7 @@ impl SlotView {
         let live = matches!(row.state, "held" | "draining");
         SlotView {
             state: row.state,
-            holder: live.then(|| text(&row.doc, "owner")).flatten(),
+            holder: live.then(|| text(&row.doc, OWNER)).flatten(),
         }
     }
 }

@@ -24,6 +24,7 @@ use super::auth::Denied;
 use super::query::{self, RobotQuery};
 use super::snapshot::{EventInfo, RobotRow, SlotInfo, Snapshot, Summary, WorkerInfo};
 use super::{web_actor, App, RobotDetail};
+use crate::db::field::{PAUSED, SLOT_ID, STATUS, WORKER};
 use crate::pool::actions::{self, ActionError, Actor, Done};
 use crate::pool::view::{self, SlotView};
 
@@ -248,16 +249,16 @@ pub async fn robots(State(app): State<App>, RawQuery(raw): RawQuery) -> Response
 
 /// A robot's document as JSON, with its state derived from the snapshot's slots.
 pub fn robot_json(d: &RobotDetail, s: &Snapshot) -> RobotAnswer {
-    let slot_id = view::text(&d.doc, "slot_id").unwrap_or_default();
+    let slot_id = view::text(&d.doc, SLOT_ID).unwrap_or_default();
     let slot = s.slots.iter().find(|x| x.id == slot_id).map(|x| SlotView {
         state: x.state,
         holder: x.holder.clone(),
     });
     let st = view::derive(
         &slot_id,
-        d.doc.get_str("status").ok(),
-        d.doc.get_bool("paused").unwrap_or(false),
-        d.doc.get_str("worker").ok(),
+        d.doc.get_str(STATUS).ok(),
+        d.doc.get_bool(PAUSED).unwrap_or(false),
+        d.doc.get_str(WORKER).ok(),
         slot.as_ref(),
     );
     let mut doc = d.doc.clone();

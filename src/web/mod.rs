@@ -36,6 +36,7 @@ use clap::Args;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::db::field::NAME;
 use crate::db::store::Store;
 use crate::pool::actions::Actor;
 use auth::Auth;
@@ -183,7 +184,7 @@ impl App {
         let found = self
             .store
             .robots()
-            .find_one(doc! {"name": name})
+            .find_one(doc! {NAME: name})
             .await
             .context("reading the robot")?;
         let detail = match found {

@@ -19,6 +19,10 @@ use super::auth::{self, Denied, Session};
 use super::query::{self, RobotQuery};
 use super::snapshot::{SlotInfo, Snapshot};
 use super::{web_actor, App, RobotDetail, MAX_CONTEXT_SHOWN};
+use crate::db::field::{
+    CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, KIND, PAUSED, RESTARTS, SEQ, SLOT_ID,
+    SPEC, STATUS, WORKER,
+};
 use crate::pool::view::age;
 
 const SCRIPT: &str = include_str!("static/app.js");
@@ -368,7 +372,7 @@ pub async fn robot(
         .iter()
         .filter(|e| e.fields.get("robot") == Some(&name))
         .collect();
-    let paused = d.doc.get_bool("paused").unwrap_or(false);
+    let paused = d.doc.get_bool(PAUSED).unwrap_or(false);
     let href = format!("/robots/{}", urlencode(&name));
     let body = html! {
         h1 { (name) }
@@ -397,14 +401,14 @@ pub async fn robot(
             }
         }
         dl #facts {
-            @for k in ["kind", "slot_id", "status", "error", "seq", "epoch", "gen", "restarts", "paused", "worker", "created_at", "checkpointed_at"] {
+            @for k in [KIND, SLOT_ID, STATUS, ERROR, SEQ, EPOCH, GEN, RESTARTS, PAUSED, WORKER, CREATED_AT, CHECKPOINTED_AT] {
                 dt { (k) } dd data-field=(k) { (txt(k)) }
             }
         }
         h2 { "Context" }
-        pre #context { (pretty(d.doc.get("context"))) }
+        pre #context { (pretty(d.doc.get(CONTEXT))) }
         h2 { "Spec" }
-        pre #spec { (pretty(d.doc.get("spec"))) }
+        pre #spec { (pretty(d.doc.get(SPEC))) }
         @if let Some(h) = history {
             h2 { "Checkpoint history" }
             pre #history { (pretty(Some(&Bson::Array(h.clone())))) }

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::ContextStore;
+use crate::db::field::{EPOCH, SLOT_ID, WORKER};
 use crate::db::guard::WriteGuard;
 use crate::db::lease::{Lease, LeaseError, LeaseProtocol};
 use crate::db::pacing::WritePacer;
@@ -273,7 +274,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             cx.store
                 .record_event(
                     "claim",
-                    doc! {"worker": owner, "slot_id": slot, "epoch": epoch, "overflow": overflow},
+                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "overflow": overflow},
                 )
                 .await;
         }
@@ -308,7 +309,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             cx.store
                 .record_event(
                     kind,
-                    doc! {"worker": owner, "slot_id": slot, "epoch": epoch, "detail": detail},
+                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "detail": detail},
                 )
                 .await;
         }
@@ -319,10 +320,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             m.releases.inc();
             tracing::info!(slot = %slot, epoch, "released slot");
             cx.store
-                .record_event(
-                    "release",
-                    doc! {"worker": owner, "slot_id": slot, "epoch": epoch},
-                )
+                .record_event("release", doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch})
                 .await;
         }
         SlotEvent::ReleaseFailed { why } => tracing::warn!(slot = %slot, "{why}"),

@@ -32,6 +32,7 @@ use futures::TryStreamExt;
 use mongodb::Collection;
 use tokio::time::Instant;
 
+use crate::db::field::{EPOCH, LAST_SEEN, SLOT_ID};
 use crate::db::heartbeat::{is_alive, liveness, REAR_TICKS};
 use crate::db::store::int;
 
@@ -225,9 +226,9 @@ impl Line {
                 own_heartbeat(beat.me, beat.instance),
                 vec![doc! {"$set": {
                     "instance": beat.instance,
-                    "slot_id": slot, "epoch": epoch, "slots": {"$literal": ids},
+                    SLOT_ID: slot, EPOCH: epoch, "slots": {"$literal": ids},
                     "held": beat.held.len() as i64, "room": beat.room(),
-                    "max_slots": max, "last_seen": "$$NOW",
+                    "max_slots": max, LAST_SEEN: "$$NOW",
                     "tick_ms": beat.tick.as_millis() as i64,
                     "beat_ms": every.as_millis() as i64,
                     "alive_until_ms": {"$add": [

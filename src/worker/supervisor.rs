@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
-use crate::db::field::{EPOCH, GEN, SEQ, SLOT_ID};
+use crate::db::field::{CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, WORKER};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
@@ -345,7 +345,7 @@ impl Supervisor {
             doc! {"$group": {
                 "_id": Bson::Null,
                 "total": {"$sum": 1_i64},
-                "paused": {"$sum": {"$cond": [{"$eq": ["$paused", true]}, 1_i64, 0_i64]}},
+                PAUSED: {"$sum": {"$cond": [{"$eq": ["$paused", true]}, 1_i64, 0_i64]}},
                 "unadopted": {"$sum": {"$cond": [
                     {"$and": [{"$ne": ["$paused", true]}, {"$ne": ["$epoch", mine]}]},
                     1_i64, 0_i64,
@@ -357,7 +357,7 @@ impl Supervisor {
             Some(d) => Fingerprint {
                 total: long_or_zero(&d, "total"),
                 unadopted: long_or_zero(&d, "unadopted"),
-                paused: long_or_zero(&d, "paused"),
+                paused: long_or_zero(&d, PAUSED),
             },
             None => Fingerprint::default(),
         };
@@ -402,7 +402,7 @@ impl Supervisor {
             .record_event(
                 "adopt",
                 doc! {
-                    "worker": self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                    WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
                     EPOCH: self.ctx.epoch(), "detail": detail,
                 },
             )
@@ -431,12 +431,12 @@ impl Supervisor {
                 continue;
             };
             let name = d
-                .get_str("name")
+                .get_str(NAME)
                 .map(str::to_string)
                 .unwrap_or_else(|_| id.to_hex());
             out.push(Listed {
                 id,
-                paused: matches!(d.get("paused"), Some(Bson::Boolean(true))),
+                paused: matches!(d.get(PAUSED), Some(Bson::Boolean(true))),
                 epoch: long_or_zero(&d, EPOCH),
                 gen: long_or_zero(&d, GEN),
                 loaded: preload(&d, &name),
@@ -513,15 +513,15 @@ impl Supervisor {
 /// Turns a listed document into what a first start needs, or None to load it fresh
 /// (and report the problem) in the runner.
 fn preload(d: &Document, name: &str) -> Option<Loaded> {
-    let context = match d.get("context") {
+    let context = match d.get(CONTEXT) {
         Some(Bson::Document(c)) => c.clone(),
         Some(Bson::Null) | None => Document::new(),
         Some(_) => return None,
     };
     Some(Loaded {
         name: name.to_string(),
-        kind: d.get_str("kind").ok()?.to_string(),
-        spec: d.get_document("spec").ok()?.clone(),
+        kind: d.get_str(KIND).ok()?.to_string(),
+        spec: d.get_document(SPEC).ok()?.clone(),
         context,
         seq: long_or_zero(d, SEQ),
     })
@@ -565,7 +565,7 @@ impl Runner {
                         .record_event(
                             "fenced_write",
                             doc! {
-                                "worker": self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                                WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
                                 EPOCH: self.ctx.epoch(), "robot": &self.name, "detail": why,
                             },
                         )
