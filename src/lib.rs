@@ -22,6 +22,7 @@ pub mod pool;
 pub mod printable;
 pub mod robot;
 pub mod secrets;
+pub mod serve;
 pub mod web;
 pub mod worker;
 

@@ -436,16 +436,12 @@ async fn kept_alive_clients_never_lock_out_a_probe() {
     .await;
     // As many kept-alive clients as the worker serves connections, each between
     // two requests: only a request in flight may protect a connection.
-    let clients = kept_alive_clients(w.port, "/metrics", slotpool::worker::http::MAX_CONNECTIONS);
+    let clients = kept_alive_clients(w.port, "/metrics", slotpool::serve::MAX_CONNECTIONS);
     assert_eq!(probes(w.port, "/healthz"), 12, "the worker's health probes");
     drop(clients);
 
     let web = common::web::WebProc::start(&db.uri, &db.dir, false, &[]).await;
-    let clients = kept_alive_clients(
-        web.port,
-        "/api/v1/slots",
-        slotpool::worker::http::MAX_CONNECTIONS,
-    );
+    let clients = kept_alive_clients(web.port, "/api/v1/slots", slotpool::serve::MAX_CONNECTIONS);
     assert_eq!(probes(web.port, "/api/v1/slots"), 12, "the dashboard's");
     drop(clients);
 }

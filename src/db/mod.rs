@@ -10,4 +10,5 @@ pub mod heartbeat;
 pub mod lease;
 pub mod output_log;
 pub mod pacing;
+pub mod robot_count;
 pub mod store;

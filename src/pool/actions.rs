@@ -308,7 +308,7 @@ pub async fn rebalance(
     if slots.is_empty() {
         return Err(ActionError::NoSlots);
     }
-    let counts = placement::true_counts(store).await?;
+    let counts = crate::db::robot_count::true_counts(store).await?;
     let before: Vec<(String, i64)> = slots
         .iter()
         .map(|s| (s.id.clone(), counts.get(&s.id).copied().unwrap_or(0)))

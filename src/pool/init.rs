@@ -180,7 +180,7 @@ async fn resize_slots(store: &Store, count: u32) -> Result<InitReport, StoreErro
     // Robots left on a slot that is gone (a hand edit, an older version's
     // shrink) are re-placed; then the counts are made true.
     report.rescued = crate::pool::placement::rescue_all(store).await?;
-    report.recounted = crate::pool::placement::reconcile_counts(store).await?;
+    report.recounted = crate::db::robot_count::reconcile_counts(store).await?;
     report.orphaned_output = crate::db::output_log::remove_orphaned(store).await?;
     Ok(report)
 }

@@ -366,7 +366,7 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
-    let server = crate::worker::http::serve_router(
+    let server = crate::serve::serve_bounded(
         listener,
         router(app),
         Duration::from_secs(30),

@@ -1,46 +1,22 @@
 //! Read-only HTTP on the worker's port: `GET /healthz`, `GET /metrics`, `GET /status`,
-//! served by axum on hyper. Nothing here can change the pool: every route answers
-//! `GET` and `HEAD` only, anything else is `405`.
-//!
-//! The port is open to whoever can reach it, so it must not cost the worker what its
-//! robots need. What hyper does not bound, this module does:
-//! - at most [`MAX_CONNECTIONS`] connections are open at once (about 1,500 idle ones
-//!   would otherwise take every descriptor at the common limit of 1,024, and robots
-//!   could not start). When all are taken, a new connection evicts the one idle
-//!   longest: only a request in flight protects a connection, so neither silent
-//!   connections nor kept-alive ones between their requests can lock out a health
-//!   probe; when every connection is answering a request, the newcomer is closed
-//!   at once ([`Connections`]);
-//! - a request head must arrive within [`HEAD_TIMEOUT`] and fit in [`MAX_REQUEST`]
-//!   bytes (hyper answers `431` past it);
-//! - a connection is closed after [`CONNECTION_TIMEOUT`] in any case, kept alive or not.
+//! served by axum on hyper within [`crate::serve`]'s bounds (a connection cap that
+//! evicts the idle first, a head timeout, a size limit). Nothing here can change the
+//! pool: every route answers `GET` and `HEAD` only, anything else is `405`.
 
-use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, State};
+use axum::extract::State;
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt as _;
 
 use crate::metrics::Metrics;
 use crate::worker::status::SharedStatus;
-
-/// The largest request head accepted (hyper's smallest allowed read buffer).
-pub const MAX_REQUEST: usize = 8 * 1024;
-
-/// The most connections served at once.
-pub const MAX_CONNECTIONS: usize = 64;
-
-/// How long a connection may take to send a request head.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a connection may stay open at all.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
@@ -49,119 +25,6 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub status: SharedStatus,
-}
-
-/// Which connections are open, and which of them are still waiting for a request:
-/// the admission decision, without I/O.
-#[derive(Debug, Default)]
-pub struct Connections {
-    max: usize,
-    next: u64,
-    open: usize,
-    /// Open with no request in flight, longest idle first.
-    idle: VecDeque<u64>,
-}
-
-/// What to do with a new connection.
-#[derive(Debug, PartialEq)]
-pub enum Admission {
-    /// Serve it as `id`; first close `evict`, if any.
-    Admit { id: u64, evict: Option<u64> },
-    /// Every connection is busy answering: close this one.
-    Refuse,
-}
-
-impl Connections {
-    pub fn new(max: usize) -> Self {
-        Connections {
-            max,
-            ..Default::default()
-        }
-    }
-
-    pub fn admit(&mut self) -> Admission {
-        let evict = if self.open >= self.max {
-            match self.idle.pop_front() {
-                Some(old) => {
-                    self.open -= 1;
-                    Some(old)
-                }
-                None => return Admission::Refuse,
-            }
-        } else {
-            None
-        };
-        let id = self.next;
-        self.next += 1;
-        self.open += 1;
-        self.idle.push_back(id);
-        Admission::Admit { id, evict }
-    }
-
-    /// `id` sent a request: it is no longer idle.
-    pub fn busy(&mut self, id: u64) {
-        self.idle.retain(|&i| i != id);
-    }
-
-    /// `id`'s request was answered: idle again, and the last to be evicted.
-    pub fn answered(&mut self, id: u64) {
-        self.idle.retain(|&i| i != id);
-        self.idle.push_back(id);
-    }
-
-    /// `id` closed by itself (not evicted).
-    pub fn closed(&mut self, id: u64) {
-        self.idle.retain(|&i| i != id);
-        self.open = self.open.saturating_sub(1);
-    }
-
-    pub fn open(&self) -> usize {
-        self.open
-    }
-}
-
-/// The open connections and how to close each.
-struct Gate {
-    book: Mutex<(Connections, HashMap<u64, CancellationToken>)>,
-}
-
-impl Gate {
-    fn admit(&self) -> Option<(u64, CancellationToken)> {
-        let mut book = self.book.lock().expect("http gate lock");
-        let (conns, tokens) = &mut *book;
-        match conns.admit() {
-            Admission::Refuse => None,
-            Admission::Admit { id, evict } => {
-                if let Some(old) = evict.and_then(|old| tokens.remove(&old)) {
-                    old.cancel();
-                }
-                let token = CancellationToken::new();
-                tokens.insert(id, token.clone());
-                Some((id, token))
-            }
-        }
-    }
-
-    fn busy(&self, id: u64) {
-        self.book.lock().expect("http gate lock").0.busy(id);
-    }
-
-    fn answered(&self, id: u64) {
-        let mut book = self.book.lock().expect("http gate lock");
-        // Not if it was evicted meanwhile (it is no longer counted).
-        if book.1.contains_key(&id) {
-            book.0.answered(id);
-        }
-    }
-
-    /// Called as a connection's task ends, evicted or not.
-    fn closed(&self, id: u64) {
-        let mut book = self.book.lock().expect("http gate lock");
-        // An evicted connection was already counted out when it was evicted.
-        if book.1.remove(&id).is_some() {
-            book.0.closed(id);
-        }
-    }
 }
 
 /// The worker's routes.
@@ -177,66 +40,7 @@ pub fn router(state: HttpState) -> Router {
 /// Serves the worker's routes until `stop` is cancelled. The listener is bound by
 /// the caller, so a port already in use fails before the worker touches the database.
 pub async fn serve(listener: TcpListener, state: HttpState, stop: CancellationToken) {
-    serve_router(listener, router(state), CONNECTION_TIMEOUT, stop).await
-}
-
-/// Serves `app` with this module's bounds (at most [`MAX_CONNECTIONS`], idle ones
-/// evicted first, [`HEAD_TIMEOUT`], [`MAX_REQUEST`]), closing each connection after
-/// `connection_timeout`. Handlers can read the peer's address with axum's
-/// `ConnectInfo<SocketAddr>`.
-pub async fn serve_router(
-    listener: TcpListener,
-    app: Router,
-    connection_timeout: Duration,
-    stop: CancellationToken,
-) {
-    let gate = Arc::new(Gate {
-        book: Mutex::new((Connections::new(MAX_CONNECTIONS), HashMap::new())),
-    });
-    loop {
-        let (conn, peer) = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    // Out of descriptors, most likely: wait rather than spin.
-                    tracing::debug!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Some((id, evicted)) = gate.admit() else {
-            drop(conn);
-            continue;
-        };
-        let (app, gate) = (app.clone(), gate.clone());
-        tokio::spawn(async move {
-            let requests = {
-                let gate = gate.clone();
-                hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                    gate.busy(id);
-                    req.extensions_mut().insert(ConnectInfo(peer));
-                    let (app, gate) = (app.clone(), gate.clone());
-                    async move {
-                        let answer = app.oneshot(req).await;
-                        gate.answered(id);
-                        answer
-                    }
-                })
-            };
-            let served = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
-                .max_buf_size(MAX_REQUEST)
-                .serve_connection(TokioIo::new(conn), requests);
-            tokio::select! {
-                _ = evicted.cancelled() => {}
-                _ = tokio::time::timeout(connection_timeout, served) => {}
-            }
-            gate.closed(id);
-        });
-    }
+    crate::serve::serve_bounded(listener, router(state), CONNECTION_TIMEOUT, stop).await
 }
 
 async fn healthz(State(state): State<HttpState>) -> Response {
@@ -293,68 +97,4 @@ async fn unknown(method: Method) -> Result<Response, Infallible> {
         "not found: try /healthz, /metrics or /status\n",
     )
         .into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn admits_up_to_the_cap_then_evicts_the_oldest_idle() {
-        let mut c = Connections::new(2);
-        assert_eq!(c.admit(), Admission::Admit { id: 0, evict: None });
-        assert_eq!(c.admit(), Admission::Admit { id: 1, evict: None });
-        assert_eq!(
-            c.admit(),
-            Admission::Admit {
-                id: 2,
-                evict: Some(0)
-            }
-        );
-        assert_eq!(c.open(), 2);
-        // Busy ones (answering) are never evicted.
-        c.busy(1);
-        c.busy(2);
-        assert_eq!(c.admit(), Admission::Refuse);
-        c.closed(1);
-        assert_eq!(c.admit(), Admission::Admit { id: 3, evict: None });
-        assert_eq!(c.open(), 2);
-        assert_eq!(
-            c.admit(),
-            Admission::Admit {
-                id: 4,
-                evict: Some(3)
-            }
-        );
-    }
-
-    #[test]
-    fn a_kept_alive_connection_is_protected_only_while_its_request_is_in_flight() {
-        let mut c = Connections::new(2);
-        for id in 0..2 {
-            c.admit();
-            c.busy(id);
-        }
-        assert_eq!(c.admit(), Admission::Refuse, "both answering");
-        // 0 was answered and keeps its connection open for the next request; 1
-        // was answered after it. The probe evicts the one idle longest.
-        c.answered(0);
-        c.answered(1);
-        assert_eq!(
-            c.admit(),
-            Admission::Admit {
-                id: 2,
-                evict: Some(0)
-            }
-        );
-        c.busy(1);
-        assert_eq!(
-            c.admit(),
-            Admission::Admit {
-                id: 3,
-                evict: Some(2)
-            },
-            "a newcomer that has not sent its request yet is idle too"
-        );
-    }
 }

@@ -242,7 +242,7 @@ impl Supervisor {
         // The slot's count of robots, kept for placement, healed from what was
         // just read (a create cut off mid-way leaves it too high).
         if self.ctx.lease_open() {
-            match crate::pool::placement::heal_count(
+            match crate::db::robot_count::heal_count(
                 &self.store,
                 self.ctx.slot_id(),
                 self.listed_total,
