@@ -39,6 +39,19 @@ fn dist(ms: &mut [f64]) -> String {
     )
 }
 
+/// The 99th percentile of `ms` (any order).
+fn p99(ms: &[f64]) -> f64 {
+    let mut sorted = ms.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    pct(&sorted, 0.99)
+}
+
+/// A goal and its verdict on this run's own figures: "goal: **met** (evidence)".
+fn judged(goal: &str, met: bool, evidence: String) -> String {
+    let verdict = if met { "met" } else { "not met" };
+    format!("{goal}: **{verdict}** ({evidence})")
+}
+
 /// Like [`dist`], for counts.
 fn counts(n: &mut [f64]) -> String {
     n.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -257,9 +270,28 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
             }
         ),
         goal: if graceful {
-            "p99 < 500 ms + robots' stop time".into()
+            let all = p99(&all_running);
+            judged(
+                "p99 < 500 ms + robots' stop time",
+                all < 500.0,
+                format!("p99 {all:.0} ms for all {robots}"),
+            )
         } else {
-            "p99 ≤ L + 150 ms = 2150 ms (lower bound L = 2000 ms); expiry → claim ≤ 50 ms (issue 12)".into()
+            let claim = p99(&takeover);
+            let expiry = p99(&from_expiry);
+            format!(
+                "{}; {}",
+                judged(
+                    "p99 ≤ L + 150 ms = 2150 ms (lower bound L = 2000 ms)",
+                    claim <= 2150.0,
+                    format!("p99 {claim:.0} ms")
+                ),
+                judged(
+                    "expiry → claim ≤ 50 ms (issue 12)",
+                    expiry <= 50.0,
+                    format!("p99 {expiry:.0} ms")
+                )
+            )
         },
     }
 }
@@ -336,7 +368,11 @@ async fn container_takeover(trials: usize, robots: u32) -> Row {
             dist(&mut takeover),
             dist(&mut all_running)
         ),
-        goal: "p99 ≤ L + 150 ms = 2150 ms, as between processes (issue 20)".into(),
+        goal: judged(
+            "p99 ≤ L + 150 ms = 2150 ms, as between processes (issue 20)",
+            p99(&takeover) <= 2150.0,
+            format!("p99 {:.0} ms", p99(&takeover)),
+        ),
     }
 }
 
@@ -479,7 +515,22 @@ async fn container_pool(
             counts(&mut conflicted),
             workers - slots as usize
         ),
-        goal: "resumed within L + 1 s; ops/s flat (issue 20)".into(),
+        goal: format!(
+            "{}; {}",
+            judged(
+                "resumed within L + 1 s = 3000 ms (issue 20)",
+                p99(&resumed) <= 3000.0,
+                format!("p99 {:.0} ms", p99(&resumed))
+            ),
+            judged(
+                "ops/s flat in the number of standbys (within 25 %)",
+                before <= at_few * 1.25,
+                format!(
+                    "{at_few:.0} → {before:.0} ops/s from {kill} to {} standbys",
+                    workers - slots as usize
+                )
+            )
+        ),
     }
 }
 
@@ -545,7 +596,11 @@ async fn orphan(trials: usize, robots: u32) -> Row {
             dist(&mut claims),
             dist(&mut all)
         ),
-        goal: "claim p99 ≤ 2L + 100 ms = 4100 ms".into(),
+        goal: judged(
+            "claim p99 ≤ 2L + 100 ms = 4100 ms",
+            p99(&claims) <= 4100.0,
+            format!("p99 {:.0} ms", p99(&claims)),
+        ),
     }
 }
 
@@ -593,8 +648,12 @@ async fn handback(trials: usize) -> Row {
     }
     Row {
         name: "Hand-back: a new worker's start (process spawn included) → it holds a slot handed back by an overflowing holder (20 robots on it, tick 1 s)".into(),
+        goal: judged(
+            "p99 ≤ one tick + 500 ms = 1500 ms",
+            p99(&took) <= 1500.0,
+            format!("p99 {:.0} ms", p99(&took)),
+        ),
         figures: dist(&mut took),
-        goal: "p99 ≤ one tick + 500 ms = 1500 ms".into(),
     }
 }
 
@@ -846,6 +905,7 @@ async fn standbys(held: usize) -> Row {
     let base = server_cores(pid, window).await;
     let mut workers: Vec<WorkerProc> = Vec::new();
     let mut figures = vec![format!("the held slots alone: {base:.3} cores")];
+    let mut ten = 0.0;
     for total in [10, 50] {
         while workers.len() < total {
             workers.push(db.worker(&[]));
@@ -856,6 +916,9 @@ async fn standbys(held: usize) -> Row {
         // Settle first: start-up is not the steady state.
         tokio::time::sleep(Duration::from_secs(5)).await;
         let with = server_cores(pid, window).await;
+        if total == 10 {
+            ten = with - base;
+        }
         figures.push(format!(
             "+{total} standbys: {:.3} cores for the standbys ({:.4} each)",
             with - base,
@@ -866,7 +929,11 @@ async fn standbys(held: usize) -> Row {
     Row {
         name,
         figures: figures.join("; "),
-        goal: "issue 12: ≤ 0.03 of a core for 10 standbys".into(),
+        goal: judged(
+            "issue 12: ≤ 0.03 of a core for 10 standbys",
+            ten <= 0.03,
+            format!("{ten:.3} cores"),
+        ),
     }
 }
 
@@ -1047,7 +1114,11 @@ async fn web_load() -> Row {
             d(2) - d(3),
             d(2)
         ),
-        goal: "no self-fence, every renewal under 250 ms".into(),
+        goal: judged(
+            "no self-fence, every renewal under 250 ms",
+            d(0) == 0 && d(2) == d(3),
+            format!("{} self-fences, {} slow renewals", d(0), d(2) - d(3)),
+        ),
     }
 }
 
@@ -1439,7 +1510,15 @@ async fn main() {
             Row {
                 name: "Database cost per tick (server opcounters, quiet robots, tick 1 s)".into(),
                 figures: figures.join("; "),
-                goal: "constant in the number of robots".into(),
+                goal: {
+                    let holder = |n: &u32| per.get(n).map_or(0.0, |(h, _)| *h);
+                    let (few, many) = (holder(&1), holder(&(big as u32)));
+                    judged(
+                        "constant in the number of robots (within 25 %)",
+                        many <= few * 1.25,
+                        format!("holder {few:.2} → {many:.2} ops/tick from 1 to {big} robots"),
+                    )
+                },
             },
         );
     }
@@ -1472,8 +1551,16 @@ async fn main() {
             &[10, 100, 1000, 10_000]
         };
         let mut figures = Vec::new();
-        for &n in sizes {
+        // (fewest slots, most slots) of the holder's and the standby's ops per tick.
+        let mut flat = [(0.0, 0.0); 2];
+        for (i, &n) in sizes.iter().enumerate() {
             let ((h, hc), (s, sc)) = slot_cost(n).await;
+            for (k, v) in [h, s].into_iter().enumerate() {
+                if i == 0 {
+                    flat[k].0 = v;
+                }
+                flat[k].1 = v;
+            }
             let cores = |c: Option<f64>| c.map_or(String::new(), |c| format!(", {c:.3} cores"));
             figures.push(format!(
                 "{n} slots: holder {h:.2} ops/tick{}, standby {s:.2} ops/tick{}",
@@ -1484,45 +1571,134 @@ async fn main() {
         show(&mut rows, Row {
             name: "Per-tick cost by pool size: N slots held by a ghost holder plus one free slot; one real holder, then one standby (server opcounters and the dev server's CPU, 20 s windows, tick 1 s)".into(),
             figures: figures.join("; "),
-            goal: "issue 12: O(expired), not O(slots)".into(),
+            goal: judged(
+                "issue 12: O(expired), not O(slots) (within 25 % from the fewest slots to the most)",
+                flat.iter().all(|(few, many)| *many <= few * 1.25),
+                format!(
+                    "holder {:.2} → {:.2}, standby {:.2} → {:.2} ops/tick",
+                    flat[0].0, flat[0].1, flat[1].0, flat[1].1
+                ),
+            ),
         });
     }
-    let mut md = String::new();
-    let _ = writeln!(md, "# Benchmarks\n");
-    let _ = writeln!(md, "Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web,webload`).");
+    let run = if quick {
+        "quick run (`--quick`)".to_string()
+    } else if let Some(o) = &only {
+        format!("partial run (`--only {}`)", o.join(","))
+    } else {
+        "full run".to_string()
+    };
+    let mut table = String::new();
+    let _ = writeln!(table, "- Machine: {}", machine());
     let _ = writeln!(
-        md,
-        "It runs release builds of real worker processes against a throwaway dev server of its"
-    );
-    let _ = writeln!(
-        md,
-        "own, restarted fresh before every phase, prints one table and rewrites the table part"
-    );
-    let _ = writeln!(
-        md,
-        "of this file. Only figures measured here are listed; each row says how it was measured.\n"
-    );
-    let _ = writeln!(md, "- Machine: {}", machine());
-    let _ = writeln!(
-        md,
-        "- Run: {} ({})\n",
+        table,
+        "- Run: {}, {run}, commit {}\n",
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
-        if quick { "quick" } else { "full" }
+        commit()
     );
-    let _ = writeln!(md, "| benchmark | measured | goal |\n|---|---|---|");
+    let _ = writeln!(table, "| benchmark | measured | goal |\n|---|---|---|");
     for r in &rows {
-        let _ = writeln!(md, "| {} | {} | {} |", r.name, r.figures, r.goal);
+        let _ = writeln!(table, "| {} | {} | {} |", r.name, r.figures, r.goal);
     }
-    println!("\n{md}");
+    println!("\n{table}");
     let path = std::env::var("SLOTPOOL_BENCH_OUT")
         .unwrap_or_else(|_| format!("{}/BENCHMARKS.md", env!("CARGO_MANIFEST_DIR")));
     if !rows.is_empty() {
         let old = std::fs::read_to_string(&path).unwrap_or_default();
-        let notes = old
-            .split_once("\n## Notes")
-            .map(|(_, n)| format!("\n## Notes{n}"))
-            .unwrap_or_default();
-        std::fs::write(&path, md + &notes).unwrap();
+        let full = !quick && only.is_none();
+        std::fs::write(&path, record(&old, &table, full)).unwrap();
         println!("written to {path}");
+    }
+}
+
+/// BENCHMARKS.md with this run recorded: a full run becomes the current table and
+/// the one it replaces moves to the top of the history; a quick or partial run goes
+/// to the top of the history, dated, and leaves the current table alone. The notes
+/// are kept as they are.
+fn record(old: &str, table: &str, full: bool) -> String {
+    let (head, notes) = match old.find("\n## Notes") {
+        Some(i) => (&old[..i], &old[i..]),
+        None => (old, ""),
+    };
+    let (head, history) = match head.find("\n## History") {
+        Some(i) => (
+            &head[..i],
+            head[i..].trim_start_matches("\n## History").trim(),
+        ),
+        None => (head, ""),
+    };
+    // The current table: from its "- Machine:" line to the end of the head.
+    let current = head.find("\n- Machine:").map(|i| head[i..].trim());
+    let dated = |t: &str| {
+        // "### 2026-11-24 09:00 UTC, full run": the run line up to its commit.
+        let when = t
+            .lines()
+            .find_map(|l| l.strip_prefix("- Run: "))
+            .map(|r| r.split([';']).next().unwrap_or(r))
+            .map(|r| r.split(", commit").next().unwrap_or(r).trim().to_string())
+            .unwrap_or_else(|| "an earlier run".into());
+        format!("### {when}\n\n{}\n", t.trim())
+    };
+    let (now, newest_past) = if full {
+        (table.trim().to_string(), current.map(dated))
+    } else {
+        (
+            current.unwrap_or("(no full run recorded yet)").to_string(),
+            Some(dated(table)),
+        )
+    };
+    let mut out = String::new();
+    out.push_str(BENCHMARKS_HEAD);
+    out.push_str("\n## Current\n\n");
+    out.push_str(&now);
+    out.push_str("\n\n## History\n\n");
+    out.push_str("Older runs, newest first, each on the machine it names. Figures here are\n");
+    out.push_str("not current: compare a row with the current table only when the machine\n");
+    out.push_str("and the commit say they are comparable.\n\n");
+    if let Some(p) = newest_past {
+        out.push_str(&p);
+        out.push('\n');
+    }
+    let past = history
+        .split_once("\n### ")
+        .map(|(_, rest)| format!("### {rest}"))
+        .unwrap_or_default();
+    out.push_str(past.trim());
+    let mut out = out.trim_end().to_string();
+    out.push('\n');
+    out.push_str(notes);
+    out
+}
+
+/// What BENCHMARKS.md says before its tables.
+const BENCHMARKS_HEAD: &str = "# Benchmarks
+
+Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,standbys,create,output,restore,slots,web,webload`).
+It runs release builds of real worker processes (and, for the container rows, real
+containers) against a throwaway dev server of its own, restarted fresh before every
+phase. It prints one table. A full run replaces the current table below and moves the
+one before it into the history; a quick or partial run is added to the history.
+Only figures measured by this script are listed; each row says how it was measured,
+and each goal with a number says whether this run met it.
+";
+
+/// The commit the bench was built from, `+dirty` with uncommitted changes.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let hash = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{hash}+dirty")
+    } else {
+        hash
     }
 }
