@@ -39,6 +39,8 @@ slots.forEach((s) => {
 });
 
 function robotState(r) {
+  // Given up on by its restart policy: held like a paused robot (robot resume NAME).
+  if (r.paused === true && r.status === 'failed') return 'failed';
   if (r.paused === true) return 'paused';
   const s = slotState[r.slot_id];
   if (!s) return 'waiting (no slot ' + r.slot_id + ')';
@@ -67,7 +69,7 @@ table(
 print('');
 print('== stale robots (not running, or no checkpoint for ' + staleMs / 1000 + 's)');
 const stale = db.robots
-  .find({ paused: { $ne: true } }, { name: 1, slot_id: 1, status: 1, error: 1, worker: 1, checkpointed_at: 1 })
+  .find({ $or: [{ paused: { $ne: true } }, { status: 'failed' }] }, { name: 1, slot_id: 1, status: 1, error: 1, worker: 1, paused: 1, checkpointed_at: 1 })
   .sort({ name: 1 })
   .toArray()
   .filter((r) => robotState(r) !== 'running' || !(r.checkpointed_at instanceof Date) || now - r.checkpointed_at.getTime() > staleMs);

@@ -97,6 +97,8 @@ metrics! {
     checkpoints_refused: Counter = "checkpoints_refused", "robot checkpoints refused as unstorable (too large, not a document, out of range)";
     log_lines_dropped: Counter = "robot_log_lines_dropped", "robot output lines not logged because the robot wrote more than its log rate";
     robot_restarts: Counter = "robot_restarts", "robot restarts after a crash or exit";
+    heartbeat_timeouts: Counter = "robot_heartbeat_timeouts", "exec robots stopped and started again because they showed no life (checkpoint or heartbeat line) within spec.heartbeat_timeout";
+    robot_failures: Counter = "robot_failures", "robots given up on under their restart policy (status failed, held until robot resume)";
     robots_running: Gauge = "robots_running", "robots running on this worker";
     robots_restarting: Gauge = "robots_restarting", "robots waiting in restart backoff";
     robot_write_limit: Gauge = "robot_write_limit", "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)";

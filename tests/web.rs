@@ -651,3 +651,101 @@ async fn a_rebound_host_name_is_refused_and_token_guessing_is_throttled() {
     assert_eq!(throttled.status, 429, "{}", throttled.body);
     assert_eq!(throttled.header("retry-after"), Some("60"));
 }
+
+/// `POST /api/v1/robots` creates as `robot create` does: with the token only, with
+/// the CLI's checks (a bad spec, a bad name, bad JSON: `400` with the reason, nothing
+/// written), placed on the least-loaded slots, idempotent with the names given, and
+/// recorded with who asked. A running worker starts what it created.
+#[tokio::test(flavor = "multi_thread")]
+async fn robots_are_created_through_the_api_as_the_cli_creates_them() {
+    let db = TestDb::new("web_create").await;
+    db.init(2).await;
+    let _w = db.worker(&[]);
+    let web = WebProc::start(&db.uri, &db.dir, true, &[]).await;
+    let port = web.port;
+    let auth = bearer();
+    let with_token = [
+        ("Authorization", auth.as_str()),
+        ("X-Slotpool-Actor", "grace"),
+        ("Content-Type", "application/json"),
+    ];
+    let create = |headers: &[(&str, &str)], body: &str| {
+        request(port, "POST", "/api/v1/robots", headers, body.as_bytes()).unwrap()
+    };
+    let good = r#"{"name": "api", "kind": "counter", "spec": {"interval_ms": 100, "history": 100}, "count": 4}"#;
+
+    // No token: refused, nothing written.
+    let r = create(&[("Content-Type", "application/json")], good);
+    assert_eq!(r.status, 401, "{}", r.body);
+    // Bad input: 400 with the reason, nothing written.
+    for (body, says) in [
+        ("{not json", "create takes a JSON body"),
+        (
+            r#"{"name": "x", "kind": "counter", "colour": 1}"#,
+            "unknown field",
+        ),
+        (
+            r#"{"name": "x", "kind": "counter", "spec": {"interval_ms": "fast"}}"#,
+            "interval_ms",
+        ),
+        (
+            r#"{"name": "x", "kind": "counter", "spec": {"restart": {"within": "soon"}}}"#,
+            "spec.restart.within",
+        ),
+        (r#"{"name": "x\u001b[31m", "kind": "counter"}"#, "name"),
+        (r#"{"name": "x", "kind": "teleport"}"#, "unknown robot kind"),
+        (
+            r#"{"name": "x", "kind": "counter", "count": 0}"#,
+            "count must be between",
+        ),
+    ] {
+        let r = create(&with_token, body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(r.body.contains(says), "{body}: {}", r.body);
+    }
+    assert!(db.robots().await.is_empty(), "nothing was written");
+
+    let r = create(&with_token, good);
+    assert_eq!(r.status, 201, "{}", r.body);
+    let answer: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let created = answer["created"].as_array().unwrap();
+    assert_eq!(created.len(), 4);
+    let on = |slot: &str| created.iter().filter(|c| c["slot"] == slot).count();
+    assert_eq!(
+        (on("slot-001"), on("slot-002")),
+        (2, 2),
+        "spread: {}",
+        r.body
+    );
+    // The same request again: nothing new; another spec under those names: 409.
+    let again = create(&with_token, good);
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert!(again.body.contains(r#""existing":4"#), "{}", again.body);
+    let clash = create(
+        &with_token,
+        r#"{"name": "api", "kind": "counter", "spec": {"interval_ms": 200}, "count": 4}"#,
+    );
+    assert_eq!(clash.status, 409, "{}", clash.body);
+    assert_eq!(db.robots().await.len(), 4);
+
+    let recorded = db
+        .store
+        .events()
+        .find_one(doc! {"kind": "create", "by": "web", "actor": "grace"})
+        .await
+        .unwrap();
+    assert!(recorded.is_some(), "the create is in events with who asked");
+    wait_for(
+        Duration::from_secs(30),
+        "the created robots running",
+        || async {
+            let robots = db.robots().await;
+            robots
+                .iter()
+                .all(|r| r.get_i64("seq").unwrap_or(0) >= 2)
+                .then_some(())
+        },
+    )
+    .await;
+    common::invariants::check(&db).await;
+}

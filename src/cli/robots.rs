@@ -71,8 +71,17 @@ pub enum RobotCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Start a paused robot again from its context.
+    /// Start a paused or failed robot again from its context, with a fresh restart
+    /// budget.
     Resume {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a robot afresh from its context: a running one stops after a last
+    /// checkpoint and starts again (new generation, fresh restart budget); a paused or
+    /// failed one runs again.
+    Restart {
         name: String,
         #[arg(long)]
         json: bool,
@@ -94,6 +103,7 @@ pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
         RobotCommand::Move { name, to, json } => move_to(store, &name, &to, json).await,
         RobotCommand::Pause { name, json } => set_paused(store, &name, true, json).await,
         RobotCommand::Resume { name, json } => set_paused(store, &name, false, json).await,
+        RobotCommand::Restart { name, json } => restart(store, &name, json).await,
     }
 }
 
@@ -249,6 +259,17 @@ async fn set_paused(store: &Store, name: &str, paused: bool, as_json: bool) -> a
         as_json,
         json!({word: name, "slot": d.slot}),
         format!("{word} {name}"),
+    );
+    Ok(())
+}
+
+async fn restart(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
+    let d = actions::restart(store, name, &Actor::cli()).await?;
+    let slot = d.slot.clone().unwrap_or_default();
+    done(
+        as_json,
+        json!({"restarted": name, "slot": d.slot}),
+        format!("restarting {name}: its holder on {slot} stops it after a last checkpoint and starts it again within a tick or two"),
     );
     Ok(())
 }

@@ -17,8 +17,8 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
 
 use crate::db::field::{
-    CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, RESTARTS, SEQ, SLOT_ID, SPEC, STATUS,
-    WORKER,
+    CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, SPEC,
+    STATUS, WORKER,
 };
 use crate::db::group_commit::{GroupCommit, Statement, Written};
 use crate::db::guard::WriteGuard;
@@ -425,6 +425,35 @@ impl ContextStore {
 }
 
 impl ContextStore {
+    /// Marks the robot `failed` and holds it as a paused robot is held, fenced like a
+    /// checkpoint: no holder starts it again until `robot resume`. False when fenced or
+    /// the lease lapsed (then nothing was written).
+    pub async fn give_up(
+        &self,
+        id: &ObjectId,
+        gen: i64,
+        why: &str,
+        restarts: i64,
+    ) -> Result<bool, ContextError> {
+        let _permit = self.pacer.acquire().await;
+        if !self.guard.is_open() {
+            return Ok(false);
+        }
+        let set = doc! {
+            STATUS: "failed",
+            PAUSED: true,
+            ERROR: {"$literal": crate::secrets::scrub(why).into_owned()},
+            WORKER: {"$literal": &self.worker},
+            RESTARTS: restarts,
+            "status_at": "$$NOW",
+        };
+        let r = self
+            .robots
+            .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
+            .await?;
+        Ok(r.matched_count == 1)
+    }
+
     /// Records what contains a running robot's processes (see
     /// [`crate::robot::shim::CONTAINMENT`]), fenced like a checkpoint; false when
     /// fenced or the lease lapsed.

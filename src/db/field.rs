@@ -48,6 +48,9 @@ pub const ERROR: &str = "error";
 pub const PAUSED: &str = "paused";
 /// How many times a robot restarted on its current holder.
 pub const RESTARTS: &str = "restarts";
+/// Raised by every `robot restart` (and update): an instance started under another
+/// value stops after a last checkpoint, and a new one starts under a new generation.
+pub const START_REV: &str = "start_rev";
 /// The worker (`ip:port`) running a robot; also the worker named in an event.
 pub const WORKER: &str = "worker";
 /// When a robot was created (server clock).

@@ -1,5 +1,5 @@
 //! What people may do to the pool, in one place for the CLI and `slotpool web`:
-//! pause, resume, move and delete a robot, drain and undrain a slot, rebalance. Every action is
+//! pause, resume, restart, move and delete a robot, drain and undrain a slot, rebalance. Every action is
 //! recorded in `events` with who asked and from where ([`Actor`]), so the log shows
 //! the operator's hand next to the workers' claims and losses.
 //!
@@ -10,7 +10,7 @@
 use bson::{doc, oid::ObjectId, Document};
 use futures::TryStreamExt;
 
-use crate::db::field::{DRAINING, NAME, PAUSED, SLOT_ID, STATUS};
+use crate::db::field::{DRAINING, NAME, PAUSED, SLOT_ID, START_REV, STATUS};
 use crate::db::store::Store;
 use crate::pool::placement::{self, MoveError};
 use crate::pool::view::text;
@@ -95,9 +95,47 @@ fn slot_of(d: &Document) -> Result<String, ActionError> {
     })
 }
 
-async fn record(store: &Store, kind: &str, actor: &Actor, mut fields: Document) {
+/// Records an action in `events`, with who asked.
+pub(crate) async fn record(store: &Store, kind: &str, actor: &Actor, mut fields: Document) {
     fields.extend(actor.fields());
     store.record_event(kind, fields).await;
+}
+
+/// Starts a robot afresh from its context: a running instance stops after a last
+/// checkpoint and a new one starts under a new generation (the same fenced step as a
+/// takeover, on the same holder), with a fresh restart budget. A paused or failed
+/// robot runs again.
+pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
+    let d = robot(store, name).await?;
+    let slot = slot_of(&d)?;
+    store
+        .robots()
+        .update_one(
+            doc! {"_id": d.get("_id")},
+            doc! {"$set": {PAUSED: false, STATUS: "pending"}, "$inc": {START_REV: 1_i64}},
+        )
+        .await?;
+    placement::adjust(store, &slot, 0, true).await?;
+    // Moved meanwhile: its new holder must look too (each side checks after its own
+    // write, as moves do).
+    if let Some(now) = robot(store, name).await.ok().and_then(|d| slot_of(&d).ok()) {
+        if now != slot {
+            placement::adjust(store, &now, 0, true).await?;
+        }
+    }
+    record(
+        store,
+        "restart",
+        actor,
+        doc! {"robot": name, SLOT_ID: &slot},
+    )
+    .await;
+    Ok(Done {
+        name: name.to_string(),
+        slot: Some(slot),
+        changed: true,
+        repaired: false,
+    })
 }
 
 /// Stops a robot after a last checkpoint and keeps it stopped (`paused`), or lets it

@@ -2,6 +2,7 @@
 //! dashboard, and the view (derived states) they both show.
 
 pub mod actions;
+pub mod create;
 pub mod init;
 pub mod placement;
 pub mod view;

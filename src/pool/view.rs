@@ -76,7 +76,7 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
 }
 
 /// Workers whose heartbeat still counts (see [`crate::db::heartbeat::is_alive`]).
-pub async fn live_workers(store: &Store) -> anyhow::Result<Vec<Document>> {
+pub async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error::Error> {
     let mut pipeline = crate::db::heartbeat::liveness();
     pipeline.push(doc! {"$sort": {"_id": 1}});
     let mut cursor = store.workers().aggregate(pipeline).await?;
@@ -199,6 +199,16 @@ pub fn derive(
         holder: None,
         why: Some(why),
     };
+    if paused && stored_status == Some("failed") {
+        return RobotState {
+            state: "failed",
+            holder: None,
+            why: Some(
+                "stopped by its restart policy: it kept ending (robot resume NAME runs it again)"
+                    .into(),
+            ),
+        };
+    }
     if paused {
         return RobotState {
             state: "paused",
@@ -312,6 +322,12 @@ mod tests {
         assert_eq!(s.state, "starting");
         let s = derive("slot-1", Some("failed"), false, Some("w:1"), Some(&held));
         assert_eq!(s.state, "failed");
+        // Given up on by its restart policy: held like a paused robot, but failed.
+        let s = derive("slot-1", Some("failed"), true, Some("w:1"), Some(&held));
+        assert_eq!((s.state, s.holder), ("failed", None));
+        assert!(s.why.unwrap().contains("robot resume"));
+        let s = derive("slot-1", Some("paused"), true, Some("w:1"), Some(&held));
+        assert_eq!(s.state, "paused");
     }
 
     #[test]

@@ -39,9 +39,13 @@ fn interval(spec: &Document) -> Result<Duration, String> {
 
 fn check_known_fields(spec: &Document) -> Result<(), String> {
     for key in spec.keys() {
-        if !["interval_ms", "history", "eager"].contains(&key.as_str()) {
+        if !["interval_ms", "eager"].contains(&key.as_str())
+            && !super::COMMON_SPEC_FIELDS.contains(&key.as_str())
+        {
             return Err(format!(
-                "unknown counter spec field {key:?} (known: interval_ms, history, eager)"
+                "unknown counter spec field {:?} (known: interval_ms, eager, {})",
+                crate::printable::escape(key),
+                super::COMMON_SPEC_FIELDS.join(", ")
             ));
         }
     }

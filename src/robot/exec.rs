@@ -68,6 +68,10 @@ struct ExecSpec {
     /// The robot reads `SLOTPOOL_CONTEXT_FILE`, so its context may outgrow
     /// [`ENV_CONTEXT_MAX`].
     context_file: bool,
+    /// How long the command may go without a checkpoint or a `{"heartbeat": true}`
+    /// line before it counts as hung: stopped (SIGTERM, then SIGKILL after the grace)
+    /// and started again. None: no such check.
+    heartbeat_timeout: Option<Duration>,
 }
 
 /// The largest context passed in `SLOTPOOL_CONTEXT`, as JSON bytes: Linux refuses
@@ -79,12 +83,29 @@ pub const ENV_CONTEXT_MAX: usize = 64 * 1024;
 /// (nothing on disk, gone with the robot).
 pub const CONTEXT_FILE: &str = "/proc/self/fd/3";
 
+/// The spec fields only `exec` reads.
+const EXEC_SPEC_FIELDS: &[&str] = &[
+    "command",
+    "args",
+    "env",
+    "context_file",
+    "heartbeat_timeout",
+];
+
+/// The shortest and longest `heartbeat_timeout`.
+const HEARTBEAT_TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(24 * 3600));
+
 fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
     for key in spec.keys() {
-        if !["command", "args", "env", "history", "context_file"].contains(&key.as_str()) {
+        if !EXEC_SPEC_FIELDS.contains(&key.as_str())
+            && !super::COMMON_SPEC_FIELDS.contains(&key.as_str())
+        {
             return Err(format!(
-                "unknown exec spec field {:?} (known: command, args, env, history, context_file)",
-                crate::printable::escape(key)
+                "unknown exec spec field {:?} (known: {}, {})",
+                crate::printable::escape(key),
+                EXEC_SPEC_FIELDS.join(", "),
+                super::COMMON_SPEC_FIELDS.join(", ")
             ));
         }
     }
@@ -140,11 +161,38 @@ fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
             ))
         }
     };
+    let heartbeat_timeout = match spec.get("heartbeat_timeout") {
+        None | Some(Bson::Null) => None,
+        Some(Bson::String(text)) => {
+            let d = humantime::parse_duration(text.trim()).map_err(|e| {
+                format!(
+                    "spec.heartbeat_timeout: {e} in {:?} (write e.g. \"30s\")",
+                    crate::printable::escape(text)
+                )
+            })?;
+            let (min, max) = HEARTBEAT_TIMEOUT_RANGE;
+            if d < min || d > max {
+                return Err(format!(
+                    "spec.heartbeat_timeout must be between {} and {}, got {}",
+                    humantime::format_duration(min),
+                    humantime::format_duration(max),
+                    humantime::format_duration(d)
+                ));
+            }
+            Some(d)
+        }
+        Some(other) => {
+            return Err(format!(
+                "spec.heartbeat_timeout must be a duration such as \"30s\", found {other}"
+            ))
+        }
+    };
     Ok(ExecSpec {
         command,
         args,
         env,
         context_file,
+        heartbeat_timeout,
     })
 }
 
@@ -285,6 +333,8 @@ impl RobotKind for Exec {
                 std::time::Instant::now(),
             ))),
             context_file: spec.context_file,
+            heartbeat_timeout: spec.heartbeat_timeout,
+            alive: std::sync::Mutex::new(Instant::now()),
         };
         let stderr_task = tokio::spawn(log_stderr(run.clone(), out.budget.clone(), stderr));
         let mut lines = BoundedLines::new(BufReader::new(stdout), output::MAX_STDOUT_LINE);
@@ -391,6 +441,9 @@ struct Output<'a> {
     run: &'a RobotRun,
     budget: std::sync::Arc<std::sync::Mutex<LogBudget>>,
     context_file: bool,
+    heartbeat_timeout: Option<Duration>,
+    /// The command's last sign of life: its start, a checkpoint or a heartbeat line.
+    alive: std::sync::Mutex<Instant>,
 }
 
 impl Output<'_> {
@@ -407,7 +460,13 @@ impl Output<'_> {
                         return Err(self.refuse(too_big_for_env(bytes)));
                     }
                 }
-                self.run.checkpoint(ctx).await
+                self.run.checkpoint(ctx).await?;
+                self.lived();
+                Ok(())
+            }
+            Line::Heartbeat => {
+                self.lived();
+                Ok(())
             }
             Line::BadCheckpoint(why) => Err(self.refuse(why)),
             Line::Log(l) => {
@@ -427,6 +486,16 @@ impl Output<'_> {
                 Ok(())
             }
         }
+    }
+
+    fn lived(&self) {
+        *self.alive.lock().expect("liveness lock") = Instant::now();
+    }
+
+    /// When the command counts as hung unless it shows life first; None: never.
+    fn hung_at(&self) -> Option<Instant> {
+        let alive = *self.alive.lock().expect("liveness lock");
+        self.heartbeat_timeout.map(|t| alive + t)
     }
 
     /// A checkpoint that cannot be stored stops the robot with an error: going on
@@ -486,13 +555,37 @@ async fn supervise_child(
                 Ok(Some(l)) => out.handle(l).await?,
                 Ok(None) | Err(_) => break,
             },
+            () = until(out.hung_at()) => return hung(out, robot, lines).await,
         }
     }
-    // stdout closed: the command is exiting (or detached its output).
+    // stdout closed: the command is exiting (or detached its output). No more
+    // heartbeats can come, so the deadline stands.
     tokio::select! {
         _ = run.stop().cancelled() => stop_child(out, robot, lines).await,
         status = robot.child.wait() => Err(robot.exited(status).await),
+        () = until(out.hung_at()) => hung(out, robot, lines).await,
     }
+}
+
+/// Completes at `at`; never when None.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The command showed no life within its `heartbeat_timeout`: stops it as a stop
+/// request would (SIGTERM, what it prints persisted, SIGKILL after the grace), and
+/// reports it as an end, so the supervisor starts it again under its restart policy.
+async fn hung(out: &Output<'_>, robot: Robot<'_>, lines: &mut Lines) -> Result<(), RobotError> {
+    let run = out.run;
+    let timeout = out.heartbeat_timeout.unwrap_or_default();
+    let why = format!("no heartbeat for {}", humantime::format_duration(timeout));
+    run.metrics().heartbeat_timeouts.inc();
+    tracing::warn!(robot = %run.name(), "{why} (spec.heartbeat_timeout): stopping it to start it again");
+    stop_child(out, robot, lines).await?;
+    Err(RobotError::Crashed(why))
 }
 
 /// SIGTERM, keep persisting what it prints, SIGKILL at the end of the grace.
@@ -562,5 +655,32 @@ mod tests {
             );
         }
         assert!(parse_spec(&doc! {"command": "x", "env": {"GREETING": "hi"}}).is_ok());
+    }
+
+    #[test]
+    fn heartbeat_timeouts_and_the_common_fields() {
+        let spec = |extra: Document| {
+            let mut d = doc! {"command": "x"};
+            d.extend(extra);
+            parse_spec(&d)
+        };
+        assert_eq!(spec(doc! {}).unwrap().heartbeat_timeout, None);
+        assert_eq!(
+            spec(doc! {"heartbeat_timeout": "2s"})
+                .unwrap()
+                .heartbeat_timeout,
+            Some(Duration::from_secs(2))
+        );
+        for (bad, says) in [
+            (doc! {"heartbeat_timeout": 2}, "a duration such as"),
+            (doc! {"heartbeat_timeout": "soon"}, "spec.heartbeat_timeout"),
+            (doc! {"heartbeat_timeout": "1ms"}, "between 100ms and"),
+            (doc! {"heartbeat_timeout": "2days"}, "between 100ms and"),
+        ] {
+            let e = spec(bad.clone()).err().unwrap();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        // The fields every kind reads pass exec's own check.
+        assert!(spec(doc! {"history": 5, "restart": {"attempts": 3}}).is_ok());
     }
 }

@@ -5,6 +5,9 @@
 //! `{"checkpoint"` is *meant* as one, so when it cannot become BSON exactly it is
 //! refused (the robot fails with the reason) instead of being logged as output and
 //! silently losing the robot's state.
+//!
+//! `{"heartbeat": true}` (exactly that, spaces aside) is a sign of life for a robot
+//! with `heartbeat_timeout`, and is neither stored nor logged.
 
 use bson::Document;
 
@@ -16,6 +19,8 @@ pub enum Line {
     Checkpoint(Document),
     /// Meant as a checkpoint, but it cannot be stored as it is: why.
     BadCheckpoint(String),
+    /// `{"heartbeat": true}`: the robot is alive.
+    Heartbeat,
     Log(String),
 }
 
@@ -26,6 +31,9 @@ pub enum Line {
 /// never logged as if it were output.
 pub fn parse_line(line: &str, cut: usize) -> Line {
     let trimmed = line.trim();
+    if cut == 0 && is_heartbeat(trimmed) {
+        return Line::Heartbeat;
+    }
     let meant = trimmed
         .strip_prefix('{')
         .is_some_and(|rest| rest.trim_start().starts_with("\"checkpoint\""));
@@ -66,6 +74,12 @@ pub fn parse_line(line: &str, cut: usize) -> Line {
         )),
         None => Line::Log(line.to_string()),
     }
+}
+
+/// `{"heartbeat": true}` with any spacing, and nothing else.
+fn is_heartbeat(trimmed: &str) -> bool {
+    let squeezed: String = trimmed.chars().filter(|c| !c.is_whitespace()).collect();
+    squeezed == r#"{"heartbeat":true}"#
 }
 
 /// The first integer literal in JSON text (outside strings) that does not fit in
@@ -109,6 +123,25 @@ fn oversized_integer(json: &str) -> Option<&str> {
 mod tests {
     use super::*;
     use bson::doc;
+
+    #[test]
+    fn a_heartbeat_is_exactly_that() {
+        assert_eq!(parse_line(r#"{"heartbeat": true}"#, 0), Line::Heartbeat);
+        assert_eq!(parse_line(" { \"heartbeat\" :true } ", 0), Line::Heartbeat);
+        for other in [
+            r#"{"heartbeat": false}"#,
+            r#"{"heartbeat": true, "x": 1}"#,
+            r#"heartbeat"#,
+            r#"{"heartbeat": "true"}"#,
+        ] {
+            assert_eq!(parse_line(other, 0), Line::Log(other.into()), "{other}");
+        }
+        // A line cut short is not one.
+        assert!(matches!(
+            parse_line(r#"{"heartbeat": true}"#, 5),
+            Line::Log(_)
+        ));
+    }
 
     #[test]
     fn lines() {

@@ -47,6 +47,7 @@ pub mod exec;
 pub mod line;
 pub mod output;
 pub mod policy;
+pub mod restart;
 pub mod shim;
 
 use std::collections::BTreeMap;
@@ -247,9 +248,14 @@ impl Registry {
                 self.names().join(", ")
             )
         })?;
-        k.check_spec(spec)
+        k.check_spec(spec)?;
+        restart::RestartPolicy::from_spec(spec).map(|_| ())
     }
 }
+
+/// The spec fields every kind honours: `history` (checkpoint records kept, see
+/// [`history_len`]) and `restart` (the restart policy, see [`restart`]).
+pub const COMMON_SPEC_FIELDS: &[&str] = &["history", restart::SPEC_FIELD];
 
 /// Reads the optional `"history": N` spec field every kind honours.
 pub(crate) fn history_len(spec: &Document) -> i64 {

@@ -26,6 +26,7 @@ use super::snapshot::{EventInfo, RobotRow, SlotInfo, Snapshot, Summary, WorkerIn
 use super::{web_actor, App, RobotDetail};
 use crate::db::field::{PAUSED, SLOT_ID, STATUS, WORKER};
 use crate::pool::actions::{self, ActionError, Actor, Done};
+use crate::pool::create::{self, CreateError, NewRobots};
 use crate::pool::view::{self, SlotView};
 
 // The answers of `/api/v1`, one struct each: their field names are the API's promise
@@ -139,6 +140,22 @@ pub struct ActionAnswer {
     pub target: String,
     pub slot: Option<String>,
     pub changed: bool,
+}
+
+/// What a create did: the robots created now with their slots, and how many of the
+/// names existed already with the same kind and spec.
+#[derive(Debug, Serialize)]
+pub struct CreateAnswer {
+    pub ok: bool,
+    pub created: Vec<CreatedAnswer>,
+    pub existing: usize,
+}
+
+/// One robot a create placed.
+#[derive(Debug, Serialize)]
+pub struct CreatedAnswer {
+    pub name: String,
+    pub slot: String,
 }
 
 /// One move of a rebalance.
@@ -322,6 +339,7 @@ pub async fn output(State(app): State<App>, Path(name): Path<String>) -> Respons
 pub enum Action {
     Pause,
     Resume,
+    Restart,
     Move { to: String },
     Delete,
     Drain,
@@ -334,11 +352,12 @@ impl Action {
         match (name, to) {
             ("pause", _) => Ok(Action::Pause),
             ("resume", _) => Ok(Action::Resume),
+            ("restart", _) => Ok(Action::Restart),
             ("delete", _) => Ok(Action::Delete),
             ("move", Some(to)) if !to.is_empty() => Ok(Action::Move { to }),
             ("move", _) => Err("move needs a destination slot: {\"to\": \"slot-002\"}".into()),
             _ => Err(format!(
-                "no robot action {name:?}: use pause, resume, move or delete"
+                "no robot action {name:?}: use pause, resume, restart, move or delete"
             )),
         }
     }
@@ -355,6 +374,7 @@ impl Action {
         match self {
             Action::Pause => "pause",
             Action::Resume => "resume",
+            Action::Restart => "restart",
             Action::Move { .. } => "move",
             Action::Delete => "delete",
             Action::Drain => "drain",
@@ -381,6 +401,7 @@ pub async fn perform(
         let done = match &action {
             Action::Pause => actions::set_paused(store, &target, true, &actor).await,
             Action::Resume => actions::set_paused(store, &target, false, &actor).await,
+            Action::Restart => actions::restart(store, &target, &actor).await,
             Action::Move { to } => actions::move_to(store, &target, to, &actor).await,
             Action::Delete => actions::delete(store, &target, &actor).await,
             Action::Drain => actions::set_draining(store, &target, true, &actor).await,
@@ -459,6 +480,104 @@ async fn answer(app: &App, target: &str, action: Action, actor: Actor) -> Respon
             failure_status(&e),
             crate::secrets::scrub(&e.to_string()).into_owned(),
         ),
+    }
+}
+
+/// `POST /api/v1/robots`: what `robot create` takes.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    name: String,
+    kind: String,
+    #[serde(default)]
+    spec: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    count: Option<u32>,
+    #[serde(default)]
+    unchecked: bool,
+}
+
+/// `POST /api/v1/robots`: creates robots as `robot create` does (the same checks and
+/// placement), idempotent with the names given: the same request again keeps what
+/// exists and creates the rest. `201` when it created any, `200` when all existed.
+pub async fn create_robots(
+    State(app): State<App>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let actor = match api_actor(&app, &headers, peer) {
+        Ok(a) => a,
+        Err(d) => return denied(d),
+    };
+    let body: CreateBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "create takes a JSON body {{\"name\": \"bot\", \"kind\": \"counter\", \"spec\": {{…}}, \"count\": 1}}: {e}"
+                ),
+            )
+        }
+    };
+    let count = body.count.unwrap_or(1);
+    if count == 0 || count > create::MAX_COUNT {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "count must be between 1 and {}, got {count}",
+                create::MAX_COUNT
+            ),
+        );
+    }
+    let spec = match bson::to_document(&body.spec.unwrap_or_default()) {
+        Ok(s) => s,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("spec cannot be stored: {e}"),
+            )
+        }
+    };
+    let req = NewRobots {
+        names: NewRobots::names(&body.name, count),
+        kind: body.kind,
+        spec,
+        unchecked: body.unchecked,
+    };
+    let store = app.store.clone();
+    let made = super::to_the_end(async move { create::create(&store, &req, &actor).await }).await;
+    match made {
+        Ok(done) => {
+            let status = if done.created.is_empty() {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
+            let answer = CreateAnswer {
+                ok: true,
+                existing: done.existing,
+                created: done
+                    .created
+                    .into_iter()
+                    .map(|(name, slot)| CreatedAnswer { name, slot })
+                    .collect(),
+            };
+            (status, Json(answer)).into_response()
+        }
+        Err(e) => {
+            let status = match &e {
+                CreateError::Invalid(_) => StatusCode::BAD_REQUEST,
+                CreateError::Conflict(_) | CreateError::Placement(_) => StatusCode::CONFLICT,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            let mut text = e.to_string();
+            if e.again() {
+                text.push_str(". Send the same request again (once the database is back): robots that exist are kept and the rest are created.");
+            }
+            error(status, crate::secrets::scrub(&text).into_owned())
+        }
     }
 }
 
@@ -669,6 +788,20 @@ mod tests {
             }),
             ["output"]
         );
+        let created = CreateAnswer {
+            ok: true,
+            created: vec![CreatedAnswer {
+                name: "r".into(),
+                slot: "slot-001".into(),
+            }],
+            existing: 0,
+        };
+        assert_eq!(keys(created), sorted(&["ok", "created", "existing"]));
+        let one = CreatedAnswer {
+            name: "r".into(),
+            slot: "slot-001".into(),
+        };
+        assert_eq!(keys(one), sorted(&["name", "slot"]));
         let action = ActionAnswer {
             ok: true,
             action: "pause",

@@ -246,7 +246,7 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/slots", get(api::slots))
         .route("/api/v1/workers", get(api::workers))
         .route("/api/v1/events", get(api::events))
-        .route("/api/v1/robots", get(api::robots))
+        .route("/api/v1/robots", get(api::robots).post(api::create_robots))
         .route(
             "/api/v1/robots/{name}",
             get(api::robot).delete(api::delete_robot),

@@ -388,6 +388,10 @@ pub async fn robot(
                     input type="hidden" name="csrf" value=(s.csrf);
                     button #(act) type="submit" { (label) }
                 }
+                form.inline method="post" action=(format!("{href}/restart")) {
+                    input type="hidden" name="csrf" value=(s.csrf);
+                    button #restart type="submit" { "Restart" }
+                }
                 form.inline method="post" action=(format!("{href}/move")) {
                     input type="hidden" name="csrf" value=(s.csrf);
                     select name="to" { @for slot in &snap.slots { option value=(slot.id) { (slot.id) } } }

@@ -30,16 +30,14 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
-use crate::db::field::{CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, WORKER};
+use crate::db::field::{
+    CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, WORKER,
+};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
+use crate::robot::restart::{Budget, Next, RestartPolicy};
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
 
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-const INVALID_BACKOFF: Duration = Duration::from_secs(2);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// A run this long resets the backoff: it was healthy, the next crash is news.
-const HEALTHY_RUN: Duration = Duration::from_secs(10);
 /// Even without a `rev` change, re-read the slot's robots this often: a safety net
 /// for documents edited by hand without bumping `rev`.
 const FULL_RESYNC: Duration = Duration::from_secs(60);
@@ -85,6 +83,8 @@ struct Listed {
     epoch: i64,
     /// Its generation: which instance may write.
     gen: i64,
+    /// Raised by `robot restart`: an instance started under another one is stale.
+    start_rev: i64,
     paused: bool,
     /// What a first start needs, or None to load it (and report the problem) later.
     loaded: Option<Loaded>,
@@ -94,6 +94,8 @@ struct Running {
     name: String,
     /// The generation this instance was adopted under.
     gen: i64,
+    /// The robot's `start_rev` when this instance started.
+    start_rev: i64,
     token: CancellationToken,
     stopping: bool,
 }
@@ -104,6 +106,7 @@ struct View {
     id: ObjectId,
     epoch: i64,
     gen: i64,
+    start_rev: i64,
     paused: bool,
 }
 
@@ -111,14 +114,16 @@ struct View {
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Instance {
     gen: i64,
+    start_rev: i64,
     stopping: bool,
 }
 
 /// What one sync does, decided from the listed robots and the running instances.
 #[derive(Debug, Default, PartialEq)]
 struct SyncPlan {
-    /// Instances to stop: their robot was deleted, moved, paused, or adopted again
-    /// since they started (a newer generation or another epoch), so they are stale.
+    /// Instances to stop: their robot was deleted, moved, paused, restarted, or adopted
+    /// again since they started (a newer generation or another epoch), so they are
+    /// stale.
     stop: Vec<ObjectId>,
     /// Robots to adopt (raise their generation) and start.
     start: Vec<ObjectId>,
@@ -127,9 +132,12 @@ struct SyncPlan {
 }
 
 /// Decides which instances to stop and which robots to start. An instance is current
-/// only while its robot is listed unpaused on this slot at this holder's epoch and at
-/// the instance's own generation; anything else means the robot changed hands (even
-/// if it came back, X → Y → X), and that instance must go. A robot whose epoch is
+/// only while its robot is listed unpaused on this slot at this holder's epoch, at the
+/// instance's own generation and under the `start_rev` it started with; anything else
+/// means the robot changed hands (even if it came back, X → Y → X) or an operator asked
+/// for a fresh start, and that instance must go. A restarted robot starts again only
+/// once its old instance has exited (after its last checkpoint), under a new
+/// generation. A robot whose epoch is
 /// above ours belongs to a newer holder of this slot: never started here.
 fn plan_sync(listed: &[View], running: &HashMap<ObjectId, Instance>, mine: i64) -> SyncPlan {
     let by_id: HashMap<ObjectId, &View> = listed.iter().map(|v| (v.id, v)).collect();
@@ -138,9 +146,9 @@ fn plan_sync(listed: &[View], running: &HashMap<ObjectId, Instance>, mine: i64) 
         if inst.stopping {
             continue;
         }
-        let current = by_id
-            .get(id)
-            .is_some_and(|v| !v.paused && v.epoch == mine && v.gen == inst.gen);
+        let current = by_id.get(id).is_some_and(|v| {
+            !v.paused && v.epoch == mine && v.gen == inst.gen && v.start_rev == inst.start_rev
+        });
         if !current {
             plan.stop.push(*id);
         }
@@ -267,6 +275,7 @@ impl Supervisor {
                 id: l.id,
                 epoch: l.epoch,
                 gen: l.gen,
+                start_rev: l.start_rev,
                 paused: l.paused,
             })
             .collect();
@@ -276,6 +285,7 @@ impl Supervisor {
             .map(|(id, r)| {
                 let inst = Instance {
                     gen: r.gen,
+                    start_rev: r.start_rev,
                     stopping: r.stopping,
                 };
                 (*id, inst)
@@ -284,7 +294,7 @@ impl Supervisor {
         let plan = plan_sync(&views, &instances, self.ctx.epoch());
         for id in &plan.stop {
             if let Some(r) = self.running.get_mut(id) {
-                tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping robot (deleted, moved, paused or adopted again)");
+                tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping robot (deleted, moved, paused, restarted or adopted again)");
                 r.token.cancel();
                 r.stopping = true;
             }
@@ -307,7 +317,7 @@ impl Supervisor {
             for (id, gen) in adopted {
                 adopted_now.insert(id);
                 if let Some(l) = wanted.remove(&id) {
-                    self.start(id, gen, l.name, l.loaded);
+                    self.start(id, gen, l.start_rev, l.name, l.loaded);
                 }
             }
         }
@@ -439,6 +449,7 @@ impl Supervisor {
                 paused: matches!(d.get(PAUSED), Some(Bson::Boolean(true))),
                 epoch: long_or_zero(&d, EPOCH),
                 gen: long_or_zero(&d, GEN),
+                start_rev: long_or_zero(&d, START_REV),
                 loaded: preload(&d, &name),
                 name,
             });
@@ -446,7 +457,14 @@ impl Supervisor {
         Ok(out)
     }
 
-    fn start(&mut self, id: ObjectId, gen: i64, name: String, loaded: Option<Loaded>) {
+    fn start(
+        &mut self,
+        id: ObjectId,
+        gen: i64,
+        start_rev: i64,
+        name: String,
+        loaded: Option<Loaded>,
+    ) {
         let token = self.root.child_token();
         let runner = Runner {
             id,
@@ -467,6 +485,7 @@ impl Supervisor {
             Running {
                 name,
                 gen,
+                start_rev,
                 token,
                 stopping: false,
             },
@@ -546,10 +565,10 @@ struct Runner {
 impl Runner {
     async fn run(self, mut first: Option<Loaded>) -> ObjectId {
         let mut restarts: i64 = 0;
-        let mut backoff = FIRST_BACKOFF;
+        let mut budget = Budget::new(RestartPolicy::default());
         while !self.token.is_cancelled() {
             let began = self.clock.now();
-            let outcome = self.run_once(first.take(), restarts > 0).await;
+            let outcome = self.run_once(first.take(), restarts > 0, &mut budget).await;
             let error = match outcome {
                 Ok(()) if self.token.is_cancelled() => break,
                 Ok(()) => RobotError::Crashed("returned without being asked to stop".into()),
@@ -577,14 +596,15 @@ impl Runner {
             if self.token.is_cancelled() {
                 break;
             }
-            if self.clock.since(began) >= HEALTHY_RUN {
-                backoff = FIRST_BACKOFF;
-            }
-            let (status, floor) = match error {
-                RobotError::Invalid(_) => ("failed", INVALID_BACKOFF),
-                _ => ("restarting", FIRST_BACKOFF),
+            let invalid = matches!(error, RobotError::Invalid(_));
+            let backoff = match budget.ended(began, self.clock.now(), invalid) {
+                Next::RestartAfter(backoff) => backoff,
+                Next::GiveUp { ends, within } => {
+                    self.give_up(&error, ends, within, restarts).await;
+                    break;
+                }
             };
-            backoff = backoff.max(floor);
+            let status = if invalid { "failed" } else { "restarting" };
             restarts += 1;
             self.metrics.robot_restarts.inc();
             tracing::warn!(robot = %self.name, restarts, backoff_ms = backoff.as_millis() as u64, "robot {status}: {error}");
@@ -607,12 +627,47 @@ impl Runner {
                 _ = self.clock.sleep(backoff) => {}
             }
             self.metrics.robots_restarting.inc_by(-1);
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         self.id
     }
 
-    async fn run_once(&self, first: Option<Loaded>, restarted: bool) -> Result<(), RobotError> {
+    /// Stops restarting the robot: it ended `ends` times within `within`. It is held
+    /// as a paused robot is (`paused: true`), so no holder starts it again, with the
+    /// status `failed` and the last end's reason; `robot resume` gives it a fresh
+    /// budget.
+    async fn give_up(&self, error: &RobotError, ends: u32, within: Duration, restarts: i64) {
+        let why = format!(
+            "gave up after {ends} ends within {} (spec.restart); the last: {error}",
+            humantime::format_duration(within)
+        );
+        self.metrics.robot_failures.inc();
+        tracing::error!(robot = %self.name, "robot failed: {why}; `slotpool robot resume {}` runs it again, `slotpool robot logs {}` shows its last output", self.name, self.name);
+        match self.ctx.give_up(&self.id, self.gen, &why, restarts).await {
+            Ok(true) => {
+                self.store
+                    .record_event(
+                        "robot_failed",
+                        doc! {
+                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                            EPOCH: self.ctx.epoch(), "robot": &self.name, "detail": &why,
+                        },
+                    )
+                    .await;
+            }
+            // Fenced: another instance owns it now, and its own budget decides.
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(robot = %self.name, "could not mark the robot failed ({e}); it stays stopped on this worker until its slot's robots are read again")
+            }
+        }
+    }
+
+    async fn run_once(
+        &self,
+        first: Option<Loaded>,
+        restarted: bool,
+        budget: &mut Budget,
+    ) -> Result<(), RobotError> {
         let loaded = match first {
             Some(l) => l,
             None => self.ctx.load(&self.id, self.gen, &self.name).await?,
@@ -626,6 +681,9 @@ impl Runner {
         })?;
         kind.check_spec(&loaded.spec)
             .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
+        let policy = RestartPolicy::from_spec(&loaded.spec)
+            .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
+        budget.set_policy(policy);
         if restarted
             && !self
                 .ctx
@@ -667,6 +725,7 @@ mod tests {
             id,
             epoch,
             gen,
+            start_rev: 0,
             paused: false,
         }
     }
@@ -677,6 +736,7 @@ mod tests {
             .map(|(id, gen, stopping)| {
                 let inst = Instance {
                     gen: *gen,
+                    start_rev: 0,
                     stopping: *stopping,
                 };
                 (*id, inst)
@@ -754,6 +814,23 @@ mod tests {
         want.sort();
         assert_eq!(plan.stop, want);
         assert!(plan.start.is_empty() && !plan.incomplete);
+    }
+
+    #[test]
+    fn a_restart_stops_the_instance_then_starts_it_once_it_exited() {
+        let a = ObjectId::new();
+        let restarted = View {
+            start_rev: 1,
+            ..view(a, 5, 3)
+        };
+        let plan = plan_sync(&[restarted], &running(&[(a, 3, false)]), 5);
+        assert_eq!(plan.stop, vec![a], "started under start_rev 0");
+        assert!(
+            plan.start.is_empty() && plan.incomplete,
+            "not before it exited"
+        );
+        let plan = plan_sync(&[restarted], &HashMap::new(), 5);
+        assert_eq!(plan.start, vec![a], "then it starts again");
     }
 
     #[test]

@@ -1,0 +1,327 @@
+//! What happens when a robot's run ends without being asked to: start it again after
+//! a backoff, or give up and mark it `failed`.
+//!
+//! The policy is the robot's own, `spec.restart: {attempts, within, max_backoff}`
+//! (each optional, durations as text such as `"10m"`): a robot that ends `attempts`
+//! times within `within` is not started again. Between runs the backoff starts at
+//! [`FIRST_BACKOFF`], doubles after every end, and is capped at `max_backoff`; a run
+//! that lasted [`HEALTHY_RUN`] was healthy, so the next end starts the backoff over.
+//!
+//! The defaults ([`RestartPolicy::default`]: 10 ends within 10 minutes, backoff capped
+//! at 1 minute) let a robot ride out a dependency's outage of several minutes, and
+//! still stop a crash loop: a robot that exits at once reaches 10 ends in about a
+//! minute and a half of backoff (0.2 + 0.4 + … + 51.2 s). A robot that ends once a
+//! minute, healthy or not, also gives up: ten ends in ten minutes is a robot that
+//! does not work.
+//!
+//! [`Budget`] is the decision alone, on instants it is given, so its tests are exact.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use bson::{Bson, Document};
+use tokio::time::Instant;
+
+/// The backoff before the first restart.
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// The least backoff after a run that could not start (a bad spec, an unknown kind, a
+/// command the exec policy refuses): trying again at once would only repeat it.
+pub const INVALID_BACKOFF: Duration = Duration::from_secs(2);
+/// A run this long resets the backoff: it was healthy, the next end is news.
+pub const HEALTHY_RUN: Duration = Duration::from_secs(10);
+
+/// The spec field that holds a robot's restart policy.
+pub const SPEC_FIELD: &str = "restart";
+
+/// When to stop restarting a robot, and how long to wait between its runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// How many ends within [`RestartPolicy::within`] make the robot `failed`.
+    pub attempts: u32,
+    pub within: Duration,
+    /// The longest backoff between two runs.
+    pub max_backoff: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy {
+            attempts: 10,
+            within: Duration::from_secs(600),
+            max_backoff: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RestartPolicy {
+    /// Reads `spec.restart` (absent: the defaults). The spec is written by whoever
+    /// may write robot documents, so every value is checked and bounded.
+    pub fn from_spec(spec: &Document) -> Result<RestartPolicy, String> {
+        let mut policy = RestartPolicy::default();
+        let restart = match spec.get(SPEC_FIELD) {
+            None | Some(Bson::Null) => return Ok(policy),
+            Some(Bson::Document(d)) => d,
+            Some(other) => {
+                return Err(format!(
+                    "spec.restart must be a document such as {{\"attempts\": 3, \"within\": \"1m\"}}, found {other}"
+                ))
+            }
+        };
+        for key in restart.keys() {
+            if !["attempts", "within", "max_backoff"].contains(&key.as_str()) {
+                return Err(format!(
+                    "spec.restart.{} is not a setting: use attempts, within, max_backoff",
+                    crate::printable::escape(key)
+                ));
+            }
+        }
+        if let Some(v) = restart.get("attempts") {
+            let n = match v {
+                Bson::Int32(n) => *n as i64,
+                Bson::Int64(n) => *n,
+                other => {
+                    return Err(format!(
+                        "spec.restart.attempts must be a whole number, found {other}"
+                    ))
+                }
+            };
+            if !(1..=1_000_000).contains(&n) {
+                return Err(format!(
+                    "spec.restart.attempts must be between 1 and 1000000, got {n}"
+                ));
+            }
+            policy.attempts = n as u32;
+        }
+        if let Some(v) = restart.get("within") {
+            policy.within = duration("within", v, Duration::from_secs(1), MAX_WITHIN)?;
+        }
+        if let Some(v) = restart.get("max_backoff") {
+            policy.max_backoff =
+                duration("max_backoff", v, FIRST_BACKOFF, Duration::from_secs(3600))?;
+        }
+        Ok(policy)
+    }
+}
+
+/// The longest `within`: a week of ends remembered is already more than anyone reads.
+const MAX_WITHIN: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A duration setting, as text such as `"90s"` or `"10m"`, within `min..=max`.
+fn duration(key: &str, v: &Bson, min: Duration, max: Duration) -> Result<Duration, String> {
+    let Bson::String(text) = v else {
+        return Err(format!(
+            "spec.restart.{key} must be a duration such as \"10m\" or \"30s\", found {v}"
+        ));
+    };
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "spec.restart.{key}: {e} in {:?} (write e.g. \"10m\" or \"30s\")",
+            crate::printable::escape(text)
+        )
+    })?;
+    if d < min || d > max {
+        return Err(format!(
+            "spec.restart.{key} must be between {} and {}, got {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max),
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(d)
+}
+
+/// What to do after a run ended by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Start it again after this long.
+    RestartAfter(Duration),
+    /// It ended `attempts` times within `within`: stop and mark it failed.
+    GiveUp { ends: u32, within: Duration },
+}
+
+/// One robot instance's record of its ends, judged by its policy.
+#[derive(Debug)]
+pub struct Budget {
+    policy: RestartPolicy,
+    /// When each end within the window came, oldest first.
+    ends: VecDeque<Instant>,
+    backoff: Duration,
+}
+
+impl Budget {
+    pub fn new(policy: RestartPolicy) -> Self {
+        Budget {
+            policy,
+            ends: VecDeque::new(),
+            backoff: FIRST_BACKOFF,
+        }
+    }
+
+    /// The policy may change between runs (the spec is read at each start); the ends
+    /// counted so far still count.
+    pub fn set_policy(&mut self, policy: RestartPolicy) {
+        self.policy = policy;
+    }
+
+    /// A run that began at `began` ended by itself at `now`; `invalid` when it could not
+    /// start at all (its backoff is at least [`INVALID_BACKOFF`]).
+    pub fn ended(&mut self, began: Instant, now: Instant, invalid: bool) -> Next {
+        if now.saturating_duration_since(began) >= HEALTHY_RUN {
+            self.backoff = FIRST_BACKOFF;
+        }
+        self.ends.push_back(now);
+        while let Some(&first) = self.ends.front() {
+            if now.saturating_duration_since(first) >= self.policy.within {
+                self.ends.pop_front();
+            } else {
+                break;
+            }
+        }
+        if self.ends.len() >= self.policy.attempts as usize {
+            return Next::GiveUp {
+                ends: self.ends.len() as u32,
+                within: self.policy.within,
+            };
+        }
+        let floor = if invalid {
+            INVALID_BACKOFF
+        } else {
+            FIRST_BACKOFF
+        };
+        let wait = self
+            .backoff
+            .max(floor)
+            .min(self.policy.max_backoff.max(floor));
+        self.backoff = (wait * 2).min(self.policy.max_backoff);
+        Next::RestartAfter(wait)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn policy(attempts: u32, within_s: u64, max_backoff_s: u64) -> RestartPolicy {
+        RestartPolicy {
+            attempts,
+            within: Duration::from_secs(within_s),
+            max_backoff: Duration::from_secs(max_backoff_s),
+        }
+    }
+
+    #[test]
+    fn three_quick_ends_within_a_minute_give_up_on_the_third() {
+        let mut b = Budget::new(policy(3, 60, 30));
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(
+            b.ended(t, t + s(1), false),
+            Next::RestartAfter(FIRST_BACKOFF)
+        );
+        assert_eq!(
+            b.ended(t + s(2), t + s(3), false),
+            Next::RestartAfter(FIRST_BACKOFF * 2)
+        );
+        assert_eq!(
+            b.ended(t + s(4), t + s(5), false),
+            Next::GiveUp {
+                ends: 3,
+                within: s(60)
+            }
+        );
+    }
+
+    #[test]
+    fn ends_older_than_the_window_no_longer_count() {
+        let mut b = Budget::new(policy(3, 60, 30));
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        assert!(matches!(b.ended(t, t + s(1), false), Next::RestartAfter(_)));
+        assert!(matches!(
+            b.ended(t + s(2), t + s(30), false),
+            Next::RestartAfter(_)
+        ));
+        // The first end (at 1 s) is 61 s old by now: two ends in the window.
+        assert!(matches!(
+            b.ended(t + s(31), t + s(62), false),
+            Next::RestartAfter(_)
+        ));
+        // And now three: 30 s, 62 s, 63 s.
+        assert!(matches!(
+            b.ended(t + s(62), t + s(63), false),
+            Next::GiveUp { ends: 3, .. }
+        ));
+    }
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap_and_a_healthy_run_resets_it() {
+        let mut b = Budget::new(policy(1000, 3600, 1));
+        let t = Instant::now();
+        let waits: Vec<Duration> = (0..5)
+            .map(|_| match b.ended(t, t, false) {
+                Next::RestartAfter(d) => d,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let ms = Duration::from_millis;
+        assert_eq!(waits, [ms(200), ms(400), ms(800), ms(1000), ms(1000)]);
+        // A run of HEALTHY_RUN starts over.
+        assert_eq!(
+            b.ended(t, t + HEALTHY_RUN, false),
+            Next::RestartAfter(FIRST_BACKOFF)
+        );
+        // A run that could not start waits at least INVALID_BACKOFF, even past the cap.
+        assert_eq!(b.ended(t, t, true), Next::RestartAfter(INVALID_BACKOFF));
+    }
+
+    #[test]
+    fn the_defaults_stop_an_instant_crash_loop_within_two_minutes() {
+        let mut b = Budget::new(RestartPolicy::default());
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut starts = 1;
+        loop {
+            match b.ended(now, now, false) {
+                Next::RestartAfter(d) => {
+                    now += d;
+                    starts += 1;
+                }
+                Next::GiveUp { ends, .. } => {
+                    assert_eq!(ends, 10);
+                    break;
+                }
+            }
+        }
+        assert_eq!(starts, 10);
+        // 0.2 + 0.4 + … + 51.2 s of backoff.
+        assert_eq!(now - t0, Duration::from_millis(102_200));
+    }
+
+    #[test]
+    fn the_spec_is_read_and_checked() {
+        assert_eq!(
+            RestartPolicy::from_spec(&doc! {}),
+            Ok(RestartPolicy::default())
+        );
+        let p =
+            RestartPolicy::from_spec(&doc! {"restart": {"attempts": 3, "within": "1m"}}).unwrap();
+        assert_eq!((p.attempts, p.within), (3, Duration::from_secs(60)));
+        assert_eq!(p.max_backoff, RestartPolicy::default().max_backoff);
+        let p = RestartPolicy::from_spec(&doc! {"restart": {"max_backoff": "5s"}}).unwrap();
+        assert_eq!(p.max_backoff, Duration::from_secs(5));
+        for (bad, says) in [
+            (doc! {"restart": 3}, "must be a document"),
+            (doc! {"restart": {"attempts": 0}}, "between 1 and"),
+            (doc! {"restart": {"attempts": "3"}}, "whole number"),
+            (doc! {"restart": {"within": 60}}, "a duration such as"),
+            (doc! {"restart": {"within": "soon"}}, "spec.restart.within"),
+            (doc! {"restart": {"within": "10ms"}}, "between 1s and"),
+            (doc! {"restart": {"max_backoff": "2h"}}, "between"),
+            (doc! {"restart": {"retries": 3}}, "not a setting"),
+        ] {
+            let e = RestartPolicy::from_spec(&bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}
