@@ -71,6 +71,9 @@ async fn read_only_dashboard_shows_the_pool_and_refuses_every_write() {
         ("POST", "/api/v1/robots/ro-1/pause", &with_token[..]),
         ("POST", "/api/v1/robots/ro-1/pause", &[][..]),
         ("DELETE", "/api/v1/robots/ro-1", &with_token[..]),
+        ("PUT", "/api/v1/robots/ro-1", &with_token[..]),
+        ("POST", "/api/v1/robots", &with_token[..]),
+        ("POST", "/robots/ro-1/update", &[][..]),
         ("POST", "/api/v1/slots/slot-001/drain", &with_token[..]),
         ("POST", "/api/v1/rebalance", &with_token[..]),
         ("POST", "/robots/ro-1/pause", &[][..]),
@@ -84,7 +87,7 @@ async fn read_only_dashboard_shows_the_pool_and_refuses_every_write() {
     }
     for (method, path) in [
         ("POST", "/"),
-        ("PUT", "/api/v1/robots/ro-1"),
+        ("PATCH", "/api/v1/robots/ro-1"),
         ("POST", "/api/v1/overview"),
         ("PATCH", "/nowhere"),
     ] {
@@ -747,5 +750,123 @@ async fn robots_are_created_through_the_api_as_the_cli_creates_them() {
         },
     )
     .await;
+    common::invariants::check(&db).await;
+}
+
+/// `PUT /api/v1/robots/NAME` and the robot page's form change a robot in place as
+/// `robot update` does: the API with the token only (`401` without), the form with
+/// its session's CSRF token only (`403` without); bad JSON and a spec `create` would
+/// refuse get `400` with the reason, and nothing changes; the holder's refusal is a
+/// `409` with its reason; an applied update is in `events` with who asked.
+#[tokio::test(flavor = "multi_thread")]
+async fn robots_are_updated_through_the_api_and_the_form() {
+    let db = TestDb::new("web_update").await;
+    db.init(1).await;
+    assert!(db.counters("u", 1, 100).status.success());
+    let _w = db.worker(&[]);
+    let web = WebProc::start(&db.uri, &db.dir, true, &[]).await;
+    let port = web.port;
+    wait_for(Duration::from_secs(30), "the counter running", || async {
+        (db.robot("u").await.get_i64("seq").unwrap_or(0) >= 2).then_some(())
+    })
+    .await;
+    let auth = bearer();
+    let put = |headers: &[(&str, &str)], body: &str| {
+        request(port, "PUT", "/api/v1/robots/u", headers, body.as_bytes()).unwrap()
+    };
+    let with_token = [
+        ("Authorization", auth.as_str()),
+        ("X-Slotpool-Actor", "ada"),
+        ("Content-Type", "application/json"),
+    ];
+    let faster = r#"{"spec": {"interval_ms": 60, "history": 1000}}"#;
+    assert_eq!(
+        put(&[("Content-Type", "application/json")], faster).status,
+        401
+    );
+    for (body, says) in [
+        ("{oops", "update takes a JSON body"),
+        (r#"{"spec": {"interval_ms": "fast"}}"#, "interval_ms"),
+        (r#"{"spec": {}, "colour": 1}"#, "unknown field"),
+    ] {
+        let r = put(&with_token, body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(r.body.contains(says), "{body}: {}", r.body);
+    }
+    // A kind whose command this worker may not run: its holder refuses.
+    let r = put(
+        &with_token,
+        r#"{"kind": "exec", "spec": {"command": "/bin/sh"}}"#,
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("nothing changed"), "{}", r.body);
+    let u = db.robot("u").await;
+    assert_eq!(u.get_str("kind"), Ok("counter"));
+    assert_eq!(
+        u.get_document("spec").unwrap().get_i64("interval_ms"),
+        Ok(100)
+    );
+
+    let gen = u.get_i64("gen").unwrap();
+    let r = put(&with_token, faster);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let answer: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(answer["applied"], true, "{}", r.body);
+    assert!(answer["changes"][0]
+        .as_str()
+        .unwrap()
+        .contains("interval_ms"));
+    wait_for(Duration::from_secs(30), "the new instance", || async {
+        (db.robot("u").await.get_i64("gen").unwrap() > gen).then_some(())
+    })
+    .await;
+    let asked = db
+        .store
+        .events()
+        .find_one(doc! {"kind": "update", "robot": "u", "by": "web", "actor": "ada"})
+        .await
+        .unwrap();
+    assert!(asked.is_some());
+
+    // The form: refused without its CSRF token, applied with it.
+    let (cookie, csrf) = login(port);
+    let ours = format!("http://127.0.0.1:{port}");
+    let send = |body: String| {
+        request(
+            port,
+            "POST",
+            "/robots/u/update",
+            &[
+                ("Content-Type", "application/x-www-form-urlencoded"),
+                ("Cookie", &cookie),
+                ("Origin", &ours),
+            ],
+            body.as_bytes(),
+        )
+        .unwrap()
+    };
+    let spec = "spec=%7B%22interval_ms%22%3A+80%2C+%22history%22%3A+1000%7D";
+    assert_eq!(send(spec.to_string()).status, 403, "no CSRF token");
+    assert_eq!(
+        db.robot("u")
+            .await
+            .get_document("spec")
+            .unwrap()
+            .get_i64("interval_ms"),
+        Ok(60)
+    );
+    let r = send(format!("{spec}&csrf={csrf}"));
+    assert_eq!(r.status, 303, "{}", r.body);
+    wait_for(
+        Duration::from_secs(30),
+        "the form's update applied",
+        || async {
+            let u = db.robot("u").await;
+            (u.get_document("spec").ok()?.get_i64("interval_ms").ok()? == 80).then_some(())
+        },
+    )
+    .await;
+    let page = request(port, "GET", "/robots/u", &[("Cookie", &cookie)], b"").unwrap();
+    assert!(page.body.contains("update-state"), "{}", page.body);
     common::invariants::check(&db).await;
 }

@@ -20,8 +20,27 @@ pub struct CreateArgs {
     /// (with --unchecked).
     #[arg(long)]
     kind: String,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// How many robots to create. Rerun the same command after an interruption:
+    /// robots that exist with this kind and spec are kept, the rest are created.
+    #[arg(long, default_value_t = 1)]
+    count: u32,
+    /// Accept a kind this CLI does not know (a custom kind of your own worker build).
+    #[arg(long)]
+    unchecked: bool,
+    /// Print the robots created, and their slots, as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A robot's spec from the command line: `--spec` whole, then the shorthands.
+#[derive(Debug, Args)]
+pub struct SpecArgs {
     /// The kind's settings as a JSON object, e.g. '{"interval_ms": 500}' or
-    /// '{"command": "/opt/robots/poll.sh", "args": ["--fast"]}'.
+    /// '{"command": "/opt/robots/poll.sh", "args": ["--fast"]}'. Every kind also
+    /// reads "history" and "restart" ({"attempts": 10, "within": "10m",
+    /// "max_backoff": "1m"}); exec reads "heartbeat_timeout" ("30s").
     #[arg(long)]
     spec: Option<String>,
     /// counter: milliseconds between steps (sets spec.interval_ms).
@@ -38,43 +57,45 @@ pub struct CreateArgs {
     /// `history` (sets spec.history).
     #[arg(long)]
     history: Option<i64>,
-    /// How many robots to create. Rerun the same command after an interruption:
-    /// robots that exist with this kind and spec are kept, the rest are created.
-    #[arg(long, default_value_t = 1)]
-    count: u32,
-    /// Accept a kind this CLI does not know (a custom kind of your own worker build).
-    #[arg(long)]
-    unchecked: bool,
-    /// Print the robots created, and their slots, as JSON.
-    #[arg(long)]
-    json: bool,
 }
 
-fn build_spec(args: &CreateArgs) -> anyhow::Result<Document> {
-    let mut spec = match &args.spec {
-        None => Document::new(),
-        Some(text) => {
-            let v: serde_json::Value = serde_json::from_str(text)
-                .with_context(|| format!("--spec is not valid JSON: {text}"))?;
-            if !v.is_object() {
-                bail!("--spec must be a JSON object, like '{{\"interval_ms\": 500}}'");
+impl SpecArgs {
+    /// `--spec` if given, else `base`; then the shorthands on top.
+    pub fn build(&self, base: Document) -> anyhow::Result<Document> {
+        let mut spec = match &self.spec {
+            None => base,
+            Some(text) => {
+                let v: serde_json::Value = serde_json::from_str(text)
+                    .with_context(|| format!("--spec is not valid JSON: {text}"))?;
+                if !v.is_object() {
+                    bail!("--spec must be a JSON object, like '{{\"interval_ms\": 500}}'");
+                }
+                bson::to_document(&v).context("--spec cannot be stored")?
             }
-            bson::to_document(&v).context("--spec cannot be stored")?
+        };
+        if let Some(ms) = self.interval_ms {
+            spec.insert("interval_ms", ms);
         }
-    };
-    if let Some(ms) = args.interval_ms {
-        spec.insert("interval_ms", ms);
+        if let Some(c) = &self.command {
+            spec.insert("command", c.as_str());
+        }
+        if !self.args.is_empty() {
+            spec.insert("args", self.args.clone());
+        }
+        if let Some(h) = self.history {
+            spec.insert("history", h);
+        }
+        Ok(spec)
     }
-    if let Some(c) = &args.command {
-        spec.insert("command", c.as_str());
+
+    /// Whether any flag sets the spec.
+    pub fn any(&self) -> bool {
+        self.spec.is_some()
+            || self.interval_ms.is_some()
+            || self.command.is_some()
+            || !self.args.is_empty()
+            || self.history.is_some()
     }
-    if !args.args.is_empty() {
-        spec.insert("args", args.args.clone());
-    }
-    if let Some(h) = args.history {
-        spec.insert("history", h);
-    }
-    Ok(spec)
 }
 
 pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
@@ -87,7 +108,7 @@ pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
     let req = NewRobots {
         names: NewRobots::names(&args.name, args.count),
         kind: args.kind.clone(),
-        spec: build_spec(&args)?,
+        spec: args.spec.build(Document::new())?,
         unchecked: args.unchecked,
     };
     let total = req.names.len();

@@ -13,12 +13,36 @@ use crate::db::store::Store;
 use crate::pool::actions::{self, Actor};
 use crate::pool::view::{self as state, slot_rows, RobotState, SlotView};
 
-use super::create::CreateArgs;
+use super::create::{CreateArgs, SpecArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct UpdateArgs {
+    name: String,
+    /// A new kind; refused unless the robot's context carries over to it.
+    #[arg(long)]
+    kind: Option<String>,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// Show what would change, and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// How long to wait for the holder's answer.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    wait: std::time::Duration,
+    #[arg(long)]
+    json: bool,
+}
 
 #[derive(Debug, Subcommand)]
 pub enum RobotCommand {
     /// Create robots bound to the least-loaded live slot(s).
     Create(CreateArgs),
+    /// Change a robot's spec (and kind, where its context carries over) in place,
+    /// keeping its context. Its holder checks the change against what it may run;
+    /// if it applies it, the running instance stops after a last checkpoint and
+    /// starts again with the new spec under a new generation. Without --spec, the
+    /// shorthand flags change the current spec field by field.
+    Update(UpdateArgs),
     /// All robots with slot, holder, status and last checkpoint age.
     List {
         /// Only this slot's robots.
@@ -91,6 +115,7 @@ pub enum RobotCommand {
 pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
     match cmd {
         RobotCommand::Create(args) => super::create::run(store, args).await,
+        RobotCommand::Update(args) => update(store, args).await,
         RobotCommand::List { slot, json } => list(store, slot, json).await,
         RobotCommand::Show { name, json } => show(store, &name, json).await,
         RobotCommand::Logs {
@@ -271,6 +296,85 @@ async fn restart(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()>
         json!({"restarted": name, "slot": d.slot}),
         format!("restarting {name}: its holder on {slot} stops it after a last checkpoint and starts it again within a tick or two"),
     );
+    Ok(())
+}
+
+async fn update(store: &Store, args: UpdateArgs) -> anyhow::Result<()> {
+    if !args.spec.any() && args.kind.is_none() {
+        anyhow::bail!("nothing to change: give --spec JSON, a shorthand (--interval-ms, --command, --arg, --history) or --kind");
+    }
+    let current = store
+        .robots()
+        .find_one(doc! {NAME: &args.name})
+        .projection(doc! {crate::db::field::SPEC: 1})
+        .await?
+        .ok_or_else(|| actions::ActionError::NoRobot(args.name.clone()))?;
+    let base = current
+        .get_document(crate::db::field::SPEC)
+        .cloned()
+        .unwrap_or_default();
+    let spec = args.spec.build(base)?;
+    let asked = actions::update(
+        store,
+        &args.name,
+        args.kind.as_deref(),
+        spec,
+        args.dry_run,
+        &Actor::cli(),
+    )
+    .await?;
+    let name = &args.name;
+    if asked.changes.is_empty() {
+        done(
+            args.json,
+            json!({"updated": name, "changes": [], "applied": false}),
+            format!("{name}: nothing would change"),
+        );
+        return Ok(());
+    }
+    let Some(id) = asked.id else {
+        if args.json {
+            print_json(&json!({"dry_run": true, "robot": name, "changes": asked.changes}));
+        } else {
+            say!("{name} (dry run; nothing changed):");
+            for c in &asked.changes {
+                say!("  {c}");
+            }
+        }
+        return Ok(());
+    };
+    let until = std::time::Instant::now() + args.wait;
+    let answer = loop {
+        if let Some(a) = actions::update_answer(store, name, id).await? {
+            break Some(a);
+        }
+        if std::time::Instant::now() >= until {
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    match answer {
+        Some(a) if a.applied => done(
+            args.json,
+            json!({"updated": name, "changes": asked.changes, "applied": true, "worker": a.worker}),
+            format!(
+                "updated {name} ({}); {} restarts it with the new spec after a last checkpoint",
+                asked.changes.join("; "),
+                a.worker.as_deref().unwrap_or("its holder")
+            ),
+        ),
+        Some(a) => anyhow::bail!(
+            "update of {name} refused by {}: {}; nothing changed",
+            a.worker.as_deref().unwrap_or("its holder"),
+            a.why.as_deref().unwrap_or("no reason given")
+        ),
+        None => anyhow::bail!(
+            "asked to update {name} on {}, but no holder answered within {}: is a worker alive (slotpool slots list)? \
+             The update waits in the robot's document and applies when its slot's holder reads it",
+            asked.slot,
+            humantime::format_duration(args.wait)
+        ),
+    }
     Ok(())
 }
 

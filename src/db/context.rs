@@ -18,7 +18,7 @@ use mongodb::Collection;
 
 use crate::db::field::{
     CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, SPEC,
-    STATUS, WORKER,
+    START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::db::group_commit::{GroupCommit, Statement, Written};
 use crate::db::guard::WriteGuard;
@@ -425,6 +425,58 @@ impl ContextStore {
 }
 
 impl ContextStore {
+    /// Applies update `update_id` to a robot bound to this slot (its `kind` and `spec`
+    /// become the update's, its `start_rev` goes up so a running instance stops after
+    /// a last checkpoint and starts again), or refuses it (`why`), leaving the robot as
+    /// it was. Either way the answer lands in `update_result` for whoever asked, in one
+    /// write that matches only while the update is still the one judged and the robot
+    /// is on this slot under no newer holder. False when it matched nothing (moved,
+    /// deleted, taken over, or another update replaced this one).
+    pub async fn answer_update(
+        &self,
+        id: &ObjectId,
+        update_id: &ObjectId,
+        applied: Result<(&str, &Document), &str>,
+    ) -> Result<bool, ContextError> {
+        let _permit = self.pacer.acquire().await;
+        if !self.guard.is_open() {
+            return Ok(false);
+        }
+        let filter = doc! {
+            "_id": id, SLOT_ID: &self.slot_id,
+            EPOCH: {"$not": {"$gt": self.epoch}},
+            "update.id": update_id,
+        };
+        // A pipeline, for the server's clock; `$literal` around everything written by
+        // a document writer, so a `$`-name in a spec stays data.
+        let mut result = doc! {
+            "id": update_id, "applied": applied.is_ok(),
+            WORKER: {"$literal": &self.worker}, "at": "$$NOW",
+        };
+        let mut set = Document::new();
+        match applied {
+            Ok((kind, spec)) => {
+                set.insert(KIND, doc! {"$literal": kind});
+                set.insert(SPEC, doc! {"$literal": spec.clone()});
+                set.insert(
+                    START_REV,
+                    doc! {"$add": [
+                        {"$cond": [{"$in": [{"$type": "$start_rev"}, ["int", "long"]]}, {"$toLong": "$start_rev"}, 0_i64]},
+                        1_i64,
+                    ]},
+                );
+            }
+            Err(why) => {
+                let why = crate::secrets::scrub(why).into_owned();
+                result.insert("why", doc! {"$literal": why});
+            }
+        }
+        set.insert(UPDATE_RESULT, result);
+        let update = vec![doc! {"$set": set}, doc! {"$unset": UPDATE}];
+        let r = self.robots.update_one(filter, update).await?;
+        Ok(r.matched_count == 1)
+    }
+
     /// Marks the robot `failed` and holds it as a paused robot is held, fenced like a
     /// checkpoint: no holder starts it again until `robot resume`. False when fenced or
     /// the lease lapsed (then nothing was written).

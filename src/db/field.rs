@@ -51,6 +51,10 @@ pub const RESTARTS: &str = "restarts";
 /// Raised by every `robot restart` (and update): an instance started under another
 /// value stops after a last checkpoint, and a new one starts under a new generation.
 pub const START_REV: &str = "start_rev";
+/// An update asked for and not yet judged by the robot's holder: `{id, kind, spec}`.
+pub const UPDATE: &str = "update";
+/// The holder's answer to the last update: `{id, applied, why, worker, at}`.
+pub const UPDATE_RESULT: &str = "update_result";
 /// The worker (`ip:port`) running a robot; also the worker named in an event.
 pub const WORKER: &str = "worker";
 /// When a robot was created (server clock).

@@ -10,7 +10,10 @@
 use bson::{doc, oid::ObjectId, Document};
 use futures::TryStreamExt;
 
-use crate::db::field::{DRAINING, NAME, PAUSED, SLOT_ID, START_REV, STATUS};
+use crate::db::field::{
+    CONTEXT, DRAINING, KIND, NAME, PAUSED, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT,
+    WORKER,
+};
 use crate::db::store::Store;
 use crate::pool::placement::{self, MoveError};
 use crate::pool::view::text;
@@ -54,8 +57,11 @@ pub enum ActionError {
     /// A hand-edited document the action cannot work on.
     #[error("{0}")]
     BadDocument(String),
-    #[error("{0} changed while moving it; try again")]
+    #[error("{0} changed meanwhile; try again")]
     Changed(String),
+    /// A bad kind or spec: nothing was written.
+    #[error("{0}")]
+    Invalid(String),
     #[error("no slots to rebalance over: run `slotpool init --slots N` first (draining slots are not used)")]
     NoSlots,
     #[error(transparent)]
@@ -136,6 +142,176 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
         changed: true,
         repaired: false,
     })
+}
+
+/// An update asked for, or (dry run) what it would change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateAsked {
+    /// Its id, which the holder's answer names (see [`update_answer`]); None for a
+    /// dry run or when nothing would change.
+    pub id: Option<ObjectId>,
+    pub slot: String,
+    /// The differences, one line each: `kind: counter → exec`, `spec.args: ["a"] → ["b"]`.
+    pub changes: Vec<String>,
+}
+
+/// The holder's answer to an update.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateAnswer {
+    pub applied: bool,
+    /// Why it was refused.
+    pub why: Option<String>,
+    pub worker: Option<String>,
+}
+
+/// Asks for a robot's kind (None: unchanged) and spec to become these, keeping its
+/// context. Checked here as `robot create` checks (a bad spec, or a kind the context
+/// cannot carry over to, writes nothing), then judged by the robot's holder, which
+/// knows what it may run (its exec allow-lists): it applies the update in one fenced
+/// write that also makes the running instance stop after a last checkpoint and start
+/// again with the new spec under a new generation, or refuses it and changes nothing.
+/// The request is recorded in `events` with who asked. With `dry_run`, only says what
+/// would change.
+pub async fn update(
+    store: &Store,
+    name: &str,
+    kind: Option<&str>,
+    spec: Document,
+    dry_run: bool,
+    actor: &Actor,
+) -> Result<UpdateAsked, ActionError> {
+    let d = store
+        .robots()
+        .find_one(doc! {NAME: name})
+        .projection(doc! {"_id": 1, SLOT_ID: 1, KIND: 1, SPEC: 1, CONTEXT: 1})
+        .await?
+        .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
+    let slot = slot_of(&d)?;
+    let (Some(old_kind), Ok(old_spec)) = (text(&d, KIND), d.get_document(SPEC)) else {
+        return Err(ActionError::BadDocument(
+            "this robot's kind or spec is missing or malformed; fix it by hand".into(),
+        ));
+    };
+    let new_kind = kind.unwrap_or(&old_kind).to_string();
+    let registry = crate::robot::Registry::builtin();
+    if let Some(k) = registry.get(&new_kind) {
+        registry.check(&new_kind, &spec).map_err(|e| {
+            ActionError::Invalid(format!("invalid spec for kind {new_kind:?}: {e}"))
+        })?;
+        if new_kind != old_kind {
+            let empty = Document::new();
+            let context = d.get_document(CONTEXT).unwrap_or(&empty);
+            k.check_context(&spec, context).map_err(|e| {
+                ActionError::Invalid(format!(
+                    "its context does not carry over to kind {new_kind:?}: {e}"
+                ))
+            })?;
+        }
+    } else if new_kind != old_kind {
+        return Err(ActionError::Invalid(format!(
+            "unknown robot kind {new_kind:?}; known kinds: {} (a kind of your own worker build keeps its kind; update its spec only)",
+            registry.names().join(", ")
+        )));
+    }
+    let changes = differences(&old_kind, old_spec, &new_kind, &spec);
+    if dry_run || changes.is_empty() {
+        return Ok(UpdateAsked {
+            id: None,
+            slot,
+            changes,
+        });
+    }
+    let id = ObjectId::new();
+    let asked = store
+        .robots()
+        .update_one(
+            doc! {"_id": d.get("_id"), KIND: &old_kind, SPEC: old_spec.clone()},
+            doc! {"$set": {UPDATE: {"id": id, KIND: &new_kind, SPEC: spec}}},
+        )
+        .await?;
+    if asked.matched_count == 0 {
+        return Err(ActionError::Changed(name.to_string()));
+    }
+    placement::adjust(store, &slot, 0, true).await?;
+    // Moved meanwhile: its new holder must look too.
+    if let Some(now) = robot(store, name).await.ok().and_then(|d| slot_of(&d).ok()) {
+        if now != slot {
+            placement::adjust(store, &now, 0, true).await?;
+        }
+    }
+    let mut detail = changes.join("; ");
+    if detail.len() > 1000 {
+        detail = format!("{} …", detail.chars().take(1000).collect::<String>());
+    }
+    record(
+        store,
+        "update",
+        actor,
+        doc! {"robot": name, SLOT_ID: &slot, "detail": detail},
+    )
+    .await;
+    Ok(UpdateAsked {
+        id: Some(id),
+        slot,
+        changes,
+    })
+}
+
+/// The holder's answer to update `id` of robot `name`, once there is one.
+pub async fn update_answer(
+    store: &Store,
+    name: &str,
+    id: ObjectId,
+) -> Result<Option<UpdateAnswer>, ActionError> {
+    let d = store
+        .robots()
+        .find_one(doc! {NAME: name})
+        .projection(doc! {UPDATE_RESULT: 1})
+        .await?
+        .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
+    let Ok(r) = d.get_document(UPDATE_RESULT) else {
+        return Ok(None);
+    };
+    if r.get_object_id("id") != Ok(id) {
+        return Ok(None);
+    }
+    Ok(Some(UpdateAnswer {
+        applied: r.get_bool("applied").unwrap_or(false),
+        why: text(r, "why"),
+        worker: text(r, WORKER),
+    }))
+}
+
+/// One line per difference between two kinds and specs, field by field.
+pub fn differences(old_kind: &str, old: &Document, new_kind: &str, new: &Document) -> Vec<String> {
+    let show = |v: Option<&bson::Bson>| {
+        v.map_or("(none)".to_string(), |v| {
+            crate::printable::escape(&v.clone().into_relaxed_extjson().to_string()).into_owned()
+        })
+    };
+    let mut out = Vec::new();
+    if old_kind != new_kind {
+        out.push(format!(
+            "kind: {} → {}",
+            crate::printable::escape(old_kind),
+            crate::printable::escape(new_kind)
+        ));
+    }
+    let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for k in keys {
+        let (a, b) = (old.get(k), new.get(k));
+        if a != b {
+            out.push(format!(
+                "spec.{}: {} → {}",
+                crate::printable::escape(k),
+                show(a),
+                show(b)
+            ));
+        }
+    }
+    out
 }
 
 /// Stops a robot after a last checkpoint and keeps it stopped (`paused`), or lets it

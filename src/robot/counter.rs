@@ -68,6 +68,15 @@ impl RobotKind for Counter {
         interval(spec).map(|_| ())
     }
 
+    fn check_context(&self, _spec: &Document, context: &Document) -> Result<(), String> {
+        match context.get("n") {
+            Some(other) if crate::db::store::int(context, "n").is_none() => Err(format!(
+                "a counter counts in context.n, which here is {other}, not a whole number"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     async fn run(&self, run: RobotRun) -> Result<(), RobotError> {
         let every = interval(run.spec()).map_err(RobotError::Invalid)?;
         let mut n = match (

@@ -163,28 +163,9 @@ fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
     };
     let heartbeat_timeout = match spec.get("heartbeat_timeout") {
         None | Some(Bson::Null) => None,
-        Some(Bson::String(text)) => {
-            let d = humantime::parse_duration(text.trim()).map_err(|e| {
-                format!(
-                    "spec.heartbeat_timeout: {e} in {:?} (write e.g. \"30s\")",
-                    crate::printable::escape(text)
-                )
-            })?;
+        Some(v) => {
             let (min, max) = HEARTBEAT_TIMEOUT_RANGE;
-            if d < min || d > max {
-                return Err(format!(
-                    "spec.heartbeat_timeout must be between {} and {}, got {}",
-                    humantime::format_duration(min),
-                    humantime::format_duration(max),
-                    humantime::format_duration(d)
-                ));
-            }
-            Some(d)
-        }
-        Some(other) => {
-            return Err(format!(
-                "spec.heartbeat_timeout must be a duration such as \"30s\", found {other}"
-            ))
+            Some(super::spec_duration("heartbeat_timeout", v, min, max)?)
         }
     };
     Ok(ExecSpec {
@@ -238,6 +219,25 @@ impl RobotKind for Exec {
 
     fn check_spec(&self, spec: &Document) -> Result<(), String> {
         parse_spec(spec).map(|_| ())
+    }
+
+    fn admits(&self, spec: &Document) -> Result<(), String> {
+        let spec = parse_spec(spec)?;
+        self.policy
+            .check_command(&spec.command)
+            .and_then(|()| self.policy.check_env(&spec.env))
+    }
+
+    fn check_context(&self, spec: &Document, context: &Document) -> Result<(), String> {
+        let spec = parse_spec(spec)?;
+        let bytes = Bson::Document(context.clone())
+            .into_relaxed_extjson()
+            .to_string()
+            .len();
+        if bytes > ENV_CONTEXT_MAX && !spec.context_file {
+            return Err(too_big_for_env(bytes));
+        }
+        Ok(())
     }
 
     async fn run(&self, run: RobotRun) -> Result<(), RobotError> {

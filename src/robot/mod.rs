@@ -55,7 +55,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bson::{oid::ObjectId, Document};
+use bson::{oid::ObjectId, Bson, Document};
 use tokio_util::sync::CancellationToken;
 
 use crate::db::context::{ContextError, ContextStore};
@@ -100,6 +100,20 @@ pub trait RobotKind: Send + Sync + 'static {
 
     /// Checks a spec when a robot is created, and again before each start.
     fn check_spec(&self, spec: &Document) -> Result<(), String>;
+
+    /// Whether this worker would run `spec`: [`RobotKind::check_spec`] and whatever
+    /// this worker's own configuration adds (the exec allow-lists). An update is
+    /// applied only when the holder admits it, so one it would refuse changes nothing.
+    fn admits(&self, spec: &Document) -> Result<(), String> {
+        self.check_spec(spec)
+    }
+
+    /// Whether a robot of this kind and `spec` can start from `context`, a context
+    /// another kind (or another spec) wrote: an update that changes the kind is
+    /// refused unless the context carries over.
+    fn check_context(&self, _spec: &Document, _context: &Document) -> Result<(), String> {
+        Ok(())
+    }
 
     /// Runs the robot until `run.stop()` is cancelled (return `Ok`), or fails. Must
     /// return within the stop grace after cancellation.
@@ -251,6 +265,47 @@ impl Registry {
         k.check_spec(spec)?;
         restart::RestartPolicy::from_spec(spec).map(|_| ())
     }
+
+    /// Whether this worker would run a robot changed to `kind` and `spec`, starting
+    /// from the `context` it has: the checks of [`Registry::check`], the worker's own
+    /// rules ([`RobotKind::admits`]) and whether the context carries over.
+    pub fn admits(&self, kind: &str, spec: &Document, context: &Document) -> Result<(), String> {
+        self.check(kind, spec)?;
+        let k = self.get(kind).expect("checked above");
+        k.admits(spec)?;
+        k.check_context(spec, context)
+    }
+}
+
+/// A duration in a spec, `spec.FIELD`: text such as `"90s"` or `"10m"`, within
+/// `min..=max`. Specs are written by whoever may write robot documents, so the
+/// errors say what was found and what is wanted.
+pub(crate) fn spec_duration(
+    field: &str,
+    v: &Bson,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, String> {
+    let Bson::String(text) = v else {
+        return Err(format!(
+            "spec.{field} must be a duration such as \"30s\" or \"10m\", found {v}"
+        ));
+    };
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "spec.{field}: {e} in {:?} (write e.g. \"30s\" or \"10m\")",
+            crate::printable::escape(text)
+        )
+    })?;
+    if d < min || d > max {
+        return Err(format!(
+            "spec.{field} must be between {} and {}, got {}",
+            humantime::format_duration(min),
+            humantime::format_duration(max),
+            humantime::format_duration(d)
+        ));
+    }
+    Ok(d)
 }
 
 /// The spec fields every kind honours: `history` (checkpoint records kept, see

@@ -22,6 +22,8 @@ use std::time::Duration;
 use bson::{Bson, Document};
 use tokio::time::Instant;
 
+use super::spec_duration;
+
 /// The backoff before the first restart.
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// The least backoff after a run that could not start (a bad spec, an unknown kind, a
@@ -93,11 +95,15 @@ impl RestartPolicy {
             policy.attempts = n as u32;
         }
         if let Some(v) = restart.get("within") {
-            policy.within = duration("within", v, Duration::from_secs(1), MAX_WITHIN)?;
+            policy.within = spec_duration("restart.within", v, Duration::from_secs(1), MAX_WITHIN)?;
         }
         if let Some(v) = restart.get("max_backoff") {
-            policy.max_backoff =
-                duration("max_backoff", v, FIRST_BACKOFF, Duration::from_secs(3600))?;
+            policy.max_backoff = spec_duration(
+                "restart.max_backoff",
+                v,
+                FIRST_BACKOFF,
+                Duration::from_secs(3600),
+            )?;
         }
         Ok(policy)
     }
@@ -105,30 +111,6 @@ impl RestartPolicy {
 
 /// The longest `within`: a week of ends remembered is already more than anyone reads.
 const MAX_WITHIN: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// A duration setting, as text such as `"90s"` or `"10m"`, within `min..=max`.
-fn duration(key: &str, v: &Bson, min: Duration, max: Duration) -> Result<Duration, String> {
-    let Bson::String(text) = v else {
-        return Err(format!(
-            "spec.restart.{key} must be a duration such as \"10m\" or \"30s\", found {v}"
-        ));
-    };
-    let d = humantime::parse_duration(text.trim()).map_err(|e| {
-        format!(
-            "spec.restart.{key}: {e} in {:?} (write e.g. \"10m\" or \"30s\")",
-            crate::printable::escape(text)
-        )
-    })?;
-    if d < min || d > max {
-        return Err(format!(
-            "spec.restart.{key} must be between {} and {}, got {}",
-            humantime::format_duration(min),
-            humantime::format_duration(max),
-            humantime::format_duration(d)
-        ));
-    }
-    Ok(d)
-}
 
 /// What to do after a run ended by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -335,12 +335,20 @@ pub async fn output(State(app): State<App>, Path(name): Path<String>) -> Respons
 }
 
 /// An action by name, on a robot or a slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     Pause,
     Resume,
     Restart,
-    Move { to: String },
+    /// A new spec (and kind), judged by the robot's holder (see
+    /// [`actions::update`]).
+    Update {
+        kind: Option<String>,
+        spec: bson::Document,
+    },
+    Move {
+        to: String,
+    },
     Delete,
     Drain,
     Undrain,
@@ -375,6 +383,7 @@ impl Action {
             Action::Pause => "pause",
             Action::Resume => "resume",
             Action::Restart => "restart",
+            Action::Update { .. } => "update",
             Action::Move { .. } => "move",
             Action::Delete => "delete",
             Action::Drain => "drain",
@@ -402,6 +411,16 @@ pub async fn perform(
             Action::Pause => actions::set_paused(store, &target, true, &actor).await,
             Action::Resume => actions::set_paused(store, &target, false, &actor).await,
             Action::Restart => actions::restart(store, &target, &actor).await,
+            Action::Update { kind, spec } => {
+                actions::update(store, &target, kind.as_deref(), spec.clone(), false, &actor)
+                    .await
+                    .map(|asked| Done {
+                        name: target.clone(),
+                        changed: !asked.changes.is_empty(),
+                        slot: Some(asked.slot),
+                        repaired: false,
+                    })
+            }
             Action::Move { to } => actions::move_to(store, &target, to, &actor).await,
             Action::Delete => actions::delete(store, &target, &actor).await,
             Action::Drain => actions::set_draining(store, &target, true, &actor).await,
@@ -417,6 +436,7 @@ pub async fn perform(
 pub fn failure_status(e: &ActionError) -> StatusCode {
     match e {
         ActionError::NoRobot(_) | ActionError::NoSlot(_) => StatusCode::NOT_FOUND,
+        ActionError::Invalid(_) => StatusCode::BAD_REQUEST,
         ActionError::Db(_) => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::CONFLICT,
     }
@@ -480,6 +500,128 @@ async fn answer(app: &App, target: &str, action: Action, actor: Actor) -> Respon
             failure_status(&e),
             crate::secrets::scrub(&e.to_string()).into_owned(),
         ),
+    }
+}
+
+/// `PUT /api/v1/robots/NAME`: the new spec (whole) and, optionally, kind.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpdateBody {
+    #[serde(default)]
+    kind: Option<String>,
+    spec: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    dry_run: bool,
+    /// How long to wait for the holder's answer (default 10 s, at most 30 s).
+    #[serde(default)]
+    wait_ms: Option<u64>,
+}
+
+/// What an update did.
+#[derive(Debug, Serialize)]
+pub struct UpdateAnswerBody {
+    pub ok: bool,
+    pub robot: String,
+    pub changes: Vec<String>,
+    /// True: applied by `worker`; null: a dry run, nothing to change, or no holder
+    /// answered in time (the update waits in the robot's document).
+    pub applied: Option<bool>,
+    pub worker: Option<String>,
+}
+
+/// `PUT /api/v1/robots/NAME`: changes a robot in place as `robot update` does. `200`
+/// with `applied: true` once its holder applied it; `409` with the holder's reason
+/// when it refused (nothing changed); `400` for a spec `create` would refuse; `202`
+/// when no holder answered within `wait_ms` (the update waits for one).
+pub async fn update_robot(
+    State(app): State<App>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let actor = match api_actor(&app, &headers, peer) {
+        Ok(a) => a,
+        Err(d) => return denied(d),
+    };
+    let body: UpdateBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("update takes a JSON body {{\"spec\": {{…}}, \"kind\": \"exec\"}} (kind optional): {e}"),
+            )
+        }
+    };
+    let spec = match bson::to_document(&body.spec) {
+        Ok(s) => s,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("spec cannot be stored: {e}"),
+            )
+        }
+    };
+    let wait = std::time::Duration::from_millis(body.wait_ms.unwrap_or(10_000).min(30_000));
+    let store = app.store.clone();
+    let robot = name.clone();
+    let asked = super::to_the_end(async move {
+        actions::update(
+            &store,
+            &robot,
+            body.kind.as_deref(),
+            spec,
+            body.dry_run,
+            &actor,
+        )
+        .await
+    })
+    .await;
+    app.forget(&name);
+    let asked = match asked {
+        Ok(a) => a,
+        Err(e) => {
+            return error(
+                failure_status(&e),
+                crate::secrets::scrub(&e.to_string()).into_owned(),
+            )
+        }
+    };
+    let answer = |applied: Option<bool>, worker: Option<String>| UpdateAnswerBody {
+        ok: true,
+        robot: name.clone(),
+        changes: asked.changes.clone(),
+        applied,
+        worker,
+    };
+    let Some(id) = asked.id else {
+        return Json(answer(None, None)).into_response();
+    };
+    let until = std::time::Instant::now() + wait;
+    loop {
+        match actions::update_answer(&app.store, &name, id).await {
+            Ok(Some(a)) if a.applied => return Json(answer(Some(true), a.worker)).into_response(),
+            Ok(Some(a)) => {
+                return error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "update refused by {}: {}; nothing changed",
+                        a.worker.as_deref().unwrap_or("its holder"),
+                        crate::secrets::scrub(a.why.as_deref().unwrap_or("no reason given"))
+                    ),
+                )
+            }
+            Ok(None) if std::time::Instant::now() < until => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await
+            }
+            Ok(None) => return (StatusCode::ACCEPTED, Json(answer(None, None))).into_response(),
+            Err(e) => {
+                return error(
+                    failure_status(&e),
+                    crate::secrets::scrub(&e.to_string()).into_owned(),
+                )
+            }
+        }
     }
 }
 

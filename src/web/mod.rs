@@ -249,7 +249,9 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/robots", get(api::robots).post(api::create_robots))
         .route(
             "/api/v1/robots/{name}",
-            get(api::robot).delete(api::delete_robot),
+            get(api::robot)
+                .put(api::update_robot)
+                .delete(api::delete_robot),
         )
         .route("/api/v1/robots/{name}/output", get(api::output))
         .route("/api/v1/robots/{name}/{action}", post(api::robot_action))

@@ -21,7 +21,7 @@ use super::snapshot::{SlotInfo, Snapshot};
 use super::{web_actor, App, RobotDetail, MAX_CONTEXT_SHOWN};
 use crate::db::field::{
     CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, KIND, PAUSED, RESTARTS, SEQ, SLOT_ID,
-    SPEC, STATUS, WORKER,
+    SPEC, STATUS, UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::pool::view::age;
 
@@ -402,7 +402,17 @@ pub async fn robot(
                     label { input type="checkbox" name="confirm" value="yes" required; " sure" }
                     button #delete type="submit" { "Delete" }
                 }
+                form #update-form method="post" action=(format!("{href}/update")) {
+                    input type="hidden" name="csrf" value=(s.csrf);
+                    label { "Spec (JSON, the whole spec) " }
+                    textarea name="spec" rows="6" cols="70" { (pretty(d.doc.get(SPEC))) }
+                    label { " Kind " input type="text" name="kind" value=(txt(KIND)) size="10"; }
+                    button #update type="submit" { "Update" }
+                }
             }
+        }
+        @if let Some(u) = update_line(&d.doc) {
+            p #update-state { (u) }
         }
         dl #facts {
             @for k in [KIND, SLOT_ID, STATUS, ERROR, SEQ, EPOCH, GEN, RESTARTS, PAUSED, WORKER, CREATED_AT, CHECKPOINTED_AT] {
@@ -428,6 +438,23 @@ pub async fn robot(
         ol #robot-events { @for e in &events { (event_item(e)) } }
     };
     page(&app, s.as_ref(), "robot", &name, body).into_response()
+}
+
+/// The robot's last update as one line: waiting for its holder, applied or refused.
+fn update_line(doc: &bson::Document) -> Option<String> {
+    if doc.get_document(UPDATE).is_ok() {
+        return Some("An update waits for this robot's holder to judge it.".into());
+    }
+    let r = doc.get_document(UPDATE_RESULT).ok()?;
+    let worker = r.get_str(WORKER).unwrap_or("its holder");
+    Some(if r.get_bool("applied") == Ok(true) {
+        format!("The last update was applied by {worker}.")
+    } else {
+        format!(
+            "The last update was refused by {worker}: {}. Nothing changed.",
+            r.get_str("why").unwrap_or("no reason given")
+        )
+    })
 }
 
 /// A refused browser action, as a page.
@@ -508,6 +535,22 @@ async fn form_action(
     }
 }
 
+/// The update form's fields: the spec as JSON (whole), and a kind when it changes.
+fn update_from_form(form: &HashMap<String, String>) -> Result<Action, String> {
+    let text = form.get("spec").map(String::as_str).unwrap_or("").trim();
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("the spec is not valid JSON: {e}"))?;
+    let serde_json::Value::Object(map) = v else {
+        return Err("the spec must be a JSON object, like {\"interval_ms\": 500}".into());
+    };
+    let spec = bson::to_document(&map).map_err(|e| format!("the spec cannot be stored: {e}"))?;
+    let kind = form
+        .get("kind")
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty());
+    Ok(Action::Update { kind, spec })
+}
+
 pub async fn robot_action(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -524,7 +567,11 @@ pub async fn robot_action(
     } else {
         format!("/robots/{}", urlencode(&name))
     };
-    let parsed = Action::for_robot(&action, form.get("to").cloned());
+    let parsed = if action == "update" {
+        update_from_form(&form)
+    } else {
+        Action::for_robot(&action, form.get("to").cloned())
+    };
     form_action(&app, peer, &s, &name, parsed, back).await
 }
 

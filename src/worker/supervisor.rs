@@ -31,7 +31,7 @@ use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
 use crate::db::field::{
-    CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, WORKER,
+    CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, UPDATE, WORKER,
 };
 use crate::db::store::Store;
 use crate::metrics::Metrics;
@@ -54,6 +54,8 @@ pub struct Fingerprint {
     /// refused, or a newer holder's.
     pub unadopted: i64,
     pub paused: i64,
+    /// Robots with an update not yet judged.
+    pub updates: i64,
 }
 
 impl Fingerprint {
@@ -88,6 +90,29 @@ struct Listed {
     paused: bool,
     /// What a first start needs, or None to load it (and report the problem) later.
     loaded: Option<Loaded>,
+    /// An update asked for and not yet judged.
+    update: Option<PendingUpdate>,
+}
+
+/// An update as its asker wrote it (see [`crate::pool::actions::update`]).
+#[derive(Debug, Clone)]
+struct PendingUpdate {
+    id: ObjectId,
+    kind: String,
+    spec: Document,
+}
+
+impl PendingUpdate {
+    /// None when the document cannot be an update (a hand edit): it is then left
+    /// for whoever wrote it, and said once in the log.
+    fn read(d: &Document) -> Option<PendingUpdate> {
+        let u = d.get_document(UPDATE).ok()?;
+        Some(PendingUpdate {
+            id: u.get_object_id("id").ok()?,
+            kind: u.get_str(KIND).ok()?.to_string(),
+            spec: u.get_document(SPEC).ok()?.clone(),
+        })
+    }
 }
 
 struct Running {
@@ -269,6 +294,9 @@ impl Supervisor {
                 }
             }
         }
+        let mut listed = listed;
+        self.judge_updates(&mut listed).await;
+        let updates_left = listed.iter().filter(|l| l.update.is_some()).count() as i64;
         let views: Vec<View> = listed
             .iter()
             .map(|l| View {
@@ -330,11 +358,9 @@ impl Supervisor {
         );
         self.synced_rev = (!plan.incomplete).then_some(rev);
         if !plan.incomplete {
-            self.expected = Some(Fingerprint::expected(
-                &views,
-                &adopted_now,
-                self.ctx.epoch(),
-            ));
+            let mut expected = Fingerprint::expected(&views, &adopted_now, self.ctx.epoch());
+            expected.updates = updates_left;
+            self.expected = Some(expected);
         }
         Ok(started)
     }
@@ -356,6 +382,7 @@ impl Supervisor {
                 "_id": Bson::Null,
                 "total": {"$sum": 1_i64},
                 PAUSED: {"$sum": {"$cond": [{"$eq": ["$paused", true]}, 1_i64, 0_i64]}},
+                "updates": {"$sum": {"$cond": [{"$eq": [{"$type": "$update"}, "object"]}, 1_i64, 0_i64]}},
                 "unadopted": {"$sum": {"$cond": [
                     {"$and": [{"$ne": ["$paused", true]}, {"$ne": ["$epoch", mine]}]},
                     1_i64, 0_i64,
@@ -368,6 +395,7 @@ impl Supervisor {
                 total: long_or_zero(&d, "total"),
                 unadopted: long_or_zero(&d, "unadopted"),
                 paused: long_or_zero(&d, PAUSED),
+                updates: long_or_zero(&d, "updates"),
             },
             None => Fingerprint::default(),
         };
@@ -376,6 +404,49 @@ impl Supervisor {
             self.metrics.unbumped_changes.inc();
         }
         Ok(found != expected)
+    }
+
+    /// Judges every update asked for on this slot's robots (not those of a newer
+    /// holder): applied when this worker would run the new kind and spec from the
+    /// robot's context, refused with the reason otherwise, and the answer written for
+    /// the asker. An applied update raises the robot's `start_rev` in the same write,
+    /// so the plan below stops a running instance (after its last checkpoint) and the
+    /// next sync starts it with the new spec under a new generation.
+    async fn judge_updates(&mut self, listed: &mut [Listed]) {
+        let mine = self.ctx.epoch();
+        for l in listed.iter_mut() {
+            let Some(u) = l.update.clone() else { continue };
+            if l.epoch > mine {
+                continue;
+            }
+            let empty = Document::new();
+            let context = l.loaded.as_ref().map_or(&empty, |x| &x.context);
+            let verdict = self.registry.admits(&u.kind, &u.spec, context);
+            let answer = match &verdict {
+                Ok(()) => Ok((u.kind.as_str(), &u.spec)),
+                Err(why) => Err(why.as_str()),
+            };
+            match self.ctx.answer_update(&l.id, &u.id, answer).await {
+                Ok(true) => {
+                    l.update = None;
+                    match verdict {
+                        Ok(()) => {
+                            tracing::info!(robot = %l.name, kind = %u.kind, "update applied: the robot starts again with its new spec");
+                            l.start_rev += 1;
+                            // Loaded again at its start, with the new spec.
+                            l.loaded = None;
+                        }
+                        Err(why) => {
+                            tracing::warn!(robot = %l.name, "update refused, the robot is unchanged: {}", crate::secrets::scrub(&why))
+                        }
+                    }
+                }
+                // Moved, deleted, taken over or updated again meanwhile: the next
+                // read sees what is true now.
+                Ok(false) => l.update = None,
+                Err(e) => tracing::warn!(robot = %l.name, "could not answer an update: {e}"),
+            }
+        }
     }
 
     /// Adopts one chunk of the robots about to start (at most [`ADOPT_CHUNK`]): each
@@ -450,6 +521,7 @@ impl Supervisor {
                 epoch: long_or_zero(&d, EPOCH),
                 gen: long_or_zero(&d, GEN),
                 start_rev: long_or_zero(&d, START_REV),
+                update: PendingUpdate::read(&d),
                 loaded: preload(&d, &name),
                 name,
             });
@@ -771,7 +843,8 @@ mod tests {
             Fingerprint {
                 total: 4,
                 unadopted: 1,
-                paused: 1
+                paused: 1,
+                updates: 0,
             }
         );
     }

@@ -125,6 +125,18 @@ impl TestDb {
             .expect("run slotpool")
     }
 
+    /// Starts the CLI without waiting for it (to race it against another command).
+    pub fn cli_child(&self, args: &[&str]) -> std::process::Child {
+        Command::new(BIN)
+            .args(args)
+            .env("MONGODB_URI", &self.uri)
+            .env("SLOTPOOL_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run slotpool")
+    }
+
     /// Runs the CLI and insists it succeeded; returns stdout.
     pub fn cli_ok(&self, args: &[&str]) -> String {
         let out = self.cli(args);
