@@ -81,6 +81,12 @@ else
   );
 
 print('');
+print('== updates waiting for their holder (robot update)');
+const waiting = db.robots.find({ update: { $type: 'object' } }, { name: 1, slot_id: 1, update: 1 }).sort({ name: 1 }).toArray();
+if (waiting.length === 0) print('none');
+else table(['ROBOT', 'SLOT', 'NEW KIND'], waiting.map((r) => [r.name, r.slot_id, String(r.update.kind)]));
+
+print('');
 print('== recent events');
 const recent = db.events.find().sort({ $natural: -1 }).limit(eventCount).toArray().reverse();
 if (recent.length === 0) print('none');

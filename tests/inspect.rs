@@ -148,6 +148,30 @@ async fn mongosh_inspect_script_shows_the_truth() {
     );
     let events = text.split("== recent events").nth(1).unwrap();
     assert!(events.contains("claim"), "{text}");
+    // An update no holder has judged yet: its robot's slot has no holder (here, no
+    // such slot), so nothing answers it while the script reads.
+    db.store
+        .robots()
+        .insert_one(bson::doc! {
+            "_id": bson::oid::ObjectId::new(), "name": "orphan", "kind": "counter", "spec": {},
+            "slot_id": "slot-009", "epoch": 0_i64, "context": {}, "seq": 0_i64, "paused": false,
+            "status": "pending", "created_at": bson::DateTime::now(),
+            "update": {"id": bson::oid::ObjectId::new(), "kind": "exec", "spec": {}},
+        })
+        .await
+        .unwrap();
+    let text = inspect();
+    let waiting = text
+        .split("== updates waiting")
+        .nth(1)
+        .unwrap()
+        .split("== recent events")
+        .next()
+        .unwrap();
+    assert!(
+        waiting.contains("orphan") && waiting.contains("exec"),
+        "{text}"
+    );
     // The README's one-liner works too.
     let out = Command::new(format!("{root}/scripts/mongosh.sh"))
         .args([

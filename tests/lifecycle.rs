@@ -106,6 +106,25 @@ async fn a_crash_loop_stops_after_its_attempts_and_resume_gives_a_fresh_budget()
         (starts(&log) == 9 && status(&r) == "failed").then_some(())
     })
     .await;
+    // An update runs a failed robot again, under its new policy: two more starts.
+    db.cli_ok(&[
+        "robot",
+        "update",
+        "loop",
+        "--spec",
+        &format!(r#"{{"command": "{cmd}", "restart": {{"attempts": 2, "within": "1m"}}}}"#),
+    ]);
+    wait_for(Duration::from_secs(60), "the updated budget", || async {
+        let r = db.robot("loop").await;
+        (starts(&log) == 11 && status(&r) == "failed").then_some(())
+    })
+    .await;
+    assert!(db
+        .robot("loop")
+        .await
+        .get_str("error")
+        .unwrap()
+        .contains("gave up after 2 ends"));
     let report = common::invariants::check(&db).await;
     assert_eq!(
         report.robots, 1,

@@ -465,6 +465,12 @@ impl ContextStore {
                         1_i64,
                     ]},
                 );
+                // A robot its restart policy gave up on runs again with the change (a
+                // fresh budget); one an operator paused stays paused.
+                let failed =
+                    doc! {"$and": [{"$eq": ["$paused", true]}, {"$eq": ["$status", "failed"]}]};
+                set.insert(PAUSED, doc! {"$cond": [failed.clone(), false, "$paused"]});
+                set.insert(STATUS, doc! {"$cond": [failed, "pending", "$status"]});
             }
             Err(why) => {
                 let why = crate::secrets::scrub(why).into_owned();

@@ -594,3 +594,30 @@ async fn pick(
         })
         .collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn differences_name_each_changed_field_once() {
+        let old = doc! {"command": "/opt/a", "args": ["x"], "history": 5_i64};
+        let new = doc! {"command": "/opt/a", "args": ["y"], "env": {"K": "v"}};
+        assert_eq!(
+            differences("exec", &old, "exec", &new),
+            [
+                r#"spec.args: ["x"] → ["y"]"#,
+                r#"spec.env: (none) → {"K":"v"}"#,
+                "spec.history: 5 → (none)",
+            ]
+        );
+        assert_eq!(
+            differences("counter", &doc! {}, "exec", &doc! {}),
+            ["kind: counter → exec"]
+        );
+        assert!(differences("exec", &old, "exec", &old.clone()).is_empty());
+        // Hostile text stays text.
+        let d = differences("exec", &doc! {}, "exec", &doc! {"\u{1b}[2J": 1_i64});
+        assert!(!d[0].contains('\u{1b}'), "{d:?}");
+    }
+}

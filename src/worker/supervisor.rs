@@ -31,7 +31,7 @@ use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
 use crate::db::field::{
-    CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, UPDATE, WORKER,
+    CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
 };
 use crate::db::store::Store;
 use crate::metrics::Metrics;
@@ -88,6 +88,9 @@ struct Listed {
     /// Raised by `robot restart`: an instance started under another one is stale.
     start_rev: i64,
     paused: bool,
+    /// Held after its restart policy gave up (paused, status `failed`): an applied
+    /// update runs it again.
+    failed: bool,
     /// What a first start needs, or None to load it (and report the problem) later.
     loaded: Option<Loaded>,
     /// An update asked for and not yet judged.
@@ -435,6 +438,11 @@ impl Supervisor {
                             l.start_rev += 1;
                             // Loaded again at its start, with the new spec.
                             l.loaded = None;
+                            if l.failed {
+                                // The same write let it run again (see answer_update).
+                                l.paused = false;
+                                l.failed = false;
+                            }
                         }
                         Err(why) => {
                             tracing::warn!(robot = %l.name, "update refused, the robot is unchanged: {}", crate::secrets::scrub(&why))
@@ -518,6 +526,8 @@ impl Supervisor {
             out.push(Listed {
                 id,
                 paused: matches!(d.get(PAUSED), Some(Bson::Boolean(true))),
+                failed: matches!(d.get(PAUSED), Some(Bson::Boolean(true)))
+                    && d.get_str(STATUS) == Ok("failed"),
                 epoch: long_or_zero(&d, EPOCH),
                 gen: long_or_zero(&d, GEN),
                 start_rev: long_or_zero(&d, START_REV),
