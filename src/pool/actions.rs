@@ -1,5 +1,6 @@
 //! What people may do to the pool, in one place for the CLI and `slotpool web`:
-//! pause, resume, restart, move and delete a robot, drain and undrain a slot, rebalance. Every action is
+//! pause, resume, restart, update, move and delete a robot, drain and undrain a slot,
+//! rebalance. Every action is
 //! recorded in `events` with who asked and from where ([`Actor`]), so the log shows
 //! the operator's hand next to the workers' claims and losses.
 //!
