@@ -92,6 +92,38 @@ async fn the_overview_shows_every_slot_and_a_takeover_without_a_reload() {
         "the page showed the takeover {shown:?} after the kill"
     );
 
+    // The last hour, drawn on the server: after a reload, the slot's lane shows the
+    // killed holder, then a gap with no holder, then the standby.
+    let lane = |cls: &str, worker: Option<&str>| {
+        let mut css = format!("svg#timeline rect.{cls}[data-slot='{id}']");
+        if let Some(w) = worker {
+            css.push_str(&format!("[data-worker='{w}']"));
+        }
+        css
+    };
+    let (gap, new_holder, old_holder) = (
+        lane("gap", None),
+        lane("held", Some(&standby.id)),
+        lane("held", Some(&first.id)),
+    );
+    wait_for(
+        Duration::from_secs(20),
+        "the takeover in the timeline",
+        || async {
+            c.goto(&web.url("/")).await.ok()?;
+            for css in [&gap, &new_holder, &old_holder] {
+                c.find(Locator::Css(css)).await.ok()?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    let title = browser
+        .text(&format!("{gap} title"))
+        .await
+        .unwrap_or_default();
+    println!("the gap in the timeline: {title}");
+
     // The picture for the README, once every robot runs again.
     browser
         .wait_text("#sum-robots", Duration::from_secs(30), |t| {

@@ -18,6 +18,7 @@ pub mod auth;
 pub mod pages;
 pub mod query;
 pub mod snapshot;
+pub mod timeline;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -18,6 +18,7 @@ use super::api::{self, Action};
 use super::auth::{self, Denied, Session};
 use super::query::{self, RobotQuery};
 use super::snapshot::{SlotInfo, Snapshot};
+use super::timeline::{SlotNow, Timeline};
 use super::{web_actor, App, RobotDetail, MAX_CONTEXT_SHOWN};
 use crate::db::field::{
     CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, KIND, PAUSED, RESTARTS, SEQ, SLOT_ID,
@@ -192,10 +193,30 @@ pub async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
                 }
             }
         }
+        h2 { "The last hour" }
+        p.hint { "Who held each slot (a colour per worker; dashed: overflow), the gaps with no holder (red), self-fences and losses (marks), and robot restarts and failures. As of this page's load: reload to update." }
+        (timeline(&snap))
         h2 { "Latest events" }
         ol #events { @for e in &snap.events { (event_item(e)) } }
     };
     page(&app, s.as_ref(), "overview", "Overview", body).into_response()
+}
+
+/// The last hour of every slot, from the snapshot's lifecycle events.
+fn timeline(snap: &Snapshot) -> Markup {
+    if snap.now_ms == 0 {
+        return html! { p { "Not read yet." } };
+    }
+    let slots: Vec<SlotNow> = snap
+        .slots
+        .iter()
+        .map(|s| SlotNow {
+            id: s.id.clone(),
+            holder: s.holder.clone(),
+            lease_ms: s.lease_ms.unwrap_or(2000),
+        })
+        .collect();
+    Timeline::build(&snap.timeline, &slots, snap.now_ms).svg()
 }
 
 fn urlencode(s: &str) -> String {

@@ -28,6 +28,7 @@ use serde::Serialize;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
+use super::timeline::{self, Moment};
 use crate::db::store::Store;
 use crate::pool::view::{self, int, text, SlotRow, SlotView};
 
@@ -36,6 +37,11 @@ pub const EVENTS_KEPT: i64 = 50;
 
 /// How far back of the newest kept event each read of `events` looks.
 pub const EVENTS_OVERLAP: Duration = Duration::from_secs(30);
+
+/// How many lifecycle events one read for the timeline takes at most.
+pub const MOMENTS_PER_READ: i64 = 5000;
+/// How many lifecycle events the timeline keeps at most (the newest).
+pub const MOMENTS_KEPT: usize = 20_000;
 
 /// How far back the first read of `events` looks.
 pub const EVENTS_FIRST: Duration = Duration::from_secs(15 * 60);
@@ -153,6 +159,8 @@ pub struct Snapshot {
     pub slots: Vec<SlotInfo>,
     pub workers: Vec<WorkerInfo>,
     pub events: Vec<EventInfo>,
+    /// The last hour's lifecycle events, oldest first (see [`timeline`]).
+    pub timeline: Arc<Vec<Moment>>,
     /// None until the first pass over the robots is complete.
     pub robots: Option<Arc<Vec<RobotRow>>>,
     /// Server-clock ms when the robot table's pass began.
@@ -220,6 +228,8 @@ pub struct Snapshotter {
     table_changed: Notify,
     /// The latest events with their ids, newest first.
     events: Mutex<Vec<(ObjectId, EventInfo)>>,
+    /// The last hour's lifecycle events, for the timeline, oldest first.
+    moments: Mutex<Vec<(ObjectId, Moment)>>,
     tx: watch::Sender<Arc<Snapshot>>,
 }
 
@@ -241,6 +251,7 @@ impl Snapshotter {
             table: Mutex::new(Table::default()),
             table_changed: Notify::new(),
             events: Mutex::new(Vec::new()),
+            moments: Mutex::new(Vec::new()),
             tx,
         });
         let (lease, robots) = (me.clone(), me);
@@ -300,6 +311,7 @@ impl Snapshotter {
         let workers = view::live_workers(&self.store).await?;
         let now_ms = self.store.server_now().await?.timestamp_millis();
         let events = self.read_events(now_ms).await?;
+        let timeline = self.read_moments(now_ms).await?;
         let slots: Vec<SlotInfo> = rows.iter().map(slot_info).collect();
         Ok(Snapshot {
             now_ms,
@@ -307,8 +319,50 @@ impl Snapshotter {
             workers: workers.iter().map(|w| worker_info(w, &slots)).collect(),
             slots,
             events,
+            timeline,
             ..Default::default()
         })
+    }
+
+    /// The last hour's lifecycle events ([`timeline::KINDS`]), read incrementally as
+    /// [`Snapshotter::read_events`] reads: by `_id` from [`EVENTS_OVERLAP`] before the
+    /// newest one kept, or from the whole window at first, at most
+    /// [`MOMENTS_PER_READ`] a read. At most [`MOMENTS_KEPT`] are kept.
+    async fn read_moments(&self, now_ms: i64) -> anyhow::Result<Arc<Vec<Moment>>> {
+        let mut kept = self.moments.lock().expect("moments lock").clone();
+        let since_s = match kept.last() {
+            Some((id, _)) => {
+                id.timestamp().timestamp_millis() / 1000 - EVENTS_OVERLAP.as_secs() as i64
+            }
+            None => (now_ms - timeline::WINDOW_MS) / 1000,
+        }
+        .min(now_ms / 1000 - EVENTS_OVERLAP.as_secs() as i64);
+        let mut bound = [0u8; 12];
+        bound[..4].copy_from_slice(&(since_s.clamp(0, u32::MAX as i64) as u32).to_be_bytes());
+        let fresh: Vec<Document> = self
+            .store
+            .events()
+            .find(doc! {"_id": {"$gt": ObjectId::from_bytes(bound)}, "kind": {"$in": timeline::KINDS}})
+            .sort(doc! {"_id": 1})
+            .limit(MOMENTS_PER_READ)
+            .await?
+            .try_collect()
+            .await?;
+        let known: std::collections::HashSet<ObjectId> = kept.iter().map(|(id, _)| *id).collect();
+        for d in &fresh {
+            let (Ok(id), Some(m)) = (d.get_object_id("_id"), moment(d)) else {
+                continue;
+            };
+            if !known.contains(&id) {
+                kept.push((id, m));
+            }
+        }
+        kept.sort_by_key(|(id, m)| (m.at_ms, *id));
+        kept.retain(|(_, m)| m.at_ms >= now_ms - timeline::WINDOW_MS - 60_000);
+        let over = kept.len().saturating_sub(MOMENTS_KEPT);
+        kept.drain(..over);
+        *self.moments.lock().expect("moments lock") = kept.clone();
+        Ok(Arc::new(kept.into_iter().map(|(_, m)| m).collect()))
     }
 
     /// The latest [`EVENTS_KEPT`] events, read incrementally: only those whose `_id`
@@ -500,6 +554,21 @@ fn worker_info(d: &Document, slots: &[SlotInfo]) -> WorkerInfo {
         last_seen_ms: int(d, "seen_ms"),
         version: text(d, "version"),
     }
+}
+
+/// A lifecycle event as the timeline needs it; None without a date.
+fn moment(d: &Document) -> Option<Moment> {
+    let Some(Bson::DateTime(at)) = d.get("at") else {
+        return None;
+    };
+    Some(Moment {
+        at_ms: at.timestamp_millis(),
+        kind: text(d, "kind")?,
+        worker: text(d, "worker"),
+        slot: text(d, "slot_id"),
+        robot: text(d, "robot"),
+        overflow: d.get_bool("overflow").unwrap_or(false),
+    })
 }
 
 fn event_info(d: &Document) -> EventInfo {

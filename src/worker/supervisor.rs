@@ -703,6 +703,20 @@ impl Runner {
             if let Ok(false) = recorded {
                 break; // fenced: no longer ours
             }
+            // In `events` for the dashboard's timeline: the 1st, 2nd, 4th, 8th …
+            // restart of this instance, so a crash loop of thousands of robots cannot
+            // crowd the claims and losses out of the capped log.
+            if (restarts as u64).is_power_of_two() {
+                self.store
+                    .record_event(
+                        "robot_restart",
+                        doc! {
+                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                            "robot": &self.name, "detail": format!("restart {restarts}: {error}"),
+                        },
+                    )
+                    .await;
+            }
             self.metrics.robots_restarting.inc_by(1);
             tokio::select! {
                 _ = self.token.cancelled() => {}

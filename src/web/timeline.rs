@@ -1,0 +1,445 @@
+//! The pool's last hour, drawn: one lane per slot showing who held it and when, the
+//! gaps with no holder, overflow claims, self-fences and losses, and a lane of robot
+//! restarts and failures on the same time axis. Built from `events` alone by
+//! [`Timeline::build`] (pure, unit-tested) and drawn as SVG on the server
+//! ([`Timeline::svg`]), with no script.
+//!
+//! What the log cannot say is drawn as such. A holder killed with -9 writes nothing:
+//! its span is drawn up to the latest moment it can have renewed (the next claim
+//! minus the lease), and the rest up to that claim is a gap. Before the first event
+//! of a slot in the window the holder is unknown, unless the slot saw no event at all
+//! and is held now (then its holder held it throughout).
+
+use std::collections::BTreeMap;
+
+use maud::{html, Markup};
+
+/// How far back the timeline looks.
+pub const WINDOW_MS: i64 = 3600 * 1000;
+
+/// The event kinds the timeline reads.
+pub const KINDS: &[&str] = &[
+    "claim",
+    "release",
+    "lost",
+    "self_fence",
+    "robot_restart",
+    "robot_failed",
+];
+
+/// One event as the timeline needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Moment {
+    /// Server-clock milliseconds.
+    pub at_ms: i64,
+    pub kind: String,
+    pub worker: Option<String>,
+    pub slot: Option<String>,
+    pub robot: Option<String>,
+    /// A claim made by a worker that already held a slot.
+    pub overflow: bool,
+}
+
+/// A slot as it is now, for the lane's right end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotNow {
+    pub id: String,
+    /// Its live holder, if any.
+    pub holder: Option<String>,
+    /// Its lease, to date a silent holder's last possible renewal.
+    pub lease_ms: i64,
+}
+
+/// A stretch of one lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Span {
+    Held {
+        worker: String,
+        overflow: bool,
+        from: i64,
+        to: i64,
+    },
+    /// No holder: the slot's robots did not run.
+    Gap { from: i64, to: i64 },
+    /// Before the first event in the window.
+    Unknown { from: i64, to: i64 },
+}
+
+/// A moment drawn as a mark on a lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    pub at: i64,
+    /// `self_fence`, `lost`, `robot_restart` or `robot_failed`.
+    pub kind: String,
+    /// What its tooltip says.
+    pub what: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lane {
+    pub slot: String,
+    pub spans: Vec<Span>,
+    pub marks: Vec<Mark>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Timeline {
+    pub from: i64,
+    pub to: i64,
+    pub lanes: Vec<Lane>,
+    /// Robot restarts and failures, any slot.
+    pub robots: Vec<Mark>,
+}
+
+impl Timeline {
+    /// The lanes of `slots` over the window ending at `now_ms`, from `moments` (any
+    /// order; those outside the window or of other kinds are ignored).
+    pub fn build(moments: &[Moment], slots: &[SlotNow], now_ms: i64) -> Timeline {
+        let from = now_ms - WINDOW_MS;
+        let mut by_slot: BTreeMap<&str, Vec<&Moment>> = BTreeMap::new();
+        let mut robots = Vec::new();
+        let mut sorted: Vec<&Moment> = moments
+            .iter()
+            .filter(|m| m.at_ms >= from && m.at_ms <= now_ms)
+            .collect();
+        sorted.sort_by_key(|m| m.at_ms);
+        for m in sorted {
+            match m.kind.as_str() {
+                "robot_restart" | "robot_failed" => robots.push(Mark {
+                    at: m.at_ms,
+                    kind: m.kind.clone(),
+                    what: format!(
+                        "{} {}{}",
+                        m.robot.as_deref().unwrap_or("a robot"),
+                        if m.kind == "robot_failed" {
+                            "failed"
+                        } else {
+                            "restarted"
+                        },
+                        m.slot
+                            .as_deref()
+                            .map(|s| format!(" on {s}"))
+                            .unwrap_or_default()
+                    ),
+                }),
+                _ => {
+                    if let Some(s) = m.slot.as_deref() {
+                        by_slot.entry(s).or_default().push(m);
+                    }
+                }
+            }
+        }
+        let lanes = slots
+            .iter()
+            .map(|s| {
+                let moments = by_slot.get(s.id.as_str()).map_or(&[][..], |v| &v[..]);
+                lane(s, moments, from, now_ms)
+            })
+            .collect();
+        Timeline {
+            from,
+            to: now_ms,
+            lanes,
+            robots,
+        }
+    }
+}
+
+/// One slot's lane, from its moments in time order.
+fn lane(slot: &SlotNow, moments: &[&Moment], from: i64, now: i64) -> Lane {
+    let mut spans = Vec::new();
+    let mut marks = Vec::new();
+    // Who holds it since when, as the log has said so far.
+    let mut open: Option<(String, bool, i64)> = None;
+    // Where the lane is drawn up to.
+    let mut drawn = from;
+    for m in moments {
+        let who = m.worker.clone().unwrap_or_default();
+        match m.kind.as_str() {
+            "claim" => {
+                match open.take() {
+                    // The previous holder went silent (killed, frozen, cut off): it
+                    // cannot have renewed after the lease before this claim.
+                    Some((w, o, since)) => {
+                        let last = (m.at_ms - slot.lease_ms).max(since);
+                        spans.push(held(w, o, since, last));
+                        drawn = last;
+                    }
+                    None if drawn == from && spans.is_empty() => {
+                        spans.push(Span::Unknown { from, to: m.at_ms });
+                        drawn = m.at_ms;
+                    }
+                    None => {}
+                }
+                if drawn < m.at_ms {
+                    spans.push(Span::Gap {
+                        from: drawn,
+                        to: m.at_ms,
+                    });
+                }
+                open = Some((who, m.overflow, m.at_ms));
+                drawn = m.at_ms;
+            }
+            "release" | "lost" | "self_fence" => {
+                let since = match open.take() {
+                    Some((w, o, since)) if w == who => Some((w, o, since)),
+                    // Its claim came before the window: it held the slot from the start.
+                    None if spans.is_empty() => Some((who.clone(), false, from)),
+                    other => {
+                        open = other;
+                        None
+                    }
+                };
+                if let Some((w, o, since)) = since {
+                    spans.push(held(w, o, since, m.at_ms));
+                    drawn = m.at_ms;
+                }
+                if m.kind != "release" {
+                    marks.push(Mark {
+                        at: m.at_ms,
+                        kind: m.kind.clone(),
+                        what: format!(
+                            "{who} {}",
+                            if m.kind == "lost" {
+                                "lost the slot"
+                            } else {
+                                "fenced itself: its lease lapsed"
+                            }
+                        ),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    match (open, &slot.holder) {
+        (Some((w, o, since)), Some(h)) if &w == h => spans.push(held(w, o, since, now)),
+        (Some((w, o, since)), _) => {
+            // Its holder is gone: silent since its last possible renewal.
+            let last = (now - slot.lease_ms).max(since);
+            spans.push(held(w, o, since, last));
+            spans.push(Span::Gap {
+                from: last,
+                to: now,
+            });
+        }
+        (None, Some(h)) if spans.is_empty() => spans.push(held(h.clone(), false, from, now)),
+        (None, _) if drawn < now => spans.push(Span::Gap {
+            from: drawn,
+            to: now,
+        }),
+        (None, _) => {}
+    }
+    Lane {
+        slot: slot.id.clone(),
+        spans,
+        marks,
+    }
+}
+
+fn held(worker: String, overflow: bool, from: i64, to: i64) -> Span {
+    Span::Held {
+        worker,
+        overflow,
+        from,
+        to,
+    }
+}
+
+/// A worker's colour: the same worker, the same colour, on every page.
+fn colour(worker: &str) -> String {
+    let mut h: u32 = 2166136261;
+    for b in worker.bytes() {
+        h = (h ^ b as u32).wrapping_mul(16777619);
+    }
+    format!("hsl({}, 55%, 55%)", h % 360)
+}
+
+/// Time of day on the server's clock, UTC.
+fn clock(ms: i64) -> String {
+    bson::DateTime::from_millis(ms)
+        .try_to_rfc3339_string()
+        .ok()
+        .and_then(|s| s.get(11..19).map(str::to_string))
+        .unwrap_or_default()
+}
+
+const WIDTH: f64 = 1000.0;
+const LABEL: f64 = 110.0;
+const ROW: f64 = 22.0;
+
+impl Timeline {
+    fn x(&self, t: i64) -> f64 {
+        let span = (self.to - self.from).max(1) as f64;
+        LABEL + (t - self.from).clamp(0, self.to - self.from) as f64 / span * (WIDTH - LABEL)
+    }
+
+    /// The timeline as inline SVG: presentation attributes only (the pages' content
+    /// security policy allows no inline style), every name as escaped text.
+    pub fn svg(&self) -> Markup {
+        let rows = self.lanes.len() + 1;
+        let height = ROW * rows as f64 + 24.0;
+        let w = |a: i64, b: i64| (self.x(b) - self.x(a)).max(1.0);
+        html! {
+            svg #timeline xmlns="http://www.w3.org/2000/svg" viewBox=(format!("0 0 {WIDTH} {height}"))
+                role="img" aria-label="Who held each slot over the last hour" {
+                @for (i, lane) in self.lanes.iter().enumerate() {
+                    @let y = ROW * i as f64;
+                    g.lane data-slot=(lane.slot) {
+                        text x="0" y=(y + 15.0) font-size="12" { (lane.slot) }
+                        @for span in &lane.spans {
+                            @match span {
+                                Span::Held { worker, overflow, from, to } => {
+                                    rect class=(if *overflow { "held overflow" } else { "held" })
+                                        data-slot=(lane.slot) data-worker=(worker)
+                                        x=(self.x(*from)) y=(y + 3.0) width=(w(*from, *to)) height=(ROW - 6.0)
+                                        fill=(colour(worker))
+                                        stroke=(if *overflow { "#333" } else { "none" })
+                                        stroke-dasharray=(if *overflow { "4 2" } else { "none" }) {
+                                        title { (worker) " held " (lane.slot) (if *overflow { " (overflow)" } else { "" }) ", " (clock(*from)) "–" (clock(*to)) }
+                                    }
+                                }
+                                Span::Gap { from, to } => {
+                                    rect.gap data-slot=(lane.slot) x=(self.x(*from)) y=(y + 3.0)
+                                        width=(w(*from, *to)) height=(ROW - 6.0) fill="#d9534f" {
+                                        title { "no holder: " (lane.slot) "'s robots did not run, " (clock(*from)) "–" (clock(*to)) }
+                                    }
+                                }
+                                Span::Unknown { from, to } => {
+                                    rect.unknown data-slot=(lane.slot) x=(self.x(*from)) y=(y + 3.0)
+                                        width=(w(*from, *to)) height=(ROW - 6.0) fill="#e6e6e6" {
+                                        title { "not in the log's last hour" }
+                                    }
+                                }
+                            }
+                        }
+                        @for m in &lane.marks {
+                            @let x = self.x(m.at);
+                            path class=(m.kind) d=(format!("M{x} {} l-5 -8 h10 z", y + 10.0)) fill="#000" {
+                                title { (clock(m.at)) " " (m.what) }
+                            }
+                        }
+                    }
+                }
+                @let y = ROW * self.lanes.len() as f64;
+                g.lane.robots {
+                    text x="0" y=(y + 15.0) font-size="12" { "robots" }
+                    line x1=(LABEL) x2=(WIDTH) y1=(y + 11.0) y2=(y + 11.0) stroke="#bbb" {}
+                    @for m in &self.robots {
+                        @let x = self.x(m.at);
+                        circle class=(m.kind) cx=(x) cy=(y + 11.0) r="4"
+                            fill=(if m.kind == "robot_failed" { "#d9534f" } else { "#f0ad4e" }) {
+                            title { (clock(m.at)) " " (m.what) }
+                        }
+                    }
+                }
+                text x=(LABEL) y=(height - 4.0) font-size="11" { (clock(self.from)) }
+                text x=(WIDTH) y=(height - 4.0) font-size="11" text-anchor="end" { (clock(self.to)) " UTC" }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 10 * WINDOW_MS;
+    const L: i64 = 2000;
+
+    fn at(min_ago: i64, kind: &str, worker: &str) -> Moment {
+        Moment {
+            at_ms: NOW - min_ago * 60_000,
+            kind: kind.into(),
+            worker: Some(worker.into()),
+            slot: Some("s1".into()),
+            robot: None,
+            overflow: false,
+        }
+    }
+
+    fn slot(holder: Option<&str>) -> SlotNow {
+        SlotNow {
+            id: "s1".into(),
+            holder: holder.map(str::to_string),
+            lease_ms: L,
+        }
+    }
+
+    fn lane_of(moments: &[Moment], holder: Option<&str>) -> Vec<Span> {
+        Timeline::build(moments, &[slot(holder)], NOW).lanes[0]
+            .spans
+            .clone()
+    }
+
+    #[test]
+    fn a_kill_9_shows_the_silent_holder_until_its_last_possible_renewal_then_a_gap() {
+        let spans = lane_of(&[at(50, "claim", "a"), at(20, "claim", "b")], Some("b"));
+        let (t50, t20) = (NOW - 50 * 60_000, NOW - 20 * 60_000);
+        assert_eq!(
+            spans,
+            [
+                Span::Unknown {
+                    from: NOW - WINDOW_MS,
+                    to: t50
+                },
+                held("a".into(), false, t50, t20 - L),
+                Span::Gap {
+                    from: t20 - L,
+                    to: t20
+                },
+                held("b".into(), false, t20, NOW),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_release_ends_the_span_and_the_next_claim_ends_the_gap() {
+        let spans = lane_of(&[at(40, "release", "a"), at(39, "claim", "b")], Some("b"));
+        let (t40, t39) = (NOW - 40 * 60_000, NOW - 39 * 60_000);
+        assert_eq!(
+            spans,
+            [
+                held("a".into(), false, NOW - WINDOW_MS, t40),
+                Span::Gap { from: t40, to: t39 },
+                held("b".into(), false, t39, NOW),
+            ]
+        );
+    }
+
+    #[test]
+    fn self_fences_are_marked_and_an_unheld_slot_ends_in_a_gap() {
+        let mut overflow = at(30, "claim", "a");
+        overflow.overflow = true;
+        let t = Timeline::build(&[overflow, at(10, "self_fence", "a")], &[slot(None)], NOW);
+        let lane = &t.lanes[0];
+        let (t30, t10) = (NOW - 30 * 60_000, NOW - 10 * 60_000);
+        assert_eq!(
+            lane.spans[1..],
+            [
+                held("a".into(), true, t30, t10),
+                Span::Gap { from: t10, to: NOW },
+            ]
+        );
+        assert_eq!(lane.marks.len(), 1);
+        assert_eq!(lane.marks[0].kind, "self_fence");
+    }
+
+    #[test]
+    fn a_quiet_slot_held_now_was_held_throughout_and_robots_get_their_own_lane() {
+        let mut failed = at(5, "robot_failed", "a");
+        failed.robot = Some("<b>r</b>".into());
+        let t = Timeline::build(&[failed], &[slot(Some("a"))], NOW);
+        assert_eq!(
+            t.lanes[0].spans,
+            [held("a".into(), false, NOW - WINDOW_MS, NOW)]
+        );
+        assert_eq!(t.robots.len(), 1);
+        // Names reach the page as escaped text only.
+        let svg = t.svg().into_string();
+        assert!(svg.contains("&lt;b&gt;r&lt;/b&gt; failed"), "{svg}");
+        assert!(!svg.contains("<b>"));
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert!(svg.contains(r#"data-worker="a""#));
+    }
+}
