@@ -353,6 +353,28 @@ async fn update_changes_a_running_robot_in_place_and_refusals_change_nothing() {
     )
     .await;
 
+    // A hand-written `update` that cannot be one is left alone; the robot runs on,
+    // and the next real update replaces it.
+    db.store
+        .robots()
+        .update_one(
+            bson::doc! {"name": "c"},
+            bson::doc! {"$set": {"update": {"spec": "faster please"}}},
+        )
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    let seq = gen_seq(&db.robot("c").await).1;
+    wait_for(
+        Duration::from_secs(10),
+        "the counter running on",
+        || async { (gen_seq(&db.robot("c").await).1 > seq + 3).then_some(()) },
+    )
+    .await;
+    db.cli_ok(&["robot", "update", "c", "--interval-ms", "55"]);
+    let out = db.cli_ok(&["robot", "update", "c", "--interval-ms", "50"]);
+    assert!(out.contains("updated c"), "{out}");
+
     // Refused by the CLI: a spec create would refuse.
     let bad = db.cli(&[
         "robot",
@@ -379,7 +401,7 @@ async fn update_changes_a_running_robot_in_place_and_refusals_change_nothing() {
         .count_documents(bson::doc! {"kind": "update"})
         .await
         .unwrap();
-    assert_eq!(asked, 3, "two applied and one refused, each asked once");
+    assert_eq!(asked, 5, "four applied and one refused, each asked once");
     let report = common::invariants::check(&db).await;
     assert_eq!(report.robots, 2);
 }

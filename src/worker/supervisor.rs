@@ -95,6 +95,8 @@ struct Listed {
     loaded: Option<Loaded>,
     /// An update asked for and not yet judged.
     update: Option<PendingUpdate>,
+    /// An `update` that cannot be one (a hand edit): left alone, counted by the probe.
+    odd_update: bool,
 }
 
 /// An update as its asker wrote it (see [`crate::pool::actions::update`]).
@@ -299,7 +301,15 @@ impl Supervisor {
         }
         let mut listed = listed;
         self.judge_updates(&mut listed).await;
-        let updates_left = listed.iter().filter(|l| l.update.is_some()).count() as i64;
+        let updates_left = listed
+            .iter()
+            .filter(|l| l.update.is_some() || l.odd_update)
+            .count() as i64;
+        for l in listed.iter().filter(|l| l.odd_update) {
+            if self.warned.insert(format!("update:{}", l.id)) {
+                tracing::warn!(robot = %l.name, "ignoring its `update`: not {{id, kind, spec}} (edited by hand?); `robot update` writes a valid one");
+            }
+        }
         let views: Vec<View> = listed
             .iter()
             .map(|l| View {
@@ -532,6 +542,7 @@ impl Supervisor {
                 gen: long_or_zero(&d, GEN),
                 start_rev: long_or_zero(&d, START_REV),
                 update: PendingUpdate::read(&d),
+                odd_update: d.get_document(UPDATE).is_ok() && PendingUpdate::read(&d).is_none(),
                 loaded: preload(&d, &name),
                 name,
             });
