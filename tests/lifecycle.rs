@@ -241,6 +241,20 @@ async fn restart_stops_the_running_instance_and_starts_it_afresh() {
     assert_eq!(status(&db.robot("c").await), "running");
 }
 
+/// An exec robot's program that counts on from its stored context's `n`, one
+/// checkpoint `{n, arg}` every `pause` seconds, `arg` being its first argument.
+fn looper(db: &TestDb, pause: &str) -> String {
+    script(
+        db,
+        "looper.sh",
+        &format!(
+            "n=$(printf '%s' \"$SLOTPOOL_CONTEXT\" | grep -o '\"n\": *[0-9]*' | grep -o '[0-9]*$')\n\
+             n=${{n:-0}}\n\
+             while true; do n=$((n+1)); echo \"{{\\\"checkpoint\\\": {{\\\"n\\\": $n, \\\"arg\\\": \\\"$1\\\"}}}}\"; sleep {pause}; done\n"
+        ),
+    )
+}
+
 fn context_of(r: &Document) -> Document {
     r.get_document("context").cloned().unwrap_or_default()
 }
@@ -256,13 +270,7 @@ async fn update_changes_a_running_robot_in_place_and_refusals_change_nothing() {
     let db = TestDb::new("update").await;
     db.init(1).await;
     assert!(db.counters("c", 1, 100).status.success());
-    let looper = script(
-        &db,
-        "looper.sh",
-        "n=$(printf '%s' \"$SLOTPOOL_CONTEXT\" | grep -o '\"n\": *[0-9]*' | grep -o '[0-9]*$')\n\
-         n=${n:-0}\n\
-         while true; do n=$((n+1)); echo \"{\\\"checkpoint\\\": {\\\"n\\\": $n, \\\"arg\\\": \\\"$1\\\"}}\"; sleep 0.1; done\n",
-    );
+    let looper = looper(&db, "0.1");
     db.cli_ok(&[
         "robot",
         "create",
@@ -483,13 +491,7 @@ async fn a_hundred_updates_beside_kill_9_lose_and_double_nothing() {
         "--history",
         "5000",
     ]);
-    let looper = script(
-        &db,
-        "looper.sh",
-        "n=$(printf '%s' \"$SLOTPOOL_CONTEXT\" | grep -o '\"n\": *[0-9]*' | grep -o '[0-9]*$')\n\
-         n=${n:-0}\n\
-         while true; do n=$((n+1)); echo \"{\\\"checkpoint\\\": {\\\"n\\\": $n, \\\"arg\\\": \\\"$1\\\"}}\"; sleep 0.3; done\n",
-    );
+    let looper = looper(&db, "0.3");
     db.cli_ok(&[
         "robot",
         "create",

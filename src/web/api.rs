@@ -503,6 +503,33 @@ async fn answer(app: &App, target: &str, action: Action, actor: Actor) -> Respon
     }
 }
 
+/// The actor of a request that carries the token, and its JSON body; otherwise the
+/// answer to give: the refusal, or `400` with `usage` and the parser's reason.
+fn authorized<T: serde::de::DeserializeOwned>(
+    app: &App,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+    body: &[u8],
+    usage: &str,
+) -> Result<(Actor, T), Box<Response>> {
+    let actor = api_actor(app, headers, peer).map_err(|d| Box::new(denied(d)))?;
+    let body = serde_json::from_slice(body)
+        .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, format!("{usage}: {e}"))))?;
+    Ok((actor, body))
+}
+
+/// A spec from a JSON body, as it will be stored; `400` when it cannot be.
+fn stored_spec(
+    spec: &serde_json::Map<String, serde_json::Value>,
+) -> Result<bson::Document, Box<Response>> {
+    bson::to_document(spec).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            format!("spec cannot be stored: {e}"),
+        ))
+    })
+}
+
 /// `PUT /api/v1/robots/NAME`: the new spec (whole) and, optionally, kind.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -540,27 +567,14 @@ pub async fn update_robot(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let actor = match api_actor(&app, &headers, peer) {
-        Ok(a) => a,
-        Err(d) => return denied(d),
+    let usage = r#"update takes a JSON body {"spec": {…}, "kind": "exec"} (kind optional)"#;
+    let (actor, body) = match authorized::<UpdateBody>(&app, &headers, peer, &body, usage) {
+        Ok(found) => found,
+        Err(refused) => return *refused,
     };
-    let body: UpdateBody = match serde_json::from_slice(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("update takes a JSON body {{\"spec\": {{…}}, \"kind\": \"exec\"}} (kind optional): {e}"),
-            )
-        }
-    };
-    let spec = match bson::to_document(&body.spec) {
+    let spec = match stored_spec(&body.spec) {
         Ok(s) => s,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("spec cannot be stored: {e}"),
-            )
-        }
+        Err(refused) => return *refused,
     };
     let wait = std::time::Duration::from_millis(body.wait_ms.unwrap_or(10_000).min(30_000));
     let store = app.store.clone();
@@ -648,20 +662,11 @@ pub async fn create_robots(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let actor = match api_actor(&app, &headers, peer) {
-        Ok(a) => a,
-        Err(d) => return denied(d),
-    };
-    let body: CreateBody = match serde_json::from_slice(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "create takes a JSON body {{\"name\": \"bot\", \"kind\": \"counter\", \"spec\": {{…}}, \"count\": 1}}: {e}"
-                ),
-            )
-        }
+    let usage =
+        r#"create takes a JSON body {"name": "bot", "kind": "counter", "spec": {…}, "count": 1}"#;
+    let (actor, body) = match authorized::<CreateBody>(&app, &headers, peer, &body, usage) {
+        Ok(found) => found,
+        Err(refused) => return *refused,
     };
     let count = body.count.unwrap_or(1);
     if count == 0 || count > create::MAX_COUNT {
@@ -673,14 +678,9 @@ pub async fn create_robots(
             ),
         );
     }
-    let spec = match bson::to_document(&body.spec.unwrap_or_default()) {
+    let spec = match stored_spec(&body.spec.unwrap_or_default()) {
         Ok(s) => s,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("spec cannot be stored: {e}"),
-            )
-        }
+        Err(refused) => return *refused,
     };
     let req = NewRobots {
         names: NewRobots::names(&body.name, count),
