@@ -17,6 +17,7 @@ use super::create::{CreateArgs, SpecArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct UpdateArgs {
+    /// The robot's name.
     name: String,
     /// A new kind; refused unless the robot's context carries over to it.
     #[arg(long)]
@@ -29,6 +30,7 @@ pub struct UpdateArgs {
     /// How long to wait for the holder's answer.
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     wait: std::time::Duration,
+    /// Print the outcome as JSON: the changes, and whether and where it applied.
     #[arg(long)]
     json: bool,
 }
