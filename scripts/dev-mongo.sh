@@ -34,7 +34,9 @@ install() {
   if [[ -x "$VENV/bin/secantusd-py" ]]; then return; fi
   say "installing $PACKAGE into $VENV (once)"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check --pre "$PACKAGE"
+  source "$ROOT/scripts/retry.sh"
+  retry "dev-mongo: pip install" \
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --pre "$PACKAGE"
 }
 
 answers() {

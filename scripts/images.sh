@@ -108,8 +108,9 @@ devdb_image() {
   local from="$1" ctx
   say "building slotpool-devdb:local ($SECANTUS from PyPI wheels)"
   ctx="$(mktemp -d)"
-  python3 -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
-    --pre --dest "$ctx/wheels" "$SECANTUS" >&2
+  source "$ROOT/scripts/retry.sh"
+  retry "images: pip download" python3 -m pip download --quiet --disable-pip-version-check \
+    --only-binary=:all: --pre --dest "$ctx/wheels" "$SECANTUS" >&2
   cat >"$ctx/Dockerfile" <<EOF
 FROM $from
 COPY wheels /wheels

@@ -7,10 +7,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PREFIX="$ROOT/.state/mongosh"
 BIN="$PREFIX/node_modules/.bin/mongosh"
 VERSION="2.12.0"
+source "$ROOT/scripts/retry.sh"
 if [[ ! -x "$BIN" ]]; then
   echo "mongosh: installing mongosh@$VERSION from npm into $PREFIX (once)" >&2
   mkdir -p "$PREFIX"
-  npm install --silent --no-audit --no-fund --prefix "$PREFIX" "mongosh@$VERSION" >&2
+  # --loglevel=error, not --silent: a failed fetch must say why (a CI run once
+  # failed here with no message; the same install succeeded a minute later).
+  retry "mongosh: npm install" npm install --loglevel=error --no-audit --no-fund \
+    --prefix "$PREFIX" "mongosh@$VERSION" >&2
 fi
 if [[ "${1:-}" == "--install-only" ]]; then echo "$BIN"; exit 0; fi
 exec "$BIN" "$@"
