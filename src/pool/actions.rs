@@ -122,14 +122,7 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
             doc! {"$set": {PAUSED: false, STATUS: "pending"}, "$inc": {START_REV: 1_i64}},
         )
         .await?;
-    placement::adjust(store, &slot, 0, true).await?;
-    // Moved meanwhile: its new holder must look too (each side checks after its own
-    // write, as moves do).
-    if let Some(now) = robot(store, name).await.ok().and_then(|d| slot_of(&d).ok()) {
-        if now != slot {
-            placement::adjust(store, &now, 0, true).await?;
-        }
-    }
+    tell_holders(store, name, &slot).await?;
     record(
         store,
         "restart",
@@ -143,6 +136,19 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
         changed: true,
         repaired: false,
     })
+}
+
+/// Bumps the `rev` of `slot`, where robot `name` was read, so its holder reads it
+/// again; and, if the robot was moved meanwhile, of its new slot too (each side checks
+/// after its own write, as moves do).
+async fn tell_holders(store: &Store, name: &str, slot: &str) -> Result<(), ActionError> {
+    placement::adjust(store, slot, 0, true).await?;
+    if let Some(now) = robot(store, name).await.ok().and_then(|d| slot_of(&d).ok()) {
+        if now != slot {
+            placement::adjust(store, &now, 0, true).await?;
+        }
+    }
+    Ok(())
 }
 
 /// An update asked for, or (dry run) what it would change.
@@ -233,13 +239,7 @@ pub async fn update(
     if asked.matched_count == 0 {
         return Err(ActionError::Changed(name.to_string()));
     }
-    placement::adjust(store, &slot, 0, true).await?;
-    // Moved meanwhile: its new holder must look too.
-    if let Some(now) = robot(store, name).await.ok().and_then(|d| slot_of(&d).ok()) {
-        if now != slot {
-            placement::adjust(store, &now, 0, true).await?;
-        }
-    }
+    tell_holders(store, name, &slot).await?;
     let mut detail = changes.join("; ");
     if detail.len() > 1000 {
         detail = format!("{} …", detail.chars().take(1000).collect::<String>());

@@ -529,6 +529,7 @@ impl Supervisor {
                 }
                 continue;
             };
+            let update = PendingUpdate::read(&d);
             let name = d
                 .get_str(NAME)
                 .map(str::to_string)
@@ -541,8 +542,8 @@ impl Supervisor {
                 epoch: long_or_zero(&d, EPOCH),
                 gen: long_or_zero(&d, GEN),
                 start_rev: long_or_zero(&d, START_REV),
-                update: PendingUpdate::read(&d),
-                odd_update: d.get_document(UPDATE).is_ok() && PendingUpdate::read(&d).is_none(),
+                odd_update: d.get_document(UPDATE).is_ok() && update.is_none(),
+                update,
                 loaded: preload(&d, &name),
                 name,
             });

@@ -279,6 +279,20 @@ impl TestDb {
             .unwrap_or_else(|| panic!("robot {name} exists"))
     }
 
+    /// Every robot's `(name, seq)`.
+    pub async fn seqs(&self) -> Vec<(String, i64)> {
+        self.robots()
+            .await
+            .iter()
+            .map(|r| {
+                (
+                    r.get_str("name").unwrap().to_string(),
+                    r.get_i64("seq").unwrap(),
+                )
+            })
+            .collect()
+    }
+
     pub async fn robots(&self) -> Vec<Document> {
         use futures::TryStreamExt;
         self.store
