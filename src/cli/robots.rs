@@ -236,7 +236,11 @@ async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
     let full = super::find_robot(store, name, doc! {}).await?;
     let slots = state::slot_views(&slot_rows(store).await?);
     let st = state_of(&full, &slots);
+    let limits = crate::robot::limits::describe_stored(&full);
     let mut v = Bson::Document(full).into_relaxed_extjson();
+    if let Some(limits) = limits {
+        v["limits"] = json!(limits);
+    }
     v["holder"] = json!(st.holder);
     v["state"] = json!(st.state);
     v["why"] = json!(st.why);

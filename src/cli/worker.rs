@@ -8,6 +8,7 @@ use tokio::net::TcpListener;
 use crate::config::{parse_duration, ConfigError, Identity, LeaseTiming};
 use crate::db::store::Store;
 use crate::robot::exec::ExecPolicy;
+use crate::robot::limits::{Limits, Via};
 use crate::robot::Registry;
 use crate::worker::http::{self, HttpState};
 use crate::worker::{Worker, WorkerSettings};
@@ -86,6 +87,31 @@ pub struct WorkerArgs {
     )]
     exec_env_allow: Vec<String>,
 
+    /// Resource limits for `exec` robots whose spec leaves them unset (field by
+    /// field): JSON such as '{"memory": "512MB", "pids": 256, "cpu": 1}'. memory is
+    /// a size ("256MB", "1GiB"), pids a process count, cpu a number of cores.
+    /// Default: none. See --exec-limits-via for how they are enforced.
+    #[arg(
+        long = "exec-default-limits",
+        env = "SLOTPOOL_EXEC_DEFAULT_LIMITS",
+        value_name = "JSON",
+        value_parser = parse_default_limits
+    )]
+    exec_default_limits: Option<Limits>,
+
+    /// How an `exec` robot's limits are enforced. auto: a cgroup per robot where
+    /// this worker may create one (root, writable cgroup v1 or v2), rlimits
+    /// otherwise (RLIMIT_AS for memory; RLIMIT_NPROC for pids, which counts every
+    /// process of the robot's user and never applies to root; no cpu rate). The
+    /// robot's document says which applied (`applied_limits`).
+    #[arg(
+        long = "exec-limits-via",
+        env = "SLOTPOOL_EXEC_LIMITS_VIA",
+        value_enum,
+        default_value_t = Via::Auto
+    )]
+    exec_limits_via: Via,
+
     /// How often the first standby in line asks whether a slot was released or added
     /// (one indexed read, which finds nothing while every slot is held), so a
     /// released slot is claimed within this much instead of at the next survey, one
@@ -122,6 +148,11 @@ fn parse_release_poll(s: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+fn parse_default_limits(s: &str) -> Result<Limits, String> {
+    // clap says which flag; the parser's own prefix would repeat it.
+    Limits::from_json(s).map_err(|e| e.replacen("--exec-default-limits", "limits", 1))
 }
 
 fn parse_watchers(s: &str) -> Result<u64, String> {
@@ -191,7 +222,11 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
     }
     let policy = ExecPolicy::commands(args.exec_allow.clone())
         .with_env(args.exec_env_allow.clone())
-        .map_err(anyhow::Error::msg)?;
+        .map_err(anyhow::Error::msg)?
+        .with_limits(
+            args.exec_default_limits.unwrap_or_default(),
+            args.exec_limits_via,
+        );
     let identity = match args.advertise {
         Some(id) => id,
         None => default_identity().await,
@@ -214,7 +249,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         release_poll_ms = release_poll.map_or(0, |p| p.as_millis() as u64),
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,
         stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %policy.describe(),
-        exec_env = %policy.describe_env(), open_files = raise_fd_limit(),
+        exec_env = %policy.describe_env(), exec_default_limits = %policy.describe_limits(), open_files = raise_fd_limit(),
         "starting worker"
     );
     let settings = WorkerSettings {

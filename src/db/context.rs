@@ -17,8 +17,8 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
 
 use crate::db::field::{
-    CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, SPEC,
-    START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
+    APPLIED_LIMITS, CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ,
+    SLOT_ID, SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::db::group_commit::{GroupCommit, Statement, Written};
 use crate::db::guard::WriteGuard;
@@ -513,13 +513,15 @@ impl ContextStore {
     }
 
     /// Records what contains a running robot's processes (see
-    /// [`crate::robot::shim::CONTAINMENT`]), fenced like a checkpoint; false when
+    /// [`crate::robot::shim::CONTAINMENT`]) and the resource limits its shim applied
+    /// (`applied_limits`, removed when none), fenced like a checkpoint; false when
     /// fenced or the lease lapsed.
     pub async fn set_containment(
         &self,
         id: &ObjectId,
         gen: i64,
         containment: &str,
+        applied_limits: Option<Document>,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
         if !self.guard.is_open() {
@@ -529,7 +531,15 @@ impl ContextStore {
             .robots
             .update_one(
                 self.fence(id, gen),
-                doc! {"$set": {"containment": containment}},
+                match applied_limits {
+                    Some(applied) => doc! {"$set": {
+                        "containment": containment, APPLIED_LIMITS: applied,
+                    }},
+                    None => doc! {
+                        "$set": {"containment": containment},
+                        "$unset": {APPLIED_LIMITS: ""},
+                    },
+                },
             )
             .await?;
         Ok(r.matched_count == 1)

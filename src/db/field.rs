@@ -57,6 +57,9 @@ pub const UPDATE: &str = "update";
 pub const UPDATE_RESULT: &str = "update_result";
 /// The worker (`ip:port`) running a robot; also the worker named in an event.
 pub const WORKER: &str = "worker";
+/// The resource limits an exec robot's shim applied, and how
+/// ([`crate::robot::limits::Applied`]); absent when none.
+pub const APPLIED_LIMITS: &str = "applied_limits";
 /// When a robot was created (server clock).
 pub const CREATED_AT: &str = "created_at";
 /// When a robot's last checkpoint landed (server clock).

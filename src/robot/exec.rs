@@ -31,6 +31,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
+use super::limits::{self, Limits};
 use super::line::{parse_line, Line};
 use super::output::{self, Admit, BoundedLines, LogBudget};
 use super::shim::{self, Control};
@@ -72,6 +73,9 @@ struct ExecSpec {
     /// line before it counts as hung: stopped (SIGTERM, then SIGKILL after the grace)
     /// and started again. None: no such check.
     heartbeat_timeout: Option<Duration>,
+    /// `spec.limits`: bounds on the command's processes (the worker's default fills
+    /// the fields left unset).
+    limits: Limits,
 }
 
 /// The largest context passed in `SLOTPOOL_CONTEXT`, as JSON bytes: Linux refuses
@@ -90,6 +94,7 @@ const EXEC_SPEC_FIELDS: &[&str] = &[
     "env",
     "context_file",
     "heartbeat_timeout",
+    limits::SPEC_FIELD,
 ];
 
 /// The shortest and longest `heartbeat_timeout`.
@@ -174,6 +179,7 @@ fn parse_spec(spec: &Document) -> Result<ExecSpec, String> {
         env,
         context_file,
         heartbeat_timeout,
+        limits: Limits::from_spec(spec)?,
     })
 }
 
@@ -263,11 +269,16 @@ impl RobotKind for Exec {
         }
         let context_fd = context_file(&context_json)
             .map_err(|e| RobotError::Crashed(format!("cannot pass the context: {e}")))?;
+        let (report_rx, report_tx) = report_pipe()
+            .map_err(|e| RobotError::Crashed(format!("cannot make the shim's report pipe: {e}")))?;
+        let (limits, via) = self.policy.limits_for(spec.limits);
         let mut cmd = Command::new(&self.shim);
         cmd.arg(shim::SHIM_ARG)
             // The shim's own SIGKILL comes a little after the worker's, as a backstop
             // for a worker that is stopped or dead, still inside the fence margin.
             .arg(run.backstop.as_millis().to_string())
+            .arg(via.as_str())
+            .arg(limits.to_arg())
             .arg(&spec.command)
             .args(&spec.args)
             // From scratch: a few of the worker's variables, never its credentials.
@@ -292,16 +303,13 @@ impl RobotKind for Exec {
             cmd.env("SLOTPOOL_CONTEXT", &context_json);
         }
         let fd = context_fd.as_raw_fd();
-        // SAFETY: dup2 and fcntl are async-signal-safe; they run in the child
-        // between fork and exec, on a descriptor this process owns until spawn returns.
+        let report_fd = report_tx.as_raw_fd();
+        // SAFETY: dup2 is async-signal-safe; it runs in the child between fork and
+        // exec, on descriptors this process owns until spawn returns (both numbered
+        // above 4, so neither move overwrites the other; dup2 clears close-on-exec).
         unsafe {
             cmd.pre_exec(move || {
-                let ok = if fd == 3 {
-                    libc::fcntl(3, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(fd, 3)
-                };
-                if ok < 0 {
+                if libc::dup2(fd, 3) < 0 || libc::dup2(report_fd, shim::REPORT_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -309,6 +317,8 @@ impl RobotKind for Exec {
         }
         let spawned = cmd.spawn();
         drop(context_fd);
+        // Only the shim holds the write end now: the pipe ends when the shim does.
+        drop(report_tx);
         let mut child = spawned.map_err(|e| {
             RobotError::Crashed(format!("cannot start the robot shim {:?}: {e}", self.shim))
         })?;
@@ -319,12 +329,7 @@ impl RobotKind for Exec {
         // once it has one.
         control.send(Control::Deadline(monotonic(deadline))).await;
         let forwarder = tokio::spawn(forward_deadlines(deadlines, control.clone()));
-        // Said in the robot's document, for `robot show` and the dashboard. A
-        // failure here is the next checkpoint's to report.
-        let _ = run
-            .store
-            .set_containment(&run.id, run.gen, shim::CONTAINMENT)
-            .await;
+        let reports = tokio::spawn(read_reports(run.clone(), report_rx, limits));
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let out = Output {
@@ -342,6 +347,7 @@ impl RobotKind for Exec {
             child: &mut child,
             control: &control,
             stderr: Some(stderr_task),
+            reports: Some(reports),
         };
         let result = supervise_child(&out, robot, &mut lines).await;
         if result.is_err() {
@@ -352,6 +358,78 @@ impl RobotKind for Exec {
         out.report_dropped();
         result
     }
+}
+
+/// The pipe on which the shim reports ([`shim::Report`]): the read end for this
+/// process, the write end for the shim's descriptor 4. Both close-on-exec and
+/// numbered from 10, clear of the descriptors the child's are moved to.
+fn report_pipe() -> std::io::Result<(tokio::net::unix::pipe::Receiver, std::os::fd::OwnedFd)> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into our array; each is owned once.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read)?;
+    Ok((read, above_4(write)?))
+}
+
+/// The same open file on a descriptor numbered 10 or more, close-on-exec.
+fn above_4(fd: std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor we then own alone.
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
+    if new < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(new) })
+}
+
+/// What the shim said while the robot ran.
+#[derive(Debug, Default)]
+struct Reported {
+    /// The kernel killed the robot at its memory limit (this many bytes).
+    memory_killed: Option<u64>,
+}
+
+/// Reads the shim's reports until it exits: records the limits it applied in the
+/// robot's document (for `robot show` and the dashboard), and logs a limit hit.
+async fn read_reports(
+    run: RobotRun,
+    pipe: tokio::net::unix::pipe::Receiver,
+    limits: Limits,
+) -> Reported {
+    use tokio::io::AsyncBufReadExt;
+    let mut seen = Reported::default();
+    let mut lines = BufReader::new(pipe).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        match serde_json::from_str::<shim::Report>(&line) {
+            Ok(shim::Report::Limits(applied)) => {
+                let applied = applied.and_then(|a| bson::to_document(&a).ok());
+                // A failure here is the next checkpoint's to report.
+                let _ = run
+                    .store
+                    .set_containment(&run.id, run.gen, shim::CONTAINMENT, applied)
+                    .await;
+            }
+            Ok(shim::Report::PidsLimitHit) => {
+                run.metrics().pids_limit_hits.inc();
+                let why = format!(
+                    "a fork failed at this robot's pids limit ({})",
+                    limits.pids.unwrap_or_default()
+                );
+                run.keep_output(crate::db::output_log::Stream::Stderr, &why);
+                tracing::warn!(robot = %run.name(), "{why}");
+            }
+            Ok(shim::Report::MemoryKilled) => {
+                run.metrics().memory_kills.inc();
+                seen.memory_killed = limits.memory;
+            }
+            Err(e) => tracing::debug!(robot = %run.name(), "unreadable shim report: {e}"),
+        }
+    }
+    seen
 }
 
 /// Why a context cannot be passed in `SLOTPOOL_CONTEXT`, and what to do.
@@ -519,6 +597,8 @@ struct Robot<'a> {
     control: &'a ShimControl,
     /// Logs stderr; returns the shim's own error, if it could not start the command.
     stderr: Option<tokio::task::JoinHandle<Option<String>>>,
+    /// Reads the shim's reports; returns what they said once the shim is gone.
+    reports: Option<tokio::task::JoinHandle<Reported>>,
 }
 
 impl Robot<'_> {
@@ -528,6 +608,19 @@ impl Robot<'_> {
             Ok(s) => s,
             Err(e) => return RobotError::Crashed(format!("command lost: {e}")),
         };
+        // The shim wrote its reports before it exited; the pipe ends with it.
+        if let Some(task) = self.reports.take() {
+            let said = tokio::time::timeout(Duration::from_millis(500), task).await;
+            if let Ok(Ok(Reported {
+                memory_killed: Some(bytes),
+            })) = said
+            {
+                return RobotError::Crashed(format!(
+                    "killed: memory limit ({})",
+                    limits::bytes(bytes)
+                ));
+            }
+        }
         if status.code() == Some(shim::CANNOT_START) {
             if let Some(task) = self.stderr.take() {
                 let waited = tokio::time::timeout(Duration::from_millis(500), task).await;

@@ -42,8 +42,10 @@
 //! // then: slotpool::worker::Worker::new(settings, store, registry).run().await
 //! ```
 
+pub mod cgroup;
 pub mod counter;
 pub mod exec;
+pub mod limits;
 pub mod line;
 pub mod output;
 pub mod policy;

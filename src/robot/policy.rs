@@ -15,6 +15,8 @@
 //! [`INHERITED`] from the worker's own environment (never its credentials), then the
 //! spec's allowed ones, then the worker's `SLOTPOOL_*` variables.
 
+use super::limits::{Limits, Via};
+
 /// Variables of the worker's own environment an `exec` robot inherits; nothing
 /// else of it (no `MONGODB_URI`, no cloud credentials, no `SLOTPOOL_*` settings).
 pub const INHERITED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
@@ -142,6 +144,10 @@ pub struct ExecPolicy {
     /// Names a spec may set; an entry ending in `*` allows every name with that
     /// prefix. Names that [`loads_code`] stay refused.
     env: Vec<String>,
+    /// The limits of a robot whose spec names none (field by field).
+    default_limits: Limits,
+    /// How the shim applies limits.
+    limits_via: Via,
 }
 
 impl ExecPolicy {
@@ -154,8 +160,30 @@ impl ExecPolicy {
     pub fn commands(entries: Vec<String>) -> Self {
         ExecPolicy {
             commands: entries.into_iter().filter(|e| !e.is_empty()).collect(),
-            env: Vec::new(),
+            ..Default::default()
         }
+    }
+
+    /// Bounds robots whose spec leaves a limit unset by `default`, and applies
+    /// limits the way `via` says (`--exec-default-limits`, `--exec-limits-via`).
+    pub fn with_limits(mut self, default: Limits, via: Via) -> Self {
+        self.default_limits = default;
+        self.limits_via = via;
+        self
+    }
+
+    /// The limits a robot with `own` limits runs under, and how they are applied.
+    pub fn limits_for(&self, own: Limits) -> (Limits, Via) {
+        (own.or(self.default_limits), self.limits_via)
+    }
+
+    /// For the worker's start line: `memory 512.0 MB via auto`.
+    pub fn describe_limits(&self) -> String {
+        format!(
+            "{} via {}",
+            self.default_limits.describe(),
+            self.limits_via.as_str()
+        )
     }
 
     /// Also lets specs set these variables. Refuses an entry that names a variable

@@ -36,6 +36,15 @@
 //! every process the robot started. Which containment applies is stored in the
 //! robot's document (`containment: "subreaper"`).
 //!
+//! **Resource limits.** Before it starts the command, the shim bounds it as
+//! `spec.limits` (or the worker's `--exec-default-limits`) asks: a cgroup of its
+//! own where the worker may create one, rlimits otherwise (see
+//! [`super::limits`], [`super::cgroup`]). It tells the worker what it applied, and
+//! later that the kernel killed the robot for its memory, on descriptor 4: a pipe
+//! the robot never gets, so a robot cannot speak for its shim. A robot over its
+//! memory limit is killed whole (what the OOM killer left of it too), and the
+//! worker reports `killed: memory limit`.
+//!
 //! The shim exits as its robot did (same code, or the same signal), after killing
 //! whatever is left of the robot's tree. Plain PDEATHSIG on the robot alone would
 //! not cover a SIGSTOPped worker; this does.
@@ -49,6 +58,8 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use super::cgroup::Enforcement;
+
 /// The hidden first argument that turns the binary into a shim.
 pub const SHIM_ARG: &str = "__robot-shim";
 
@@ -57,6 +68,52 @@ pub const ERROR_PREFIX: &str = "slotpool robot shim: ";
 
 /// The shim's exit code when it could not start the robot (as shells use 127).
 pub const CANNOT_START: i32 = 127;
+
+/// The descriptor on which the shim reports to the worker ([`Report`] lines).
+pub const REPORT_FD: i32 = 4;
+
+/// What the shim tells the worker, one JSON line each on [`REPORT_FD`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Report {
+    /// The limits it applied, and how, before the command starts (None: none
+    /// asked).
+    Limits(Option<super::limits::Applied>),
+    /// A fork of the robot failed at its pids limit (at most once a second).
+    PidsLimitHit,
+    /// The kernel killed a process of the robot at its memory limit; the shim
+    /// killed the rest.
+    MemoryKilled,
+}
+
+/// The shim's end of the report pipe; reports are best effort (a worker that is
+/// gone reads none).
+struct Reporter(Option<std::fs::File>);
+
+impl Reporter {
+    /// Takes descriptor 4 if the worker passed one, and keeps it from the robot.
+    fn take() -> Reporter {
+        use std::os::fd::FromRawFd;
+        // SAFETY: fcntl on a descriptor number; we own fd 4 only if it is open,
+        // which F_GETFD tells, and nothing else in the shim uses it.
+        unsafe {
+            if libc::fcntl(REPORT_FD, libc::F_GETFD) < 0 {
+                return Reporter(None);
+            }
+            libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC);
+            Reporter(Some(std::fs::File::from_raw_fd(REPORT_FD)))
+        }
+    }
+
+    fn send(&mut self, report: &Report) {
+        if let (Some(f), Ok(mut line)) = (self.0.as_mut(), serde_json::to_string(report)) {
+            line.push('\n');
+            if f.write_all(line.as_bytes()).is_err() {
+                self.0 = None;
+            }
+        }
+    }
+}
 
 /// Now on `CLOCK_MONOTONIC`, in nanoseconds: the same clock in every process of the
 /// machine (and the one `std::time::Instant` reads on Linux).
@@ -378,12 +435,15 @@ pub fn run_if_requested() {
 }
 
 fn run(args: &[String]) -> Result<ExitStatus, String> {
-    let [grace_ms, command, rest @ ..] = args else {
+    let [grace_ms, via, limits, command, rest @ ..] = args else {
         return Err(format!(
-            "usage: slotpool {SHIM_ARG} GRACE_MS COMMAND [ARGS…]"
+            "usage: slotpool {SHIM_ARG} GRACE_MS auto|cgroup|rlimit LIMITS COMMAND [ARGS…]"
         ));
     };
     let grace = Duration::from_millis(grace_ms.parse().map_err(|_| "bad grace")?);
+    let via = super::limits::Via::parse(via).ok_or("bad limits mechanism")?;
+    let limits = super::limits::Limits::from_arg(limits)?;
+    let mut reporter = Reporter::take();
     let (tx, rx) = mpsc::channel();
     // The first deadline comes before the robot starts; no deadline, no robot.
     let mut stdin = std::io::stdin().lock();
@@ -402,12 +462,22 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     }
+    let mut enforcement = Enforcement::prepare(via, &limits)?;
+    reporter.send(&Report::Limits(enforcement.applied().cloned()));
+    let (join, rlimits) = match &enforcement {
+        Enforcement::None => (Vec::new(), Vec::new()),
+        Enforcement::Cgroup(cg, _) => (cg.join_fds(), Vec::new()),
+        Enforcement::Rlimit(r, _) => (Vec::new(), r.clone()),
+    };
     let mut cmd = Command::new(command);
     cmd.args(rest).stdin(Stdio::null()).process_group(0);
-    // SAFETY: prctl is async-signal-safe; it runs in the child between fork and exec.
+    // SAFETY: prctl, write and setrlimit are async-signal-safe; they run in the
+    // child between fork and exec, on descriptors and data the shim owns.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // Limits first: nothing the command does is outside them.
+            super::cgroup::apply_in_child(&join, &rlimits)?;
             give_up_ptrace();
             // Nothing but stdin, stdout, stderr and its context (descriptor 3, see
             // exec::CONTEXT_FILE) passes on to the robot.
@@ -439,11 +509,36 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
         Action::Kill => kill_tree(group),
     };
     let mut enforcer = Enforcer::new(deadline, grace);
+    let mut cgroup = match &mut enforcement {
+        Enforcement::Cgroup(cg, _) => Some(cg),
+        _ => None,
+    };
+    // A cgroup's counters are read this often (a small file each), so an OOM kill
+    // of one of the robot's processes ends the rest of it promptly.
+    let look = if cgroup.is_some() {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(1)
+    };
+    let mut memory_killed = false;
+    let mut pids_reported: Option<std::time::Instant> = None;
     loop {
-        let wait = enforcer
-            .next_due(monotonic_ns())
-            .min(Duration::from_secs(1));
-        let action = match rx.recv_timeout(wait) {
+        let wait = enforcer.next_due(monotonic_ns()).min(look);
+        let event = rx.recv_timeout(wait);
+        if let Some(cg) = cgroup.as_deref_mut() {
+            if cg.has_memory() && !memory_killed && cg.oom_killed() {
+                memory_killed = true;
+                reporter.send(&Report::MemoryKilled);
+                kill_tree(group);
+            }
+            if cg.pids_limit_hit()
+                && pids_reported.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+            {
+                pids_reported = Some(std::time::Instant::now());
+                reporter.send(&Report::PidsLimitHit);
+            }
+        }
+        let action = match event {
             Ok(Event::Exited(status)) => {
                 // Whatever the robot left behind, in its group or not, goes with it.
                 kill_tree(group);

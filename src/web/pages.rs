@@ -439,6 +439,9 @@ pub async fn robot(
             @for k in [KIND, SLOT_ID, STATUS, ERROR, SEQ, EPOCH, GEN, RESTARTS, PAUSED, WORKER, CREATED_AT, CHECKPOINTED_AT] {
                 dt { (k) } dd data-field=(k) { (txt(k)) }
             }
+            @if let Some(limits) = crate::robot::limits::describe_stored(&d.doc) {
+                dt { "limits" } dd data-field="limits" { (limits) }
+            }
         }
         h2 { "Context" }
         pre #context { (pretty(d.doc.get(CONTEXT))) }

@@ -1,0 +1,465 @@
+//! Resource limits of exec robots (`spec.limits`, `--exec-default-limits`) on real
+//! worker processes: a robot over its memory limit is killed alone, a fork bomb
+//! under a pids limit is contained, a busy loop under a cpu limit gets no more than
+//! its share, and the rlimit fallback says what it cannot enforce. Each time a
+//! neighbour counter keeps stepping, the worker's memory stays flat and nothing
+//! self-fences; the invariant checker reads every counter's history at the end.
+//!
+//! The cgroup tests need what `--exec-limits-via auto` picks on this project's
+//! machines: root, and a writable cgroup hierarchy. Where that is missing they fail
+//! and say so; they never skip.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bson::Document;
+use common::{invariants, script, wait_for, TestDb, WorkerProc};
+
+fn applied(r: &Document) -> Document {
+    r.get_document("applied_limits")
+        .cloned()
+        .unwrap_or_else(|_| panic!("applied_limits in {r}"))
+}
+
+/// The robot's `applied_limits`, once its shim reported them.
+async fn applied_limits(db: &TestDb, name: &str) -> Document {
+    wait_for(
+        Duration::from_secs(30),
+        "the shim's applied limits",
+        || async {
+            db.robot(name)
+                .await
+                .get_document("applied_limits")
+                .ok()
+                .cloned()
+        },
+    )
+    .await
+}
+
+/// The worker's resident memory, in bytes.
+fn rss(w: &WorkerProc) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", w.pid())).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// The neighbour counter's seq.
+async fn seq(db: &TestDb, name: &str) -> i64 {
+    db.robot(name).await.get_i64("seq").unwrap()
+}
+
+/// Waits until the counter `name` stepped `n` more times.
+async fn steps(db: &TestDb, name: &str, n: i64, what: &str) {
+    let from = seq(db, name).await;
+    wait_for(Duration::from_secs(60), what, || async {
+        (seq(db, name).await >= from + n).then_some(())
+    })
+    .await;
+}
+
+/// The slot's epoch: a self-fence and reclaim would raise it.
+async fn epoch(db: &TestDb) -> i64 {
+    db.slot("slot-001").await.get_i64("epoch").unwrap()
+}
+
+/// The worker's cgroup directories of robot runs under the `controller` hierarchy.
+fn robot_cgroups(w: &WorkerProc, controller: &str) -> Vec<PathBuf> {
+    let own = std::fs::read_to_string(format!("/proc/{}/cgroup", w.pid())).unwrap();
+    let path = own
+        .lines()
+        .find_map(|l| {
+            let mut p = l.splitn(3, ':');
+            let (_, cs, path) = (p.next()?, p.next()?, p.next()?);
+            cs.split(',')
+                .any(|c| c == controller)
+                .then(|| path.to_string())
+        })
+        .unwrap_or_else(|| panic!("no {controller} cgroup hierarchy on this machine"));
+    let dir =
+        PathBuf::from(format!("/sys/fs/cgroup/{controller}")).join(path.trim_start_matches('/'));
+    std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("slotpool-robot."))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn read_u64(path: PathBuf) -> u64 {
+    std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// How many times the script behind `log` ran.
+fn starts(log: &std::path::Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+/// Creates an exec robot running `command` with `spec` (JSON).
+fn exec(db: &TestDb, name: &str, command: &str, spec: &str) {
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        name,
+        "--kind",
+        "exec",
+        "--command",
+        command,
+        "--spec",
+        spec,
+    ]);
+}
+
+/// A robot that allocates 500 MB under `memory: 100MB` is killed by the kernel, and
+/// the shim kills the rest of it: its status says `killed: memory limit`. The
+/// neighbour counter keeps stepping, the worker's memory stays flat, nothing
+/// self-fences, and the robot's cgroup is gone after each run.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_robot_over_its_memory_limit_is_killed_alone() {
+    let db = TestDb::new("memlimit").await;
+    db.init(1).await;
+    let log = db.dir.join("hog");
+    // `tail -n 1` keeps a line whole in memory until its end: 500 MB without a
+    // newline.
+    let hog = script(
+        &db,
+        "hog.sh",
+        &format!(
+            "echo started >> '{}'\nhead -c 500000000 /dev/zero | tail -n 1 > /dev/null\necho done\n",
+            log.display()
+        ),
+    );
+    exec(&db, "hog", &hog, r#"{"limits": {"memory": "100MB"}}"#);
+    db.counters("neighbour", 1, 100);
+    let w = db.exec_worker(&[]);
+
+    let limits = applied_limits(&db, "hog").await;
+    assert_eq!(
+        limits.get_str("mechanism").unwrap_or(""),
+        "cgroup v1",
+        "this machine (root, cgroup v1 writable) gives each robot a cgroup: {limits}"
+    );
+    assert_eq!(limits.get_i64("memory").ok(), Some(100_000_000), "{limits}");
+    steps(&db, "neighbour", 5, "the neighbour to run").await;
+    let (rss_before, epoch_before) = (rss(&w), epoch(&db).await);
+
+    let said = wait_for(
+        Duration::from_secs(60),
+        "the hog killed at its limit",
+        || async {
+            let r = db.robot("hog").await;
+            r.get_str("error")
+                .unwrap_or("")
+                .contains("killed: memory limit")
+                .then_some(r)
+        },
+    )
+    .await;
+    assert_eq!(said.get_str("status").unwrap_or(""), "restarting", "{said}");
+    // Its restart runs into the same limit: killed again, still alone.
+    wait_for(
+        Duration::from_secs(60),
+        "a second start of the hog",
+        || async { (starts(&log) >= 2).then_some(()) },
+    )
+    .await;
+    wait_for(Duration::from_secs(60), "a second memory kill", || async {
+        (w.metric("slotpool_robot_memory_kills_total")? >= 2).then_some(())
+    })
+    .await;
+    steps(&db, "neighbour", 10, "the neighbour to keep stepping").await;
+    let grown = rss(&w).saturating_sub(rss_before);
+    assert!(
+        grown < 30_000_000,
+        "the worker's memory grew by {grown} bytes while its robot was killed at 100 MB"
+    );
+    assert_eq!(epoch(&db).await, epoch_before, "the slot was never lost");
+    assert!(!w.log_text().contains("self-fenced"));
+    assert!(w.metric("slotpool_robot_memory_kills_total").unwrap() >= 2);
+
+    db.cli_ok(&["robot", "delete", "hog"]);
+    wait_for(
+        Duration::from_secs(30),
+        "the hog's cgroup removed",
+        || async { robot_cgroups(&w, "memory").is_empty().then_some(()) },
+    )
+    .await;
+    let report = invariants::check(&db).await;
+    assert_eq!(
+        report.robots, 1,
+        "the neighbour, checked by the invariant checker"
+    );
+}
+
+/// A fork bomb under `pids: 64` (and `cpu: 0.5`, so it cannot starve its
+/// neighbours of processor either) never has more than 64 processes; its shim
+/// reports the limit hit; the neighbour steps, nothing self-fences; and deleting
+/// the robot ends every process of the bomb and removes its cgroup.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_bomb_under_a_pids_limit_is_contained() {
+    let db = TestDb::new("forkbomb").await;
+    db.init(1).await;
+    let bomb = script(&db, "bomb.sh", "bomb() { bomb | bomb & }\nbomb\nwait\n");
+    exec(
+        &db,
+        "bomb",
+        &bomb,
+        r#"{"limits": {"pids": 64, "cpu": 0.5}}"#,
+    );
+    db.counters("neighbour", 1, 100);
+    let w = db.exec_worker(&[]);
+
+    let limits = applied_limits(&db, "bomb").await;
+    assert_eq!(
+        limits.get_str("mechanism").unwrap_or(""),
+        "cgroup v1",
+        "{limits}"
+    );
+    assert_eq!(limits.get_i64("pids").ok(), Some(64), "{limits}");
+    let epoch_before = epoch(&db).await;
+    // It reaches its limit, and stays at or under it.
+    let mut highest = 0;
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end {
+        for dir in robot_cgroups(&w, "pids") {
+            let now = read_u64(dir.join("pids.current"));
+            assert!(now <= 64, "{now} processes in {}", dir.display());
+            highest = highest.max(now);
+        }
+        if highest >= 64
+            && w.metric("slotpool_robot_pids_limit_hits_total")
+                .unwrap_or(0)
+                >= 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(highest, 64, "the bomb filled its limit and no more");
+    steps(
+        &db,
+        "neighbour",
+        10,
+        "the neighbour to step beside the bomb",
+    )
+    .await;
+    assert_eq!(epoch(&db).await, epoch_before, "the slot was never lost");
+    assert!(!w.log_text().contains("self-fenced"));
+
+    db.cli_ok(&["robot", "delete", "bomb"]);
+    wait_for(
+        Duration::from_secs(30),
+        "every process of the bomb gone",
+        || async { robot_cgroups(&w, "pids").is_empty().then_some(()) },
+    )
+    .await;
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &bomb])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "left running: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 1);
+}
+
+/// A busy loop under `cpu: 0.2` uses about a fifth of a core: far below half of
+/// one whatever the machine's load (load can only lower what it gets).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_loop_gets_no_more_than_its_cpu_limit() {
+    let db = TestDb::new("cpulimit").await;
+    db.init(1).await;
+    let busy = script(&db, "busy.sh", "while :; do :; done\n");
+    exec(&db, "busy", &busy, r#"{"limits": {"cpu": 0.2}}"#);
+    let w = db.exec_worker(&[]);
+    let limits = applied_limits(&db, "busy").await;
+    assert_eq!(
+        limits.get_str("mechanism").unwrap_or(""),
+        "cgroup v1",
+        "{limits}"
+    );
+    let pid = wait_for(
+        Duration::from_secs(30),
+        "the busy loop's process",
+        || async {
+            let out = std::process::Command::new("pgrep")
+                .args(["-f", &busy])
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok())
+                .find(|p| {
+                    // The robot itself, not its shim (whose arguments name it too).
+                    std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                        .is_ok_and(|c| !c.contains("__robot-shim"))
+                })
+        },
+    )
+    .await;
+    let ticks = |pid: i32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    };
+    // SAFETY: sysconf has no failure mode for this name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (t0, c0) = (Instant::now(), ticks(pid));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let used = (ticks(pid) - c0) as f64 / hz / t0.elapsed().as_secs_f64();
+    assert!(
+        used < 0.5,
+        "the busy loop used {used:.2} cores under a limit of 0.2"
+    );
+    drop(w);
+}
+
+/// Where cgroups are not used (here forced with `--exec-limits-via rlimit`, as a
+/// container without a writable cgroup tree falls back by itself): memory is
+/// `RLIMIT_AS`, so the hog's allocation fails inside it and it exits alone; the
+/// robot's document says what rlimits cannot enforce (cpu, and pids for root). The
+/// worker's `--exec-default-limits` fills what a spec leaves out; a bad limit is
+/// refused at create with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn rlimits_bound_memory_and_say_what_they_cannot_enforce() {
+    let db = TestDb::new("rlimits").await;
+    db.init(1).await;
+    let log = db.dir.join("hog");
+    let hog = script(
+        &db,
+        "hog.sh",
+        &format!(
+            "echo started >> '{}'\nhead -c 500000000 /dev/zero | tail -n 1 > /dev/null\n",
+            log.display()
+        ),
+    );
+    exec(&db, "hog", &hog, r#"{"limits": {"pids": 4096, "cpu": 1}}"#);
+    let quiet = script(&db, "quiet.sh", "exec sleep 100000\n");
+    exec(&db, "quiet", &quiet, "{}");
+    db.counters("neighbour", 1, 100);
+    let refused = db.cli(&[
+        "robot",
+        "create",
+        "--name",
+        "bad",
+        "--kind",
+        "exec",
+        "--command",
+        &quiet,
+        "--spec",
+        r#"{"limits": {"memory": "lots"}}"#,
+    ]);
+    assert!(!refused.status.success());
+    let says = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        says.contains("spec.limits.memory \"lots\" is not a size"),
+        "{says}"
+    );
+
+    let w = db.exec_worker(&[
+        "--exec-limits-via",
+        "rlimit",
+        "--exec-default-limits",
+        r#"{"memory": "100MB"}"#,
+    ]);
+    let hog_limits = applied_limits(&db, "hog").await;
+    assert_eq!(
+        hog_limits.get_str("mechanism").unwrap_or(""),
+        "rlimit",
+        "{hog_limits}"
+    );
+    assert_eq!(
+        hog_limits.get_i64("memory").ok(),
+        Some(100_000_000),
+        "the worker's default"
+    );
+    assert_eq!(
+        hog_limits.get_i64("pids").ok(),
+        Some(4096),
+        "the robot's own"
+    );
+    let unenforced = hog_limits.get_document("unenforced").unwrap();
+    assert!(unenforced.contains_key("cpu"), "{hog_limits}");
+    assert!(
+        unenforced.contains_key("pids"),
+        "root is exempt: {hog_limits}"
+    );
+    assert!(hog_limits
+        .get_str("note")
+        .unwrap_or("")
+        .contains("--exec-limits-via rlimit"));
+    let quiet_limits = applied(&db.robot("quiet").await);
+    assert_eq!(
+        quiet_limits.get_i64("memory").ok(),
+        Some(100_000_000),
+        "{quiet_limits}"
+    );
+
+    steps(&db, "neighbour", 5, "the neighbour to run").await;
+    let (rss_before, epoch_before) = (rss(&w), epoch(&db).await);
+    wait_for(
+        Duration::from_secs(60),
+        "the hog's allocation refused, twice",
+        || async {
+            let r = db.robot("hog").await;
+            (starts(&log) >= 2 && r.get_str("status").ok()? == "restarting").then_some(())
+        },
+    )
+    .await;
+    // Its allocation failed inside it (the kept output is written a little later).
+    wait_for(
+        Duration::from_secs(30),
+        "tail's own error in the hog's output",
+        || async {
+            db.cli_ok(&["robot", "logs", "hog"])
+                .contains("memory exhausted")
+                .then_some(())
+        },
+    )
+    .await;
+    let error = db
+        .robot("hog")
+        .await
+        .get_str("error")
+        .unwrap_or("")
+        .to_string();
+    assert!(error.contains("exit status: 1"), "{error}");
+    steps(&db, "neighbour", 10, "the neighbour to keep stepping").await;
+    assert!(rss(&w).saturating_sub(rss_before) < 30_000_000);
+    assert_eq!(epoch(&db).await, epoch_before);
+    assert_eq!(
+        db.robot("quiet").await.get_str("status").unwrap_or(""),
+        "running"
+    );
+    let shown = db.cli_ok(&["robot", "show", "hog"]);
+    assert!(
+        shown.contains(r#""limits": "rlimit: memory 100.0 MB, pids 4096, cpu 1; cpu not enforced"#),
+        "{shown}"
+    );
+    drop(w);
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 1);
+}
