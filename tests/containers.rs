@@ -408,6 +408,196 @@ async fn five_worker_containers_survive_kill_freeze_and_partition() {
     drop(pool);
 }
 
+/// Processes in `container` whose arguments end with `args` (the shims aside, whose
+/// arguments name the command too), with their resident memory in KiB.
+fn processes(container: &str, args: &str) -> Vec<u64> {
+    // docker top insists on a pid column.
+    let o = docker(&["top", container, "-eo", "pid,rss,args"]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .skip(1)
+        .filter(|l| l.trim_end().ends_with(args) && !l.contains("__robot-shim"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect()
+}
+
+/// A robot's `applied_limits`, once its shim reported them.
+async fn applied_limits(db: &TestDb, name: &str) -> bson::Document {
+    wait_for(
+        Duration::from_secs(60),
+        "the shim's applied limits",
+        || async {
+            let r = db
+                .store
+                .robots()
+                .find_one(doc! {"name": name})
+                .await
+                .ok()??;
+            r.get_document("applied_limits").ok().cloned()
+        },
+    )
+    .await
+}
+
+/// Resource limits hold in a worker container, where the worker is not root and the
+/// cgroup tree is read-only: the shim falls back to rlimits by itself and says why.
+/// A robot allocating 500 MB under `memory: 100MB` fails its allocation and exits
+/// alone; a fork bomb under `pids: 64` never has more than 64 processes (the
+/// worker's user is not root, so `RLIMIT_NPROC` applies). The neighbour counter
+/// steps, the worker's memory stays flat, its slot never changes hands, and
+/// deleting the bomb ends all of it. (The container's own limits, when compose sets
+/// them, are the outer bound.)
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_hold_in_a_worker_container() {
+    let pool = Pool::up_with(1, 1);
+    let mongo = pool.containers("mongo");
+    let db = TestDb::on(&common::containers::devdb_uri(&mongo[0]), "slotpool").await;
+    let worker = pool.containers("worker").remove(0);
+    wait_for(Duration::from_secs(60), "the slot held", || async {
+        (holders(&db).await.len() == 1).then_some(())
+    })
+    .await;
+    // Two robots of this test's own, into the image's robot directory.
+    let dir = std::env::temp_dir().join(format!("spt-limits-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, body) in [
+        (
+            "hog.sh",
+            "head -c 500000000 /dev/zero | tail -n 1 > /dev/null\n",
+        ),
+        ("bomb.sh", "bomb() { bomb | bomb & }\nbomb\nwait\n"),
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let to = format!("{worker}:/opt/robots/{name}");
+        let o = docker(&["cp", path.to_str().unwrap(), &to]);
+        assert!(o.status.success(), "docker cp: {}", text(&o));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(db.counters("neighbour", 1, 100).status.success());
+    for (name, limits) in [
+        ("hog", r#"{"memory": "100MB"}"#),
+        ("bomb", r#"{"pids": 64}"#),
+    ] {
+        db.cli_ok(&[
+            "robot",
+            "create",
+            "--name",
+            name,
+            "--kind",
+            "exec",
+            "--command",
+            &format!("/opt/robots/{name}.sh"),
+            "--spec",
+            &format!(r#"{{"limits": {limits}}}"#),
+        ]);
+    }
+
+    for name in ["hog", "bomb"] {
+        let limits = applied_limits(&db, name).await;
+        assert_eq!(
+            limits.get_str("mechanism").unwrap_or(""),
+            "rlimit",
+            "{limits}"
+        );
+        assert!(
+            limits
+                .get_str("note")
+                .unwrap_or("")
+                .starts_with("cgroups not used: cannot create cgroup"),
+            "{limits}"
+        );
+        assert!(
+            !limits.contains_key("unenforced"),
+            "user 10001 is bound by both: {limits}"
+        );
+    }
+    let worker_rss = || {
+        processes(&worker, "--exec-allow /opt/robots/")
+            .iter()
+            .sum::<u64>()
+            * 1024
+    };
+    let (rss_before, epoch_before) = (worker_rss(), common::epoch(&db.slots().await[0]));
+    assert!(rss_before > 0, "the worker process in docker top");
+    // The hog fails its allocation, and is started again, twice.
+    wait_for(
+        Duration::from_secs(60),
+        "the hog's allocation refused twice",
+        || async {
+            let r = db
+                .store
+                .robots()
+                .find_one(doc! {"name": "hog"})
+                .await
+                .ok()??;
+            (r.get_i64("restarts").unwrap_or(0) >= 2).then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        Duration::from_secs(30),
+        "tail's own error in the hog's output",
+        || async {
+            db.cli_ok(&["robot", "logs", "hog"])
+                .contains("memory exhausted")
+                .then_some(())
+        },
+    )
+    .await;
+    // The bomb: forks, and never more than 64 processes.
+    let mut highest = 0;
+    let end = Instant::now() + 5 * L;
+    while Instant::now() < end {
+        let n = processes(&worker, "bash /opt/robots/bomb.sh").len();
+        assert!(n <= 64, "{n} processes of the bomb under pids: 64");
+        highest = highest.max(n);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(highest > 1, "the bomb forked ({highest} processes at most)");
+    let before = seqs(&db).await;
+    let neighbour = before["neighbour"];
+    wait_for(
+        Duration::from_secs(60),
+        "the neighbour stepping",
+        || async {
+            let r = db
+                .store
+                .robots()
+                .find_one(doc! {"name": "neighbour"})
+                .await
+                .ok()??;
+            (r.get_i64("seq").ok()? > neighbour + 10).then_some(())
+        },
+    )
+    .await;
+    let grown = worker_rss().saturating_sub(rss_before);
+    assert!(grown < 30_000_000, "the worker grew by {grown} bytes");
+    assert_eq!(
+        common::epoch(&db.slots().await[0]),
+        epoch_before,
+        "the slot never changed hands"
+    );
+    assert!(!text(&docker(&["logs", &worker])).contains("self-fenced"));
+
+    db.cli_ok(&["robot", "delete", "bomb"]);
+    wait_for(
+        Duration::from_secs(30),
+        "every process of the bomb gone",
+        || async {
+            processes(&worker, "bash /opt/robots/bomb.sh")
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 1, "the neighbour: {report:?}");
+    drop(pool);
+}
+
 /// `slotpool:local` (built without a registry) and the multi-stage `Dockerfile` (for
 /// users with one) give the same runtime layout: entrypoint, command, user, port,
 /// and the robots' directory.

@@ -257,6 +257,18 @@ fn bad_worker_flags_fail_fast_and_clearly() {
         ),
         (vec!["worker", "--advertise", "10.0.0.5:0"], "port 0"),
         (
+            vec!["worker", "--exec-default-limits", "memory=1G"],
+            "must be JSON such as",
+        ),
+        (
+            vec!["worker", "--exec-default-limits", r#"{"memory": "2KB"}"#],
+            "limits.memory 2.0 kB is below the smallest limit, 4.0 MB",
+        ),
+        (
+            vec!["worker", "--exec-limits-via", "magic"],
+            "possible values: auto, cgroup, rlimit",
+        ),
+        (
             vec!["worker", "--advertise", "127.0.0.1:7700", "--tick", "0s"],
             "greater than zero",
         ),

@@ -40,7 +40,8 @@ pub struct SpecArgs {
     /// The kind's settings as a JSON object, e.g. '{"interval_ms": 500}' or
     /// '{"command": "/opt/robots/poll.sh", "args": ["--fast"]}'. Every kind also
     /// reads "history" and "restart" ({"attempts": 10, "within": "10m",
-    /// "max_backoff": "1m"}); exec reads "heartbeat_timeout" ("30s").
+    /// "max_backoff": "1m"}); exec reads "heartbeat_timeout" ("30s") and "limits"
+    /// ({"memory": "256MB", "pids": 64, "cpu": 0.5}).
     #[arg(long)]
     spec: Option<String>,
     /// counter: milliseconds between steps (sets spec.interval_ms).
@@ -57,6 +58,16 @@ pub struct SpecArgs {
     /// `history` (sets spec.history).
     #[arg(long)]
     history: Option<i64>,
+    /// exec: the most memory its processes may use, e.g. 256MB or 1GiB (sets
+    /// spec.limits.memory; see the README on resource limits).
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// exec: the most processes it may have at once (sets spec.limits.pids).
+    #[arg(long, value_name = "N")]
+    pids: Option<i64>,
+    /// exec: the most cores it may use, e.g. 0.5 (sets spec.limits.cpu).
+    #[arg(long, value_name = "CORES")]
+    cpu: Option<f64>,
 }
 
 impl SpecArgs {
@@ -85,6 +96,23 @@ impl SpecArgs {
         if let Some(h) = self.history {
             spec.insert("history", h);
         }
+        let limits: [(&str, Option<bson::Bson>); 3] = [
+            ("memory", self.memory.clone().map(Into::into)),
+            ("pids", self.pids.map(Into::into)),
+            ("cpu", self.cpu.map(Into::into)),
+        ];
+        for (field, value) in limits {
+            if let Some(value) = value {
+                // Field by field over the limits the spec has (checked as a whole
+                // afterwards, with the rest of the spec).
+                let mut current = match spec.get(crate::robot::limits::SPEC_FIELD) {
+                    Some(bson::Bson::Document(d)) => d.clone(),
+                    _ => Document::new(),
+                };
+                current.insert(field, value);
+                spec.insert(crate::robot::limits::SPEC_FIELD, current);
+            }
+        }
         Ok(spec)
     }
 
@@ -95,6 +123,9 @@ impl SpecArgs {
             || self.command.is_some()
             || !self.args.is_empty()
             || self.history.is_some()
+            || self.memory.is_some()
+            || self.pids.is_some()
+            || self.cpu.is_some()
     }
 }
 

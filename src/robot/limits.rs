@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 pub const SPEC_FIELD: &str = "limits";
 
 /// The smallest memory limit: below it not even a shell starts.
-pub const MIN_MEMORY: u64 = 4 * 1024 * 1024;
+pub const MIN_MEMORY: u64 = 4_000_000;
 /// The most processes a limit may name (the kernel's own `pid_max` ceiling).
 pub const MAX_PIDS: u64 = 4_194_304;
 /// A cpu limit's bounds, in thousandths of a core.
