@@ -72,7 +72,12 @@ async fn epoch(db: &TestDb) -> i64 {
 
 /// The worker's cgroup directories of robot runs under the `controller` hierarchy.
 fn robot_cgroups(w: &WorkerProc, controller: &str) -> Vec<PathBuf> {
-    let own = std::fs::read_to_string(format!("/proc/{}/cgroup", w.pid())).unwrap();
+    cgroups_below(&cgroup_dir(w.pid(), controller))
+}
+
+/// The directory of process `pid`'s cgroup in the `controller` hierarchy.
+fn cgroup_dir(pid: i32, controller: &str) -> PathBuf {
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     let path = own
         .lines()
         .find_map(|l| {
@@ -83,9 +88,12 @@ fn robot_cgroups(w: &WorkerProc, controller: &str) -> Vec<PathBuf> {
                 .then(|| path.to_string())
         })
         .unwrap_or_else(|| panic!("no {controller} cgroup hierarchy on this machine"));
-    let dir =
-        PathBuf::from(format!("/sys/fs/cgroup/{controller}")).join(path.trim_start_matches('/'));
-    std::fs::read_dir(&dir)
+    PathBuf::from(format!("/sys/fs/cgroup/{controller}")).join(path.trim_start_matches('/'))
+}
+
+/// The robot runs' cgroups in `dir`.
+fn cgroups_below(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
         .map(|d| {
             d.flatten()
                 .map(|e| e.path())
@@ -230,7 +238,7 @@ async fn a_robot_over_its_memory_limit_is_killed_alone() {
 async fn a_fork_bomb_under_a_pids_limit_is_contained() {
     let db = TestDb::new("forkbomb").await;
     db.init(1).await;
-    let bomb = script(&db, "bomb.sh", "bomb() { bomb | bomb & }\nbomb\nwait\n");
+    let bomb = script(&db, "bomb.sh", "bomb() { bomb | bomb & }\nbomb\n# The first process stays (bash retries a refused fork, sleeping).\nwhile :; do wait; sleep 1; done\n");
     exec(
         &db,
         "bomb",
@@ -504,4 +512,101 @@ async fn rlimits_bound_memory_and_say_what_they_cannot_enforce() {
     drop(w);
     let report = invariants::check(&db).await;
     assert_eq!(report.robots, 1);
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|st| st[st.rfind(')')? + 2..].chars().next())
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+/// The pids a robot script wrote to `file`, one a line.
+fn pids_in(file: &std::path::Path) -> Vec<i32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A robot in a cgroup, with a child that left its session (`setsid`): kill -9 of
+/// its worker ends the whole tree and removes the cgroup (the shim saw its pipe
+/// close); kill -9 of the shim itself leaves the escaped child running in the dead
+/// shim's cgroup, and the next shim to start (the robot's restart) kills it and
+/// removes that cgroup.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_of_the_worker_or_the_shim_leaves_no_process_and_no_cgroup() {
+    let db = TestDb::new("limitkill").await;
+    db.init(1).await;
+    let escapees = db.dir.join("escapees");
+    let robot = script(
+        &db,
+        "escaper.sh",
+        &format!(
+            "setsid bash -c 'echo $$ >> \"{}\"; exec sleep 100000' &\nwhile :; do sleep 1; done\n",
+            escapees.display()
+        ),
+    );
+    exec(&db, "esc", &robot, r#"{"limits": {"pids": 100}}"#);
+    db.counters("neighbour", 1, 100);
+
+    // kill -9 of the worker.
+    let mut first = db.exec_worker(&[]);
+    let dir = cgroup_dir(first.pid(), "pids");
+    applied_limits(&db, "esc").await;
+    let escaped = wait_for(Duration::from_secs(30), "the first escapee", || async {
+        pids_in(&escapees).first().copied()
+    })
+    .await;
+    assert!(alive(escaped));
+    assert_eq!(cgroups_below(&dir).len(), 1, "one robot run, one cgroup");
+    first.signal(libc::SIGKILL);
+    first.wait_exit(Duration::from_secs(10));
+    wait_for(
+        Duration::from_secs(30),
+        "the escapee gone with its worker",
+        || async { (!alive(escaped) && cgroups_below(&dir).is_empty()).then_some(()) },
+    )
+    .await;
+
+    // kill -9 of the shim: the next shim sweeps what it left.
+    let second = db.exec_worker(&[]);
+    let escaped = wait_for(
+        Duration::from_secs(60),
+        "the second run's escapee",
+        || async { pids_in(&escapees).get(1).copied() },
+    )
+    .await;
+    let dir = cgroup_dir(second.pid(), "pids");
+    let shim_cgroup = cgroups_below(&dir);
+    assert_eq!(shim_cgroup.len(), 1);
+    let shim: i32 = shim_cgroup[0]
+        .file_name()
+        .and_then(|n| n.to_str()?.strip_prefix("slotpool-robot.")?.parse().ok())
+        .expect("the cgroup is named after its shim");
+    // SAFETY: kill(2) on the shim's pid, a process of this test's worker.
+    unsafe {
+        libc::kill(shim, libc::SIGKILL);
+    }
+    wait_for(
+        Duration::from_secs(60),
+        "the third run's escapee",
+        || async { pids_in(&escapees).get(2).copied() },
+    )
+    .await;
+    wait_for(
+        Duration::from_secs(30),
+        "the dead shim's escapee swept",
+        || async { (!alive(escaped) && !shim_cgroup[0].exists()).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        cgroups_below(&dir).len(),
+        1,
+        "only the running shim's cgroup"
+    );
+    drop(second);
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 1, "the neighbour, across the kill -9");
 }

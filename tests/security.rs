@@ -195,6 +195,8 @@ out="$LOOT_DIR/loot-$$.txt"
       [ "$n" -le 16384 ] && dd if=/proc/$p/mem bs=4096 skip=$((s / 4096)) count=$n 2>/dev/null
     done > "$LOOT_DIR/mem-$level-$$.bin"
   done
+  # Speak for its shim: the report pipe the shim holds as descriptor 4.
+  if echo '"memory_killed"' > /proc/$PPID/fd/4; then echo "== forge: written"; else echo "== forge: refused"; fi
 } > "$out.part" 2>&1
 mv "$out.part" "$out"
 echo '{"checkpoint": {"looted": true}}'
@@ -272,6 +274,10 @@ async fn a_robot_cannot_recover_the_database_credentials() {
         assert!(
             !text.contains(&password) && !text.contains(&user),
             "the credentials leaked:\n{text}"
+        );
+        assert!(
+            text.contains("== forge: refused"),
+            "a robot wrote on its shim's report pipe:\n{text}"
         );
         let own_fds = text
             .split("== own fds")

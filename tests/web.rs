@@ -333,7 +333,11 @@ async fn bad_input_gets_clear_answers_and_hostile_text_stays_text() {
         .robots()
         .update_one(
             doc! {"_id": id},
-            doc! {"$set": {"context": {"note": "</pre><img src=x onerror=alert(1)>"}}},
+            doc! {"$set": {
+                "context": {"note": "</pre><img src=x onerror=alert(1)>"},
+                // What a shim reports, hand-edited: shown, and as text.
+                "applied_limits": {"mechanism": "rlimit", "memory": 100_000_000_i64, "note": "<i>cgroups</i>"},
+            }},
         )
         .await
         .unwrap();
@@ -362,6 +366,11 @@ async fn bad_input_gets_clear_answers_and_hostile_text_stays_text() {
         .contains("&lt;script&gt;alert('name')&lt;/script&gt;"));
     assert!(page.body.contains("&lt;img src=x onerror=alert(1)&gt;"));
     assert!(page.body.contains("&lt;b&gt;bold&lt;/b&gt;"));
+    assert!(
+        page.body
+            .contains("rlimit: memory 100.0 MB; &lt;i&gt;cgroups&lt;/i&gt;"),
+        "the applied limits on the robot page"
+    );
     let list = web.get("/robots").unwrap();
     assert!(!list.body.contains("<script>alert"));
     assert!(list.body.contains("&lt;script&gt;"));

@@ -329,7 +329,19 @@ impl RobotKind for Exec {
         // once it has one.
         control.send(Control::Deadline(monotonic(deadline))).await;
         let forwarder = tokio::spawn(forward_deadlines(deadlines, control.clone()));
-        let reports = tokio::spawn(read_reports(run.clone(), report_rx, limits));
+        // The shim says what it applied before it starts the command: recorded
+        // before any of the command's output is handled, as the run's first write.
+        let mut reports = Reports {
+            lines: tokio::io::AsyncBufReadExt::lines(BufReader::new(report_rx)),
+            limits,
+            seen: Reported::default(),
+        };
+        let first = tokio::time::timeout(Duration::from_secs(5), reports.next(&run)).await;
+        let reports = match first {
+            // The shim is gone already (it could not start the command).
+            Ok(false) => None,
+            Ok(true) | Err(_) => Some(tokio::spawn(reports.rest(run.clone()))),
+        };
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let out = Output {
@@ -347,7 +359,7 @@ impl RobotKind for Exec {
             child: &mut child,
             control: &control,
             stderr: Some(stderr_task),
-            reports: Some(reports),
+            reports,
         };
         let result = supervise_child(&out, robot, &mut lines).await;
         if result.is_err() {
@@ -393,17 +405,21 @@ struct Reported {
     memory_killed: Option<u64>,
 }
 
-/// Reads the shim's reports until it exits: records the limits it applied in the
-/// robot's document (for `robot show` and the dashboard), and logs a limit hit.
-async fn read_reports(
-    run: RobotRun,
-    pipe: tokio::net::unix::pipe::Receiver,
+/// The shim's reports, read as they come: records the limits it applied in the
+/// robot's document (for `robot show` and the dashboard), logs a limit hit, and
+/// remembers a memory kill.
+struct Reports {
+    lines: tokio::io::Lines<BufReader<tokio::net::unix::pipe::Receiver>>,
     limits: Limits,
-) -> Reported {
-    use tokio::io::AsyncBufReadExt;
-    let mut seen = Reported::default();
-    let mut lines = BufReader::new(pipe).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    seen: Reported,
+}
+
+impl Reports {
+    /// Handles the next report; false once the shim is gone.
+    async fn next(&mut self, run: &RobotRun) -> bool {
+        let Ok(Some(line)) = self.lines.next_line().await else {
+            return false;
+        };
         match serde_json::from_str::<shim::Report>(&line) {
             Ok(shim::Report::Limits(applied)) => {
                 let applied = applied.and_then(|a| bson::to_document(&a).ok());
@@ -417,19 +433,25 @@ async fn read_reports(
                 run.metrics().pids_limit_hits.inc();
                 let why = format!(
                     "a fork failed at this robot's pids limit ({})",
-                    limits.pids.unwrap_or_default()
+                    self.limits.pids.unwrap_or_default()
                 );
                 run.keep_output(crate::db::output_log::Stream::Stderr, &why);
                 tracing::warn!(robot = %run.name(), "{why}");
             }
             Ok(shim::Report::MemoryKilled) => {
                 run.metrics().memory_kills.inc();
-                seen.memory_killed = limits.memory;
+                self.seen.memory_killed = self.limits.memory;
             }
             Err(e) => tracing::debug!(robot = %run.name(), "unreadable shim report: {e}"),
         }
+        true
     }
-    seen
+
+    /// Handles the rest until the shim exits; what they said.
+    async fn rest(mut self, run: RobotRun) -> Reported {
+        while self.next(&run).await {}
+        self.seen
+    }
 }
 
 /// Why a context cannot be passed in `SLOTPOOL_CONTEXT`, and what to do.
@@ -649,6 +671,15 @@ async fn supervise_child(
                 Ok(None) | Err(_) => break,
             },
             () = until(out.hung_at()) => return hung(out, robot, lines).await,
+            // The shim ended while something still holds the robot's stdout: a
+            // descendant that escaped a shim killed with -9 (the shim ends by itself
+            // only after the robot's whole tree is gone, and stdout with it). The
+            // robot's own process is dead (PDEATHSIG); what it printed before is
+            // still in the pipe.
+            status = robot.child.wait() => {
+                drain(out, lines).await;
+                return Err(robot.exited(status).await);
+            }
         }
     }
     // stdout closed: the command is exiting (or detached its output). No more
@@ -659,6 +690,22 @@ async fn supervise_child(
         () = until(out.hung_at()) => hung(out, robot, lines).await,
     }
 }
+
+/// Handles what is left in the robot's stdout once its shim is gone: until the pipe
+/// ends, or for at most [`DRAIN`] when a stray descendant keeps it open.
+async fn drain(out: &Output<'_>, lines: &mut Lines) {
+    let _ = tokio::time::timeout(DRAIN, async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            if let Err(RobotError::Fenced(_)) = out.handle(l).await {
+                return;
+            }
+        }
+    })
+    .await;
+}
+
+/// How long [`drain`] reads: a dead writer's lines are all in the pipe already.
+const DRAIN: Duration = Duration::from_secs(2);
 
 /// Completes at `at`; never when None.
 async fn until(at: Option<Instant>) {

@@ -441,6 +441,15 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
         ));
     };
     let grace = Duration::from_millis(grace_ms.parse().map_err(|_| "bad grace")?);
+    // Non-dumpable: /proc/<shim>/fd (its report pipe among them) and its memory are
+    // closed to the robot, which runs as the same user. Without this, in a
+    // container, where shim and robot share user and capabilities, the robot could
+    // open the report pipe through /proc and speak for its shim. (The robot's own
+    // exec makes it dumpable again; nothing of the shim passes on.)
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    }
     let via = super::limits::Via::parse(via).ok_or("bad limits mechanism")?;
     let limits = super::limits::Limits::from_arg(limits)?;
     let mut reporter = Reporter::take();
