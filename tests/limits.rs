@@ -610,3 +610,46 @@ async fn kill_9_of_the_worker_or_the_shim_leaves_no_process_and_no_cgroup() {
     let report = invariants::check(&db).await;
     assert_eq!(report.robots, 1, "the neighbour, across the kill -9");
 }
+
+/// The shim run by hand as an unprivileged user, who may not create cgroups:
+/// `--exec-limits-via cgroup` refuses to start the command and says why (exit 127,
+/// as the worker reports a command that could not start); `auto` falls back to
+/// rlimits and runs it.
+#[test]
+fn the_shim_refuses_cgroup_only_limits_where_it_cannot_make_a_cgroup() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let shim = |via: &str| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_slotpool"))
+            .args(["__robot-shim", "100", via, "memory=100000000", "/bin/true"])
+            .uid(65534)
+            .gid(65534)
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into the timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let deadline = (ts.tv_sec as u64 + 30) * 1_000_000_000;
+        // The pipe stays open until the shim exits: a closed one means "kill".
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "D {deadline}").unwrap();
+        let status = child.wait().unwrap();
+        drop(stdin);
+        let mut said = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut said).unwrap();
+        (status.code(), said)
+    };
+    let (code, said) = shim("cgroup");
+    assert_eq!(code, Some(127), "{said}");
+    assert!(
+        said.contains("--exec-limits-via cgroup: cannot create cgroup"),
+        "{said}"
+    );
+    let (code, said) = shim("auto");
+    assert_eq!(code, Some(0), "rlimits, and the command ran: {said}");
+}
