@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 use bson::Document;
 use common::{invariants, script, wait_for, TestDb, WorkerProc};
 
+/// Held by each test that looks at robot cgroups: every worker of this binary is a
+/// child of the test process, so their robots' cgroups share one parent directory.
+static CGROUPS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn applied(r: &Document) -> Document {
     r.get_document("applied_limits")
         .cloned()
@@ -143,6 +147,7 @@ fn exec(db: &TestDb, name: &str, command: &str, spec: &str) {
 /// self-fences, and the robot's cgroup is gone after each run.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_robot_over_its_memory_limit_is_killed_alone() {
+    let _alone = CGROUPS.lock().await;
     let db = TestDb::new("memlimit").await;
     db.init(1).await;
     let log = db.dir.join("hog");
@@ -236,6 +241,7 @@ async fn a_robot_over_its_memory_limit_is_killed_alone() {
 /// the robot ends every process of the bomb and removes its cgroup.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fork_bomb_under_a_pids_limit_is_contained() {
+    let _alone = CGROUPS.lock().await;
     let db = TestDb::new("forkbomb").await;
     db.init(1).await;
     let bomb = script(&db, "bomb.sh", "bomb() { bomb | bomb & }\nbomb\n# The first process stays (bash retries a refused fork, sleeping).\nwhile :; do wait; sleep 1; done\n");
@@ -537,6 +543,7 @@ fn pids_in(file: &std::path::Path) -> Vec<i32> {
 /// removes that cgroup.
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_of_the_worker_or_the_shim_leaves_no_process_and_no_cgroup() {
+    let _alone = CGROUPS.lock().await;
     let db = TestDb::new("limitkill").await;
     db.init(1).await;
     let escapees = db.dir.join("escapees");
