@@ -626,8 +626,17 @@ async fn kill_9_of_the_worker_or_the_shim_leaves_no_process_and_no_cgroup() {
 fn the_shim_refuses_cgroup_only_limits_where_it_cannot_make_a_cgroup() {
     use std::io::Write;
     use std::os::unix::process::CommandExt;
+    // A copy the unprivileged user can run: the checkout may sit in a directory
+    // only root can enter (a fresh clone in `mktemp -d`).
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("slotpool-shim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.join("slotpool");
+    std::fs::copy(env!("CARGO_BIN_EXE_slotpool"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let shim = |via: &str| {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_slotpool"))
+        let mut child = std::process::Command::new(&bin)
             .args(["__robot-shim", "100", via, "memory=100000000", "/bin/true"])
             .uid(65534)
             .gid(65534)
@@ -658,5 +667,6 @@ fn the_shim_refuses_cgroup_only_limits_where_it_cannot_make_a_cgroup() {
         "{said}"
     );
     let (code, said) = shim("auto");
+    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, Some(0), "rlimits, and the command ran: {said}");
 }
