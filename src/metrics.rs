@@ -98,6 +98,10 @@ metrics! {
     log_lines_dropped: Counter = "robot_log_lines_dropped", "robot output lines not logged because the robot wrote more than its log rate";
     robot_restarts: Counter = "robot_restarts", "robot restarts after a crash or exit";
     heartbeat_timeouts: Counter = "robot_heartbeat_timeouts", "exec robots stopped and started again because they showed no life (checkpoint or heartbeat line) within spec.heartbeat_timeout";
+    pokes_received: Counter = "pokes_received", "pokes taken (POST /v1/poke): each made this worker survey the slots at once";
+    pokes_ignored: Counter = "pokes_ignored", "pokes ignored because one was taken within the last tick";
+    pokes_sent: Counter = "pokes_sent", "pokes a standby answered, sent after this worker released a slot";
+    pokes_lost: Counter = "pokes_lost", "pokes not delivered (no answer, refused, not an ip:port): the standby finds the slot at its next survey";
     memory_kills: Counter = "robot_memory_kills", "exec robots killed whole because the kernel killed one of their processes at spec.limits.memory";
     pids_limit_hits: Counter = "robot_pids_limit_hits", "seconds in which an exec robot's fork failed at spec.limits.pids (reported at most once a second per robot)";
     robot_failures: Counter = "robot_failures", "robots given up on under their restart policy (status failed, held until robot resume)";

@@ -82,6 +82,23 @@ async fn http_healthz_metrics_status_are_real_and_read_only() {
         reply.to_ascii_lowercase().contains("allow: get, head"),
         "{reply}"
     );
+    // The one POST: a poke, which only asks for a survey; it takes no GET.
+    let send = |request: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", w.port)).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        reply
+    };
+    let reply =
+        send("POST /v1/poke HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    assert!(reply.starts_with("HTTP/1.1 202"), "{reply}");
+    let reply = send("GET /v1/poke HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+    assert!(
+        reply.to_ascii_lowercase().contains("allow: post"),
+        "{reply}"
+    );
     // Kept alive: a second request on the same connection is answered too.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", w.port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();

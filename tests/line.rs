@@ -162,21 +162,103 @@ async fn more_expiries_at_once_than_watchers_are_all_taken() {
     runs_on_once(&db, 6).await;
 }
 
-/// A graceful release is claimed through the first standby's release poll, long
-/// before its next survey: with a 20 s tick the survey is up to 20 s away, and the
-/// hit counter shows the poll, not a lucky survey, found it.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_released_slot_is_claimed_through_the_release_poll() {
-    let db = TestDb::new("line_release").await;
-    db.init(1).await;
+/// A holder and one standby at a 20 s tick: the standby's next survey is up to 20 s
+/// away. `standby` advertises an address of its own, or (`unreachable`) one where
+/// nothing listens, as behind a firewall that drops pokes.
+async fn holder_and_standby(
+    db: &TestDb,
+    standby_args: &[&str],
+    unreachable: bool,
+) -> (WorkerProc, WorkerProc) {
     let slow = ["--tick", "20s"];
     let holder = db.worker(&slow);
     common::wait_for(Duration::from_secs(30), "the holder", || async {
         (owner(&db.slot("slot-001").await)? == holder.id).then_some(())
     })
     .await;
+    create_counters(db, 2);
+    let mut args = slow.to_vec();
+    args.extend_from_slice(standby_args);
+    let standby = if unreachable {
+        let nowhere = format!("127.0.0.1:{}", common::free_port());
+        WorkerProc::start_as(&db.uri, &db.dir, &nowhere, &args)
+    } else {
+        db.worker(&args)
+    };
+    wait_front(
+        &[&standby],
+        &first(&[&standby], 1),
+        "the standby at the front",
+    )
+    .await;
+    (holder, standby)
+}
+
+async fn claimed_by(db: &TestDb, standby: &WorkerProc, within: Duration) {
+    common::wait_for(within, "the standby to claim the released slot", || async {
+        (owner(&db.slot("slot-001").await)? == standby.id).then_some(())
+    })
+    .await;
+}
+
+/// A graceful release is claimed through a poke, long before the standby's next
+/// survey: with a 20 s tick the survey is up to 20 s away, and the standby's poke
+/// counter shows the poke, not a lucky survey, woke it. No release poll runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_released_slot_is_claimed_through_a_poke() {
+    let db = TestDb::new("line_poke").await;
+    db.init(1).await;
+    let (holder, standby) = holder_and_standby(&db, &[], false).await;
+    holder.signal(libc::SIGTERM);
+    claimed_by(&db, &standby, Duration::from_secs(10)).await;
+    let count = |name| standby.metric(name).unwrap_or(0);
+    assert!(
+        count("slotpool_pokes_received_total") >= 1,
+        "claimed without a poke"
+    );
+    assert_eq!(
+        count("slotpool_release_poll_hits_total"),
+        0,
+        "no release poll"
+    );
+    runs_on_once(&db, 2).await;
+}
+
+/// A poke that cannot reach the standby (its advertised port answers nothing)
+/// costs latency only: with the release poll on, the poll finds the slot; the
+/// holder says the poke was lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_poke_leaves_the_slot_to_the_release_poll() {
+    let db = TestDb::new("line_release").await;
+    db.init(1).await;
+    let (holder, standby) = holder_and_standby(&db, &["--release-poll", "100ms"], true).await;
+    holder.signal(libc::SIGTERM);
+    claimed_by(&db, &standby, Duration::from_secs(10)).await;
+    let hits = standby
+        .metric("slotpool_release_poll_hits_total")
+        .unwrap_or(0);
+    assert!(hits >= 1, "claimed without a release-poll hit");
+    assert_eq!(standby.metric("slotpool_pokes_received_total"), Some(0));
+    holder
+        .wait_log("poke not delivered", Duration::from_secs(10))
+        .await;
+    runs_on_once(&db, 2).await;
+}
+
+/// With neither a poke nor a poll (the standby unreachable, at a 1 s tick), the
+/// released slot is still claimed: at the standby's next survey.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_poke_the_next_survey_claims_the_released_slot() {
+    let db = TestDb::new("line_lost_poke").await;
+    db.init(1).await;
+    let holder = db.worker(&[]);
+    common::wait_for(Duration::from_secs(30), "the holder", || async {
+        (owner(&db.slot("slot-001").await)? == holder.id).then_some(())
+    })
+    .await;
     create_counters(&db, 2);
-    let standby = db.worker(&slow);
+    let nowhere = format!("127.0.0.1:{}", common::free_port());
+    let standby = WorkerProc::start_as(&db.uri, &db.dir, &nowhere, &[]);
     wait_front(
         &[&standby],
         &first(&[&standby], 1),
@@ -184,17 +266,74 @@ async fn a_released_slot_is_claimed_through_the_release_poll() {
     )
     .await;
     holder.signal(libc::SIGTERM);
-    common::wait_for(
-        Duration::from_secs(10),
-        "the standby to claim the released slot",
-        || async { (owner(&db.slot("slot-001").await)? == standby.id).then_some(()) },
+    claimed_by(&db, &standby, Duration::from_secs(30)).await;
+    holder
+        .wait_log("poke not delivered", Duration::from_secs(10))
+        .await;
+    assert_eq!(standby.metric("slotpool_pokes_received_total"), Some(0));
+    runs_on_once(&db, 2).await;
+}
+
+/// A hostile client floods a standby with pokes: it surveys at most once a tick
+/// more than it would anyway, and its slot's holder never notices.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_pokes_costs_at_most_one_survey_a_tick() {
+    use std::io::{Read, Write};
+    let db = TestDb::new("line_flood").await;
+    db.init(1).await;
+    let holder = db.worker(&[]);
+    common::wait_for(Duration::from_secs(30), "the holder", || async {
+        (owner(&db.slot("slot-001").await)? == holder.id).then_some(())
+    })
+    .await;
+    let standby = db.worker(&[]);
+    wait_front(
+        &[&standby],
+        &first(&[&standby], 1),
+        "the standby at the front",
     )
     .await;
-    let hits = standby
-        .metric("slotpool_release_poll_hits_total")
-        .unwrap_or(0);
-    assert!(hits >= 1, "claimed without a release-poll hit");
-    runs_on_once(&db, 2).await;
+    let surveys = || standby.metric("slotpool_surveys_total").unwrap_or(0);
+    let before = surveys();
+    let t0 = std::time::Instant::now();
+    let (mut answered, mut sent) = (0, 0);
+    // For three ticks at least, so the gate reopens in between.
+    while sent < 300 || t0.elapsed() < Duration::from_secs(3) {
+        sent += 1;
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", standby.port)) else {
+            continue;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = write!(
+            s,
+            "POST /v1/poke HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        if out.starts_with("HTTP/1.1 202") {
+            answered += 1;
+        }
+    }
+    let ticks = t0.elapsed().as_secs_f64().ceil() as u64;
+    let surveyed = surveys() - before;
+    let ignored = standby.metric("slotpool_pokes_ignored_total").unwrap_or(0);
+    println!(
+        "{answered} of {sent} pokes answered over {ticks} s: {surveyed} surveys, {ignored} ignored"
+    );
+    assert_eq!(answered, sent, "every poke is answered (202), taken or not");
+    // One survey a tick of its own, one a tick for pokes, and one each at the edges.
+    assert!(
+        surveyed <= 2 * ticks + 2,
+        "{surveyed} surveys in {ticks} ticks under a flood of pokes"
+    );
+    assert!(
+        ignored + ticks + 1 >= sent,
+        "{ignored} of {sent} pokes ignored"
+    );
+    assert_eq!(
+        owner(&db.slot("slot-001").await).as_deref(),
+        Some(holder.id.as_str())
+    );
 }
 
 /// A slot the poll finds but nobody may take (an older holder renews `time` only,
@@ -217,7 +356,7 @@ async fn a_slot_the_poll_cannot_take_does_not_start_a_survey_loop() {
             .unwrap();
     };
     renew().await;
-    let standby = db.worker(&[]);
+    let standby = db.worker(&["--release-poll", "100ms"]);
     wait_front(
         &[&standby],
         &first(&[&standby], 1),
@@ -238,7 +377,7 @@ async fn a_slot_the_poll_cannot_take_does_not_start_a_survey_loop() {
     let hits = count("slotpool_release_poll_hits_total") - hits;
     println!("in about 6 s: {surveys} surveys, {hits} poll hits");
     assert!(hits >= 1, "the poll saw the slot");
-    // Unmuted, a poll every 50 ms would survey over 100 times.
+    // Unmuted, a poll every 100 ms would survey over 50 times.
     assert!(surveys <= 20, "{surveys} surveys in about 6 s");
     assert_eq!(
         owner(&db.slot("slot-001").await).as_deref(),

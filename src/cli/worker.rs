@@ -112,11 +112,14 @@ pub struct WorkerArgs {
     )]
     exec_limits_via: Via,
 
-    /// How often the first standby in line asks whether a slot was released or added
-    /// (one indexed read, which finds nothing while every slot is held), so a
-    /// released slot is claimed within this much instead of at the next survey, one
-    /// tick later. `0` turns it off. Must be below the tick.
-    #[arg(long, env = "SLOTPOOL_RELEASE_POLL", default_value = "100ms", value_parser = parse_release_poll, allow_hyphen_values = true)]
+    /// Off by default: a worker that releases a slot pokes the first standbys in
+    /// line over HTTP (POST /v1/poke on their advertised ip:port), and they survey at
+    /// once. Where pokes cannot reach the standbys (a firewall between workers),
+    /// this makes the first standby ask the database this often whether a slot was
+    /// released or added (one indexed read each time), so a released slot is
+    /// claimed within this much instead of at the next survey, a tick later. `0`:
+    /// no poll. Must be below the tick.
+    #[arg(long, env = "SLOTPOOL_RELEASE_POLL", default_value = "0", value_parser = parse_release_poll, allow_hyphen_values = true)]
     release_poll: Duration,
 
     /// Deprecated: standbys no longer open change streams (on the dev server every
@@ -267,6 +270,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
     let state = HttpState {
         metrics: worker.metrics(),
         status: worker.status(),
+        poke: Some(worker.poke_gate()),
     };
     tokio::spawn(http::serve(listener, state, shutdown.child_token()));
     tokio::spawn(on_signals(shutdown));

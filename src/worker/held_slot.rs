@@ -46,6 +46,10 @@ pub struct HoldContext {
     pub health: Arc<Health>,
     /// Notified when a held slot ends, so the worker looks at the pool at once.
     pub ended: Arc<Notify>,
+    /// The heartbeats, on the lease's pool: who to poke after a release.
+    pub workers: mongodb::Collection<bson::Document>,
+    /// How many of the first standbys in line to poke (`--watchers`).
+    pub watchers: u64,
 }
 
 /// How a held slot ended.
@@ -197,13 +201,19 @@ async fn hold(
         report(&cx, &lease, SlotEvent::Releasing { running }).await;
         robots.stop(&cx.metrics).await;
         guard.revoke();
-        release_slot(&cx, &mut lease).await;
+        let released = release_slot(&cx, &mut lease).await;
+        // A drained slot is for nobody; a released one, for the first standby.
+        if released && ended == Ended::Released {
+            let me = cx.protocol.owner();
+            crate::worker::poke::poke_front(&cx.workers, me, cx.watchers, &cx.metrics).await;
+        }
     }
     report(&cx, &lease, SlotEvent::Left).await;
     ended
 }
 
-async fn release_slot(cx: &HoldContext, lease: &mut Lease) {
+/// Releases the slot; true when the release landed.
+async fn release_slot(cx: &HoldContext, lease: &mut Lease) -> bool {
     let limit = (cx.timing.tick * 2).max(Duration::from_secs(2));
     let event = match tokio::time::timeout(limit, cx.protocol.release(lease)).await {
         Ok(Ok(true)) => SlotEvent::Released,
@@ -224,7 +234,9 @@ async fn release_slot(cx: &HoldContext, lease: &mut Lease) {
             ),
         },
     };
+    let released = matches!(event, SlotEvent::Released);
     report(cx, lease, event).await;
+    released
 }
 
 /// A step in one held slot's life. [`hold`] emits each into [`report`], the one place

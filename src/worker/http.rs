@@ -1,7 +1,9 @@
 //! Read-only HTTP on the worker's port: `GET /healthz`, `GET /metrics`, `GET /status`,
 //! served by axum on hyper within [`crate::serve`]'s bounds (a connection cap that
 //! evicts the idle first, a head timeout, a size limit). Nothing here can change the
-//! pool: every route answers `GET` and `HEAD` only, anything else is `405`.
+//! pool: those routes answer `GET` and `HEAD` only, anything else is `405`. The one
+//! `POST`, `/v1/poke`, changes nothing either: it asks this worker to read the
+//! slots once, at most once a tick (see [`crate::worker::poke`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -10,7 +12,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +27,9 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub status: SharedStatus,
+    /// Takes `POST /v1/poke` (None: answered `404`, as by a program embedding
+    /// the worker without it).
+    pub poke: Option<Arc<crate::worker::poke::PokeGate>>,
 }
 
 /// The worker's routes.
@@ -33,6 +38,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(healthz).fallback(read_only))
         .route("/metrics", get(metrics).fallback(read_only))
         .route("/status", get(status).fallback(read_only))
+        .route(crate::worker::poke::PATH, post(poke).fallback(post_only))
         .fallback(unknown)
         .with_state(state)
 }
@@ -77,6 +83,29 @@ async fn status(State(state): State<HttpState>) -> Response {
     let body =
         crate::secrets::scrub(&serde_json::to_string_pretty(&s).unwrap_or_default()).into_owned();
     ([(header::CONTENT_TYPE, "application/json")], body + "\n").into_response()
+}
+
+/// Answers `202` either way: a poke is idempotent, and one within the tick already
+/// asked for the survey this one would.
+async fn poke(State(state): State<HttpState>) -> Response {
+    let Some(gate) = &state.poke else {
+        return (StatusCode::NOT_FOUND, "this worker takes no pokes\n").into_response();
+    };
+    let body = if gate.poke() {
+        "surveying the slots\n"
+    } else {
+        "already surveying this tick\n"
+    };
+    (StatusCode::ACCEPTED, body).into_response()
+}
+
+async fn post_only() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "POST")],
+        "POST /v1/poke: asks this worker to survey the slots (at most once a tick)\n",
+    )
+        .into_response()
 }
 
 async fn read_only() -> Response {

@@ -11,6 +11,7 @@
 
 pub mod held_slot;
 pub mod http;
+pub mod poke;
 pub mod slot_rules;
 pub mod standby_line;
 pub mod status;
@@ -196,6 +197,16 @@ impl Worker {
         self.status.clone()
     }
 
+    /// What takes pokes on the worker's port (see [`poke`]): at most one survey a
+    /// tick, woken on this worker's loop.
+    pub fn poke_gate(&self) -> Arc<poke::PokeGate> {
+        Arc::new(poke::PokeGate::new(
+            self.tick(),
+            self.wake.clone(),
+            self.metrics.clone(),
+        ))
+    }
+
     /// Cancel it to stop the worker gracefully (robots stopped, slots released).
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
@@ -220,6 +231,8 @@ impl Worker {
             status: self.status.clone(),
             health: self.health.clone(),
             ended: self.wake.clone(),
+            workers: self.line.workers(),
+            watchers: self.settings.watchers,
         }
     }
 

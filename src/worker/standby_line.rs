@@ -205,6 +205,12 @@ impl Line {
         Line { workers }
     }
 
+    /// The collection, for the pokes a releasing holder sends (see
+    /// [`crate::worker::poke`]).
+    pub fn workers(&self) -> Collection<Document> {
+        self.workers.clone()
+    }
+
     /// Writes this worker's heartbeat and returns the server's clock as of it;
     /// refuses with [`BeatError::IdentityInUse`] while another process's heartbeat
     /// under the same `ip:port` is believed.
