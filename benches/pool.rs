@@ -271,10 +271,20 @@ async fn handover(trials: usize, robots: u32, graceful: bool) -> Row {
         ),
         goal: if graceful {
             let all = p99(&all_running);
-            judged(
-                "p99 < 500 ms + robots' stop time",
-                all < 500.0,
-                format!("p99 {all:.0} ms for all {robots}"),
+            // Sorted by `dist` above.
+            let (claim50, claim99) = (pct(&takeover, 0.5), p99(&takeover));
+            format!(
+                "{}; {}",
+                judged(
+                    "p99 < 500 ms + robots' stop time",
+                    all < 500.0,
+                    format!("p99 {all:.0} ms for all {robots}"),
+                ),
+                judged(
+                    "claim median ≤ 100 ms, p99 ≤ 300 ms (issue 23)",
+                    claim50 <= 100.0 && claim99 <= 300.0,
+                    format!("p50 {claim50:.0} ms, p99 {claim99:.0} ms"),
+                )
             )
         } else {
             let claim = p99(&takeover);
