@@ -75,7 +75,8 @@ pub enum WorkerError {
 
 /// What one heartbeat attempt gave.
 enum Beaten {
-    Written(ServerClock),
+    /// Written (and the server's clock read with it, when it was due).
+    Written,
     /// The database did not take it (unreachable, slow): tried again later.
     Failed,
     InUse(BeatError),
@@ -110,8 +111,11 @@ pub struct Worker {
     /// Live workers with room ahead of this one in the line (counted up to
     /// `--watchers`); its place follows from it.
     ahead: u64,
-    /// The server's clock as of the last heartbeat.
+    /// The server's clock as last read with a heartbeat (see
+    /// [`standby_line::CLOCK_REFRESH`]).
     server: Option<ServerClock>,
+    /// When slots without `expires_ms` were last marked (first in line only).
+    marked_at: Option<Instant>,
     /// The slots the last heartbeat reported; a change sends one at once.
     beaten: Option<Vec<String>>,
     next_beat: Instant,
@@ -181,6 +185,7 @@ impl Worker {
             line: Line::new(lease_store.workers()),
             ahead: 0,
             server: None,
+            marked_at: None,
             beaten: None,
             next_beat: now,
             next_survey: now,
@@ -282,7 +287,7 @@ impl Worker {
         let mut waited_out: Option<Instant> = None;
         while !self.shutdown.is_cancelled() {
             let pause = match self.bounded_heartbeat().await {
-                Beaten::Written(_) => return Ok(()),
+                Beaten::Written => return Ok(()),
                 Beaten::Failed => {
                     self.db_failed("the first heartbeat was not written");
                     self.tick()
@@ -512,7 +517,10 @@ impl Worker {
         }
         self.next_beat = self.clock.now() + standby_line::beat_every(self.tick());
         let clock = match self.bounded_heartbeat().await {
-            Beaten::Written(clock) => clock,
+            Beaten::Written => match self.server {
+                Some(clock) => clock,
+                None => return false,
+            },
             Beaten::Failed => return false,
             Beaten::InUse(e) => {
                 tracing::error!(worker = %self.owner(), "{e}; this process's heartbeat had lapsed and another took its identity over: stopping its robots and exiting");
@@ -541,8 +549,12 @@ impl Worker {
             tracing::debug!(?place, ahead = self.ahead, "moved in the line");
         }
         self.metrics.line_front.set((place == Place::Front) as i64);
-        // One marker is enough: the first in line.
-        if self.ahead == 0 {
+        // One marker is enough: the first in line, now and then.
+        let due = self
+            .marked_at
+            .is_none_or(|t| self.clock.since(t) >= standby_line::MARK_EVERY);
+        if self.ahead == 0 && due {
+            self.marked_at = Some(self.clock.now());
             self.mark_unknown().await;
         }
         place == Place::Front && was != Place::Front
@@ -697,10 +709,15 @@ impl Worker {
             max_slots: self.settings.max_slots,
             tick: self.tick(),
         };
-        match tokio::time::timeout(limit, self.line.beat(&beat)).await {
+        let read_clock = self
+            .server
+            .is_none_or(|c| c.age() >= standby_line::CLOCK_REFRESH);
+        match tokio::time::timeout(limit, self.line.beat(&beat, read_clock)).await {
             Ok(Ok(clock)) => {
-                self.server = Some(clock);
-                Beaten::Written(clock)
+                if clock.is_some() {
+                    self.server = clock;
+                }
+                Beaten::Written
             }
             Ok(Err(e @ BeatError::IdentityInUse { .. })) => Beaten::InUse(e),
             Ok(Err(BeatError::Db(e))) => {

@@ -93,6 +93,18 @@ pub fn believed_for(beat: Duration) -> Duration {
     beat * 2 + Duration::from_secs(1)
 }
 
+/// How old an observation of the server's clock may grow before a heartbeat reads
+/// it again (one `hello`). It is carried forward on the local monotonic clock, which
+/// drifts by parts per million, and it only narrows what a survey reads: a `hello`
+/// with every heartbeat (every 5 ticks) was a tenth of an idle pool's requests.
+/// Refreshed this often, a step of the server's wall clock is caught up within it.
+pub const CLOCK_REFRESH: Duration = Duration::from_secs(30);
+
+/// How often the first in line marks slots without `expires_ms` (inserted by hand
+/// or by an older version) so the survey's index sees them: at its start, and then
+/// this often rather than with every heartbeat.
+pub const MARK_EVERY: Duration = Duration::from_secs(30);
+
 /// The server's clock as last observed (from a heartbeat's reply), carried forward
 /// on the local monotonic clock. Only used to narrow what a survey reads, never to
 /// judge a lease.
@@ -121,6 +133,11 @@ impl ServerClock {
     /// observing round trip was.
     pub fn latest_ms(&self) -> i64 {
         self.now_ms() + self.spread_ms
+    }
+
+    /// How long ago the observation was made.
+    pub fn age(&self) -> Duration {
+        self.at.elapsed()
     }
 
     /// The server's now, estimated: never ahead of it by more than the local
@@ -211,14 +228,19 @@ impl Line {
         self.workers.clone()
     }
 
-    /// Writes this worker's heartbeat and returns the server's clock as of it;
-    /// refuses with [`BeatError::IdentityInUse`] while another process's heartbeat
-    /// under the same `ip:port` is believed.
+    /// Writes this worker's heartbeat and, when `read_clock`, returns the server's
+    /// clock as of it; refuses with [`BeatError::IdentityInUse`] while another
+    /// process's heartbeat under the same `ip:port` is believed.
     ///
     /// An `updateOne` and a `hello` (whose `localTime` is the clock `$$NOW` reads)
     /// rather than one `findAndModify`: the dev server answers `findAndModify` by
-    /// scanning the collection, and the two cost it less than half as much.
-    pub async fn beat(&self, beat: &Beat<'_>) -> Result<ServerClock, BeatError> {
+    /// scanning the collection, and the two cost it less than half as much. The
+    /// `hello` only when asked: see [`CLOCK_REFRESH`].
+    pub async fn beat(
+        &self,
+        beat: &Beat<'_>,
+        read_clock: bool,
+    ) -> Result<Option<ServerClock>, BeatError> {
         let ids: Vec<&String> = beat.held.iter().map(|(s, _)| s).collect();
         let (slot, epoch) = match beat.held.first() {
             Some((s, e)) => (Bson::String(s.clone()), Bson::Int64(*e)),
@@ -253,13 +275,16 @@ impl Line {
             }
             Err(e) => return Err(e.into()),
         }
+        if !read_clock {
+            return Ok(None);
+        }
         let sent = Instant::now();
         let db = self.workers.client().database(&self.workers.namespace().db);
         let hello = db.run_command(doc! {"hello": 1}).await?;
         let server_ms = hello
             .get_datetime("localTime")
             .map_or(0, |t| t.timestamp_millis());
-        Ok(ServerClock::observed(server_ms, sent, Instant::now()))
+        Ok(Some(ServerClock::observed(server_ms, sent, Instant::now())))
     }
 
     /// How many live workers with room stand ahead of this one (counted up to
