@@ -274,6 +274,43 @@ async fn without_a_poke_the_next_survey_claims_the_released_slot() {
     runs_on_once(&db, 2).await;
 }
 
+/// The first standby in line is stopped (SIGSTOP: its heartbeat is still believed,
+/// its port accepts connections and never answers). The releasing holder pokes the
+/// first standbys in line at once, so the second one claims the slot, long before its
+/// next survey at a 20 s tick; the stopped one's poke times out without holding up
+/// the holder's exit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poke_to_a_stopped_standby_does_not_hold_the_slot_back() {
+    let db = TestDb::new("line_stopped").await;
+    db.init(1).await;
+    let (holder, a) = holder_and_standby(&db, &[], false).await;
+    let b = db.worker(&["--tick", "20s"]);
+    common::wait_for(Duration::from_secs(60), "two standbys in line", || async {
+        (a.metric("slotpool_line_front") == Some(1) && b.metric("slotpool_line_front") == Some(1))
+            .then_some(())
+    })
+    .await;
+    // Stop the first in line (the smaller id) and release the slot.
+    let (first_in_line, second) = if a.id < b.id { (&a, &b) } else { (&b, &a) };
+    first_in_line.signal(libc::SIGSTOP);
+    let t0 = std::time::Instant::now();
+    holder.signal(libc::SIGTERM);
+    claimed_by(&db, second, Duration::from_secs(10)).await;
+    println!(
+        "claimed by the second standby {:?} after SIGTERM",
+        t0.elapsed()
+    );
+    assert!(second.metric("slotpool_pokes_received_total").unwrap_or(0) >= 1);
+    holder
+        .wait_log(
+            "poke not delivered (no answer within 300 ms)",
+            Duration::from_secs(10),
+        )
+        .await;
+    first_in_line.signal(libc::SIGCONT);
+    runs_on_once(&db, 2).await;
+}
+
 /// A hostile client floods a standby with pokes: it surveys at most once a tick
 /// more than it would anyway, and its slot's holder never notices.
 #[tokio::test(flavor = "multi_thread")]
