@@ -793,6 +793,75 @@ async fn cost(n: u32) -> (f64, f64) {
     (holder_ops, standby_ops)
 }
 
+/// One tick of the sweep: `workers` workers at `tick` over one slot with `robots`
+/// counters stepping every 5 s; the holder is killed with -9 `rounds` times. Returns
+/// each round's kill → every robot running on the new holder (ms, from the workers'
+/// /metrics, no database reads), the self-fences of all rounds, how many epochs the
+/// slot went through beyond one a round, and the steady requests/s before the kills.
+async fn tick_round(
+    tick: &str,
+    workers: usize,
+    robots: u32,
+    rounds: usize,
+) -> (Vec<f64>, u64, i64, f64) {
+    fresh_server();
+    let db = TestDb::new("b_sweep").await;
+    db.init(1).await;
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "s",
+        "--kind",
+        "counter",
+        "--count",
+        &robots.to_string(),
+        "--interval-ms",
+        "5000",
+    ]);
+    let args = ["--tick", tick];
+    let mut pool: Vec<WorkerProc> = (0..workers).map(|_| db.worker(&args)).collect();
+    let running = |pool: &[WorkerProc]| -> Option<(String, u64)> {
+        pool.iter().find_map(|w| {
+            let (_, m) = w.http_get("/metrics")?;
+            (metric(&m, "slotpool_robots_running") == robots as u64)
+                .then(|| (w.id.clone(), metric(&m, "slotpool_epoch")))
+        })
+    };
+    common::wait_for(Duration::from_secs(180), "every robot running", || async {
+        running(&pool)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let a = opcounters(&db).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let steady = (opcounters(&db).await - a - 2) as f64 / 20.0;
+    let first_epoch = common::epoch(&db.slot("slot-001").await);
+    let mut adopted = Vec::new();
+    for _ in 0..rounds {
+        let old = owner(&db.slot("slot-001").await).unwrap();
+        let i = pool.iter().position(|w| w.id == old).unwrap();
+        let t0 = Instant::now();
+        pool[i].kill9();
+        let dead = pool.remove(i);
+        common::wait_for(
+            Duration::from_secs(120),
+            "every robot on a new holder",
+            || async { running(&pool).filter(|(id, _)| *id != dead.id) },
+        )
+        .await;
+        adopted.push(t0.elapsed().as_secs_f64() * 1000.0);
+        // Let the new holder settle before the next kill.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let fences = pool
+        .iter()
+        .map(|w| w.metric("slotpool_self_fences_total").unwrap_or(0))
+        .sum();
+    let bounces = common::epoch(&db.slot("slot-001").await) - first_epoch - rounds as i64;
+    (adopted, fences, bounces, steady)
+}
+
 /// Requests a second the server counts (its opcounters) from an idle pool:
 /// `workers` workers over `slots` slots, no robots, tick 1 s, measured over 60 s
 /// once every slot is held and every worker has beaten. `extra` goes to every
@@ -1580,6 +1649,41 @@ async fn main() {
                     "issue 23: ≤ 3.5/s for 3 workers, below Agenda's 3.66",
                     small <= 3.5,
                     format!("{small:.2}/s"),
+                ),
+            },
+        );
+    }
+    if want("sweep") {
+        let (robots, rounds) = if quick { (200, 3) } else { (1000, 5) };
+        let mut parts = Vec::new();
+        let mut at_250 = None;
+        for tick in ["1s", "500ms", "250ms", "100ms"] {
+            let (mut adopted, fences, bounces, steady) =
+                tick_round(tick, rounds + 2, robots, rounds).await;
+            let p50 = {
+                adopted.sort_by(f64::total_cmp);
+                pct(&adopted, 0.5)
+            };
+            if tick == "250ms" {
+                at_250 = Some((p50, fences));
+            }
+            parts.push(format!(
+                "tick {tick}: all adopted {}, {fences} self-fences, {bounces} extra epochs, {steady:.0} requests/s running",
+                dist(&mut adopted)
+            ));
+        }
+        let (p50, fences) = at_250.unwrap_or((f64::MAX, u64::MAX));
+        show(
+            &mut rows,
+            Row {
+                name: format!(
+                    "Tick sweep: {robots} robots (a step every 5 s) over 1 slot, kill -9 of the holder {rounds} times; kill → every robot running on the new holder"
+                ),
+                figures: parts.join("; "),
+                goal: judged(
+                    "issue 23, tick 250 ms: median ≤ 750 ms, 0 self-fences",
+                    p50 <= 750.0 && fences == 0,
+                    format!("median {p50:.0} ms, {fences} self-fences"),
                 ),
             },
         );
