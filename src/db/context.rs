@@ -26,6 +26,7 @@ use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
 use crate::metrics::Metrics;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -67,6 +68,25 @@ pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
 /// collection: 100 ids take about 150 ms, 500 take 1.3 s (the cost grows faster than
 /// the count), so small chunks are both gentler and faster overall.
 pub const ADOPT_CHUNK: usize = 100;
+
+/// The fewest robots per adoption write, however slow the server: below this the
+/// round trips, not the server's work, would set the pace.
+pub const ADOPT_CHUNK_MIN: usize = 10;
+
+/// Robots in the next adoption write, from how long the last one took: as many as
+/// fit in `budget` at the measured cost per robot, from [`ADOPT_CHUNK_MIN`] to
+/// [`ADOPT_CHUNK`]. The dev server answers one command at a time, so a renewal sent
+/// meanwhile waits behind the whole chunk: the budget (half the fence margin) keeps
+/// that wait well inside the margin, at any tick. At the default tick every chunk is
+/// [`ADOPT_CHUNK`]; at 100 ms (a 45 ms margin) about twenty robots.
+pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
+    if robots == 0 || took.is_zero() {
+        return ADOPT_CHUNK;
+    }
+    let per_robot = took.as_secs_f64() / robots as f64;
+    let fit = (budget.as_secs_f64() / per_robot).floor() as usize;
+    fit.clamp(ADOPT_CHUNK_MIN, ADOPT_CHUNK)
+}
 
 /// Documents per cursor batch when reading a slot's robots: a server building one
 /// batch of thousands of documents can stall this holder's renewals meanwhile.
@@ -565,5 +585,29 @@ pub(crate) fn type_name(b: &Bson) -> &'static str {
         Bson::DateTime(_) => "date",
         Bson::ObjectId(_) => "objectId",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn adoption_chunks_fit_the_budget_measured_from_the_last() {
+        // 100 robots in 100 ms: 1 ms each.
+        assert_eq!(
+            next_adopt_chunk(MS * 100, 100, MS * 225),
+            ADOPT_CHUNK,
+            "capped"
+        );
+        assert_eq!(next_adopt_chunk(MS * 100, 100, MS * 56), 56);
+        assert_eq!(next_adopt_chunk(MS * 100, 100, MS * 22), 22);
+        // A server that slowed down to 10 ms a robot: the floor.
+        assert_eq!(next_adopt_chunk(MS * 500, 50, MS * 22), ADOPT_CHUNK_MIN);
+        // Nothing measured: the largest.
+        assert_eq!(next_adopt_chunk(Duration::ZERO, 10, MS * 22), ADOPT_CHUNK);
+        assert_eq!(next_adopt_chunk(MS, 0, MS * 22), ADOPT_CHUNK);
     }
 }

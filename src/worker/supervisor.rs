@@ -29,7 +29,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
-use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, ADOPT_CHUNK, BATCH};
+use crate::db::context::{
+    long_or_zero, next_adopt_chunk, ContextError, ContextStore, Loaded, ADOPT_CHUNK_MIN, BATCH,
+};
 use crate::db::field::{
     CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
 };
@@ -218,6 +220,8 @@ pub struct Supervisor {
     last_probe: Instant,
     /// Reads and waits of the slot's lease (resyncs, probes, restart backoff).
     clock: SharedClock,
+    /// Robots in the next adoption write (see [`next_adopt_chunk`]).
+    adopt_chunk: usize,
 }
 
 impl Supervisor {
@@ -247,6 +251,8 @@ impl Supervisor {
             expected: None,
             last_probe: now,
             clock,
+            // The first write measures the server; the next ones fit its pace.
+            adopt_chunk: ADOPT_CHUNK_MIN,
         }
     }
 
@@ -350,10 +356,19 @@ impl Supervisor {
         // first checkpoints go out while the next chunk is being adopted.
         let mut started = 0;
         let mut adopted_now = HashSet::new();
-        for chunk in plan.start.chunks(ADOPT_CHUNK) {
+        // Each chunk sized from the last one's time (see `next_adopt_chunk`), so no
+        // write holds this slot's renewal back for more than half the fence margin.
+        let budget = self.timing.margin / 2;
+        let mut rest = &plan.start[..];
+        while !rest.is_empty() {
+            let (chunk, tail) = rest.split_at(self.adopt_chunk.min(rest.len()));
+            rest = tail;
+            // The database's time, measured on real time.
+            let took = std::time::Instant::now();
             let Some(adopted) = self.adopt(chunk).await? else {
                 break;
             };
+            self.adopt_chunk = next_adopt_chunk(took.elapsed(), chunk.len(), budget);
             started += adopted.len();
             for (id, gen) in adopted {
                 adopted_now.insert(id);
@@ -467,8 +482,8 @@ impl Supervisor {
         }
     }
 
-    /// Adopts one chunk of the robots about to start (at most [`ADOPT_CHUNK`]): each
-    /// gets our epoch and a new generation, and is marked running, in one write.
+    /// Adopts one chunk of the robots about to start (sized by [`next_adopt_chunk`]):
+    /// each gets our epoch and a new generation, and is marked running, in one write.
     /// Returns each adopted robot with its generation, or None once the lease lapsed.
     /// A robot the database refuses (a hand-edited document failing the validator) is
     /// reported once and skipped; it holds back no other.
