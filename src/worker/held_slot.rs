@@ -46,8 +46,8 @@ pub struct HoldContext {
     pub health: Arc<Health>,
     /// Notified when a held slot ends, so the worker looks at the pool at once.
     pub ended: Arc<Notify>,
-    /// The heartbeats, on the lease's pool: who to poke after a release.
-    pub workers: mongodb::Collection<bson::Document>,
+    /// The standby line, on the lease's pool: who to poke after a release.
+    pub line: crate::worker::standby_line::Line,
     /// How many of the first standbys in line to poke (`--watchers`).
     pub watchers: u64,
 }
@@ -205,7 +205,7 @@ async fn hold(
         // A drained slot is for nobody; a released one, for the first standby.
         if released && ended == Ended::Released {
             let me = cx.protocol.owner();
-            crate::worker::poke::poke_front(&cx.workers, me, cx.watchers, &cx.metrics).await;
+            crate::worker::poke::poke_front(&cx.line, me, cx.watchers, &cx.metrics).await;
         }
     }
     report(&cx, &lease, SlotEvent::Left).await;

@@ -236,7 +236,7 @@ impl Worker {
             status: self.status.clone(),
             health: self.health.clone(),
             ended: self.wake.clone(),
-            workers: self.line.workers(),
+            line: self.line.clone(),
             watchers: self.settings.watchers,
         }
     }

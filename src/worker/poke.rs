@@ -20,13 +20,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::doc;
-use futures::TryStreamExt;
-use mongodb::Collection;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
+use crate::worker::standby_line::Line;
 
 /// Where a worker takes pokes.
 pub const PATH: &str = "/v1/poke";
@@ -80,41 +78,11 @@ impl PokeGate {
     }
 }
 
-/// The first live standbys in line after `me` (by id, as the line orders them), at
-/// most `n`: their addresses as their heartbeats give them. Judged on the server's
-/// clock; read through the line's index on `(room, held, _id)`.
-pub async fn front_standbys(
-    workers: &Collection<bson::Document>,
-    me: &str,
-    n: u64,
-) -> Result<Vec<String>, mongodb::error::Error> {
-    let found: Vec<bson::Document> = workers
-        .find(doc! {
-            "room": true, "held": 0_i64, "_id": {"$ne": me},
-            "$expr": {"$gt": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]},
-        })
-        .sort(doc! {"room": 1, "held": 1, "_id": 1})
-        .projection(doc! {"_id": 1})
-        .limit(n as i64)
-        .await?
-        .try_collect()
-        .await?;
-    Ok(found
-        .iter()
-        .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
-        .collect())
-}
-
 /// Pokes the first standbys in line at once, and waits up to [`ANSWER_WITHIN`] for
 /// their answers. Returns how many answered; what failed is logged and counted,
 /// never an error: a lost poke costs latency only.
-pub async fn poke_front(
-    workers: &Collection<bson::Document>,
-    me: &str,
-    n: u64,
-    metrics: &Metrics,
-) -> usize {
-    let standbys = match tokio::time::timeout(ANSWER_WITHIN, front_standbys(workers, me, n)).await {
+pub async fn poke_front(line: &Line, me: &str, n: u64, metrics: &Metrics) -> usize {
+    let standbys = match tokio::time::timeout(ANSWER_WITHIN, line.front_standbys(me, n)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::debug!("no standbys to poke: {}", crate::db::store::brief(&e));

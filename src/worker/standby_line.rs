@@ -222,12 +222,6 @@ impl Line {
         Line { workers }
     }
 
-    /// The collection, for the pokes a releasing holder sends (see
-    /// [`crate::worker::poke`]).
-    pub fn workers(&self) -> Collection<Document> {
-        self.workers.clone()
-    }
-
     /// Writes this worker's heartbeat and, when `read_clock`, returns the server's
     /// clock as of it; refuses with [`BeatError::IdentityInUse`] while another
     /// process's heartbeat under the same `ip:port` is believed.
@@ -308,6 +302,33 @@ impl Line {
             doc! {"room": true, "held": {"$lt": held as i64}, "alive_until_ms": {"$gt": alive}}
         };
         self.workers.count_documents(filter).limit(watchers).await
+    }
+
+    /// The first live standbys in line after `me` (by id, as the line orders them),
+    /// at most `n`: their addresses as their heartbeats give them, for the pokes a
+    /// releasing holder sends (see [`crate::worker::poke`]). Judged on the server's
+    /// clock; read through the line's index on `(room, held, _id)`.
+    pub async fn front_standbys(
+        &self,
+        me: &str,
+        n: u64,
+    ) -> Result<Vec<String>, mongodb::error::Error> {
+        let found: Vec<Document> = self
+            .workers
+            .find(doc! {
+                "room": true, "held": 0_i64, "_id": {"$ne": me},
+                "$expr": {"$gt": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]},
+            })
+            .sort(doc! {"room": 1, "held": 1, "_id": 1})
+            .projection(doc! {"_id": 1})
+            .limit(n as i64)
+            .await?
+            .try_collect()
+            .await?;
+        Ok(found
+            .iter()
+            .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
+            .collect())
     }
 
     /// Every live worker, with its `--max-slots` and what it held at its last
