@@ -435,24 +435,6 @@ echo "{\"checkpoint\": {\"forge\": \"$r\"}}"
 exec sleep 100000
 "#;
 
-/// A robot's `applied_limits`, once its shim reported them.
-async fn applied_limits(db: &TestDb, name: &str) -> bson::Document {
-    wait_for(
-        Duration::from_secs(60),
-        "the shim's applied limits",
-        || async {
-            let r = db
-                .store
-                .robots()
-                .find_one(doc! {"name": name})
-                .await
-                .ok()??;
-            r.get_document("applied_limits").ok().cloned()
-        },
-    )
-    .await
-}
-
 /// Resource limits hold in a worker container, where the worker is not root and the
 /// cgroup tree is read-only: the shim falls back to rlimits by itself and says why.
 /// A robot allocating 500 MB under `memory: 100MB` fails its allocation and exits
@@ -478,7 +460,7 @@ async fn limits_hold_in_a_worker_container() {
     for (name, body) in [
         (
             "hog.sh",
-            "head -c 500000000 /dev/zero | tail -n 1 > /dev/null\n",
+            common::MEMORY_HOG,
         ),
         ("bomb.sh", "bomb() { bomb | bomb & }\nbomb\n# The first process stays (bash retries a refused fork, sleeping).\nwhile :; do wait; sleep 1; done\n"),
         // Tries to speak for its shim, on the report pipe the shim holds as
@@ -534,7 +516,7 @@ async fn limits_hold_in_a_worker_container() {
     .await;
     assert_eq!(forge, "refused", "a robot wrote on its shim's report pipe");
     for name in ["hog", "bomb"] {
-        let limits = applied_limits(&db, name).await;
+        let limits = db.applied_limits(name).await;
         assert_eq!(
             limits.get_str("mechanism").unwrap_or(""),
             "rlimit",
@@ -575,16 +557,7 @@ async fn limits_hold_in_a_worker_container() {
         },
     )
     .await;
-    wait_for(
-        Duration::from_secs(30),
-        "tail's own error in the hog's output",
-        || async {
-            db.cli_ok(&["robot", "logs", "hog"])
-                .contains("memory exhausted")
-                .then_some(())
-        },
-    )
-    .await;
+    db.wait_output("hog", "memory exhausted").await;
     // The bomb forks, and never has more than 64 processes: sampled until it was
     // seen forking, then for 5 L more.
     let mut highest = 0;

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bson::Document;
-use common::{invariants, script, wait_for, TestDb, WorkerProc};
+use common::{invariants, script, wait_for, TestDb, WorkerProc, MEMORY_HOG};
 
 /// Held by each test that looks at robot cgroups: every worker of this binary is a
 /// child of the test process, so their robots' cgroups share one parent directory.
@@ -25,22 +25,6 @@ fn applied(r: &Document) -> Document {
     r.get_document("applied_limits")
         .cloned()
         .unwrap_or_default()
-}
-
-/// The robot's `applied_limits`, once its shim reported them.
-async fn applied_limits(db: &TestDb, name: &str) -> Document {
-    wait_for(
-        Duration::from_secs(30),
-        "the shim's applied limits",
-        || async {
-            db.robot(name)
-                .await
-                .get_document("applied_limits")
-                .ok()
-                .cloned()
-        },
-    )
-    .await
 }
 
 /// The worker's resident memory, in bytes.
@@ -151,15 +135,10 @@ async fn a_robot_over_its_memory_limit_is_killed_alone() {
     let db = TestDb::new("memlimit").await;
     db.init(1).await;
     let log = db.dir.join("hog");
-    // `tail -n 1` keeps a line whole in memory until its end: 500 MB without a
-    // newline.
     let hog = script(
         &db,
         "hog.sh",
-        &format!(
-            "echo started >> '{}'\nhead -c 500000000 /dev/zero | tail -n 1 > /dev/null\necho done\n",
-            log.display()
-        ),
+        &format!("echo started >> '{}'\n{MEMORY_HOG}", log.display()),
     );
     // The shorthand of create: spec.limits.memory.
     db.cli_ok(&[
@@ -177,7 +156,7 @@ async fn a_robot_over_its_memory_limit_is_killed_alone() {
     db.counters("neighbour", 1, 100);
     let w = db.exec_worker(&[]);
 
-    let limits = applied_limits(&db, "hog").await;
+    let limits = db.applied_limits("hog").await;
     assert_eq!(
         limits.get_str("mechanism").unwrap_or(""),
         "cgroup v1",
@@ -254,7 +233,7 @@ async fn a_fork_bomb_under_a_pids_limit_is_contained() {
     db.counters("neighbour", 1, 100);
     let w = db.exec_worker(&[]);
 
-    let limits = applied_limits(&db, "bomb").await;
+    let limits = db.applied_limits("bomb").await;
     assert_eq!(
         limits.get_str("mechanism").unwrap_or(""),
         "cgroup v1",
@@ -334,7 +313,7 @@ async fn a_busy_loop_gets_no_more_than_its_cpu_limit() {
     let busy = script(&db, "busy.sh", "while :; do :; done\n");
     exec(&db, "busy", &busy, r#"{"limits": {"cpu": 0.2}}"#);
     let w = db.exec_worker(&[]);
-    let limits = applied_limits(&db, "busy").await;
+    let limits = db.applied_limits("busy").await;
     assert_eq!(
         limits.get_str("mechanism").unwrap_or(""),
         "cgroup v1",
@@ -407,10 +386,7 @@ async fn rlimits_bound_memory_and_say_what_they_cannot_enforce() {
     let hog = script(
         &db,
         "hog.sh",
-        &format!(
-            "echo started >> '{}'\nhead -c 500000000 /dev/zero | tail -n 1 > /dev/null\n",
-            log.display()
-        ),
+        &format!("echo started >> '{}'\n{MEMORY_HOG}", log.display()),
     );
     exec(&db, "hog", &hog, r#"{"limits": {"pids": 4096, "cpu": 1}}"#);
     let quiet = script(&db, "quiet.sh", "exec sleep 100000\n");
@@ -441,7 +417,7 @@ async fn rlimits_bound_memory_and_say_what_they_cannot_enforce() {
         "--exec-default-limits",
         r#"{"memory": "100MB"}"#,
     ]);
-    let hog_limits = applied_limits(&db, "hog").await;
+    let hog_limits = db.applied_limits("hog").await;
     assert_eq!(
         hog_limits.get_str("mechanism").unwrap_or(""),
         "rlimit",
@@ -485,17 +461,8 @@ async fn rlimits_bound_memory_and_say_what_they_cannot_enforce() {
         },
     )
     .await;
-    // Its allocation failed inside it (the kept output is written a little later).
-    wait_for(
-        Duration::from_secs(30),
-        "tail's own error in the hog's output",
-        || async {
-            db.cli_ok(&["robot", "logs", "hog"])
-                .contains("memory exhausted")
-                .then_some(())
-        },
-    )
-    .await;
+    // Its allocation failed inside it.
+    db.wait_output("hog", "memory exhausted").await;
     let error = db
         .robot("hog")
         .await
@@ -561,7 +528,7 @@ async fn kill_9_of_the_worker_or_the_shim_leaves_no_process_and_no_cgroup() {
     // kill -9 of the worker.
     let mut first = db.exec_worker(&[]);
     let dir = cgroup_dir(first.pid(), "pids");
-    applied_limits(&db, "esc").await;
+    db.applied_limits("esc").await;
     let escaped = wait_for(Duration::from_secs(30), "the first escapee", || async {
         pids_in(&escapees).first().copied()
     })

@@ -279,6 +279,37 @@ impl TestDb {
             .unwrap_or_else(|| panic!("robot {name} exists"))
     }
 
+    /// The robot's `applied_limits`, once its shim reported them.
+    pub async fn applied_limits(&self, name: &str) -> Document {
+        wait_for(
+            Duration::from_secs(60),
+            "the shim's applied limits",
+            || async {
+                self.robot(name)
+                    .await
+                    .get_document("applied_limits")
+                    .ok()
+                    .cloned()
+            },
+        )
+        .await
+    }
+
+    /// Waits until the robot's kept output (`robot logs`) contains `needle`: it is
+    /// written a little after the robot printed it.
+    pub async fn wait_output(&self, name: &str, needle: &str) {
+        wait_for(
+            Duration::from_secs(30),
+            &format!("{needle:?} in {name}'s output"),
+            || async {
+                self.cli_ok(&["robot", "logs", name])
+                    .contains(needle)
+                    .then_some(())
+            },
+        )
+        .await
+    }
+
     /// Every robot's `(name, seq)`.
     pub async fn seqs(&self) -> Vec<(String, i64)> {
         self.robots()
@@ -309,6 +340,12 @@ impl TestDb {
 
 /// A free TCP port on loopback (bound and released; the worker binds it again).
 /// Writes an executable bash script into the test's directory; returns its path.
+/// A script line that allocates 500 MB: `tail -n 1` keeps a line whole in memory
+/// until its end, and 500 MB of zeros hold no newline. Under a memory limit of
+/// 100 MB it is killed (cgroups) or its allocation fails (`RLIMIT_AS`: `tail: memory
+/// exhausted`).
+pub const MEMORY_HOG: &str = "head -c 500000000 /dev/zero | tail -n 1 > /dev/null\n";
+
 pub fn script(db: &TestDb, name: &str, body: &str) -> String {
     use std::os::unix::fs::PermissionsExt;
     let path = db.dir.join(name);
