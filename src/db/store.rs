@@ -88,6 +88,14 @@ pub struct Slot {
     pub draining: bool,
 }
 
+/// How often the driver's server monitor checks each server, unless the URI says
+/// (`heartbeatFrequencyMS`): every minute rather than the driver's 10 s. A worker
+/// has two clients (see [`Store::dedicated`]), and in an idle pool of three their
+/// monitors' `hello`s were a tenth of every request the server saw. Nothing waits
+/// on the monitor: an error (a stepped-down primary, a cut connection) makes the
+/// driver check at once, and while no server is selectable it checks every 500 ms.
+pub const MONITOR_EVERY: Duration = Duration::from_secs(60);
+
 /// The connection and the database every component works in.
 #[derive(Clone)]
 pub struct Store {
@@ -127,6 +135,7 @@ impl Store {
             .connect_timeout
             .get_or_insert(Duration::from_secs(3));
         options.app_name.get_or_insert_with(|| "slotpool".into());
+        options.heartbeat_freq.get_or_insert(MONITOR_EVERY);
         let name = options
             .default_database
             .clone()
