@@ -78,13 +78,13 @@ metrics! {
     claim_attempts: Counter = "claim_attempts", "compare-and-set claim updates sent";
     claim_conflicts: Counter = "claim_conflicts", "claim updates that lost the race";
     surveys: Counter = "surveys", "surveys of the expired slots";
-    survey_docs: Counter = "survey_documents", "slot documents the surveys read (expired and soon-expiring ones only)";
+    survey_docs: Counter = "survey_documents", "slot documents the surveys read (expired and soon-expiring ones; every lease in a front standby's survey of a small pool)";
     release_poll_hits: Counter = "release_poll_hits", "release polls (first standby in line) that found a free slot and surveyed at once";
     /// Expired, non-draining slots at this worker's last survey.
     slots_unheld: Gauge = "slots_unheld", "slots expired and not draining at this worker's last survey (their robots are not running)";
     /// The longest of those, in seconds since expiry (a slot never held counts as a year).
     slot_unheld: Gauge<f64, AtomicU64> = "slot_unheld_seconds", "longest time any of those slots had been expired at that survey (a slot never held: one year)";
-    line_front: Gauge = "line_front", "1 while this worker is at the front of the line (watches every tick), 0 behind it";
+    line_front: Gauge = "line_front", "1 while this worker is at the front of the line (watches the leases), 0 behind it";
     losses: Counter = "losses", "leases lost to another worker or removal";
     self_fences: Counter = "self_fences", "leases dropped because the local deadline passed";
     releases: Counter = "releases", "slots released on shutdown or drain";

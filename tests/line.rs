@@ -32,8 +32,10 @@ fn first(workers: &[&WorkerProc], n: usize) -> BTreeSet<String> {
     ids.into_iter().take(n).collect()
 }
 
+/// A worker behind the front re-reads its place every beat (5 ticks), one at the
+/// front every 6 beats (see `standby_line::place_due`): a deadline of a minute.
 async fn wait_front(workers: &[&WorkerProc], want: &BTreeSet<String>, what: &str) {
-    common::wait_for(Duration::from_secs(30), what, || async {
+    common::wait_for(Duration::from_secs(60), what, || async {
         (front(workers) == *want).then_some(())
     })
     .await
@@ -86,8 +88,8 @@ async fn the_front_watches_the_rest_waits_and_moves_up_when_one_ahead_claims() {
     let standbys: Vec<WorkerProc> = (0..5).map(|_| db.worker(&[])).collect();
     let all: Vec<&WorkerProc> = standbys.iter().collect();
     let watchers = first(&all, 3);
-    // Holders stand behind three standbys: once each has re-read its place (every 5
-    // ticks), the front is exactly the three first standbys.
+    // Holders stand behind three standbys: once each has re-read its place (a holder
+    // at the front every 6 beats), the front is exactly the three first standbys.
     let everyone: Vec<&WorkerProc> = standbys.iter().chain(holders.iter()).collect();
     wait_front(
         &everyone,
@@ -96,14 +98,15 @@ async fn the_front_watches_the_rest_waits_and_moves_up_when_one_ahead_claims() {
     )
     .await;
 
-    // The front surveys every tick; the rest about every five.
-    let counts = surveys_over(&all, Duration::from_secs(10)).await;
-    println!("surveys in 10 s: {counts:?}");
+    // The front surveys at least once a lease (2 ticks: it reads every lease and
+    // wakes at the earliest expiry); the rest every five ticks.
+    let counts = surveys_over(&all, Duration::from_secs(20)).await;
+    println!("surveys in 20 s: {counts:?}");
     for (id, n) in &counts {
         if watchers.contains(id) {
-            assert!(*n >= 6, "{id} at the front surveyed {n} times in 10 s");
+            assert!(*n >= 9, "{id} at the front surveyed {n} times in 20 s");
         } else {
-            assert!(*n <= 4, "{id} behind surveyed {n} times in 10 s");
+            assert!(*n <= 5, "{id} behind surveyed {n} times in 20 s");
         }
     }
 
@@ -419,5 +422,79 @@ async fn a_slot_the_poll_cannot_take_does_not_start_a_survey_loop() {
     assert_eq!(
         owner(&db.slot("slot-001").await).as_deref(),
         Some("10.9.9.9:7700")
+    );
+}
+
+/// A standby at the front of a small pool reads every lease and sleeps until the
+/// earliest expiry; in a pool of more slots than a wide survey may read, it goes
+/// back to reading only the late ones, every tick. Twenty slots held by a holder the
+/// test plays (renewed every 500 ms, a lease of 2 s, as a live holder at the default
+/// tick would): after its first survey the standby reads next to nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn in_a_large_pool_a_standby_reads_only_the_late_leases() {
+    let db = TestDb::new("line_narrow").await;
+    db.init(20).await;
+    let slots = db.store.slots();
+    let renew = move || {
+        let slots = slots.clone();
+        async move {
+            slots
+                .update_many(
+                    doc! {},
+                    vec![doc! {"$set": {
+                        "owner": "10.9.9.9:7700", "ip": "10.9.9.9", "port": 7700_i64,
+                        "time": "$$NOW", "lease_ms": 2000_i64,
+                        "expires_ms": {"$add": [{"$toLong": "$$NOW"}, 2000_i64]},
+                    }}],
+                )
+                .await
+                .unwrap();
+        }
+    };
+    renew().await;
+    let renewer = tokio::spawn({
+        let renew = renew.clone();
+        async move {
+            loop {
+                renew().await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    });
+    let standby = db.worker(&[]);
+    wait_front(
+        &[&standby],
+        &first(&[&standby], 1),
+        "the standby at the front",
+    )
+    .await;
+    let count = |name| standby.metric(name).unwrap_or(0);
+    common::wait_for(Duration::from_secs(30), "a first survey", || async {
+        (count("slotpool_surveys_total") >= 1).then_some(())
+    })
+    .await;
+    let (surveys, docs) = (
+        count("slotpool_surveys_total"),
+        count("slotpool_survey_documents_total"),
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let surveys = count("slotpool_surveys_total") - surveys;
+    let docs = count("slotpool_survey_documents_total") - docs;
+    renewer.abort();
+    println!("in 10 s: {surveys} surveys read {docs} slot documents");
+    // Narrow, a survey a tick; wide, each would read all twenty.
+    assert!(surveys >= 5, "{surveys} surveys in 10 s");
+    assert!(
+        docs < 40,
+        "{docs} documents in {surveys} surveys: still reading every lease"
+    );
+    assert_eq!(
+        db.slots()
+            .await
+            .iter()
+            .filter_map(owner)
+            .collect::<BTreeSet<_>>(),
+        BTreeSet::from(["10.9.9.9:7700".to_string()]),
+        "the standby took nothing"
     );
 }

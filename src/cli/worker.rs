@@ -54,8 +54,9 @@ pub struct WorkerArgs {
     overflow_after: Option<Duration>,
 
     /// How many workers at the front of the line (standbys first, then the holders
-    /// with the fewest slots) watch the slots every tick and claim one at its expiry;
-    /// the rest look every 5 ticks, so standbys cost the database almost nothing.
+    /// with the fewest slots) watch the leases and claim a slot at its expiry (a
+    /// standby) or when it may overflow (a holder); the rest look every 5 ticks, so
+    /// standbys cost the database almost nothing.
     /// Set it to at least the number of workers that can die together (e.g. all the
     /// workers of one machine): that many expired slots are claimed at once, any
     /// further ones within 5 ticks. Every worker should use the same value.

@@ -116,6 +116,8 @@ pub struct Worker {
     server: Option<ServerClock>,
     /// When slots without `expires_ms` were last marked (first in line only).
     marked_at: Option<Instant>,
+    /// When this worker last read its place in line (see [`standby_line::place_due`]).
+    placed_at: Option<Instant>,
     /// The slots the last heartbeat reported; a change sends one at once.
     beaten: Option<Vec<String>>,
     next_beat: Instant,
@@ -124,6 +126,9 @@ pub struct Worker {
     polled_free: bool,
     /// No release poll before this (see [`Worker::survey_round`]).
     poll_muted_until: Instant,
+    /// Narrow surveys only until then: a wide one read too many slots (see
+    /// [`standby_line::survey_horizon`]).
+    narrow_until: Option<Instant>,
 }
 
 impl Worker {
@@ -186,11 +191,13 @@ impl Worker {
             ahead: 0,
             server: None,
             marked_at: None,
+            placed_at: None,
             beaten: None,
             next_beat: now,
             next_survey: now,
             polled_free: false,
             poll_muted_until: now,
+            narrow_until: None,
         }
     }
 
@@ -415,16 +422,30 @@ impl Worker {
 
     async fn survey_and_claim(&mut self, woken: bool) -> Duration {
         let now = self.clock.now();
-        let every = standby_line::survey_every(self.place(), self.held.len(), self.tick());
+        let narrow = self.narrow_until.is_some_and(|t| now < t);
+        let horizon =
+            standby_line::survey_horizon(self.place(), self.held.len(), narrow, self.tick());
+        // A wide survey sees every lease before it ends: nothing can expire unseen
+        // before the horizon.
+        let every = if horizon > self.tick() {
+            horizon
+        } else {
+            standby_line::survey_every(
+                self.place(),
+                self.held.len(),
+                self.tick(),
+                self.settings.overflow_after,
+            )
+        };
         if !woken && now < self.next_survey {
             return self.next_survey - now;
         }
         self.next_survey = now + every;
         let limit = self.op_timeout();
-        // Read what expires within the next tick too: it tells a watcher when to wake.
+        // Read what expires within the horizon too: it tells a watcher when to wake.
         let until = self
             .server
-            .map(|c| c.latest_ms() + self.tick().as_millis() as i64);
+            .map(|c| c.latest_ms() + horizon.as_millis() as i64);
         let survey = match tokio::time::timeout(limit, self.protocol.survey(until)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -437,6 +458,9 @@ impl Worker {
             }
         };
         self.metrics.surveys.inc();
+        if horizon > self.tick() && survey.read > standby_line::WIDE_MOST {
+            self.narrow_until = Some(self.clock.now() + standby_line::NARROW_FOR);
+        }
         self.metrics.slots_unheld.set(survey.expired.len() as i64);
         let longest = survey.expired.iter().map(|c| c.expired_for).max();
         self.metrics
@@ -486,8 +510,12 @@ impl Worker {
         let claimable = round.claimable();
         let give_back = ready && round.should_give_back();
         let mut wait = every;
-        if self.held.is_empty() && self.place() == Place::Front {
-            wait = wait.min(survey.next_expiry.unwrap_or(wait));
+        // A watcher wakes when a lease it read expires: a standby at once, a holder
+        // when it may take the slot over.
+        if let (Place::Front, Some(expiry), Some(delay)) =
+            (self.place(), survey.next_expiry, round.claim_delay())
+        {
+            wait = wait.min(expiry + delay);
         }
         if let Some(soon) = round.next_claimable_in() {
             wait = wait.min(soon + Duration::from_millis(1));
@@ -507,7 +535,8 @@ impl Worker {
     }
 
     /// Heartbeats when one is due or what this worker holds changed, and then
-    /// re-reads its place in the line. True when it moved up to the front.
+    /// re-reads its place in the line when that is due (see
+    /// [`standby_line::place_due`]). True when it moved up to the front.
     async fn keep_place(&mut self) -> bool {
         let holding = self.held_leases();
         let ids: Vec<String> = holding.iter().map(|(s, _)| s.clone()).collect();
@@ -530,6 +559,12 @@ impl Worker {
             }
         };
         self.beaten = Some(ids);
+        let since_read = self.placed_at.map(|t| self.clock.since(t));
+        let beat = standby_line::beat_every(self.tick());
+        if !standby_line::place_due(self.place(), changed, since_read, beat) {
+            return false;
+        }
+        self.placed_at = Some(self.clock.now());
         let me = self.owner();
         let limit = self.op_timeout();
         let was = self.place();

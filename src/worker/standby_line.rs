@@ -61,17 +61,85 @@ impl Place {
     }
 }
 
-/// How often a worker surveys the slots: every tick at the front, and while it holds
-/// more than one slot (it must see a new standby within a tick to hand one back, and
-/// it only holds several when no standby was there to take them); otherwise every
-/// [`REAR_TICKS`] ticks.
-pub fn survey_every(place: Place, held: usize, tick: Duration) -> Duration {
-    if place == Place::Front || held > 1 {
-        tick
-    } else {
-        tick * REAR_TICKS
+/// How often a worker surveys the slots when the last survey found nothing it will
+/// be able to claim sooner:
+/// - a standby at the front, every tick: it claims at a lease's expiry, and a survey
+///   reads what expires within the next tick;
+/// - a worker holding more than one slot, every tick: it must see a new standby
+///   within a tick to hand one back;
+/// - a holder of one slot at the front, every tick plus `overflow_after`: it may
+///   claim a slot only that long past its expiry, and no slot the last survey did
+///   not read expires within a tick of it, so an earlier look could find nothing it
+///   may take (at the default, one survey in 3 ticks instead of each tick; never
+///   rarer than the rear's);
+/// - everyone else, every [`REAR_TICKS`] ticks.
+pub fn survey_every(
+    place: Place,
+    held: usize,
+    tick: Duration,
+    overflow_after: Duration,
+) -> Duration {
+    match (place, held) {
+        (_, h) if h > 1 => tick,
+        (Place::Front, 0) => tick,
+        (Place::Front, _) => (tick + overflow_after).min(tick * REAR_TICKS),
+        (Place::Rear, _) => tick * REAR_TICKS,
     }
 }
+
+/// The most slots a standby's wide survey may read before it goes back to narrow
+/// ones (see [`survey_horizon`]).
+pub const WIDE_MOST: usize = 16;
+
+/// How long a standby whose wide survey read more than [`WIDE_MOST`] slots keeps to
+/// narrow ones before it tries a wide one again (the pool may have shrunk).
+pub const NARROW_FOR: Duration = Duration::from_secs(60);
+
+/// How far ahead a survey reads, on the server's clock: which leases it sees before
+/// they expire, and so how long its worker may sleep after it.
+///
+/// - **Wide**, one lease (`L`), for a standby at the front of a small pool: a held
+///   slot's lease always ends within `L`, so the survey reads every slot and the
+///   standby sleeps until the earliest expiry it read (or `L` when it read none).
+///   A holder renews every tick, so that sleep is one to two ticks: about a third
+///   fewer surveys than one a tick, with the wake-up still right at the expiry.
+/// - **Narrow**, one tick, for everyone else and for a pool with more than
+///   [`WIDE_MOST`] slots: a renewed lease ends a tick to `L` ahead, so the survey
+///   reads only the late ones (O(expired), whatever the pool's size), and the
+///   worker looks again within a tick.
+///
+/// `narrow` says the last wide survey read too many slots a short while ago.
+pub fn survey_horizon(place: Place, held: usize, narrow: bool, tick: Duration) -> Duration {
+    if place == Place::Front && held == 0 && !narrow {
+        tick * 2
+    } else {
+        tick
+    }
+}
+
+/// Whether a worker re-reads its place in line after this heartbeat. Behind the
+/// front, every beat: a worker moves up when one ahead claims a slot or dies, and
+/// must start watching then. At the front, only when what it holds changed or every
+/// [`FRONT_PLACE_BEATS`] beats: a front worker can only move back (a worker with a
+/// smaller id joined, say), and one that watches a little longer than it must costs
+/// a few surveys, never a missed expiry. In a pool no larger than its watchers
+/// (three workers, say), that is most of the line's reads.
+pub fn place_due(
+    place: Place,
+    holding_changed: bool,
+    since_read: Option<Duration>,
+    beat: Duration,
+) -> bool {
+    match (place, since_read) {
+        (_, None) => true,
+        (Place::Rear, _) => true,
+        (Place::Front, Some(age)) => holding_changed || age >= beat * FRONT_PLACE_BEATS,
+    }
+}
+
+/// At the front, a worker re-reads its place once per this many heartbeats (see
+/// [`place_due`]).
+pub const FRONT_PLACE_BEATS: u32 = 6;
 
 /// How far apart heartbeats are (besides the one sent at once whenever what a
 /// worker holds changes).
@@ -96,9 +164,10 @@ pub fn believed_for(beat: Duration) -> Duration {
 /// How old an observation of the server's clock may grow before a heartbeat reads
 /// it again (one `hello`). It is carried forward on the local monotonic clock, which
 /// drifts by parts per million, and it only narrows what a survey reads: a `hello`
-/// with every heartbeat (every 5 ticks) was a tenth of an idle pool's requests.
+/// with every heartbeat (every 5 ticks) was a tenth of an idle pool's requests,
+/// and one every 30 s still 3 %.
 /// Refreshed this often, a step of the server's wall clock is caught up within it.
-pub const CLOCK_REFRESH: Duration = Duration::from_secs(30);
+pub const CLOCK_REFRESH: Duration = Duration::from_secs(60);
 
 /// How often the first in line marks slots without `expires_ms` (inserted by hand
 /// or by an older version) so the survey's index sees them: at its start, and then
@@ -396,13 +465,50 @@ mod tests {
         assert_eq!(Place::behind(FRONT, FRONT), Place::Rear);
         assert_eq!(Place::behind(0, 1), Place::Front);
         assert_eq!(Place::behind(1, 1), Place::Rear);
-        assert_eq!(survey_every(Place::Front, 0, T), T);
-        assert_eq!(survey_every(Place::Rear, 0, T), T * REAR_TICKS);
-        assert_eq!(survey_every(Place::Rear, 1, T), T * REAR_TICKS);
+        const O: Duration = Duration::from_secs(2);
+        assert_eq!(survey_every(Place::Front, 0, T, O), T);
+        assert_eq!(survey_every(Place::Rear, 0, T, O), T * REAR_TICKS);
+        assert_eq!(survey_every(Place::Rear, 1, T, O), T * REAR_TICKS);
         assert_eq!(
-            survey_every(Place::Rear, 2, T),
+            survey_every(Place::Rear, 2, T, O),
             T,
             "an overflowing holder looks for standbys every tick"
+        );
+        assert_eq!(
+            survey_every(Place::Front, 1, T, O),
+            T + O,
+            "a holder of one slot may take another only `overflow_after` past its expiry"
+        );
+        assert_eq!(
+            survey_every(Place::Front, 1, T, Duration::from_secs(60)),
+            T * REAR_TICKS,
+            "never rarer than the rear"
+        );
+    }
+
+    #[test]
+    fn only_a_standby_at_the_front_of_a_small_pool_reads_a_lease_ahead() {
+        assert_eq!(survey_horizon(Place::Front, 0, false, T), T * 2);
+        assert_eq!(survey_horizon(Place::Front, 0, true, T), T, "a large pool");
+        assert_eq!(survey_horizon(Place::Front, 1, false, T), T, "a holder");
+        assert_eq!(survey_horizon(Place::Rear, 0, false, T), T);
+    }
+
+    #[test]
+    fn the_front_rereads_its_place_rarely_the_rear_every_beat() {
+        let beat = beat_every(T);
+        assert!(place_due(Place::Front, false, None, beat), "never read");
+        assert!(place_due(Place::Rear, false, Some(Duration::ZERO), beat));
+        assert!(!place_due(Place::Front, false, Some(beat * 5), beat));
+        assert!(place_due(
+            Place::Front,
+            false,
+            Some(beat * FRONT_PLACE_BEATS),
+            beat
+        ));
+        assert!(
+            place_due(Place::Front, true, Some(Duration::ZERO), beat),
+            "what it holds changed: its place did too"
         );
     }
 
