@@ -10,7 +10,7 @@ use std::time::Duration;
 use bson::{doc, oid::ObjectId, Bson};
 use common::TestDb;
 use slotpool::clock::MonotonicClock;
-use slotpool::db::context::{ContextError, ContextStore};
+use slotpool::db::context::{gen_after_adoption, ContextError, ContextStore};
 use slotpool::db::guard::WriteGuard;
 use slotpool::db::pacing::WritePacer;
 use slotpool::metrics::Metrics;
@@ -32,11 +32,11 @@ async fn adopted(db: &TestDb) -> (ContextStore, Vec<(ObjectId, i64)>, WriteGuard
         "--count",
         &N.to_string(),
     ]);
-    let ids: Vec<ObjectId> = db
+    let ids: Vec<(ObjectId, i64)> = db
         .robots()
         .await
         .iter()
-        .map(|r| r.get_object_id("_id").unwrap())
+        .map(|r| (r.get_object_id("_id").unwrap(), gen_after_adoption(r)))
         .collect();
     let guard = WriteGuard::new(
         Instant::now() + Duration::from_secs(3600),
@@ -245,4 +245,82 @@ async fn output_of_a_stale_instance_or_after_the_deadline_never_lands() {
         texts(late).await.is_none(),
         "a line landed after the deadline"
     );
+}
+
+/// An adoption that matched every robot returns the generations it gave without
+/// reading them back, by the pipeline's own rule, whatever a hand edit left in `gen`.
+/// A robot adopted elsewhere between the holder's read and its adoption (moved away
+/// and back) gets a generation the holder did not guess: its first write is fenced,
+/// so the wrong guess can only stop that instance, never let two write.
+#[tokio::test]
+async fn adoption_knows_the_generations_it_gave_and_a_wrong_guess_fails_closed() {
+    let db = TestDb::new("adopt_gen").await;
+    db.init(1).await;
+    db.cli_ok(&[
+        "robot", "create", "--name", "a", "--kind", "counter", "--count", "6",
+    ]);
+    let coll = db.store.robots();
+    let docs = db.robots().await;
+    let id = |i: usize| docs[i].get_object_id("_id").unwrap();
+    let edits = [
+        doc! {"$unset": {"gen": ""}},
+        doc! {"$set": {"gen": 5_i32}},
+        doc! {"$set": {"gen": 7_i64}},
+        doc! {"$set": {"gen": 3.0_f64}},
+        doc! {"$set": {"gen": "x"}},
+    ];
+    // Past the validator, as on a pool whose validators predate `gen`.
+    for (i, e) in edits.into_iter().enumerate() {
+        coll.update_one(doc! {"_id": id(i)}, e)
+            .bypass_document_validation(true)
+            .await
+            .unwrap();
+    }
+    let read: Vec<(ObjectId, i64)> = db
+        .robots()
+        .await
+        .iter()
+        .map(|r| (r.get_object_id("_id").unwrap(), gen_after_adoption(r)))
+        .collect();
+    // After the read: the last robot adopted elsewhere (its generation raised).
+    coll.update_one(doc! {"_id": id(5)}, doc! {"$inc": {"gen": 1_i64}})
+        .await
+        .unwrap();
+    let guard = WriteGuard::new(
+        Instant::now() + Duration::from_secs(3600),
+        Arc::new(MonotonicClock),
+    );
+    let store = ContextStore::new(
+        coll.clone(),
+        "slot-001",
+        1,
+        "10.0.0.1:7700",
+        Arc::new(Metrics::default()),
+        guard.clone(),
+        Arc::new(WritePacer::new(Duration::from_millis(400))),
+    );
+    let adopted = store.adopt(&read).await.unwrap();
+    assert_eq!(adopted.ours.len(), 6, "{adopted:?}");
+    for (id, gen) in &adopted.ours {
+        let stored = coll
+            .find_one(doc! {"_id": id})
+            .await
+            .unwrap()
+            .unwrap()
+            .get_i64("gen")
+            .unwrap();
+        let written = store
+            .checkpoint(id, *gen, &id.to_hex(), doc! {"n": 1_i64}, 0, 0)
+            .await;
+        if *id == read[5].0 {
+            assert_ne!(stored, *gen, "the guess for the robot adopted elsewhere");
+            assert!(
+                matches!(written, Err(ContextError::Fenced { .. })),
+                "{written:?}"
+            );
+        } else {
+            assert_eq!(stored, *gen, "robot {id}");
+            assert!(written.is_ok(), "{written:?}");
+        }
+    }
 }

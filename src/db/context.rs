@@ -204,9 +204,20 @@ impl ContextStore {
     /// generation; a robot moved, deleted or adopted by a newer holder of this slot
     /// since it was read is left out.
     ///
-    /// Callers pass at most [`ADOPT_CHUNK`] ids: one write over thousands of
+    /// Each robot comes with the generation this adoption gives it if it is still
+    /// as it was read ([`gen_after_adoption`] of that read). When the write matched
+    /// every robot, those are the generations returned, without reading them back:
+    /// that read was a seventh of a takeover's adoption time. A robot adopted
+    /// elsewhere between the read and this write (moved away and back) then has a
+    /// higher generation than the one returned, so the instance started under it is
+    /// fenced at its first write and the next sync starts it again: a wrong guess
+    /// fails closed. A short count reads every generation back.
+    ///
+    /// Callers pass at most [`ADOPT_CHUNK`] robots: one write over thousands of
     /// documents holds some servers long enough to starve this holder's renewals.
-    pub async fn adopt(&self, ids: &[ObjectId]) -> Result<Adopted, ContextError> {
+    pub async fn adopt(&self, robots: &[(ObjectId, i64)]) -> Result<Adopted, ContextError> {
+        let ids: Vec<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
+        let ids = &ids[..];
         if !self.guard.is_open() {
             return Err(self.lapsed("(adoption)"));
         }
@@ -243,7 +254,13 @@ impl ContextStore {
         };
         let taken: Vec<ObjectId> =
             match crate::db::group_commit::send_many(&self.robots, &together).await {
-                Ok(()) => ids.to_vec(),
+                Ok(n) if n == ids.len() as u64 => {
+                    return Ok(Adopted {
+                        ours: robots.to_vec(),
+                        refused,
+                    })
+                }
+                Ok(_) => ids.to_vec(),
                 Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
                 Err(_) => {
                     let one_each: Vec<Statement> = ids
@@ -568,6 +585,17 @@ impl ContextStore {
 
 /// A whole-number field of a robot document ([`crate::db::store::int`]); 0 when it
 /// is missing or not a whole number (a hand-edited document).
+/// The generation an adoption gives a robot read as `d` (the rule of
+/// [`ContextStore::adopt`]'s pipeline: its `gen` plus one when that is an int or a
+/// long, else 1).
+pub fn gen_after_adoption(d: &Document) -> i64 {
+    match d.get(GEN) {
+        Some(Bson::Int64(g)) => g.saturating_add(1),
+        Some(Bson::Int32(g)) => i64::from(*g) + 1,
+        _ => 1,
+    }
+}
+
 pub(crate) fn long_or_zero(d: &Document, key: &str) -> i64 {
     crate::db::store::int(d, key).unwrap_or(0)
 }

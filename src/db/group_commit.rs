@@ -158,7 +158,7 @@ pub async fn send(
 pub async fn send_many(
     robots: &Collection<Document>,
     statement: &Statement,
-) -> Result<(), mongodb::error::Error> {
+) -> Result<u64, mongodb::error::Error> {
     let db: Database = robots.client().database(&robots.namespace().db);
     let reply = db
         .run_command(doc! {
@@ -174,7 +174,7 @@ pub async fn send_many(
                 .and_then(|d| d.get_str("errmsg").ok())
                 .unwrap_or("refused")
         ))),
-        None => Ok(()),
+        None => Ok(crate::db::store::int(&reply, "n").unwrap_or(0).max(0) as u64),
     }
 }
 

@@ -30,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::{
-    long_or_zero, next_adopt_chunk, ContextError, ContextStore, Loaded, ADOPT_CHUNK_MIN, BATCH,
+    gen_after_adoption, long_or_zero, next_adopt_chunk, ContextError, ContextStore, Loaded,
+    ADOPT_CHUNK_MIN, BATCH,
 };
 use crate::db::field::{
     CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
@@ -87,6 +88,8 @@ struct Listed {
     epoch: i64,
     /// Its generation: which instance may write.
     gen: i64,
+    /// The generation adopting it gives it, if nothing adopts it meanwhile.
+    next_gen: i64,
     /// Raised by `robot restart`: an instance started under another one is stale.
     start_rev: i64,
     paused: bool,
@@ -365,7 +368,13 @@ impl Supervisor {
             rest = tail;
             // The database's time, measured on real time.
             let took = std::time::Instant::now();
-            let Some(adopted) = self.adopt(chunk).await? else {
+            // 0 matches no generation: a robot not in `wanted` (none is) would be
+            // fenced at its first write, never run twice.
+            let chunk: Vec<(ObjectId, i64)> = chunk
+                .iter()
+                .map(|id| (*id, wanted.get(id).map_or(0, |l| l.next_gen)))
+                .collect();
+            let Some(adopted) = self.adopt(&chunk).await? else {
                 break;
             };
             self.adopt_chunk = next_adopt_chunk(took.elapsed(), chunk.len(), budget);
@@ -489,7 +498,7 @@ impl Supervisor {
     /// reported once and skipped; it holds back no other.
     async fn adopt(
         &mut self,
-        chunk: &[ObjectId],
+        chunk: &[(ObjectId, i64)],
     ) -> Result<Option<Vec<(ObjectId, i64)>>, mongodb::error::Error> {
         match self.ctx.adopt(chunk).await {
             Ok(a) => {
@@ -556,6 +565,7 @@ impl Supervisor {
                     && d.get_str(STATUS) == Ok("failed"),
                 epoch: long_or_zero(&d, EPOCH),
                 gen: long_or_zero(&d, GEN),
+                next_gen: gen_after_adoption(&d),
                 start_rev: long_or_zero(&d, START_REV),
                 odd_update: d.get_document(UPDATE).is_ok() && update.is_none(),
                 update,
