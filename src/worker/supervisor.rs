@@ -45,8 +45,11 @@ use crate::robot::{history_len, Registry, RobotError, RobotRun};
 /// for documents edited by hand without bumping `rev`.
 const FULL_RESYNC: Duration = Duration::from_secs(60);
 /// How often a quiet slot is probed for robot changes that came without a `rev`
-/// bump (an interrupted move): one aggregation over the slot's robots.
-pub const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// bump (an interrupted move): one aggregation over the slot's robots. Every 10 s,
+/// not 5: a move cut off between its two writes is rare and a rerun repairs it at
+/// once, while the probe runs on every held slot all the time (it was 5 % of an
+/// idle pool's requests, and a scan of the slot's robots each time).
+pub const PROBE_EVERY: Duration = Duration::from_secs(10);
 
 /// What a probe counts on a slot, and what the last read expects it to count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
