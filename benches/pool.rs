@@ -793,17 +793,31 @@ async fn cost(n: u32) -> (f64, f64) {
     (holder_ops, standby_ops)
 }
 
+/// What one tick of the sweep measured.
+struct TickRound {
+    /// Each round's kill → every robot running on the new holder, ms.
+    adopted: Vec<f64>,
+    /// Self-fences over all rounds.
+    fences: u64,
+    /// Epochs the slot went through beyond one a round.
+    bounces: i64,
+    /// Requests/s the server counted before the kills, robots running.
+    steady: f64,
+    /// Self-fences and epoch changes over the steady state after the rounds.
+    after: (u64, i64),
+}
+
 /// One tick of the sweep: `workers` workers at `tick` over one slot with `robots`
-/// counters stepping every 5 s; the holder is killed with -9 `rounds` times. Returns
-/// each round's kill → every robot running on the new holder (ms, from the workers'
-/// /metrics, no database reads), the self-fences of all rounds, how many epochs the
-/// slot went through beyond one a round, and the steady requests/s before the kills.
+/// counters stepping every 5 s; the holder is killed with -9 `rounds` times, then
+/// the pool runs on for `steady_for`. Running robots are read from the workers'
+/// /metrics, never from the database.
 async fn tick_round(
     tick: &str,
     workers: usize,
     robots: u32,
     rounds: usize,
-) -> (Vec<f64>, u64, i64, f64) {
+    steady_for: Duration,
+) -> TickRound {
     fresh_server();
     let db = TestDb::new("b_sweep").await;
     db.init(1).await;
@@ -854,12 +868,27 @@ async fn tick_round(
         // Let the new holder settle before the next kill.
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
-    let fences = pool
-        .iter()
-        .map(|w| w.metric("slotpool_self_fences_total").unwrap_or(0))
-        .sum();
-    let bounces = common::epoch(&db.slot("slot-001").await) - first_epoch - rounds as i64;
-    (adopted, fences, bounces, steady)
+    let fences_of = |pool: &[WorkerProc]| -> u64 {
+        pool.iter()
+            .map(|w| w.metric("slotpool_self_fences_total").unwrap_or(0))
+            .sum()
+    };
+    let fences = fences_of(&pool);
+    let epoch = common::epoch(&db.slot("slot-001").await);
+    let bounces = epoch - first_epoch - rounds as i64;
+    // The steady state after: the survivors run on, no kill.
+    tokio::time::sleep(steady_for).await;
+    let after = (
+        fences_of(&pool) - fences,
+        common::epoch(&db.slot("slot-001").await) - epoch,
+    );
+    TickRound {
+        adopted,
+        fences,
+        bounces,
+        steady,
+        after,
+    }
 }
 
 /// Requests a second the server counts (its opcounters) from an idle pool:
@@ -1657,20 +1686,36 @@ async fn main() {
         let (robots, rounds) = if quick { (200, 3) } else { (1000, 5) };
         let mut parts = Vec::new();
         let mut at_250 = None;
+        // Issue 23 asks for 10 minutes of steady state at 250 ms after the takeovers.
+        let steady_250 = Duration::from_secs(if quick { 60 } else { 600 });
         for tick in ["1s", "500ms", "250ms", "100ms"] {
-            let (mut adopted, fences, bounces, steady) =
-                tick_round(tick, rounds + 2, robots, rounds).await;
-            let p50 = {
-                adopted.sort_by(f64::total_cmp);
-                pct(&adopted, 0.5)
+            let steady_for = if tick == "250ms" {
+                steady_250
+            } else {
+                Duration::ZERO
             };
-            if tick == "250ms" {
-                at_250 = Some((p50, fences));
+            let mut r = tick_round(tick, rounds + 2, robots, rounds, steady_for).await;
+            let p50 = {
+                r.adopted.sort_by(f64::total_cmp);
+                pct(&r.adopted, 0.5)
+            };
+            let mut part = format!(
+                "tick {tick}: all adopted {}, {} self-fences, {} extra epochs, {:.0} requests/s running",
+                dist(&mut r.adopted),
+                r.fences,
+                r.bounces,
+                r.steady
+            );
+            if !steady_for.is_zero() {
+                part.push_str(&format!(
+                    ", then {} s steady: {} self-fences, {} epoch changes",
+                    steady_for.as_secs(),
+                    r.after.0,
+                    r.after.1
+                ));
+                at_250 = Some((p50, r.fences + r.after.0 + r.after.1 as u64));
             }
-            parts.push(format!(
-                "tick {tick}: all adopted {}, {fences} self-fences, {bounces} extra epochs, {steady:.0} requests/s running",
-                dist(&mut adopted)
-            ));
+            parts.push(part);
         }
         let (p50, fences) = at_250.unwrap_or((f64::MAX, u64::MAX));
         show(
@@ -1681,9 +1726,9 @@ async fn main() {
                 ),
                 figures: parts.join("; "),
                 goal: judged(
-                    "issue 23, tick 250 ms: median ≤ 750 ms, 0 self-fences",
+                    "issue 23, tick 250 ms: median ≤ 750 ms, 0 self-fences through the takeovers and the steady state after",
                     p50 <= 750.0 && fences == 0,
-                    format!("median {p50:.0} ms, {fences} self-fences"),
+                    format!("median {p50:.0} ms, {fences} self-fences or epoch changes"),
                 ),
             },
         );
