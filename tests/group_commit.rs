@@ -18,26 +18,18 @@ use tokio::time::Instant;
 
 const N: usize = 300;
 
-/// `N` robots on slot-001 adopted by a holder at epoch 1; returns the store, the
-/// adopted (id, gen) pairs, the guard and the metrics.
-async fn adopted(db: &TestDb) -> (ContextStore, Vec<(ObjectId, i64)>, WriteGuard, Arc<Metrics>) {
-    db.init(1).await;
-    db.cli_ok(&[
-        "robot",
-        "create",
-        "--name",
-        "g",
-        "--kind",
-        "counter",
-        "--count",
-        &N.to_string(),
-    ]);
-    let ids: Vec<(ObjectId, i64)> = db
-        .robots()
+/// Every robot with the generation adopting it as it is now would give it.
+async fn as_read(db: &TestDb) -> Vec<(ObjectId, i64)> {
+    db.robots()
         .await
         .iter()
         .map(|r| (r.get_object_id("_id").unwrap(), gen_after_adoption(r)))
-        .collect();
+        .collect()
+}
+
+/// The context store of a holder of slot-001 at epoch 1 whose lease lasts an hour,
+/// with its write guard and metrics.
+fn holder(db: &TestDb) -> (ContextStore, WriteGuard, Arc<Metrics>) {
     let guard = WriteGuard::new(
         Instant::now() + Duration::from_secs(3600),
         Arc::new(MonotonicClock),
@@ -52,6 +44,25 @@ async fn adopted(db: &TestDb) -> (ContextStore, Vec<(ObjectId, i64)>, WriteGuard
         guard.clone(),
         Arc::new(WritePacer::new(Duration::from_millis(400))),
     );
+    (store, guard, metrics)
+}
+
+/// `N` robots on slot-001 adopted by a holder at epoch 1; returns the store, the
+/// adopted (id, gen) pairs, the guard and the metrics.
+async fn adopted(db: &TestDb) -> (ContextStore, Vec<(ObjectId, i64)>, WriteGuard, Arc<Metrics>) {
+    db.init(1).await;
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "g",
+        "--kind",
+        "counter",
+        "--count",
+        &N.to_string(),
+    ]);
+    let ids = as_read(db).await;
+    let (store, guard, metrics) = holder(db);
     let mut ours = Vec::new();
     for chunk in ids.chunks(100) {
         let a = store.adopt(chunk).await.unwrap();
@@ -276,29 +287,12 @@ async fn adoption_knows_the_generations_it_gave_and_a_wrong_guess_fails_closed()
             .await
             .unwrap();
     }
-    let read: Vec<(ObjectId, i64)> = db
-        .robots()
-        .await
-        .iter()
-        .map(|r| (r.get_object_id("_id").unwrap(), gen_after_adoption(r)))
-        .collect();
+    let read = as_read(&db).await;
     // After the read: the last robot adopted elsewhere (its generation raised).
     coll.update_one(doc! {"_id": id(5)}, doc! {"$inc": {"gen": 1_i64}})
         .await
         .unwrap();
-    let guard = WriteGuard::new(
-        Instant::now() + Duration::from_secs(3600),
-        Arc::new(MonotonicClock),
-    );
-    let store = ContextStore::new(
-        coll.clone(),
-        "slot-001",
-        1,
-        "10.0.0.1:7700",
-        Arc::new(Metrics::default()),
-        guard.clone(),
-        Arc::new(WritePacer::new(Duration::from_millis(400))),
-    );
+    let (store, _guard, _metrics) = holder(&db);
     let adopted = store.adopt(&read).await.unwrap();
     assert_eq!(adopted.ours.len(), 6, "{adopted:?}");
     for (id, gen) in &adopted.ours {

@@ -41,6 +41,18 @@ async fn wait_front(workers: &[&WorkerProc], want: &BTreeSet<String>, what: &str
     .await
 }
 
+/// A new standby, once it stands at the front of the line.
+async fn standby_at_front(db: &TestDb) -> WorkerProc {
+    let standby = db.worker(&[]);
+    wait_front(
+        &[&standby],
+        &first(&[&standby], 1),
+        "the standby at the front",
+    )
+    .await;
+    standby
+}
+
 /// Every robot steps on, and the invariant checker finds each of the `robots` ran
 /// once throughout.
 async fn runs_on_once(db: &TestDb, robots: usize) {
@@ -326,13 +338,7 @@ async fn a_flood_of_pokes_costs_at_most_one_survey_a_tick() {
         (owner(&db.slot("slot-001").await)? == holder.id).then_some(())
     })
     .await;
-    let standby = db.worker(&[]);
-    wait_front(
-        &[&standby],
-        &first(&[&standby], 1),
-        "the standby at the front",
-    )
-    .await;
+    let standby = standby_at_front(&db).await;
     let surveys = || standby.metric("slotpool_surveys_total").unwrap_or(0);
     let before = surveys();
     let t0 = std::time::Instant::now();
@@ -461,13 +467,7 @@ async fn in_a_large_pool_a_standby_reads_only_the_late_leases() {
             }
         }
     });
-    let standby = db.worker(&[]);
-    wait_front(
-        &[&standby],
-        &first(&[&standby], 1),
-        "the standby at the front",
-    )
-    .await;
+    let standby = standby_at_front(&db).await;
     let count = |name| standby.metric(name).unwrap_or(0);
     common::wait_for(Duration::from_secs(30), "a first survey", || async {
         (count("slotpool_surveys_total") >= 1).then_some(())
