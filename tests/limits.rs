@@ -443,7 +443,8 @@ async fn rlimits_bound_memory_and_say_what_they_cannot_enforce() {
         .get_str("note")
         .unwrap_or("")
         .contains("--exec-limits-via rlimit"));
-    let quiet_limits = applied(&db.robot("quiet").await);
+    // Its own shim reports on its own time: wait for it, as for the hog's.
+    let quiet_limits = db.applied_limits("quiet").await;
     assert_eq!(
         quiet_limits.get_i64("memory").ok(),
         Some(100_000_000),
