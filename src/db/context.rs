@@ -583,8 +583,6 @@ impl ContextStore {
     }
 }
 
-/// A whole-number field of a robot document ([`crate::db::store::int`]); 0 when it
-/// is missing or not a whole number (a hand-edited document).
 /// The generation an adoption gives a robot read as `d` (the rule of
 /// [`ContextStore::adopt`]'s pipeline: its `gen` plus one when that is an int or a
 /// long, else 1).
@@ -596,6 +594,8 @@ pub fn gen_after_adoption(d: &Document) -> i64 {
     }
 }
 
+/// A whole-number field of a robot document ([`crate::db::store::int`]); 0 when it
+/// is missing or not a whole number (a hand-edited document).
 pub(crate) fn long_or_zero(d: &Document, key: &str) -> i64 {
     crate::db::store::int(d, key).unwrap_or(0)
 }
