@@ -425,18 +425,13 @@ impl Worker {
         let narrow = self.narrow_until.is_some_and(|t| now < t);
         let horizon =
             standby_line::survey_horizon(self.place(), self.held.len(), narrow, self.tick());
-        // A wide survey sees every lease before it ends: nothing can expire unseen
-        // before the horizon.
-        let every = if horizon > self.tick() {
-            horizon
-        } else {
-            standby_line::survey_every(
-                self.place(),
-                self.held.len(),
-                self.tick(),
-                self.settings.overflow_after,
-            )
-        };
+        let every = standby_line::survey_every(
+            self.place(),
+            self.held.len(),
+            narrow,
+            self.tick(),
+            self.settings.overflow_after,
+        );
         if !woken && now < self.next_survey {
             return self.next_survey - now;
         }

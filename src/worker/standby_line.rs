@@ -62,7 +62,8 @@ impl Place {
 }
 
 /// How often a worker surveys the slots when the last survey found nothing it will
-/// be able to claim sooner:
+/// be able to claim sooner (`narrow` as for [`survey_horizon`]):
+/// - a wide survey's worker, once per horizon: it saw every lease that ends before;
 /// - a standby at the front, every tick: it claims at a lease's expiry, and a survey
 ///   reads what expires within the next tick;
 /// - a worker holding more than one slot, every tick: it must see a new standby
@@ -76,9 +77,14 @@ impl Place {
 pub fn survey_every(
     place: Place,
     held: usize,
+    narrow: bool,
     tick: Duration,
     overflow_after: Duration,
 ) -> Duration {
+    let horizon = survey_horizon(place, held, narrow, tick);
+    if horizon > tick {
+        return horizon;
+    }
     match (place, held) {
         (_, h) if h > 1 => tick,
         (Place::Front, 0) => tick,
@@ -466,21 +472,21 @@ mod tests {
         assert_eq!(Place::behind(0, 1), Place::Front);
         assert_eq!(Place::behind(1, 1), Place::Rear);
         const O: Duration = Duration::from_secs(2);
-        assert_eq!(survey_every(Place::Front, 0, T, O), T);
-        assert_eq!(survey_every(Place::Rear, 0, T, O), T * REAR_TICKS);
-        assert_eq!(survey_every(Place::Rear, 1, T, O), T * REAR_TICKS);
+        assert_eq!(survey_every(Place::Front, 0, true, T, O), T);
+        assert_eq!(survey_every(Place::Rear, 0, true, T, O), T * REAR_TICKS);
+        assert_eq!(survey_every(Place::Rear, 1, true, T, O), T * REAR_TICKS);
         assert_eq!(
-            survey_every(Place::Rear, 2, T, O),
+            survey_every(Place::Rear, 2, true, T, O),
             T,
             "an overflowing holder looks for standbys every tick"
         );
         assert_eq!(
-            survey_every(Place::Front, 1, T, O),
+            survey_every(Place::Front, 1, true, T, O),
             T + O,
             "a holder of one slot may take another only `overflow_after` past its expiry"
         );
         assert_eq!(
-            survey_every(Place::Front, 1, T, Duration::from_secs(60)),
+            survey_every(Place::Front, 1, true, T, Duration::from_secs(60)),
             T * REAR_TICKS,
             "never rarer than the rear"
         );
@@ -489,6 +495,11 @@ mod tests {
     #[test]
     fn only_a_standby_at_the_front_of_a_small_pool_reads_a_lease_ahead() {
         assert_eq!(survey_horizon(Place::Front, 0, false, T), T * 2);
+        assert_eq!(
+            survey_every(Place::Front, 0, false, T, Duration::from_secs(2)),
+            T * 2,
+            "a wide survey saw every lease that ends within its horizon"
+        );
         assert_eq!(survey_horizon(Place::Front, 0, true, T), T, "a large pool");
         assert_eq!(survey_horizon(Place::Front, 1, false, T), T, "a holder");
         assert_eq!(survey_horizon(Place::Rear, 0, false, T), T);
