@@ -11,7 +11,7 @@ use bson::{doc, oid::ObjectId, Bson};
 use common::TestDb;
 use slotpool::clock::MonotonicClock;
 use slotpool::db::context::{gen_after_adoption, ContextError, ContextStore};
-use slotpool::db::guard::WriteGuard;
+use slotpool::db::guard::{bound_window, WriteGuard};
 use slotpool::db::pacing::WritePacer;
 use slotpool::metrics::Metrics;
 use tokio::time::Instant;
@@ -317,4 +317,164 @@ async fn adoption_knows_the_generations_it_gave_and_a_wrong_guess_fails_closed()
             assert!(written.is_ok(), "{written:?}");
         }
     }
+}
+
+/// A holder of slot-001 at `epoch` as `worker`, whose lease lasts an hour locally and
+/// whose writes are bounded on the server's clock from `stamp_ms` on (L = 2 s).
+fn bounded_holder(db: &TestDb, worker: &str, epoch: i64, stamp_ms: i64) -> ContextStore {
+    let guard = WriteGuard::new(
+        Instant::now() + Duration::from_secs(3600),
+        Arc::new(MonotonicClock),
+    )
+    .bounded(bound_window(
+        Duration::from_secs(2),
+        Duration::from_millis(900),
+    ));
+    guard.stamped(stamp_ms);
+    ContextStore::new(
+        db.store.robots(),
+        "slot-001",
+        epoch,
+        worker,
+        Arc::new(Metrics::default()),
+        guard,
+        Arc::new(WritePacer::new(Duration::from_millis(400))),
+    )
+}
+
+/// slot-001 held by `owner` at `epoch`, its lease stamped now on the server's clock.
+async fn hold_slot(db: &TestDb, owner: &str, epoch: i64) {
+    db.store
+        .slots()
+        .update_one(
+            doc! {"_id": "slot-001"},
+            vec![doc! {"$set": {"owner": owner, "epoch": epoch, "time": "$$NOW"}}],
+        )
+        .await
+        .unwrap();
+}
+
+/// One robot on slot-001 adopted by an unbounded holder at epoch 1; its id and gen.
+async fn one_adopted(db: &TestDb) -> (ObjectId, i64) {
+    db.init(1).await;
+    db.cli_ok(&["robot", "create", "--name", "b", "--kind", "counter"]);
+    let (store, _guard, _metrics) = holder(db);
+    let adopted = store.adopt(&as_read(db).await).await.unwrap();
+    adopted.ours[0]
+}
+
+async fn seq_of(db: &TestDb, id: &ObjectId) -> i64 {
+    let d = db
+        .store
+        .robots()
+        .find_one(doc! {"_id": id})
+        .await
+        .unwrap()
+        .unwrap();
+    d.get_i64("seq").unwrap_or(0)
+}
+
+/// A checkpoint the network held past its holder's lease: the server refuses it on
+/// arrival by its bound, although the robot's document still carries that holder's
+/// epoch and generation (no adoption has raised them yet). The same write under a
+/// bound still ahead lands, so the bound, nothing else, refused it.
+#[tokio::test]
+async fn a_write_held_past_its_lease_is_refused_on_arrival() {
+    let db = TestDb::new("bound_late").await;
+    let (id, gen) = one_adopted(&db).await;
+    // The slot went to another worker after this holder's lease ran out.
+    hold_slot(&db, "10.0.0.2:7700", 2).await;
+    let stale = bounded_holder(&db, "10.0.0.1:7700", 1, 1_000);
+    let written = stale
+        .checkpoint(&id, gen, "b", doc! {"n": 1_i64}, 0, 0)
+        .await;
+    assert!(
+        matches!(written, Err(ContextError::Fenced { .. })),
+        "{written:?}"
+    );
+    assert!(!stale
+        .set_status(&id, gen, "running", None, None)
+        .await
+        .unwrap());
+    assert_eq!(seq_of(&db, &id).await, 0, "nothing landed");
+    // A bound in the year 2096: the same write lands.
+    let current = bounded_holder(&db, "10.0.0.1:7700", 1, 4_000_000_000_000);
+    current
+        .checkpoint(&id, gen, "b", doc! {"n": 1_i64}, 0, 0)
+        .await
+        .unwrap();
+    assert_eq!(seq_of(&db, &id).await, 1);
+}
+
+/// A write refused only for its bound while the slot is still this holder's (its
+/// clock observation was off, say) is late, not fenced: resent once under the bound
+/// the slot's own stamp gives, it lands.
+#[tokio::test]
+async fn a_late_write_under_a_live_lease_is_resent_and_lands() {
+    let db = TestDb::new("bound_resend").await;
+    let (id, gen) = one_adopted(&db).await;
+    hold_slot(&db, "10.0.0.1:7700", 1).await;
+    let holder = bounded_holder(&db, "10.0.0.1:7700", 1, 1_000);
+    holder
+        .checkpoint(&id, gen, "b", doc! {"n": 1_i64}, 0, 0)
+        .await
+        .unwrap();
+    assert!(holder
+        .set_status(&id, gen, "running", None, None)
+        .await
+        .unwrap());
+    assert_eq!(seq_of(&db, &id).await, 1);
+}
+
+/// After a bounded holder's lease ran out, the new holder's instance writes before
+/// its adoption write lands (matching the robot as listed); the old holder's
+/// delayed write is refused by its bound meanwhile, and after the adoption by the
+/// generation alone, bound or none.
+#[tokio::test]
+async fn an_instance_started_before_its_adoption_is_the_only_writer() {
+    let db = TestDb::new("bound_early").await;
+    let (id, old_gen) = one_adopted(&db).await;
+    hold_slot(&db, "10.0.0.2:7700", 2).await;
+    let old = bounded_holder(&db, "10.0.0.1:7700", 1, 1_000);
+    let new = bounded_holder(&db, "10.0.0.2:7700", 2, 4_000_000_000_000);
+    let new_gen = old_gen + 1;
+    new.start_early(id, Some(old_gen), 1);
+    // Before the adoption: the new instance writes, the old one cannot.
+    new.checkpoint(&id, new_gen, "b", doc! {"n": 1_i64}, 0, 0)
+        .await
+        .unwrap();
+    let stale = old
+        .checkpoint(&id, old_gen, "b", doc! {"n": 99_i64}, 0, 1)
+        .await;
+    assert!(
+        matches!(stale, Err(ContextError::Fenced { .. })),
+        "{stale:?}"
+    );
+    // The adoption lands; from then on only the adopted state matches.
+    let adopted = new.adopt(&[(id, new_gen)]).await.unwrap();
+    assert_eq!(adopted.ours, vec![(id, new_gen)]);
+    new.adopted(&id);
+    new.checkpoint(&id, new_gen, "b", doc! {"n": 2_i64}, 0, 1)
+        .await
+        .unwrap();
+    // An old write with no bound at all is refused by the generation.
+    let (unbounded, _guard, _metrics) = holder(&db);
+    let stale = unbounded
+        .checkpoint(&id, old_gen, "b", doc! {"n": 99_i64}, 0, 2)
+        .await;
+    assert!(
+        matches!(stale, Err(ContextError::Fenced { .. })),
+        "{stale:?}"
+    );
+    let d = db
+        .store
+        .robots()
+        .find_one(doc! {"_id": id})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.get_i64("seq").unwrap(), 2);
+    assert_eq!(d.get_document("context").unwrap().get_i64("n").unwrap(), 2);
+    assert_eq!(d.get_i64("epoch").unwrap(), 2);
+    assert_eq!(d.get_i64("gen").unwrap(), new_gen);
 }

@@ -584,3 +584,63 @@ async fn the_worker_loop_keeps_time_by_its_clock() {
         "released on shutdown"
     );
 }
+
+/// Who may start robots before their adoption write: only a claim at the end of a
+/// lease (not after a release) whose holder promised server-clock bounds in its own
+/// claim (`bounded_epoch`). An unbounded claim, as an older version's, leaves the
+/// promise behind, and the holder after it adopts first.
+#[tokio::test]
+async fn only_a_bounded_holder_whose_lease_ran_out_lets_the_next_start_early() {
+    let db = TestDb::new("bounded").await;
+    db.init(1).await;
+    let clock = ManualClock::new();
+    let a = protocol(&db, "10.0.0.1:7700", &clock);
+    let b = protocol(&db, "10.0.0.2:7700", &clock);
+    let claim = |p: &LeaseProtocol, bounded: bool| {
+        let p = p.clone();
+        async move {
+            let s = p.survey(None).await.unwrap();
+            p.claim_among_bounded(&s.expired, bounded)
+                .await
+                .unwrap()
+                .lease
+                .expect("claimed")
+        }
+    };
+    let expire = || set_time_relative(&db, "slot-001", -(timing().lease_ms() + 1));
+    // A new slot: nobody held it.
+    let la = claim(&a, true).await;
+    assert!(la.bounded() && !la.after_bounded_expiry());
+    let slot = db.slot("slot-001").await;
+    assert_eq!(slot.get_i64("bounded_epoch").unwrap(), epoch(&slot));
+    // Its lease ran out: the next may start early.
+    expire().await;
+    let mut lb = claim(&b, true).await;
+    assert!(lb.after_bounded_expiry());
+    // Released: the releasing holder's bound is still ahead, adopt first.
+    assert!(b.release(&mut lb).await.unwrap());
+    let la = claim(&a, true).await;
+    assert!(!la.after_bounded_expiry());
+    // An unbounded holder (no clock, or an older version) ran out: adopt first.
+    expire().await;
+    let lb = claim(&b, false).await;
+    assert!(!lb.bounded() && lb.after_bounded_expiry());
+    expire().await;
+    let la = claim(&a, true).await;
+    assert!(
+        !la.after_bounded_expiry(),
+        "an unbounded holder's writes may still be on their way"
+    );
+    // An older version's claim: epoch raised, bounded_epoch left behind.
+    expire().await;
+    db.store
+        .slots()
+        .update_one(
+            doc! {"_id": "slot-001"},
+            vec![doc! {"$set": {"epoch": {"$add": ["$epoch", 1_i64]}, "owner": "10.0.0.9:7700"}}],
+        )
+        .await
+        .unwrap();
+    let lb = claim(&b, true).await;
+    assert!(!lb.after_bounded_expiry());
+}

@@ -226,6 +226,7 @@ mod tests {
             time: None,
             epoch: 1,
             expired_for: Duration::from_millis(ms),
+            bounded: false,
         }
     }
 
