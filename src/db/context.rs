@@ -12,16 +12,6 @@
 //! may still be running. Every adoption raises the robot's `gen`, and each running
 //! instance writes only under the `gen` its own adoption produced, so whatever
 //! sequence of moves and takeovers happened, only the newest instance can write.
-//!
-//! A holder that knows the server's clock also bounds every write on it (see
-//! [`WriteGuard::stamped`]): the server refuses the write once its `$$NOW` is past the
-//! holder's last lease stamp plus `L − δ`, which is before anyone else can have
-//! claimed the slot. A write that the network held past the lease is refused on
-//! arrival, whether or not the robot has been adopted again yet; that is what lets a
-//! new holder start robots before their adoption write after such a holder's lease
-//! ran out ([`ContextStore::start_early`]). A write refused only for its bound while
-//! the lease is still this holder's (*late*, not fenced) is resent once, under the
-//! bound the slot's own stamp gives.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
@@ -35,8 +25,7 @@ use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
 use crate::metrics::Metrics;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -118,14 +107,7 @@ pub struct ContextStore {
     commit: GroupCommit,
     /// The robots' output lines, kept per robot (see [`crate::db::output_log`]).
     output: OutputLog,
-    /// Robots started before their adoption write landed, with the `(gen, epoch)`
-    /// they were listed with (see [`ContextStore::start_early`]).
-    early: Arc<Mutex<HashMap<ObjectId, ListedState>>>,
 }
-
-/// A robot's `(gen, epoch)` as listed, for an instance started before its adoption
-/// (`gen` None when never written).
-type ListedState = (Option<i64>, i64);
 
 /// What one adoption write did.
 #[derive(Debug, Default)]
@@ -183,27 +165,7 @@ impl ContextStore {
             guard,
             pacer,
             commit,
-            early: Arc::new(Mutex::new(HashMap::new())),
         }
-    }
-
-    /// Lets the instance about to start under generation `gen` write before its
-    /// adoption write lands: its writes also match the robot as it was listed,
-    /// `(listed_gen, listed_epoch)`. Only for a slot claimed after a bounded holder's
-    /// lease ran out: every write of the instances that held that state is refused
-    /// by the server's clock from the claim on, so this one is the only writer.
-    /// Once the adoption lands ([`ContextStore::adopted`]) only `gen` matches.
-    pub fn start_early(&self, id: ObjectId, listed_gen: Option<i64>, listed_epoch: i64) {
-        self.early
-            .lock()
-            .expect("early lock")
-            .insert(id, (listed_gen, listed_epoch));
-    }
-
-    /// The robot's adoption landed, or its early start was undone: its writes
-    /// match its adopted state alone.
-    pub fn adopted(&self, id: &ObjectId) {
-        self.early.lock().expect("early lock").remove(id);
     }
 
     pub fn slot_id(&self) -> &str {
@@ -279,55 +241,47 @@ impl ContextStore {
         // document failing the validator), the chunk goes again a statement per
         // robot, so one broken robot holds back no other.
         let filter = |ids: Bson| {
-            self.bounded(doc! {
+            doc! {
                 "_id": ids, SLOT_ID: &self.slot_id,
                 EPOCH: {"$not": {"$gt": self.epoch}},
-            })
-            .0
+            }
         };
         let mut refused = Vec::new();
-        let together = || Statement {
+        let together = Statement {
             id: ids[0],
             filter: filter(doc! {"$in": ids}.into()),
             update: update.clone(),
         };
-        let used = self.guard.server_bound_ms();
-        let first = together();
-        let mut sent = crate::db::group_commit::send_many(&self.robots, &first).await;
-        // Refused whole for its bound while the lease is still ours: once more under
-        // the slot's own stamp.
-        if matches!(sent, Ok(0)) && self.late(used).await {
-            sent = crate::db::group_commit::send_many(&self.robots, &together()).await;
-        }
-        let taken: Vec<ObjectId> = match sent {
-            Ok(n) if n == ids.len() as u64 => {
-                return Ok(Adopted {
-                    ours: robots.to_vec(),
-                    refused,
-                })
-            }
-            Ok(_) => ids.to_vec(),
-            Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
-            Err(_) => {
-                let one_each: Vec<Statement> = ids
-                    .iter()
-                    .map(|id| Statement {
-                        id: *id,
-                        filter: filter(Bson::ObjectId(*id)),
-                        update: update.clone(),
+        let taken: Vec<ObjectId> =
+            match crate::db::group_commit::send_many(&self.robots, &together).await {
+                Ok(n) if n == ids.len() as u64 => {
+                    return Ok(Adopted {
+                        ours: robots.to_vec(),
+                        refused,
                     })
-                    .collect();
-                let written = crate::db::group_commit::send(&self.robots, &one_each).await?;
-                let mut taken = Vec::with_capacity(ids.len());
-                for (s, w) in one_each.iter().zip(written) {
-                    match w {
-                        Written::Refused(why) => refused.push(AdoptRefused { id: s.id, why }),
-                        _ => taken.push(s.id),
-                    }
                 }
-                taken
-            }
-        };
+                Ok(_) => ids.to_vec(),
+                Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
+                Err(_) => {
+                    let one_each: Vec<Statement> = ids
+                        .iter()
+                        .map(|id| Statement {
+                            id: *id,
+                            filter: filter(Bson::ObjectId(*id)),
+                            update: update.clone(),
+                        })
+                        .collect();
+                    let written = crate::db::group_commit::send(&self.robots, &one_each).await?;
+                    let mut taken = Vec::with_capacity(ids.len());
+                    for (s, w) in one_each.iter().zip(written) {
+                        match w {
+                            Written::Refused(why) => refused.push(AdoptRefused { id: s.id, why }),
+                            _ => taken.push(s.id),
+                        }
+                    }
+                    taken
+                }
+            };
         // Read back each robot's new generation (by _id, so a point lookup).
         let mut cursor = self
             .robots
@@ -343,67 +297,8 @@ impl ContextStore {
         Ok(Adopted { ours, refused })
     }
 
-    /// What the robot's document must still say for instance `gen` to own it.
-    fn fence_match(&self, id: &ObjectId, gen: i64) -> Document {
-        let listed = self.early.lock().expect("early lock").get(id).copied();
-        match listed {
-            None => doc! {"_id": id, SLOT_ID: &self.slot_id, EPOCH: self.epoch, GEN: gen},
-            Some((listed_gen, listed_epoch)) => doc! {
-                "_id": id, SLOT_ID: &self.slot_id,
-                "$or": [
-                    {EPOCH: self.epoch, GEN: gen},
-                    {EPOCH: listed_epoch, GEN: listed_gen.map_or(Bson::Null, Bson::Int64)},
-                ],
-            },
-        }
-    }
-
-    /// Adds this holder's server-clock bound to a write's filter, if it has one.
-    fn bounded(&self, mut filter: Document) -> (Document, Option<i64>) {
-        let bound = self.guard.server_bound_ms();
-        if let Some(b) = bound {
-            filter.insert("$expr", doc! {"$lte": [{"$toLong": "$$NOW"}, b]});
-        }
-        (filter, bound)
-    }
-
-    /// After a write under `used` matched nothing: whether it was only *late*, its
-    /// bound passed while the lease is still this holder's. Reads the slot's own
-    /// stamp (the `time` of this holder's last renewal) and moves the bound to it;
-    /// true when the lease is still open locally and the bound moved past `used`, so
-    /// one resend under the new bound may go out. False for a write that carried no
-    /// bound, a slot no longer held under this epoch, or an unreadable one.
-    async fn late(&self, used: Option<i64>) -> bool {
-        let Some(used) = used else {
-            return false;
-        };
-        if !self.guard.is_open() {
-            return false;
-        }
-        let slots: Collection<Document> = self
-            .robots
-            .client()
-            .database(&self.robots.namespace().db)
-            .collection(crate::db::store::SLOTS);
-        let ours =
-            doc! {"_id": &self.slot_id, crate::db::field::OWNER: &self.worker, EPOCH: self.epoch};
-        let stamp = match slots
-            .find_one(ours)
-            .projection(doc! {crate::db::field::TIME: 1})
-            .await
-        {
-            Ok(Some(d)) => match d.get(crate::db::field::TIME) {
-                Some(Bson::DateTime(t)) => t.timestamp_millis(),
-                _ => return false,
-            },
-            _ => return false,
-        };
-        self.guard.stamped(stamp);
-        let moved = self.guard.server_bound_ms().is_some_and(|b| b > used);
-        if moved {
-            tracing::debug!(slot = %self.slot_id, "a write arrived after its server-clock bound while the lease was still ours; resending it under the slot's own stamp");
-        }
-        moved && self.guard.is_open()
+    fn fence(&self, id: &ObjectId, gen: i64) -> Document {
+        doc! {"_id": id, SLOT_ID: &self.slot_id, EPOCH: self.epoch, GEN: gen}
     }
 
     fn lapsed(&self, name: &str) -> ContextError {
@@ -426,7 +321,7 @@ impl ContextStore {
     pub async fn load(&self, id: &ObjectId, gen: i64, name: &str) -> Result<Loaded, ContextError> {
         let d = self
             .robots
-            .find_one(self.fence_match(id, gen))
+            .find_one(self.fence(id, gen))
             .projection(doc! {NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1})
             .await?
             .ok_or_else(|| self.fenced(name))?;
@@ -504,26 +399,16 @@ impl ContextStore {
                 ]},
             );
         }
-        let mut filter = self.fence_match(id, gen);
+        let mut filter = self.fence(id, gen);
         filter.insert(SEQ, after_seq);
-        let update = vec![doc! {"$set": set}];
-        let mut resent = false;
-        let written = loop {
-            let (filter, used) = self.bounded(filter.clone());
-            let written = self
-                .commit
-                .write(Statement {
-                    id: *id,
-                    filter,
-                    update: update.clone(),
-                })
-                .await?;
-            if matches!(written, Written::Fenced) && !resent && self.late(used).await {
-                resent = true;
-                continue;
-            }
-            break written;
-        };
+        let written = self
+            .commit
+            .write(Statement {
+                id: *id,
+                filter,
+                update: vec![doc! {"$set": set}],
+            })
+            .await?;
         match written {
             Written::Applied => {
                 self.metrics.checkpoints.inc();
@@ -568,40 +453,11 @@ impl ContextStore {
         if let Some(n) = restarts {
             set.insert(RESTARTS, n);
         }
-        self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
-            .await
-    }
-
-    /// One fenced `updateOne` of instance `gen`'s robot, resent once when it was only
-    /// late (see [`ContextStore::late`]). True when it matched.
-    async fn update_fenced(
-        &self,
-        id: &ObjectId,
-        gen: i64,
-        update: mongodb::options::UpdateModifications,
-    ) -> Result<bool, ContextError> {
-        self.update_bounded(self.fence_match(id, gen), update).await
-    }
-
-    /// One `updateOne` under `filter` and this holder's server-clock bound, resent
-    /// once when it was only late. True when it matched.
-    async fn update_bounded(
-        &self,
-        filter: Document,
-        update: mongodb::options::UpdateModifications,
-    ) -> Result<bool, ContextError> {
-        let mut resent = false;
-        loop {
-            let (bounded, used) = self.bounded(filter.clone());
-            let r = self.robots.update_one(bounded, update.clone()).await?;
-            if r.matched_count == 1 {
-                return Ok(true);
-            }
-            if resent || !self.late(used).await {
-                return Ok(false);
-            }
-            resent = true;
-        }
+        let r = self
+            .robots
+            .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
+            .await?;
+        Ok(r.matched_count == 1)
     }
 }
 
@@ -660,7 +516,8 @@ impl ContextStore {
         }
         set.insert(UPDATE_RESULT, result);
         let update = vec![doc! {"$set": set}, doc! {"$unset": UPDATE}];
-        self.update_bounded(filter, update.into()).await
+        let r = self.robots.update_one(filter, update).await?;
+        Ok(r.matched_count == 1)
     }
 
     /// Marks the robot `failed` and holds it as a paused robot is held, fenced like a
@@ -685,8 +542,11 @@ impl ContextStore {
             RESTARTS: restarts,
             "status_at": "$$NOW",
         };
-        self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
-            .await
+        let r = self
+            .robots
+            .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
+            .await?;
+        Ok(r.matched_count == 1)
     }
 
     /// Records what contains a running robot's processes (see
@@ -704,16 +564,22 @@ impl ContextStore {
         if !self.guard.is_open() {
             return Ok(false);
         }
-        let update = match applied_limits {
-            Some(applied) => doc! {"$set": {
-                "containment": containment, APPLIED_LIMITS: applied,
-            }},
-            None => doc! {
-                "$set": {"containment": containment},
-                "$unset": {APPLIED_LIMITS: ""},
-            },
-        };
-        self.update_fenced(id, gen, update.into()).await
+        let r = self
+            .robots
+            .update_one(
+                self.fence(id, gen),
+                match applied_limits {
+                    Some(applied) => doc! {"$set": {
+                        "containment": containment, APPLIED_LIMITS: applied,
+                    }},
+                    None => doc! {
+                        "$set": {"containment": containment},
+                        "$unset": {APPLIED_LIMITS: ""},
+                    },
+                },
+            )
+            .await?;
+        Ok(r.matched_count == 1)
     }
 }
 

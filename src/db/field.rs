@@ -28,11 +28,6 @@ pub const REV: &str = "rev";
 pub const TIME: &str = "time";
 /// `time + L` in server-clock milliseconds: what the survey's index orders by.
 pub const EXPIRES_MS: &str = "expires_ms";
-/// On a slot: the epoch whose holder bounds every write on the server's clock (see
-/// [`crate::db::guard::WriteGuard::stamped`]). Equal to `epoch` only while that holds
-/// for the current (or last) holder: an older version's claim raises `epoch` and
-/// leaves it behind.
-pub const BOUNDED_EPOCH: &str = "bounded_epoch";
 /// True while an operator drains a slot: no claim, no new robot.
 pub const DRAINING: &str = "draining";
 

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use crate::clock::SharedClock;
 use crate::config::{Identity, LeaseTiming};
-use crate::db::field::{BOUNDED_EPOCH, DRAINING, EPOCH, EXPIRES_MS, OWNER, REV, TIME};
+use crate::db::field::{DRAINING, EPOCH, EXPIRES_MS, OWNER, REV, TIME};
 use crate::db::store::{Store, StoreError};
 
 /// Why a lease ended or an operation on it failed.
@@ -60,15 +60,6 @@ pub struct Lease {
     deadline: Instant,
     last_renewed: Instant,
     fenced: bool,
-    /// When the last successful claim or renewal was sent, on real time (the server's
-    /// clock does not follow a test's clock): what a server-clock bound is taken from.
-    sent_real: Instant,
-    /// This claim promised (in `bounded_epoch`) that every write of this tenure
-    /// carries a server-clock bound.
-    bounded: bool,
-    /// The slot was claimed because its lease ran out (not after a release), and its
-    /// last holder bounded its writes: none of them can still apply.
-    after_bounded_expiry: bool,
 }
 
 impl Lease {
@@ -86,23 +77,6 @@ impl Lease {
     pub fn is_fenced(&self) -> bool {
         self.fenced
     }
-
-    /// When the last successful claim or renewal was sent, on real time.
-    pub fn sent_real(&self) -> Instant {
-        self.sent_real
-    }
-
-    /// Whether this tenure promised to bound every write on the server's clock.
-    pub fn bounded(&self) -> bool {
-        self.bounded
-    }
-
-    /// Whether the slot was taken at the end of a lease whose holder bounded every
-    /// write: that holder's writes are all refused by the server from the claim on,
-    /// so robots may start before their adoption write lands.
-    pub fn after_bounded_expiry(&self) -> bool {
-        self.after_bounded_expiry
-    }
 }
 
 /// One expired, non-draining slot as the server judged it at survey time.
@@ -114,9 +88,6 @@ pub struct Candidate {
     /// How long it has been expired: since `time + L`, or since its release, or
     /// "long ago" for a slot never held.
     pub expired_for: Duration,
-    /// Its last holder bounded every write on the server's clock (`bounded_epoch`
-    /// equals `epoch`).
-    pub bounded: bool,
 }
 
 /// The largest epoch a slot may carry: 2^53 − 1, exact as a double too, and beyond
@@ -246,10 +217,6 @@ impl LeaseProtocol {
             doc! {"$sort": {"_id": 1}},
             doc! {"$project": {
                 TIME: 1, EPOCH: 1,
-                "bounded": {"$and": [
-                    {"$in": [{"$type": "$bounded_epoch"}, ["int", "long"]]},
-                    {"$eq": ["$bounded_epoch", "$epoch"]},
-                ]},
                 "id_type": {"$type": "$_id"},
                 "time_type": {"$type": "$time"},
                 "epoch_type": {"$type": "$epoch"},
@@ -299,17 +266,6 @@ impl LeaseProtocol {
     /// [`LeaseProtocol::claim`] over a chosen subset of the surveyed expired slots
     /// (sorted by `_id`), e.g. those an overflowing holder may take.
     pub async fn claim_among(&self, expired: &[Candidate]) -> Result<ClaimOutcome, LeaseError> {
-        self.claim_among_bounded(expired, false).await
-    }
-
-    /// [`LeaseProtocol::claim_among`] by a holder that, when `bounded`, bounds every
-    /// write of the tenure on the server's clock, and says so in the slot's
-    /// `bounded_epoch` in the claim itself.
-    pub async fn claim_among_bounded(
-        &self,
-        expired: &[Candidate],
-        bounded: bool,
-    ) -> Result<ClaimOutcome, LeaseError> {
         let mut outcome = ClaimOutcome::default();
         let n = expired.len();
         if n == 0 {
@@ -323,7 +279,7 @@ impl LeaseProtocol {
         for i in 0..n {
             let c = &expired[(start + i) % n];
             outcome.attempts += 1;
-            match self.try_claim(c, bounded).await {
+            match self.try_claim(c).await {
                 Ok(Some(lease)) => {
                     outcome.lease = Some(lease);
                     return Ok(outcome);
@@ -343,14 +299,9 @@ impl LeaseProtocol {
         Ok(outcome)
     }
 
-    async fn try_claim(&self, c: &Candidate, bounded: bool) -> Result<Option<Lease>, LeaseError> {
+    async fn try_claim(&self, c: &Candidate) -> Result<Option<Lease>, LeaseError> {
         let seen_time = c.time.map_or(Bson::Null, Bson::DateTime);
         let filter = doc! {"_id": &c.id, TIME: seen_time, EPOCH: c.epoch};
-        let bounded_epoch = if bounded {
-            Bson::Document(doc! {"$add": ["$epoch", 1_i64]})
-        } else {
-            Bson::Null
-        };
         let update = vec![doc! {"$set": {
             OWNER: &self.owner,
             "ip": self.identity.ip.to_string(),
@@ -359,10 +310,8 @@ impl LeaseProtocol {
             "lease_ms": self.timing.lease_ms(),
             EXPIRES_MS: self.expires_ms(),
             EPOCH: {"$add": ["$epoch", 1_i64]},
-            BOUNDED_EPOCH: bounded_epoch,
         }}];
         let sent = self.clock.now();
-        let sent_real = Instant::now();
         let claimed = self
             .slots
             .find_one_and_update(filter, update)
@@ -376,12 +325,6 @@ impl LeaseProtocol {
             deadline: sent + self.fence_window(),
             last_renewed: sent,
             fenced: false,
-            sent_real,
-            bounded,
-            // A slot with a `time` was held and its lease ran out on the server's
-            // clock (the survey judged it so, and the compare-and-set saw the same
-            // `time`); a released or new one has none.
-            after_bounded_expiry: c.time.is_some() && c.bounded,
         }))
     }
 
@@ -435,7 +378,6 @@ impl LeaseProtocol {
             }
         };
         let sent = self.clock.now();
-        let sent_real = Instant::now();
         if lease.fenced || sent >= lease.deadline {
             return Err(fenced(lease));
         }
@@ -457,7 +399,6 @@ impl LeaseProtocol {
             Ok(Ok(Some(renewed))) => {
                 lease.deadline = sent + self.fence_window();
                 lease.last_renewed = sent;
-                lease.sent_real = sent_real;
                 lease.rev = renewed.rev;
                 Ok(renewed)
             }
@@ -591,7 +532,6 @@ fn judge(d: &Document) -> Result<Judged, InvalidSlot> {
         time,
         epoch,
         expired_for,
-        bounded: matches!(d.get("bounded"), Some(Bson::Boolean(true))),
     }))
 }
 

@@ -22,7 +22,7 @@ use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::ContextStore;
 use crate::db::field::{EPOCH, SLOT_ID, WORKER};
-use crate::db::guard::{bound_window, WriteGuard};
+use crate::db::guard::WriteGuard;
 use crate::db::lease::{Lease, LeaseError, LeaseProtocol};
 use crate::db::pacing::WritePacer;
 use crate::db::store::Store;
@@ -50,9 +50,6 @@ pub struct HoldContext {
     pub line: crate::worker::standby_line::Line,
     /// How many of the first standbys in line to poke (`--watchers`).
     pub watchers: u64,
-    /// The server's clock as the worker last observed it: what a bounded holder
-    /// takes its writes' server-clock bound from.
-    pub server_clock: watch::Receiver<Option<crate::worker::standby_line::ServerClock>>,
 }
 
 /// How a held slot ended.
@@ -126,7 +123,7 @@ async fn hold(
     overflow: bool,
 ) -> Ended {
     report(&cx, &lease, SlotEvent::Claimed { overflow }).await;
-    let guard = server_bounded_guard(&cx, &lease);
+    let guard = WriteGuard::new(lease.deadline(), cx.clock.clone());
     let robots = start_supervisor(&cx, &lease, guard.clone());
     let tick = cx.timing.tick;
     let mut next = lease.last_renewed() + tick;
@@ -143,7 +140,6 @@ async fn hold(
             Ok(renewed) => {
                 let latency = began.elapsed();
                 guard.extend(lease.deadline());
-                stamp_from_clock(&cx, &lease, &guard);
                 report(
                     &cx,
                     &lease,
@@ -348,38 +344,6 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
     }
 }
 
-/// The write guard of a new lease. A claim that promised server-clock bounds
-/// (`bounded_epoch`) gets a guard that keeps that promise from its first write: its
-/// bound starts at the claim's stamp as the worker's clock observation places it.
-/// Without an observation to start from (which the worker rules out before such a
-/// claim) the guard is revoked at once: no robot writes, and the lease lapses into a
-/// fresh claim, rather than an unbounded write under a promise of bounds.
-fn server_bounded_guard(cx: &HoldContext, lease: &Lease) -> WriteGuard {
-    let guard = WriteGuard::new(lease.deadline(), cx.clock.clone());
-    if !lease.bounded() {
-        return guard;
-    }
-    let guard = guard.bounded(bound_window(cx.timing.lease(), cx.timing.margin));
-    match *cx.server_clock.borrow() {
-        Some(c) => guard.stamped(c.earliest_ms(lease.sent_real())),
-        None => {
-            tracing::error!(slot = %lease.slot_id, "claimed with server-clock bounds but no observation of the server's clock: writing nothing under this lease");
-            guard.revoke();
-        }
-    }
-    guard
-}
-
-/// After a renewal: the bound moves to that renewal's stamp, as placed by a fresh
-/// observation of the server's clock. With none fresh it stays, and a write refused
-/// for it is resent once the slot's own stamp was read (see
-/// [`ContextStore`]'s late writes).
-fn stamp_from_clock(cx: &HoldContext, lease: &Lease, guard: &WriteGuard) {
-    if let Some(c) = cx.server_clock.borrow().filter(|c| c.fresh()) {
-        guard.stamped(c.earliest_ms(lease.sent_real()));
-    }
-}
-
 /// Starts the robots of a new lease in their own task.
 fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> SupervisorHandle {
     let pacer = Arc::new(WritePacer::new(cx.timing.margin));
@@ -394,7 +358,7 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         guard,
         pacer.clone(),
     );
-    let mut supervisor = Supervisor::new(
+    let supervisor = Supervisor::new(
         cx.store.clone(),
         ctx,
         cx.registry.clone(),
@@ -402,7 +366,6 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         cx.metrics.clone(),
         cx.clock.clone(),
     );
-    supervisor.start_before_adoption(lease.after_bounded_expiry() && lease.bounded());
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,
         at: cx.clock.now(),

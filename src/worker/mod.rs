@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -114,9 +114,6 @@ pub struct Worker {
     /// The server's clock as last read with a heartbeat (see
     /// [`standby_line::CLOCK_REFRESH`]).
     server: Option<ServerClock>,
-    /// The same, for the held slots: each bounds its writes on the server's clock
-    /// from it (see [`crate::db::guard::WriteGuard::stamped`]).
-    server_seen: Arc<watch::Sender<Option<ServerClock>>>,
     /// When slots without `expires_ms` were last marked (first in line only).
     marked_at: Option<Instant>,
     /// When this worker last read its place in line (see [`standby_line::place_due`]).
@@ -193,7 +190,6 @@ impl Worker {
             line: Line::new(lease_store.workers()),
             ahead: 0,
             server: None,
-            server_seen: Arc::new(watch::channel(None).0),
             marked_at: None,
             placed_at: None,
             beaten: None,
@@ -249,7 +245,6 @@ impl Worker {
             ended: self.wake.clone(),
             line: self.line.clone(),
             watchers: self.settings.watchers,
-            server_clock: self.server_seen.subscribe(),
         }
     }
 
@@ -635,11 +630,7 @@ impl Worker {
 
     /// Claims one of `claimable` (hash start, compare-and-set) and starts holding it.
     async fn claim(&mut self, claimable: &[crate::db::lease::Candidate], overflow: bool) {
-        // A holder bounds every write on the server's clock when it knows that clock
-        // (a fresh observation); the claim says so to whoever takes the slot next.
-        let bounded = self.server.is_some_and(|c| c.fresh());
-        let claim = self.protocol.claim_among_bounded(claimable, bounded);
-        match tokio::time::timeout(self.op_timeout(), claim).await {
+        match tokio::time::timeout(self.op_timeout(), self.protocol.claim_among(claimable)).await {
             Err(_) => {
                 // A claim may have landed without its answer: that slot then expires
                 // unrenewed after L and is claimed again, with a new epoch.
@@ -755,7 +746,6 @@ impl Worker {
             Ok(Ok(clock)) => {
                 if clock.is_some() {
                     self.server = clock;
-                    self.server_seen.send_replace(clock);
                 }
                 Beaten::Written
             }

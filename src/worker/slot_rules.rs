@@ -226,7 +226,6 @@ mod tests {
             time: None,
             epoch: 1,
             expired_for: Duration::from_millis(ms),
-            bounded: false,
         }
     }
 

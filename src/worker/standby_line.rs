@@ -225,26 +225,6 @@ impl ServerClock {
     pub fn at_ms(&self, t: Instant) -> i64 {
         self.server_ms + t.saturating_duration_since(self.at).as_millis() as i64
     }
-
-    /// The earliest the server's clock can have read at local instant `t`, before or
-    /// after the observation: the server read `server_ms` at the latest when the reply
-    /// came back (`at + spread`), so at `t` it read at least `server_ms + (t − that)`.
-    /// Off only by the local clock's drift since the observation, which
-    /// [`crate::db::guard::bound_window`]'s `δ` allows for.
-    pub fn earliest_ms(&self, t: Instant) -> i64 {
-        let received = self.at + Duration::from_millis(self.spread_ms as u64);
-        let ms = |d: Duration| d.as_millis() as i64;
-        if t >= received {
-            self.server_ms + ms(t - received)
-        } else {
-            self.server_ms - ms(received - t)
-        }
-    }
-
-    /// Young enough to bound writes with: two refreshes (see [`CLOCK_REFRESH`]).
-    pub fn fresh(&self) -> bool {
-        self.age() < CLOCK_REFRESH * 2
-    }
 }
 
 /// One worker's heartbeat, as written to `workers`.
@@ -562,18 +542,6 @@ mod tests {
         assert!(beat(None).room());
         assert!(beat(Some(2)).room());
         assert!(!beat(Some(1)).room());
-    }
-
-    #[test]
-    fn the_earliest_server_time_allows_for_the_whole_round_trip() {
-        let t = Instant::now();
-        // Sent at t, answered at t + 40 ms: the server read 1,000 somewhere between.
-        let c = ServerClock::observed(1_000, t, t + Duration::from_millis(40));
-        assert_eq!(c.earliest_ms(t + Duration::from_millis(40)), 1_000);
-        assert_eq!(c.earliest_ms(t + Duration::from_millis(140)), 1_100);
-        // Before the observation too: at t the server read at least 960.
-        assert_eq!(c.earliest_ms(t), 960);
-        assert!(c.earliest_ms(t) <= c.at_ms(t));
     }
 
     #[test]

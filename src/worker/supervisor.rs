@@ -105,11 +105,6 @@ struct Listed {
     update: Option<PendingUpdate>,
     /// An `update` that cannot be one (a hand edit): left alone, counted by the probe.
     odd_update: bool,
-    /// Its `(gen, epoch)` exactly as stored, when both are whole numbers (a `gen`
-    /// never written is None): what an instance started before its adoption write
-    /// matches meanwhile (see [`ContextStore::start_early`]). None for a hand-broken
-    /// one, which is adopted first.
-    as_stored: Option<(Option<i64>, i64)>,
 }
 
 /// An update as its asker wrote it (see [`crate::pool::actions::update`]).
@@ -233,9 +228,6 @@ pub struct Supervisor {
     clock: SharedClock,
     /// Robots in the next adoption write (see [`next_adopt_chunk`]).
     adopt_chunk: usize,
-    /// The next sync starts robots before their adoption write (see
-    /// [`Supervisor::start_before_adoption`]).
-    early: bool,
 }
 
 impl Supervisor {
@@ -267,19 +259,7 @@ impl Supervisor {
             clock,
             // The first write measures the server; the next ones fit its pace.
             adopt_chunk: ADOPT_CHUNK_MIN,
-            early: false,
         }
-    }
-
-    /// Whether the first sync starts each robot as soon as it is listed, before its
-    /// adoption write lands. Only for a slot claimed after its lease ran out under a
-    /// holder that bounded every write on the server's clock
-    /// ([`crate::db::lease::Lease::after_bounded_expiry`]), by a holder that bounds
-    /// its own: the server refuses every write of the earlier instances from the
-    /// claim on, so the new instance is the only writer even before the adoption
-    /// raises the robot's generation. The adoption then follows in chunks, as ever.
-    pub fn start_before_adoption(&mut self, early: bool) {
-        self.early = early;
     }
 
     /// How many robots have a live task (including those stopping).
@@ -378,29 +358,6 @@ impl Supervisor {
             .filter(|l| starting.contains(&l.id))
             .map(|l| (l.id, l))
             .collect();
-        // After a bounded holder's lease ran out, the first sync starts every robot
-        // now, each under the generation its adoption will give it and, until then,
-        // under the state it was listed with; the adoption follows.
-        let mut early: HashMap<ObjectId, i64> = HashMap::new();
-        let mut undone = false;
-        if std::mem::take(&mut self.early) {
-            for id in &plan.start {
-                let Some(l) = wanted.get(id) else { continue };
-                let Some((gen, epoch)) = l.as_stored else {
-                    continue;
-                };
-                if epoch >= self.ctx.epoch() {
-                    continue;
-                }
-                let Some(l) = wanted.remove(id) else { continue };
-                self.ctx.start_early(l.id, gen, epoch);
-                early.insert(l.id, l.next_gen);
-                self.start(l.id, l.next_gen, l.start_rev, l.name, l.loaded);
-            }
-            if !early.is_empty() {
-                tracing::info!(slot = %self.ctx.slot_id(), robots = early.len(), "started robots before their adoption write: the last holder's lease ran out, and the server refuses its writes from then on");
-            }
-        }
         // Chunk by chunk, each chunk's robots started as soon as it is adopted: their
         // first checkpoints go out while the next chunk is being adopted.
         let mut started = 0;
@@ -418,13 +375,7 @@ impl Supervisor {
             // fenced at its first write, never run twice.
             let chunk: Vec<(ObjectId, i64)> = chunk
                 .iter()
-                .map(|id| {
-                    let gen = early
-                        .get(id)
-                        .copied()
-                        .or_else(|| wanted.get(id).map(|l| l.next_gen));
-                    (*id, gen.unwrap_or(0))
-                })
+                .map(|id| (*id, wanted.get(id).map_or(0, |l| l.next_gen)))
                 .collect();
             let Some(adopted) = self.adopt(&chunk).await? else {
                 break;
@@ -433,25 +384,8 @@ impl Supervisor {
             started += adopted.len();
             for (id, gen) in adopted {
                 adopted_now.insert(id);
-                if let Some(expected) = early.remove(&id) {
-                    self.ctx.adopted(&id);
-                    if gen != expected {
-                        // Adopted elsewhere between the list and the write: the
-                        // instance started early is not the current one.
-                        self.undo_early_start(&id);
-                        undone = true;
-                    }
-                } else if let Some(l) = wanted.remove(&id) {
+                if let Some(l) = wanted.remove(&id) {
                     self.start(id, gen, l.start_rev, l.name, l.loaded);
-                }
-            }
-            // Started early but not adopted (moved, deleted, refused, or adopted by
-            // a newer holder since the list): stopped, and fenced from now on.
-            for (id, _) in &chunk {
-                if early.remove(id).is_some() {
-                    self.ctx.adopted(id);
-                    self.undo_early_start(id);
-                    undone = true;
                 }
             }
         }
@@ -462,8 +396,7 @@ impl Supervisor {
             started, took_ms = began.elapsed().as_millis() as u64,
             "synced the slot's robots"
         );
-        // An early start undone: its robot is looked at again next sync.
-        self.synced_rev = (!plan.incomplete && !undone).then_some(rev);
+        self.synced_rev = (!plan.incomplete).then_some(rev);
         if !plan.incomplete {
             let mut expected = Fingerprint::expected(&views, &adopted_now, self.ctx.epoch());
             expected.updates = updates_left;
@@ -641,7 +574,6 @@ impl Supervisor {
                 update,
                 loaded: preload(&d, &name),
                 name,
-                as_stored: as_stored(&d),
             });
         }
         Ok(out)
@@ -682,16 +614,6 @@ impl Supervisor {
         );
     }
 
-    /// Stops an instance started before its adoption write when that write did not
-    /// make it the current one.
-    fn undo_early_start(&mut self, id: &ObjectId) {
-        if let Some(r) = self.running.get_mut(id) {
-            tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping a robot started before its adoption: the adoption did not take");
-            r.token.cancel();
-            r.stopping = true;
-        }
-    }
-
     /// Forgets robots whose task ended (stopped or fenced).
     fn reap(&mut self) {
         while let Some(done) = self.tasks.try_join_next() {
@@ -727,22 +649,6 @@ impl Supervisor {
         }
         self.running.clear();
     }
-}
-
-/// A robot's `(gen, epoch)` exactly as stored, for an early start's fence: whole
-/// numbers (`gen` may be missing, never written); None for anything else.
-fn as_stored(d: &Document) -> Option<(Option<i64>, i64)> {
-    let whole = |b: &Bson| match b {
-        Bson::Int64(v) => Some(*v),
-        Bson::Int32(v) => Some(i64::from(*v)),
-        _ => None,
-    };
-    let epoch = whole(d.get(EPOCH)?)?;
-    let gen = match d.get(GEN) {
-        None | Some(Bson::Null) => None,
-        Some(b) => Some(whole(b)?),
-    };
-    Some((gen, epoch))
 }
 
 /// Turns a listed document into what a first start needs, or None to load it fresh
