@@ -318,3 +318,163 @@ async fn adoption_knows_the_generations_it_gave_and_a_wrong_guess_fails_closed()
         }
     }
 }
+
+/// A holder of slot-001 at `epoch` as `worker`, whose lease lasts an hour.
+fn holder_at(db: &TestDb, worker: &str, epoch: i64) -> ContextStore {
+    ContextStore::new(
+        db.store.robots(),
+        "slot-001",
+        epoch,
+        worker,
+        Arc::new(Metrics::default()),
+        WriteGuard::new(
+            Instant::now() + Duration::from_secs(3600),
+            Arc::new(MonotonicClock),
+        ),
+        Arc::new(WritePacer::new(Duration::from_millis(400))),
+    )
+}
+
+/// One robot on slot-001 adopted by a holder at epoch 1; its id and gen.
+async fn one_adopted(db: &TestDb) -> (ObjectId, i64) {
+    db.init(1).await;
+    db.cli_ok(&["robot", "create", "--name", "b", "--kind", "counter"]);
+    let (store, _guard, _metrics) = holder(db);
+    let adopted = store.adopt(&as_read(db).await).await.unwrap();
+    adopted.ours[0]
+}
+
+async fn robot(db: &TestDb, id: &ObjectId) -> bson::Document {
+    db.store
+        .robots()
+        .find_one(doc! {"_id": id})
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+fn is_fenced<T: std::fmt::Debug>(r: &Result<T, ContextError>) -> bool {
+    matches!(r, Err(ContextError::Fenced { .. }))
+}
+
+/// A new holder (epoch 2) starts the robot before its adoption write: the instance
+/// writes under the state it was listed with until the adoption lands, and under
+/// the adopted state alone after. A write of the last holder still in flight is
+/// ordered by `seq`: sent after the instance's first checkpoint, it matches
+/// nothing; after the adoption its generation alone refuses it.
+#[tokio::test]
+async fn an_instance_started_before_its_adoption_writes_until_then_under_the_listed_state() {
+    let db = TestDb::new("early_listed").await;
+    let (id, old_gen) = one_adopted(&db).await;
+    let old = holder_at(&db, "10.0.0.1:7700", 1);
+    let new = holder_at(&db, "10.0.0.2:7700", 2);
+    let new_gen = old_gen + 1;
+    // Without an early start, the instance of the coming generation cannot write.
+    let refused = new
+        .checkpoint(&id, new_gen, "b", doc! {"n": 1_i64}, 0, 0)
+        .await;
+    assert!(is_fenced(&refused), "{refused:?}");
+    new.start_early(id, Some(old_gen), 1);
+    assert!(new
+        .set_status(&id, new_gen, "running", None, None)
+        .await
+        .unwrap());
+    new.checkpoint(&id, new_gen, "b", doc! {"n": 1_i64}, 0, 0)
+        .await
+        .unwrap();
+    // The last holder's checkpoint that followed seq 0 arrives now: it matches
+    // nothing, although the robot still carries that holder's epoch and generation.
+    let late = old
+        .checkpoint(&id, old_gen, "b", doc! {"n": 99_i64}, 0, 0)
+        .await;
+    assert!(is_fenced(&late), "{late:?}");
+    let d = robot(&db, &id).await;
+    assert_eq!(
+        (d.get_i64("epoch").unwrap(), d.get_i64("gen").unwrap()),
+        (1, old_gen),
+        "not adopted yet"
+    );
+    // The adoption lands; from then on only the adopted state matches.
+    let adopted = new.adopt(&[(id, new_gen)]).await.unwrap();
+    assert_eq!(adopted.ours, vec![(id, new_gen)]);
+    new.adopted(&id);
+    new.checkpoint(&id, new_gen, "b", doc! {"n": 2_i64}, 0, 1)
+        .await
+        .unwrap();
+    let late = old
+        .checkpoint(&id, old_gen, "b", doc! {"n": 99_i64}, 0, 2)
+        .await;
+    assert!(is_fenced(&late), "{late:?}");
+    assert!(!old
+        .set_status(&id, old_gen, "failed", Some("late"), None)
+        .await
+        .unwrap());
+    let d = robot(&db, &id).await;
+    assert_eq!(d.get_i64("seq").unwrap(), 2);
+    assert_eq!(d.get_document("context").unwrap().get_i64("n").unwrap(), 2);
+    assert_eq!(d.get_str("status").unwrap(), "running");
+    assert_eq!(d.get_i64("epoch").unwrap(), 2);
+    assert_eq!(d.get_i64("gen").unwrap(), new_gen);
+}
+
+/// The other order: the last holder's write in flight lands first (after the claim,
+/// before the adoption write). The early instance, started from the context listed
+/// before it, is then refused at its first checkpoint, as an instance started after
+/// its adoption from that same listing would be: the landed step is kept, not
+/// overwritten, and `seq` never goes back.
+#[tokio::test]
+async fn a_write_in_flight_that_lands_first_fences_the_early_instance() {
+    let db = TestDb::new("early_loses").await;
+    let (id, old_gen) = one_adopted(&db).await;
+    let old = holder_at(&db, "10.0.0.1:7700", 1);
+    let new = holder_at(&db, "10.0.0.2:7700", 2);
+    let new_gen = old_gen + 1;
+    new.start_early(id, Some(old_gen), 1);
+    old.checkpoint(&id, old_gen, "b", doc! {"n": 1_i64}, 0, 0)
+        .await
+        .unwrap();
+    let first = new
+        .checkpoint(&id, new_gen, "b", doc! {"n": 1_i64}, 0, 0)
+        .await;
+    assert!(is_fenced(&first), "{first:?}");
+    let d = robot(&db, &id).await;
+    assert_eq!(d.get_i64("seq").unwrap(), 1);
+    assert_eq!(
+        d.get_document("context").unwrap().get_i64("n").unwrap(),
+        1,
+        "the step that landed first is kept"
+    );
+}
+
+/// An early start whose listed state is not the robot's (adopted again, or moved
+/// and back, between the list and the first write) writes nothing; a robot never
+/// written (`gen` missing) is matched as listed.
+#[tokio::test]
+async fn an_early_start_matches_only_the_state_it_listed() {
+    let db = TestDb::new("early_state").await;
+    let (id, old_gen) = one_adopted(&db).await;
+    let new = holder_at(&db, "10.0.0.2:7700", 2);
+    // Listed with a generation the robot does not have.
+    new.start_early(id, Some(old_gen + 5), 1);
+    let r = new
+        .checkpoint(&id, old_gen + 6, "b", doc! {"n": 1_i64}, 0, 0)
+        .await;
+    assert!(is_fenced(&r), "{r:?}");
+    // Listed under another epoch.
+    new.start_early(id, Some(old_gen), 3);
+    let r = new
+        .checkpoint(&id, old_gen + 1, "b", doc! {"n": 1_i64}, 0, 0)
+        .await;
+    assert!(is_fenced(&r), "{r:?}");
+    // A robot whose `gen` was never written, listed as such.
+    db.store
+        .robots()
+        .update_one(doc! {"_id": id}, doc! {"$unset": {"gen": ""}})
+        .await
+        .unwrap();
+    new.start_early(id, None, 1);
+    new.checkpoint(&id, 1, "b", doc! {"n": 1_i64}, 0, 0)
+        .await
+        .unwrap();
+    assert_eq!(robot(&db, &id).await.get_i64("seq").unwrap(), 1);
+}

@@ -152,6 +152,16 @@ async fn thirty_counters_run_once_each_and_resume_after_kill_9() {
     for r in db.robots().await {
         assert_counter_invariants(&r);
     }
+    // The killed holder's successor started the robots before adopting them, and
+    // still nothing ran twice.
+    let heir = owner(&db.slot("slot-001").await).unwrap();
+    let heir = w.iter().find(|x| x.id == heir).unwrap();
+    assert!(
+        heir.log_text()
+            .contains("started robots before their adoption write"),
+        "the new holder's log:\n{}",
+        heir.log_text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -12,6 +12,18 @@
 //! may still be running. Every adoption raises the robot's `gen`, and each running
 //! instance writes only under the `gen` its own adoption produced, so whatever
 //! sequence of moves and takeovers happened, only the newest instance can write.
+//!
+//! An instance may start before its adoption write lands (the first sync after a
+//! claim, see [`ContextStore::start_early`]): until then it writes under the robot's
+//! state as listed, `(gen g0, epoch e0)`, as well as the state its adoption gives,
+//! `(g0 + 1, this epoch)`. That opens no gap that adopting first closes. The instances
+//! that held `(g0, e0)` stopped before the lease could be claimed (the self-fence);
+//! what may still come from them is a write the network held, and that write could
+//! land before the adoption write either way. Every checkpoint is a compare-and-set
+//! on `seq`, so of such a write and the new instance's first checkpoint only one
+//! lands: the other matches nothing, and a new instance that loses is stopped as
+//! fenced, exactly as an instance started after its adoption from the same listed
+//! context would be.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
@@ -25,7 +37,8 @@ use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
 use crate::metrics::Metrics;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -107,7 +120,14 @@ pub struct ContextStore {
     commit: GroupCommit,
     /// The robots' output lines, kept per robot (see [`crate::db::output_log`]).
     output: OutputLog,
+    /// Robots started before their adoption write landed, with the `(gen, epoch)`
+    /// they were listed with (see [`ContextStore::start_early`]).
+    early: Arc<Mutex<HashMap<ObjectId, ListedState>>>,
 }
+
+/// A robot's `(gen, epoch)` as listed, for an instance started before its adoption
+/// (`gen` None when never written).
+type ListedState = (Option<i64>, i64);
 
 /// What one adoption write did.
 #[derive(Debug, Default)]
@@ -165,7 +185,28 @@ impl ContextStore {
             guard,
             pacer,
             commit,
+            early: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// Lets the instance about to start under generation `gen` write before its
+    /// adoption write lands: its writes also match the robot as it was listed,
+    /// `(listed_gen, listed_epoch)`. Only on the first sync after a claim, for robots
+    /// the slot's earlier holders adopted: their instances stopped before the claim,
+    /// and the module's notes say why a write of theirs still in flight is no more
+    /// harm than it is to an instance started after its adoption. Once the adoption
+    /// lands ([`ContextStore::adopted`]) only `gen` matches.
+    pub fn start_early(&self, id: ObjectId, listed_gen: Option<i64>, listed_epoch: i64) {
+        self.early
+            .lock()
+            .expect("early lock")
+            .insert(id, (listed_gen, listed_epoch));
+    }
+
+    /// The robot's adoption landed, or its early start was undone: its writes
+    /// match its adopted state alone.
+    pub fn adopted(&self, id: &ObjectId) {
+        self.early.lock().expect("early lock").remove(id);
     }
 
     pub fn slot_id(&self) -> &str {
@@ -297,8 +338,23 @@ impl ContextStore {
         Ok(Adopted { ours, refused })
     }
 
-    fn fence(&self, id: &ObjectId, gen: i64) -> Document {
-        doc! {"_id": id, SLOT_ID: &self.slot_id, EPOCH: self.epoch, GEN: gen}
+    /// What the robot's document must still say for instance `gen` to own it.
+    fn fence_match(&self, id: &ObjectId, gen: i64) -> Document {
+        let listed = self.early.lock().expect("early lock").get(id).copied();
+        match listed {
+            None => doc! {"_id": id, SLOT_ID: &self.slot_id, EPOCH: self.epoch, GEN: gen},
+            // Two `$in`s rather than an `$or` of the two states: the dev server reads
+            // the whole collection for an `$or` (10 ms a write at 1,000 robots, against
+            // 1 ms). The two cross states they also admit are no one's: this holder
+            // alone writes `epoch` = its own, and a `(gen, epoch)` of `(g0 + 1, e0)`
+            // needs the last holder to adopt the robot again after the claim, with its
+            // lease over. The `seq` condition orders any writes that do match.
+            Some((listed_gen, listed_epoch)) => doc! {
+                "_id": id, SLOT_ID: &self.slot_id,
+                EPOCH: {"$in": [listed_epoch, self.epoch]},
+                GEN: {"$in": [listed_gen.map_or(Bson::Null, Bson::Int64), Bson::Int64(gen)]},
+            },
+        }
     }
 
     fn lapsed(&self, name: &str) -> ContextError {
@@ -321,7 +377,7 @@ impl ContextStore {
     pub async fn load(&self, id: &ObjectId, gen: i64, name: &str) -> Result<Loaded, ContextError> {
         let d = self
             .robots
-            .find_one(self.fence(id, gen))
+            .find_one(self.fence_match(id, gen))
             .projection(doc! {NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1})
             .await?
             .ok_or_else(|| self.fenced(name))?;
@@ -399,7 +455,7 @@ impl ContextStore {
                 ]},
             );
         }
-        let mut filter = self.fence(id, gen);
+        let mut filter = self.fence_match(id, gen);
         filter.insert(SEQ, after_seq);
         let written = self
             .commit
@@ -453,9 +509,20 @@ impl ContextStore {
         if let Some(n) = restarts {
             set.insert(RESTARTS, n);
         }
+        self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
+            .await
+    }
+
+    /// One fenced `updateOne` of instance `gen`'s robot. True when it matched.
+    async fn update_fenced(
+        &self,
+        id: &ObjectId,
+        gen: i64,
+        update: mongodb::options::UpdateModifications,
+    ) -> Result<bool, ContextError> {
         let r = self
             .robots
-            .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
+            .update_one(self.fence_match(id, gen), update)
             .await?;
         Ok(r.matched_count == 1)
     }
@@ -542,11 +609,8 @@ impl ContextStore {
             RESTARTS: restarts,
             "status_at": "$$NOW",
         };
-        let r = self
-            .robots
-            .update_one(self.fence(id, gen), vec![doc! {"$set": set}])
-            .await?;
-        Ok(r.matched_count == 1)
+        self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
+            .await
     }
 
     /// Records what contains a running robot's processes (see
@@ -564,22 +628,16 @@ impl ContextStore {
         if !self.guard.is_open() {
             return Ok(false);
         }
-        let r = self
-            .robots
-            .update_one(
-                self.fence(id, gen),
-                match applied_limits {
-                    Some(applied) => doc! {"$set": {
-                        "containment": containment, APPLIED_LIMITS: applied,
-                    }},
-                    None => doc! {
-                        "$set": {"containment": containment},
-                        "$unset": {APPLIED_LIMITS: ""},
-                    },
-                },
-            )
-            .await?;
-        Ok(r.matched_count == 1)
+        let update = match applied_limits {
+            Some(applied) => doc! {"$set": {
+                "containment": containment, APPLIED_LIMITS: applied,
+            }},
+            None => doc! {
+                "$set": {"containment": containment},
+                "$unset": {APPLIED_LIMITS: ""},
+            },
+        };
+        self.update_fenced(id, gen, update.into()).await
     }
 }
 

@@ -105,6 +105,11 @@ struct Listed {
     update: Option<PendingUpdate>,
     /// An `update` that cannot be one (a hand edit): left alone, counted by the probe.
     odd_update: bool,
+    /// Its `(gen, epoch)` exactly as stored, when both are whole numbers (a `gen`
+    /// never written is None): what an instance started before its adoption write
+    /// matches meanwhile (see [`ContextStore::start_early`]). None for a hand-broken
+    /// one, which is adopted first.
+    as_stored: Option<(Option<i64>, i64)>,
 }
 
 /// An update as its asker wrote it (see [`crate::pool::actions::update`]).
@@ -228,6 +233,9 @@ pub struct Supervisor {
     clock: SharedClock,
     /// Robots in the next adoption write (see [`next_adopt_chunk`]).
     adopt_chunk: usize,
+    /// The next sync starts robots before their adoption write (see
+    /// [`Supervisor::start_before_adoption`]).
+    early: bool,
 }
 
 impl Supervisor {
@@ -259,7 +267,22 @@ impl Supervisor {
             clock,
             // The first write measures the server; the next ones fit its pace.
             adopt_chunk: ADOPT_CHUNK_MIN,
+            early: false,
         }
+    }
+
+    /// Whether the first sync starts each robot as soon as it is listed, before its
+    /// adoption write lands: set for the first sync after a claim, and only for robots
+    /// an earlier holder of this slot adopted (`0 < epoch <` this one). Their instances
+    /// stopped before the slot could be claimed (the self-fence), so the new one is the
+    /// only live instance; until its adoption raises the robot's generation it writes
+    /// under the state it was listed with, and the checkpoint's compare-and-set on
+    /// `seq` orders it against any write of theirs still in flight (see
+    /// [`ContextStore::start_early`]). The adoption then follows in chunks, as ever.
+    /// Robots new to the slot (epoch 0: created, or moved in from a slot whose holder
+    /// may not have stopped them yet) are adopted first.
+    pub fn start_before_adoption(&mut self, early: bool) {
+        self.early = early;
     }
 
     /// How many robots have a live task (including those stopping).
@@ -358,6 +381,29 @@ impl Supervisor {
             .filter(|l| starting.contains(&l.id))
             .map(|l| (l.id, l))
             .collect();
+        // The first sync after a claim starts the robots the slot's earlier holders
+        // ran now, each under the generation its adoption will give it and, until
+        // then, under the state it was listed with; the adoption follows.
+        let mut early: HashMap<ObjectId, i64> = HashMap::new();
+        let mut undone = false;
+        if std::mem::take(&mut self.early) {
+            for id in &plan.start {
+                let Some(l) = wanted.get(id) else { continue };
+                let Some((gen, epoch)) = l.as_stored else {
+                    continue;
+                };
+                if epoch < 1 || epoch >= self.ctx.epoch() {
+                    continue;
+                }
+                let Some(l) = wanted.remove(id) else { continue };
+                self.ctx.start_early(l.id, gen, epoch);
+                early.insert(l.id, l.next_gen);
+                self.start(l.id, l.next_gen, l.start_rev, l.name, l.loaded);
+            }
+            if !early.is_empty() {
+                tracing::info!(slot = %self.ctx.slot_id(), robots = early.len(), "started robots before their adoption write: the slot's earlier holders stopped them before it could be claimed");
+            }
+        }
         // Chunk by chunk, each chunk's robots started as soon as it is adopted: their
         // first checkpoints go out while the next chunk is being adopted.
         let mut started = 0;
@@ -375,17 +421,52 @@ impl Supervisor {
             // fenced at its first write, never run twice.
             let chunk: Vec<(ObjectId, i64)> = chunk
                 .iter()
-                .map(|id| (*id, wanted.get(id).map_or(0, |l| l.next_gen)))
+                .map(|id| {
+                    let gen = early
+                        .get(id)
+                        .copied()
+                        .or_else(|| wanted.get(id).map(|l| l.next_gen));
+                    (*id, gen.unwrap_or(0))
+                })
                 .collect();
-            let Some(adopted) = self.adopt(&chunk).await? else {
-                break;
+            let adopted = match self.adopt(&chunk).await {
+                Ok(Some(adopted)) => adopted,
+                outcome => {
+                    // The adoption stopped part-way (the lease lapsing, the database
+                    // out of reach): robots started early and not adopted yet are
+                    // stopped, to start again the usual way, adoption first.
+                    for id in std::mem::take(&mut early).into_keys() {
+                        self.ctx.adopted(&id);
+                        self.undo_early_start(&id);
+                        undone = true;
+                    }
+                    outcome?;
+                    break;
+                }
             };
             self.adopt_chunk = next_adopt_chunk(took.elapsed(), chunk.len(), budget);
             started += adopted.len();
             for (id, gen) in adopted {
                 adopted_now.insert(id);
-                if let Some(l) = wanted.remove(&id) {
+                if let Some(expected) = early.remove(&id) {
+                    self.ctx.adopted(&id);
+                    if gen != expected {
+                        // Adopted elsewhere between the list and the write: the
+                        // instance started early is not the current one.
+                        self.undo_early_start(&id);
+                        undone = true;
+                    }
+                } else if let Some(l) = wanted.remove(&id) {
                     self.start(id, gen, l.start_rev, l.name, l.loaded);
+                }
+            }
+            // Started early but not adopted (moved, deleted, refused, or adopted by
+            // a newer holder since the list): stopped, and fenced from now on.
+            for (id, _) in &chunk {
+                if early.remove(id).is_some() {
+                    self.ctx.adopted(id);
+                    self.undo_early_start(id);
+                    undone = true;
                 }
             }
         }
@@ -396,7 +477,8 @@ impl Supervisor {
             started, took_ms = began.elapsed().as_millis() as u64,
             "synced the slot's robots"
         );
-        self.synced_rev = (!plan.incomplete).then_some(rev);
+        // An early start undone: its robot is looked at again next sync.
+        self.synced_rev = (!plan.incomplete && !undone).then_some(rev);
         if !plan.incomplete {
             let mut expected = Fingerprint::expected(&views, &adopted_now, self.ctx.epoch());
             expected.updates = updates_left;
@@ -574,6 +656,7 @@ impl Supervisor {
                 update,
                 loaded: preload(&d, &name),
                 name,
+                as_stored: as_stored(&d),
             });
         }
         Ok(out)
@@ -614,6 +697,16 @@ impl Supervisor {
         );
     }
 
+    /// Stops an instance started before its adoption write when that write did not
+    /// make it the current one.
+    fn undo_early_start(&mut self, id: &ObjectId) {
+        if let Some(r) = self.running.get_mut(id) {
+            tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping a robot started before its adoption: the adoption did not take");
+            r.token.cancel();
+            r.stopping = true;
+        }
+    }
+
     /// Forgets robots whose task ended (stopped or fenced).
     fn reap(&mut self) {
         while let Some(done) = self.tasks.try_join_next() {
@@ -649,6 +742,22 @@ impl Supervisor {
         }
         self.running.clear();
     }
+}
+
+/// A robot's `(gen, epoch)` exactly as stored, for an early start's fence: whole
+/// numbers (`gen` may be missing, never written); None for anything else.
+fn as_stored(d: &Document) -> Option<(Option<i64>, i64)> {
+    let whole = |b: &Bson| match b {
+        Bson::Int64(v) => Some(*v),
+        Bson::Int32(v) => Some(i64::from(*v)),
+        _ => None,
+    };
+    let epoch = whole(d.get(EPOCH)?)?;
+    let gen = match d.get(GEN) {
+        None | Some(Bson::Null) => None,
+        Some(b) => Some(whole(b)?),
+    };
+    Some((gen, epoch))
 }
 
 /// Turns a listed document into what a first start needs, or None to load it fresh
