@@ -93,12 +93,7 @@ pub const ADOPT_CHUNK_MIN: usize = 10;
 /// that wait well inside the margin, at any tick. At the default tick every chunk is
 /// [`ADOPT_CHUNK`]; at 100 ms (a 45 ms margin) about twenty robots.
 pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
-    if robots == 0 || took.is_zero() {
-        return ADOPT_CHUNK;
-    }
-    let per_robot = took.as_secs_f64() / robots as f64;
-    let fit = (budget.as_secs_f64() / per_robot).floor() as usize;
-    fit.clamp(ADOPT_CHUNK_MIN, ADOPT_CHUNK)
+    crate::db::pacing::statements_within(budget, took, robots, ADOPT_CHUNK_MIN, ADOPT_CHUNK)
 }
 
 /// Documents per cursor batch when reading a slot's robots: a server building one

@@ -127,6 +127,14 @@ impl WritePacer {
         s.limit
     }
 
+    /// How long one robot write command may keep the database busy: half the fence
+    /// margin. The dev server answers one command at a time, so a renewal sent while
+    /// such a command runs waits behind all of it; this keeps that wait well inside
+    /// the margin at any tick.
+    pub fn command_budget(&self) -> Duration {
+        self.slow * 2
+    }
+
     /// How many robot writes may be in flight now.
     pub fn limit(&self) -> usize {
         self.state.lock().expect("pacer lock").limit
@@ -136,6 +144,24 @@ impl WritePacer {
     pub fn inflight(&self) -> usize {
         self.state.lock().expect("pacer lock").inflight
     }
+}
+
+/// How many statements one command may carry so that it keeps the database busy
+/// for at most `budget`, at the cost per statement the last command showed (`took`
+/// for `done` statements), from `min` to `max`; `max` before anything was measured.
+/// The cost is taken from the whole round trip, so it errs on the short side.
+pub fn statements_within(
+    budget: Duration,
+    took: Duration,
+    done: usize,
+    min: usize,
+    max: usize,
+) -> usize {
+    if done == 0 || took.is_zero() {
+        return max;
+    }
+    let each = took.as_secs_f64() / done as f64;
+    ((budget.as_secs_f64() / each).floor() as usize).clamp(min, max)
 }
 
 #[cfg(test)]
