@@ -344,6 +344,16 @@ async fn one_adopted(db: &TestDb) -> (ObjectId, i64) {
     adopted.ours[0]
 }
 
+/// One robot adopted at epoch 1 (`one_adopted`), and the holders on either side of
+/// a takeover: the last one (epoch 1) and the new one (epoch 2). Returns the robot,
+/// its generation under the last holder, and the two holders.
+async fn taken_over(db: &TestDb) -> (ObjectId, i64, ContextStore, ContextStore) {
+    let (id, old_gen) = one_adopted(db).await;
+    let old = holder_at(db, "10.0.0.1:7700", 1);
+    let new = holder_at(db, "10.0.0.2:7700", 2);
+    (id, old_gen, old, new)
+}
+
 async fn robot(db: &TestDb, id: &ObjectId) -> bson::Document {
     db.store
         .robots()
@@ -365,9 +375,7 @@ fn is_fenced<T: std::fmt::Debug>(r: &Result<T, ContextError>) -> bool {
 #[tokio::test]
 async fn an_instance_started_before_its_adoption_writes_until_then_under_the_listed_state() {
     let db = TestDb::new("early_listed").await;
-    let (id, old_gen) = one_adopted(&db).await;
-    let old = holder_at(&db, "10.0.0.1:7700", 1);
-    let new = holder_at(&db, "10.0.0.2:7700", 2);
+    let (id, old_gen, old, new) = taken_over(&db).await;
     let new_gen = old_gen + 1;
     // Without an early start, the instance of the coming generation cannot write.
     let refused = new
@@ -425,9 +433,7 @@ async fn an_instance_started_before_its_adoption_writes_until_then_under_the_lis
 #[tokio::test]
 async fn a_write_in_flight_that_lands_first_fences_the_early_instance() {
     let db = TestDb::new("early_loses").await;
-    let (id, old_gen) = one_adopted(&db).await;
-    let old = holder_at(&db, "10.0.0.1:7700", 1);
-    let new = holder_at(&db, "10.0.0.2:7700", 2);
+    let (id, old_gen, old, new) = taken_over(&db).await;
     let new_gen = old_gen + 1;
     new.start_early(id, Some(old_gen), 1);
     old.checkpoint(&id, old_gen, "b", doc! {"n": 1_i64}, 0, 0)

@@ -358,7 +358,7 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         guard,
         pacer.clone(),
     );
-    let mut supervisor = Supervisor::new(
+    let supervisor = Supervisor::new(
         cx.store.clone(),
         ctx,
         cx.registry.clone(),
@@ -366,9 +366,6 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         cx.metrics.clone(),
         cx.clock.clone(),
     );
-    // A new lease: the robots its earlier holders ran start before their adoption
-    // write lands (see `Supervisor::start_before_adoption`).
-    supervisor.start_before_adoption(true);
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,
         at: cx.clock.now(),

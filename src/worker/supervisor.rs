@@ -233,8 +233,16 @@ pub struct Supervisor {
     clock: SharedClock,
     /// Robots in the next adoption write (see [`next_adopt_chunk`]).
     adopt_chunk: usize,
-    /// The next sync starts robots before their adoption write (see
-    /// [`Supervisor::start_before_adoption`]).
+    /// True until the first sync after the claim (a supervisor lives as long as one
+    /// lease): that sync starts each robot an earlier holder of this slot adopted
+    /// (`0 < epoch <` this one) as soon as it is listed, before its adoption write
+    /// lands. Their instances stopped before the slot could be claimed (the
+    /// self-fence), so the new one is the only live instance; until its adoption
+    /// raises the robot's generation it writes under the state it was listed with,
+    /// and the checkpoint's compare-and-set on `seq` orders it against any write of
+    /// theirs still in flight (see [`ContextStore::start_early`]). The adoption then
+    /// follows in chunks, as ever. Robots new to the slot (epoch 0: created, or moved
+    /// in from a slot whose holder may not have stopped them yet) are adopted first.
     early: bool,
 }
 
@@ -267,22 +275,8 @@ impl Supervisor {
             clock,
             // The first write measures the server; the next ones fit its pace.
             adopt_chunk: ADOPT_CHUNK_MIN,
-            early: false,
+            early: true,
         }
-    }
-
-    /// Whether the first sync starts each robot as soon as it is listed, before its
-    /// adoption write lands: set for the first sync after a claim, and only for robots
-    /// an earlier holder of this slot adopted (`0 < epoch <` this one). Their instances
-    /// stopped before the slot could be claimed (the self-fence), so the new one is the
-    /// only live instance; until its adoption raises the robot's generation it writes
-    /// under the state it was listed with, and the checkpoint's compare-and-set on
-    /// `seq` orders it against any write of theirs still in flight (see
-    /// [`ContextStore::start_early`]). The adoption then follows in chunks, as ever.
-    /// Robots new to the slot (epoch 0: created, or moved in from a slot whose holder
-    /// may not have stopped them yet) are adopted first.
-    pub fn start_before_adoption(&mut self, early: bool) {
-        self.early = early;
     }
 
     /// How many robots have a live task (including those stopping).
@@ -436,7 +430,6 @@ impl Supervisor {
                     // out of reach): robots started early and not adopted yet are
                     // stopped, to start again the usual way, adoption first.
                     for id in std::mem::take(&mut early).into_keys() {
-                        self.ctx.adopted(&id);
                         self.undo_early_start(&id);
                         undone = true;
                     }
@@ -449,8 +442,9 @@ impl Supervisor {
             for (id, gen) in adopted {
                 adopted_now.insert(id);
                 if let Some(expected) = early.remove(&id) {
-                    self.ctx.adopted(&id);
-                    if gen != expected {
+                    if gen == expected {
+                        self.ctx.adopted(&id);
+                    } else {
                         // Adopted elsewhere between the list and the write: the
                         // instance started early is not the current one.
                         self.undo_early_start(&id);
@@ -464,7 +458,6 @@ impl Supervisor {
             // a newer holder since the list): stopped, and fenced from now on.
             for (id, _) in &chunk {
                 if early.remove(id).is_some() {
-                    self.ctx.adopted(id);
                     self.undo_early_start(id);
                     undone = true;
                 }
@@ -698,8 +691,10 @@ impl Supervisor {
     }
 
     /// Stops an instance started before its adoption write when that write did not
-    /// make it the current one.
+    /// make it the current one; its robot's writes match its adopted state alone
+    /// from now on, which fences it.
     fn undo_early_start(&mut self, id: &ObjectId) {
+        self.ctx.adopted(id);
         if let Some(r) = self.running.get_mut(id) {
             tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping a robot started before its adoption: the adoption did not take");
             r.token.cancel();
