@@ -484,3 +484,157 @@ async fn an_early_start_matches_only_the_state_it_listed() {
         .unwrap();
     assert_eq!(robot(&db, &id).await.get_i64("seq").unwrap(), 1);
 }
+
+/// One adoption statement over the slot (the O(1) form) takes every unpaused robot
+/// of the slot whose epoch is older than the holder's, and no other: not a paused
+/// one, not one a newer holder adopted, not one this holder already runs, not one
+/// of another slot. Each robot it takes gets a generation one up, as a chunk would
+/// give it, and that generation's instance writes. A robot moved in after the
+/// listing is taken too (the move's `rev` bump makes the next sync start it), and
+/// the generations are then read back, not guessed. A hand-edited document the
+/// validator refuses stops the statement part-way; the robots it did not reach are
+/// adopted one by one, and only the broken one is left.
+#[tokio::test]
+async fn one_statement_over_the_slot_adopts_exactly_its_older_unpaused_robots() {
+    let db = TestDb::new("adopt_slot").await;
+    db.init(2).await;
+    let coll = db.store.robots();
+    for (name, count) in [("older", "6"), ("other", "2"), ("late", "1")] {
+        db.cli_ok(&[
+            "robot", "create", "--name", name, "--kind", "counter", "--count", count,
+        ]);
+    }
+    coll.update_many(doc! {}, doc! {"$set": {"slot_id": "slot-002"}})
+        .await
+        .unwrap();
+    coll.update_many(
+        doc! {"name": {"$regex": "^older"}},
+        doc! {"$set": {"slot_id": "slot-001"}},
+    )
+    .await
+    .unwrap();
+    let all = || async {
+        let mut all = db.robots().await;
+        all.sort_by_key(|d| d.get_object_id("_id").unwrap());
+        all
+    };
+    let older = || async {
+        let mut older: Vec<bson::Document> = db
+            .robots()
+            .await
+            .into_iter()
+            .filter(|d| d.get_str("name").is_ok_and(|n| n.starts_with("older")))
+            .collect();
+        older.sort_by_key(|d| d.get_str("name").unwrap().to_string());
+        older
+    };
+    let gens = |docs: &[bson::Document]| -> Vec<(ObjectId, i64)> {
+        docs.iter()
+            .map(|d| (d.get_object_id("_id").unwrap(), gen_after_adoption(d)))
+            .collect()
+    };
+    let listed = older().await;
+    let ids: Vec<ObjectId> = gens(&listed).into_iter().map(|(id, _)| id).collect();
+    // Adopted at epoch 1, then one paused, one taken by a newer holder (epoch 9),
+    // one already this holder's (epoch 3).
+    let (first, _guard, _metrics) = holder(&db);
+    first.adopt(&gens(&listed)).await.unwrap();
+    for (i, set) in [
+        (3, doc! {"paused": true}),
+        (4, doc! {"epoch": 9_i64}),
+        (5, doc! {"epoch": 3_i64}),
+    ] {
+        coll.update_one(doc! {"_id": ids[i]}, doc! {"$set": set})
+            .await
+            .unwrap();
+    }
+    let before = all().await;
+    let holder = holder_at(&db, "10.0.0.3:7700", 3);
+    let wanted = gens(&older().await[..3]);
+    let adopted = holder.adopt_slot(&wanted).await.unwrap();
+    assert_eq!(adopted.ours, wanted, "the three older, unpaused robots");
+    for (d, was) in all().await.iter().zip(&before) {
+        let id = d.get_object_id("_id").unwrap();
+        match wanted.iter().find(|(w, _)| *w == id) {
+            Some((_, gen)) => {
+                assert_eq!(d.get_i64("epoch").unwrap(), 3);
+                assert_eq!(d.get_i64("gen").unwrap(), *gen);
+                assert_eq!(d.get_str("worker").unwrap(), "10.0.0.3:7700");
+                let wrote = holder
+                    .checkpoint(&id, *gen, "older", doc! {"n": 1_i64}, 0, 0)
+                    .await;
+                assert!(wrote.is_ok(), "{wrote:?}");
+            }
+            None => assert_eq!(d, was, "left as it was"),
+        }
+    }
+
+    // A robot moved in after the listing is taken too; the answer, read back, names
+    // only the robots asked for, with the generations they have now.
+    coll.update_many(
+        doc! {"slot_id": "slot-001", "paused": false},
+        doc! {"$set": {"epoch": 2_i64}},
+    )
+    .await
+    .unwrap();
+    let listed = older().await;
+    let wanted: Vec<(ObjectId, i64)> = gens(&listed)
+        .into_iter()
+        .filter(|(id, _)| *id != ids[3])
+        .collect();
+    coll.update_one(
+        doc! {"name": "late"},
+        doc! {"$set": {"slot_id": "slot-001", "epoch": 0_i64}},
+    )
+    .await
+    .unwrap();
+    let mut adopted = holder_at(&db, "10.0.0.4:7700", 4)
+        .adopt_slot(&wanted)
+        .await
+        .unwrap();
+    adopted.ours.sort();
+    let mut expected = wanted.clone();
+    expected.sort();
+    assert_eq!(adopted.ours, expected);
+    let late = coll.find_one(doc! {"name": "late"}).await.unwrap().unwrap();
+    assert_eq!(
+        late.get_i64("epoch").unwrap(),
+        4,
+        "the late robot is taken too"
+    );
+
+    // A robot whose adoption the validator refuses (its `gen` at the schema's
+    // maximum): every other robot is adopted, it is not.
+    coll.update_one(
+        doc! {"_id": ids[0]},
+        doc! {"$set": {"gen": 9_007_199_254_740_991_i64}},
+    )
+    .await
+    .unwrap();
+    let broken = coll.find_one(doc! {"_id": ids[0]}).await.unwrap().unwrap();
+    let holder = holder_at(&db, "10.0.0.5:7700", 5);
+    let mut adopted = holder.adopt_slot(&wanted).await.unwrap();
+    assert_eq!(adopted.refused.len(), 1, "{adopted:?}");
+    assert_eq!(adopted.refused[0].id, ids[0]);
+    adopted.ours.sort();
+    for (id, gen) in &adopted.ours {
+        let d = coll.find_one(doc! {"_id": id}).await.unwrap().unwrap();
+        assert_eq!(d.get_i64("epoch").unwrap(), 5);
+        assert_eq!(d.get_i64("gen").unwrap(), *gen);
+    }
+    let others: Vec<ObjectId> = wanted
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| *id != ids[0])
+        .collect();
+    assert_eq!(
+        adopted.ours.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+        {
+            let mut o = others;
+            o.sort();
+            o
+        }
+    );
+    let after = coll.find_one(doc! {"_id": ids[0]}).await.unwrap().unwrap();
+    assert_eq!(after, broken, "the refused robot is left as it was");
+}

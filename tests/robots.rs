@@ -647,3 +647,71 @@ async fn concurrent_creates_spread_over_the_slots() {
         assert_eq!(counted, *n, "{slot}: robot_count matches the robots");
     }
 }
+
+/// A takeover of a slot of 120 robots: its new holder adopts them in two writes, a
+/// chunk of 10 that measures the server and then one statement over the slot for the
+/// other 110, where chunks would take three (10, 100, 10); and every robot still
+/// runs exactly once. At `--tick 5s` the budget is 1,125 ms: the test would see a
+/// third write only if the first chunk of 10 took over 100 ms (about ten times this
+/// server's usual), so the figure it checks does not depend on the machine's load.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_takeover_adopts_the_rest_of_the_slot_in_one_statement() {
+    let db = TestDb::new("adopt_at_once").await;
+    db.init(1).await;
+    let mut w: Vec<WorkerProc> = (0..2).map(|_| db.worker(&["--tick", "5s"])).collect();
+    all_held(&db, 1).await;
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "c",
+        "--kind",
+        "counter",
+        "--interval-ms",
+        "1000",
+        "--history",
+        "100",
+        "--count",
+        "120",
+    ]);
+    wait_all_seq(&db, 3, Duration::from_secs(30)).await;
+    let victim_id = owner(&db.slot("slot-001").await).unwrap();
+    let victim = w.iter().position(|x| x.id == victim_id).unwrap();
+    let before: BTreeMap<String, i64> = db
+        .robots()
+        .await
+        .iter()
+        .map(|r| (r.get_str("name").unwrap().to_string(), seq(r)))
+        .collect();
+    w[victim].kill9();
+    common::wait_for(Duration::from_secs(40), "robots to resume", || async {
+        db.robots()
+            .await
+            .iter()
+            .all(|r| {
+                seq(r) >= before[r.get_str("name").unwrap()] + 3
+                    && r.get_str("worker").unwrap() != victim_id
+            })
+            .then_some(())
+    })
+    .await;
+    for r in db.robots().await {
+        assert_counter_invariants(&r);
+    }
+    let report = common::invariants::check(&db).await;
+    assert_eq!(report.robots, 120, "{report:?}");
+    let slot = db.slot("slot-001").await;
+    let epoch = slot.get_i64("epoch").unwrap();
+    let adopt = db
+        .store
+        .events()
+        .find_one(doc! {"kind": "adopt", "slot_id": "slot-001", "epoch": epoch})
+        .await
+        .unwrap()
+        .expect("the new holder's adoption event");
+    assert_eq!(
+        adopt.get_str("detail").unwrap(),
+        "120 robot(s) adopted in 2 write(s)",
+        "{adopt}"
+    );
+}

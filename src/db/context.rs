@@ -37,7 +37,7 @@ use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
 use crate::metrics::Metrics;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -94,6 +94,16 @@ pub const ADOPT_CHUNK_MIN: usize = 10;
 /// [`ADOPT_CHUNK`]; at 100 ms (a 45 ms margin) about twenty robots.
 pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
     crate::db::pacing::statements_within(budget, took, robots, ADOPT_CHUNK_MIN, ADOPT_CHUNK)
+}
+
+/// Whether the robots left to adopt (`rest`) can go as one statement over the slot
+/// ([`ContextStore::adopt_slot`]) rather than in more chunks: when the last chunk's
+/// cost per robot (`took` for `done`) puts all of them within `budget`. Nothing
+/// measured yet means no.
+pub fn adopt_rest_at_once(took: Duration, done: usize, rest: usize, budget: Duration) -> bool {
+    done > 0
+        && !took.is_zero()
+        && crate::db::pacing::statements_within(budget, took, done, 0, usize::MAX) >= rest
 }
 
 /// Documents per cursor batch when reading a slot's robots: a server building one
@@ -260,17 +270,7 @@ impl ContextStore {
         // `$not: {$gt}` rather than `$lte`: a hand-broken epoch (missing, a string)
         // is taken over too instead of leaving its robot unrun. Equal epochs are
         // this holder's own: a re-adoption after a move away and back, or a restart.
-        // A pipeline, so a hand-broken `gen` (a string) restarts from 1 instead of
-        // failing the write the way `$inc` would.
-        let update = vec![doc! {"$set": {
-            EPOCH: self.epoch,
-            GEN: {"$add": [
-                {"$cond": [{"$in": [{"$type": "$gen"}, ["int", "long"]]}, {"$toLong": "$gen"}, 0_i64]},
-                1_i64,
-            ]},
-            STATUS: "running", ERROR: Bson::Null,
-            WORKER: {"$literal": &self.worker}, "status_at": "$$NOW",
-        }}];
+        let update = self.adoption_update();
         // The whole chunk as one multi-document statement of the group-commit path's
         // `update` command: on the dev server that costs 0.43 ms a robot, where a
         // statement per robot costs 0.63 ms. Refused as a whole (a hand-edited
@@ -331,6 +331,118 @@ impl ContextStore {
             }
         }
         Ok(Adopted { ours, refused })
+    }
+
+    /// Adopts, in one statement over the slot, every robot bound to it that is not
+    /// paused and whose epoch is older than this holder's (or hand-broken): the same
+    /// write as [`ContextStore::adopt`], filtered by `slot_id` instead of by `_id`.
+    /// `robots` must be all of those the caller listed, each with the generation
+    /// this gives it; the caller checks that no other listed robot matches (one still
+    /// stopping under an older epoch would be fenced before its last checkpoint).
+    ///
+    /// This is the O(1) adoption: on the dev server one statement over 1,000 robots
+    /// costs about as much server time as the chunks together, so the caller sends it
+    /// only when its measured cost fits the budget that holds a chunk (see
+    /// [`adopt_rest_at_once`]). A robot created or moved in since the listing is
+    /// adopted too, with no instance: the change bumped the slot's `rev`, so the next
+    /// sync starts it, adopting it again; if it was moved in, adopting it is what
+    /// fences the instance its old slot's holder may still run. A hand-edited
+    /// document failing the validator stops the statement part-way; the robots it
+    /// did not reach are adopted by `_id` ([`ContextStore::adopt`]), which skips the
+    /// refused one alone.
+    pub async fn adopt_slot(&self, robots: &[(ObjectId, i64)]) -> Result<Adopted, ContextError> {
+        if !self.guard.is_open() {
+            return Err(self.lapsed("(adoption)"));
+        }
+        let all = Statement {
+            id: robots.first().map_or_else(ObjectId::new, |(id, _)| *id),
+            filter: doc! {
+                SLOT_ID: &self.slot_id, PAUSED: {"$ne": true},
+                EPOCH: {"$not": {"$gte": self.epoch}},
+            },
+            update: self.adoption_update(),
+        };
+        let refused = match crate::db::group_commit::send_many(&self.robots, &all).await {
+            Ok(n) if n == robots.len() as u64 => {
+                return Ok(Adopted {
+                    ours: robots.to_vec(),
+                    refused: Vec::new(),
+                })
+            }
+            Ok(_) => false,
+            Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
+            Err(_) => true,
+        };
+        // More (created or moved in since the listing) or fewer (moved out, deleted,
+        // taken by a newer holder), or refused part-way: read back what it took. A
+        // listed robot now at this epoch was taken by it, since this holder writes
+        // its own epoch only when adopting and every robot here was listed older.
+        let mut ours = self.adopted_here(robots).await?;
+        if !refused {
+            return Ok(Adopted {
+                ours,
+                refused: Vec::new(),
+            });
+        }
+        // Refused at a hand-edited document: on MongoDB the robots before it are
+        // adopted and the rest are not. The rest go again by `_id`, where a refused
+        // robot holds back no other.
+        let taken: HashSet<ObjectId> = ours.iter().map(|(id, _)| *id).collect();
+        let left: Vec<(ObjectId, i64)> = robots
+            .iter()
+            .filter(|(id, _)| !taken.contains(id))
+            .copied()
+            .collect();
+        if left.is_empty() {
+            return Ok(Adopted {
+                ours,
+                refused: Vec::new(),
+            });
+        }
+        let more = self.adopt(&left).await?;
+        ours.extend(more.ours);
+        Ok(Adopted {
+            ours,
+            refused: more.refused,
+        })
+    }
+
+    /// Those of `robots` that are at this holder's epoch now, with their generations.
+    async fn adopted_here(
+        &self,
+        robots: &[(ObjectId, i64)],
+    ) -> Result<Vec<(ObjectId, i64)>, ContextError> {
+        let wanted: HashSet<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
+        let mut cursor = self
+            .robots
+            .find(doc! {SLOT_ID: &self.slot_id, EPOCH: self.epoch})
+            .projection(doc! {"_id": 1, GEN: 1})
+            .batch_size(BATCH)
+            .await?;
+        let mut ours = Vec::new();
+        while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
+            if let Ok(id) = d.get_object_id("_id") {
+                if wanted.contains(&id) {
+                    ours.push((id, long_or_zero(&d, GEN)));
+                }
+            }
+        }
+        Ok(ours)
+    }
+
+    /// The adoption write: this holder's epoch, the generation up by one, marked
+    /// running here. A pipeline, so a hand-broken `gen` (a string) restarts from 1
+    /// instead of failing the write the way `$inc` would.
+    fn adoption_update(&self) -> Vec<Document> {
+        vec![doc! {"$set": {
+            EPOCH: self.epoch,
+            GEN: {"$add": [
+                {"$cond": [{"$in": [{"$type": "$gen"}, ["int", "long"]]}, {"$toLong": "$gen"}, 0_i64]},
+                1_i64,
+            ]},
+            STATUS: "running", ERROR: Bson::Null,
+            WORKER: {"$literal": &self.worker}, "status_at": "$$NOW",
+        }}]
     }
 
     /// What the robot's document must still say for instance `gen` to own it.
@@ -674,6 +786,19 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_rest_goes_at_once_only_when_its_measured_cost_fits_the_budget() {
+        // 10 robots took 10 ms: 1 ms each, 225 ms of budget.
+        assert!(adopt_rest_at_once(MS * 10, 10, 225, MS * 225));
+        assert!(!adopt_rest_at_once(MS * 10, 10, 226, MS * 225));
+        // At 250 ms (a 56 ms budget) on the dev server (0.7 ms a robot): 80 at most.
+        assert!(adopt_rest_at_once(MS * 7, 10, 80, MS * 56));
+        assert!(!adopt_rest_at_once(MS * 7, 10, 990, MS * 56));
+        // Nothing measured: never.
+        assert!(!adopt_rest_at_once(Duration::ZERO, 10, 1, MS * 225));
+        assert!(!adopt_rest_at_once(MS, 0, 1, MS * 225));
+    }
 
     #[test]
     fn adoption_chunks_fit_the_budget_measured_from_the_last() {

@@ -30,8 +30,8 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::{
-    gen_after_adoption, long_or_zero, next_adopt_chunk, ContextError, ContextStore, Loaded,
-    ADOPT_CHUNK_MIN, BATCH,
+    adopt_rest_at_once, gen_after_adoption, long_or_zero, next_adopt_chunk, ContextError,
+    ContextStore, Loaded, ADOPT_CHUNK_MIN, BATCH,
 };
 use crate::db::field::{
     CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
@@ -182,6 +182,33 @@ struct SyncPlan {
 /// once its old instance has exited (after its last checkpoint), under a new
 /// generation. A robot whose epoch is
 /// above ours belongs to a newer holder of this slot: never started here.
+/// Whether one adoption statement over the slot ([`ContextStore::adopt_slot`]: its
+/// unpaused robots with an epoch older than `mine`) takes exactly the robots in
+/// `rest`, as listed, once the robots in `adopted` (earlier chunks of this sync, now
+/// at `mine`) are left out: each of `rest` is older than `mine` (one at `mine` is
+/// this holder's own, restarted, and needs the `_id` form), and no other listed
+/// robot would be taken (one still stopping would be fenced before its last
+/// checkpoint; one an earlier chunk could not adopt would be tried again).
+fn slot_statement_takes_only(
+    listed: &[View],
+    adopted: &HashSet<ObjectId>,
+    rest: &[ObjectId],
+    mine: i64,
+) -> bool {
+    let rest: HashSet<&ObjectId> = rest.iter().collect();
+    let taken = listed
+        .iter()
+        .filter(|v| !v.paused && v.epoch < mine && !adopted.contains(&v.id));
+    let mut n = 0;
+    for v in taken {
+        if !rest.contains(&v.id) {
+            return false;
+        }
+        n += 1;
+    }
+    n == rest.len()
+}
+
 fn plan_sync(listed: &[View], running: &HashMap<ObjectId, Instance>, mine: i64) -> SyncPlan {
     let by_id: HashMap<ObjectId, &View> = listed.iter().map(|v| (v.id, v)).collect();
     let mut plan = SyncPlan::default();
@@ -404,10 +431,22 @@ impl Supervisor {
         let mut adopted_now = HashSet::new();
         // Each chunk sized from the last one's time (see `next_adopt_chunk`), so no
         // write holds this slot's renewal back for more than half the fence margin.
+        // Once a chunk has measured the server and the rest fits the same budget,
+        // the rest goes as one statement over the slot (O(1) statements a slot on a
+        // server fast enough for it; see `ContextStore::adopt_slot`).
         let budget = self.timing.margin / 2;
         let mut rest = &plan.start[..];
+        let mut last: Option<(Duration, usize)> = None;
+        let mut writes = 0;
         while !rest.is_empty() {
-            let (chunk, tail) = rest.split_at(self.adopt_chunk.min(rest.len()));
+            let at_once = last
+                .is_some_and(|(took, done)| adopt_rest_at_once(took, done, rest.len(), budget))
+                && slot_statement_takes_only(&views, &adopted_now, rest, self.ctx.epoch());
+            let (chunk, tail) = if at_once {
+                (rest, &rest[rest.len()..])
+            } else {
+                rest.split_at(self.adopt_chunk.min(rest.len()))
+            };
             rest = tail;
             // The database's time, measured on real time.
             let took = std::time::Instant::now();
@@ -423,7 +462,8 @@ impl Supervisor {
                     (*id, gen.unwrap_or(0))
                 })
                 .collect();
-            let adopted = match self.adopt(&chunk).await {
+            writes += 1;
+            let adopted = match self.adopt(&chunk, at_once).await {
                 Ok(Some(adopted)) => adopted,
                 outcome => {
                     // The adoption stopped part-way (the lease lapsing, the database
@@ -437,7 +477,10 @@ impl Supervisor {
                     break;
                 }
             };
-            self.adopt_chunk = next_adopt_chunk(took.elapsed(), chunk.len(), budget);
+            if !at_once {
+                self.adopt_chunk = next_adopt_chunk(took.elapsed(), chunk.len(), budget);
+            }
+            last = Some((took.elapsed(), chunk.len()));
             started += adopted.len();
             for (id, gen) in adopted {
                 adopted_now.insert(id);
@@ -463,11 +506,11 @@ impl Supervisor {
                 }
             }
         }
-        self.record_adoption(format!("{started} robot(s) adopted"))
+        self.record_adoption(format!("{started} robot(s) adopted in {writes} write(s)"))
             .await;
         tracing::debug!(
             slot = %self.ctx.slot_id(), listed = views.len(), listed_ms,
-            started, took_ms = began.elapsed().as_millis() as u64,
+            started, adoption_writes = writes, took_ms = began.elapsed().as_millis() as u64,
             "synced the slot's robots"
         );
         // An early start undone: its robot is looked at again next sync.
@@ -574,11 +617,19 @@ impl Supervisor {
     /// Returns each adopted robot with its generation, or None once the lease lapsed.
     /// A robot the database refuses (a hand-edited document failing the validator) is
     /// reported once and skipped; it holds back no other.
+    ///
+    /// `whole_slot`: the chunk is every robot one statement over the slot takes
+    /// ([`ContextStore::adopt_slot`]).
     async fn adopt(
         &mut self,
         chunk: &[(ObjectId, i64)],
+        whole_slot: bool,
     ) -> Result<Option<Vec<(ObjectId, i64)>>, mongodb::error::Error> {
-        match self.ctx.adopt(chunk).await {
+        let outcome = match whole_slot {
+            true => self.ctx.adopt_slot(chunk).await,
+            false => self.ctx.adopt(chunk).await,
+        };
+        match outcome {
             Ok(a) => {
                 for r in a.refused {
                     if self.warned.insert(format!("adopt:{}", r.id)) {
@@ -1015,6 +1066,39 @@ mod tests {
                 updates: 0,
             }
         );
+    }
+
+    #[test]
+    fn one_statement_over_the_slot_only_when_it_takes_exactly_the_rest() {
+        let [a, b, c, d] = [
+            ObjectId::new(),
+            ObjectId::new(),
+            ObjectId::new(),
+            ObjectId::new(),
+        ];
+        let mut paused = view(c, 1, 1);
+        paused.paused = true;
+        // a, b older than 5; c paused; d already ours.
+        let listed = [view(a, 4, 1), view(b, 0, 0), paused, view(d, 5, 2)];
+        let none = HashSet::new();
+        assert!(slot_statement_takes_only(&listed, &none, &[a, b], 5));
+        assert!(slot_statement_takes_only(&listed, &none, &[b, a], 5));
+        // b would be taken though it is not to start (still stopping, or an
+        // earlier chunk could not adopt it) ...
+        assert!(!slot_statement_takes_only(&listed, &none, &[a], 5));
+        // ... unless an earlier chunk of this sync adopted it.
+        let b_adopted: HashSet<ObjectId> = [b].into_iter().collect();
+        assert!(slot_statement_takes_only(&listed, &b_adopted, &[a], 5));
+        // d is this holder's own (restarted): it needs the `_id` form.
+        assert!(!slot_statement_takes_only(&listed, &none, &[a, b, d], 5));
+        // Not listed at all.
+        let stranger = ObjectId::new();
+        assert!(!slot_statement_takes_only(
+            &listed,
+            &none,
+            &[a, b, stranger],
+            5
+        ));
     }
 
     #[test]
