@@ -805,6 +805,33 @@ struct TickRound {
     steady: f64,
     /// Self-fences and epoch changes over the steady state after the rounds.
     after: (u64, i64),
+    /// Each new holder's adoption writes (its `adopt` event), in epoch order.
+    writes: Vec<u64>,
+}
+
+/// The adoption writes each holder of `slot` after `epoch` reported in its `adopt`
+/// event ("N robot(s) adopted in W write(s)").
+async fn adoption_writes(db: &TestDb, slot: &str, epoch: i64) -> Vec<u64> {
+    let mut cursor = db
+        .store
+        .events()
+        .find(doc! {"kind": "adopt", "slot_id": slot, "epoch": {"$gt": epoch}})
+        .sort(doc! {"epoch": 1})
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while let Some(e) = futures::TryStreamExt::try_next(&mut cursor).await.unwrap() {
+        let detail = e.get_str("detail").unwrap_or_default();
+        if let Some(w) = detail
+            .split(" in ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+        {
+            out.push(w);
+        }
+    }
+    out
 }
 
 /// One tick of the sweep: `workers` workers at `tick` over one slot with `robots`
@@ -876,6 +903,7 @@ async fn tick_round(
     let fences = fences_of(&pool);
     let epoch = common::epoch(&db.slot("slot-001").await);
     let bounces = epoch - first_epoch - rounds as i64;
+    let writes = adoption_writes(&db, "slot-001", first_epoch).await;
     // The steady state after: the survivors run on, no kill.
     tokio::time::sleep(steady_for).await;
     let after = (
@@ -888,6 +916,7 @@ async fn tick_round(
         bounces,
         steady,
         after,
+        writes,
     }
 }
 
@@ -1700,11 +1729,12 @@ async fn main() {
                 pct(&r.adopted, 0.5)
             };
             let mut part = format!(
-                "tick {tick}: all adopted {}, {} self-fences, {} extra epochs, {:.0} requests/s running",
+                "tick {tick}: all adopted {}, {} self-fences, {} extra epochs, {:.0} requests/s running, adoption writes {:?}",
                 dist(&mut r.adopted),
                 r.fences,
                 r.bounces,
-                r.steady
+                r.steady,
+                r.writes
             );
             if !steady_for.is_zero() {
                 part.push_str(&format!(
@@ -1730,6 +1760,33 @@ async fn main() {
                     p50 <= 750.0 && fences == 0,
                     format!("median {p50:.0} ms, {fences} self-fences or epoch changes"),
                 ),
+            },
+        );
+    }
+    if want("adopt") {
+        // Issue 23: adoption in O(1) statements a slot where the server can take the
+        // slot's robots in one statement within half the fence margin; in chunks
+        // sized to it where it cannot.
+        let (robots, rounds) = if quick { (500, 2) } else { (1000, 3) };
+        let mut parts = Vec::new();
+        for tick in ["1s", "2s", "5s"] {
+            let mut r = tick_round(tick, rounds + 2, robots, rounds, Duration::ZERO).await;
+            parts.push(format!(
+                "tick {tick}: adoption writes {:?}, all running {}, {} self-fences, {} extra epochs",
+                r.writes,
+                dist(&mut r.adopted),
+                r.fences,
+                r.bounces
+            ));
+        }
+        show(
+            &mut rows,
+            Row {
+                name: format!(
+                    "Adoption writes: {robots} robots over 1 slot, kill -9 of the holder {rounds} times; each new holder's adoption statements (its `adopt` event)"
+                ),
+                figures: parts.join("; "),
+                goal: "issue 23: one statement for the slot's rest once a first chunk shows it fits half the fence margin, chunks otherwise".into(),
             },
         );
     }
