@@ -651,8 +651,8 @@ async fn concurrent_creates_spread_over_the_slots() {
 /// A takeover of a slot of 120 robots: its new holder adopts them in two writes, a
 /// chunk of 10 that measures the server and then one statement over the slot for the
 /// other 110, where chunks would take three (10, 100, 10); and every robot still
-/// runs exactly once. At `--tick 5s` the budget is 1,125 ms: the test would see a
-/// third write only if the first chunk of 10 took over 100 ms (about ten times this
+/// runs exactly once. At `--tick 5s` the budget is 1,125 ms, which the whole slot of
+/// 120 fits unless the first chunk of 10 took over 93 ms (about ten times this
 /// server's usual), so the figure it checks does not depend on the machine's load.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_takeover_adopts_the_rest_of_the_slot_in_one_statement() {

@@ -431,17 +431,19 @@ impl Supervisor {
         let mut adopted_now = HashSet::new();
         // Each chunk sized from the last one's time (see `next_adopt_chunk`), so no
         // write holds this slot's renewal back for more than half the fence margin.
-        // Once a chunk has measured the server and the rest fits the same budget,
-        // the rest goes as one statement over the slot (O(1) statements a slot on a
-        // server fast enough for it; see `ContextStore::adopt_slot`).
+        // Once a chunk has measured the server and the whole slot fits the same
+        // budget, the rest goes as one statement over the slot (O(1) statements a
+        // slot on a server fast enough for it; see `ContextStore::adopt_slot`).
         let budget = self.timing.margin / 2;
         let mut rest = &plan.start[..];
         let mut last: Option<(Duration, usize)> = None;
         let mut writes = 0;
         while !rest.is_empty() {
-            let at_once = last
-                .is_some_and(|(took, done)| adopt_rest_at_once(took, done, rest.len(), budget))
-                && slot_statement_takes_only(&views, &adopted_now, rest, self.ctx.epoch());
+            let at_once =
+                last.is_some_and(|(took, done)| {
+                    let slot = (self.listed_total.max(0) as usize).max(rest.len());
+                    adopt_rest_at_once(took, done, slot, budget)
+                }) && slot_statement_takes_only(&views, &adopted_now, rest, self.ctx.epoch());
             let (chunk, tail) = if at_once {
                 (rest, &rest[rest.len()..])
             } else {
