@@ -11,6 +11,7 @@ use bson::{doc, oid::ObjectId, Bson};
 use common::TestDb;
 use slotpool::clock::MonotonicClock;
 use slotpool::db::context::{gen_after_adoption, ContextError, ContextStore};
+use slotpool::db::group_commit::IN_DOUBT_AFTER;
 use slotpool::db::guard::WriteGuard;
 use slotpool::db::pacing::WritePacer;
 use slotpool::metrics::Metrics;
@@ -637,4 +638,57 @@ async fn one_statement_over_the_slot_adopts_exactly_its_older_unpaused_robots() 
     );
     let after = coll.find_one(doc! {"_id": ids[0]}).await.unwrap().unwrap();
     assert_eq!(after, broken, "the refused robot is left as it was");
+}
+
+/// An adoption the database never answers is given up on after
+/// [`IN_DOUBT_AFTER`], the lease open all along, in either form: a database error
+/// that the slot's sync reports and retries, instead of holding that sync (and every
+/// move, pause and delete of the slot's robots) for good. The dev server once left a
+/// takeover's adoption chunk unanswered while it answered the holder's renewals.
+#[tokio::test]
+async fn an_adoption_never_answered_is_given_up_on_while_the_lease_holds() {
+    let db = TestDb::new("adopt_unanswered").await;
+    db.init(1).await;
+    db.cli_ok(&[
+        "robot", "create", "--name", "u", "--kind", "counter", "--count", "4",
+    ]);
+    let read = as_read(&db).await;
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let via = slotpool::db::store::Store::connect(&proxy.uri(&db.uri))
+        .await
+        .unwrap();
+    // Connected before the link goes silent.
+    via.robots().count_documents(doc! {}).await.unwrap();
+    let guard = WriteGuard::new(
+        Instant::now() + Duration::from_secs(3600),
+        Arc::new(MonotonicClock),
+    );
+    let store = ContextStore::new(
+        via.robots(),
+        "slot-001",
+        1,
+        "10.0.0.1:7700",
+        Arc::new(Metrics::default()),
+        guard.clone(),
+        Arc::new(WritePacer::new(Duration::from_millis(400))),
+    );
+    proxy.set(common::proxy::Mode::Blackhole);
+    let began = Instant::now();
+    let (by_id, by_slot) = tokio::join!(store.adopt(&read[..2]), store.adopt_slot(&read));
+    let took = began.elapsed();
+    for r in [by_id.map(|_| ()), by_slot.map(|_| ())] {
+        match r {
+            Err(ContextError::Db(e)) => assert!(
+                e.to_string()
+                    .contains("no answer to an adoption write within 10 s"),
+                "{e}"
+            ),
+            other => panic!("expected the adoption given up on: {other:?}"),
+        }
+    }
+    assert!(guard.is_open(), "the lease held all along");
+    assert!(
+        took >= IN_DOUBT_AFTER && took < IN_DOUBT_AFTER * 3,
+        "given up on after {took:?}"
+    );
 }

@@ -32,7 +32,9 @@ use crate::db::field::{
     APPLIED_LIMITS, CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ,
     SLOT_ID, SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
 };
-use crate::db::group_commit::{GroupCommit, Statement, Written};
+use crate::db::group_commit::{
+    while_open, Answer, GroupCommit, Statement, Written, IN_DOUBT_AFTER,
+};
 use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
@@ -294,48 +296,48 @@ impl ContextStore {
             filter: filter(doc! {"$in": ids}.into()),
             update: update.clone(),
         };
-        let taken: Vec<ObjectId> =
-            match crate::db::group_commit::send_many(&self.robots, &together).await {
-                Ok(n) if n == ids.len() as u64 => {
-                    return Ok(Adopted {
-                        ours: robots.to_vec(),
-                        refused,
-                    })
-                }
-                Ok(_) => ids.to_vec(),
-                Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
-                Err(_) => {
-                    let one_each: Vec<Statement> = ids
-                        .iter()
-                        .map(|id| Statement {
-                            id: *id,
-                            filter: filter(Bson::ObjectId(*id)),
-                            update: update.clone(),
-                        })
-                        .collect();
-                    let written = crate::db::group_commit::send(&self.robots, &one_each).await?;
-                    let mut taken = Vec::with_capacity(ids.len());
-                    for (s, w) in one_each.iter().zip(written) {
-                        match w {
-                            Written::Refused(why) => refused.push(AdoptRefused { id: s.id, why }),
-                            _ => taken.push(s.id),
-                        }
-                    }
-                    taken
-                }
-            };
-        // Read back each robot's new generation (by _id, so a point lookup).
-        let mut cursor = self
-            .robots
-            .find(doc! {"_id": {"$in": &taken}, SLOT_ID: &self.slot_id, EPOCH: self.epoch})
-            .projection(doc! {"_id": 1, GEN: 1})
-            .await?;
-        let mut ours = Vec::new();
-        while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
-            if let Ok(id) = d.get_object_id("_id") {
-                ours.push((id, long_or_zero(&d, GEN)));
+        let taken: Vec<ObjectId> = match self
+            .answered(
+                "an adoption write",
+                crate::db::group_commit::send_many(&self.robots, &together),
+            )
+            .await?
+        {
+            Ok(n) if n == ids.len() as u64 => {
+                return Ok(Adopted {
+                    ours: robots.to_vec(),
+                    refused,
+                })
             }
-        }
+            Ok(_) => ids.to_vec(),
+            Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
+            Err(_) => {
+                let one_each: Vec<Statement> = ids
+                    .iter()
+                    .map(|id| Statement {
+                        id: *id,
+                        filter: filter(Bson::ObjectId(*id)),
+                        update: update.clone(),
+                    })
+                    .collect();
+                let written = self
+                    .answered(
+                        "an adoption write",
+                        crate::db::group_commit::send(&self.robots, &one_each),
+                    )
+                    .await??;
+                let mut taken = Vec::with_capacity(ids.len());
+                for (s, w) in one_each.iter().zip(written) {
+                    match w {
+                        Written::Refused(why) => refused.push(AdoptRefused { id: s.id, why }),
+                        _ => taken.push(s.id),
+                    }
+                }
+                taken
+            }
+        };
+        // Read back each robot's new generation (by _id, so a point lookup).
+        let ours = self.generations(&taken).await?;
         Ok(Adopted { ours, refused })
     }
 
@@ -368,7 +370,13 @@ impl ContextStore {
             },
             update: self.adoption_update(),
         };
-        let refused = match crate::db::group_commit::send_many(&self.robots, &all).await {
+        let sent = self
+            .answered(
+                "an adoption write",
+                crate::db::group_commit::send_many(&self.robots, &all),
+            )
+            .await?;
+        let refused = match sent {
             Ok(n) if n == robots.len() as u64 => {
                 return Ok(Adopted {
                     ours: robots.to_vec(),
@@ -413,27 +421,73 @@ impl ContextStore {
         })
     }
 
+    /// Awaits one command of an adoption while the lease holds, for at most
+    /// [`IN_DOUBT_AFTER`]; the command's own result inside. The driver has no socket
+    /// timeout, and an adoption waiting for an answer that never comes would hold the
+    /// slot's sync, and with it every move, pause and delete of its robots, for good.
+    /// The dev server once left a chunk of a takeover's adoption unanswered while it
+    /// answered the holder's renewals and most of its checkpoints. Given up on, the
+    /// adoption counts as cut off part-way: the robots it did not reach start again
+    /// the usual way at the next sync, and a write that lands after all only raised a
+    /// generation that the next adoption raises again.
+    async fn answered<T>(
+        &self,
+        what: &str,
+        command: impl std::future::Future<Output = Result<T, mongodb::error::Error>>,
+    ) -> Result<Result<T, mongodb::error::Error>, ContextError> {
+        match while_open(&self.guard, IN_DOUBT_AFTER, command).await {
+            Answer::Sent(r) => Ok(r),
+            Answer::Lapsed => Err(self.lapsed("(adoption)")),
+            Answer::InDoubt => Err(ContextError::Db(mongodb::error::Error::custom(format!(
+                "no answer to {what} within {} s; it may or may not have landed",
+                IN_DOUBT_AFTER.as_secs()
+            )))),
+        }
+    }
+
+    /// The generations of those of `taken` at this holder's epoch, read by `_id`.
+    async fn generations(&self, taken: &[ObjectId]) -> Result<Vec<(ObjectId, i64)>, ContextError> {
+        let read = async {
+            let mut cursor = self
+                .robots
+                .find(doc! {"_id": {"$in": taken}, SLOT_ID: &self.slot_id, EPOCH: self.epoch})
+                .projection(doc! {"_id": 1, GEN: 1})
+                .await?;
+            let mut ours = Vec::new();
+            while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
+                if let Ok(id) = d.get_object_id("_id") {
+                    ours.push((id, long_or_zero(&d, GEN)));
+                }
+            }
+            Ok(ours)
+        };
+        Ok(self.answered("an adoption's read-back", read).await??)
+    }
+
     /// Those of `robots` that are at this holder's epoch now, with their generations.
     async fn adopted_here(
         &self,
         robots: &[(ObjectId, i64)],
     ) -> Result<Vec<(ObjectId, i64)>, ContextError> {
         let wanted: HashSet<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
-        let mut cursor = self
-            .robots
-            .find(doc! {SLOT_ID: &self.slot_id, EPOCH: self.epoch})
-            .projection(doc! {"_id": 1, GEN: 1})
-            .batch_size(BATCH)
-            .await?;
-        let mut ours = Vec::new();
-        while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
-            if let Ok(id) = d.get_object_id("_id") {
-                if wanted.contains(&id) {
-                    ours.push((id, long_or_zero(&d, GEN)));
+        let read = async {
+            let mut cursor = self
+                .robots
+                .find(doc! {SLOT_ID: &self.slot_id, EPOCH: self.epoch})
+                .projection(doc! {"_id": 1, GEN: 1})
+                .batch_size(BATCH)
+                .await?;
+            let mut ours = Vec::new();
+            while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
+                if let Ok(id) = d.get_object_id("_id") {
+                    if wanted.contains(&id) {
+                        ours.push((id, long_or_zero(&d, GEN)));
+                    }
                 }
             }
-        }
-        Ok(ours)
+            Ok(ours)
+        };
+        Ok(self.answered("an adoption's read-back", read).await??)
     }
 
     /// The adoption write: this holder's epoch, the generation up by one, marked

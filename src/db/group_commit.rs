@@ -423,7 +423,7 @@ async fn commit(
 
 /// What became of a command awaited under the lease.
 #[derive(Debug, PartialEq)]
-enum Answer<T> {
+pub(crate) enum Answer<T> {
     /// It answered while the lease was open.
     Sent(T),
     /// The lease's write guard closed first; the command was dropped (unsent, if the
@@ -443,7 +443,7 @@ enum Answer<T> {
 /// the outage lands on a server that lost the write before it.) A command already on
 /// the wire that lands later anyway is harmless: every statement is fenced, and the
 /// next holder's adoption raised the fence first.
-async fn while_open<F: std::future::Future>(
+pub(crate) async fn while_open<F: std::future::Future>(
     guard: &WriteGuard,
     limit: Duration,
     command: F,
