@@ -421,8 +421,8 @@ impl ContextStore {
         })
     }
 
-    /// Awaits one command of an adoption while the lease holds, for at most
-    /// [`IN_DOUBT_AFTER`]; the command's own result inside. The driver has no socket
+    /// Awaits one command of an adoption (or a read of the slot's robots) while the
+    /// lease holds, for at most [`IN_DOUBT_AFTER`]; the command's own result inside. The driver has no socket
     /// timeout, and an adoption waiting for an answer that never comes would hold the
     /// slot's sync, and with it every move, pause and delete of its robots, for good.
     /// The dev server once left a chunk of a takeover's adoption unanswered while it
@@ -430,14 +430,14 @@ impl ContextStore {
     /// adoption counts as cut off part-way: the robots it did not reach start again
     /// the usual way at the next sync, and a write that lands after all only raised a
     /// generation that the next adoption raises again.
-    async fn answered<T>(
+    pub(crate) async fn answered<T>(
         &self,
         what: &str,
         command: impl std::future::Future<Output = Result<T, mongodb::error::Error>>,
     ) -> Result<Result<T, mongodb::error::Error>, ContextError> {
         match while_open(&self.guard, IN_DOUBT_AFTER, command).await {
             Answer::Sent(r) => Ok(r),
-            Answer::Lapsed => Err(self.lapsed("(adoption)")),
+            Answer::Lapsed => Err(self.lapsed(&format!("({what})"))),
             Answer::InDoubt => Err(ContextError::Db(mongodb::error::Error::custom(format!(
                 "no answer to {what} within {} s; it may or may not have landed",
                 IN_DOUBT_AFTER.as_secs()

@@ -182,6 +182,18 @@ struct SyncPlan {
 /// once its old instance has exited (after its last checkpoint), under a new
 /// generation. A robot whose epoch is
 /// above ours belongs to a newer holder of this slot: never started here.
+/// A command bounded by [`ContextStore::answered`], as the driver's error that a sync
+/// reports and retries: the lease lapsing or no answer in time.
+fn answered<T>(
+    r: Result<Result<T, mongodb::error::Error>, ContextError>,
+) -> Result<T, mongodb::error::Error> {
+    match r {
+        Ok(r) => r,
+        Err(ContextError::Db(e)) => Err(e),
+        Err(other) => Err(mongodb::error::Error::custom(other.to_string())),
+    }
+}
+
 /// Whether one adoption statement over the slot ([`ContextStore::adopt_slot`]: its
 /// unpaused robots with an epoch older than `mine`) takes exactly the robots in
 /// `rest`, as listed, once the robots in `adopted` (earlier chunks of this sync, now
@@ -331,7 +343,11 @@ impl Supervisor {
         self.last_probe = self.clock.now();
         self.expected = None;
         let began = Instant::now();
-        let listed = self.list().await?;
+        let ctx = self.ctx.clone();
+        let listed = answered(
+            ctx.answered("the read of the slot's robots", self.list())
+                .await,
+        )?;
         let listed_ms = began.elapsed().as_millis() as u64;
         // The slot's count of robots, kept for placement, healed from what was
         // just read (a create cut off mid-way leaves it too high).
@@ -549,8 +565,12 @@ impl Supervisor {
                 ]}},
             }},
         ];
-        let mut cursor = self.store.robots().aggregate(pipeline).await?;
-        let found = match cursor.try_next().await? {
+        let read = async {
+            let mut cursor = self.store.robots().aggregate(pipeline).await?;
+            cursor.try_next().await
+        };
+        let found = answered(self.ctx.answered("the slot's probe", read).await)?;
+        let found = match found {
             Some(d) => Fingerprint {
                 total: long_or_zero(&d, "total"),
                 unadopted: long_or_zero(&d, "unadopted"),
