@@ -142,6 +142,13 @@ impl LeaseTiming {
         self.tick * 2
     }
 
+    /// `L - margin`: how long after a renewal was sent the next one may take to come
+    /// back before the holder fences itself; on a database that answers one command
+    /// at a time, the most any one command of the holder's may keep it busy.
+    pub fn renewal_wait(&self) -> Duration {
+        self.lease().saturating_sub(self.margin)
+    }
+
     pub fn lease_ms(&self) -> i64 {
         self.lease().as_millis() as i64
     }

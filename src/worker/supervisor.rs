@@ -194,6 +194,15 @@ fn answered<T>(
     }
 }
 
+/// Whether a read of the slot's robots that took `took` leaves a renewal queued behind
+/// it too little room: over half of [`LeaseTiming::renewal_wait`]. On the dev server a
+/// robot keeping a 30-record history costs 0.5–0.9 ms to read, and a renewal sent
+/// during a read of 1,000 of them waited up to 550 ms (pymongo, 2026-11-25): at
+/// `--tick 250ms` (388 ms of room) the new holder fenced itself at every takeover.
+fn read_threatens_lease(took: Duration, timing: &LeaseTiming) -> bool {
+    took > timing.renewal_wait() / 2
+}
+
 /// Whether one adoption statement over the slot ([`ContextStore::adopt_slot`]: its
 /// unpaused robots with an epoch older than `mine`) takes exactly the robots in
 /// `rest`, as listed, once the robots in `adopted` (earlier chunks of this sync, now
@@ -349,6 +358,16 @@ impl Supervisor {
                 .await,
         )?;
         let listed_ms = began.elapsed().as_millis() as u64;
+        self.metrics.slot_read.observe(began.elapsed());
+        if read_threatens_lease(began.elapsed(), &self.timing)
+            && self.warned.insert("slow-read".into())
+        {
+            tracing::warn!(
+                slot = %self.ctx.slot_id(), robots = listed.len(), listed_ms,
+                "reading the slot's robots took over half the {} ms a renewal may wait before this holder fences itself; on a database that answers one command at a time (the dev server does) a renewal waits behind that read: use a longer --tick or fewer robots per slot (README: the sub-second profile)",
+                self.timing.renewal_wait().as_millis()
+            );
+        }
         // The slot's count of robots, kept for placement, healed from what was
         // just read (a create cut off mid-way leaves it too high).
         if self.ctx.lease_open() {
@@ -1088,6 +1107,17 @@ mod tests {
                 updates: 0,
             }
         );
+    }
+
+    #[test]
+    fn a_read_longer_than_half_the_renewal_wait_is_called_out() {
+        let t = LeaseTiming::from_tick(Duration::from_millis(250));
+        // L - margin = 500 - 112.5 ms.
+        assert_eq!(t.renewal_wait(), Duration::from_micros(387_500));
+        assert!(!read_threatens_lease(Duration::from_millis(150), &t));
+        assert!(read_threatens_lease(Duration::from_millis(500), &t));
+        let t = LeaseTiming::from_tick(Duration::from_secs(1));
+        assert!(!read_threatens_lease(Duration::from_millis(500), &t));
     }
 
     #[test]
