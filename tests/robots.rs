@@ -90,6 +90,39 @@ async fn wait_all_seq(db: &TestDb, at_least: i64, limit: Duration) {
     .await
 }
 
+/// kill -9 the holder of slot-001 and wait, up to `limit`, until each of its robots
+/// has taken three more steps on another worker. Returns their `seq` before the kill
+/// and the killed worker's id.
+async fn kill_9_holder_and_wait_resumed(
+    db: &TestDb,
+    w: &mut [WorkerProc],
+    limit: Duration,
+) -> (BTreeMap<String, i64>, String) {
+    let victim_id = owner(&db.slot("slot-001").await).unwrap();
+    let victim = w.iter().position(|x| x.id == victim_id).unwrap();
+    let before: BTreeMap<String, i64> = db
+        .robots()
+        .await
+        .iter()
+        .filter(|r| r.get_str("slot_id").unwrap() == "slot-001")
+        .map(|r| (r.get_str("name").unwrap().to_string(), seq(r)))
+        .collect();
+    w[victim].kill9();
+    common::wait_for(limit, "robots to resume elsewhere", || async {
+        db.robots()
+            .await
+            .iter()
+            .filter(|r| before.contains_key(r.get_str("name").unwrap()))
+            .all(|r| {
+                seq(r) >= before[r.get_str("name").unwrap()] + 3
+                    && r.get_str("worker").unwrap() != victim_id
+            })
+            .then_some(())
+    })
+    .await;
+    (before, victim_id)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn thirty_counters_run_once_each_and_resume_after_kill_9() {
     let db = TestDb::new("thirty").await;
@@ -122,33 +155,8 @@ async fn thirty_counters_run_once_each_and_resume_after_kill_9() {
     }
 
     // kill -9 the holder of slot-001: its robots resume on the standby.
-    let victim_id = owner(&db.slot("slot-001").await).unwrap();
-    let victim = w.iter().position(|x| x.id == victim_id).unwrap();
-    let before: BTreeMap<String, i64> = db
-        .robots()
-        .await
-        .iter()
-        .filter(|r| r.get_str("slot_id").unwrap() == "slot-001")
-        .map(|r| (r.get_str("name").unwrap().to_string(), seq(r)))
-        .collect();
+    let (before, _) = kill_9_holder_and_wait_resumed(&db, &mut w, Duration::from_secs(10)).await;
     assert_eq!(before.len(), 10);
-    w[victim].kill9();
-    common::wait_for(
-        Duration::from_secs(10),
-        "robots to resume elsewhere",
-        || async {
-            let robots = db.robots().await;
-            robots
-                .iter()
-                .filter(|r| before.contains_key(r.get_str("name").unwrap()))
-                .all(|r| {
-                    seq(r) >= before[r.get_str("name").unwrap()] + 3
-                        && r.get_str("worker").unwrap() != victim_id
-                })
-                .then_some(())
-        },
-    )
-    .await;
     for r in db.robots().await {
         assert_counter_invariants(&r);
     }
@@ -675,26 +683,7 @@ async fn a_takeover_adopts_the_rest_of_the_slot_in_one_statement() {
         "120",
     ]);
     wait_all_seq(&db, 3, Duration::from_secs(30)).await;
-    let victim_id = owner(&db.slot("slot-001").await).unwrap();
-    let victim = w.iter().position(|x| x.id == victim_id).unwrap();
-    let before: BTreeMap<String, i64> = db
-        .robots()
-        .await
-        .iter()
-        .map(|r| (r.get_str("name").unwrap().to_string(), seq(r)))
-        .collect();
-    w[victim].kill9();
-    common::wait_for(Duration::from_secs(40), "robots to resume", || async {
-        db.robots()
-            .await
-            .iter()
-            .all(|r| {
-                seq(r) >= before[r.get_str("name").unwrap()] + 3
-                    && r.get_str("worker").unwrap() != victim_id
-            })
-            .then_some(())
-    })
-    .await;
+    kill_9_holder_and_wait_resumed(&db, &mut w, Duration::from_secs(40)).await;
     for r in db.robots().await {
         assert_counter_invariants(&r);
     }

@@ -422,9 +422,10 @@ impl ContextStore {
     }
 
     /// Awaits one command of an adoption (or a read of the slot's robots) while the
-    /// lease holds, for at most [`IN_DOUBT_AFTER`]; the command's own result inside. The driver has no socket
-    /// timeout, and an adoption waiting for an answer that never comes would hold the
-    /// slot's sync, and with it every move, pause and delete of its robots, for good.
+    /// lease holds, for at most [`IN_DOUBT_AFTER`]; the command's own result inside.
+    /// The driver has no socket timeout, and an adoption waiting for an answer that
+    /// never comes would hold the slot's sync, and with it every move, pause and
+    /// delete of its robots, for good.
     /// The dev server once left a chunk of a takeover's adoption unanswered while it
     /// answered the holder's renewals and most of its checkpoints. Given up on, the
     /// adoption counts as cut off part-way: the robots it did not reach start again
@@ -447,42 +448,42 @@ impl ContextStore {
 
     /// The generations of those of `taken` at this holder's epoch, read by `_id`.
     async fn generations(&self, taken: &[ObjectId]) -> Result<Vec<(ObjectId, i64)>, ContextError> {
-        let read = async {
-            let mut cursor = self
-                .robots
-                .find(doc! {"_id": {"$in": taken}, SLOT_ID: &self.slot_id, EPOCH: self.epoch})
-                .projection(doc! {"_id": 1, GEN: 1})
-                .await?;
-            let mut ours = Vec::new();
-            while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
-                if let Ok(id) = d.get_object_id("_id") {
-                    ours.push((id, long_or_zero(&d, GEN)));
-                }
-            }
-            Ok(ours)
-        };
-        Ok(self.answered("an adoption's read-back", read).await??)
+        let filter = doc! {"_id": {"$in": taken}, SLOT_ID: &self.slot_id, EPOCH: self.epoch};
+        self.read_generations(filter, |_| true).await
     }
 
-    /// Those of `robots` that are at this holder's epoch now, with their generations.
+    /// Those of `robots` that are at this holder's epoch now, with their generations:
+    /// read by slot, as one `$in` of a whole slot's ids costs the dev server more
+    /// than the slot itself.
     async fn adopted_here(
         &self,
         robots: &[(ObjectId, i64)],
     ) -> Result<Vec<(ObjectId, i64)>, ContextError> {
         let wanted: HashSet<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
+        let filter = doc! {SLOT_ID: &self.slot_id, EPOCH: self.epoch};
+        self.read_generations(filter, |id| wanted.contains(id))
+            .await
+    }
+
+    /// Each robot matching `filter` that `keep` keeps, with its generation: an
+    /// adoption's read-back, bounded like its writes.
+    async fn read_generations(
+        &self,
+        filter: Document,
+        keep: impl Fn(&ObjectId) -> bool,
+    ) -> Result<Vec<(ObjectId, i64)>, ContextError> {
         let read = async {
             let mut cursor = self
                 .robots
-                .find(doc! {SLOT_ID: &self.slot_id, EPOCH: self.epoch})
+                .find(filter)
                 .projection(doc! {"_id": 1, GEN: 1})
                 .batch_size(BATCH)
                 .await?;
             let mut ours = Vec::new();
             while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
-                if let Ok(id) = d.get_object_id("_id") {
-                    if wanted.contains(&id) {
-                        ours.push((id, long_or_zero(&d, GEN)));
-                    }
+                match d.get_object_id("_id") {
+                    Ok(id) if keep(&id) => ours.push((id, long_or_zero(&d, GEN))),
+                    _ => {}
                 }
             }
             Ok(ours)

@@ -174,14 +174,6 @@ struct SyncPlan {
     incomplete: bool,
 }
 
-/// Decides which instances to stop and which robots to start. An instance is current
-/// only while its robot is listed unpaused on this slot at this holder's epoch, at the
-/// instance's own generation and under the `start_rev` it started with; anything else
-/// means the robot changed hands (even if it came back, X → Y → X) or an operator asked
-/// for a fresh start, and that instance must go. A restarted robot starts again only
-/// once its old instance has exited (after its last checkpoint), under a new
-/// generation. A robot whose epoch is
-/// above ours belongs to a newer holder of this slot: never started here.
 /// A command bounded by [`ContextStore::answered`], as the driver's error that a sync
 /// reports and retries: the lease lapsing or no answer in time.
 fn answered<T>(
@@ -217,19 +209,21 @@ fn slot_statement_takes_only(
     mine: i64,
 ) -> bool {
     let rest: HashSet<&ObjectId> = rest.iter().collect();
-    let taken = listed
+    let taken: Vec<&View> = listed
         .iter()
-        .filter(|v| !v.paused && v.epoch < mine && !adopted.contains(&v.id));
-    let mut n = 0;
-    for v in taken {
-        if !rest.contains(&v.id) {
-            return false;
-        }
-        n += 1;
-    }
-    n == rest.len()
+        .filter(|v| !v.paused && v.epoch < mine && !adopted.contains(&v.id))
+        .collect();
+    taken.len() == rest.len() && taken.iter().all(|v| rest.contains(&v.id))
 }
 
+/// Decides which instances to stop and which robots to start. An instance is current
+/// only while its robot is listed unpaused on this slot at this holder's epoch, at the
+/// instance's own generation and under the `start_rev` it started with; anything else
+/// means the robot changed hands (even if it came back, X → Y → X) or an operator asked
+/// for a fresh start, and that instance must go. A restarted robot starts again only
+/// once its old instance has exited (after its last checkpoint), under a new
+/// generation. A robot whose epoch is above ours belongs to a newer holder of this
+/// slot: never started here.
 fn plan_sync(listed: &[View], running: &HashMap<ObjectId, Instance>, mine: i64) -> SyncPlan {
     let by_id: HashMap<ObjectId, &View> = listed.iter().map(|v| (v.id, v)).collect();
     let mut plan = SyncPlan::default();
@@ -666,9 +660,10 @@ impl Supervisor {
         chunk: &[(ObjectId, i64)],
         whole_slot: bool,
     ) -> Result<Option<Vec<(ObjectId, i64)>>, mongodb::error::Error> {
-        let outcome = match whole_slot {
-            true => self.ctx.adopt_slot(chunk).await,
-            false => self.ctx.adopt(chunk).await,
+        let outcome = if whole_slot {
+            self.ctx.adopt_slot(chunk).await
+        } else {
+            self.ctx.adopt(chunk).await
         };
         match outcome {
             Ok(a) => {
