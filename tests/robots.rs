@@ -668,20 +668,7 @@ async fn a_takeover_adopts_the_rest_of_the_slot_in_one_statement() {
     db.init(1).await;
     let mut w: Vec<WorkerProc> = (0..2).map(|_| db.worker(&["--tick", "5s"])).collect();
     all_held(&db, 1).await;
-    db.cli_ok(&[
-        "robot",
-        "create",
-        "--name",
-        "c",
-        "--kind",
-        "counter",
-        "--interval-ms",
-        "1000",
-        "--history",
-        "100",
-        "--count",
-        "120",
-    ]);
+    assert!(db.counters("c", 120, 1000).status.success());
     wait_all_seq(&db, 3, Duration::from_secs(30)).await;
     kill_9_holder_and_wait_resumed(&db, &mut w, Duration::from_secs(40)).await;
     for r in db.robots().await {
