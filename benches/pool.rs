@@ -810,7 +810,7 @@ struct TickRound {
 }
 
 /// The adoption writes each holder of `slot` after `epoch` reported in its `adopt`
-/// event ("N robot(s) adopted in W write(s)").
+/// event (its `writes`).
 async fn adoption_writes(db: &TestDb, slot: &str, epoch: i64) -> Vec<u64> {
     let mut cursor = db
         .store
@@ -821,14 +821,8 @@ async fn adoption_writes(db: &TestDb, slot: &str, epoch: i64) -> Vec<u64> {
         .unwrap();
     let mut out = Vec::new();
     while let Some(e) = futures::TryStreamExt::try_next(&mut cursor).await.unwrap() {
-        let detail = e.get_str("detail").unwrap_or_default();
-        if let Some(w) = detail
-            .split(" in ")
-            .nth(1)
-            .and_then(|t| t.split(' ').next())
-            .and_then(|n| n.parse().ok())
-        {
-            out.push(w);
+        if let Ok(w) = e.get_i64("writes") {
+            out.push(w as u64);
         }
     }
     out

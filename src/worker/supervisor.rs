@@ -351,11 +351,10 @@ impl Supervisor {
             ctx.answered("the read of the slot's robots", self.list())
                 .await,
         )?;
-        let listed_ms = began.elapsed().as_millis() as u64;
-        self.metrics.slot_read.observe(began.elapsed());
-        if read_threatens_lease(began.elapsed(), &self.timing)
-            && self.warned.insert("slow-read".into())
-        {
+        let read_took = began.elapsed();
+        let listed_ms = read_took.as_millis() as u64;
+        self.metrics.slot_read.observe(read_took);
+        if read_threatens_lease(read_took, &self.timing) && self.warned.insert("slow-read".into()) {
             tracing::warn!(
                 slot = %self.ctx.slot_id(), robots = listed.len(), listed_ms,
                 "reading the slot's robots took over half the {} ms a renewal may wait before this holder fences itself; on a database that answers one command at a time (the dev server does) a renewal waits behind that read: use a longer --tick or fewer robots per slot (README: the sub-second profile)",
@@ -464,15 +463,15 @@ impl Supervisor {
         // budget, the rest goes as one statement over the slot (O(1) statements a
         // slot on a server fast enough for it; see `ContextStore::adopt_slot`).
         let budget = self.timing.margin / 2;
+        // Every document the statement would examine, odd ones included.
+        let slot = self.listed_total as usize;
         let mut rest = &plan.start[..];
         let mut last: Option<(Duration, usize)> = None;
-        let mut writes = 0;
+        let mut writes: i64 = 0;
         while !rest.is_empty() {
-            let at_once =
-                last.is_some_and(|(took, done)| {
-                    let slot = (self.listed_total.max(0) as usize).max(rest.len());
-                    adopt_rest_at_once(took, done, slot, budget)
-                }) && slot_statement_takes_only(&views, &adopted_now, rest, self.ctx.epoch());
+            let at_once = last
+                .is_some_and(|(took, done)| adopt_rest_at_once(took, done, slot, budget))
+                && slot_statement_takes_only(&views, &adopted_now, rest, self.ctx.epoch());
             let (chunk, tail) = if at_once {
                 (rest, &rest[rest.len()..])
             } else {
@@ -508,10 +507,11 @@ impl Supervisor {
                     break;
                 }
             };
+            let took = took.elapsed();
             if !at_once {
-                self.adopt_chunk = next_adopt_chunk(took.elapsed(), chunk.len(), budget);
+                self.adopt_chunk = next_adopt_chunk(took, chunk.len(), budget);
             }
-            last = Some((took.elapsed(), chunk.len()));
+            last = Some((took, chunk.len()));
             started += adopted.len();
             for (id, gen) in adopted {
                 adopted_now.insert(id);
@@ -537,8 +537,7 @@ impl Supervisor {
                 }
             }
         }
-        self.record_adoption(format!("{started} robot(s) adopted in {writes} write(s)"))
-            .await;
+        self.record_adoption(started, writes).await;
         tracing::debug!(
             slot = %self.ctx.slot_id(), listed = views.len(), listed_ms,
             started, adoption_writes = writes, took_ms = began.elapsed().as_millis() as u64,
@@ -680,8 +679,9 @@ impl Supervisor {
     }
 
     /// The first adoption under this epoch goes into `events`: from then on no
-    /// checkpoint of an older epoch can land on this slot's robots.
-    async fn record_adoption(&mut self, detail: String) {
+    /// checkpoint of an older epoch can land on this slot's robots. It says how many
+    /// robots the sync adopted and in how many writes, in words and as `writes`.
+    async fn record_adoption(&mut self, started: usize, writes: i64) {
         if self.adopted {
             return;
         }
@@ -691,7 +691,9 @@ impl Supervisor {
                 "adopt",
                 doc! {
                     WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
-                    EPOCH: self.ctx.epoch(), "detail": detail,
+                    EPOCH: self.ctx.epoch(),
+                    "detail": format!("{started} robot(s) adopted in {writes} write(s)"),
+                    "writes": writes,
                 },
             )
             .await;
@@ -1117,12 +1119,7 @@ mod tests {
 
     #[test]
     fn one_statement_over_the_slot_only_when_it_takes_exactly_the_rest() {
-        let [a, b, c, d] = [
-            ObjectId::new(),
-            ObjectId::new(),
-            ObjectId::new(),
-            ObjectId::new(),
-        ];
+        let [a, b, c, d]: [ObjectId; 4] = std::array::from_fn(|_| ObjectId::new());
         let mut paused = view(c, 1, 1);
         paused.paused = true;
         // a, b older than 5; c paused; d already ours.
