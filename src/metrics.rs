@@ -96,6 +96,7 @@ metrics! {
     batched_writes: Counter = "checkpoint_batched", "checkpoints sent in group commits (divide by checkpoint_batches_total for the batch size)";
     checkpoints_refused: Counter = "checkpoints_refused", "robot checkpoints refused as unstorable (too large, not a document, out of range)";
     log_lines_dropped: Counter = "robot_log_lines_dropped", "robot output lines not logged because the robot wrote more than its log rate";
+    late_kills: Counter = "robot_late_kills", "exec robots killed at once, with no stop grace, because their lease's deadline had long passed when the stop came (the worker was frozen or starved)";
     robot_restarts: Counter = "robot_restarts", "robot restarts after a crash or exit";
     heartbeat_timeouts: Counter = "robot_heartbeat_timeouts", "exec robots stopped and started again because they showed no life (checkpoint or heartbeat line) within spec.heartbeat_timeout";
     pokes_received: Counter = "pokes_received", "pokes taken (POST /v1/poke): each made this worker survey the slots at once";

@@ -152,16 +152,29 @@ async fn a_checkpoint_that_cannot_be_stored_is_an_error_on_the_robot() {
         );
         create_exec(&db, name, serde_json::json!({"command": cmd}));
     }
+    // One key too many: once kept as an output line, the checkpoint lost while the
+    // robot showed `running`.
+    let cmd = script(
+        &db,
+        "extra-key.sh",
+        "echo '{\"checkpoint\": {\"n\": 1}}'\necho '{\"checkpoint\": {\"n\": 2}, \"at\": 1700000000}'\nexec sleep 60\n",
+    );
+    create_exec(&db, "extra-key", serde_json::json!({"command": cmd}));
     let w = db.exec_worker(&[]);
-    for name in ["huge-int", "inf", "u64"] {
+    for name in ["huge-int", "inf", "u64", "extra-key"] {
         let r = robot_where(&db, name, "refused", |r| status(r) == "failed").await;
         assert!(error(&r).contains("checkpoint refused"), "{r}");
         // The good checkpoint before it stands; the bad one moved nothing.
         assert_eq!(seq(&r), 1, "{r}");
     }
-    assert!(w.metric("slotpool_checkpoints_refused_total").unwrap_or(0) >= 3);
+    assert!(w.metric("slotpool_checkpoints_refused_total").unwrap_or(0) >= 4);
     let show = db.cli_ok(&["robot", "show", "u64"]);
     assert!(show.contains("does not fit in 64 bits"), "{show}");
+    let show = db.cli_ok(&["robot", "show", "extra-key"]);
+    assert!(
+        show.contains("nothing else") && show.contains("at"),
+        "the refusal names the extra key: {show}"
+    );
 }
 
 fn rss_kib(pid: i32) -> u64 {
@@ -423,4 +436,68 @@ while true; do echo "pid=$$ i=$i"; i=$((i+1)); sleep 0.1; done
         gen,
         "the output's generation is the robot's"
     );
+}
+
+/// A checkpoint line that reaches the robot's stdout after the worker's last read
+/// of the stop grace, in the moment before the SIGKILL lands, was dropped: the
+/// worker sent SIGKILL and never read the pipe again. A robot's descendant racing
+/// the shim's kill does this now and then; here the test makes the moment certain.
+/// It holds the robot's stdout through `/proc/PID/fd/1`, as a descendant would, and
+/// writes the last checkpoint the instant the robot's own process is gone. The
+/// worker reads the pipe to its end (bounded) before its last write, so the robot's
+/// last checkpoint is what stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn checkpoints_printed_during_the_stop_grace_are_not_lost_to_the_sigkill() {
+    use std::io::Write;
+    let db = TestDb::new("lastckpt").await;
+    db.init(1).await;
+    let pid_file = db.dir.join("pid");
+    let cmd = script(
+        &db,
+        "last-words.sh",
+        &format!(
+            r#"trap '' TERM
+echo $$ > {pid}
+echo '{{"checkpoint": {{"started": true}}}}'
+while true; do sleep 0.05; done
+"#,
+            pid = pid_file.display()
+        ),
+    );
+    create_exec(&db, "last-words", serde_json::json!({"command": cmd}));
+    let _w = db.exec_worker(&["--stop-grace", "50ms"]);
+    robot_where(&db, "last-words", "running", |r| {
+        status(r) == "running" && seq(r) >= 1
+    })
+    .await;
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut stdout = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{pid}/fd/1"))
+        .expect("the robot's stdout, a pipe to its worker");
+    db.cli_ok(&["robot", "pause", "last-words"]);
+    let proc = std::path::PathBuf::from(format!("/proc/{pid}"));
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while proc.exists() {
+        assert!(
+            std::time::Instant::now() < end,
+            "the robot was never killed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stdout
+        .write_all(b"{\"checkpoint\": {\"last\": true}}\n")
+        .unwrap();
+    let r = robot_where(&db, "last-words", "its last checkpoint stored", |r| {
+        r.get_document("context")
+            .is_ok_and(|c| c.get_bool("last") == Ok(true))
+    })
+    .await;
+    drop(stdout);
+    assert_eq!(status(&r), "paused", "{r}");
+    assert_eq!(seq(&r), 2, "{r}");
 }

@@ -31,9 +31,19 @@ impl WriteGuard {
         self.deadline.send_replace(deadline);
     }
 
-    /// Ends writing at once (lease lost or self-fenced).
+    /// Ends writing at once (lease lost or self-fenced). A deadline already past
+    /// stays where it was: how long ago it passed tells a robot's stop whether it
+    /// still has a grace (see [`crate::robot::shim::late_slack`]).
     pub fn revoke(&self) {
-        self.deadline.send_replace(self.clock.now());
+        let now = self.clock.now();
+        self.deadline.send_if_modified(|d| {
+            if *d > now {
+                *d = now;
+                true
+            } else {
+                false
+            }
+        });
     }
 
     pub fn is_open(&self) -> bool {

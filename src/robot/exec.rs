@@ -691,17 +691,29 @@ async fn supervise_child(
     }
 }
 
-/// Handles what is left in the robot's stdout once its shim is gone: until the pipe
-/// ends, or for at most [`DRAIN`] when a stray descendant keeps it open.
+/// Handles what is left in the robot's stdout once the robot is dead: until the
+/// pipe ends, or for at most [`DRAIN`] when a stray descendant keeps it open.
+///
+/// Nothing writes any more, so the checkpoints are read to the end first and only
+/// the last is written: each one replaces the context whole, so the last holds the
+/// robot's final state, and one write fits the little time left in a stop where a
+/// queue of them, one round trip each, would not. Output lines are kept as read.
 async fn drain(out: &Output<'_>, lines: &mut Lines) {
+    let mut last = None;
     let _ = tokio::time::timeout(DRAIN, async {
         while let Ok(Some(l)) = lines.next_line().await {
-            if let Err(RobotError::Fenced(_)) = out.handle(l).await {
-                return;
+            match parse_line(&l.text, l.cut) {
+                Line::Checkpoint(_) | Line::BadCheckpoint(_) => last = Some(l),
+                _ => {
+                    let _ = out.handle(l).await;
+                }
             }
         }
     })
     .await;
+    if let Some(l) = last {
+        let _ = out.handle(l).await;
+    }
 }
 
 /// How long [`drain`] reads: a dead writer's lines are all in the pipe already.
@@ -728,39 +740,61 @@ async fn hung(out: &Output<'_>, robot: Robot<'_>, lines: &mut Lines) -> Result<(
     Err(RobotError::Crashed(why))
 }
 
-/// SIGTERM, keep persisting what it prints, SIGKILL at the end of the grace.
+/// SIGTERM, keep persisting what it prints, SIGKILL at the end of the grace; then
+/// what the robot printed before it died, to the end of its output.
+///
+/// A stop asked for only well after the lease's deadline passed (this worker was
+/// frozen, and has just been thawed) gets no grace: a standby may be running the
+/// robot already, so SIGKILL goes first, before anything else of this instance runs.
 async fn stop_child(
     out: &Output<'_>,
     robot: Robot<'_>,
     lines: &mut Lines,
 ) -> Result<(), RobotError> {
     let run = out.run;
+    let lease = *run.lease_deadline().borrow();
+    let overdue = Instant::now().saturating_duration_since(lease);
+    if overdue >= shim::late_slack(run.grace()) {
+        robot.control.send(Control::Kill).await;
+        run.metrics().late_kills.inc();
+        tracing::warn!(
+            robot = %run.name(),
+            overdue_ms = overdue.as_millis() as u64,
+            "the lease's deadline passed long before this stop (the worker was frozen or starved): killed at once, no stop grace"
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(5), robot.child.wait()).await;
+        // Its writes are refused now; what it printed is still logged.
+        drain(out, lines).await;
+        return Ok(());
+    }
     let deadline = Instant::now() + run.grace();
     robot.control.send(Control::Term).await;
-    let mut open = true;
-    while open {
+    // What it prints meanwhile is persisted until the deadline, and no longer even
+    // when it prints faster than that can be written (a line is always ready then).
+    let (mut ended, mut fenced) = (false, false);
+    while !ended && !fenced && Instant::now() < deadline {
         match tokio::time::timeout_at(deadline, lines.next_line()).await {
-            Ok(Ok(Some(l))) => {
-                if let Err(e) = out.handle(l).await {
-                    if matches!(e, RobotError::Fenced(_)) {
-                        break;
-                    }
-                }
-            }
-            Ok(_) => open = false,
+            Ok(Ok(Some(l))) => fenced = matches!(out.handle(l).await, Err(RobotError::Fenced(_))),
+            Ok(_) => ended = true,
             Err(_) => break,
         }
     }
-    match tokio::time::timeout_at(deadline, robot.child.wait()).await {
-        Ok(_) => {}
-        Err(_) => {
-            tracing::warn!(robot = %run.name(), grace_ms = run.grace().as_millis() as u64, "did not exit after SIGTERM; sending SIGKILL");
-            robot.control.send(Control::Kill).await;
-            let _ = tokio::time::timeout(Duration::from_secs(5), robot.child.wait()).await;
-        }
+    if tokio::time::timeout_at(deadline, robot.child.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(robot = %run.name(), grace_ms = run.grace().as_millis() as u64, "did not exit after SIGTERM; sending SIGKILL");
+        robot.control.send(Control::Kill).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), robot.child.wait()).await;
     }
     // The shim killed anything left of the robot's tree (its group, and every
-    // descendant that left it) when the robot's own process exited.
+    // descendant that left it) when the robot's own process exited. Checkpoints it
+    // printed in its last moments may still wait in the pipe, unread when the grace
+    // ran out: the last of them is its final state, and it is written like any
+    // other, under the fence.
+    if !ended && !fenced {
+        drain(out, lines).await;
+    }
     Ok(())
 }
 

@@ -2,9 +2,10 @@
 //! cannot be stored, or output to log. Pure, unit-tested.
 //!
 //! `{"checkpoint": {...}}` and nothing else is a checkpoint. A line that begins
-//! `{"checkpoint"` is *meant* as one, so when it cannot become BSON exactly it is
-//! refused (the robot fails with the reason) instead of being logged as output and
-//! silently losing the robot's state.
+//! `{"checkpoint"` is *meant* as one, so when it cannot become BSON exactly, or
+//! carries a key beside `checkpoint` (`{"checkpoint": {...}, "at": 1700000000}`), it
+//! is refused (the robot fails with the reason) instead of being logged as output
+//! and silently losing the robot's state.
 //!
 //! `{"heartbeat": true}` (exactly that, spaces aside) is a sign of life for a robot
 //! with `heartbeat_timeout`, and is neither stored nor logged.
@@ -27,8 +28,8 @@ pub enum Line {
 /// Parses a stdout line (`cut`: bytes skipped past the line bound). A line that
 /// begins `{"checkpoint"` is meant as a checkpoint; `{"checkpoint": {...}}` and
 /// nothing else is one. One that cannot become BSON exactly (an integer beyond 64
-/// bits, `1e400`, a value that is not an object, a line cut short) is refused,
-/// never logged as if it were output.
+/// bits, `1e400`, a value that is not an object, a line cut short) or that has
+/// another key beside `checkpoint` is refused, never logged as if it were output.
 pub fn parse_line(line: &str, cut: usize) -> Line {
     let trimmed = line.trim();
     if cut == 0 && is_heartbeat(trimmed) {
@@ -53,10 +54,19 @@ pub fn parse_line(line: &str, cut: usize) -> Line {
     let serde_json::Value::Object(mut m) = value else {
         return Line::Log(line.to_string());
     };
-    if m.len() != 1 {
-        return Line::Log(line.to_string());
+    let checkpoint = m.remove("checkpoint");
+    if !m.is_empty() {
+        let extra: Vec<String> = m
+            .keys()
+            .map(|k| output::shown(&format!("{k:?}"), 0))
+            .collect();
+        return Line::BadCheckpoint(format!(
+            "a checkpoint line holds \"checkpoint\" and nothing else; it also had {} \
+             (put such fields inside the checkpoint, or print them on a line of their own)",
+            extra.join(", ")
+        ));
     }
-    match m.remove("checkpoint") {
+    match checkpoint {
         Some(v @ serde_json::Value::Object(_)) => {
             if let Some(n) = oversized_integer(trimmed) {
                 return Line::BadCheckpoint(format!(
@@ -154,8 +164,32 @@ mod tests {
             parse_line(r#"{"level": "info"}"#, 0),
             Line::Log(_)
         ));
+    }
+
+    #[test]
+    fn a_checkpoint_with_another_key_is_refused_not_logged() {
+        for line in [
+            r#"{"checkpoint": {"n": 2}, "at": 1700000000}"#,
+            r#"{"checkpoint": {}, "x": 1}"#,
+            r#"{ "checkpoint": {"n": 2}, "checkpoint_note": "late", "at": 1}"#,
+        ] {
+            match parse_line(line, 0) {
+                Line::BadCheckpoint(e) => {
+                    assert!(
+                        e.contains("nothing else") && e.contains("\""),
+                        "{line}: {e}"
+                    )
+                }
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        match parse_line(r#"{"checkpoint": {"n": 2}, "at": 1700000000}"#, 0) {
+            Line::BadCheckpoint(e) => assert!(e.contains(r#""at""#), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        // A log line that merely mentions a checkpoint later is still output.
         assert!(matches!(
-            parse_line(r#"{"checkpoint": {}, "x": 1}"#, 0),
+            parse_line(r#"{"level": "info", "checkpoint": {"n": 1}}"#, 0),
             Line::Log(_)
         ));
     }

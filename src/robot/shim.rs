@@ -162,8 +162,29 @@ impl Control {
     }
 }
 
+/// The longest a deadline may have passed, when it is first noticed, for the robot
+/// still to get its stop grace: at most half the grace, and never more than 50 ms.
+///
+/// A deadline is noticed late only when the process that should notice it did not
+/// run: it was frozen (SIGSTOP, the cgroup freezer, `docker pause`) or starved. A
+/// deadline noticed that late may be long past, and a standby may already run the
+/// robot: the grace belongs to stops asked for before the deadline, so a late one
+/// is a SIGKILL at once. 50 ms is far above the timer's own lateness on a busy
+/// machine (a few ms) and far below a lease; half the grace keeps the rule
+/// meaningful at the shortest ticks.
+pub fn late_slack(grace: Duration) -> Duration {
+    (grace / 2).min(Duration::from_millis(50))
+}
+
 /// What the shim does next, decided from the time and what it was told: the shim's
 /// whole policy, as a pure function.
+///
+/// - The deadline passes and the shim notices it in time: SIGTERM, and SIGKILL
+///   `grace` after the *deadline* (or after an earlier stop request), however late
+///   the SIGTERM went out.
+/// - The shim notices the deadline only [`late_slack`] or more after it (it was
+///   frozen with its robot and has just been thawed): SIGKILL at once, with no
+///   SIGTERM first, whatever it is told next.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Enforcer {
     /// The lease deadline (ns), as last extended.
@@ -192,6 +213,8 @@ impl Enforcer {
 
     /// Applies a message (None: the pipe closed) and returns the signal to send.
     pub fn on_message(&mut self, msg: Option<Control>, now: u64) -> Option<Action> {
+        // Time first: a message read after a thaw must not buy a deadline long
+        // past the SIGTERM-and-grace of a timely stop.
         match msg {
             Some(Control::Deadline(ns)) => {
                 // The worker's latest word counts (a revocation moves it back),
@@ -201,29 +224,49 @@ impl Enforcer {
                 }
                 self.on_time(now)
             }
-            Some(Control::Term) => self.term(now),
+            Some(Control::Term) => self.on_time(now).or_else(|| self.term(now)),
             Some(Control::Kill) | None => self.kill(),
         }
     }
 
     /// What the passing of time demands.
     pub fn on_time(&mut self, now: u64) -> Option<Action> {
-        match self.termed_at {
-            _ if self.killed => None,
-            Some(t) if now >= t + self.grace_ns => self.kill(),
-            None if now >= self.deadline => self.term(now),
-            _ => None,
+        if self.killed {
+            return None;
         }
+        if now >= self.kill_due() {
+            return self.kill();
+        }
+        if self.termed_at.is_none() && now >= self.deadline {
+            if now - self.deadline >= self.late_ns() {
+                return self.kill();
+            }
+            return self.term(now);
+        }
+        None
     }
 
     /// How long until [`Enforcer::on_time`] may act.
     pub fn next_due(&self, now: u64) -> Duration {
         let due = match self.termed_at {
             _ if self.killed => u64::MAX,
-            Some(t) => t + self.grace_ns,
+            Some(_) => self.kill_due(),
             None => self.deadline,
         };
         Duration::from_nanos(due.saturating_sub(now))
+    }
+
+    /// When SIGKILL is due: the grace after the stop request or the deadline,
+    /// whichever came first; never, before either.
+    fn kill_due(&self) -> u64 {
+        match self.termed_at {
+            Some(t) => t.min(self.deadline).saturating_add(self.grace_ns),
+            None => self.deadline.saturating_add(self.grace_ns),
+        }
+    }
+
+    fn late_ns(&self) -> u64 {
+        late_slack(Duration::from_nanos(self.grace_ns)).as_nanos() as u64
     }
 
     fn term(&mut self, now: u64) -> Option<Action> {
@@ -635,6 +678,52 @@ mod tests {
             Some(Action::Term)
         );
         assert_eq!(e.on_time(11 * S), Some(Action::Kill));
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_deadline_noticed_long_after_it_passed_is_a_kill_at_once() {
+        // Frozen with its robot, thawed 3 s past the deadline: no SIGTERM, no grace.
+        let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
+        assert_eq!(e.on_time(13 * S), Some(Action::Kill));
+        assert_eq!(e.on_time(14 * S), None, "killed once");
+        // Whatever the thawed worker says first changes nothing of that.
+        for msg in [Some(Control::Term), Some(Control::Deadline(20 * S)), None] {
+            let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
+            assert_eq!(e.on_message(msg, 13 * S), Some(Action::Kill), "{msg:?}");
+        }
+        // The slack: 50 ms at most, half the grace at short graces.
+        assert_eq!(
+            late_slack(Duration::from_secs(1)),
+            Duration::from_millis(50)
+        );
+        assert_eq!(
+            late_slack(Duration::from_millis(30)),
+            Duration::from_millis(15)
+        );
+        let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
+        assert_eq!(e.on_time(10 * S + 49 * MS), Some(Action::Term), "in time");
+        let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
+        assert_eq!(e.on_time(10 * S + 50 * MS), Some(Action::Kill), "late");
+    }
+
+    #[test]
+    fn the_grace_runs_from_the_deadline_not_from_a_late_sigterm() {
+        let mut e = Enforcer::new(10 * S, Duration::from_millis(100));
+        assert_eq!(e.on_time(10 * S + 40 * MS), Some(Action::Term));
+        assert_eq!(e.next_due(10 * S + 40 * MS), Duration::from_millis(60));
+        assert_eq!(e.on_time(10 * S + 99 * MS), None);
+        assert_eq!(e.on_time(10 * S + 100 * MS), Some(Action::Kill));
+        // A stop asked for before the deadline keeps its whole grace.
+        let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
+        assert_eq!(e.on_message(Some(Control::Term), 9 * S), Some(Action::Term));
+        assert_eq!(e.on_time(9 * S + 999 * MS), None);
+        assert_eq!(e.on_time(10 * S), Some(Action::Kill));
+        // ...and a thaw past it kills at once.
+        let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
+        assert_eq!(e.on_message(Some(Control::Term), 9 * S), Some(Action::Term));
+        assert_eq!(e.on_time(30 * S), Some(Action::Kill));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use bson::{doc, Document};
 use slotpool::Store;
 
 pub mod containers;
+pub mod freezer;
 pub mod invariants;
 pub mod proxy;
 pub mod web;
