@@ -268,6 +268,11 @@ fn bad_worker_flags_fail_fast_and_clearly() {
             vec!["worker", "--exec-limits-via", "magic"],
             "possible values: auto, cgroup, rlimit",
         ),
+        // Once resolved against whatever directory the worker started in.
+        (
+            vec!["worker", "--advertise", "127.0.0.1:7700", "--exec-allow", "robots/"],
+            "--exec-allow robots/: a relative path would be resolved against the worker's working directory",
+        ),
         (
             vec!["worker", "--advertise", "127.0.0.1:7700", "--tick", "0s"],
             "greater than zero",

@@ -65,8 +65,10 @@ pub struct WorkerArgs {
 
     /// Commands `exec` robots may run (repeat, or comma-separate). An entry ending in
     /// `/` allows every command under that directory; any other entry allows exactly
-    /// that command. Default: none, so no `exec` robot runs (its status says why).
-    /// Anyone who can write to the database can start any allowed command.
+    /// that command. Paths must be absolute (a relative one is refused: it would
+    /// depend on the directory the worker started in); a bare name is looked up in
+    /// PATH. Default: none, so no `exec` robot runs (its status says why). Anyone who
+    /// can write to the database can start any allowed command.
     #[arg(
         long = "exec-allow",
         env = "SLOTPOOL_EXEC_ALLOW",
@@ -225,7 +227,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         );
     }
     let policy = ExecPolicy::commands(args.exec_allow.clone())
-        .with_env(args.exec_env_allow.clone())
+        .and_then(|p| p.with_env(args.exec_env_allow.clone()))
         .map_err(anyhow::Error::msg)?
         .with_limits(
             args.exec_default_limits.unwrap_or_default(),

@@ -156,12 +156,34 @@ impl ExecPolicy {
         Self::default()
     }
 
-    /// Robots may run these commands, with no variables of their own.
-    pub fn commands(entries: Vec<String>) -> Self {
-        ExecPolicy {
-            commands: entries.into_iter().filter(|e| !e.is_empty()).collect(),
-            ..Default::default()
+    /// Robots may run these commands, with no variables of their own. Refuses an
+    /// entry that is a relative path (`bin/run.sh`, `./robots/`): it would be
+    /// resolved against whatever directory the worker was started in, so the same
+    /// flag would allow different programs on different hosts. A bare name
+    /// (`python3`) is looked up in `PATH`, as the spec's command is.
+    pub fn commands(entries: Vec<String>) -> Result<Self, String> {
+        let mut commands = Vec::new();
+        for entry in entries.into_iter().filter(|e| !e.is_empty()) {
+            let shown = crate::printable::escape(&entry);
+            if entry.contains('/') && !entry.starts_with('/') {
+                return Err(format!(
+                    "--exec-allow {shown}: a relative path would be resolved against the \
+                     worker's working directory; give an absolute path (/opt/robots/ or \
+                     /usr/bin/python3), or a bare command name looked up in PATH"
+                ));
+            }
+            if entry.split('/').any(|part| part == ".." || part == ".") {
+                return Err(format!(
+                    "--exec-allow {shown}: \".\" and \"..\" are refused in an allowed path; \
+                     give the directory or command as it is"
+                ));
+            }
+            commands.push(entry);
         }
+        Ok(ExecPolicy {
+            commands,
+            ..Default::default()
+        })
     }
 
     /// Bounds robots whose spec leaves a limit unset by `default`, and applies
@@ -291,6 +313,20 @@ mod tests {
     }
 
     #[test]
+    fn relative_allow_entries_are_refused_with_the_reason() {
+        for bad in ["robots/", "./bin/run.sh", "bin/run.sh", "../opt/"] {
+            let e = ExecPolicy::commands(vec![bad.into()]).unwrap_err();
+            assert!(e.contains("relative path") && e.contains(bad), "{bad}: {e}");
+        }
+        for bad in ["/opt/../etc/", "/opt/./robots/"] {
+            let e = ExecPolicy::commands(vec![bad.into()]).unwrap_err();
+            assert!(e.contains("refused"), "{bad}: {e}");
+        }
+        let p = ExecPolicy::commands(vec!["python3".into(), "/opt/".into()]).unwrap();
+        assert!(p.check_command("python3").is_ok());
+    }
+
+    #[test]
     fn commands_are_off_until_allowed() {
         let off = ExecPolicy::disabled();
         assert!(!off.enabled());
@@ -298,7 +334,8 @@ mod tests {
             .check_command("/bin/true")
             .unwrap_err()
             .contains("--exec-allow"));
-        let p = ExecPolicy::commands(vec!["/opt/robots/".into(), "/usr/bin/python3".into()]);
+        let p =
+            ExecPolicy::commands(vec!["/opt/robots/".into(), "/usr/bin/python3".into()]).unwrap();
         assert!(p.check_command("/opt/robots/a.sh").is_ok());
         assert!(p.check_command("/usr/bin/python3").is_ok());
         assert!(p.check_command("/opt/robots/../../bin/sh").is_err());
@@ -309,6 +346,7 @@ mod tests {
     #[test]
     fn code_loading_variables_are_refused_even_when_allowed() {
         let p = ExecPolicy::commands(vec!["/opt/".into()])
+            .unwrap()
             .with_env(vec!["*".into()])
             .unwrap();
         for bad in [
@@ -341,6 +379,7 @@ mod tests {
     #[test]
     fn names_must_be_allowed_by_the_worker() {
         let p = ExecPolicy::commands(vec!["/opt/".into()])
+            .unwrap()
             .with_env(vec!["APP_*".into(), "GREETING".into()])
             .unwrap();
         assert!(p
@@ -348,14 +387,14 @@ mod tests {
             .is_ok());
         let e = p.check_env(&vars(&[("OTHER", "x")])).unwrap_err();
         assert!(e.contains("--exec-env-allow OTHER"), "{e}");
-        let none = ExecPolicy::commands(vec!["/opt/".into()]);
+        let none = ExecPolicy::commands(vec!["/opt/".into()]).unwrap();
         assert!(none.check_env(&vars(&[("GREETING", "y")])).is_err());
         assert!(none.check_env(&[]).is_ok());
     }
 
     #[test]
     fn an_allow_list_naming_a_refused_variable_is_a_configuration_error() {
-        let base = || ExecPolicy::commands(vec!["/opt/".into()]);
+        let base = || ExecPolicy::commands(vec!["/opt/".into()]).unwrap();
         for bad in [
             "LD_PRELOAD",
             "PATH",
