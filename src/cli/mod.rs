@@ -93,15 +93,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let uri = connection_string(&cli)?;
     crate::secrets::remember(&uri);
     crate::secrets::hide_from_other_processes(&uri);
-    match cli.command {
-        Command::Worker(args) => worker::run(&uri, args).await,
-        Command::Init(args) => init::run(&connect(&uri).await?, args).await,
-        Command::Slots(cmd) => slots::run(&connect(&uri).await?, cmd).await,
-        Command::Robot(cmd) => robots::run(&connect(&uri).await?, cmd).await,
-        Command::Status(args) => status::run(&connect(&uri).await?, args).await,
-        Command::Rebalance(args) => rebalance::run(&connect(&uri).await?, args).await,
-        Command::Web(args) => crate::web::run(&uri, args).await,
-    }
+    let store = match cli.command {
+        Command::Worker(args) => return worker::run(&uri, args).await,
+        Command::Web(args) => return crate::web::run(&uri, args).await,
+        _ => connect(&uri).await?,
+    };
+    let result = match cli.command {
+        Command::Init(args) => init::run(&store, args).await,
+        Command::Slots(cmd) => slots::run(&store, cmd).await,
+        Command::Robot(cmd) => robots::run(&store, cmd).await,
+        Command::Status(args) => status::run(&store, args).await,
+        Command::Rebalance(args) => rebalance::run(&store, args).await,
+        Command::Worker(_) | Command::Web(_) => unreachable!("dispatched above"),
+    };
+    store.shutdown().await;
+    result
 }
 
 async fn connect(uri: &str) -> anyhow::Result<Store> {

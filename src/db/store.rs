@@ -187,6 +187,19 @@ impl Store {
         })
     }
 
+    /// Closes the connections in order, while the runtime still runs. A client left
+    /// to be dropped as the runtime shuts down ends its sessions from a task that
+    /// can no longer run, and the driver then panicked now and then at exit (about
+    /// one `init` or `robot list` in 30). Bounded: an unanswering server cannot hold
+    /// the exit up for long.
+    pub async fn shutdown(self) {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.client.shutdown().immediate(true),
+        )
+        .await;
+    }
+
     /// `message` with this connection string's secrets (and any URI) hidden.
     pub fn scrub(&self, message: &str) -> String {
         scrub(message)
