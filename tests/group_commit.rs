@@ -692,3 +692,54 @@ async fn an_adoption_never_answered_is_given_up_on_while_the_lease_holds() {
         "given up on after {took:?}"
     );
 }
+
+/// A robot paused, or marked failed, between the holder's listing and its adoption
+/// write keeps its state: the adoption neither takes it (so nothing starts it) nor
+/// clears its status and reason. Before, it was adopted as `running`, its error
+/// wiped, and run for up to a tick.
+#[tokio::test]
+async fn a_robot_paused_or_failed_after_the_listing_is_not_adopted() {
+    let db = TestDb::new("adopt_paused").await;
+    db.init(1).await;
+    db.cli_ok(&[
+        "robot", "create", "--name", "p", "--kind", "counter", "--count", "3",
+    ]);
+    let listed = as_read(&db).await;
+    let coll = db.store.robots();
+    coll.update_one(
+        doc! {"_id": listed[0].0},
+        doc! {"$set": {"paused": true, "status": "paused"}},
+    )
+    .await
+    .unwrap();
+    coll.update_one(
+        doc! {"_id": listed[1].0},
+        doc! {"$set": {"paused": true, "status": "failed", "error": "crashed 5 times in 60s"}},
+    )
+    .await
+    .unwrap();
+    let (store, _guard, _metrics) = holder(&db);
+    let adopted = store.adopt(&listed).await.unwrap();
+    let ours: Vec<ObjectId> = adopted.ours.iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        ours,
+        vec![listed[2].0],
+        "only the unpaused robot: {adopted:?}"
+    );
+    let paused = robot(&db, &listed[0].0).await;
+    assert_eq!(paused.get_str("status").ok(), Some("paused"), "{paused}");
+    let failed = robot(&db, &listed[1].0).await;
+    assert_eq!(failed.get_str("status").ok(), Some("failed"), "{failed}");
+    assert_eq!(
+        failed.get_str("error").ok(),
+        Some("crashed 5 times in 60s"),
+        "the reason stays: {failed}"
+    );
+    // Adopted under this holder before, then paused: a second adoption (after a
+    // restart of the robot) does not take it either.
+    let again = store.adopt(&as_read(&db).await).await.unwrap();
+    assert!(
+        again.ours.iter().all(|(id, _)| *id == listed[2].0),
+        "{again:?}"
+    );
+}

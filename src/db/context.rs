@@ -284,10 +284,13 @@ impl ContextStore {
         // statement per robot costs 0.63 ms. Refused as a whole (a hand-edited
         // document failing the validator), the chunk goes again a statement per
         // robot, so one broken robot holds back no other.
+        // Not paused: a robot paused (or failed, which holds it as paused) after the
+        // listing keeps its status and reason, and is not started.
         let filter = |ids: Bson| {
             doc! {
                 "_id": ids, SLOT_ID: &self.slot_id,
                 EPOCH: {"$not": {"$gt": self.epoch}},
+                PAUSED: {"$ne": true},
             }
         };
         let mut refused = Vec::new();
@@ -448,7 +451,10 @@ impl ContextStore {
 
     /// The generations of those of `taken` at this holder's epoch, read by `_id`.
     async fn generations(&self, taken: &[ObjectId]) -> Result<Vec<(ObjectId, i64)>, ContextError> {
-        let filter = doc! {"_id": {"$in": taken}, SLOT_ID: &self.slot_id, EPOCH: self.epoch};
+        let filter = doc! {
+            "_id": {"$in": taken}, SLOT_ID: &self.slot_id, EPOCH: self.epoch,
+            PAUSED: {"$ne": true},
+        };
         self.read_generations(filter, |_| true).await
     }
 
@@ -460,7 +466,7 @@ impl ContextStore {
         robots: &[(ObjectId, i64)],
     ) -> Result<Vec<(ObjectId, i64)>, ContextError> {
         let wanted: HashSet<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
-        let filter = doc! {SLOT_ID: &self.slot_id, EPOCH: self.epoch};
+        let filter = doc! {SLOT_ID: &self.slot_id, EPOCH: self.epoch, PAUSED: {"$ne": true}};
         self.read_generations(filter, |id| wanted.contains(id))
             .await
     }
