@@ -602,3 +602,49 @@ async fn one_identity_one_live_process() {
     let report = common::invariants::check(&db).await;
     assert_eq!(report.robots, 2, "{report:?}");
 }
+
+/// Right after a standby took a killed holder's slot, the killed holder's last
+/// heartbeat is still fresh: it was counted as a live standby, and `status` said the
+/// pool could absorb two holder failures with one real standby. Its last word was
+/// that it held the slot, which a live lease now gives another: it is no capacity.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_killed_a_moment_ago_is_not_counted_as_a_standby() {
+    let db = TestDb::new("deadstandby").await;
+    db.init(1).await;
+    let mut holder = db.worker(&[]);
+    common::wait_for(Duration::from_secs(20), "a holder", || async {
+        common::owner(&db.slot("slot-001").await).filter(|o| *o == holder.id)
+    })
+    .await;
+    let workers = [db.worker(&[]), db.worker(&[])];
+    common::wait_for(Duration::from_secs(20), "two standbys", || async {
+        let v: serde_json::Value = serde_json::from_str(&db.cli_ok(&["status", "--json"])).ok()?;
+        (v["standbys"].as_array()?.len() == 2).then_some(())
+    })
+    .await;
+    let first_epoch = common::epoch(&db.slot("slot-001").await);
+    holder.kill9();
+    let taker = common::wait_for(Duration::from_secs(20), "the takeover", || async {
+        let s = db.slot("slot-001").await;
+        (common::epoch(&s) > first_epoch)
+            .then(|| common::owner(&s))
+            .flatten()
+    })
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&db.cli_ok(&["status", "--json"])).unwrap();
+    let standbys: Vec<&str> = v["standbys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_str())
+        .collect();
+    let other = workers.iter().find(|w| w.id != taker).unwrap();
+    assert_eq!(
+        standbys,
+        vec![other.id.as_str()],
+        "only the real standby: {v}"
+    );
+    assert_eq!(v["failures_absorbable"], 1, "{v}");
+    let text = db.cli_ok(&["status"]);
+    assert!(text.contains("can absorb 1 holder failure(s)"), "{text}");
+}

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::db::field::{DRAINING, EPOCH, OWNER};
+use crate::db::field::{DRAINING, EPOCH, OWNER, SLOT_ID};
 use crate::db::store::Store;
 
 pub use crate::db::store::int;
@@ -93,16 +93,25 @@ pub async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error
 ///
 /// - `holder`: a live lease names it (`holds_live_slot`), whatever its own document
 ///   says: a killed worker cannot take back the slot it still names there;
-/// - `standby`: it holds nothing and its heartbeat is fresh;
-/// - `overdue`: it holds nothing and has missed a heartbeat. Heartbeats are at most
-///   [`REAR_TICKS`](crate::db::heartbeat::REAR_TICKS) ticks apart, and the
-///   line believes one for two beats, so a worker killed a moment ago still counts
-///   as live there; past one beat and a second of slack it is no standby to count on.
+/// - `standby`: it holds nothing, its heartbeat is fresh, and that heartbeat says it
+///   holds nothing;
+/// - `overdue`: it holds nothing and has missed a heartbeat, or its last heartbeat
+///   names slots that no live lease gives it any more. Heartbeats are at most
+///   [`REAR_TICKS`](crate::db::heartbeat::REAR_TICKS) ticks apart (`beat_ms`), and
+///   the line believes one for two beats, so a worker killed a moment ago still
+///   counts as live there; past one beat and a second of slack it is no standby to
+///   count on. A holder killed a moment ago, whose slot a standby just took, is
+///   caught sooner: its last word was that it held the slot, and a live worker that
+///   loses a slot beats again at once to say it holds nothing.
 pub fn worker_role(worker: &Document, holds_live_slot: bool) -> &'static str {
     let tick = int(worker, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
-    let beat = tick * crate::db::heartbeat::REAR_TICKS as i64 + 1000;
-    let overdue = int(worker, "seen_ms").is_some_and(|s| s > beat);
-    match (holds_live_slot, overdue) {
+    let every = int(worker, "beat_ms")
+        .filter(|b| (1..=3_600_000 * crate::db::heartbeat::REAR_TICKS as i64).contains(b))
+        .unwrap_or(tick * crate::db::heartbeat::REAR_TICKS as i64);
+    let late = int(worker, "seen_ms").is_some_and(|s| s > every + 1000);
+    let said_it_held =
+        int(worker, "held").is_some_and(|h| h > 0) || text(worker, SLOT_ID).is_some();
+    match (holds_live_slot, late || said_it_held) {
         (true, _) => "holder",
         (false, false) => "standby",
         (false, true) => "overdue",
@@ -262,8 +271,17 @@ mod tests {
         let fresh =
             doc! {"_id": "w", "seen_ms": 500_i64, "tick_ms": 1000_i64, "slot_id": "slot-001"};
         assert_eq!(worker_role(&fresh, true), "holder");
-        // Its own document names a slot, but no live lease names it: a standby.
-        assert_eq!(worker_role(&fresh, false), "standby");
+        // Its own document names a slot, but no live lease names it: killed a moment
+        // ago (a live one would have said it holds nothing), no standby to count on.
+        assert_eq!(worker_role(&fresh, false), "overdue");
+        let lost = doc! {"_id": "w", "seen_ms": 500_i64, "tick_ms": 1000_i64, "held": 1_i64};
+        assert_eq!(worker_role(&lost, false), "overdue");
+        let standby = doc! {"_id": "w", "seen_ms": 500_i64, "tick_ms": 1000_i64,
+        "slot_id": null, "held": 0_i64};
+        assert_eq!(worker_role(&standby, false), "standby");
+        // Its own beat period when it wrote one.
+        let slow = doc! {"_id": "w", "seen_ms": 6500_i64, "tick_ms": 1000_i64, "beat_ms": 2000_i64};
+        assert_eq!(worker_role(&slow, false), "overdue");
         let beat = 1000 * crate::db::heartbeat::REAR_TICKS as i64 + 1000;
         let late = doc! {"_id": "w", "seen_ms": beat + 1, "tick_ms": 1000_i64};
         assert_eq!(worker_role(&late, false), "overdue");

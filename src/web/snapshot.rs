@@ -714,7 +714,10 @@ mod tests {
         let holder = worker_info(&w("w:1", 20_000), &slots);
         assert_eq!((holder.role, holder.held), ("holder", Some(1)));
         assert_eq!(holder.slot.as_deref(), Some("slot-1"));
-        assert_eq!(worker_info(&w("w:2", 5_900), &slots).role, "standby");
+        // w:2 said it held slot-1, which w:1 holds now: killed a moment ago.
+        assert_eq!(worker_info(&w("w:2", 5_900), &slots).role, "overdue");
+        let standby = doc! {"_id": "w:4", "slot_id": null, "held": 0_i64, "tick_ms": 1000_i64, "seen_ms": 5_900_i64};
+        assert_eq!(worker_info(&standby, &slots).role, "standby");
         let gone = worker_info(&w("w:3", 6_100), &slots);
         assert_eq!(
             (gone.role, gone.slot, gone.held),
