@@ -100,7 +100,7 @@ metrics! {
     robot_restarts: Counter = "robot_restarts", "robot restarts after a crash or exit";
     heartbeat_timeouts: Counter = "robot_heartbeat_timeouts", "exec robots stopped and started again because they showed no life (checkpoint or heartbeat line) within spec.heartbeat_timeout";
     pokes_received: Counter = "pokes_received", "pokes taken (POST /v1/poke): each made this worker survey the slots at once";
-    pokes_ignored: Counter = "pokes_ignored", "pokes ignored because one was taken within the last tick";
+    pokes_ignored: Counter = "pokes_ignored", "pokes merged into a survey already due (one was taken within the last 100 ms, or tick if shorter)";
     pokes_sent: Counter = "pokes_sent", "pokes a standby answered, sent after this worker released a slot";
     pokes_lost: Counter = "pokes_lost", "pokes not delivered (no answer, refused, not an ip:port): the standby finds the slot at its next survey";
     memory_kills: Counter = "robot_memory_kills", "exec robots killed whole because the kernel killed one of their processes at spec.limits.memory";

@@ -3,7 +3,7 @@
 //! evicts the idle first, a head timeout, a size limit). Nothing here can change the
 //! pool: those routes answer `GET` and `HEAD` only, anything else is `405`. The one
 //! `POST`, `/v1/poke`, changes nothing either: it asks this worker to read the
-//! slots once, at most once a tick (see [`crate::worker::poke`]).
+//! slots once, at most once per 100 ms (see [`crate::worker::poke`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -103,7 +103,7 @@ async fn post_only() -> Response {
     (
         StatusCode::METHOD_NOT_ALLOWED,
         [(header::ALLOW, "POST")],
-        "POST /v1/poke: asks this worker to survey the slots (at most once a tick)\n",
+        "POST /v1/poke: asks this worker to survey the slots (at most once per 100 ms)\n",
     )
         .into_response()
 }

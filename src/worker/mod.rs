@@ -209,11 +209,11 @@ impl Worker {
         self.status.clone()
     }
 
-    /// What takes pokes on the worker's port (see [`poke`]): at most one survey a
-    /// tick, woken on this worker's loop.
+    /// What takes pokes on the worker's port (see [`poke`]): at most one survey per
+    /// [`poke::spacing`], none lost, woken on this worker's loop.
     pub fn poke_gate(&self) -> Arc<poke::PokeGate> {
         Arc::new(poke::PokeGate::new(
-            self.tick(),
+            poke::spacing(self.tick()),
             self.wake.clone(),
             self.metrics.clone(),
         ))

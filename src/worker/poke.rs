@@ -9,12 +9,17 @@
 //! so once its release has landed it sends the first standbys in line (up to
 //! `--watchers`) `POST /v1/poke` on their worker ports ([`poke_front`]).
 //!
-//! A poke can do one thing only: make the worker survey the slots at once, and at
-//! most once a tick however many arrive ([`PokeGate`]). The database stays the only
-//! truth (the survey reads it; the claim is the usual compare-and-set), so a poke
-//! needs no secret and a forged one costs one survey a tick at most. A poke that is
-//! lost (the standby's port filtered, the standby dead or stopped) costs latency
-//! only: the standby finds the slot at its next survey, as before pokes.
+//! A poke can do one thing only: make the worker survey the slots, at once when its
+//! last poke-driven survey is at least [`spacing`] old (100 ms, or the tick when
+//! that is shorter), else as soon as it is ([`PokeGate`]). A poke is never dropped:
+//! one that arrives too soon is merged into the one survey already due, so a second
+//! vacancy a moment after the first still leads to a claim within tens of
+//! milliseconds, whatever the tick. The database stays the only truth (the survey
+//! reads it; the claim is the usual compare-and-set), so a poke needs no secret,
+//! and a flood of forged ones costs at most one survey per spacing (ten a second).
+//! A poke that is lost (the standby's port filtered, the standby dead or stopped)
+//! costs latency only: the standby finds the slot at its next survey, as before
+//! pokes.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -34,46 +39,77 @@ pub const PATH: &str = "/v1/poke";
 /// not wait on one that is gone.
 pub const ANSWER_WITHIN: Duration = Duration::from_millis(300);
 
-/// Whether a poke arriving at `now` is due a survey: the first one, or the first
-/// `every` after the last one admitted.
-pub fn due(last: Option<Instant>, now: Instant, every: Duration) -> bool {
-    last.is_none_or(|l| now.saturating_duration_since(l) >= every)
+/// How far apart poke-driven surveys are at least: 100 ms, or the tick when that is
+/// shorter. Short enough that a vacancy right after another is claimed within tens
+/// of milliseconds; long enough that a flood of pokes costs the database at most
+/// ten surveys a second from each worker.
+pub fn spacing(tick: Duration) -> Duration {
+    tick.min(Duration::from_millis(100))
 }
 
-/// The worker's side: admits at most one poke a tick, and wakes the worker's loop
-/// for it (the loop then surveys at once).
+/// When a poke arriving at `now` gets its survey: at once if none was started
+/// within `every` before, else `every` after the last one.
+pub fn survey_at(last: Option<Instant>, now: Instant, every: Duration) -> Instant {
+    match last {
+        Some(l) if now.saturating_duration_since(l) < every => l + every,
+        _ => now,
+    }
+}
+
+/// The worker's side: turns pokes into surveys of its loop, at most one per
+/// [`spacing`], and never loses one.
 #[derive(Debug)]
 pub struct PokeGate {
     every: Duration,
-    last: Mutex<Option<Instant>>,
+    state: Arc<Mutex<GateState>>,
     wake: Arc<Notify>,
     metrics: Arc<Metrics>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// When the last poke-driven survey was asked for.
+    last: Option<Instant>,
+    /// A survey is already set for later: pokes until then are merged into it.
+    deferred: bool,
 }
 
 impl PokeGate {
     pub fn new(every: Duration, wake: Arc<Notify>, metrics: Arc<Metrics>) -> Self {
         PokeGate {
             every,
-            last: Mutex::new(None),
+            state: Arc::new(Mutex::new(GateState::default())),
             wake,
             metrics,
         }
     }
 
-    /// Takes one poke; true when it asked for a survey, false when one was asked
-    /// for within the last tick already.
+    /// Takes one poke; true when it asked for a survey of its own (now, or at the
+    /// end of the spacing), false when it was merged into one already due.
     pub fn poke(&self) -> bool {
         let now = Instant::now();
-        let mut last = self.last.lock().expect("poke lock");
-        if !due(*last, now, self.every) {
+        let mut state = self.state.lock().expect("poke lock");
+        if state.deferred {
             self.metrics.pokes_ignored.inc();
             return false;
         }
-        *last = Some(now);
-        drop(last);
+        let at = survey_at(state.last, now, self.every);
+        state.last = Some(at);
         self.metrics.pokes_received.inc();
-        // A permit is kept when the loop is busy: it surveys as soon as it waits.
-        self.wake.notify_one();
+        if at <= now {
+            drop(state);
+            // A permit is kept when the loop is busy: it surveys as soon as it waits.
+            self.wake.notify_one();
+            return true;
+        }
+        state.deferred = true;
+        drop(state);
+        let (gate, wake) = (self.state.clone(), self.wake.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            gate.lock().expect("poke lock").deferred = false;
+            wake.notify_one();
+        });
         true
     }
 }
@@ -146,34 +182,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_poke_a_tick_is_due() {
+    fn a_poke_is_surveyed_at_once_or_at_the_end_of_the_spacing() {
         let t = Instant::now();
-        let tick = Duration::from_secs(1);
-        assert!(due(None, t, tick));
-        assert!(!due(Some(t), t, tick));
-        assert!(!due(Some(t), t + Duration::from_millis(999), tick));
-        assert!(due(Some(t), t + tick, tick));
+        let every = Duration::from_millis(100);
+        assert_eq!(survey_at(None, t, every), t);
+        assert_eq!(survey_at(Some(t), t, every), t + every);
+        let soon = t + Duration::from_millis(40);
+        assert_eq!(survey_at(Some(t), soon, every), t + every);
+        assert_eq!(survey_at(Some(t), t + every, every), t + every);
+        let later = t + Duration::from_millis(500);
+        assert_eq!(survey_at(Some(t), later, every), later);
+        assert_eq!(spacing(Duration::from_secs(3)), Duration::from_millis(100));
+        assert_eq!(
+            spacing(Duration::from_millis(50)),
+            Duration::from_millis(50)
+        );
     }
 
-    #[tokio::test]
-    async fn a_flood_of_pokes_wakes_the_loop_once_a_tick() {
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_pokes_costs_one_survey_a_spacing_and_loses_none() {
         let wake = Arc::new(Notify::new());
         let metrics = Arc::new(Metrics::default());
-        let gate = PokeGate::new(Duration::from_secs(3600), wake.clone(), metrics.clone());
+        let every = Duration::from_millis(100);
+        let gate = PokeGate::new(every, wake.clone(), metrics.clone());
         let admitted = (0..1000).filter(|_| gate.poke()).count();
-        assert_eq!(admitted, 1);
-        assert_eq!(metrics.pokes_received.get(), 1);
-        assert_eq!(metrics.pokes_ignored.get(), 999);
-        // One permit waits for the loop; none more.
-        tokio::time::timeout(Duration::from_secs(1), wake.notified())
-            .await
-            .expect("woken once");
+        // One survey now, one at the end of the spacing for all the rest.
+        assert_eq!(admitted, 2);
+        assert_eq!(metrics.pokes_received.get(), 2);
+        assert_eq!(metrics.pokes_ignored.get(), 998);
+        let t0 = Instant::now();
+        wake.notified().await;
+        assert_eq!(Instant::now(), t0, "the first at once");
+        wake.notified().await;
+        assert_eq!(Instant::now(), t0 + every, "the merged ones at the spacing");
         assert!(
-            tokio::time::timeout(Duration::from_millis(50), wake.notified())
+            tokio::time::timeout(Duration::from_secs(10), wake.notified())
                 .await
                 .is_err(),
-            "woken only once"
+            "no more"
         );
+        // A vacancy reported later is surveyed at once again.
+        assert!(gate.poke());
+        tokio::time::timeout(Duration::from_millis(1), wake.notified())
+            .await
+            .expect("at once");
     }
 
     #[tokio::test]
