@@ -572,3 +572,108 @@ async fn a_hundred_updates_beside_kill_9_lose_and_double_nothing() {
         assert_eq!(r.get_i64("start_rev"), Ok(100), "{name}");
     }
 }
+
+/// The interval a counter's spec says now.
+async fn interval(db: &TestDb, name: &str) -> i64 {
+    let r = db.robot(name).await;
+    let spec = r.get_document("spec").unwrap();
+    spec.get_i64("interval_ms")
+        .or_else(|_| spec.get_i32("interval_ms").map(i64::from))
+        .unwrap()
+}
+
+/// With no live holder, an update waits in the robot's document; a second one
+/// replaced it silently, and the first change never applied. Now the second is
+/// refused with the reason, the first applies when a holder comes, and then the
+/// second may be asked again. With a live holder, two updates asked at once each
+/// get a definite answer (applied, or refused because the other waits), never "no
+/// holder answered".
+#[tokio::test(flavor = "multi_thread")]
+async fn updates_apply_in_order_or_are_refused_never_replaced() {
+    let db = TestDb::new("updorder").await;
+    db.init(1).await;
+    assert!(db.counters("c", 1, 100).status.success());
+    let first = db.cli(&[
+        "robot",
+        "update",
+        "c",
+        "--interval-ms",
+        "200",
+        "--wait",
+        "1s",
+    ]);
+    assert!(!first.status.success());
+    let said = String::from_utf8_lossy(&first.stderr);
+    assert!(said.contains("waits in the robot's document"), "{said}");
+    let second = db.cli(&[
+        "robot",
+        "update",
+        "c",
+        "--interval-ms",
+        "300",
+        "--wait",
+        "1s",
+    ]);
+    assert!(
+        !second.status.success(),
+        "the second must not replace the first"
+    );
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        said.contains("already has an update waiting")
+            && said.contains("spec.interval_ms: 100 → 200"),
+        "{said}"
+    );
+    let waiting = db.robot("c").await;
+    assert_eq!(
+        waiting
+            .get_document("update")
+            .unwrap()
+            .get_document("spec")
+            .unwrap()
+            .get_i64("interval_ms")
+            .ok(),
+        Some(200),
+        "the first update still waits: {waiting}"
+    );
+
+    let _w = db.worker(&[]);
+    wait_for(
+        Duration::from_secs(30),
+        "the first update applied",
+        || async { (interval(&db, "c").await == 200).then_some(()) },
+    )
+    .await;
+    db.cli_ok(&["robot", "update", "c", "--interval-ms", "300"]);
+    assert_eq!(interval(&db, "c").await, 300);
+
+    // Two at once on a live holder.
+    let a = db.cli_child(&["robot", "update", "c", "--interval-ms", "400"]);
+    let b = db.cli_child(&["robot", "update", "c", "--interval-ms", "500"]);
+    let mut applied = Vec::new();
+    for (ms, child) in [(400, a), (500, b)] {
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!text.contains("no holder answered"), "{ms}: {text}");
+        if out.status.success() {
+            assert!(text.contains("updated c"), "{ms}: {text}");
+            applied.push(ms);
+        } else {
+            assert!(
+                text.contains("already has an update waiting"),
+                "{ms}: {text}"
+            );
+        }
+    }
+    assert!(!applied.is_empty(), "one of the two applied");
+    let now = interval(&db, "c").await;
+    assert!(
+        applied.contains(&now),
+        "the spec is one that applied: {now}, {applied:?}"
+    );
+    common::invariants::check(&db).await;
+}

@@ -60,6 +60,15 @@ pub enum ActionError {
     BadDocument(String),
     #[error("{0} changed meanwhile; try again")]
     Changed(String),
+    /// An earlier update still waits for the robot's holder: updates apply one at a
+    /// time, in the order asked, and a second one never replaces the first.
+    #[error("{robot} already has an update waiting for the holder of {slot} ({pending}); updates apply one at a time, in order: ask again once it has applied or been refused (`slotpool robot show {robot}` shows it while it waits)")]
+    UpdatePending {
+        robot: String,
+        slot: String,
+        /// What the waiting update changes.
+        pending: String,
+    },
     /// A bad kind or spec: nothing was written.
     #[error("{0}")]
     Invalid(String),
@@ -190,7 +199,7 @@ pub async fn update(
     let d = store
         .robots()
         .find_one(doc! {NAME: name})
-        .projection(doc! {"_id": 1, SLOT_ID: 1, KIND: 1, SPEC: 1, CONTEXT: 1})
+        .projection(doc! {"_id": 1, SLOT_ID: 1, KIND: 1, SPEC: 1, CONTEXT: 1, UPDATE: 1})
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
     let slot = slot_of(&d)?;
@@ -199,6 +208,10 @@ pub async fn update(
             "this robot's kind or spec is missing or malformed; fix it by hand".into(),
         ));
     };
+    // A hand-edited `update` that is no document is no request: replaced.
+    if d.get_document(UPDATE).is_ok() && !dry_run {
+        return Err(pending(name, &slot, &old_kind, old_spec, &d));
+    }
     let new_kind = kind.unwrap_or(&old_kind).to_string();
     let registry = crate::robot::Registry::builtin();
     if let Some(k) = registry.get(&new_kind) {
@@ -229,15 +242,27 @@ pub async fn update(
         });
     }
     let id = ObjectId::new();
+    // Only over no waiting update: two asked at once, one waits and the other is
+    // refused, never silently replaced.
     let asked = store
         .robots()
         .update_one(
-            doc! {"_id": d.get("_id"), KIND: &old_kind, SPEC: old_spec.clone()},
+            doc! {"_id": d.get("_id"), KIND: &old_kind, SPEC: old_spec.clone(), UPDATE: {"$not": {"$type": "object"}}},
             doc! {"$set": {UPDATE: {"id": id, KIND: &new_kind, SPEC: spec}}},
         )
         .await?;
     if asked.matched_count == 0 {
-        return Err(ActionError::Changed(name.to_string()));
+        let now = store
+            .robots()
+            .find_one(doc! {"_id": d.get("_id")})
+            .projection(doc! {KIND: 1, SPEC: 1, UPDATE: 1})
+            .await?;
+        return Err(match now {
+            Some(now) if now.get_document(UPDATE).is_ok() => {
+                pending(name, &slot, &old_kind, old_spec, &now)
+            }
+            _ => ActionError::Changed(name.to_string()),
+        });
     }
     tell_holders(store, name, &slot).await?;
     let mut detail = changes.join("; ");
@@ -256,6 +281,32 @@ pub async fn update(
         slot,
         changes,
     })
+}
+
+/// The refusal of an update while `d`'s earlier one waits, saying what that one
+/// changes.
+fn pending(name: &str, slot: &str, kind: &str, spec: &Document, d: &Document) -> ActionError {
+    let waiting = d.get_document(UPDATE).ok();
+    let new_kind = waiting
+        .and_then(|u| text(u, KIND))
+        .unwrap_or_else(|| kind.to_string());
+    let changes = match waiting.and_then(|u| u.get_document(SPEC).ok()) {
+        Some(new_spec) => differences(kind, spec, &new_kind, new_spec).join("; "),
+        None => "a hand-edited update the holder will refuse".to_string(),
+    };
+    let mut pending = if changes.is_empty() {
+        "no change".to_string()
+    } else {
+        changes
+    };
+    if pending.len() > 500 {
+        pending = format!("{} …", pending.chars().take(500).collect::<String>());
+    }
+    ActionError::UpdatePending {
+        robot: name.to_string(),
+        slot: slot.to_string(),
+        pending,
+    }
 }
 
 /// The holder's answer to update `id` of robot `name`, once there is one.
