@@ -677,3 +677,77 @@ async fn updates_apply_in_order_or_are_refused_never_replaced() {
     );
     common::invariants::check(&db).await;
 }
+
+/// A crash loop on a slot that changes hands: the robot ends twice on its first
+/// holder, which is then killed; its restart budget (4 ends within 10 minutes) went
+/// with the holder, and the standby started counting from zero, so a loop on a slot
+/// that keeps changing hands never reached `failed`. The ends are kept with the
+/// robot: the new holder gives up after the ends left, and `robot resume` still
+/// gives a fresh budget.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crash_loop_keeps_its_restart_budget_across_a_takeover() {
+    let db = TestDb::new("crash_takeover").await;
+    db.init(1).await;
+    let log = db.dir.join("starts");
+    let cmd = script(
+        &db,
+        "crash.sh",
+        &format!("echo started >> '{}'\nsleep 0.3\nexit 3\n", log.display()),
+    );
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "loop",
+        "--kind",
+        "exec",
+        "--command",
+        &cmd,
+        "--spec",
+        r#"{"restart": {"attempts": 4, "within": "10m"}}"#,
+    ]);
+    let mut workers = [db.exec_worker(&[]), db.exec_worker(&[])];
+    let holder = wait_for(
+        Duration::from_secs(30),
+        "two ends on the first holder",
+        || async {
+            let r = db.robot("loop").await;
+            let ends = r.get_array("recent_ends").map_or(0, |a| a.len());
+            (ends >= 2).then(|| r.get_str("worker").unwrap().to_string())
+        },
+    )
+    .await;
+    let i = workers.iter().position(|w| w.id == holder).unwrap();
+    workers[i].kill9();
+    let failed = wait_for(Duration::from_secs(60), "the robot to fail", || async {
+        let r = db.robot("loop").await;
+        (status(&r) == "failed").then_some(r)
+    })
+    .await;
+    assert_ne!(
+        failed.get_str("worker").ok(),
+        Some(holder.as_str()),
+        "failed on the new holder: {failed}"
+    );
+    // Two or three runs there (one may have been cut by the kill), two here.
+    let n = starts(&log);
+    assert!(
+        (4..=5).contains(&n),
+        "{n} starts for a budget of 4 ends: {failed}"
+    );
+    assert!(
+        failed
+            .get_str("error")
+            .unwrap_or("")
+            .contains("4 ends within 10m"),
+        "{failed}"
+    );
+    // resume: a fresh budget of 4 more ends.
+    db.cli_ok(&["robot", "resume", "loop"]);
+    let again = wait_for(Duration::from_secs(60), "failed again", || async {
+        let r = db.robot("loop").await;
+        (status(&r) == "failed" && starts(&log) >= n + 4).then_some(r)
+    })
+    .await;
+    assert_eq!(starts(&log), n + 4, "{again}");
+}

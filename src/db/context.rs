@@ -29,8 +29,8 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
 
 use crate::db::field::{
-    APPLIED_LIMITS, CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ,
-    SLOT_ID, SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
+    APPLIED_LIMITS, CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RECENT_ENDS,
+    RESTARTS, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::db::group_commit::{
     while_open, Answer, GroupCommit, Statement, Written, IN_DOUBT_AFTER,
@@ -165,6 +165,30 @@ pub struct Loaded {
     pub spec: Document,
     pub context: Document,
     pub seq: i64,
+    /// When its recent runs ended by themselves, in server milliseconds (see
+    /// [`RECENT_ENDS`]); hand-broken entries left out.
+    pub ends: Vec<i64>,
+}
+
+/// The robot's recorded ends ([`RECENT_ENDS`]): whole numbers only, at most
+/// [`crate::robot::restart::ENDS_KEPT`] of them.
+pub fn recent_ends(d: &Document) -> Vec<i64> {
+    let Ok(a) = d.get_array(RECENT_ENDS) else {
+        return Vec::new();
+    };
+    let mut ends: Vec<i64> = a
+        .iter()
+        .filter_map(|b| match b {
+            Bson::Int64(n) => Some(*n),
+            Bson::Int32(n) => Some(i64::from(*n)),
+            _ => None,
+        })
+        .collect();
+    let keep = crate::robot::restart::ENDS_KEPT;
+    if ends.len() > keep {
+        ends.drain(..ends.len() - keep);
+    }
+    ends
 }
 
 impl ContextStore {
@@ -552,7 +576,7 @@ impl ContextStore {
         let d = self
             .robots
             .find_one(self.fence_match(id, gen))
-            .projection(doc! {NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1})
+            .projection(doc! {NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1, RECENT_ENDS: 1})
             .await?
             .ok_or_else(|| self.fenced(name))?;
         let context = match d.get(CONTEXT) {
@@ -571,6 +595,7 @@ impl ContextStore {
             spec: d.get_document(SPEC).cloned().unwrap_or_default(),
             context,
             seq: long_or_zero(&d, SEQ),
+            ends: recent_ends(&d),
         })
     }
 
@@ -681,7 +706,20 @@ impl ContextStore {
             "status_at": "$$NOW",
         };
         if let Some(n) = restarts {
+            // An end: counted in the robot's own record, on the server's clock, so
+            // whichever holder runs it next keeps its restart budget's window.
             set.insert(RESTARTS, n);
+            let kept = crate::robot::restart::ENDS_KEPT as i64;
+            set.insert(
+                RECENT_ENDS,
+                doc! {"$slice": [
+                    {"$concatArrays": [
+                        {"$cond": [{"$isArray": "$recent_ends"}, "$recent_ends", {"$literal": []}]},
+                        [{"$toLong": "$$NOW"}],
+                    ]},
+                    -kept,
+                ]},
+            );
         }
         self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
             .await
@@ -748,6 +786,10 @@ impl ContextStore {
                 let failed =
                     doc! {"$and": [{"$eq": ["$paused", true]}, {"$eq": ["$status", "failed"]}]};
                 set.insert(PAUSED, doc! {"$cond": [failed.clone(), false, "$paused"]});
+                set.insert(
+                    RECENT_ENDS,
+                    doc! {"$cond": [failed.clone(), {"$literal": []}, {"$ifNull": ["$recent_ends", {"$literal": []}]}]},
+                );
                 set.insert(STATUS, doc! {"$cond": [failed, "pending", "$status"]});
             }
             Err(why) => {

@@ -48,6 +48,10 @@ pub const ERROR: &str = "error";
 pub const PAUSED: &str = "paused";
 /// How many times a robot restarted on its current holder.
 pub const RESTARTS: &str = "restarts";
+/// When the robot's last runs ended by themselves (server milliseconds, oldest
+/// first, at most [`crate::robot::restart::ENDS_KEPT`]): its restart budget's
+/// window, kept with the robot so a takeover or a move does not reset it.
+pub const RECENT_ENDS: &str = "recent_ends";
 /// Raised by every `robot restart` (and update): an instance started under another
 /// value stops after a last checkpoint, and a new one starts under a new generation.
 pub const START_REV: &str = "start_rev";

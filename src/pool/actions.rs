@@ -12,8 +12,8 @@ use bson::{doc, oid::ObjectId, Document};
 use futures::TryStreamExt;
 
 use crate::db::field::{
-    CONTEXT, DRAINING, KIND, NAME, PAUSED, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT,
-    WORKER,
+    CONTEXT, DRAINING, KIND, NAME, PAUSED, RECENT_ENDS, SLOT_ID, SPEC, START_REV, STATUS, UPDATE,
+    UPDATE_RESULT, WORKER,
 };
 use crate::db::store::Store;
 use crate::pool::placement::{self, MoveError};
@@ -128,7 +128,11 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
         .robots()
         .update_one(
             doc! {"_id": d.get("_id")},
-            doc! {"$set": {PAUSED: false, STATUS: "pending"}, "$inc": {START_REV: 1_i64}},
+            doc! {
+                "$set": {PAUSED: false, STATUS: "pending"},
+                "$inc": {START_REV: 1_i64},
+                "$unset": {RECENT_ENDS: ""},
+            },
         )
         .await?;
     tell_holders(store, name, &slot).await?;
@@ -377,12 +381,15 @@ pub async fn set_paused(
     let d = robot(store, name).await?;
     let slot = slot_of(&d)?;
     let status = if paused { "paused" } else { "pending" };
+    // A resumed robot gets a fresh restart budget: its recorded ends go.
+    let update = if paused {
+        doc! {"$set": {PAUSED: true, STATUS: status}}
+    } else {
+        doc! {"$set": {PAUSED: false, STATUS: status}, "$unset": {RECENT_ENDS: ""}}
+    };
     store
         .robots()
-        .update_one(
-            doc! {"_id": d.get("_id")},
-            doc! {"$set": {PAUSED: paused, STATUS: status}},
-        )
+        .update_one(doc! {"_id": d.get("_id")}, update)
         .await?;
     placement::adjust(store, &slot, 0, true).await?;
     let kind = if paused { "pause" } else { "resume" };

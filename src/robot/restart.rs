@@ -32,6 +32,10 @@ pub const INVALID_BACKOFF: Duration = Duration::from_secs(2);
 /// A run this long resets the backoff: it was healthy, the next end is news.
 pub const HEALTHY_RUN: Duration = Duration::from_secs(10);
 
+/// How many of a robot's last ends its document keeps (`recent_ends`): the window of
+/// a policy with more `attempts` carries over a takeover or a move only this far.
+pub const ENDS_KEPT: usize = 100;
+
 /// The spec field that holds a robot's restart policy.
 pub const SPEC_FIELD: &str = "restart";
 
@@ -145,6 +149,16 @@ impl Budget {
         self.policy = policy;
     }
 
+    /// Takes over the ends an earlier instance recorded (oldest first), so a crash
+    /// loop on a slot that changes hands still reaches its limit. The backoff goes
+    /// on from where those ends left it.
+    pub fn restore(&mut self, ends: impl IntoIterator<Item = Instant>) {
+        for end in ends {
+            self.ends.push_back(end);
+            self.backoff = (self.backoff * 2).min(self.policy.max_backoff.max(FIRST_BACKOFF));
+        }
+    }
+
     /// A run that began at `began` ended by itself at `now`; `invalid` when it could not
     /// start at all (its backoff is at least [`INVALID_BACKOFF`]).
     pub fn ended(&mut self, began: Instant, now: Instant, invalid: bool) -> Next {
@@ -212,6 +226,33 @@ mod tests {
                 within: s(60)
             }
         );
+    }
+
+    #[test]
+    fn ends_restored_from_an_earlier_holder_count_toward_the_limit() {
+        let t = Instant::now() + Duration::from_secs(3600);
+        let s = Duration::from_secs;
+        let mut b = Budget::new(policy(4, 60, 30));
+        // Two ends on the last holder, 20 s and 10 s ago; one from before the window.
+        b.restore([t - s(90), t - s(20), t - s(10)]);
+        assert!(matches!(b.ended(t, t + s(1), false), Next::RestartAfter(_)));
+        assert_eq!(
+            b.ended(t + s(2), t + s(3), false),
+            Next::GiveUp {
+                ends: 4,
+                within: s(60)
+            },
+            "two here and two there make four"
+        );
+        let mut fresh = Budget::new(policy(4, 60, 30));
+        assert!(matches!(
+            fresh.ended(t, t + s(1), false),
+            Next::RestartAfter(_)
+        ));
+        assert!(matches!(
+            fresh.ended(t + s(2), t + s(3), false),
+            Next::RestartAfter(_)
+        ));
     }
 
     #[test]

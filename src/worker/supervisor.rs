@@ -858,6 +858,7 @@ fn preload(d: &Document, name: &str) -> Option<Loaded> {
         spec: d.get_document(SPEC).ok()?.clone(),
         context,
         seq: long_or_zero(d, SEQ),
+        ends: crate::db::context::recent_ends(d),
     })
 }
 
@@ -960,6 +961,25 @@ impl Runner {
         self.id
     }
 
+    /// Counts the ends an earlier instance recorded in the robot's document: a crash
+    /// loop on a slot that changes hands (a takeover, a move) keeps its budget. Their
+    /// ages come from one reading of the server's clock, which stamped them; without
+    /// one the budget starts fresh, as it did before ends were kept.
+    async fn restore_budget(&self, budget: &mut Budget, ends: &[i64]) {
+        let server_now = match self.store.server_now().await {
+            Ok(t) => t.timestamp_millis(),
+            Err(e) => {
+                tracing::debug!(robot = %self.name, "no server clock to age its earlier ends ({}); a fresh restart budget", crate::db::store::brief(&e));
+                return;
+            }
+        };
+        let now = self.clock.now();
+        budget.restore(ends.iter().filter_map(|end| {
+            let age = Duration::from_millis(server_now.saturating_sub(*end).max(0) as u64);
+            now.checked_sub(age)
+        }));
+    }
+
     /// Stops restarting the robot: it ended `ends` times within `within`. It is held
     /// as a paused robot is (`paused: true`), so no holder starts it again, with the
     /// status `failed` and the last end's reason; `robot resume` gives it a fresh
@@ -1013,6 +1033,9 @@ impl Runner {
         let policy = RestartPolicy::from_spec(&loaded.spec)
             .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
         budget.set_policy(policy);
+        if !restarted && !loaded.ends.is_empty() {
+            self.restore_budget(budget, &loaded.ends).await;
+        }
         if restarted
             && !self
                 .ctx
