@@ -879,3 +879,162 @@ async fn robots_are_updated_through_the_api_and_the_form() {
     assert!(page.body.contains("update-state"), "{}", page.body);
     common::invariants::check(&db).await;
 }
+
+/// One request from the loopback address `from` (any of 127.0.0.0/8): its status.
+async fn status_from(
+    port: u16,
+    from: std::net::Ipv4Addr,
+    method: &str,
+    path: &str,
+    auth: &str,
+) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((from, 0).into()).unwrap();
+    let mut s = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: {auth}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One wrong token from each of 10,500 addresses filled the throttle's table, and
+/// then the right token from an address that had never failed got `429`, "too many
+/// wrong tokens from this address": no token was needed to lock every operator
+/// out. Now only an address's own failures throttle it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_wrong_tokens_from_many_addresses_locks_no_one_else_out() {
+    let db = TestDb::new("web_flood").await;
+    db.init(1).await;
+    let web = WebProc::start(&db.uri, &db.dir, true, &[]).await;
+    let port = web.port;
+    let addr = |i: u32| std::net::Ipv4Addr::from(0x7f01_0000 + i);
+    let total = slotpool::web::auth::MAX_TRACKED as u32 + 500;
+    let mut refused = 0;
+    for batch in (0..total).collect::<Vec<_>>().chunks(16) {
+        let answers = futures::future::join_all(batch.iter().map(|i| {
+            status_from(
+                port,
+                addr(*i),
+                "POST",
+                "/api/v1/rebalance",
+                "Bearer wrong-token",
+            )
+        }))
+        .await;
+        refused += answers.iter().filter(|s| **s == 401).count();
+    }
+    assert_eq!(refused, total as usize, "every wrong token is told so");
+    let fresh = std::net::Ipv4Addr::new(127, 9, 9, 9);
+    let right = status_from(port, fresh, "POST", "/api/v1/rebalance", &bearer()).await;
+    assert_eq!(right, 200, "an address that never failed is not throttled");
+    // One address's own failures still throttle it.
+    let guesser = std::net::Ipv4Addr::new(127, 8, 8, 8);
+    for _ in 0..slotpool::web::auth::MAX_FAILURES {
+        assert_eq!(
+            status_from(port, guesser, "POST", "/api/v1/rebalance", "Bearer wrong").await,
+            401
+        );
+    }
+    assert_eq!(
+        status_from(port, guesser, "POST", "/api/v1/rebalance", &bearer()).await,
+        429
+    );
+}
+
+/// Connections that send a write's head and then its body a byte a second, held
+/// open by the test. Returns them (dropping them closes them).
+fn slow_writers(port: u16, n: usize, auth: Option<&str>) -> Vec<std::net::TcpStream> {
+    use std::io::Write;
+    (0..n)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let auth = auth.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+            write!(
+                s,
+                "POST /api/v1/rebalance HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+            )
+            .unwrap();
+            s
+        })
+        .collect()
+}
+
+/// 64 connections each sending a `POST` head and then a byte a second took every
+/// connection, and the dashboard answered 0 of 12 reads, even with actions off. A
+/// write the head can refuse is refused before its body; at most 16 bodies are
+/// received at once, each within 5 s; reads and probes stay answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_write_bodies_cannot_starve_reads() {
+    use std::io::Read;
+    let db = TestDb::new("web_slow").await;
+    db.init(1).await;
+    for actions in [false, true] {
+        let web = WebProc::start(&db.uri, &db.dir, actions, &[]).await;
+        let token = bearer();
+        // With actions on, the writers hold the token: the worst case.
+        let mut writers = slow_writers(web.port, 64, actions.then_some(token.as_str()));
+        let drip = std::thread::spawn({
+            let mut writers: Vec<_> = writers.iter().map(|s| s.try_clone().unwrap()).collect();
+            move || {
+                use std::io::Write;
+                for _ in 0..3 {
+                    std::thread::sleep(Duration::from_millis(300));
+                    for w in &mut writers {
+                        let _ = w.write_all(b" ");
+                    }
+                }
+            }
+        });
+        let mut answered = 0;
+        for _ in 0..12 {
+            if web.get("/api/v1/slots").is_some_and(|r| r.status == 200) {
+                answered += 1;
+            }
+        }
+        assert_eq!(
+            answered, 12,
+            "reads answered under slow writers (actions: {actions})"
+        );
+        assert_eq!(web.get("/api/v1/overview").map(|r| r.status), Some(200));
+        drip.join().unwrap();
+        // What the writers were told.
+        let mut told = std::collections::BTreeMap::new();
+        for w in &mut writers {
+            w.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+            let mut out = vec![0; 64];
+            let n = w.read(&mut out).unwrap_or(0);
+            let code: u16 = String::from_utf8_lossy(&out[..n])
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            *told.entry(code).or_insert(0) += 1;
+        }
+        // A writer whose head the server had not read yet when a read came is idle,
+        // and the read may evict it (closed, told nothing: 0).
+        let count = |code: u16| told.get(&code).copied().unwrap_or(0);
+        if actions {
+            assert_eq!(
+                count(408),
+                16,
+                "16 bodies waited for, then timed out: {told:?}"
+            );
+            assert_eq!(
+                count(503) + count(0),
+                48,
+                "the rest refused at once: {told:?}"
+            );
+        } else {
+            assert_eq!(count(403) + count(0), 64, "refused from the head: {told:?}");
+        }
+        assert!(count(0) <= 12, "at most one evicted per read: {told:?}");
+    }
+}

@@ -59,9 +59,13 @@ pub const MAX_FAILURES: u32 = 10;
 /// See [`MAX_FAILURES`].
 pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
-/// Addresses tracked at most; when that many are failing at once, everyone new is
-/// throttled too (a guesser spread over many addresses).
-const MAX_TRACKED: usize = 10_000;
+/// Addresses tracked at most. When that many are failing at once, the one whose
+/// window began longest ago is forgotten to make room: an address that never sent a
+/// wrong token is never refused, however many others fail. A guesser spread over
+/// more addresses than this gets [`MAX_FAILURES`] guesses per address and window;
+/// the token's length (at least [`MIN_TOKEN`] characters) is what keeps those
+/// guesses hopeless.
+pub const MAX_TRACKED: usize = 10_000;
 
 /// Whether a request's `Host` names this dashboard: an IP address (a browser sends
 /// one only when the user typed it), `localhost`, or one of `allowed` (from
@@ -93,15 +97,9 @@ pub struct Throttle {
 }
 
 impl Throttle {
-    /// Whether `ip` may try a token now.
-    pub fn allowed(&mut self, ip: IpAddr, now: Instant) -> bool {
-        if self.failures.len() >= MAX_TRACKED {
-            self.failures
-                .retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
-            if self.failures.len() >= MAX_TRACKED && !self.failures.contains_key(&ip) {
-                return false;
-            }
-        }
+    /// Whether `ip` may try a token now: refused only after [`MAX_FAILURES`] wrong
+    /// tokens of its own within the window.
+    pub fn allowed(&self, ip: IpAddr, now: Instant) -> bool {
         match self.failures.get(&ip) {
             Some((n, since)) if now.duration_since(*since) < FAILURE_WINDOW => *n < MAX_FAILURES,
             _ => true,
@@ -110,6 +108,20 @@ impl Throttle {
 
     /// `ip` sent a wrong token.
     pub fn failed(&mut self, ip: IpAddr, now: Instant) {
+        if self.failures.len() >= MAX_TRACKED && !self.failures.contains_key(&ip) {
+            self.failures
+                .retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
+            if self.failures.len() >= MAX_TRACKED {
+                let oldest = self
+                    .failures
+                    .iter()
+                    .min_by_key(|(_, (_, since))| *since)
+                    .map(|(ip, _)| *ip);
+                if let Some(oldest) = oldest {
+                    self.failures.remove(&oldest);
+                }
+            }
+        }
         let entry = self.failures.entry(ip).or_insert((0, now));
         if now.duration_since(entry.1) >= FAILURE_WINDOW {
             *entry = (0, now);
@@ -147,6 +159,50 @@ impl Auth {
             .and_then(|h| h.strip_prefix("Bearer "))
             .ok_or(Denied::Unauthenticated)?;
         self.try_token(given, token, peer)
+    }
+
+    /// Whether a write from `peer` to `path` may go on to send its body: refused
+    /// at once, from the request head alone, when actions are off, when `peer` is
+    /// throttled, or when the credentials the head carries are wrong (a bearer token
+    /// for `/api/`, a live session from this origin for a form). So a client that
+    /// sends a write's head and then its body a byte at a time holds a connection
+    /// only if it holds the token. The handler still checks everything it checked
+    /// before (a form's CSRF token is in its body).
+    pub fn before_body(
+        &self,
+        path: &str,
+        headers: &axum::http::HeaderMap,
+        peer: IpAddr,
+    ) -> Result<(), Denied> {
+        use axum::http::header;
+        let token = self.token.as_deref().ok_or(Denied::Disabled)?;
+        let header = |k: header::HeaderName| headers.get(k).and_then(|v| v.to_str().ok());
+        if path.starts_with("/api/") {
+            let given = header(header::AUTHORIZATION)
+                .and_then(|h| h.strip_prefix("Bearer "))
+                .ok_or(Denied::Unauthenticated)?;
+            return self.try_token(given, token, peer);
+        }
+        if !self
+            .throttle
+            .lock()
+            .expect("throttle lock")
+            .allowed(peer, Instant::now())
+        {
+            return Err(Denied::Throttled);
+        }
+        match path {
+            // The token is in the body; the throttle above is all a head can tell.
+            "/login" | "/logout" => Ok(()),
+            _ => {
+                if !same_origin(header(header::ORIGIN), header(header::HOST)) {
+                    return Err(Denied::Forged);
+                }
+                self.session(header(header::COOKIE))
+                    .map(|_| ())
+                    .ok_or(Denied::Unauthenticated)
+            }
+        }
     }
 
     /// Compares a token, counting a wrong one against `peer`.
@@ -336,6 +392,74 @@ mod tests {
         assert!(!t.allowed(a, t0), "throttled");
         assert!(t.allowed(b, t0), "another address is not");
         assert!(t.allowed(a, t0 + FAILURE_WINDOW), "the window passed");
+    }
+
+    #[test]
+    fn a_flood_of_failing_addresses_locks_out_no_address_that_did_not_fail() {
+        let mut t = Throttle::default();
+        let t0 = Instant::now();
+        let addr = |i: u32| IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        for i in 0..MAX_TRACKED as u32 + 500 {
+            t.failed(addr(i), t0);
+        }
+        assert!(
+            t.failures.len() <= MAX_TRACKED,
+            "bounded: {}",
+            t.failures.len()
+        );
+        assert!(t.allowed(ME, t0), "an address that never failed");
+        assert!(
+            t.allowed(addr(MAX_TRACKED as u32 + 499), t0),
+            "one wrong token is no reason"
+        );
+        // A guesser from one address is still stopped, flood or not.
+        for _ in 0..MAX_FAILURES {
+            t.failed(ME, t0);
+        }
+        assert!(!t.allowed(ME, t0));
+    }
+
+    #[test]
+    fn a_write_is_refused_from_its_head_alone() {
+        use axum::http::{header, HeaderMap, HeaderValue};
+        let read_only = Auth::new(None);
+        let none = HeaderMap::new();
+        assert_eq!(
+            read_only.before_body("/api/v1/rebalance", &none, ME),
+            Err(Denied::Disabled)
+        );
+        assert_eq!(
+            read_only.before_body("/login", &none, ME),
+            Err(Denied::Disabled)
+        );
+        let auth = Auth::new(Some(TOKEN.into()));
+        assert_eq!(
+            auth.before_body("/api/v1/rebalance", &none, ME),
+            Err(Denied::Unauthenticated)
+        );
+        let mut bearer = HeaderMap::new();
+        bearer.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap(),
+        );
+        assert_eq!(auth.before_body("/api/v1/rebalance", &bearer, ME), Ok(()));
+        assert_eq!(
+            auth.before_body("/login", &none, ME),
+            Ok(()),
+            "the token is in the body"
+        );
+        assert_eq!(
+            auth.before_body("/rebalance", &none, ME),
+            Err(Denied::Unauthenticated),
+            "no session"
+        );
+        let (id, _) = auth.login(TOKEN, "me", ME).unwrap();
+        let mut cookie = HeaderMap::new();
+        cookie.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("{COOKIE}={id}")).unwrap(),
+        );
+        assert_eq!(auth.before_body("/rebalance", &cookie, ME), Ok(()));
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! - [`pages`]: the HTML (maud escapes every value; scripts and styles are files, so
 //!   the content security policy forbids inline ones);
 //! - [`api`]: the JSON API and its actions;
-//! - [`auth`]: the token, browser sessions and CSRF.
+//! - [`auth`]: the token, browser sessions and CSRF;
+//! - [`writes`]: writes refused from their head, and their bodies bounded.
 
 pub mod api;
 pub mod auth;
@@ -19,6 +20,7 @@ pub mod pages;
 pub mod query;
 pub mod snapshot;
 pub mod timeline;
+pub mod writes;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -132,6 +134,8 @@ pub struct App {
     details: Arc<Details>,
     /// `--allowed-host` names (see [`auth::host_allowed`]).
     hosts: Arc<Vec<String>>,
+    /// Writes receiving their bodies now (see [`writes`]).
+    bodies: Arc<Semaphore>,
 }
 
 /// One robot as its page shows it: the whole document and its kept output.
@@ -232,32 +236,58 @@ fn web_actor(who: &str, peer: SocketAddr) -> Actor {
 
 /// Every route of the dashboard.
 pub fn router(app: App) -> Router {
+    // Writes go through [`writes`] before their handlers; only where the method
+    // matches, so a write to a read route is still a 405.
+    let w = middleware::from_fn_with_state(app.clone(), writes::before_handlers);
     Router::new()
         .route("/", get(pages::overview))
         .route("/robots", get(pages::robots))
         .route("/robots/{name}", get(pages::robot))
-        .route("/robots/{name}/{action}", post(pages::robot_action))
-        .route("/slots/{id}/{action}", post(pages::slot_action))
-        .route("/rebalance", post(pages::rebalance))
-        .route("/login", get(pages::login_form).post(pages::login))
-        .route("/logout", post(pages::logout))
+        .route(
+            "/robots/{name}/{action}",
+            post(pages::robot_action).route_layer(w.clone()),
+        )
+        .route(
+            "/slots/{id}/{action}",
+            post(pages::slot_action).route_layer(w.clone()),
+        )
+        .route("/rebalance", post(pages::rebalance).route_layer(w.clone()))
+        .route(
+            "/login",
+            get(pages::login_form)
+                .post(pages::login)
+                .route_layer(w.clone()),
+        )
+        .route("/logout", post(pages::logout).route_layer(w.clone()))
         .route("/static/app.js", get(pages::script))
         .route("/static/app.css", get(pages::style))
         .route("/api/v1/overview", get(api::overview))
         .route("/api/v1/slots", get(api::slots))
         .route("/api/v1/workers", get(api::workers))
         .route("/api/v1/events", get(api::events))
-        .route("/api/v1/robots", get(api::robots).post(api::create_robots))
+        .route(
+            "/api/v1/robots",
+            get(api::robots)
+                .post(api::create_robots)
+                .route_layer(w.clone()),
+        )
         .route(
             "/api/v1/robots/{name}",
             get(api::robot)
                 .put(api::update_robot)
-                .delete(api::delete_robot),
+                .delete(api::delete_robot)
+                .route_layer(w.clone()),
         )
         .route("/api/v1/robots/{name}/output", get(api::output))
-        .route("/api/v1/robots/{name}/{action}", post(api::robot_action))
-        .route("/api/v1/slots/{id}/{action}", post(api::slot_action))
-        .route("/api/v1/rebalance", post(api::rebalance))
+        .route(
+            "/api/v1/robots/{name}/{action}",
+            post(api::robot_action).route_layer(w.clone()),
+        )
+        .route(
+            "/api/v1/slots/{id}/{action}",
+            post(api::slot_action).route_layer(w.clone()),
+        )
+        .route("/api/v1/rebalance", post(api::rebalance).route_layer(w))
         .fallback(pages::not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(app.clone(), this_host_only))
@@ -344,6 +374,7 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
             reads: Semaphore::new(DETAIL_READS),
         }),
         hosts: Arc::new(args.allowed_hosts.clone()),
+        bodies: Arc::new(Semaphore::new(writes::MAX_BODIES)),
     };
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {

@@ -482,7 +482,7 @@ fn update_line(doc: &bson::Document) -> Option<String> {
 }
 
 /// A refused browser action, as a page.
-fn refused(app: &App, s: Option<&Session>, d: Denied) -> Response {
+pub(super) fn refused(app: &App, s: Option<&Session>, d: Denied) -> Response {
     let (status, text) = match d {
         Denied::Disabled => (
             StatusCode::FORBIDDEN,

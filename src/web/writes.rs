@@ -1,0 +1,98 @@
+//! Writes (every method but `GET` and `HEAD`) before their handlers: refused from
+//! the request head when the route or its credentials say no, their bodies bounded
+//! in time, and only a few at once, so slow bodies cannot take the connections that
+//! reads and probes need.
+//!
+//! A connection with a request in flight is never evicted by the serving layer
+//! ([`crate::serve`]): it is doing work. A `POST` whose body comes a byte a second
+//! looked like that, so 64 of them held every connection and the dashboard answered
+//! no read, even with actions off. Now:
+//! - a write the head alone can refuse is refused before a byte of its body is read
+//!   ([`super::auth::Auth::before_body`]): actions off, a wrong or missing token, no
+//!   session;
+//! - at most [`MAX_BODIES`] bodies are being received at once; a write beyond them
+//!   is answered `503` at once;
+//! - a body must arrive whole within [`BODY_TIMEOUT`], else `408`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::App;
+
+/// Bodies received at once, at most: a quarter of the connections, so three
+/// quarters stay for reads and probes whatever writers do.
+pub const MAX_BODIES: usize = crate::serve::MAX_CONNECTIONS / 4;
+
+/// How long a write's body may take to arrive whole: far more than 16 KiB needs
+/// on any link a browser or script uses.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The middleware: see the module's doc.
+pub async fn before_handlers(State(app): State<App>, req: Request, next: Next) -> Response {
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        return next.run(req).await;
+    }
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let path = req.uri().path().to_string();
+    if let Err(d) = app.auth.before_body(&path, req.headers(), peer) {
+        return if path.starts_with("/api/") {
+            super::api::denied(d)
+        } else {
+            super::pages::refused(&app, None, d)
+        };
+    }
+    let Ok(permit) = app.bodies.clone().try_acquire_owned() else {
+        let mut res = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "{MAX_BODIES} writes are already sending their bodies; try again in a moment\n"
+            ),
+        )
+            .into_response();
+        res.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(1),
+        );
+        return res;
+    };
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, super::MAX_BODY);
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "a request body may hold at most {} bytes\n",
+                    super::MAX_BODY
+                ),
+            )
+                .into_response()
+        }
+        Err(_) => {
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s\n",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            )
+                .into_response()
+        }
+    };
+    // The body is in; the handler's own wait (an update waiting for its holder)
+    // holds no body slot.
+    drop(permit);
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
