@@ -85,6 +85,7 @@ metrics! {
     /// The longest of those, in seconds since expiry (a slot never held counts as a year).
     slot_unheld: Gauge<f64, AtomicU64> = "slot_unheld_seconds", "longest time any of those slots had been expired at that survey (a slot never held: one year)";
     line_front: Gauge = "line_front", "1 while this worker is at the front of the line (watches the leases), 0 behind it";
+    server_clock_steps: Counter = "server_clock_steps", "forward steps of the database server's clock this worker saw; each held back claims of stamped slots for one lease";
     losses: Counter = "losses", "leases lost to another worker or removal";
     self_fences: Counter = "self_fences", "leases dropped because the local deadline passed";
     releases: Counter = "releases", "slots released on shutdown or drain";

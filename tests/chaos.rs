@@ -702,3 +702,103 @@ async fn hand_edited_garbage_is_reported_and_skipped() {
     assert_eq!(db.slot("slot-003").await.get_i64("epoch").unwrap(), 2);
     verdict(&db, "garbage").await;
 }
+
+/// `POST /v1/poke` to a worker: it surveys the slots at once.
+fn poke(w: &WorkerProc) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", w.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "POST /v1/poke HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 202"), "{out}");
+}
+
+/// The database server's clock steps 10 s forward (libfaketime, its offset read
+/// from a file on every call). Every lease stamped before the step now looks
+/// expired to the server while its holder renews on: a standby poked at that moment
+/// claimed the slot and started its robots beside the holder's. The standby sees
+/// the step in its survey's `$$NOW` and claims no stamped slot for a lease; the
+/// holder renews meanwhile. A real death after the step is still taken over.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holders_slot() {
+    let _g = SERIAL.lock().await;
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "this scenario steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
+    );
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("chaos_clockstep_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let offset = dir.join("faketime");
+    std::fs::write(&offset, "+0\n").unwrap();
+    let offset_path = offset.display().to_string();
+    let server = common::PrivateServer::start_with(&[
+        ("LD_PRELOAD", LIBFAKETIME),
+        ("FAKETIME_TIMESTAMP_FILE", &offset_path),
+        ("FAKETIME_NO_CACHE", "1"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ]);
+    let db = TestDb::on(&server.uri, "chaos_clockstep").await;
+    db.init(1).await;
+    let mut holder = db.worker(&[]);
+    all_held(&db, 1).await;
+    create_counters(&db, 4);
+    progress(&db, 2).await;
+    let standby = db.worker(&[]);
+    // A fresh worker claims no stamped slot for its first lease (it cannot know of
+    // a step just before it started): let that pass, on the clock it runs on.
+    let started = Instant::now();
+    common::wait_for(Duration::from_secs(20), "the standby watching", || async {
+        (standby.metric("slotpool_line_front") == Some(1) && started.elapsed() > L + L / 2)
+            .then_some(())
+    })
+    .await;
+    let epoch = common::epoch(&db.slot("slot-001").await);
+
+    std::fs::write(&offset, "+10s\n").unwrap();
+    poke(&standby);
+    let t0 = Instant::now();
+    common::wait_for(
+        Duration::from_secs(10),
+        "the standby to see the step",
+        || async {
+            (standby
+                .metric("slotpool_server_clock_steps_total")
+                .unwrap_or(0)
+                >= 1)
+                .then_some(())
+        },
+    )
+    .await;
+    // Two leases of the holder renewing under the new clock; the standby polls.
+    while t0.elapsed() < 2 * L {
+        let s = db.slot("slot-001").await;
+        assert_eq!(
+            common::epoch(&s),
+            epoch,
+            "the standby claimed a live holder's slot after the step: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(owner(&db.slot("slot-001").await), Some(holder.id.clone()));
+    assert!(
+        standby.log_text().contains("stepped forward"),
+        "{}",
+        standby.log_text()
+    );
+    progress(&db, 2).await;
+
+    // A holder that really dies after the step is taken over as always.
+    let t1 = Instant::now();
+    holder.kill9();
+    let took = takeover(&db, "slot-001", &holder.id, t1).await;
+    println!("[clock step] takeover after the step: {took:?}");
+    progress(&db, 2).await;
+    verdict(&db, "clock step").await;
+    std::fs::write(&offset, "+0\n").unwrap();
+}

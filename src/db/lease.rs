@@ -121,6 +121,9 @@ pub struct Survey {
     pub invalid: Vec<InvalidSlot>,
     /// How many documents the server returned (the survey's cost).
     pub read: usize,
+    /// The server's clock (`$$NOW`, ms) as it judged these leases, when it returned
+    /// any.
+    pub server_ms: Option<i64>,
 }
 
 /// What a successful renewal learned.
@@ -217,6 +220,9 @@ impl LeaseProtocol {
             doc! {"$sort": {"_id": 1}},
             doc! {"$project": {
                 TIME: 1, EPOCH: 1,
+                // The server's clock as it judged expiry: a worker checks it for a
+                // forward step before it claims (see worker::clock_step).
+                "now_ms": &now,
                 "id_type": {"$type": "$_id"},
                 "time_type": {"$type": "$time"},
                 "epoch_type": {"$type": "$epoch"},
@@ -243,6 +249,9 @@ impl LeaseProtocol {
         let mut survey = Survey::default();
         while let Some(d) = cursor.try_next().await? {
             survey.read += 1;
+            if survey.server_ms.is_none() {
+                survey.server_ms = crate::db::store::int(&d, "now_ms");
+            }
             match judge(&d) {
                 Ok(Judged::Live { remaining }) => {
                     let wait = Duration::from_millis(remaining as u64 + 1);

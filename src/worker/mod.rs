@@ -9,6 +9,7 @@
 //! every few ticks. Everything that lives as long as one held lease, renewals and
 //! robots included, is a [`HeldSlot`]; a worker may hold several.
 
+pub mod clock_step;
 pub mod held_slot;
 pub mod http;
 pub mod poke;
@@ -114,6 +115,9 @@ pub struct Worker {
     /// The server's clock as last read with a heartbeat (see
     /// [`standby_line::CLOCK_REFRESH`]).
     server: Option<ServerClock>,
+    /// Forward steps of the server's clock, and the claims they hold back (see
+    /// [`clock_step`]).
+    steps: clock_step::StepWatch,
     /// When slots without `expires_ms` were last marked (first in line only).
     marked_at: Option<Instant>,
     /// When this worker last read its place in line (see [`standby_line::place_due`]).
@@ -162,6 +166,12 @@ impl Worker {
             protocol = protocol.without_hashing();
         }
         let now = clock.now();
+        let timing = settings.timing;
+        let steps = clock_step::StepWatch::new(
+            timing.lease(),
+            clock_step::StepWatch::tolerance(timing.margin, timing.stop_grace),
+            Instant::now(),
+        );
         let status = WorkerStatus {
             worker: settings.identity.to_string(),
             role: "standby",
@@ -190,6 +200,7 @@ impl Worker {
             line: Line::new(lease_store.workers()),
             ahead: 0,
             server: None,
+            steps,
             marked_at: None,
             placed_at: None,
             beaten: None,
@@ -441,6 +452,7 @@ impl Worker {
         let until = self
             .server
             .map(|c| c.latest_ms() + horizon.as_millis() as i64);
+        let sent = Instant::now();
         let survey = match tokio::time::timeout(limit, self.protocol.survey(until)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -453,6 +465,13 @@ impl Worker {
             }
         };
         self.metrics.surveys.inc();
+        if let Some(server_ms) = survey.server_ms {
+            let received = Instant::now();
+            self.server_clock_read(server_ms, sent, received);
+            // The freshest reading narrows the next surveys too: after a forward
+            // step, an older one would leave them reading too little.
+            self.server = Some(ServerClock::observed(server_ms, sent, received));
+        }
         if horizon > self.tick() && survey.read > standby_line::WIDE_MOST {
             self.narrow_until = Some(self.clock.now() + standby_line::NARROW_FOR);
         }
@@ -502,9 +521,18 @@ impl Worker {
             overflow_after: self.settings.overflow_after,
             tick: self.tick(),
         };
-        let claimable = round.claimable();
+        let mut claimable = round.claimable();
         let give_back = ready && round.should_give_back();
         let mut wait = every;
+        // After a forward step of the server's clock (or before this worker has
+        // watched it for a lease), a stamped slot's holder may still be running.
+        if let Some(left) = self.steps.holding(Instant::now()) {
+            let before = claimable.len();
+            claimable.retain(|c| c.time.is_none());
+            if claimable.len() < before {
+                wait = wait.min(left + Duration::from_millis(1));
+            }
+        }
         // A watcher wakes when a lease it read expires: a standby at once, a holder
         // when it may take the slot over.
         if let (Place::Front, Some(expiry), Some(delay)) =
@@ -628,6 +656,35 @@ impl Worker {
         }
     }
 
+    /// One reading of the server's clock, made between `sent` and `received`: a
+    /// forward step is logged, counted and recorded, and holds stamped slots back
+    /// for a lease (see [`clock_step`]).
+    fn server_clock_read(&mut self, server_ms: i64, sent: Instant, received: Instant) {
+        let Some(step) = self.steps.observe(server_ms, sent, received) else {
+            return;
+        };
+        self.metrics.server_clock_steps.inc();
+        let lease_ms = self.settings.timing.lease_ms();
+        tracing::warn!(
+            step_ms = step.ms,
+            "the database server's clock stepped forward by at least {} ms: leases stamped before it may look expired while their holders still run, so no such slot is claimed for {lease_ms} ms (one lease)",
+            step.ms
+        );
+        let store = self.store.clone();
+        let me = self.owner();
+        tokio::spawn(async move {
+            store
+                .record_event(
+                    "server_clock_step",
+                    bson::doc! {
+                        crate::db::field::WORKER: me,
+                        "detail": format!("the server's clock stepped forward by at least {} ms; stamped slots held back for {lease_ms} ms", step.ms),
+                    },
+                )
+                .await;
+        });
+    }
+
     /// Claims one of `claimable` (hash start, compare-and-set) and starts holding it.
     async fn claim(&mut self, claimable: &[crate::db::lease::Candidate], overflow: bool) {
         match tokio::time::timeout(self.op_timeout(), self.protocol.claim_among(claimable)).await {
@@ -744,8 +801,10 @@ impl Worker {
             .is_none_or(|c| c.age() >= standby_line::CLOCK_REFRESH);
         match tokio::time::timeout(limit, self.line.beat(&beat, read_clock)).await {
             Ok(Ok(clock)) => {
-                if clock.is_some() {
-                    self.server = clock;
+                if let Some(c) = clock {
+                    let (server_ms, sent, received) = c.reading();
+                    self.server_clock_read(server_ms, sent, received);
+                    self.server = Some(c);
                 }
                 Beaten::Written
             }

@@ -210,6 +210,13 @@ impl ServerClock {
         self.now_ms() + self.spread_ms
     }
 
+    /// The reading itself: the server's clock, and the local instants between which
+    /// the server read it.
+    pub fn reading(&self) -> (i64, Instant, Instant) {
+        let spread = Duration::from_millis(self.spread_ms.max(0) as u64);
+        (self.server_ms, self.at, self.at + spread)
+    }
+
     /// How long ago the observation was made.
     pub fn age(&self) -> Duration {
         self.at.elapsed()

@@ -581,12 +581,17 @@ pub struct PrivateServer {
 
 impl PrivateServer {
     fn script(port: u16, cmd: &str) -> String {
+        Self::script_with(port, cmd, &[])
+    }
+
+    fn script_with(port: u16, cmd: &str, env: &[(&str, &str)]) -> String {
         let root = env!("CARGO_MANIFEST_DIR");
         let out = Command::new("bash")
             .arg(format!("{root}/scripts/dev-mongo.sh"))
             .arg(cmd)
             .env("SLOTPOOL_DEV_PORT", port.to_string())
             .env_remove("MONGODB_URI")
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         assert!(
@@ -598,8 +603,13 @@ impl PrivateServer {
     }
 
     pub fn start(_label: &str) -> PrivateServer {
+        Self::start_with(&[])
+    }
+
+    /// Like `start`, with extra environment for the server (e.g. an LD_PRELOAD).
+    pub fn start_with(env: &[(&str, &str)]) -> PrivateServer {
         let port = free_port();
-        let uri = Self::script(port, "fresh");
+        let uri = Self::script_with(port, "fresh", env);
         PrivateServer { uri, port }
     }
 

@@ -1,0 +1,195 @@
+//! A forward step of the database server's clock, caught before it lets this worker
+//! claim a slot whose holder may still run its robots.
+//!
+//! Expiry is judged on the server's clock; a holder stops its robots on its own
+//! monotonic clock, at `last renewal sent + L − margin`. When the server's clock
+//! steps forward by more than about `(margin − grace) / 2`, a lease stamped before
+//! the step looks expired before its holder's deadline: a standby could claim the
+//! slot and start the robots while the old copies still run.
+//!
+//! Every reading of the server's clock (a heartbeat's `hello`, a survey's `$$NOW`)
+//! is compared with the last one on the local monotonic clock. The server read its
+//! clock somewhere within each request's round trip, so each reading bounds the
+//! offset `server − local` to a range; when the new range lies wholly above the last
+//! one by more than [`StepWatch`]'s tolerance (and more than the clocks can drift
+//! apart meanwhile), the server's clock stepped. For one lease `L` after that, this
+//! worker claims no slot that was ever stamped (a `time` that is not null): a live
+//! holder renews within a tick of the step, which makes its slot fresh again, and a
+//! dead one's robots stopped before `its last renewal + L`, which was before
+//! `step + L`. A released slot, or one never held, has no `time` and no holder to
+//! wait for: it is claimed at once.
+//!
+//! A worker cannot know of a step before its first reading, so it also waits one
+//! `L` from its first reading before it claims a stamped slot. A pool's cold start
+//! (no slot stamped yet) and graceful hand-overs (released slots) are not delayed.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How far the clocks may drift apart, at most, per second between two readings:
+/// 1,000 parts per million, far above a quartz clock's or NTP's slewing rate.
+const DRIFT_PER_S_MS: f64 = 1.0;
+
+/// Watches the server's clock for forward steps: pure, with instants passed in.
+#[derive(Debug)]
+pub struct StepWatch {
+    lease: Duration,
+    tolerance_ms: i64,
+    /// The local instant readings are measured from.
+    anchor: Instant,
+    /// The last reading: the offset's range `(low, high)` and when.
+    last: Option<(i64, i64, Instant)>,
+    /// Stamped slots are not claimed before this local instant.
+    hold_until: Option<Instant>,
+}
+
+/// A forward step of the server's clock, as one reading showed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// At least this far forward.
+    pub ms: i64,
+    /// Stamped slots wait until this local instant.
+    pub hold_until: Instant,
+}
+
+impl StepWatch {
+    /// A watch for a lease `L` that flags steps over `tolerance`.
+    pub fn new(lease: Duration, tolerance: Duration, anchor: Instant) -> Self {
+        StepWatch {
+            lease,
+            tolerance_ms: tolerance.as_millis() as i64,
+            anchor,
+            last: None,
+            hold_until: None,
+        }
+    }
+
+    /// The tolerance for a worker's timing: a quarter of the room between the stop
+    /// grace and the fence margin (a step of half that room is the smallest that
+    /// could overlap two copies), and at least 5 ms, above a round trip's jitter.
+    pub fn tolerance(margin: Duration, grace: Duration) -> Duration {
+        (margin.saturating_sub(grace) / 4).max(Duration::from_millis(5))
+    }
+
+    /// The server's clock read `server_ms` somewhere between the local instants
+    /// `sent` and `received`. Some when that shows a forward step.
+    pub fn observe(&mut self, server_ms: i64, sent: Instant, received: Instant) -> Option<Step> {
+        let local = |t: Instant| t.saturating_duration_since(self.anchor).as_millis() as i64;
+        let (low, high) = (server_ms - local(received), server_ms - local(sent));
+        let previous = self.last.replace((low, high, received));
+        let Some((_, last_high, last_at)) = previous else {
+            // The first reading: a step just before it cannot be seen.
+            self.hold(received + self.lease);
+            return None;
+        };
+        let apart = received.saturating_duration_since(last_at).as_secs_f64();
+        let drift = (apart * DRIFT_PER_S_MS).ceil() as i64;
+        let ahead = low - last_high - drift;
+        if ahead <= self.tolerance_ms {
+            return None;
+        }
+        let hold_until = self.hold(received + self.lease);
+        Some(Step {
+            ms: ahead,
+            hold_until,
+        })
+    }
+
+    fn hold(&mut self, until: Instant) -> Instant {
+        let until = self.hold_until.map_or(until, |h| h.max(until));
+        self.hold_until = Some(until);
+        until
+    }
+
+    /// How long stamped slots must still wait at `now` (None: they need not).
+    pub fn holding(&self, now: Instant) -> Option<Duration> {
+        self.hold_until
+            .filter(|h| *h > now)
+            .map(|h| h.saturating_duration_since(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: Duration = Duration::from_secs(2);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_first_reading_holds_stamped_slots_for_one_lease() {
+        let t = Instant::now();
+        let mut w = StepWatch::new(L, ms(30), t);
+        assert_eq!(
+            w.holding(t),
+            None,
+            "nothing read yet, nothing to claim either"
+        );
+        assert_eq!(w.observe(1_000_000, t, t + ms(2)), None);
+        assert_eq!(w.holding(t + ms(2)), Some(L));
+        assert_eq!(w.holding(t + ms(2) + L), None);
+    }
+
+    #[test]
+    fn a_steady_clock_is_no_step_whatever_the_round_trips() {
+        let t = Instant::now();
+        let mut w = StepWatch::new(L, ms(30), t);
+        w.observe(1_000_000, t, t + ms(1));
+        // 10 s later, read through a 40 ms round trip, late in it.
+        let at = t + ms(10_000);
+        assert_eq!(w.observe(1_010_039, at, at + ms(40)), None);
+        // An hour later, with the clocks 900 ppm apart.
+        let at = at + ms(3_600_000);
+        assert_eq!(
+            w.observe(1_010_039 + 3_600_000 + 3_240, at, at + ms(1)),
+            None
+        );
+        // A step back delays claims; it is no forward step.
+        let at = at + ms(1_000);
+        assert_eq!(w.observe(1_000_000, at, at + ms(1)), None);
+    }
+
+    #[test]
+    fn a_forward_step_holds_stamped_slots_for_one_lease_from_its_reading() {
+        let t = Instant::now();
+        let mut w = StepWatch::new(L, ms(30), t);
+        w.observe(1_000_000, t, t + ms(1));
+        let at = t + L + ms(500);
+        assert_eq!(w.holding(at), None);
+        // 3 s ahead of where it should be.
+        let step = w
+            .observe(1_000_000 + 2_500 + 3_000, at, at + ms(1))
+            .unwrap();
+        assert!((2_990..=3_000).contains(&step.ms), "{step:?}");
+        assert_eq!(step.hold_until, at + ms(1) + L);
+        assert_eq!(w.holding(at + ms(1)), Some(L));
+        // The new clock is the reference from now on.
+        let later = at + ms(1_000);
+        assert_eq!(
+            w.observe(1_000_000 + 3_500 + 3_000, later, later + ms(1)),
+            None
+        );
+        // Just over the tolerance counts; just under does not.
+        let again = later + ms(1_000);
+        assert!(w
+            .observe(1_000_000 + 4_500 + 3_000 + 33, again, again)
+            .is_some());
+        let once_more = again + ms(1_000);
+        assert!(w
+            .observe(1_000_000 + 5_500 + 3_033 + 29, once_more, once_more)
+            .is_none());
+    }
+
+    #[test]
+    fn the_tolerance_is_a_quarter_of_the_room_between_grace_and_margin() {
+        assert_eq!(
+            StepWatch::tolerance(ms(450), ms(300)),
+            ms(37) + Duration::from_micros(500)
+        );
+        assert_eq!(StepWatch::tolerance(ms(22), ms(15)), ms(5));
+    }
+}
