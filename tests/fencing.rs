@@ -371,3 +371,140 @@ async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_s
     let report = invariants::check(&db).await;
     assert_eq!(report.robots, 1, "{report:?}");
 }
+
+/// A directory any user may write, outside the checkout (whose parents may be
+/// closed to other users), for robots that run as another user.
+fn open_dir(label: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("slotpool-{label}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    dir
+}
+
+/// The uid a process runs as, from /proc.
+fn uid_of(pid: i32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A robot turns on its guards: it sends SIGSTOP to its shim (`$PPID`) and to the
+/// worker that holds it, then works on, a step every 100 ms. As the worker's own
+/// user it could (30 steps beside the standby's copy once its holder was stopped
+/// too). Run as another user (`--exec-user nobody`), the kernel refuses both
+/// signals; when the holder is then stopped, its shim ends the robot at the
+/// deadline, before the standby's copy starts.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_robot_run_as_another_user_cannot_stop_its_shim_or_its_worker() {
+    let db = TestDb::new("runas").await;
+    db.init(1).await;
+    let dir = open_dir("runas");
+    let flags = |dir: &std::path::Path| {
+        vec![
+            "--exec-allow".to_string(),
+            format!("{}/", dir.display()),
+            "--exec-user".to_string(),
+            "nobody".to_string(),
+        ]
+    };
+    let args = flags(&dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let holder = db.worker(&args);
+    all_held(&db, 1).await;
+    let script = dir.join("turn.sh");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/bash
+d={dir}
+kill -STOP $PPID 2>/dev/null && echo "stopped its shim" >> $d/said || echo "could not stop its shim" >> $d/said
+kill -STOP {worker} 2>/dev/null && echo "stopped its worker" >> $d/said || echo "could not stop its worker" >> $d/said
+while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> $d/steps; sleep 0.1; done
+"#,
+            dir = dir.display(),
+            worker = holder.pid()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "turn",
+        "--kind",
+        "exec",
+        "--command",
+        &script.display().to_string(),
+    ]);
+    let steps = |dir: &std::path::Path| -> Vec<(i64, i32)> {
+        std::fs::read_to_string(dir.join("steps"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+            })
+            .collect()
+    };
+    let first_epoch = common::epoch(&db.slot("slot-001").await);
+    let old = common::wait_for(Duration::from_secs(20), "three steps", || async {
+        let s = steps(&dir);
+        (s.len() >= 3).then(|| s.last().unwrap().1)
+    })
+    .await;
+    let said = std::fs::read_to_string(dir.join("said")).unwrap();
+    assert!(
+        said.contains("could not stop its shim") && said.contains("could not stop its worker"),
+        "{said}"
+    );
+    assert_eq!(uid_of(old), Some(65534), "the robot runs as nobody");
+    assert_eq!(uid_of(holder.pid()), Some(0), "the worker as root");
+
+    // The holder stops (as a whole, by the test): its shim is still free to act.
+    let _standby = db.worker(&args);
+    holder.signal(libc::SIGSTOP);
+    let new_epoch = common::wait_for(Duration::from_secs(30), "the standby's copy", || async {
+        let s = steps(&dir);
+        s.iter().map(|s| s.0).max().filter(|e| *e > first_epoch)
+    })
+    .await;
+    assert!(
+        !alive(old),
+        "the old copy ended before the new one's first step"
+    );
+    assert!(new_epoch > first_epoch);
+    holder.signal(libc::SIGCONT);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn exec_user_is_refused_clearly_where_it_cannot_work() {
+    for (user, expect) in [("root", "must not share"), ("no-such-user-here", "no user")] {
+        let out = std::process::Command::new(common::BIN)
+            .args([
+                "worker",
+                "--advertise",
+                "127.0.0.1:7700",
+                "--exec-allow",
+                "/opt/",
+                "--exec-user",
+                user,
+            ])
+            .env("MONGODB_URI", "mongodb://127.0.0.1:1/x")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{user}");
+        assert!(text.contains(expect), "{user}: {text}");
+    }
+}

@@ -115,6 +115,20 @@ pub struct WorkerArgs {
     )]
     exec_limits_via: Via,
 
+    /// Run `exec` robots as this user (USER, USER:GROUP, UID or UID:GID; no
+    /// supplementary groups), not as the worker's own. Then a robot cannot signal,
+    /// trace or freeze its shim or this worker: without it, a robot that stops both
+    /// can outlive its lease. Needs a worker that may switch users (root, or
+    /// CAP_SETUID and CAP_SETGID); the robot's command and files must be readable
+    /// by that user. Default: the worker's own user (a warning at start when that
+    /// is root).
+    #[arg(
+        long = "exec-user",
+        env = "SLOTPOOL_EXEC_USER",
+        value_name = "USER[:GROUP]"
+    )]
+    exec_user: Option<String>,
+
     /// Off by default: a worker that releases a slot pokes the first standbys in
     /// line over HTTP (POST /v1/poke on their advertised ip:port), and they survey at
     /// once. Where pokes cannot reach the standbys (a firewall between workers),
@@ -232,7 +246,11 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
         .with_limits(
             args.exec_default_limits.unwrap_or_default(),
             args.exec_limits_via,
-        );
+        )
+        .with_user(exec_user(
+            args.exec_user.as_deref(),
+            !args.exec_allow.is_empty(),
+        )?);
     let identity = match args.advertise {
         Some(id) => id,
         None => default_identity().await,
@@ -339,4 +357,28 @@ async fn default_identity() -> Identity {
         ip,
         port: DEFAULT_PORT,
     }
+}
+
+/// The user exec robots run as: `--exec-user`, checked here so a worker that
+/// cannot switch users says so at start, not with every robot.
+fn exec_user(
+    spec: Option<&str>,
+    exec_on: bool,
+) -> anyhow::Result<Option<crate::robot::run_as::RunAs>> {
+    use crate::robot::run_as::RunAs;
+    let Some(spec) = spec.filter(|s| !s.is_empty()) else {
+        // SAFETY: geteuid has no preconditions.
+        if exec_on && unsafe { libc::geteuid() } == 0 {
+            tracing::warn!("exec robots run as root, this worker's own user: a robot can signal or freeze its shim and this worker, and one that stops both can outlive its lease; run them as another user with --exec-user (README: guarantees)");
+        }
+        return Ok(None);
+    };
+    let run_as = RunAs::parse(spec).map_err(anyhow::Error::msg)?;
+    if !RunAs::may_switch() {
+        anyhow::bail!(
+            "--exec-user {}: this worker cannot switch users (it needs root, or CAP_SETUID and CAP_SETGID); drop the flag, or start the worker as root",
+            crate::printable::escape(spec)
+        );
+    }
+    Ok(Some(run_as))
 }

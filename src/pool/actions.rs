@@ -212,8 +212,9 @@ pub async fn update(
             "this robot's kind or spec is missing or malformed; fix it by hand".into(),
         ));
     };
-    // A hand-edited `update` that is no document is no request: replaced.
-    if d.get_document(UPDATE).is_ok() && !dry_run {
+    // A hand-edited `update` that cannot be one is left alone by the holder and
+    // replaced here, as before.
+    if waiting_update(&d).is_some() && !dry_run {
         return Err(pending(name, &slot, &old_kind, old_spec, &d));
     }
     let new_kind = kind.unwrap_or(&old_kind).to_string();
@@ -251,7 +252,10 @@ pub async fn update(
     let asked = store
         .robots()
         .update_one(
-            doc! {"_id": d.get("_id"), KIND: &old_kind, SPEC: old_spec.clone(), UPDATE: {"$not": {"$type": "object"}}},
+            doc! {
+                "_id": d.get("_id"), KIND: &old_kind, SPEC: old_spec.clone(),
+                "$nor": [{"update.id": {"$type": "objectId"}, "update.kind": {"$type": "string"}, "update.spec": {"$type": "object"}}],
+            },
             doc! {"$set": {UPDATE: {"id": id, KIND: &new_kind, SPEC: spec}}},
         )
         .await?;
@@ -262,7 +266,7 @@ pub async fn update(
             .projection(doc! {KIND: 1, SPEC: 1, UPDATE: 1})
             .await?;
         return Err(match now {
-            Some(now) if now.get_document(UPDATE).is_ok() => {
+            Some(now) if waiting_update(&now).is_some() => {
                 pending(name, &slot, &old_kind, old_spec, &now)
             }
             _ => ActionError::Changed(name.to_string()),
@@ -287,17 +291,21 @@ pub async fn update(
     })
 }
 
+/// The update waiting in robot document `d` for its holder, as the holder reads one
+/// (an `id`, a `kind` and a `spec`): its kind and spec. None when there is none, or
+/// only a hand edit the holder leaves alone.
+fn waiting_update(d: &Document) -> Option<(&str, &Document)> {
+    let u = d.get_document(UPDATE).ok()?;
+    u.get_object_id("id").ok()?;
+    Some((u.get_str(KIND).ok()?, u.get_document(SPEC).ok()?))
+}
+
 /// The refusal of an update while `d`'s earlier one waits, saying what that one
 /// changes.
 fn pending(name: &str, slot: &str, kind: &str, spec: &Document, d: &Document) -> ActionError {
-    let waiting = d.get_document(UPDATE).ok();
-    let new_kind = waiting
-        .and_then(|u| text(u, KIND))
-        .unwrap_or_else(|| kind.to_string());
-    let changes = match waiting.and_then(|u| u.get_document(SPEC).ok()) {
-        Some(new_spec) => differences(kind, spec, &new_kind, new_spec).join("; "),
-        None => "a hand-edited update the holder will refuse".to_string(),
-    };
+    let changes = waiting_update(d)
+        .map(|(new_kind, new_spec)| differences(kind, spec, new_kind, new_spec).join("; "))
+        .unwrap_or_default();
     let mut pending = if changes.is_empty() {
         "no change".to_string()
     } else {

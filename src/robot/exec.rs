@@ -279,6 +279,7 @@ impl RobotKind for Exec {
             .arg(run.backstop.as_millis().to_string())
             .arg(via.as_str())
             .arg(limits.to_arg())
+            .arg(super::run_as::RunAs::to_arg(self.policy.run_as()))
             .arg(&spec.command)
             .args(&spec.args)
             // From scratch: a few of the worker's variables, never its credentials.

@@ -50,6 +50,7 @@ pub mod line;
 pub mod output;
 pub mod policy;
 pub mod restart;
+pub mod run_as;
 pub mod shim;
 
 use std::collections::BTreeMap;

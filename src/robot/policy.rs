@@ -148,6 +148,8 @@ pub struct ExecPolicy {
     default_limits: Limits,
     /// How the shim applies limits.
     limits_via: Via,
+    /// The user robots run as (`--exec-user`); None: the worker's own.
+    run_as: Option<super::run_as::RunAs>,
 }
 
 impl ExecPolicy {
@@ -192,6 +194,17 @@ impl ExecPolicy {
         self.default_limits = default;
         self.limits_via = via;
         self
+    }
+
+    /// Runs robots as this user (`--exec-user`) rather than the worker's own.
+    pub fn with_user(mut self, run_as: Option<super::run_as::RunAs>) -> Self {
+        self.run_as = run_as;
+        self
+    }
+
+    /// The user robots run as; None: the worker's own.
+    pub fn run_as(&self) -> Option<super::run_as::RunAs> {
+        self.run_as
     }
 
     /// The limits a robot with `own` limits runs under, and how they are applied.

@@ -478,11 +478,12 @@ pub fn run_if_requested() {
 }
 
 fn run(args: &[String]) -> Result<ExitStatus, String> {
-    let [grace_ms, via, limits, command, rest @ ..] = args else {
+    let [grace_ms, via, limits, user, command, rest @ ..] = args else {
         return Err(format!(
-            "usage: slotpool {SHIM_ARG} GRACE_MS auto|cgroup|rlimit LIMITS COMMAND [ARGS…]"
+            "usage: slotpool {SHIM_ARG} GRACE_MS auto|cgroup|rlimit LIMITS UID:GID|- COMMAND [ARGS…]"
         ));
     };
+    let run_as = super::run_as::RunAs::from_arg(user)?;
     let grace = Duration::from_millis(grace_ms.parse().map_err(|_| "bad grace")?);
     // Non-dumpable: /proc/<shim>/fd (its report pipe among them) and its memory are
     // closed to the robot, which runs as the same user. Without this, in a
@@ -527,10 +528,15 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
     // child between fork and exec, on descriptors and data the shim owns.
     unsafe {
         cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             // Limits first: nothing the command does is outside them.
             super::cgroup::apply_in_child(&join, &rlimits)?;
             give_up_ptrace();
+            // Then another user, if asked: out of reach of the shim and the worker.
+            if let Some(user) = run_as {
+                user.apply_in_child()?;
+            }
+            // After the switch, which clears it.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             // Nothing but stdin, stdout, stderr and its context (descriptor 3, see
             // exec::CONTEXT_FILE) passes on to the robot.
             crate::secrets::close_on_exec_from(4);
