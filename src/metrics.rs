@@ -98,6 +98,7 @@ metrics! {
     checkpoints_refused: Counter = "checkpoints_refused", "robot checkpoints refused as unstorable (too large, not a document, out of range)";
     log_lines_dropped: Counter = "robot_log_lines_dropped", "robot output lines not logged because the robot wrote more than its log rate";
     late_kills: Counter = "robot_late_kills", "exec robots killed at once, with no stop grace, because their lease's deadline had long passed when the stop came (the worker was frozen or starved)";
+    shims_stopped: Counter = "robot_shims_stopped", "exec robots killed because their shim was found stopped: the robot, sharing the worker's user, stopped it (see --exec-user)";
     robot_restarts: Counter = "robot_restarts", "robot restarts after a crash or exit";
     heartbeat_timeouts: Counter = "robot_heartbeat_timeouts", "exec robots stopped and started again because they showed no life (checkpoint or heartbeat line) within spec.heartbeat_timeout";
     pokes_received: Counter = "pokes_received", "pokes taken (POST /v1/poke): each made this worker survey the slots at once";

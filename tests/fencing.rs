@@ -508,3 +508,58 @@ fn exec_user_is_refused_clearly_where_it_cannot_work() {
         assert!(text.contains(expect), "{user}: {text}");
     }
 }
+
+/// The same robot run as the worker's own user: it can stop its shim. The worker
+/// looks at each shim every second; a stopped one means the robot turned on it, so
+/// the robot is killed with its whole tree at once, and says why. (A robot that
+/// stops its worker too at the same moment is beyond this: README, guarantees.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_robot_that_stops_its_own_shim_is_killed_by_its_worker() {
+    let db = TestDb::new("stopshim").await;
+    db.init(1).await;
+    let dir = db.dir.display().to_string();
+    let script = common::script(
+        &db,
+        "stopshim.sh",
+        &format!("kill -STOP $PPID\nwhile true; do echo \"$$\" >> {dir}/steps; sleep 0.1; done\n"),
+    );
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "turn",
+        "--kind",
+        "exec",
+        "--command",
+        &script,
+    ]);
+    let w = db.exec_worker(&[]);
+    let first = common::wait_for(
+        Duration::from_secs(20),
+        "the robot's first steps",
+        || async {
+            let steps = std::fs::read_to_string(db.dir.join("steps")).unwrap_or_default();
+            steps
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse::<i32>().ok())
+        },
+    )
+    .await;
+    common::wait_for(Duration::from_secs(10), "the robot killed", || async {
+        (!alive(first)).then_some(())
+    })
+    .await;
+    let r = common::wait_for(Duration::from_secs(10), "the reason recorded", || async {
+        let r = db.robot("turn").await;
+        r.get_str("error")
+            .is_ok_and(|e| e.contains("stopped its own shim"))
+            .then_some(r)
+    })
+    .await;
+    assert!(
+        r.get_str("error").unwrap().contains("--exec-user"),
+        "the reason says what to do: {r}"
+    );
+    assert!(w.metric("slotpool_robot_shims_stopped_total").unwrap_or(0) >= 1);
+}

@@ -624,7 +624,51 @@ struct Robot<'a> {
     reports: Option<tokio::task::JoinHandle<Reported>>,
 }
 
+/// How often the worker looks at each robot's shim for a stop (see
+/// [`Robot::turned_on_its_shim`]).
+const SHIM_CHECK: Duration = Duration::from_secs(1);
+
+/// Whether the process is stopped or stopped for tracing (`/proc/PID/stat` state
+/// `T` or `t`).
+fn shim_stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| shim::parse_stat(&s))
+        .is_some_and(|(state, _)| matches!(state, 'T' | 't'))
+}
+
 impl Robot<'_> {
+    /// The robot's shim is stopped: nothing else stops a robot's processes and the
+    /// shim is out of reach of everyone but the worker and the robot itself (which
+    /// shares the worker's user unless `--exec-user` says otherwise), so the robot
+    /// turned on it. It would outlive the lease if this worker were stopped too: it
+    /// is killed now, its whole tree from here, and the shim with it.
+    async fn turned_on_its_shim(&mut self, run: &RobotRun) -> RobotError {
+        let shim_pid = self.child.id().map(|p| p as i32);
+        let give_up = std::time::Instant::now() + Duration::from_secs(5);
+        if let Some(pid) = shim_pid {
+            loop {
+                let below = shim::descendants(pid);
+                if below.is_empty() || std::time::Instant::now() > give_up {
+                    break;
+                }
+                for p in below {
+                    // SAFETY: kill(2) on processes of this robot's tree.
+                    unsafe {
+                        libc::kill(p, libc::SIGKILL);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+        run.metrics().shims_stopped.inc();
+        let why = "the robot stopped its own shim (SIGSTOP or a trace): killed with its whole tree; run robots as another user (--exec-user) so they cannot reach it".to_string();
+        tracing::error!(robot = %run.name(), "{why}");
+        RobotError::Crashed(why)
+    }
+
     /// Why the command ended by itself.
     async fn exited(&mut self, status: std::io::Result<std::process::ExitStatus>) -> RobotError {
         let status = match status {
@@ -664,6 +708,8 @@ async fn supervise_child(
     lines: &mut Lines,
 ) -> Result<(), RobotError> {
     let run = out.run;
+    let mut guard_check = tokio::time::interval(SHIM_CHECK);
+    guard_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = run.stop().cancelled() => return stop_child(out, robot, lines).await,
@@ -671,6 +717,11 @@ async fn supervise_child(
                 Ok(Some(l)) => out.handle(l).await?,
                 Ok(None) | Err(_) => break,
             },
+            _ = guard_check.tick() => {
+                if robot.child.id().is_some_and(|pid| shim_stopped(pid as i32)) {
+                    return Err(robot.turned_on_its_shim(run).await);
+                }
+            }
             () = until(out.hung_at()) => return hung(out, robot, lines).await,
             // The shim ended while something still holds the robot's stdout: a
             // descendant that escaped a shim killed with -9 (the shim ends by itself
