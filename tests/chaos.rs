@@ -1,6 +1,8 @@
-//! Chaos: real worker processes under kill -9, SIGSTOP past the lease, a database
-//! link that blackholes, delays or cuts, a skewed wall clock, rolling restarts, a
-//! claim storm, a database restart and hand-edited garbage. After each scenario the
+//! Chaos: real worker processes under kill -9, SIGSTOP past the lease, the cgroup
+//! freezer and a thaw (with an exec robot that ignores SIGTERM), a database link
+//! that blackholes, delays or cuts, a skewed wall clock, a forward step of the
+//! database server's clock, rolling restarts, a claim storm, a database restart
+//! and hand-edited garbage. After each scenario the
 //! invariant checker reads every counter's checkpoint history and the events log.
 //!
 //! The scenarios run one at a time (they share one small dev server). Each prints
@@ -801,4 +803,90 @@ async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holder
     progress(&db, 2).await;
     verdict(&db, "clock step").await;
     std::fs::write(&offset, "+0\n").unwrap();
+}
+
+/// The cgroup freezer (what `docker pause` does) stops a holder with its shims and
+/// robots past the lease, a standby takes the slot over and runs its own copies,
+/// and then the holder is thawed. An exec robot that ignores SIGTERM took nine
+/// more steps beside its successor before; now the thawed shim and worker kill it
+/// at once, so it takes at most the one step it was in. Counters on the same slots
+/// keep the invariant checker's books.
+#[tokio::test(flavor = "multi_thread")]
+async fn freeze_and_thaw_of_a_holder_with_a_robot_that_ignores_sigterm() {
+    let _g = SERIAL.lock().await;
+    let db = TestDb::new("chaos_thaw").await;
+    db.init(1).await;
+    let script = common::stubborn_robot(&db);
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "stubborn",
+        "--kind",
+        "exec",
+        "--command",
+        &script,
+        "--history",
+        "1000",
+    ]);
+    create_counters(&db, 4);
+    let mut cgroups = Vec::new();
+    let mut w = Vec::new();
+    for i in 0..3 {
+        let f = common::freezer::Freezer::new(&format!("chaos{i}"));
+        let worker = db.exec_worker(&[]);
+        f.add(worker.pid());
+        cgroups.push(f);
+        w.push(worker);
+    }
+    all_held(&db, 1).await;
+    progress(&db, 2).await;
+    for round in 0..rounds(2) {
+        let slot = db.slot("slot-001").await;
+        let (old_owner, old_epoch) = (owner(&slot).unwrap(), common::epoch(&slot));
+        let i = holder_index(&w, &old_owner);
+        let old_pid = common::wait_for(
+            Duration::from_secs(20),
+            "the holder's copy stepping",
+            || async {
+                let s = common::stubborn_steps(&db);
+                s.iter().rev().find(|s| s.0 == old_epoch).map(|s| s.1)
+            },
+        )
+        .await;
+        assert!(
+            cgroups[i].holds(old_pid),
+            "the robot lives in its holder's cgroup"
+        );
+        cgroups[i].freeze();
+        let frozen_at = common::wall_ns();
+        let t0 = Instant::now();
+        let took = takeover(&db, "slot-001", &old_owner, t0).await;
+        common::wait_for(Duration::from_secs(20), "the new copy's steps", || async {
+            let s = common::stubborn_steps(&db);
+            (s.iter().filter(|s| s.0 > old_epoch).count() >= 3).then_some(())
+        })
+        .await;
+        cgroups[i].thaw();
+        common::wait_for(Duration::from_secs(10), "the thawed copy gone", || async {
+            (!std::path::Path::new(&format!("/proc/{old_pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{old_pid}/stat"))
+                    .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))))
+            .then_some(())
+        })
+        .await;
+        let late = common::stubborn_steps(&db)
+            .into_iter()
+            .filter(|s| s.1 == old_pid && s.2 > frozen_at)
+            .count();
+        println!("[thaw] round {round}: takeover {took:?}; the thawed copy took {late} step(s) after the thaw");
+        assert!(
+            late <= 1,
+            "round {round}: the thawed copy took {late} steps beside its successor"
+        );
+        w[i].wait_log("stopping its robots", Duration::from_secs(10))
+            .await;
+        progress(&db, 2).await;
+    }
+    verdict(&db, "thaw").await;
 }

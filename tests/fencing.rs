@@ -246,51 +246,6 @@ async fn an_exec_robot_never_outlives_its_holders_lease() {
     invariants::check(&db).await;
 }
 
-/// An exec robot that ignores SIGTERM (and so does its `sleep`) and records every
-/// step in `steps` as `EPOCH PID NANOS` (wall clock) before it checkpoints it.
-fn stubborn_robot(db: &TestDb) -> String {
-    let dir = db.dir.display();
-    common::script(
-        db,
-        "stubborn.sh",
-        &format!(
-            r#"trap '' TERM
-n=$(printf '%s' "$SLOTPOOL_CONTEXT" | sed -n 's/.*"n": *\([0-9]*\).*/\1/p')
-n=${{n:-0}}
-while true; do
-  n=$((n+1))
-  echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> {dir}/steps
-  echo "{{\"checkpoint\": {{\"n\": $n}}}}"
-  sleep 0.1
-done
-"#
-        ),
-    )
-}
-
-/// `(epoch, pid, wall-clock ns)` of every step the stubborn robot took.
-fn steps(db: &TestDb) -> Vec<(i64, i32, u128)> {
-    std::fs::read_to_string(db.dir.join("steps"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            Some((
-                f.next()?.parse().ok()?,
-                f.next()?.parse().ok()?,
-                f.next()?.parse().ok()?,
-            ))
-        })
-        .collect()
-}
-
-fn wall_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// The holder's worker, shim and robot are frozen together by the cgroup freezer
 /// (what `docker pause` does) until a standby has taken the slot over and runs its
 /// own copy; then thawed. The old copy ignores SIGTERM, and a stop grace would let
@@ -301,7 +256,7 @@ fn wall_ns() -> u128 {
 async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_steps() {
     let db = TestDb::new("thaw").await;
     db.init(1).await;
-    let script = stubborn_robot(&db);
+    let script = common::stubborn_robot(&db);
     db.cli_ok(&[
         "robot",
         "create",
@@ -321,7 +276,7 @@ async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_s
     all_held(&db, 1).await;
     let first_epoch = common::epoch(&db.slot("slot-001").await);
     let old = common::wait_for(Duration::from_secs(20), "three steps", || async {
-        let mine: Vec<_> = steps(&db)
+        let mine: Vec<_> = common::stubborn_steps(&db)
             .into_iter()
             .filter(|s| s.0 == first_epoch)
             .collect();
@@ -335,12 +290,12 @@ async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_s
     let _standby = db.exec_worker(&flags);
 
     freezer.freeze();
-    let frozen_at = wall_ns();
+    let frozen_at = common::wall_ns();
     let new_epoch = common::wait_for(
         Duration::from_secs(30),
         "the standby's copy to take three steps",
         || async {
-            let s = steps(&db);
+            let s = common::stubborn_steps(&db);
             let newest = s.iter().map(|s| s.0).max()?;
             (newest > first_epoch && s.iter().filter(|s| s.0 == newest).count() >= 3)
                 .then_some(newest)
@@ -356,7 +311,7 @@ async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_s
         (!alive(old)).then_some(())
     })
     .await;
-    let late: Vec<_> = steps(&db)
+    let late: Vec<_> = common::stubborn_steps(&db)
         .into_iter()
         .filter(|s| s.1 == old && s.2 > frozen_at)
         .collect();

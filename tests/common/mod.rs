@@ -355,6 +355,51 @@ pub fn script(db: &TestDb, name: &str, body: &str) -> String {
     path.to_string_lossy().into_owned()
 }
 
+/// An exec robot that ignores SIGTERM (and so does its `sleep`) and records every
+/// step in `steps` as `EPOCH PID NANOS` (wall clock) before it checkpoints it.
+pub fn stubborn_robot(db: &TestDb) -> String {
+    let dir = db.dir.display();
+    script(
+        db,
+        "stubborn.sh",
+        &format!(
+            r#"trap '' TERM
+n=$(printf '%s' "$SLOTPOOL_CONTEXT" | sed -n 's/.*"n": *\([0-9]*\).*/\1/p')
+n=${{n:-0}}
+while true; do
+  n=$((n+1))
+  echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> {dir}/steps
+  echo "{{\"checkpoint\": {{\"n\": $n}}}}"
+  sleep 0.1
+done
+"#
+        ),
+    )
+}
+
+/// `(epoch, pid, wall-clock ns)` of every step the stubborn robot took.
+pub fn stubborn_steps(db: &TestDb) -> Vec<(i64, i32, u128)> {
+    std::fs::read_to_string(db.dir.join("steps"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+pub fn wall_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
 /// A port nothing listens on now, and one this test process has not handed out
 /// before: the kernel may give the same free port to two callers in a row, and two
 /// workers of one test then shared an identity and a log file (a CI run failed so:
