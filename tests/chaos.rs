@@ -705,6 +705,15 @@ async fn hand_edited_garbage_is_reported_and_skipped() {
     verdict(&db, "garbage").await;
 }
 
+/// Sets libfaketime's offset file at once: a new file renamed over the old, since
+/// the server re-reads it on every clock call and a truncated file reads as `+0`
+/// (its clock then went back 10 s for a moment, and stamped a checkpoint so).
+fn set_offset(path: &std::path::Path, offset: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, format!("{offset}\n")).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
 /// `POST /v1/poke` to a worker: it surveys the slots at once.
 fn poke(w: &WorkerProc) {
     use std::io::{Read, Write};
@@ -762,7 +771,7 @@ async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holder
     .await;
     let epoch = common::epoch(&db.slot("slot-001").await);
 
-    std::fs::write(&offset, "+10s\n").unwrap();
+    set_offset(&offset, "+10s");
     poke(&standby);
     let t0 = Instant::now();
     common::wait_for(
@@ -802,7 +811,7 @@ async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holder
     println!("[clock step] takeover after the step: {took:?}");
     progress(&db, 2).await;
     verdict(&db, "clock step").await;
-    std::fs::write(&offset, "+0\n").unwrap();
+    set_offset(&offset, "+0");
 }
 
 /// The cgroup freezer (what `docker pause` does) stops a holder with its shims and
@@ -817,18 +826,7 @@ async fn freeze_and_thaw_of_a_holder_with_a_robot_that_ignores_sigterm() {
     let db = TestDb::new("chaos_thaw").await;
     db.init(1).await;
     let script = common::stubborn_robot(&db);
-    db.cli_ok(&[
-        "robot",
-        "create",
-        "--name",
-        "stubborn",
-        "--kind",
-        "exec",
-        "--command",
-        &script,
-        "--history",
-        "1000",
-    ]);
+    db.exec_robot("stubborn", &script, &["--history", "1000"]);
     create_counters(&db, 4);
     let mut cgroups = Vec::new();
     let mut w = Vec::new();

@@ -747,15 +747,18 @@ async fn supervise_child(
 /// pipe ends, or for at most [`DRAIN`] when a stray descendant keeps it open.
 ///
 /// Nothing writes any more, so the checkpoints are read to the end first and only
-/// the last is written: each one replaces the context whole, so the last holds the
-/// robot's final state, and one write fits the little time left in a stop where a
-/// queue of them, one round trip each, would not. Output lines are kept as read.
+/// the last good one is written: each one replaces the context whole, so it holds
+/// the robot's final state, and one write fits the little time left in a stop where
+/// a queue of them, one round trip each, would not. A bad checkpoint after it (most
+/// likely a line the SIGKILL cut in half) is reported, not stored, and does not
+/// cost the good one. Output lines are kept as read.
 async fn drain(out: &Output<'_>, lines: &mut Lines) {
-    let mut last = None;
+    let (mut good, mut bad_after) = (None, None);
     let _ = tokio::time::timeout(DRAIN, async {
         while let Ok(Some(l)) = lines.next_line().await {
             match parse_line(&l.text, l.cut) {
-                Line::Checkpoint(_) | Line::BadCheckpoint(_) => last = Some(l),
+                Line::Checkpoint(_) => (good, bad_after) = (Some(l), None),
+                Line::BadCheckpoint(why) => bad_after = Some(why),
                 _ => {
                     let _ = out.handle(l).await;
                 }
@@ -763,8 +766,12 @@ async fn drain(out: &Output<'_>, lines: &mut Lines) {
         }
     })
     .await;
-    if let Some(l) = last {
+    if let Some(l) = good {
         let _ = out.handle(l).await;
+    }
+    if let Some(why) = bad_after {
+        out.run.metrics().checkpoints_refused.inc();
+        tracing::warn!(robot = %out.run.name(), "the robot's last checkpoint line, read after it was stopped, was not stored ({why}); its last good one stands");
     }
 }
 

@@ -150,10 +150,14 @@ impl Budget {
     }
 
     /// Takes over the ends an earlier instance recorded (oldest first), so a crash
-    /// loop on a slot that changes hands still reaches its limit. The backoff goes
-    /// on from where those ends left it.
-    pub fn restore(&mut self, ends: impl IntoIterator<Item = Instant>) {
+    /// loop on a slot that changes hands still reaches its limit. Only those within
+    /// the policy's window at `now` count, and the backoff goes on from where they
+    /// left it.
+    pub fn restore(&mut self, ends: impl IntoIterator<Item = Instant>, now: Instant) {
         for end in ends {
+            if now.saturating_duration_since(end) >= self.policy.within {
+                continue;
+            }
             self.ends.push_back(end);
             self.backoff = (self.backoff * 2).min(self.policy.max_backoff.max(FIRST_BACKOFF));
         }
@@ -234,7 +238,12 @@ mod tests {
         let s = Duration::from_secs;
         let mut b = Budget::new(policy(4, 60, 30));
         // Two ends on the last holder, 20 s and 10 s ago; one from before the window.
-        b.restore([t - s(90), t - s(20), t - s(10)]);
+        b.restore([t - s(90), t - s(20), t - s(10)], t);
+        assert_eq!(
+            b.backoff,
+            FIRST_BACKOFF * 4,
+            "two ends in the window, two doublings"
+        );
         assert!(matches!(b.ended(t, t + s(1), false), Next::RestartAfter(_)));
         assert_eq!(
             b.ended(t + s(2), t + s(3), false),

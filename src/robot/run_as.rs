@@ -49,9 +49,12 @@ impl RunAs {
                 format!("--exec-user {shown}: user id {uid} has no entry on this machine; give its group too (UID:GID)")
             })?,
         };
-        if uid == 0 {
+        // SAFETY: geteuid has no preconditions.
+        let worker = unsafe { libc::geteuid() };
+        if uid == 0 || uid == worker {
             return Err(format!(
-                "--exec-user {shown}: root is the user robots must not share with the worker; name another"
+                "--exec-user {shown}: {} is this worker's own user, which robots must not share with it; name another",
+                if uid == 0 { "root" } else { "that" }
             ));
         }
         Ok(RunAs { uid, gid })

@@ -524,8 +524,11 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
     };
     let mut cmd = Command::new(command);
     cmd.args(rest).stdin(Stdio::null()).process_group(0);
-    // SAFETY: prctl, write and setrlimit are async-signal-safe; they run in the
-    // child between fork and exec, on descriptors and data the shim owns.
+    let shim_pid = std::process::id() as libc::pid_t;
+    // SAFETY: prctl, write, setrlimit and the set*id calls run in the child between
+    // fork and exec, on descriptors and data the shim owns. glibc's set*id wrappers
+    // are not async-signal-safe in general (they signal every thread); the shim has
+    // no other thread yet when it forks (its threads start after the spawn).
     unsafe {
         cmd.pre_exec(move || {
             // Limits first: nothing the command does is outside them.
@@ -535,8 +538,14 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
             if let Some(user) = run_as {
                 user.apply_in_child()?;
             }
-            // After the switch, which clears it.
+            // After the switch, which clears it; and if the shim died before it was
+            // set, the robot must not start as an orphan.
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != shim_pid {
+                return Err(std::io::Error::other(
+                    "the shim died before the robot started",
+                ));
+            }
             // Nothing but stdin, stdout, stderr and its context (descriptor 3, see
             // exec::CONTEXT_FILE) passes on to the robot.
             crate::secrets::close_on_exec_from(4);

@@ -134,8 +134,10 @@ pub struct App {
     details: Arc<Details>,
     /// `--allowed-host` names (see [`auth::host_allowed`]).
     hosts: Arc<Vec<String>>,
-    /// Writes receiving their bodies now (see [`writes`]).
+    /// Authenticated writes receiving their bodies now (see [`writes`]).
     bodies: Arc<Semaphore>,
+    /// `/login` and `/logout` receiving their bodies now.
+    login_bodies: Arc<Semaphore>,
 }
 
 /// One robot as its page shows it: the whole document and its kept output.
@@ -375,6 +377,7 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
         }),
         hosts: Arc::new(args.allowed_hosts.clone()),
         bodies: Arc::new(Semaphore::new(writes::MAX_BODIES)),
+        login_bodies: Arc::new(Semaphore::new(writes::MAX_LOGIN_BODIES)),
     };
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {

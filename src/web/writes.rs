@@ -10,8 +10,11 @@
 //! - a write the head alone can refuse is refused before a byte of its body is read
 //!   ([`super::auth::Auth::before_body`]): actions off, a wrong or missing token, no
 //!   session;
-//! - at most [`MAX_BODIES`] bodies are being received at once; a write beyond them
-//!   is answered `503` at once;
+//! - at most [`MAX_BODIES`] bodies of writes whose head carried good credentials
+//!   are being received at once, and at most [`MAX_LOGIN_BODIES`] of `/login` and
+//!   `/logout` (whose credentials are in the body); a write beyond them is answered
+//!   `503` at once. So clients without a token can hold up logins, never the
+//!   operators' authenticated writes, and never reads;
 //! - a body must arrive whole within [`BODY_TIMEOUT`], else `408`.
 
 use std::net::SocketAddr;
@@ -25,9 +28,14 @@ use axum::response::{IntoResponse, Response};
 
 use super::App;
 
-/// Bodies received at once, at most: a quarter of the connections, so three
-/// quarters stay for reads and probes whatever writers do.
-pub const MAX_BODIES: usize = crate::serve::MAX_CONNECTIONS / 4;
+/// Bodies of authenticated writes received at once, at most. With
+/// [`MAX_LOGIN_BODIES`], a quarter of the connections, so three quarters stay for
+/// reads and probes whatever writers do.
+pub const MAX_BODIES: usize = 12;
+
+/// Bodies of `/login` and `/logout` received at once, at most: those heads carry
+/// no credentials, so anyone may hold these.
+pub const MAX_LOGIN_BODIES: usize = crate::serve::MAX_CONNECTIONS / 4 - MAX_BODIES;
 
 /// How long a write's body may take to arrive whole: far more than 16 KiB needs
 /// on any link a browser or script uses.
@@ -51,12 +59,15 @@ pub async fn before_handlers(State(app): State<App>, req: Request, next: Next) -
             super::pages::refused(&app, None, d)
         };
     }
-    let Ok(permit) = app.bodies.clone().try_acquire_owned() else {
+    let (pool, most) = if matches!(path.as_str(), "/login" | "/logout") {
+        (&app.login_bodies, MAX_LOGIN_BODIES)
+    } else {
+        (&app.bodies, MAX_BODIES)
+    };
+    let Ok(permit) = pool.clone().try_acquire_owned() else {
         let mut res = (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "{MAX_BODIES} writes are already sending their bodies; try again in a moment\n"
-            ),
+            format!("{most} writes are already sending their bodies; try again in a moment\n"),
         )
             .into_response();
         res.headers_mut().insert(

@@ -38,19 +38,12 @@ pub struct StepWatch {
     tolerance_ms: i64,
     /// The local instant readings are measured from.
     anchor: Instant,
-    /// The last reading: the offset's range `(low, high)` and when.
-    last: Option<(i64, i64, Instant)>,
+    /// What the readings so far say of the offset `server − local`: it lies in
+    /// `(low, high)`, as of the local instant given. Each consistent reading narrows
+    /// it, so one slow round trip does not blur the next comparison.
+    known: Option<(i64, i64, Instant)>,
     /// Stamped slots are not claimed before this local instant.
     hold_until: Option<Instant>,
-}
-
-/// A forward step of the server's clock, as one reading showed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Step {
-    /// At least this far forward.
-    pub ms: i64,
-    /// Stamped slots wait until this local instant.
-    pub hold_until: Instant,
 }
 
 impl StepWatch {
@@ -60,7 +53,7 @@ impl StepWatch {
             lease,
             tolerance_ms: tolerance.as_millis() as i64,
             anchor,
-            last: None,
+            known: None,
             hold_until: None,
         }
     }
@@ -68,38 +61,44 @@ impl StepWatch {
     /// The tolerance for a worker's timing: a quarter of the room between the stop
     /// grace and the fence margin (a step of half that room is the smallest that
     /// could overlap two copies), and at least 5 ms, above a round trip's jitter.
+    /// A step is caught when it exceeds this plus the round trip of the reading
+    /// that shows it.
     pub fn tolerance(margin: Duration, grace: Duration) -> Duration {
         (margin.saturating_sub(grace) / 4).max(Duration::from_millis(5))
     }
 
     /// The server's clock read `server_ms` somewhere between the local instants
-    /// `sent` and `received`. Some when that shows a forward step.
-    pub fn observe(&mut self, server_ms: i64, sent: Instant, received: Instant) -> Option<Step> {
+    /// `sent` and `received`. Some (how far, at least, in ms) when that shows a
+    /// forward step.
+    pub fn observe(&mut self, server_ms: i64, sent: Instant, received: Instant) -> Option<i64> {
         let local = |t: Instant| t.saturating_duration_since(self.anchor).as_millis() as i64;
         let (low, high) = (server_ms - local(received), server_ms - local(sent));
-        let previous = self.last.replace((low, high, received));
-        let Some((_, last_high, last_at)) = previous else {
+        let Some((known_low, known_high, at)) = self.known else {
             // The first reading: a step just before it cannot be seen.
+            self.known = Some((low, high, received));
             self.hold(received + self.lease);
             return None;
         };
-        let apart = received.saturating_duration_since(last_at).as_secs_f64();
+        let apart = received.saturating_duration_since(at).as_secs_f64();
         let drift = (apart * DRIFT_PER_S_MS).ceil() as i64;
-        let ahead = low - last_high - drift;
-        if ahead <= self.tolerance_ms {
-            return None;
+        let (known_low, known_high) = (known_low - drift, known_high + drift);
+        let ahead = low - known_high;
+        if ahead > self.tolerance_ms {
+            self.known = Some((low, high, received));
+            self.hold(received + self.lease);
+            return Some(ahead);
         }
-        let hold_until = self.hold(received + self.lease);
-        Some(Step {
-            ms: ahead,
-            hold_until,
-        })
+        self.known = Some(if high < known_low {
+            // A step back: it only delays takeovers; the new clock is the reference.
+            (low, high, received)
+        } else {
+            (low.max(known_low), high.min(known_high), received)
+        });
+        None
     }
 
-    fn hold(&mut self, until: Instant) -> Instant {
-        let until = self.hold_until.map_or(until, |h| h.max(until));
-        self.hold_until = Some(until);
-        until
+    fn hold(&mut self, until: Instant) {
+        self.hold_until = Some(self.hold_until.map_or(until, |h| h.max(until)));
     }
 
     /// How long stamped slots must still wait at `now` (None: they need not).
@@ -164,8 +163,7 @@ mod tests {
         let step = w
             .observe(1_000_000 + 2_500 + 3_000, at, at + ms(1))
             .unwrap();
-        assert!((2_990..=3_000).contains(&step.ms), "{step:?}");
-        assert_eq!(step.hold_until, at + ms(1) + L);
+        assert!((2_990..=3_000).contains(&step), "{step}");
         assert_eq!(w.holding(at + ms(1)), Some(L));
         // The new clock is the reference from now on.
         let later = at + ms(1_000);
@@ -176,12 +174,25 @@ mod tests {
         // Just over the tolerance counts; just under does not.
         let again = later + ms(1_000);
         assert!(w
-            .observe(1_000_000 + 4_500 + 3_000 + 33, again, again)
+            .observe(1_000_000 + 4_500 + 3_000 + 34, again, again)
             .is_some());
         let once_more = again + ms(1_000);
         assert!(w
-            .observe(1_000_000 + 5_500 + 3_033 + 29, once_more, once_more)
+            .observe(1_000_000 + 5_500 + 3_034 + 28, once_more, once_more)
             .is_none());
+    }
+
+    #[test]
+    fn a_slow_reading_does_not_blur_the_next_comparison() {
+        let t = Instant::now();
+        let mut w = StepWatch::new(L, ms(30), t);
+        w.observe(1_000_000, t, t);
+        // A reading through a 500 ms round trip, early in it: consistent, and wide.
+        let slow = t + ms(1_000);
+        assert_eq!(w.observe(1_001_000, slow, slow + ms(500)), None);
+        // Next, a tight reading 40 ms ahead: caught against the tight one before.
+        let next = t + ms(2_000);
+        assert!(w.observe(1_002_000 + 40, next, next).is_some());
     }
 
     #[test]

@@ -660,15 +660,14 @@ impl Worker {
     /// forward step is logged, counted and recorded, and holds stamped slots back
     /// for a lease (see [`clock_step`]).
     fn server_clock_read(&mut self, server_ms: i64, sent: Instant, received: Instant) {
-        let Some(step) = self.steps.observe(server_ms, sent, received) else {
+        let Some(step_ms) = self.steps.observe(server_ms, sent, received) else {
             return;
         };
         self.metrics.server_clock_steps.inc();
         let lease_ms = self.settings.timing.lease_ms();
         tracing::warn!(
-            step_ms = step.ms,
-            "the database server's clock stepped forward by at least {} ms: leases stamped before it may look expired while their holders still run, so no such slot is claimed for {lease_ms} ms (one lease)",
-            step.ms
+            step_ms,
+            "the database server's clock stepped forward by at least {step_ms} ms: leases stamped before it may look expired while their holders still run, so no such slot is claimed for {lease_ms} ms (one lease)"
         );
         let store = self.store.clone();
         let me = self.owner();
@@ -678,7 +677,7 @@ impl Worker {
                     "server_clock_step",
                     bson::doc! {
                         crate::db::field::WORKER: me,
-                        "detail": format!("the server's clock stepped forward by at least {} ms; stamped slots held back for {lease_ms} ms", step.ms),
+                        "detail": format!("the server's clock stepped forward by at least {step_ms} ms; stamped slots held back for {lease_ms} ms"),
                     },
                 )
                 .await;

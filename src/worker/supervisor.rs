@@ -974,10 +974,11 @@ impl Runner {
             }
         };
         let now = self.clock.now();
-        budget.restore(ends.iter().filter_map(|end| {
+        let ends = ends.iter().filter_map(|end| {
             let age = Duration::from_millis(server_now.saturating_sub(*end).max(0) as u64);
             now.checked_sub(age)
-        }));
+        });
+        budget.restore(ends, now);
     }
 
     /// Stops restarting the robot: it ended `ends` times within `within`. It is held

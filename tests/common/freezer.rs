@@ -34,6 +34,12 @@ impl Freezer {
         Freezer { dir, v1: is_v1 }
     }
 
+    /// Its `cgroup.procs`: a process that writes `0` there moves itself in (see
+    /// `TestDb::exec_worker_in`).
+    pub fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
     /// Moves `pid` into the cgroup; what it forks from now on is born inside.
     pub fn add(&self, pid: i32) {
         std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())

@@ -169,6 +169,23 @@ impl TestDb {
         ])
     }
 
+    /// `robot create NAME --kind exec --command COMMAND` and `extra`, insisting it
+    /// succeeded.
+    pub fn exec_robot(&self, name: &str, command: &str, extra: &[&str]) {
+        let mut args = vec![
+            "robot",
+            "create",
+            "--name",
+            name,
+            "--kind",
+            "exec",
+            "--command",
+            command,
+        ];
+        args.extend_from_slice(extra);
+        self.cli_ok(&args);
+    }
+
     /// How many slots each worker holds now, by the slots' owners.
     pub async fn held_per_worker(&self) -> std::collections::BTreeMap<String, usize> {
         let mut out = std::collections::BTreeMap::new();
@@ -242,6 +259,32 @@ impl TestDb {
             )
             .await
             .unwrap();
+    }
+
+    /// An exec worker born inside the cgroup whose `cgroup.procs` is `procs` (it
+    /// joins between fork and exec, so everything it starts is inside too).
+    pub fn exec_worker_in(&self, procs: &Path, extra: &[&str]) -> WorkerProc {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::process::CommandExt;
+        let path = std::ffi::CString::new(procs.as_os_str().as_bytes()).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.env("MONGODB_URI", &self.uri);
+        // SAFETY: open, write and close are async-signal-safe; the path was made
+        // before the fork. "0" moves the writing process itself.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                Ok(())
+            });
+        }
+        let allow = self.exec_allow();
+        let mut args = vec!["--exec-allow", &allow];
+        args.extend_from_slice(extra);
+        WorkerProc::spawn(cmd, &self.dir, &args)
     }
 
     /// `--exec-allow` for this test's directory.
@@ -370,7 +413,7 @@ while true; do
   n=$((n+1))
   echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> {dir}/steps
   echo "{{\"checkpoint\": {{\"n\": $n}}}}"
-  sleep 0.1
+  sleep 0.2
 done
 "#
         ),
