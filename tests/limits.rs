@@ -605,7 +605,14 @@ fn the_shim_refuses_cgroup_only_limits_where_it_cannot_make_a_cgroup() {
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     let shim = |via: &str| {
         let mut child = std::process::Command::new(&bin)
-            .args(["__robot-shim", "100", via, "memory=100000000", "-", "/bin/true"])
+            .args([
+                "__robot-shim",
+                "100",
+                via,
+                "memory=100000000",
+                "-",
+                "/bin/true",
+            ])
             .uid(65534)
             .gid(65534)
             .stdin(std::process::Stdio::piped())
