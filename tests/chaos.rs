@@ -705,15 +705,6 @@ async fn hand_edited_garbage_is_reported_and_skipped() {
     verdict(&db, "garbage").await;
 }
 
-/// Sets libfaketime's offset file at once: a new file renamed over the old, since
-/// the server re-reads it on every clock call and a truncated file reads as `+0`
-/// (its clock then went back 10 s for a moment, and stamped a checkpoint so).
-fn set_offset(path: &std::path::Path, offset: &str) {
-    let next = path.with_extension("next");
-    std::fs::write(&next, format!("{offset}\n")).unwrap();
-    std::fs::rename(&next, path).unwrap();
-}
-
 /// `POST /v1/poke` to a worker: it surveys the slots at once.
 fn poke(w: &WorkerProc) {
     use std::io::{Read, Write};
@@ -729,12 +720,14 @@ fn poke(w: &WorkerProc) {
     assert!(out.starts_with("HTTP/1.1 202"), "{out}");
 }
 
-/// The database server's clock steps 10 s forward (libfaketime, its offset read
-/// from a file on every call). Every lease stamped before the step now looks
-/// expired to the server while its holder renews on: a standby poked at that moment
-/// claimed the slot and started its robots beside the holder's. The standby sees
-/// the step in its survey's `$$NOW` and claims no stamped slot for a lease; the
-/// holder renews meanwhile. A real death after the step is still taken over.
+/// The database server's clock steps 10 s forward, 40 s after it started
+/// (libfaketime's `FAKETIME_START_AFTER_SECONDS`: one clean step, no file re-read
+/// by the server's threads, which now and then read no offset at all). Every lease
+/// stamped before the step then looks expired to the server while its holder
+/// renews on: a standby poked at that moment claimed the slot and started its
+/// robots beside the holder's. The standby sees the step in its survey's `$$NOW`
+/// and claims no stamped slot for a lease; the holder renews meanwhile. A real
+/// death after the step is still taken over.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holders_slot() {
     let _g = SERIAL.lock().await;
@@ -742,52 +735,86 @@ async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holder
         std::path::Path::new(LIBFAKETIME).exists(),
         "this scenario steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
     );
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("chaos_clockstep_{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let offset = dir.join("faketime");
-    std::fs::write(&offset, "+0\n").unwrap();
-    let offset_path = offset.display().to_string();
     let server = common::PrivateServer::start_with(&[
         ("LD_PRELOAD", LIBFAKETIME),
-        ("FAKETIME_TIMESTAMP_FILE", &offset_path),
-        ("FAKETIME_NO_CACHE", "1"),
+        ("FAKETIME", "+10s"),
+        ("FAKETIME_START_AFTER_SECONDS", "40"),
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
     ]);
     let db = TestDb::on(&server.uri, "chaos_clockstep").await;
     db.init(1).await;
-    let mut holder = db.worker(&[]);
+    // A 3 s tick (L = 6 s): the holder's deadline is 4.65 s after a renewal, so it
+    // can be held still for a moment at the step without fencing itself.
+    let flags = ["--tick", "3s"];
+    let lease = Duration::from_secs(6);
+    let mut holder = db.worker(&flags);
     all_held(&db, 1).await;
     create_counters(&db, 4);
     progress(&db, 2).await;
-    let standby = db.worker(&[]);
+    let standby = db.worker(&flags);
     // A fresh worker claims no stamped slot for its first lease (it cannot know of
     // a step just before it started): let that pass, on the clock it runs on.
     let started = Instant::now();
-    common::wait_for(Duration::from_secs(20), "the standby watching", || async {
-        (standby.metric("slotpool_line_front") == Some(1) && started.elapsed() > L + L / 2)
+    common::wait_for(Duration::from_secs(30), "the standby watching", || async {
+        (standby.metric("slotpool_line_front") == Some(1) && started.elapsed() > lease + lease / 2)
             .then_some(())
     })
     .await;
     let epoch = common::epoch(&db.slot("slot-001").await);
-
-    set_offset(&offset, "+10s");
+    // The server's clock ahead of this machine's (they share one clock but for
+    // the step), and the server's clock.
+    let server_ms = || async { db.store.server_now().await.unwrap().timestamp_millis() };
+    let ahead = |server: i64| server - chrono::Utc::now().timestamp_millis();
+    assert!(
+        ahead(server_ms().await) < 5_000,
+        "the pool took longer to set up than the 40 s before the step"
+    );
+    let stepped_at = loop {
+        let now = server_ms().await;
+        if ahead(now) > 5_000 {
+            break now;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    // Held still, the holder cannot renew: its lease, stamped before the step,
+    // looks expired to the server (unless a renewal landed in the milliseconds
+    // since the step, which this test then says).
+    holder.signal(libc::SIGSTOP);
+    let stamp = db
+        .slot("slot-001")
+        .await
+        .get_datetime("time")
+        .unwrap()
+        .timestamp_millis();
+    let window = stamp < stepped_at - 5_000;
     poke(&standby);
     let t0 = Instant::now();
-    common::wait_for(
-        Duration::from_secs(10),
-        "the standby to see the step",
-        || async {
-            (standby
-                .metric("slotpool_server_clock_steps_total")
-                .unwrap_or(0)
-                >= 1)
-                .then_some(())
-        },
-    )
-    .await;
-    // Two leases of the holder renewing under the new clock; the standby polls.
-    while t0.elapsed() < 2 * L {
+    if window {
+        common::wait_for(
+            Duration::from_secs(10),
+            "the standby to see the step",
+            || async {
+                (standby
+                    .metric("slotpool_server_clock_steps_total")
+                    .unwrap_or(0)
+                    >= 1)
+                    .then_some(())
+            },
+        )
+        .await;
+        assert!(
+            standby.log_text().contains("stepped forward"),
+            "{}",
+            standby.log_text()
+        );
+    } else {
+        println!(
+            "[clock step] the holder renewed in the moment after the step: nothing looked expired"
+        );
+    }
+    holder.signal(libc::SIGCONT);
+    // Two of the holder's leases: it renews under the new clock; the standby polls.
+    while t0.elapsed() < 2 * lease {
         let s = db.slot("slot-001").await;
         assert_eq!(
             common::epoch(&s),
@@ -797,11 +824,6 @@ async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holder
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(owner(&db.slot("slot-001").await), Some(holder.id.clone()));
-    assert!(
-        standby.log_text().contains("stepped forward"),
-        "{}",
-        standby.log_text()
-    );
     progress(&db, 2).await;
 
     // A holder that really dies after the step is taken over as always.
@@ -811,7 +833,6 @@ async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holder
     println!("[clock step] takeover after the step: {took:?}");
     progress(&db, 2).await;
     verdict(&db, "clock step").await;
-    set_offset(&offset, "+0");
 }
 
 /// The cgroup freezer (what `docker pause` does) stops a holder with its shims and
