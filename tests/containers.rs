@@ -482,18 +482,11 @@ async fn limits_hold_in_a_worker_container() {
         ("bomb", r#"{"pids": 64}"#),
         ("forge", r#"{"memory": "100MB"}"#),
     ] {
-        db.cli_ok(&[
-            "robot",
-            "create",
-            "--name",
+        db.exec_robot(
             name,
-            "--kind",
-            "exec",
-            "--command",
             &format!("/opt/robots/{name}.sh"),
-            "--spec",
-            &format!(r#"{{"limits": {limits}}}"#),
-        ]);
+            &["--spec", &format!(r#"{{"limits": {limits}}}"#)],
+        );
     }
 
     let forge = wait_for(

@@ -154,18 +154,7 @@ async fn a_hung_robot_is_restarted_and_a_beating_one_is_left_alone() {
         ),
     );
     for (name, cmd) in [("hung", &hung), ("beating", &beating)] {
-        db.cli_ok(&[
-            "robot",
-            "create",
-            "--name",
-            name,
-            "--kind",
-            "exec",
-            "--command",
-            cmd,
-            "--spec",
-            r#"{"heartbeat_timeout": "2s"}"#,
-        ]);
+        db.exec_robot(name, cmd, &["--spec", r#"{"heartbeat_timeout": "2s"}"#]);
     }
     let w = db.exec_worker(&[]);
 
