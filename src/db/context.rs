@@ -39,9 +39,8 @@ use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
 use crate::metrics::Metrics;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -79,41 +78,6 @@ pub enum ContextError {
 /// for the whole robot document.)
 pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
 
-/// Robots per adoption write. Measured on the dev server with 10,000 robots in the
-/// collection: 100 ids take about 150 ms, 500 take 1.3 s (the cost grows faster than
-/// the count), so small chunks are both gentler and faster overall.
-pub const ADOPT_CHUNK: usize = 100;
-
-/// The fewest robots per adoption write, however slow the server: below this the
-/// round trips, not the server's work, would set the pace.
-pub const ADOPT_CHUNK_MIN: usize = 10;
-
-/// Robots in the next adoption write, from how long the last one took: as many as
-/// fit in `budget` at the measured cost per robot, from [`ADOPT_CHUNK_MIN`] to
-/// [`ADOPT_CHUNK`]. The dev server answers one command at a time, so a renewal sent
-/// meanwhile waits behind the whole chunk: the budget (half the fence margin) keeps
-/// that wait well inside the margin, at any tick. At the default tick every chunk is
-/// [`ADOPT_CHUNK`]; at 100 ms (a 45 ms margin) about twenty robots.
-pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
-    crate::db::pacing::statements_within(budget, took, robots, ADOPT_CHUNK_MIN, ADOPT_CHUNK)
-}
-
-/// Whether the robots left to adopt can go as one statement over the slot
-/// ([`ContextStore::adopt_slot`]) rather than in more chunks: when the last chunk's
-/// cost per robot (`took` for `done`) puts `slot` robots within `budget`. `slot` is
-/// every robot bound to the slot, not just those left: the statement examines each
-/// of them, and on the dev server examining 1,000 robots that keep a 30-record
-/// history costs about 35 ms whatever it then writes (measured: 38 ms for the last
-/// 10 robots of such a slot, where `$in` by `_id` took 7 ms; 450 ms for all 1,000,
-/// where `$in` took 1.5 s). Examining a robot costs no more than writing it, so the
-/// slot's count at the written cost bounds the statement. Nothing measured yet
-/// means no.
-pub fn adopt_rest_at_once(took: Duration, done: usize, slot: usize, budget: Duration) -> bool {
-    done > 0
-        && !took.is_zero()
-        && crate::db::pacing::statements_within(budget, took, done, 0, usize::MAX) >= slot
-}
-
 /// Documents per cursor batch when reading a slot's robots: a server building one
 /// batch of thousands of documents can stall this holder's renewals meanwhile.
 pub const BATCH: u32 = 500;
@@ -121,12 +85,12 @@ pub const BATCH: u32 = 500;
 /// Where one holder (slot + epoch) reads and writes its robots' contexts.
 #[derive(Debug, Clone)]
 pub struct ContextStore {
-    robots: Collection<Document>,
-    slot_id: String,
-    epoch: i64,
-    worker: String,
+    pub(super) robots: Collection<Document>,
+    pub(super) slot_id: String,
+    pub(super) epoch: i64,
+    pub(super) worker: String,
     metrics: Arc<Metrics>,
-    guard: WriteGuard,
+    pub(super) guard: WriteGuard,
     /// Paces robot writes by the lease's renewal latency (see [`crate::db::pacing`]).
     pacer: Arc<WritePacer>,
     /// Checkpoints go out in group commits (see [`crate::db::group_commit`]).
@@ -141,21 +105,6 @@ pub struct ContextStore {
 /// A robot's `(gen, epoch)` as listed, for an instance started before its adoption
 /// (`gen` None when never written).
 type ListedState = (Option<i64>, i64);
-
-/// What one adoption write did.
-#[derive(Debug, Default)]
-pub struct Adopted {
-    /// Each adopted robot with its new generation.
-    pub ours: Vec<(ObjectId, i64)>,
-    /// Robots the database refused to change, with its message.
-    pub refused: Vec<AdoptRefused>,
-}
-
-#[derive(Debug)]
-pub struct AdoptRefused {
-    pub id: ObjectId,
-    pub why: String,
-}
 
 /// A robot as its holder loads it to start.
 #[derive(Debug, Clone)]
@@ -275,179 +224,6 @@ impl ContextStore {
         self.guard.watch()
     }
 
-    /// Adopts these robots (read from this slot) for a new running instance each: the
-    /// robot's epoch becomes ours, its generation goes up by one, and it is marked
-    /// running here, all in one write. From then on every earlier instance, on this
-    /// holder or any other, is fenced. Returns each adopted robot with its new
-    /// generation; a robot moved, deleted or adopted by a newer holder of this slot
-    /// since it was read is left out.
-    ///
-    /// Each robot comes with the generation this adoption gives it if it is still
-    /// as it was read ([`gen_after_adoption`] of that read). When the write matched
-    /// every robot, those are the generations returned, without reading them back:
-    /// that read was a seventh of a takeover's adoption time. A robot adopted
-    /// elsewhere between the read and this write (moved away and back) then has a
-    /// higher generation than the one returned, so the instance started under it is
-    /// fenced at its first write and the next sync starts it again: a wrong guess
-    /// fails closed. A short count reads every generation back.
-    ///
-    /// Callers pass at most [`ADOPT_CHUNK`] robots: one write over thousands of
-    /// documents holds some servers long enough to starve this holder's renewals.
-    pub async fn adopt(&self, robots: &[(ObjectId, i64)]) -> Result<Adopted, ContextError> {
-        let ids: Vec<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
-        let ids = &ids[..];
-        if !self.guard.is_open() {
-            return Err(self.lapsed("(adoption)"));
-        }
-        // `$not: {$gt}` rather than `$lte`: a hand-broken epoch (missing, a string)
-        // is taken over too instead of leaving its robot unrun. Equal epochs are
-        // this holder's own: a re-adoption after a move away and back, or a restart.
-        let update = self.adoption_update();
-        // The whole chunk as one multi-document statement of the group-commit path's
-        // `update` command: on the dev server that costs 0.43 ms a robot, where a
-        // statement per robot costs 0.63 ms. Refused as a whole (a hand-edited
-        // document failing the validator), the chunk goes again a statement per
-        // robot, so one broken robot holds back no other.
-        // Not paused: a robot paused (or failed, which holds it as paused) after the
-        // listing keeps its status and reason, and is not started.
-        let filter = |ids: Bson| {
-            doc! {
-                "_id": ids, SLOT_ID: &self.slot_id,
-                EPOCH: {"$not": {"$gt": self.epoch}},
-                PAUSED: {"$ne": true},
-            }
-        };
-        let mut refused = Vec::new();
-        let together = Statement {
-            id: ids[0],
-            filter: filter(doc! {"$in": ids}.into()),
-            update: update.clone(),
-        };
-        let taken: Vec<ObjectId> = match self
-            .answered(
-                "an adoption write",
-                crate::db::group_commit::send_many(&self.robots, &together),
-            )
-            .await?
-        {
-            Ok(n) if n == ids.len() as u64 => {
-                return Ok(Adopted {
-                    ours: robots.to_vec(),
-                    refused,
-                })
-            }
-            Ok(_) => ids.to_vec(),
-            Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
-            Err(_) => {
-                let one_each: Vec<Statement> = ids
-                    .iter()
-                    .map(|id| Statement {
-                        id: *id,
-                        filter: filter(Bson::ObjectId(*id)),
-                        update: update.clone(),
-                    })
-                    .collect();
-                let written = self
-                    .answered(
-                        "an adoption write",
-                        crate::db::group_commit::send(&self.robots, &one_each),
-                    )
-                    .await??;
-                let mut taken = Vec::with_capacity(ids.len());
-                for (s, w) in one_each.iter().zip(written) {
-                    match w {
-                        Written::Refused(why) => refused.push(AdoptRefused { id: s.id, why }),
-                        _ => taken.push(s.id),
-                    }
-                }
-                taken
-            }
-        };
-        // Read back each robot's new generation (by _id, so a point lookup).
-        let ours = self.generations(&taken).await?;
-        Ok(Adopted { ours, refused })
-    }
-
-    /// Adopts, in one statement over the slot, every robot bound to it that is not
-    /// paused and whose epoch is older than this holder's (or hand-broken): the same
-    /// write as [`ContextStore::adopt`], filtered by `slot_id` instead of by `_id`.
-    /// `robots` must be all of those the caller listed, each with the generation
-    /// this gives it; the caller checks that no other listed robot matches (one still
-    /// stopping under an older epoch would be fenced before its last checkpoint).
-    ///
-    /// This is the O(1) adoption: on the dev server one statement over 1,000 robots
-    /// costs no less server time than the chunks together, so the caller sends it
-    /// only when its measured cost fits the budget that holds a chunk (see
-    /// [`adopt_rest_at_once`]). A robot created or moved in since the listing is
-    /// adopted too, with no instance: the change bumped the slot's `rev`, so the next
-    /// sync starts it, adopting it again; if it was moved in, adopting it is what
-    /// fences the instance its old slot's holder may still run. A hand-edited
-    /// document failing the validator stops the statement part-way; the robots it
-    /// did not reach are adopted by `_id` ([`ContextStore::adopt`]), which skips the
-    /// refused one alone.
-    pub async fn adopt_slot(&self, robots: &[(ObjectId, i64)]) -> Result<Adopted, ContextError> {
-        if !self.guard.is_open() {
-            return Err(self.lapsed("(adoption)"));
-        }
-        let all = Statement {
-            id: robots.first().map_or_else(ObjectId::new, |(id, _)| *id),
-            filter: doc! {
-                SLOT_ID: &self.slot_id, PAUSED: {"$ne": true},
-                EPOCH: {"$not": {"$gte": self.epoch}},
-            },
-            update: self.adoption_update(),
-        };
-        let sent = self
-            .answered(
-                "an adoption write",
-                crate::db::group_commit::send_many(&self.robots, &all),
-            )
-            .await?;
-        let refused = match sent {
-            Ok(n) if n == robots.len() as u64 => {
-                return Ok(Adopted {
-                    ours: robots.to_vec(),
-                    refused: Vec::new(),
-                })
-            }
-            Ok(_) => false,
-            Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
-            Err(_) => true,
-        };
-        // More (created or moved in since the listing) or fewer (moved out, deleted,
-        // taken by a newer holder), or refused part-way: read back what it took. A
-        // listed robot now at this epoch was taken by it, since this holder writes
-        // its own epoch only when adopting and every robot here was listed older.
-        let mut ours = self.adopted_here(robots).await?;
-        if !refused {
-            return Ok(Adopted {
-                ours,
-                refused: Vec::new(),
-            });
-        }
-        // Refused at a hand-edited document: on MongoDB the robots before it are
-        // adopted and the rest are not. The rest go again by `_id`, where a refused
-        // robot holds back no other.
-        let taken: HashSet<ObjectId> = ours.iter().map(|(id, _)| *id).collect();
-        let left: Vec<(ObjectId, i64)> = robots
-            .iter()
-            .filter(|(id, _)| !taken.contains(id))
-            .copied()
-            .collect();
-        if left.is_empty() {
-            return Ok(Adopted {
-                ours,
-                refused: Vec::new(),
-            });
-        }
-        let more = self.adopt(&left).await?;
-        ours.extend(more.ours);
-        Ok(Adopted {
-            ours,
-            refused: more.refused,
-        })
-    }
-
     /// Awaits one command of an adoption (or a read of the slot's robots) while the
     /// lease holds, for at most [`IN_DOUBT_AFTER`]; the command's own result inside.
     /// The driver has no socket timeout, and an adoption waiting for an answer that
@@ -473,69 +249,6 @@ impl ContextStore {
         }
     }
 
-    /// The generations of those of `taken` at this holder's epoch, read by `_id`.
-    async fn generations(&self, taken: &[ObjectId]) -> Result<Vec<(ObjectId, i64)>, ContextError> {
-        let filter = doc! {
-            "_id": {"$in": taken}, SLOT_ID: &self.slot_id, EPOCH: self.epoch,
-            PAUSED: {"$ne": true},
-        };
-        self.read_generations(filter, |_| true).await
-    }
-
-    /// Those of `robots` that are at this holder's epoch now, with their generations:
-    /// read by slot, as one `$in` of a whole slot's ids costs the dev server more
-    /// than the slot itself.
-    async fn adopted_here(
-        &self,
-        robots: &[(ObjectId, i64)],
-    ) -> Result<Vec<(ObjectId, i64)>, ContextError> {
-        let wanted: HashSet<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
-        let filter = doc! {SLOT_ID: &self.slot_id, EPOCH: self.epoch, PAUSED: {"$ne": true}};
-        self.read_generations(filter, |id| wanted.contains(id))
-            .await
-    }
-
-    /// Each robot matching `filter` that `keep` keeps, with its generation: an
-    /// adoption's read-back, bounded like its writes.
-    async fn read_generations(
-        &self,
-        filter: Document,
-        keep: impl Fn(&ObjectId) -> bool,
-    ) -> Result<Vec<(ObjectId, i64)>, ContextError> {
-        let read = async {
-            let mut cursor = self
-                .robots
-                .find(filter)
-                .projection(doc! {"_id": 1, GEN: 1})
-                .batch_size(BATCH)
-                .await?;
-            let mut ours = Vec::new();
-            while let Some(d) = futures::TryStreamExt::try_next(&mut cursor).await? {
-                match d.get_object_id("_id") {
-                    Ok(id) if keep(&id) => ours.push((id, long_or_zero(&d, GEN))),
-                    _ => {}
-                }
-            }
-            Ok(ours)
-        };
-        Ok(self.answered("an adoption's read-back", read).await??)
-    }
-
-    /// The adoption write: this holder's epoch, the generation up by one, marked
-    /// running here. A pipeline, so a hand-broken `gen` (a string) restarts from 1
-    /// instead of failing the write the way `$inc` would.
-    fn adoption_update(&self) -> Vec<Document> {
-        vec![doc! {"$set": {
-            EPOCH: self.epoch,
-            GEN: {"$add": [
-                {"$cond": [{"$in": [{"$type": "$gen"}, ["int", "long"]]}, {"$toLong": "$gen"}, 0_i64]},
-                1_i64,
-            ]},
-            STATUS: "running", ERROR: Bson::Null,
-            WORKER: {"$literal": &self.worker}, "status_at": "$$NOW",
-        }}]
-    }
-
     /// What the robot's document must still say for instance `gen` to own it.
     fn fence_match(&self, id: &ObjectId, gen: i64) -> Document {
         let listed = self.early.lock().expect("early lock").get(id).copied();
@@ -555,7 +268,7 @@ impl ContextStore {
         }
     }
 
-    fn lapsed(&self, name: &str) -> ContextError {
+    pub(super) fn lapsed(&self, name: &str) -> ContextError {
         ContextError::Lapsed {
             robot: name.to_string(),
             slot: self.slot_id.clone(),
@@ -857,17 +570,6 @@ impl ContextStore {
     }
 }
 
-/// The generation an adoption gives a robot read as `d` (the rule of
-/// [`ContextStore::adopt`]'s pipeline: its `gen` plus one when that is an int or a
-/// long, else 1).
-pub fn gen_after_adoption(d: &Document) -> i64 {
-    match d.get(GEN) {
-        Some(Bson::Int64(g)) => g.saturating_add(1),
-        Some(Bson::Int32(g)) => i64::from(*g) + 1,
-        _ => 1,
-    }
-}
-
 /// A whole-number field of a robot document ([`crate::db::store::int`]); 0 when it
 /// is missing or not a whole number (a hand-edited document).
 pub(crate) fn long_or_zero(d: &Document, key: &str) -> i64 {
@@ -887,42 +589,5 @@ pub(crate) fn type_name(b: &Bson) -> &'static str {
         Bson::DateTime(_) => "date",
         Bson::ObjectId(_) => "objectId",
         _ => "other",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: Duration = Duration::from_millis(1);
-
-    #[test]
-    fn the_rest_goes_at_once_only_when_the_whole_slot_fits_the_budget() {
-        // 10 robots took 10 ms: 1 ms each, 225 ms of budget: a slot of 225 at most.
-        assert!(adopt_rest_at_once(MS * 10, 10, 225, MS * 225));
-        assert!(!adopt_rest_at_once(MS * 10, 10, 226, MS * 225));
-        // At 250 ms (a 56 ms budget) on the dev server (0.7 ms a robot): 80 at most.
-        assert!(adopt_rest_at_once(MS * 7, 10, 80, MS * 56));
-        assert!(!adopt_rest_at_once(MS * 7, 10, 990, MS * 56));
-        // Nothing measured: never.
-        assert!(!adopt_rest_at_once(Duration::ZERO, 10, 1, MS * 225));
-        assert!(!adopt_rest_at_once(MS, 0, 1, MS * 225));
-    }
-
-    #[test]
-    fn adoption_chunks_fit_the_budget_measured_from_the_last() {
-        // 100 robots in 100 ms: 1 ms each.
-        assert_eq!(
-            next_adopt_chunk(MS * 100, 100, MS * 225),
-            ADOPT_CHUNK,
-            "capped"
-        );
-        assert_eq!(next_adopt_chunk(MS * 100, 100, MS * 56), 56);
-        assert_eq!(next_adopt_chunk(MS * 100, 100, MS * 22), 22);
-        // A server that slowed down to 10 ms a robot: the floor.
-        assert_eq!(next_adopt_chunk(MS * 500, 50, MS * 22), ADOPT_CHUNK_MIN);
-        // Nothing measured: the largest.
-        assert_eq!(next_adopt_chunk(Duration::ZERO, 10, MS * 22), ADOPT_CHUNK);
-        assert_eq!(next_adopt_chunk(MS, 0, MS * 22), ADOPT_CHUNK);
     }
 }

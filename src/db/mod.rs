@@ -2,6 +2,7 @@
 //! fenced context store and its write guard, group commit, robots' kept output, and
 //! the pacer that keeps robot writes from starving the lease.
 
+pub mod adoption;
 pub mod context;
 pub mod field;
 pub mod group_commit;

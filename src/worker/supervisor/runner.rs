@@ -1,0 +1,223 @@
+//! One robot's life on its holder: load, run, and restart with backoff under its
+//! restart budget, until it is stopped, fenced or given up on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::SharedClock;
+use crate::db::context::{ContextStore, Loaded};
+use crate::db::field::{EPOCH, SLOT_ID, WORKER};
+use crate::db::store::Store;
+use crate::metrics::Metrics;
+use crate::robot::restart::{Budget, Next, RestartPolicy};
+use crate::robot::{history_len, Registry, RobotError, RobotRun};
+
+/// One robot's life on this holder: start, watch, restart with backoff.
+pub(super) struct Runner {
+    pub(super) id: ObjectId,
+    pub(super) gen: i64,
+    pub(super) backstop: Duration,
+    pub(super) name: String,
+    pub(super) ctx: ContextStore,
+    pub(super) registry: Registry,
+    pub(super) token: CancellationToken,
+    pub(super) grace: Duration,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) store: Store,
+    /// Measures a run's length and waits out the restart backoff.
+    pub(super) clock: SharedClock,
+}
+
+impl Runner {
+    pub(super) async fn run(self, mut first: Option<Loaded>) -> ObjectId {
+        let mut restarts: i64 = 0;
+        let mut budget = Budget::new(RestartPolicy::default());
+        while !self.token.is_cancelled() {
+            let began = self.clock.now();
+            let outcome = self.run_once(first.take(), restarts > 0, &mut budget).await;
+            let error = match outcome {
+                Ok(()) if self.token.is_cancelled() => break,
+                Ok(()) => RobotError::Crashed("returned without being asked to stop".into()),
+                Err(RobotError::Fenced(why)) if !self.ctx.lease_open() => {
+                    // The whole holder stopped writing (its lease lapsed): the worker
+                    // reports that once, not once per robot.
+                    tracing::debug!(robot = %self.name, "{why}");
+                    break;
+                }
+                Err(RobotError::Fenced(why)) => {
+                    tracing::warn!(robot = %self.name, "{why}; stopped on this worker");
+                    self.store
+                        .record_event(
+                            "fenced_write",
+                            doc! {
+                                WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                                EPOCH: self.ctx.epoch(), "robot": &self.name, "detail": why,
+                            },
+                        )
+                        .await;
+                    break;
+                }
+                Err(e) => e,
+            };
+            if self.token.is_cancelled() {
+                break;
+            }
+            let invalid = matches!(error, RobotError::Invalid(_));
+            let backoff = match budget.ended(began, self.clock.now(), invalid) {
+                Next::RestartAfter(backoff) => backoff,
+                Next::GiveUp { ends, within } => {
+                    self.give_up(&error, ends, within, restarts).await;
+                    break;
+                }
+            };
+            let status = if invalid { "failed" } else { "restarting" };
+            restarts += 1;
+            self.metrics.robot_restarts.inc();
+            tracing::warn!(robot = %self.name, restarts, backoff_ms = backoff.as_millis() as u64, "robot {status}: {error}");
+            let recorded = self
+                .ctx
+                .set_status(
+                    &self.id,
+                    self.gen,
+                    status,
+                    Some(&error.to_string()),
+                    Some(restarts),
+                )
+                .await;
+            if let Ok(false) = recorded {
+                break; // fenced: no longer ours
+            }
+            // In `events` for the dashboard's timeline: the 1st, 2nd, 4th, 8th …
+            // restart of this instance, so a crash loop of thousands of robots cannot
+            // crowd the claims and losses out of the capped log.
+            if (restarts as u64).is_power_of_two() {
+                self.store
+                    .record_event(
+                        "robot_restart",
+                        doc! {
+                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                            "robot": &self.name, "detail": format!("restart {restarts}: {error}"),
+                        },
+                    )
+                    .await;
+            }
+            self.metrics.robots_restarting.inc_by(1);
+            tokio::select! {
+                _ = self.token.cancelled() => {}
+                _ = self.clock.sleep(backoff) => {}
+            }
+            self.metrics.robots_restarting.inc_by(-1);
+        }
+        self.id
+    }
+
+    /// Counts the ends an earlier instance recorded in the robot's document: a crash
+    /// loop on a slot that changes hands (a takeover, a move) keeps its budget. Their
+    /// ages come from one reading of the server's clock, which stamped them; without
+    /// one the budget starts fresh, as it did before ends were kept.
+    async fn restore_budget(&self, budget: &mut Budget, ends: &[i64]) {
+        let server_now = match self.store.server_now().await {
+            Ok(t) => t.timestamp_millis(),
+            Err(e) => {
+                tracing::debug!(robot = %self.name, "no server clock to age its earlier ends ({}); a fresh restart budget", crate::db::store::brief(&e));
+                return;
+            }
+        };
+        let now = self.clock.now();
+        let ends = ends.iter().filter_map(|end| {
+            let age = Duration::from_millis(server_now.saturating_sub(*end).max(0) as u64);
+            now.checked_sub(age)
+        });
+        budget.restore(ends, now);
+    }
+
+    /// Stops restarting the robot: it ended `ends` times within `within`. It is held
+    /// as a paused robot is (`paused: true`), so no holder starts it again, with the
+    /// status `failed` and the last end's reason; `robot resume` gives it a fresh
+    /// budget.
+    async fn give_up(&self, error: &RobotError, ends: u32, within: Duration, restarts: i64) {
+        let why = format!(
+            "gave up after {ends} ends within {} (spec.restart); the last: {error}",
+            humantime::format_duration(within)
+        );
+        self.metrics.robot_failures.inc();
+        tracing::error!(robot = %self.name, "robot failed: {why}; `slotpool robot resume {}` runs it again, `slotpool robot logs {}` shows its last output", self.name, self.name);
+        match self.ctx.give_up(&self.id, self.gen, &why, restarts).await {
+            Ok(true) => {
+                self.store
+                    .record_event(
+                        "robot_failed",
+                        doc! {
+                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                            EPOCH: self.ctx.epoch(), "robot": &self.name, "detail": &why,
+                        },
+                    )
+                    .await;
+            }
+            // Fenced: another instance owns it now, and its own budget decides.
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(robot = %self.name, "could not mark the robot failed ({e}); it stays stopped on this worker until its slot's robots are read again")
+            }
+        }
+    }
+
+    async fn run_once(
+        &self,
+        first: Option<Loaded>,
+        restarted: bool,
+        budget: &mut Budget,
+    ) -> Result<(), RobotError> {
+        let loaded = match first {
+            Some(l) => l,
+            None => self.ctx.load(&self.id, self.gen, &self.name).await?,
+        };
+        let kind = self.registry.get(&loaded.kind).ok_or_else(|| {
+            RobotError::Invalid(format!(
+                "unknown robot kind {:?} (this worker runs: {})",
+                loaded.kind,
+                self.registry.names().join(", ")
+            ))
+        })?;
+        kind.check_spec(&loaded.spec)
+            .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
+        let policy = RestartPolicy::from_spec(&loaded.spec)
+            .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
+        budget.set_policy(policy);
+        if !restarted && !loaded.ends.is_empty() {
+            self.restore_budget(budget, &loaded.ends).await;
+        }
+        if restarted
+            && !self
+                .ctx
+                .set_status(&self.id, self.gen, "running", None, None)
+                .await
+                .map_err(RobotError::from)?
+        {
+            return Err(RobotError::Fenced(format!(
+                "robot {} is no longer bound to this holder",
+                self.name
+            )));
+        }
+        let run = RobotRun {
+            id: self.id,
+            gen: self.gen,
+            name: loaded.name.clone(),
+            history: history_len(&loaded.spec),
+            seq: Arc::new(std::sync::atomic::AtomicI64::new(loaded.seq)),
+            spec: loaded.spec,
+            context: loaded.context,
+            store: self.ctx.clone(),
+            stop: self.token.clone(),
+            grace: self.grace,
+            backstop: self.backstop,
+        };
+        self.metrics.robots_running.inc_by(1);
+        let result = kind.run(run).await;
+        self.metrics.robots_running.inc_by(-1);
+        result
+    }
+}
