@@ -87,6 +87,55 @@ struct Listed {
     as_stored: Option<(Option<i64>, i64)>,
 }
 
+/// What one sync starts, and how far it got.
+struct Starts {
+    /// The robots the plan starts that wait for their adoption, by id.
+    wanted: HashMap<ObjectId, Listed>,
+    /// Robots started before their adoption write, with the generation it gives.
+    early: HashMap<ObjectId, i64>,
+    /// Robots this sync adopted.
+    adopted: HashSet<ObjectId>,
+    started: usize,
+    /// Adoption writes sent.
+    writes: i64,
+    /// An early start was undone: its robot is looked at again next sync.
+    undone: bool,
+}
+
+impl Starts {
+    fn new(listed: Vec<Listed>, start: &[ObjectId]) -> Starts {
+        let starting: HashSet<&ObjectId> = start.iter().collect();
+        Starts {
+            wanted: listed
+                .into_iter()
+                .filter(|l| starting.contains(&l.id))
+                .map(|l| (l.id, l))
+                .collect(),
+            early: HashMap::new(),
+            adopted: HashSet::new(),
+            started: 0,
+            writes: 0,
+            undone: false,
+        }
+    }
+
+    /// Each robot of a chunk with the generation its adoption gives it. 0 matches no
+    /// generation: a robot not in `wanted` (none is) would be fenced at its first
+    /// write, never run twice.
+    fn with_generations(&self, ids: &[ObjectId]) -> Vec<(ObjectId, i64)> {
+        ids.iter()
+            .map(|id| {
+                let gen = self
+                    .early
+                    .get(id)
+                    .copied()
+                    .or_else(|| self.wanted.get(id).map(|l| l.next_gen));
+                (*id, gen.unwrap_or(0))
+            })
+            .collect()
+    }
+}
+
 /// An update as its asker wrote it (see [`crate::pool::actions::update`]).
 #[derive(Debug, Clone)]
 struct PendingUpdate {
@@ -105,6 +154,19 @@ impl PendingUpdate {
             kind: u.get_str(KIND).ok()?.to_string(),
             spec: u.get_document(SPEC).ok()?.clone(),
         })
+    }
+}
+
+impl Listed {
+    /// What [`plan_sync`] needs of it.
+    fn view(&self) -> View {
+        View {
+            id: self.id,
+            epoch: self.epoch,
+            gen: self.gen,
+            start_rev: self.start_rev,
+            paused: self.paused,
+        }
     }
 }
 
@@ -219,6 +281,41 @@ impl Supervisor {
         if !self.will_read(rev) && !self.probe_finds_changes().await? {
             return Ok(0);
         }
+        let began = Instant::now();
+        let mut listed = self.read_slot().await?;
+        let listed_ms = began.elapsed().as_millis() as u64;
+        self.heal_robot_count().await;
+        self.judge_updates(&mut listed).await;
+        let updates_left = self.updates_left(&listed);
+        let views: Vec<View> = listed.iter().map(Listed::view).collect();
+        let plan = plan_sync(&views, &self.instances(), self.ctx.epoch());
+        self.stop_stale(&plan.stop);
+        let mut starts = Starts::new(listed, &plan.start);
+        if std::mem::take(&mut self.early) {
+            self.start_early(&plan.start, &mut starts);
+        }
+        self.adopt_and_start(&plan.start, &views, &mut starts)
+            .await?;
+        self.record_adoption(starts.started, starts.writes).await;
+        tracing::debug!(
+            slot = %self.ctx.slot_id(), listed = views.len(), listed_ms,
+            started = starts.started, adoption_writes = starts.writes,
+            took_ms = began.elapsed().as_millis() as u64,
+            "synced the slot's robots"
+        );
+        // An early start undone: its robot is looked at again next sync.
+        self.synced_rev = (!plan.incomplete && !starts.undone).then_some(rev);
+        if !plan.incomplete {
+            let mut expected = Fingerprint::expected(&views, &starts.adopted, self.ctx.epoch());
+            expected.updates = updates_left;
+            self.expected = Some(expected);
+        }
+        Ok(starts.started)
+    }
+
+    /// Reads every robot of the slot, bounded like an adoption's commands, and times
+    /// the read: a slow one leaves a renewal queued behind it too little room.
+    async fn read_slot(&mut self) -> Result<Vec<Listed>, mongodb::error::Error> {
         self.last_full = self.clock.now();
         self.last_probe = self.clock.now();
         self.expected = None;
@@ -228,61 +325,55 @@ impl Supervisor {
             ctx.answered("the read of the slot's robots", self.list())
                 .await,
         )?;
-        let read_took = began.elapsed();
-        let listed_ms = read_took.as_millis() as u64;
-        self.metrics.slot_read.observe(read_took);
-        if read_threatens_lease(read_took, &self.timing) && self.warned.insert("slow-read".into()) {
+        let took = began.elapsed();
+        self.metrics.slot_read.observe(took);
+        if read_threatens_lease(took, &self.timing) && self.warned.insert("slow-read".into()) {
             tracing::warn!(
-                slot = %self.ctx.slot_id(), robots = listed.len(), listed_ms,
-                "reading the slot's robots took over half the {} ms a renewal may wait before this holder fences itself; on a database that answers one command at a time (the dev server does) a renewal waits behind that read: use a longer --tick or fewer robots per slot (README: the sub-second profile)",
+                slot = %self.ctx.slot_id(), robots = listed.len(), listed_ms = took.as_millis() as u64,
+                "reading the slot's robots took over half the {} ms a renewal may wait before this holder fences itself; on a database that answers one command at a time (the dev server does) a renewal waits behind that read: use a longer --tick or fewer robots per slot (docs/running.md: the sub-second profile)",
                 self.timing.renewal_wait().as_millis()
             );
         }
-        // The slot's count of robots, kept for placement, healed from what was
-        // just read (a create cut off mid-way leaves it too high).
-        if self.ctx.lease_open() {
-            match crate::db::robot_count::heal_count(
-                &self.store,
-                self.ctx.slot_id(),
-                self.listed_total,
-            )
-            .await
-            {
-                Ok(true) => {
-                    tracing::info!(slot = %self.ctx.slot_id(), robots = self.listed_total, "robot_count corrected to the robots bound to the slot")
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::debug!(
-                        "could not correct robot_count: {}",
-                        crate::db::store::brief(&e)
-                    )
-                }
-            }
+        Ok(listed)
+    }
+
+    /// The slot's count of robots, kept for placement, healed from what was just read
+    /// (a create cut off mid-way leaves it too high).
+    async fn heal_robot_count(&self) {
+        if !self.ctx.lease_open() {
+            return;
         }
-        let mut listed = listed;
-        self.judge_updates(&mut listed).await;
-        let updates_left = listed
-            .iter()
-            .filter(|l| l.update.is_some() || l.odd_update)
-            .count() as i64;
+        let slot = self.ctx.slot_id();
+        match crate::db::robot_count::heal_count(&self.store, slot, self.listed_total).await {
+            Ok(true) => {
+                tracing::info!(slot = %slot, robots = self.listed_total, "robot_count corrected to the robots bound to the slot")
+            }
+            Ok(false) => {}
+            Err(e) => tracing::debug!(
+                "could not correct robot_count: {}",
+                crate::db::store::brief(&e)
+            ),
+        }
+    }
+
+    /// How many updates are still unjudged after [`Supervisor::judge_updates`] (a
+    /// newer holder's, or hand edits that cannot be one, each said once in the log):
+    /// what the next probe expects to count.
+    fn updates_left(&mut self, listed: &[Listed]) -> i64 {
         for l in listed.iter().filter(|l| l.odd_update) {
             if self.warned.insert(format!("update:{}", l.id)) {
                 tracing::warn!(robot = %l.name, "ignoring its `update`: not {{id, kind, spec}} (edited by hand?); `robot update` writes a valid one");
             }
         }
-        let views: Vec<View> = listed
+        listed
             .iter()
-            .map(|l| View {
-                id: l.id,
-                epoch: l.epoch,
-                gen: l.gen,
-                start_rev: l.start_rev,
-                paused: l.paused,
-            })
-            .collect();
-        let instances: HashMap<ObjectId, Instance> = self
-            .running
+            .filter(|l| l.update.is_some() || l.odd_update)
+            .count() as i64
+    }
+
+    /// The running instances, as [`plan_sync`] needs them.
+    fn instances(&self) -> HashMap<ObjectId, Instance> {
+        self.running
             .iter()
             .map(|(id, r)| {
                 let inst = Instance {
@@ -292,142 +383,143 @@ impl Supervisor {
                 };
                 (*id, inst)
             })
-            .collect();
-        let plan = plan_sync(&views, &instances, self.ctx.epoch());
-        for id in &plan.stop {
+            .collect()
+    }
+
+    /// Asks each stale instance to stop (after a last checkpoint).
+    fn stop_stale(&mut self, stop: &[ObjectId]) {
+        for id in stop {
             if let Some(r) = self.running.get_mut(id) {
                 tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "stopping robot (deleted, moved, paused, restarted or adopted again)");
                 r.token.cancel();
                 r.stopping = true;
             }
         }
-        let starting: HashSet<&ObjectId> = plan.start.iter().collect();
-        let mut wanted: HashMap<ObjectId, Listed> = listed
-            .into_iter()
-            .filter(|l| starting.contains(&l.id))
-            .map(|l| (l.id, l))
-            .collect();
-        // The first sync after a claim starts the robots the slot's earlier holders
-        // ran now, each under the generation its adoption will give it and, until
-        // then, under the state it was listed with; the adoption follows.
-        let mut early: HashMap<ObjectId, i64> = HashMap::new();
-        let mut undone = false;
-        if std::mem::take(&mut self.early) {
-            for id in &plan.start {
-                let Some(l) = wanted.get(id) else { continue };
-                let Some((gen, epoch)) = l.as_stored else {
-                    continue;
-                };
-                if epoch < 1 || epoch >= self.ctx.epoch() {
-                    continue;
-                }
-                let Some(l) = wanted.remove(id) else { continue };
-                self.ctx.start_early(l.id, gen, epoch);
-                early.insert(l.id, l.next_gen);
-                self.start(l.id, l.next_gen, l.start_rev, l.name, l.loaded);
+    }
+
+    /// The first sync after a claim starts the robots the slot's earlier holders ran
+    /// now, each under the generation its adoption will give it and, until then,
+    /// under the state it was listed with; the adoption follows (see
+    /// [`Supervisor::early`]).
+    fn start_early(&mut self, start: &[ObjectId], s: &mut Starts) {
+        for id in start {
+            let Some(l) = s.wanted.get(id) else { continue };
+            let Some((gen, epoch)) = l.as_stored else {
+                continue;
+            };
+            if epoch < 1 || epoch >= self.ctx.epoch() {
+                continue;
             }
-            if !early.is_empty() {
-                tracing::info!(slot = %self.ctx.slot_id(), robots = early.len(), "started robots before their adoption write: the slot's earlier holders stopped them before it could be claimed");
-            }
+            let Some(l) = s.wanted.remove(id) else {
+                continue;
+            };
+            self.ctx.start_early(l.id, gen, epoch);
+            s.early.insert(l.id, l.next_gen);
+            self.start(l.id, l.next_gen, l.start_rev, l.name, l.loaded);
         }
-        // Chunk by chunk, each chunk's robots started as soon as it is adopted: their
-        // first checkpoints go out while the next chunk is being adopted.
-        let mut started = 0;
-        let mut adopted_now = HashSet::new();
-        // Each chunk sized from the last one's time (see `next_adopt_chunk`), so no
-        // write holds this slot's renewal back for more than half the fence margin.
-        // Once a chunk has measured the server and the whole slot fits the same
-        // budget, the rest goes as one statement over the slot (O(1) statements a
-        // slot on a server fast enough for it; see `ContextStore::adopt_slot`).
+        if !s.early.is_empty() {
+            tracing::info!(slot = %self.ctx.slot_id(), robots = s.early.len(), "started robots before their adoption write: the slot's earlier holders stopped them before it could be claimed");
+        }
+    }
+
+    /// Adopts the robots to start chunk by chunk, each chunk's robots started as soon
+    /// as it is adopted: their first checkpoints go out while the next chunk is being
+    /// adopted.
+    ///
+    /// Each chunk is sized from the last one's time ([`next_adopt_chunk`]), so no
+    /// write holds this slot's renewal back for more than half the fence margin. Once
+    /// a chunk has measured the server and the whole slot fits the same budget, the
+    /// rest goes as one statement over the slot (O(1) statements a slot on a server
+    /// fast enough for it; see [`ContextStore::adopt_slot`]).
+    async fn adopt_and_start(
+        &mut self,
+        start: &[ObjectId],
+        views: &[View],
+        s: &mut Starts,
+    ) -> Result<(), mongodb::error::Error> {
         let budget = self.timing.margin / 2;
         // Every document the statement would examine, odd ones included.
         let slot = self.listed_total as usize;
-        let mut rest = &plan.start[..];
+        let mut rest = start;
         let mut last: Option<(Duration, usize)> = None;
-        let mut writes: i64 = 0;
         while !rest.is_empty() {
             let at_once = last
                 .is_some_and(|(took, done)| adopt_rest_at_once(took, done, slot, budget))
-                && slot_statement_takes_only(&views, &adopted_now, rest, self.ctx.epoch());
-            let (chunk, tail) = if at_once {
+                && slot_statement_takes_only(views, &s.adopted, rest, self.ctx.epoch());
+            let (ids, tail) = if at_once {
                 (rest, &rest[rest.len()..])
             } else {
                 rest.split_at(self.adopt_chunk.min(rest.len()))
             };
             rest = tail;
+            let chunk = s.with_generations(ids);
             // The database's time, measured on real time.
             let took = std::time::Instant::now();
-            // 0 matches no generation: a robot not in `wanted` (none is) would be
-            // fenced at its first write, never run twice.
-            let chunk: Vec<(ObjectId, i64)> = chunk
-                .iter()
-                .map(|id| {
-                    let gen = early
-                        .get(id)
-                        .copied()
-                        .or_else(|| wanted.get(id).map(|l| l.next_gen));
-                    (*id, gen.unwrap_or(0))
-                })
-                .collect();
-            writes += 1;
-            let adopted = match self.adopt(&chunk, at_once).await {
-                Ok(Some(adopted)) => adopted,
-                outcome => {
-                    // The adoption stopped part-way (the lease lapsing, the database
-                    // out of reach): robots started early and not adopted yet are
-                    // stopped, to start again the usual way, adoption first.
-                    for id in std::mem::take(&mut early).into_keys() {
-                        self.undo_early_start(&id);
-                        undone = true;
-                    }
-                    outcome?;
-                    break;
-                }
+            s.writes += 1;
+            let Some(adopted) = self.adopt_or_undo(&chunk, at_once, s).await? else {
+                break;
             };
             let took = took.elapsed();
             if !at_once {
                 self.adopt_chunk = next_adopt_chunk(took, chunk.len(), budget);
             }
             last = Some((took, chunk.len()));
-            started += adopted.len();
-            for (id, gen) in adopted {
-                adopted_now.insert(id);
-                if let Some(expected) = early.remove(&id) {
-                    if gen == expected {
-                        self.ctx.adopted(&id);
-                    } else {
-                        // Adopted elsewhere between the list and the write: the
-                        // instance started early is not the current one.
-                        self.undo_early_start(&id);
-                        undone = true;
-                    }
-                } else if let Some(l) = wanted.remove(&id) {
-                    self.start(id, gen, l.start_rev, l.name, l.loaded);
-                }
-            }
-            // Started early but not adopted (moved, deleted, refused, or adopted by
-            // a newer holder since the list): stopped, and fenced from now on.
-            for (id, _) in &chunk {
-                if early.remove(id).is_some() {
-                    self.undo_early_start(id);
-                    undone = true;
-                }
+            self.start_adopted(adopted, &chunk, s);
+        }
+        Ok(())
+    }
+
+    /// One adoption write. When the adoption stops part-way (the lease lapsing, the
+    /// database out of reach), robots started early and not adopted yet are stopped,
+    /// to start again the usual way, adoption first; None once the lease lapsed.
+    async fn adopt_or_undo(
+        &mut self,
+        chunk: &[(ObjectId, i64)],
+        at_once: bool,
+        s: &mut Starts,
+    ) -> Result<Option<Vec<(ObjectId, i64)>>, mongodb::error::Error> {
+        let outcome = self.adopt(chunk, at_once).await;
+        if !matches!(outcome, Ok(Some(_))) {
+            for id in std::mem::take(&mut s.early).into_keys() {
+                self.undo_early_start(&id);
+                s.undone = true;
             }
         }
-        self.record_adoption(started, writes).await;
-        tracing::debug!(
-            slot = %self.ctx.slot_id(), listed = views.len(), listed_ms,
-            started, adoption_writes = writes, took_ms = began.elapsed().as_millis() as u64,
-            "synced the slot's robots"
-        );
-        // An early start undone: its robot is looked at again next sync.
-        self.synced_rev = (!plan.incomplete && !undone).then_some(rev);
-        if !plan.incomplete {
-            let mut expected = Fingerprint::expected(&views, &adopted_now, self.ctx.epoch());
-            expected.updates = updates_left;
-            self.expected = Some(expected);
+        outcome
+    }
+
+    /// Starts each robot of `chunk` that the write adopted, or confirms the instance
+    /// started early; an early start that the write did not make current is undone.
+    fn start_adopted(
+        &mut self,
+        adopted: Vec<(ObjectId, i64)>,
+        chunk: &[(ObjectId, i64)],
+        s: &mut Starts,
+    ) {
+        s.started += adopted.len();
+        for (id, gen) in adopted {
+            s.adopted.insert(id);
+            if let Some(expected) = s.early.remove(&id) {
+                if gen == expected {
+                    self.ctx.adopted(&id);
+                } else {
+                    // Adopted elsewhere between the list and the write: the instance
+                    // started early is not the current one.
+                    self.undo_early_start(&id);
+                    s.undone = true;
+                }
+            } else if let Some(l) = s.wanted.remove(&id) {
+                self.start(id, gen, l.start_rev, l.name, l.loaded);
+            }
         }
-        Ok(started)
+        // Started early but not adopted (moved, deleted, refused, or adopted by a
+        // newer holder since the list): stopped, and fenced from now on.
+        for (id, _) in chunk {
+            if s.early.remove(id).is_some() {
+                self.undo_early_start(id);
+                s.undone = true;
+            }
+        }
     }
 
     /// Every [`PROBE_EVERY`], counts the slot's robots and says whether they differ
