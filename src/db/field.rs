@@ -72,3 +72,21 @@ pub const CHECKPOINTED_AT: &str = "checkpointed_at";
 // Workers.
 /// A worker's last heartbeat (server clock).
 pub const LAST_SEEN: &str = "last_seen";
+
+// Events.
+/// When an event happened (server clock).
+pub const AT: &str = "at";
+/// The robot an event is about (its name).
+pub const ROBOT: &str = "robot";
+/// What happened, in words.
+pub const DETAIL: &str = "detail";
+/// How many writes an adoption took.
+pub const WRITES: &str = "writes";
+/// True on a claim by a worker that already held a slot.
+pub const OVERFLOW: &str = "overflow";
+/// Who asked for an operator's action: `cli` or `web`.
+pub const BY: &str = "by";
+/// The operator's name (the OS user, or the web's token holder).
+pub const ACTOR: &str = "actor";
+/// The address a web action came from.
+pub const FROM: &str = "from";

@@ -4,6 +4,7 @@
 
 pub mod adoption;
 pub mod context;
+pub mod event;
 pub mod field;
 pub mod group_commit;
 pub mod guard;

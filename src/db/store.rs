@@ -1,6 +1,7 @@
 //! MongoDB handles, collection names, slot names, and how database errors read.
 
-use crate::db::field::KIND;
+use crate::db::event::EventKind;
+use crate::db::field::{AT, KIND};
 use std::future::IntoFuture;
 use std::time::Duration;
 
@@ -251,8 +252,9 @@ impl Store {
 
     /// Appends to the capped `events` log. Inspection only: a failure is logged, never
     /// fatal. `at` is the server's clock.
-    pub async fn record_event(&self, kind: &str, fields: Document) {
-        let mut set = doc! {"at": "$$NOW", KIND: kind};
+    pub async fn record_event(&self, kind: EventKind, fields: Document) {
+        let kind = kind.as_str();
+        let mut set = doc! {AT: "$$NOW", KIND: kind};
         // $literal: a robot name or error text starting with `$` is not a field
         // path; and no text of an event may carry a credential.
         set.extend(fields.into_iter().map(|(k, v)| {

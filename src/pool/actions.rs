@@ -11,9 +11,10 @@
 use bson::{doc, oid::ObjectId, Document};
 use futures::TryStreamExt;
 
+use crate::db::event::EventKind;
 use crate::db::field::{
-    CONTEXT, DRAINING, KIND, NAME, PAUSED, RECENT_ENDS, SLOT_ID, SPEC, START_REV, STATUS, UPDATE,
-    UPDATE_RESULT, WORKER,
+    ACTOR, BY, CONTEXT, DETAIL, DRAINING, FROM, KIND, NAME, PAUSED, RECENT_ENDS, ROBOT, SLOT_ID,
+    SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::db::store::Store;
 use crate::pool::placement::{self, MoveError};
@@ -41,9 +42,9 @@ impl Actor {
     }
 
     fn fields(&self) -> Document {
-        let mut d = doc! {"by": self.by, "actor": &self.who};
+        let mut d = doc! {BY: self.by, ACTOR: &self.who};
         if let Some(from) = &self.from {
-            d.insert("from", from);
+            d.insert(FROM, from);
         }
         d
     }
@@ -112,7 +113,7 @@ fn slot_of(d: &Document) -> Result<String, ActionError> {
 }
 
 /// Records an action in `events`, with who asked.
-pub(crate) async fn record(store: &Store, kind: &str, actor: &Actor, mut fields: Document) {
+pub(crate) async fn record(store: &Store, kind: EventKind, actor: &Actor, mut fields: Document) {
     fields.extend(actor.fields());
     store.record_event(kind, fields).await;
 }
@@ -138,9 +139,9 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
     tell_holders(store, name, &slot).await?;
     record(
         store,
-        "restart",
+        EventKind::Restart,
         actor,
-        doc! {"robot": name, SLOT_ID: &slot},
+        doc! {ROBOT: name, SLOT_ID: &slot},
     )
     .await;
     Ok(Done {
@@ -279,9 +280,9 @@ pub async fn update(
     }
     record(
         store,
-        "update",
+        EventKind::Update,
         actor,
-        doc! {"robot": name, SLOT_ID: &slot, "detail": detail},
+        doc! {ROBOT: name, SLOT_ID: &slot, DETAIL: detail},
     )
     .await;
     Ok(UpdateAsked {
@@ -400,8 +401,12 @@ pub async fn set_paused(
         .update_one(doc! {"_id": d.get("_id")}, update)
         .await?;
     placement::adjust(store, &slot, 0, true).await?;
-    let kind = if paused { "pause" } else { "resume" };
-    record(store, kind, actor, doc! {"robot": name, SLOT_ID: &slot}).await;
+    let kind = if paused {
+        EventKind::Pause
+    } else {
+        EventKind::Resume
+    };
+    record(store, kind, actor, doc! {ROBOT: name, SLOT_ID: &slot}).await;
     Ok(Done {
         name: name.to_string(),
         slot: Some(slot),
@@ -429,9 +434,9 @@ pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, Ac
         }
         record(
             store,
-            "delete",
+            EventKind::Delete,
             actor,
-            doc! {"robot": name, SLOT_ID: slot.clone()},
+            doc! {ROBOT: name, SLOT_ID: slot.clone()},
         )
         .await;
     }
@@ -462,9 +467,9 @@ pub async fn move_to(
         if waiting {
             record(
                 store,
-                "move",
+                EventKind::Move,
                 actor,
-                doc! {"robot": name, SLOT_ID: to, "detail": "repaired: the robot was on its slot but never started there"},
+                doc! {ROBOT: name, SLOT_ID: to, DETAIL: "repaired: the robot was on its slot but never started there"},
             )
             .await;
         }
@@ -490,9 +495,9 @@ pub async fn move_to(
     }
     record(
         store,
-        "move",
+        EventKind::Move,
         actor,
-        doc! {"robot": name, SLOT_ID: to, "detail": format!("from {from}")},
+        doc! {ROBOT: name, SLOT_ID: to, DETAIL: format!("from {from}")},
     )
     .await;
     Ok(Done {
@@ -518,7 +523,11 @@ pub async fn set_draining(
     if r.matched_count == 0 {
         return Err(ActionError::NoSlot(slot.to_string()));
     }
-    let kind = if on { "drain" } else { "undrain" };
+    let kind = if on {
+        EventKind::Drain
+    } else {
+        EventKind::Undrain
+    };
     record(store, kind, actor, doc! {SLOT_ID: slot}).await;
     Ok(Done {
         name: slot.to_string(),
@@ -624,9 +633,9 @@ pub async fn rebalance(
         let moved: u64 = moves.iter().map(|p| p.moved).sum();
         record(
             store,
-            "rebalance",
+            EventKind::Rebalance,
             actor,
-            doc! {"detail": format!("{moved} robot(s) moved")},
+            doc! {DETAIL: format!("{moved} robot(s) moved")},
         )
         .await;
     }

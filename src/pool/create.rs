@@ -13,8 +13,8 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use futures::TryStreamExt;
 
 use crate::db::field::{
-    CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID,
-    SPEC, STATUS, WORKER,
+    CHECKPOINTED_AT, CONTEXT, CREATED_AT, DETAIL, EPOCH, ERROR, KIND, NAME, PAUSED, RESTARTS,
+    ROBOT, SEQ, SLOT_ID, SPEC, STATUS, WORKER,
 };
 use crate::db::store::{is_duplicate_key, Store};
 use crate::pool::actions::Actor;
@@ -189,9 +189,9 @@ pub async fn create(store: &Store, req: &NewRobots, actor: &Actor) -> Result<Cre
             };
             crate::pool::actions::record(
                 store,
-                "create",
+                crate::db::event::EventKind::Create,
                 actor,
-                doc! {"robot": first, "detail": detail},
+                doc! {ROBOT: first, DETAIL: detail},
             )
             .await;
             Ok(done)

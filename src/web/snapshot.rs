@@ -29,6 +29,8 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::timeline::{self, Moment};
+use crate::db::event::Event;
+use crate::db::field::KIND;
 use crate::db::store::Store;
 use crate::pool::view::{self, int, text, SlotRow, SlotView};
 
@@ -342,15 +344,15 @@ impl Snapshotter {
         let fresh: Vec<Document> = self
             .store
             .events()
-            .find(doc! {"_id": {"$gt": ObjectId::from_bytes(bound)}, "kind": {"$in": timeline::KINDS}})
+            .find(doc! {"_id": {"$gt": ObjectId::from_bytes(bound)}, KIND: {"$in": timeline::KINDS.to_vec()}})
             .sort(doc! {"_id": 1})
             .limit(MOMENTS_PER_READ)
             .await?
             .try_collect()
             .await?;
         let known: std::collections::HashSet<ObjectId> = kept.iter().map(|(id, _)| *id).collect();
-        for d in &fresh {
-            let (Ok(id), Some(m)) = (d.get_object_id("_id"), moment(d)) else {
+        for e in fresh.iter().map(Event::from_doc) {
+            let (Some(id), Some(m)) = (e.id, moment(&e)) else {
                 continue;
             };
             if !known.contains(&id) {
@@ -391,12 +393,12 @@ impl Snapshotter {
             .await?
             .try_collect()
             .await?;
-        for d in &fresh {
-            let Ok(id) = d.get_object_id("_id") else {
+        for e in fresh.iter().map(Event::from_doc) {
+            let Some(id) = e.id else {
                 continue;
             };
             if !kept.iter().any(|(k, _)| *k == id) {
-                kept.push((id, event_info(d)));
+                kept.push((id, event_info(e)));
             }
         }
         // Newest first by the server's clock (`at`), then by id.
@@ -556,42 +558,24 @@ fn worker_info(d: &Document, slots: &[SlotInfo]) -> WorkerInfo {
     }
 }
 
-/// A lifecycle event as the timeline needs it; None without a date.
-fn moment(d: &Document) -> Option<Moment> {
-    let Some(Bson::DateTime(at)) = d.get("at") else {
-        return None;
-    };
+/// A lifecycle event as the timeline needs it; None without a date or of a kind
+/// this version does not know.
+fn moment(e: &Event) -> Option<Moment> {
     Some(Moment {
-        at_ms: at.timestamp_millis(),
-        kind: text(d, "kind")?,
-        worker: text(d, "worker"),
-        slot: text(d, "slot_id"),
-        robot: text(d, "robot"),
-        overflow: d.get_bool("overflow").unwrap_or(false),
+        at_ms: e.at_ms?,
+        kind: e.kind?,
+        worker: e.worker.clone(),
+        slot: e.slot.clone(),
+        robot: e.robot.clone(),
+        overflow: e.overflow,
     })
 }
 
-fn event_info(d: &Document) -> EventInfo {
-    let at = match d.get("at") {
-        Some(Bson::DateTime(t)) => t.try_to_rfc3339_string().ok(),
-        _ => None,
-    };
-    let fields = d
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "_id" | "at" | "kind"))
-        .filter(|(_, v)| !matches!(v, Bson::Null))
-        .map(|(k, v)| {
-            let v = match v {
-                Bson::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            (k.clone(), v)
-        })
-        .collect();
+fn event_info(e: Event) -> EventInfo {
     EventInfo {
-        at,
-        kind: text(d, "kind").unwrap_or_default(),
-        fields,
+        at: e.at_rfc3339(),
+        kind: e.kind_text,
+        fields: e.fields,
     }
 }
 
@@ -737,10 +721,10 @@ mod tests {
 
     #[test]
     fn event_fields_are_kept_as_text_without_id_and_nulls() {
-        let e = event_info(&doc! {
+        let e = event_info(Event::from_doc(&doc! {
             "_id": bson::oid::ObjectId::new(), "at": bson::DateTime::from_millis(0),
             "kind": "claim", "worker": "w:1", "epoch": 3_i64, "detail": Bson::Null,
-        });
+        }));
         assert_eq!(e.kind, "claim");
         assert_eq!(e.at.as_deref(), Some("1970-01-01T00:00:00Z"));
         assert_eq!(

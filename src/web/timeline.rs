@@ -14,17 +14,19 @@ use std::collections::BTreeMap;
 
 use maud::{html, Markup};
 
+use crate::db::event::EventKind;
+
 /// How far back the timeline looks.
 pub const WINDOW_MS: i64 = 3600 * 1000;
 
 /// The event kinds the timeline reads.
-pub const KINDS: &[&str] = &[
-    "claim",
-    "release",
-    "lost",
-    "self_fence",
-    "robot_restart",
-    "robot_failed",
+pub const KINDS: [EventKind; 6] = [
+    EventKind::Claim,
+    EventKind::Release,
+    EventKind::Lost,
+    EventKind::SelfFence,
+    EventKind::RobotRestart,
+    EventKind::RobotFailed,
 ];
 
 /// One event as the timeline needs it.
@@ -32,7 +34,7 @@ pub const KINDS: &[&str] = &[
 pub struct Moment {
     /// Server-clock milliseconds.
     pub at_ms: i64,
-    pub kind: String,
+    pub kind: EventKind,
     pub worker: Option<String>,
     pub slot: Option<String>,
     pub robot: Option<String>,
@@ -70,7 +72,7 @@ pub enum Span {
 pub struct Mark {
     pub at: i64,
     /// `self_fence`, `lost`, `robot_restart` or `robot_failed`.
-    pub kind: String,
+    pub kind: EventKind,
     /// What its tooltip says.
     pub what: String,
 }
@@ -104,14 +106,14 @@ impl Timeline {
             .collect();
         sorted.sort_by_key(|m| m.at_ms);
         for m in sorted {
-            match m.kind.as_str() {
-                "robot_restart" | "robot_failed" => robots.push(Mark {
+            match m.kind {
+                EventKind::RobotRestart | EventKind::RobotFailed => robots.push(Mark {
                     at: m.at_ms,
-                    kind: m.kind.clone(),
+                    kind: m.kind,
                     what: format!(
                         "{} {}{}",
                         m.robot.as_deref().unwrap_or("a robot"),
-                        if m.kind == "robot_failed" {
+                        if m.kind == EventKind::RobotFailed {
                             "failed"
                         } else {
                             "restarted"
@@ -155,8 +157,8 @@ fn lane(slot: &SlotNow, moments: &[&Moment], from: i64, now: i64) -> Lane {
     let mut drawn = from;
     for m in moments {
         let who = m.worker.clone().unwrap_or_default();
-        match m.kind.as_str() {
-            "claim" => {
+        match m.kind {
+            EventKind::Claim => {
                 match open.take() {
                     // The previous holder went silent (killed, frozen, cut off): it
                     // cannot have renewed after the lease before this claim.
@@ -180,7 +182,7 @@ fn lane(slot: &SlotNow, moments: &[&Moment], from: i64, now: i64) -> Lane {
                 open = Some((who, m.overflow, m.at_ms));
                 drawn = m.at_ms;
             }
-            "release" | "lost" | "self_fence" => {
+            EventKind::Release | EventKind::Lost | EventKind::SelfFence => {
                 let since = match open.take() {
                     Some((w, o, since)) if w == who => Some((w, o, since)),
                     // Its claim came before the window: it held the slot from the start.
@@ -194,13 +196,13 @@ fn lane(slot: &SlotNow, moments: &[&Moment], from: i64, now: i64) -> Lane {
                     spans.push(held(w, o, since, m.at_ms));
                     drawn = m.at_ms;
                 }
-                if m.kind != "release" {
+                if m.kind != EventKind::Release {
                     marks.push(Mark {
                         at: m.at_ms,
-                        kind: m.kind.clone(),
+                        kind: m.kind,
                         what: format!(
                             "{who} {}",
-                            if m.kind == "lost" {
+                            if m.kind == EventKind::Lost {
                                 "lost the slot"
                             } else {
                                 "fenced itself: its lease lapsed"
@@ -315,7 +317,7 @@ impl Timeline {
                         }
                         @for m in &lane.marks {
                             @let x = self.x(m.at);
-                            path class=(m.kind) d=(format!("M{x} {} l-5 -8 h10 z", y + 10.0)) fill="#000" {
+                            path class=(m.kind.as_str()) d=(format!("M{x} {} l-5 -8 h10 z", y + 10.0)) fill="#000" {
                                 title { (clock(m.at)) " " (m.what) }
                             }
                         }
@@ -327,8 +329,8 @@ impl Timeline {
                     line x1=(LABEL) x2=(WIDTH) y1=(y + 11.0) y2=(y + 11.0) stroke="#bbb" {}
                     @for m in &self.robots {
                         @let x = self.x(m.at);
-                        circle class=(m.kind) cx=(x) cy=(y + 11.0) r="4"
-                            fill=(if m.kind == "robot_failed" { "#d9534f" } else { "#f0ad4e" }) {
+                        circle class=(m.kind.as_str()) cx=(x) cy=(y + 11.0) r="4"
+                            fill=(if m.kind == EventKind::RobotFailed { "#d9534f" } else { "#f0ad4e" }) {
                             title { (clock(m.at)) " " (m.what) }
                         }
                     }
@@ -348,9 +350,10 @@ mod tests {
     const L: i64 = 2000;
 
     fn at(min_ago: i64, kind: &str, worker: &str) -> Moment {
+        let kind = EventKind::parse(kind).expect("a kind");
         Moment {
             at_ms: NOW - min_ago * 60_000,
-            kind: kind.into(),
+            kind,
             worker: Some(worker.into()),
             slot: Some("s1".into()),
             robot: None,
@@ -422,7 +425,7 @@ mod tests {
             ]
         );
         assert_eq!(lane.marks.len(), 1);
-        assert_eq!(lane.marks[0].kind, "self_fence");
+        assert_eq!(lane.marks[0].kind, EventKind::SelfFence);
     }
 
     #[test]

@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::context::ContextStore;
-use crate::db::field::{EPOCH, SLOT_ID, WORKER};
+use crate::db::event::EventKind;
+use crate::db::field::{DETAIL, EPOCH, OVERFLOW, SLOT_ID, WORKER};
 use crate::db::guard::WriteGuard;
 use crate::db::lease::{Lease, LeaseError, LeaseProtocol};
 use crate::db::pacing::WritePacer;
@@ -171,14 +172,14 @@ async fn hold(
                 let detail = e.to_string();
                 let (kind, event) = if matches!(e, LeaseError::Lost { .. }) {
                     (
-                        "lost",
+                        EventKind::Lost,
                         SlotEvent::Lost {
                             detail: detail.clone(),
                         },
                     )
                 } else {
                     (
-                        "self_fence",
+                        EventKind::SelfFence,
                         SlotEvent::SelfFenced {
                             detail: detail.clone(),
                         },
@@ -258,7 +259,7 @@ enum SlotEvent {
     SelfFenced { detail: String },
     /// The robots of a lost (`kind` "lost") or self-fenced ("self_fence") slot are
     /// all stopped.
-    RobotsStopped { kind: &'static str, detail: String },
+    RobotsStopped { kind: EventKind, detail: String },
     /// A hand-back, drain or shutdown: the `running` robots are being stopped
     /// (each may write a last checkpoint) before the slot is released.
     Releasing { running: usize },
@@ -285,8 +286,8 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             cx.status.lock().expect("status lock").held(lease, overflow);
             cx.store
                 .record_event(
-                    "claim",
-                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "overflow": overflow},
+                    EventKind::Claim,
+                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow},
                 )
                 .await;
         }
@@ -321,7 +322,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             cx.store
                 .record_event(
                     kind,
-                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "detail": detail},
+                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, DETAIL: detail},
                 )
                 .await;
         }
@@ -332,7 +333,10 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             m.releases.inc();
             tracing::info!(slot = %slot, epoch, "released slot");
             cx.store
-                .record_event("release", doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch})
+                .record_event(
+                    EventKind::Release,
+                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch},
+                )
                 .await;
         }
         SlotEvent::ReleaseFailed { why } => tracing::warn!(slot = %slot, "{why}"),

@@ -674,10 +674,10 @@ impl Worker {
         tokio::spawn(async move {
             store
                 .record_event(
-                    "server_clock_step",
+                    crate::db::event::EventKind::ServerClockStep,
                     bson::doc! {
                         crate::db::field::WORKER: me,
-                        "detail": format!("the server's clock stepped forward by at least {step_ms} ms; stamped slots held back for {lease_ms} ms"),
+                        crate::db::field::DETAIL: format!("the server's clock stepped forward by at least {step_ms} ms; stamped slots held back for {lease_ms} ms"),
                     },
                 )
                 .await;

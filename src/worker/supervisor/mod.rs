@@ -40,8 +40,10 @@ use crate::db::adoption::{
     adopt_rest_at_once, gen_after_adoption, next_adopt_chunk, ADOPT_CHUNK_MIN,
 };
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, BATCH};
+use crate::db::event::EventKind;
 use crate::db::field::{
-    CONTEXT, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
+    CONTEXT, DETAIL, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE,
+    WORKER, WRITES,
 };
 use crate::db::store::Store;
 use crate::metrics::Metrics;
@@ -657,12 +659,12 @@ impl Supervisor {
         self.adopted = true;
         self.store
             .record_event(
-                "adopt",
+                EventKind::Adopt,
                 doc! {
                     WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
                     EPOCH: self.ctx.epoch(),
-                    "detail": format!("{started} robot(s) adopted in {writes} write(s)"),
-                    "writes": writes,
+                    DETAIL: format!("{started} robot(s) adopted in {writes} write(s)"),
+                    WRITES: writes,
                 },
             )
             .await;

@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::SharedClock;
 use crate::db::context::{ContextStore, Loaded};
-use crate::db::field::{EPOCH, SLOT_ID, WORKER};
+use crate::db::event::EventKind;
+use crate::db::field::{DETAIL, EPOCH, ROBOT, SLOT_ID, WORKER};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::restart::{Budget, Next, RestartPolicy};
@@ -51,10 +52,10 @@ impl Runner {
                     tracing::warn!(robot = %self.name, "{why}; stopped on this worker");
                     self.store
                         .record_event(
-                            "fenced_write",
+                            EventKind::FencedWrite,
                             doc! {
                                 WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
-                                EPOCH: self.ctx.epoch(), "robot": &self.name, "detail": why,
+                                EPOCH: self.ctx.epoch(), ROBOT: &self.name, DETAIL: why,
                             },
                         )
                         .await;
@@ -96,10 +97,10 @@ impl Runner {
             if (restarts as u64).is_power_of_two() {
                 self.store
                     .record_event(
-                        "robot_restart",
+                        EventKind::RobotRestart,
                         doc! {
                             WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
-                            "robot": &self.name, "detail": format!("restart {restarts}: {error}"),
+                            ROBOT: &self.name, DETAIL: format!("restart {restarts}: {error}"),
                         },
                     )
                     .await;
@@ -149,10 +150,10 @@ impl Runner {
             Ok(true) => {
                 self.store
                     .record_event(
-                        "robot_failed",
+                        EventKind::RobotFailed,
                         doc! {
                             WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
-                            EPOCH: self.ctx.epoch(), "robot": &self.name, "detail": &why,
+                            EPOCH: self.ctx.epoch(), ROBOT: &self.name, DETAIL: &why,
                         },
                     )
                     .await;
