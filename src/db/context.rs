@@ -38,6 +38,7 @@ use crate::db::group_commit::{
 use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
+use crate::db::robot_doc::RobotDoc;
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -117,6 +118,20 @@ pub struct Loaded {
     /// When its recent runs ended by themselves, in server milliseconds (see
     /// [`RECENT_ENDS`]); hand-broken entries left out.
     pub ends: Vec<i64>,
+}
+
+impl Loaded {
+    /// What a start needs of `robot` (`name` when it has none), with its context.
+    pub fn new(robot: &RobotDoc, name: &str, context: Document) -> Loaded {
+        Loaded {
+            name: robot.name.clone().unwrap_or_else(|| name.to_string()),
+            kind: robot.kind.clone().unwrap_or_default(),
+            spec: robot.spec.clone().unwrap_or_default(),
+            context,
+            seq: robot.seq.unwrap_or(0),
+            ends: robot.recent_ends.clone(),
+        }
+    }
 }
 
 /// The robot's recorded ends ([`RECENT_ENDS`]): whole numbers only, at most
@@ -292,24 +307,15 @@ impl ContextStore {
             .projection(doc! {NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1, RECENT_ENDS: 1})
             .await?
             .ok_or_else(|| self.fenced(name))?;
-        let context = match d.get(CONTEXT) {
-            Some(Bson::Document(c)) => c.clone(),
-            Some(Bson::Null) | None => Document::new(),
-            Some(other) => {
-                return Err(ContextError::NotADocument {
-                    robot: name.to_string(),
-                    found: type_name(other).to_string(),
-                })
-            }
-        };
-        Ok(Loaded {
-            name: d.get_str(NAME).unwrap_or(name).to_string(),
-            kind: d.get_str(KIND).unwrap_or("").to_string(),
-            spec: d.get_document(SPEC).cloned().unwrap_or_default(),
-            context,
-            seq: long_or_zero(&d, SEQ),
-            ends: recent_ends(&d),
-        })
+        let robot = RobotDoc::from_doc(&d);
+        let context = robot
+            .context
+            .clone()
+            .map_err(|found| ContextError::NotADocument {
+                robot: name.to_string(),
+                found: found.to_string(),
+            })?;
+        Ok(Loaded::new(&robot, name, context))
     }
 
     /// The worker's metrics, for what a robot kind counts itself.

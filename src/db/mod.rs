@@ -13,4 +13,5 @@ pub mod lease;
 pub mod output_log;
 pub mod pacing;
 pub mod robot_count;
+pub mod robot_doc;
 pub mod store;

@@ -36,15 +36,11 @@ use runner::Runner;
 
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
-use crate::db::adoption::{
-    adopt_rest_at_once, gen_after_adoption, next_adopt_chunk, ADOPT_CHUNK_MIN,
-};
+use crate::db::adoption::{adopt_rest_at_once, next_adopt_chunk, ADOPT_CHUNK_MIN};
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, BATCH};
 use crate::db::event::EventKind;
-use crate::db::field::{
-    CONTEXT, DETAIL, EPOCH, GEN, KIND, NAME, PAUSED, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE,
-    WORKER, WRITES,
-};
+use crate::db::field::{DETAIL, EPOCH, PAUSED, SLOT_ID, WORKER, WRITES};
+use crate::db::robot_doc::{PendingUpdate, RobotDoc, UpdateField};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 
@@ -138,28 +134,30 @@ impl Starts {
     }
 }
 
-/// An update as its asker wrote it (see [`crate::pool::actions::update`]).
-#[derive(Debug, Clone)]
-struct PendingUpdate {
-    id: ObjectId,
-    kind: String,
-    spec: Document,
-}
-
-impl PendingUpdate {
-    /// None when the document cannot be an update (a hand edit): it is then left
-    /// for whoever wrote it, and said once in the log.
-    fn read(d: &Document) -> Option<PendingUpdate> {
-        let u = d.get_document(UPDATE).ok()?;
-        Some(PendingUpdate {
-            id: u.get_object_id("id").ok()?,
-            kind: u.get_str(KIND).ok()?.to_string(),
-            spec: u.get_document(SPEC).ok()?.clone(),
-        })
-    }
-}
-
 impl Listed {
+    fn new(id: ObjectId, robot: RobotDoc) -> Listed {
+        let name = robot.name_or_id();
+        let (update, odd_update) = match robot.update.clone() {
+            UpdateField::None => (None, false),
+            UpdateField::Pending(u) => (Some(u), false),
+            UpdateField::Malformed => (None, true),
+        };
+        Listed {
+            id,
+            epoch: robot.epoch.unwrap_or(0),
+            gen: robot.gen.unwrap_or(0),
+            next_gen: robot.next_gen,
+            start_rev: robot.start_rev.unwrap_or(0),
+            paused: robot.paused,
+            failed: robot.given_up(),
+            loaded: preload(&robot, &name),
+            update,
+            odd_update,
+            as_stored: robot.fence_as_stored,
+            name,
+        }
+    }
+
     /// What [`plan_sync`] needs of it.
     fn view(&self) -> View {
         View {
@@ -691,26 +689,7 @@ impl Supervisor {
                 }
                 continue;
             };
-            let update = PendingUpdate::read(&d);
-            let name = d
-                .get_str(NAME)
-                .map(str::to_string)
-                .unwrap_or_else(|_| id.to_hex());
-            out.push(Listed {
-                id,
-                paused: matches!(d.get(PAUSED), Some(Bson::Boolean(true))),
-                failed: matches!(d.get(PAUSED), Some(Bson::Boolean(true)))
-                    && d.get_str(STATUS) == Ok("failed"),
-                epoch: long_or_zero(&d, EPOCH),
-                gen: long_or_zero(&d, GEN),
-                next_gen: gen_after_adoption(&d),
-                start_rev: long_or_zero(&d, START_REV),
-                odd_update: d.get_document(UPDATE).is_ok() && update.is_none(),
-                update,
-                loaded: preload(&d, &name),
-                name,
-                as_stored: as_stored(&d),
-            });
+            out.push(Listed::new(id, RobotDoc::from_doc(&d)));
         }
         Ok(out)
     }
@@ -799,36 +778,11 @@ impl Supervisor {
     }
 }
 
-/// A robot's `(gen, epoch)` exactly as stored, for an early start's fence: whole
-/// numbers (`gen` may be missing, never written); None for anything else.
-fn as_stored(d: &Document) -> Option<(Option<i64>, i64)> {
-    let whole = |b: &Bson| match b {
-        Bson::Int64(v) => Some(*v),
-        Bson::Int32(v) => Some(i64::from(*v)),
-        _ => None,
-    };
-    let epoch = whole(d.get(EPOCH)?)?;
-    let gen = match d.get(GEN) {
-        None | Some(Bson::Null) => None,
-        Some(b) => Some(whole(b)?),
-    };
-    Some((gen, epoch))
-}
-
 /// Turns a listed document into what a first start needs, or None to load it fresh
 /// (and report the problem) in the runner.
-fn preload(d: &Document, name: &str) -> Option<Loaded> {
-    let context = match d.get(CONTEXT) {
-        Some(Bson::Document(c)) => c.clone(),
-        Some(Bson::Null) | None => Document::new(),
-        Some(_) => return None,
-    };
-    Some(Loaded {
-        name: name.to_string(),
-        kind: d.get_str(KIND).ok()?.to_string(),
-        spec: d.get_document(SPEC).ok()?.clone(),
-        context,
-        seq: long_or_zero(d, SEQ),
-        ends: crate::db::context::recent_ends(d),
-    })
+fn preload(robot: &RobotDoc, name: &str) -> Option<Loaded> {
+    robot.kind.as_ref()?;
+    robot.spec.as_ref()?;
+    let context = robot.context.clone().ok()?;
+    Some(Loaded::new(robot, name, context))
 }

@@ -1,0 +1,287 @@
+//! A robot document, decoded once.
+//!
+//! The worker's supervisor, the CLI (`robot list`, `robot show`, `status`) and the
+//! dashboard all read robots through [`RobotDoc::from_doc`]. It is lenient: the
+//! `robots` collection is open to anyone with write access and to the mongo shell,
+//! so a document edited by hand is shown as it is (a number where text belongs is
+//! shown as its text), never dropped, and what a holder cannot run from it is
+//! reported where it would start.
+
+use std::fmt;
+
+use bson::{oid::ObjectId, Bson, Document};
+
+use crate::db::adoption::gen_after_adoption;
+use crate::db::context::{recent_ends, type_name};
+use crate::db::event::text;
+use crate::db::field::{
+    CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, SPEC,
+    START_REV, STATUS, UPDATE, WORKER,
+};
+use crate::db::store::int;
+
+/// What a robot's holder (or the operator's action) last wrote as its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RobotStatus {
+    /// Created, resumed or moved: no holder has started it yet.
+    Pending,
+    /// Adopted and started by the worker named in `worker`.
+    Running,
+    /// It ended or crashed; its holder starts it again after a backoff.
+    Restarting,
+    /// Its spec or context cannot work, or (with `paused`) its restart policy gave up.
+    Failed,
+    /// Paused by an operator.
+    Paused,
+}
+
+impl RobotStatus {
+    pub const ALL: [RobotStatus; 5] = [
+        RobotStatus::Pending,
+        RobotStatus::Running,
+        RobotStatus::Restarting,
+        RobotStatus::Failed,
+        RobotStatus::Paused,
+    ];
+
+    /// The stored word.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RobotStatus::Pending => "pending",
+            RobotStatus::Running => "running",
+            RobotStatus::Restarting => "restarting",
+            RobotStatus::Failed => "failed",
+            RobotStatus::Paused => "paused",
+        }
+    }
+
+    /// The status a stored word names, if it is one.
+    pub fn parse(word: &str) -> Option<RobotStatus> {
+        RobotStatus::ALL.into_iter().find(|s| s.as_str() == word)
+    }
+}
+
+impl fmt::Display for RobotStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<RobotStatus> for Bson {
+    fn from(s: RobotStatus) -> Bson {
+        Bson::String(s.as_str().to_string())
+    }
+}
+
+/// An update asked for and not yet judged by the robot's holder (see
+/// [`crate::pool::actions::update`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingUpdate {
+    pub id: ObjectId,
+    pub kind: String,
+    pub spec: Document,
+}
+
+/// A robot's `update` field.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum UpdateField {
+    #[default]
+    None,
+    Pending(PendingUpdate),
+    /// Something that cannot be an update (a hand edit): left for whoever wrote it.
+    Malformed,
+}
+
+/// One robot document, decoded leniently.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RobotDoc {
+    /// `_id` when it is an ObjectId (a worker runs no other).
+    pub id: Option<ObjectId>,
+    /// `_id` as text, whatever it is.
+    pub id_text: String,
+    pub name: Option<String>,
+    pub kind: Option<String>,
+    pub slot_id: Option<String>,
+    /// `spec`, when it is a document.
+    pub spec: Option<Document>,
+    /// Its context: the stored document, an empty one when missing or null, or the
+    /// type of what else is there (reported by the holder that would start it).
+    pub context: Result<Document, &'static str>,
+    /// Whole numbers (an int, a long or a whole double); None otherwise.
+    pub epoch: Option<i64>,
+    pub gen: Option<i64>,
+    pub seq: Option<i64>,
+    pub start_rev: Option<i64>,
+    pub restarts: Option<i64>,
+    /// `(gen, epoch)` exactly as stored, when both are ints or longs (`gen` None when
+    /// never written): what an instance started before its adoption write must
+    /// match (see [`crate::db::context::ContextStore::start_early`]).
+    pub fence_as_stored: Option<(Option<i64>, i64)>,
+    /// The generation adopting it gives it ([`gen_after_adoption`]).
+    pub next_gen: i64,
+    /// True only when `paused` is `true`.
+    pub paused: bool,
+    /// The status as stored, shown as it is.
+    pub status_text: Option<String>,
+    /// The status, when the stored word is one.
+    pub status: Option<RobotStatus>,
+    pub error: Option<String>,
+    /// The worker that last adopted it.
+    pub worker: Option<String>,
+    pub update: UpdateField,
+    /// Its recent ends ([`recent_ends`]).
+    pub recent_ends: Vec<i64>,
+    /// Server-clock milliseconds of its last checkpoint.
+    pub checkpointed_at_ms: Option<i64>,
+}
+
+impl RobotDoc {
+    pub fn from_doc(d: &Document) -> RobotDoc {
+        let status_text = text(d, STATUS);
+        let update = match d.get(UPDATE) {
+            Some(Bson::Document(_)) => {
+                PendingUpdate::read(d).map_or(UpdateField::Malformed, UpdateField::Pending)
+            }
+            // Anything else is no update a holder would judge, as before.
+            _ => UpdateField::None,
+        };
+        RobotDoc {
+            id: d.get_object_id("_id").ok(),
+            id_text: d.get("_id").map(as_id_text).unwrap_or_default(),
+            name: text(d, NAME),
+            kind: text(d, KIND),
+            slot_id: text(d, SLOT_ID),
+            spec: d.get_document(SPEC).ok().cloned(),
+            context: match d.get(CONTEXT) {
+                Some(Bson::Document(c)) => Ok(c.clone()),
+                Some(Bson::Null) | None => Ok(Document::new()),
+                Some(other) => Err(type_name(other)),
+            },
+            epoch: int(d, EPOCH),
+            gen: int(d, GEN),
+            seq: int(d, SEQ),
+            start_rev: int(d, START_REV),
+            restarts: int(d, RESTARTS),
+            fence_as_stored: fence_as_stored(d),
+            next_gen: gen_after_adoption(d),
+            paused: matches!(d.get(PAUSED), Some(Bson::Boolean(true))),
+            status: status_text.as_deref().and_then(RobotStatus::parse),
+            status_text,
+            error: text(d, ERROR),
+            worker: text(d, WORKER),
+            update,
+            recent_ends: recent_ends(d),
+            checkpointed_at_ms: match d.get(CHECKPOINTED_AT) {
+                Some(Bson::DateTime(t)) => Some(t.timestamp_millis()),
+                _ => None,
+            },
+        }
+    }
+
+    /// Held after its restart policy gave up: paused, with the status `failed`.
+    pub fn given_up(&self) -> bool {
+        self.paused && self.status == Some(RobotStatus::Failed)
+    }
+
+    /// Its name, or its `_id` for a document without one.
+    pub fn name_or_id(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.id_text.clone())
+    }
+}
+
+impl PendingUpdate {
+    /// None when the robot's `update` cannot be one.
+    fn read(d: &Document) -> Option<PendingUpdate> {
+        let u = d.get_document(UPDATE).ok()?;
+        Some(PendingUpdate {
+            id: u.get_object_id("id").ok()?,
+            kind: u.get_str(KIND).ok()?.to_string(),
+            spec: u.get_document(SPEC).ok()?.clone(),
+        })
+    }
+}
+
+fn as_id_text(b: &Bson) -> String {
+    match b {
+        Bson::ObjectId(id) => id.to_hex(),
+        Bson::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `(gen, epoch)` exactly as stored: ints or longs (`gen` may be missing or null,
+/// never written); None for anything else.
+fn fence_as_stored(d: &Document) -> Option<(Option<i64>, i64)> {
+    let whole = |b: &Bson| match b {
+        Bson::Int64(v) => Some(*v),
+        Bson::Int32(v) => Some(i64::from(*v)),
+        _ => None,
+    };
+    let epoch = whole(d.get(EPOCH)?)?;
+    let gen = match d.get(GEN) {
+        None | Some(Bson::Null) => None,
+        Some(b) => Some(whole(b)?),
+    };
+    Some((gen, epoch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn each_status_reads_back_as_itself() {
+        for s in RobotStatus::ALL {
+            assert_eq!(RobotStatus::parse(&s.to_string()), Some(s));
+        }
+        assert_eq!(RobotStatus::parse("Running"), None);
+    }
+
+    #[test]
+    fn a_robot_as_slotpool_writes_it() {
+        let id = ObjectId::new();
+        let u = ObjectId::new();
+        let r = RobotDoc::from_doc(&doc! {
+            "_id": id, "name": "r1", "kind": "counter", "spec": {"interval_ms": 10},
+            "slot_id": "slot-001", "epoch": 4_i64, "gen": 7_i64, "seq": 12_i64,
+            "context": {"n": 12}, "paused": false, "status": "running", "worker": "w:1",
+            "update": {"id": u, "kind": "counter", "spec": {}},
+            "recent_ends": [1_i64, 2_i64], "checkpointed_at": bson::DateTime::from_millis(5),
+        });
+        assert_eq!(r.id, Some(id));
+        assert_eq!(r.name_or_id(), "r1");
+        assert_eq!((r.epoch, r.gen, r.seq), (Some(4), Some(7), Some(12)));
+        assert_eq!((r.fence_as_stored, r.next_gen), (Some((Some(7), 4)), 8));
+        assert_eq!(r.status, Some(RobotStatus::Running));
+        assert_eq!(r.context, Ok(doc! {"n": 12}));
+        assert!(matches!(r.update, UpdateField::Pending(ref p) if p.id == u));
+        assert!(!r.given_up());
+        assert_eq!((r.recent_ends, r.checkpointed_at_ms), (vec![1, 2], Some(5)));
+    }
+
+    #[test]
+    fn a_hand_edited_robot_is_shown_not_dropped() {
+        let r = RobotDoc::from_doc(&doc! {
+            "_id": "by-hand", "name": 42_i32, "slot_id": "slot-001", "epoch": "seven",
+            "gen": 2.0, "context": [1, 2], "paused": "yes", "status": "sleeping",
+            "update": {"kind": "exec"},
+        });
+        assert_eq!((r.id, r.id_text.as_str()), (None, "by-hand"));
+        assert_eq!(r.name.as_deref(), Some("42"));
+        // A whole double is shown as the number it is, but fences nothing.
+        assert_eq!((r.epoch, r.gen, r.fence_as_stored), (None, Some(2), None));
+        assert_eq!(r.next_gen, 1);
+        assert_eq!(r.context, Err("array"));
+        assert!(!r.paused);
+        assert_eq!(
+            (r.status, r.status_text.as_deref()),
+            (None, Some("sleeping"))
+        );
+        assert_eq!(r.update, UpdateField::Malformed);
+        let missing = RobotDoc::from_doc(&doc! {"_id": ObjectId::new(), "epoch": 3_i32});
+        assert_eq!(missing.context, Ok(Document::new()));
+        assert_eq!(missing.fence_as_stored, Some((None, 3)));
+        assert_eq!(missing.update, UpdateField::None);
+    }
+}
