@@ -447,7 +447,7 @@ fn exec_user_is_refused_clearly_where_it_cannot_work() {
 /// The same robot run as the worker's own user: it can stop its shim. The worker
 /// looks at each shim every second; a stopped one means the robot turned on it, so
 /// the robot is killed with its whole tree at once, and says why. (A robot that
-/// stops its worker too at the same moment is beyond this: README, guarantees.)
+/// stops its worker too at the same moment is beyond this: docs/guarantees.md.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_robot_that_stops_its_own_shim_is_killed_by_its_worker() {
     let db = TestDb::new("stopshim").await;

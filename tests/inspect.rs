@@ -172,7 +172,7 @@ async fn mongosh_inspect_script_shows_the_truth() {
         waiting.contains("orphan") && waiting.contains("exec"),
         "{text}"
     );
-    // The README's one-liner works too.
+    // docs/mongosh.md's one-liner works too.
     let out = Command::new(format!("{root}/scripts/mongosh.sh"))
         .args([
             &db.uri,

@@ -59,7 +59,7 @@ pub struct SpecArgs {
     #[arg(long)]
     history: Option<i64>,
     /// exec: the most memory its processes may use, e.g. 256MB or 1GiB (sets
-    /// spec.limits.memory; see the README on resource limits).
+    /// spec.limits.memory; see docs/robots.md on resource limits).
     #[arg(long, value_name = "SIZE")]
     memory: Option<String>,
     /// exec: the most processes it may have at once (sets spec.limits.pids).

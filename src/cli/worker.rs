@@ -369,7 +369,7 @@ fn exec_user(
     let Some(spec) = spec.filter(|s| !s.is_empty()) else {
         // SAFETY: geteuid has no preconditions.
         if exec_on && unsafe { libc::geteuid() } == 0 {
-            tracing::warn!("exec robots run as root, this worker's own user: a robot can signal or freeze its shim and this worker, and one that stops both can outlive its lease; run them as another user with --exec-user (README: guarantees)");
+            tracing::warn!("exec robots run as root, this worker's own user: a robot can signal or freeze its shim and this worker, and one that stops both can outlive its lease; run them as another user with --exec-user (docs/guarantees.md)");
         }
         return Ok(None);
     };

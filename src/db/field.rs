@@ -2,7 +2,7 @@
 //! guards and every reader of the result (the worker, the CLI, the dashboard) cannot
 //! disagree on a spelling. Aggregation paths (`"$seq"`) are written out beside their
 //! pipelines; the names of JSON answers (`--json`, `/api/v1`) are the answers' own.
-//! The collections' shapes are in `schemas/` and ARCHITECTURE.md.
+//! The collections' shapes are in `schemas/` and docs/protocol.md.
 
 // Fencing and placement.
 

@@ -151,7 +151,7 @@ pub fn capacity<'a>(states: impl IntoIterator<Item = &'a str>, standbys: usize) 
         held,
         unheld,
         // Each holder failure needs one standby; unheld slots take standbys first.
-        // Without a standby the survivors overflow (see README), but that costs room.
+        // Without a standby the survivors overflow (see docs/running.md), but that costs room.
         failures_absorbable: standbys.saturating_sub(unheld),
     }
 }

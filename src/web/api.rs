@@ -1,5 +1,5 @@
 //! `/api/v1`: the dashboard's data as JSON, with stable field names (documented in
-//! the README), and its actions for holders of the token.
+//! docs/http.md), and its actions for holders of the token.
 //!
 //! Every answer that reads the pool carries `now_ms` (the server's clock when the
 //! snapshot was read), `age_ms` (how old the snapshot is) and `error` (the last
@@ -30,7 +30,7 @@ use crate::pool::create::{self, CreateError, NewRobots};
 use crate::pool::view::{self, SlotView};
 
 // The answers of `/api/v1`, one struct each: their field names are the API's promise
-// (the README's table), pinned by `answers_keep_their_field_names` below.
+// (docs/http.md's table), pinned by `answers_keep_their_field_names` below.
 
 /// `{"error": message}`.
 #[derive(Debug, Serialize)]
@@ -829,7 +829,7 @@ mod tests {
     }
 
     /// The field names of every `/api/v1` answer are its promise to clients (the
-    /// README's table): a rename must fail here first.
+    /// table in docs/http.md): a rename must fail here first.
     #[test]
     fn answers_keep_their_field_names() {
         let snap = Snapshot {

@@ -767,7 +767,7 @@ pub async fn not_found(
     if method != Method::GET && method != Method::HEAD {
         let mut res = api::error(
             StatusCode::METHOD_NOT_ALLOWED,
-            "nothing to change here: see the README for the actions",
+            "nothing to change here: see docs/dashboard.md for the actions",
         );
         res.headers_mut()
             .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
@@ -776,7 +776,7 @@ pub async fn not_found(
     if uri.path().starts_with("/api/") {
         return api::error(
             StatusCode::NOT_FOUND,
-            "no such API path: see the README's /api/v1 section",
+            "no such API path: see /api/v1 in docs/http.md",
         );
     }
     problem(
