@@ -28,7 +28,7 @@ pub mod worker;
 
 pub use config::{Identity, LeaseTiming};
 pub use db::lease::{Lease, LeaseError, LeaseProtocol};
-pub use db::store::{Slot, Store};
+pub use db::store::{SlotDoc, Store};
 pub use robot::{Registry, RobotError, RobotKind, RobotRun};
 pub use worker::supervisor::Supervisor;
 pub use worker::{Worker, WorkerSettings};

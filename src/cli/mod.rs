@@ -178,7 +178,7 @@ pub fn read_uri_file(path: &std::path::Path) -> Result<String, String> {
 }
 
 /// Prints a value as pretty JSON on stdout.
-fn print_json(v: &serde_json::Value) {
+fn print_json(v: &impl serde::Serialize) {
     let text = serde_json::to_string_pretty(v).unwrap_or_default();
     println!("{}", crate::printable::escape_json(&text));
 }

@@ -1,17 +1,17 @@
 use bson::{doc, Bson, Document};
 use clap::Subcommand;
 use futures::TryStreamExt;
+use serde::Serialize;
 use serde_json::json;
 
-use std::collections::HashMap;
-
-use super::{age, int, print_json, print_table, text};
+use super::{age, int, print_json, print_table};
 use crate::db::field::{
     EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, STATUS, WORKER,
 };
+use crate::db::robot_doc::RobotDoc;
 use crate::db::store::Store;
 use crate::pool::actions::{self, Actor};
-use crate::pool::view::{self as state, slot_rows, RobotState, SlotView};
+use crate::pool::view::{self as state, slot_rows, RobotNow, RobotState};
 
 use super::create::{CreateArgs, SpecArgs};
 
@@ -134,16 +134,74 @@ pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
     }
 }
 
-/// A robot document's derived state (see [`super::state`]).
-fn state_of(d: &Document, slots: &HashMap<String, SlotView>) -> RobotState {
-    let slot_id = text(d, SLOT_ID).unwrap_or_default();
-    state::derive(
-        &slot_id,
-        d.get_str(STATUS).ok(),
-        d.get_bool(PAUSED).unwrap_or(false),
-        d.get_str(WORKER).ok(),
-        slots.get(&slot_id),
-    )
+/// One robot in `robot list --json`. The field names are the CLI's promise to
+/// scripts, pinned by `robot_list_json_keeps_its_field_names` below.
+#[derive(Debug, Serialize)]
+struct ListedRobot {
+    name: Option<String>,
+    kind: Option<String>,
+    slot: Option<String>,
+    holder: Option<String>,
+    state: RobotState,
+    why: Option<String>,
+    /// What its last holder wrote.
+    status: Option<String>,
+    error: Option<String>,
+    paused: bool,
+    seq: Option<i64>,
+    epoch: Option<i64>,
+    gen: Option<i64>,
+    restarts: Option<i64>,
+    /// Since its last checkpoint, on the server's clock.
+    checkpoint_age_ms: Option<i64>,
+}
+
+/// `robot list --json`.
+#[derive(Debug, Serialize)]
+struct RobotList {
+    robots: Vec<ListedRobot>,
+}
+
+impl ListedRobot {
+    fn new(robot: RobotDoc, now: RobotNow, checkpoint_age_ms: Option<i64>) -> ListedRobot {
+        ListedRobot {
+            name: robot.name,
+            kind: robot.kind,
+            slot: robot.slot_id,
+            holder: now.holder,
+            state: now.state,
+            why: now.why,
+            status: robot.status_text,
+            error: robot.error,
+            paused: robot.paused,
+            seq: robot.seq,
+            epoch: robot.epoch,
+            gen: robot.gen,
+            restarts: robot.restarts,
+            checkpoint_age_ms,
+        }
+    }
+
+    /// Its row in the table: the state, with the reason where it is not running.
+    fn row(&self) -> Vec<String> {
+        let mut state = self.state.to_string();
+        match (self.state, &self.error, &self.why) {
+            (RobotState::Restarting | RobotState::Failed, Some(e), _) => {
+                state = format!("{state}: {e}")
+            }
+            (RobotState::Waiting, _, Some(why)) => state = format!("{state}: {why}"),
+            _ => {}
+        }
+        vec![
+            self.name.clone().unwrap_or_default(),
+            self.kind.clone().unwrap_or_default(),
+            self.slot.clone().unwrap_or_default(),
+            self.holder.clone().unwrap_or_else(|| "-".into()),
+            self.seq.map_or("-".into(), |s| s.to_string()),
+            age(self.checkpoint_age_ms),
+            state,
+        ]
+    }
 }
 
 async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Result<()> {
@@ -171,52 +229,26 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
         .await?
         .try_collect()
         .await?;
-    if as_json {
-        let v: Vec<_> = docs
-            .iter()
-            .map(|d| {
-                let st = state_of(d, &slots);
-                json!({
-                    "name": text(d, NAME), "kind": text(d, KIND), "slot": text(d, SLOT_ID),
-                    "holder": st.holder, "state": st.state, "why": st.why,
-                    "status": text(d, STATUS), "error": text(d, ERROR),
-                    "paused": d.get_bool(PAUSED).unwrap_or(false), "seq": int(d, SEQ),
-                    "epoch": int(d, EPOCH), "gen": int(d, GEN), "restarts": int(d, RESTARTS),
-                    "checkpoint_age_ms": int(d, "checkpoint_age_ms"),
-                })
-            })
-            .collect();
-        print_json(&json!({"robots": v}));
-        return Ok(());
-    }
-    let rows: Vec<Vec<String>> = docs
+    let robots: Vec<ListedRobot> = docs
         .iter()
         .map(|d| {
-            let st = state_of(d, &slots);
-            let mut status = st.state.to_string();
-            match (st.state, text(d, ERROR), &st.why) {
-                ("restarting" | "failed", Some(e), _) => status = format!("{status}: {e}"),
-                ("waiting", _, Some(why)) => status = format!("{status}: {why}"),
-                _ => {}
-            }
-            vec![
-                text(d, NAME).unwrap_or_default(),
-                text(d, KIND).unwrap_or_default(),
-                text(d, SLOT_ID).unwrap_or_default(),
-                st.holder.unwrap_or_else(|| "-".into()),
-                int(d, SEQ).map_or("-".into(), |s| s.to_string()),
-                age(int(d, "checkpoint_age_ms")),
-                status,
-            ]
+            let robot = RobotDoc::from_doc(d);
+            let now = RobotNow::of(&robot, &slots);
+            ListedRobot::new(robot, now, int(d, "checkpoint_age_ms"))
         })
         .collect();
-    if rows.is_empty() {
+    if as_json {
+        print_json(&RobotList { robots });
+        return Ok(());
+    }
+    if robots.is_empty() {
         say!(
             "no robots{}",
             slot.map(|s| format!(" on {s}")).unwrap_or_default()
         );
         return Ok(());
     }
+    let rows: Vec<Vec<String>> = robots.iter().map(ListedRobot::row).collect();
     print_table(
         &[
             "NAME",
@@ -235,7 +267,7 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
 async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
     let full = super::find_robot(store, name, doc! {}).await?;
     let slots = state::slot_views(&slot_rows(store).await?);
-    let st = state_of(&full, &slots);
+    let st = RobotNow::of(&RobotDoc::from_doc(&full), &slots);
     let limits = crate::robot::limits::describe_stored(&full);
     let mut v = Bson::Document(full).into_relaxed_extjson();
     if let Some(limits) = limits {
@@ -389,5 +421,58 @@ fn done(as_json: bool, v: serde_json::Value, line: String) {
         print_json(&v);
     } else {
         say!("{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys of a JSON object, sorted.
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().expect("an object").keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    /// Scripts read `robot list --json` by these names: a rename must fail here first.
+    #[test]
+    fn robot_list_json_keeps_its_field_names() {
+        let robot = RobotDoc::from_doc(&doc! {"name": "r1", "slot_id": "slot-001"});
+        let now = RobotNow {
+            state: RobotState::Waiting,
+            holder: None,
+            why: Some("no live worker holds slot-001".into()),
+        };
+        let v = serde_json::to_value(RobotList {
+            robots: vec![ListedRobot::new(robot, now, Some(5))],
+        })
+        .unwrap();
+        assert_eq!(keys(&v), ["robots"]);
+        let row = &v["robots"][0];
+        assert_eq!(
+            keys(row),
+            [
+                "checkpoint_age_ms",
+                "epoch",
+                "error",
+                "gen",
+                "holder",
+                "kind",
+                "name",
+                "paused",
+                "restarts",
+                "seq",
+                "slot",
+                "state",
+                "status",
+                "why",
+            ]
+        );
+        assert_eq!(row["state"], "waiting");
+        assert_eq!(
+            (row["name"].as_str(), row["slot"].as_str()),
+            (Some("r1"), Some("slot-001"))
+        );
     }
 }

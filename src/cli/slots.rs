@@ -1,14 +1,13 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use bson::Bson;
 use clap::Subcommand;
-use serde_json::json;
+use serde::Serialize;
 
-use super::{age, int, print_json, print_table, text};
-use crate::db::field::{DRAINING, EPOCH, REV, ROBOT_COUNT, SLOT_ID};
+use super::{age, print_json, print_table, text};
+use crate::db::field::SLOT_ID;
 use crate::db::store::Store;
-use crate::pool::view::{live_workers, slot_rows, SlotView};
+use crate::pool::view::{live_workers, slot_rows, SlotRow, SlotState, SlotView};
 
 #[derive(Debug, Subcommand)]
 pub enum SlotsCommand {
@@ -36,6 +35,46 @@ pub async fn run(store: &Store, cmd: SlotsCommand) -> anyhow::Result<()> {
     }
 }
 
+/// One slot in `slots list --json`. The field names are the CLI's promise to
+/// scripts, pinned by `slots_list_json_keeps_its_field_names` below.
+#[derive(Debug, Serialize)]
+struct ListedSlot {
+    id: String,
+    /// Its holder while the lease is live.
+    owner: Option<String>,
+    epoch: Option<i64>,
+    rev: Option<i64>,
+    state: SlotState,
+    lease_age_ms: Option<i64>,
+    lease_ms: Option<i64>,
+    robots: i64,
+    draining: bool,
+}
+
+impl ListedSlot {
+    fn of(r: &SlotRow) -> ListedSlot {
+        ListedSlot {
+            id: r.slot.id.clone(),
+            owner: SlotView::of(r).holder,
+            epoch: r.slot.epoch,
+            rev: r.slot.rev,
+            state: r.state,
+            lease_age_ms: r.lease_age_ms,
+            lease_ms: r.slot.lease_ms,
+            robots: r.slot.robot_count,
+            draining: r.slot.draining,
+        }
+    }
+}
+
+/// `slots list --json`.
+#[derive(Debug, Serialize)]
+struct SlotList {
+    slots: Vec<ListedSlot>,
+    /// The live workers that hold nothing.
+    standbys: Vec<String>,
+}
+
 async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let rows = slot_rows(store).await?;
     let workers = live_workers(store).await?;
@@ -45,23 +84,8 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
         .filter_map(|w| text(w, "_id"))
         .collect();
     if as_json {
-        let slots: Vec<serde_json::Value> = rows
-            .iter()
-            .map(|r| {
-                json!({
-                    "id": text(&r.doc, "_id"),
-                    "owner": SlotView::of(r).holder,
-                    "epoch": int(&r.doc, EPOCH),
-                    "rev": int(&r.doc, REV),
-                    "state": r.state,
-                    "lease_age_ms": r.lease_age_ms,
-                    "lease_ms": int(&r.doc, "lease_ms"),
-                    "robots": int(&r.doc, ROBOT_COUNT).unwrap_or(0),
-                    "draining": matches!(r.doc.get(DRAINING), Some(Bson::Boolean(true))),
-                })
-            })
-            .collect();
-        print_json(&json!({"slots": slots, "standbys": standbys}));
+        let slots = rows.iter().map(ListedSlot::of).collect();
+        print_json(&SlotList { slots, standbys });
         return Ok(());
     }
     if rows.is_empty() {
@@ -72,15 +96,12 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
         .iter()
         .map(|r| {
             vec![
-                text(&r.doc, "_id").unwrap_or_default(),
+                r.slot.id.clone(),
                 r.state.to_string(),
                 SlotView::of(r).holder.unwrap_or_else(|| "-".into()),
-                r.doc
-                    .get(EPOCH)
-                    .map(|e| e.to_string())
-                    .unwrap_or_else(|| "-".into()),
+                r.slot.epoch.map_or("-".into(), |e| e.to_string()),
                 age(r.lease_age_ms),
-                int(&r.doc, ROBOT_COUNT).unwrap_or(0).to_string(),
+                r.slot.robot_count.to_string(),
             ]
         })
         .collect();
@@ -115,9 +136,9 @@ async fn drain(store: &Store, slot: &str, on: bool, wait: bool) -> anyhow::Resul
         let rows = slot_rows(store).await?;
         let row = rows
             .iter()
-            .find(|r| text(&r.doc, "_id").as_deref() == Some(slot))
+            .find(|r| r.slot.id == slot)
             .context("the slot disappeared")?;
-        if row.state == "drained" {
+        if row.state == SlotState::Drained {
             say!("{slot}: drained (no holder, robots stopped)");
             return Ok(());
         }
@@ -125,5 +146,55 @@ async fn drain(store: &Store, slot: &str, on: bool, wait: bool) -> anyhow::Resul
             bail!("{slot} is still held after 60s; is its holder running an older slotpool?");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::db::store::SlotDoc;
+
+    /// Scripts read `slots list --json` by these names: a rename must fail here first.
+    #[test]
+    fn slots_list_json_keeps_its_field_names() {
+        let row = SlotRow {
+            slot: SlotDoc::from_doc(
+                &bson::doc! {"_id": "slot-001", "owner": "w:1", "epoch": 3_i64, "lease_ms": 2000_i64},
+            ),
+            lease_age_ms: Some(10),
+            state: SlotState::Held,
+        };
+        let v = serde_json::to_value(SlotList {
+            slots: vec![ListedSlot::of(&row)],
+            standbys: vec!["w:2".into()],
+        })
+        .unwrap();
+        let mut top: Vec<&String> = v.as_object().unwrap().keys().collect();
+        top.sort();
+        assert_eq!(top, ["slots", "standbys"]);
+        let mut keys: Vec<&String> = v["slots"][0].as_object().unwrap().keys().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "draining",
+                "epoch",
+                "id",
+                "lease_age_ms",
+                "lease_ms",
+                "owner",
+                "rev",
+                "robots",
+                "state"
+            ]
+        );
+        assert_eq!(
+            (
+                v["slots"][0]["state"].as_str(),
+                v["slots"][0]["owner"].as_str()
+            ),
+            (Some("held"), Some("w:1"))
+        );
     }
 }

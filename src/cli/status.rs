@@ -1,16 +1,18 @@
 use std::time::Duration;
 
-use bson::{doc, Bson};
+use bson::doc;
 use clap::Args;
 use futures::TryStreamExt;
-use serde_json::json;
+use serde::Serialize;
 
 use std::collections::BTreeMap;
 
 use super::{age, int, print_json, print_table, text};
-use crate::db::field::EPOCH;
+use crate::db::robot_doc::RobotStatus;
 use crate::db::store::Store;
-use crate::pool::view::{self as state, live_workers, slot_rows, SlotRow};
+use crate::pool::view::{
+    self as state, live_workers, slot_rows, RobotState, SlotRow, SlotState, WorkerRole,
+};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -91,14 +93,14 @@ async fn count_robots(store: &Store, slots: &[SlotRow]) -> anyhow::Result<RobotC
         let slot = text(&key, "slot").unwrap_or_default();
         let st = state::derive(
             &slot,
-            key.get_str("status").ok(),
+            key.get_str("status").ok().and_then(RobotStatus::parse),
             key.get_bool("paused").unwrap_or(false),
             key.get_str("worker").ok(),
             views.get(&slot),
         );
         *counts.per_slot.entry(slot).or_default() += n;
-        *counts.per_state.entry(st.state).or_default() += n;
-        let error = text(&key, "error").filter(|_| st.state == "failed");
+        *counts.per_state.entry(st.state.as_str()).or_default() += n;
+        let error = text(&key, "error").filter(|_| st.state == RobotState::Failed);
         if let Some(why) = error.map(|e| brief(&e)).or(st.why) {
             *counts
                 .not_running
@@ -109,6 +111,37 @@ async fn count_robots(store: &Store, slots: &[SlotRow]) -> anyhow::Result<RobotC
     Ok(counts)
 }
 
+/// `status --json`. The field names are the CLI's promise to scripts, pinned by
+/// `status_json_keeps_its_field_names` below.
+#[derive(Debug, Serialize)]
+struct Status {
+    slots: Vec<StatusSlot>,
+    /// Slots with a live lease.
+    held: usize,
+    /// Free or expired slots, waiting for a worker.
+    unheld: usize,
+    standbys: Vec<String>,
+    workers: usize,
+    robots: i64,
+    robots_by_state: BTreeMap<&'static str, i64>,
+    robots_not_running: i64,
+    /// Why robots are not running, each reason with how many.
+    not_running_why: BTreeMap<String, i64>,
+    failures_absorbable: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct StatusSlot {
+    id: String,
+    state: SlotState,
+    /// Its holder while the lease is live.
+    owner: Option<String>,
+    epoch: Option<i64>,
+    lease_age_ms: Option<i64>,
+    /// Robots bound to it, counted.
+    robots: i64,
+}
+
 async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let slots = slot_rows(store).await?;
     let workers = live_workers(store).await?;
@@ -116,7 +149,9 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let standbys: Vec<String> = workers
         .iter()
         .filter_map(|w| text(w, "_id").map(|id| (w, id)))
-        .filter(|(w, id)| state::worker_role(w, state::holds_live_slot(id, &slots)) == "standby")
+        .filter(|(w, id)| {
+            state::worker_role(w, state::holds_live_slot(id, &slots)) == WorkerRole::Standby
+        })
         .map(|(_, id)| id)
         .collect();
     let state::Capacity {
@@ -125,42 +160,51 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
         failures_absorbable: absorb,
     } = state::capacity(slots.iter().map(|s| s.state), standbys.len());
     let total: i64 = counts.per_state.values().sum();
-    let running = counts.per_state.get("running").copied().unwrap_or(0);
+    let running = counts
+        .per_state
+        .get(RobotState::Running.as_str())
+        .copied()
+        .unwrap_or(0);
     if as_json {
-        let v: Vec<_> = slots
-            .iter()
-            .map(|s| {
-                let id = text(&s.doc, "_id").unwrap_or_default();
-                let view = state::SlotView::of(s);
-                json!({
-                    "id": id, "state": s.state, "owner": view.holder,
-                    "epoch": int(&s.doc, EPOCH), "lease_age_ms": s.lease_age_ms,
-                    "robots": counts.per_slot.get(&id).copied().unwrap_or(0),
+        print_json(&Status {
+            slots: slots
+                .iter()
+                .map(|s| StatusSlot {
+                    id: s.slot.id.clone(),
+                    state: s.state,
+                    owner: state::SlotView::of(s).holder,
+                    epoch: s.slot.epoch,
+                    lease_age_ms: s.lease_age_ms,
+                    robots: counts.per_slot.get(&s.slot.id).copied().unwrap_or(0),
                 })
-            })
-            .collect();
-        print_json(&json!({
-            "slots": v, "held": held, "unheld": claimable, "standbys": standbys,
-            "workers": workers.len(), "robots": total, "robots_by_state": counts.per_state,
-            "robots_not_running": total - running, "not_running_why": counts.not_running,
-            "failures_absorbable": absorb,
-        }));
+                .collect(),
+            held,
+            unheld: claimable,
+            standbys,
+            workers: workers.len(),
+            robots: total,
+            robots_by_state: counts.per_state,
+            robots_not_running: total - running,
+            not_running_why: counts.not_running,
+            failures_absorbable: absorb,
+        });
         return Ok(());
     }
     let rows: Vec<Vec<String>> = slots
         .iter()
         .map(|s| {
-            let id = text(&s.doc, "_id").unwrap_or_default();
             vec![
-                id.clone(),
+                s.slot.id.clone(),
                 s.state.to_string(),
                 state::SlotView::of(s).holder.unwrap_or_else(|| "-".into()),
-                s.doc
-                    .get(EPOCH)
-                    .map(Bson::to_string)
-                    .unwrap_or_else(|| "-".into()),
+                s.slot.epoch.map_or("-".into(), |e| e.to_string()),
                 age(s.lease_age_ms),
-                counts.per_slot.get(&id).copied().unwrap_or(0).to_string(),
+                counts
+                    .per_slot
+                    .get(&s.slot.id)
+                    .copied()
+                    .unwrap_or(0)
+                    .to_string(),
             ]
         })
         .collect();
@@ -216,4 +260,59 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Scripts read `status --json` by these names: a rename must fail here first.
+    #[test]
+    fn status_json_keeps_its_field_names() {
+        let v = serde_json::to_value(Status {
+            slots: vec![StatusSlot {
+                id: "slot-001".into(),
+                state: SlotState::Expired,
+                owner: None,
+                epoch: Some(2),
+                lease_age_ms: Some(3000),
+                robots: 4,
+            }],
+            held: 0,
+            unheld: 1,
+            standbys: vec![],
+            workers: 0,
+            robots: 4,
+            robots_by_state: [(RobotState::Waiting.as_str(), 4)].into(),
+            robots_not_running: 4,
+            not_running_why: [("waiting: no live worker holds slot-001".to_string(), 4)].into(),
+            failures_absorbable: 0,
+        })
+        .unwrap();
+        let mut top: Vec<&String> = v.as_object().unwrap().keys().collect();
+        top.sort();
+        assert_eq!(
+            top,
+            [
+                "failures_absorbable",
+                "held",
+                "not_running_why",
+                "robots",
+                "robots_by_state",
+                "robots_not_running",
+                "slots",
+                "standbys",
+                "unheld",
+                "workers",
+            ]
+        );
+        let mut slot: Vec<&String> = v["slots"][0].as_object().unwrap().keys().collect();
+        slot.sort();
+        assert_eq!(
+            slot,
+            ["epoch", "id", "lease_age_ms", "owner", "robots", "state"]
+        );
+        assert_eq!(v["slots"][0]["state"], "expired");
+        assert_eq!(v["robots_by_state"]["waiting"], 4);
+    }
 }

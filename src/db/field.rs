@@ -28,6 +28,8 @@ pub const REV: &str = "rev";
 pub const TIME: &str = "time";
 /// `time + L` in server-clock milliseconds: what the survey's index orders by.
 pub const EXPIRES_MS: &str = "expires_ms";
+/// The holder's lease `L` in milliseconds, written at its claim.
+pub const LEASE_MS: &str = "lease_ms";
 /// True while an operator drains a slot: no claim, no new robot.
 pub const DRAINING: &str = "draining";
 

@@ -1,14 +1,13 @@
 //! MongoDB handles, collection names, slot names, and how database errors read.
 
 use crate::db::event::EventKind;
-use crate::db::field::{AT, KIND};
+use crate::db::field::{AT, DRAINING, EPOCH, KIND, LEASE_MS, OWNER, REV, ROBOT_COUNT};
 use std::future::IntoFuture;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
-use serde::{Deserialize, Serialize};
 
 pub const SLOTS: &str = "slots";
 pub const ROBOTS: &str = "robots";
@@ -72,21 +71,38 @@ fn scrub(message: &str) -> String {
     crate::secrets::scrub(message).into_owned()
 }
 
-/// A slot document as the protocol writes it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Slot {
-    #[serde(rename = "_id")]
+/// A slot document, decoded leniently for the people who look at it (the CLI, the
+/// dashboard): a hand-edited slot is shown, not dropped. The lease itself never reads
+/// slots through this: [`crate::db::lease`] filters and judges on the server.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SlotDoc {
+    /// `_id` as text.
     pub id: String,
+    /// Its holder (`ip:port`), or None once released.
     pub owner: Option<String>,
-    #[serde(default)]
-    pub ip: Option<String>,
-    #[serde(default)]
-    pub port: Option<i64>,
-    pub time: Option<bson::DateTime>,
-    pub epoch: i64,
-    pub rev: i64,
-    #[serde(default)]
+    /// Whole numbers only; None for anything else.
+    pub epoch: Option<i64>,
+    pub rev: Option<i64>,
+    /// The holder's lease `L`, written at its claim.
+    pub lease_ms: Option<i64>,
+    /// How many robots it says it has (0 when unset).
+    pub robot_count: i64,
+    /// True only when `draining` is `true`.
     pub draining: bool,
+}
+
+impl SlotDoc {
+    pub fn from_doc(d: &Document) -> SlotDoc {
+        SlotDoc {
+            id: crate::db::event::text(d, "_id").unwrap_or_default(),
+            owner: crate::db::event::text(d, OWNER),
+            epoch: int(d, EPOCH),
+            rev: int(d, REV),
+            lease_ms: int(d, LEASE_MS),
+            robot_count: int(d, ROBOT_COUNT).unwrap_or(0),
+            draining: matches!(d.get(DRAINING), Some(Bson::Boolean(true))),
+        }
+    }
 }
 
 /// How often the driver's server monitor checks each server, unless the URI says

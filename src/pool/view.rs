@@ -5,29 +5,135 @@
 //! list`, `robot list`, `robot show`) and `slotpool web` both show this.
 
 use std::collections::HashMap;
+use std::fmt;
 
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
+use serde::Serialize;
 
-use crate::db::field::{DRAINING, EPOCH, OWNER, SLOT_ID};
-use crate::db::store::Store;
+use crate::db::robot_doc::{RobotDoc, RobotStatus};
+use crate::db::store::{SlotDoc, Store};
 
+pub use crate::db::event::text;
 pub use crate::db::store::int;
 
-/// A text field; a non-string value is shown as BSON text.
-pub fn text(d: &Document, key: &str) -> Option<String> {
-    match d.get(key) {
-        Some(Bson::String(s)) => Some(s.clone()),
-        Some(Bson::Null) | None => None,
-        Some(other) => Some(other.to_string()),
+/// Words with `as_str`, `Display`, a list of all of them and a parse, serialized
+/// as their word.
+macro_rules! words {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $word:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $word,)+
+                }
+            }
+
+            pub fn parse(word: &str) -> Option<$name> {
+                $name::ALL.iter().copied().find(|w| w.as_str() == word)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+words! {
+    /// A slot judged on the server's clock.
+    SlotState {
+        /// A live lease.
+        Held => "held",
+        /// Its holder's lease ran out: waiting for a worker.
+        Expired => "expired",
+        /// Released, or never held: waiting for a worker.
+        Free => "free",
+        /// Draining, its holder still on it.
+        Draining => "draining",
+        /// Draining, with no holder: for nobody until undrained.
+        Drained => "drained",
+        /// Its document cannot be a slot (a hand edit).
+        Invalid => "invalid",
+    }
+}
+
+impl SlotState {
+    /// A live lease: held or draining.
+    pub fn is_live(self) -> bool {
+        matches!(self, SlotState::Held | SlotState::Draining)
+    }
+
+    /// Waiting for a worker: free or expired.
+    pub fn is_unheld(self) -> bool {
+        matches!(self, SlotState::Free | SlotState::Expired)
+    }
+}
+
+words! {
+    /// What a robot is doing now, derived from its slot's lease ([`derive`]).
+    RobotState {
+        Running => "running",
+        /// Its slot's holder has not adopted it yet.
+        Starting => "starting",
+        Restarting => "restarting",
+        Failed => "failed",
+        Paused => "paused",
+        /// No live holder can run it.
+        Waiting => "waiting",
+    }
+}
+
+words! {
+    /// A live worker's role ([`worker_role`]).
+    WorkerRole {
+        Holder => "holder",
+        Standby => "standby",
+        /// Holds nothing and missed a heartbeat, or said it held a slot it lost.
+        Overdue => "overdue",
     }
 }
 
 /// A slot row as the server sees it now.
 pub struct SlotRow {
-    pub doc: Document,
+    pub slot: SlotDoc,
     pub lease_age_ms: Option<i64>,
-    pub state: &'static str,
+    pub state: SlotState,
+}
+
+/// A slot's state from its stored fields and its lease's age on the server's clock.
+pub fn judge_slot(d: &Document, lease_age_ms: Option<i64>) -> SlotState {
+    let slot = SlotDoc::from_doc(d);
+    let live =
+        matches!((&slot.owner, lease_age_ms, slot.lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
+    if slot.draining {
+        if live {
+            SlotState::Draining
+        } else {
+            SlotState::Drained
+        }
+    } else if !matches!(
+        d.get(crate::db::field::EPOCH),
+        Some(Bson::Int64(_) | Bson::Int32(_))
+    ) {
+        SlotState::Invalid
+    } else {
+        match (live, slot.owner) {
+            (true, _) => SlotState::Held,
+            (false, Some(_)) => SlotState::Expired,
+            (false, None) => SlotState::Free,
+        }
+    }
 }
 
 /// Reads every slot with its lease age and state judged on the server's clock.
@@ -44,32 +150,12 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
     ];
     let mut cursor = store.slots().aggregate(pipeline).await?;
     let mut out = Vec::new();
-    while let Some(mut d) = cursor.try_next().await? {
+    while let Some(d) = cursor.try_next().await? {
         let lease_age_ms = int(&d, "_age_ms");
-        d.remove("_age_ms");
-        let lease_ms = int(&d, "lease_ms");
-        let owner = text(&d, OWNER);
-        let live =
-            matches!((&owner, lease_age_ms, lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
-        let state = if matches!(d.get(DRAINING), Some(Bson::Boolean(true))) {
-            if live {
-                "draining"
-            } else {
-                "drained"
-            }
-        } else if !matches!(d.get(EPOCH), Some(Bson::Int64(_) | Bson::Int32(_))) {
-            "invalid"
-        } else {
-            match (live, owner) {
-                (true, _) => "held",
-                (false, Some(_)) => "expired",
-                (false, None) => "free",
-            }
-        };
         out.push(SlotRow {
-            doc: d,
+            state: judge_slot(&d, lease_age_ms),
+            slot: SlotDoc::from_doc(&d),
             lease_age_ms,
-            state,
         });
     }
     Ok(out)
@@ -103,26 +189,26 @@ pub async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error
 ///   count on. A holder killed a moment ago, whose slot a standby just took, is
 ///   caught sooner: its last word was that it held the slot, and a live worker that
 ///   loses a slot beats again at once to say it holds nothing.
-pub fn worker_role(worker: &Document, holds_live_slot: bool) -> &'static str {
+pub fn worker_role(worker: &Document, holds_live_slot: bool) -> WorkerRole {
     let tick = int(worker, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
     let every = int(worker, "beat_ms")
         .filter(|b| (1..=3_600_000 * crate::db::heartbeat::REAR_TICKS as i64).contains(b))
         .unwrap_or(tick * crate::db::heartbeat::REAR_TICKS as i64);
     let late = int(worker, "seen_ms").is_some_and(|s| s > every + 1000);
-    let said_it_held =
-        int(worker, "held").is_some_and(|h| h > 0) || text(worker, SLOT_ID).is_some();
+    let said_it_held = int(worker, "held").is_some_and(|h| h > 0)
+        || text(worker, crate::db::field::SLOT_ID).is_some();
     match (holds_live_slot, late || said_it_held) {
-        (true, _) => "holder",
-        (false, false) => "standby",
-        (false, true) => "overdue",
+        (true, _) => WorkerRole::Holder,
+        (false, false) => WorkerRole::Standby,
+        (false, true) => WorkerRole::Overdue,
     }
 }
 
 /// Whether a live lease among `slots` (held or draining) names `worker_id`.
 pub fn holds_live_slot(worker_id: &str, slots: &[SlotRow]) -> bool {
-    slots.iter().any(|s| {
-        matches!(s.state, "held" | "draining") && text(&s.doc, OWNER).as_deref() == Some(worker_id)
-    })
+    slots
+        .iter()
+        .any(|s| s.state.is_live() && s.slot.owner.as_deref() == Some(worker_id))
 }
 
 /// What the pool can take: slots held, slots waiting for a worker, and how many more
@@ -138,13 +224,13 @@ pub struct Capacity {
 
 /// The capacity of a pool whose slots are in `states` (as [`slot_rows`] judges
 /// them), with `standbys` live standbys.
-pub fn capacity<'a>(states: impl IntoIterator<Item = &'a str>, standbys: usize) -> Capacity {
+pub fn capacity(states: impl IntoIterator<Item = SlotState>, standbys: usize) -> Capacity {
     let (mut held, mut unheld) = (0, 0);
     for state in states {
-        match state {
-            "held" | "draining" => held += 1,
-            "free" | "expired" => unheld += 1,
-            _ => {}
+        if state.is_live() {
+            held += 1;
+        } else if state.is_unheld() {
+            unheld += 1;
         }
     }
     Capacity {
@@ -159,19 +245,21 @@ pub fn capacity<'a>(states: impl IntoIterator<Item = &'a str>, standbys: usize) 
 /// A slot as robot views need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotView {
-    /// `held`, `expired`, `free`, `draining`, `drained` or `invalid`, judged on the
-    /// server's clock.
-    pub state: &'static str,
+    /// Judged on the server's clock.
+    pub state: SlotState,
     /// The holder while the lease is live.
     pub holder: Option<String>,
 }
 
 impl SlotView {
     pub fn of(row: &SlotRow) -> SlotView {
-        let live = matches!(row.state, "held" | "draining");
         SlotView {
             state: row.state,
-            holder: live.then(|| text(&row.doc, OWNER)).flatten(),
+            holder: row
+                .state
+                .is_live()
+                .then(|| row.slot.owner.clone())
+                .flatten(),
         }
     }
 }
@@ -179,38 +267,51 @@ impl SlotView {
 /// Every slot by id.
 pub fn slot_views(rows: &[SlotRow]) -> HashMap<String, SlotView> {
     rows.iter()
-        .filter_map(|r| Some((text(&r.doc, "_id")?, SlotView::of(r))))
+        .map(|r| (r.slot.id.clone(), SlotView::of(r)))
         .collect()
 }
 
 /// A robot's derived state: what it is doing, who runs it, and why not when it is
 /// not running.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RobotState {
-    /// `running`, `starting`, `restarting`, `failed`, `paused` or `waiting`.
-    pub state: &'static str,
+pub struct RobotNow {
+    pub state: RobotState,
     /// The worker running it now, if any.
     pub holder: Option<String>,
     /// Why it is not running, for everything but `running`.
     pub why: Option<String>,
 }
 
+impl RobotNow {
+    /// What `robot` is doing now, among `slots` (by id).
+    pub fn of(robot: &RobotDoc, slots: &HashMap<String, SlotView>) -> RobotNow {
+        let slot_id = robot.slot_id.clone().unwrap_or_default();
+        derive(
+            &slot_id,
+            robot.status,
+            robot.paused,
+            robot.worker.as_deref(),
+            slots.get(&slot_id),
+        )
+    }
+}
+
 /// Derives a robot's state from its stored fields and its slot (None: no such slot).
 pub fn derive(
     slot_id: &str,
-    stored_status: Option<&str>,
+    stored_status: Option<RobotStatus>,
     paused: bool,
     worker: Option<&str>,
     slot: Option<&SlotView>,
-) -> RobotState {
-    let waiting = |why: String| RobotState {
-        state: "waiting",
+) -> RobotNow {
+    let waiting = |why: String| RobotNow {
+        state: RobotState::Waiting,
         holder: None,
         why: Some(why),
     };
-    if paused && stored_status == Some("failed") {
-        return RobotState {
-            state: "failed",
+    if paused && stored_status == Some(RobotStatus::Failed) {
+        return RobotNow {
+            state: RobotState::Failed,
             holder: None,
             why: Some(
                 "stopped by its restart policy: it kept ending (robot resume NAME runs it again)"
@@ -219,8 +320,8 @@ pub fn derive(
         };
     }
     if paused {
-        return RobotState {
-            state: "paused",
+        return RobotNow {
+            state: RobotState::Paused,
             holder: None,
             why: Some("paused by an operator (robot resume NAME)".into()),
         };
@@ -229,21 +330,29 @@ pub fn derive(
         return waiting(format!("its slot {slot_id} does not exist"));
     };
     let holder = match (slot.state, &slot.holder) {
-        ("held" | "draining", Some(h)) => h.clone(),
-        ("drained", _) => {
+        (SlotState::Held | SlotState::Draining, Some(h)) => h.clone(),
+        (SlotState::Drained, _) => {
             return waiting(format!("{slot_id} is drained (slots undrain {slot_id})"))
         }
-        ("invalid", _) => return waiting(format!("{slot_id}'s document is invalid")),
+        (SlotState::Invalid, _) => return waiting(format!("{slot_id}'s document is invalid")),
         _ => return waiting(format!("no live worker holds {slot_id}")),
     };
     let adopted = worker == Some(holder.as_str());
     let (state, why) = match stored_status {
-        Some("running") if adopted => ("running", None),
-        Some("restarting") if adopted => ("restarting", Some("crashed; restarting with backoff")),
-        Some("failed") if adopted => ("failed", Some("its spec or context cannot work")),
-        _ => ("starting", Some("its slot's holder is starting it")),
+        Some(RobotStatus::Running) if adopted => (RobotState::Running, None),
+        Some(RobotStatus::Restarting) if adopted => (
+            RobotState::Restarting,
+            Some("crashed; restarting with backoff"),
+        ),
+        Some(RobotStatus::Failed) if adopted => {
+            (RobotState::Failed, Some("its spec or context cannot work"))
+        }
+        _ => (
+            RobotState::Starting,
+            Some("its slot's holder is starting it"),
+        ),
     };
-    RobotState {
+    RobotNow {
         state,
         holder: Some(holder),
         why: why.map(str::to_string),
@@ -270,27 +379,28 @@ mod tests {
     fn a_workers_role_follows_the_leases_and_its_heartbeats_age() {
         let fresh =
             doc! {"_id": "w", "seen_ms": 500_i64, "tick_ms": 1000_i64, "slot_id": "slot-001"};
-        assert_eq!(worker_role(&fresh, true), "holder");
+        assert_eq!(worker_role(&fresh, true), WorkerRole::Holder);
         // Its own document names a slot, but no live lease names it: killed a moment
         // ago (a live one would have said it holds nothing), no standby to count on.
-        assert_eq!(worker_role(&fresh, false), "overdue");
+        assert_eq!(worker_role(&fresh, false), WorkerRole::Overdue);
         let lost = doc! {"_id": "w", "seen_ms": 500_i64, "tick_ms": 1000_i64, "held": 1_i64};
-        assert_eq!(worker_role(&lost, false), "overdue");
+        assert_eq!(worker_role(&lost, false), WorkerRole::Overdue);
         let standby = doc! {"_id": "w", "seen_ms": 500_i64, "tick_ms": 1000_i64,
         "slot_id": null, "held": 0_i64};
-        assert_eq!(worker_role(&standby, false), "standby");
+        assert_eq!(worker_role(&standby, false), WorkerRole::Standby);
         // Its own beat period when it wrote one.
         let slow = doc! {"_id": "w", "seen_ms": 6500_i64, "tick_ms": 1000_i64, "beat_ms": 2000_i64};
-        assert_eq!(worker_role(&slow, false), "overdue");
+        assert_eq!(worker_role(&slow, false), WorkerRole::Overdue);
         let beat = 1000 * crate::db::heartbeat::REAR_TICKS as i64 + 1000;
         let late = doc! {"_id": "w", "seen_ms": beat + 1, "tick_ms": 1000_i64};
-        assert_eq!(worker_role(&late, false), "overdue");
-        assert_eq!(worker_role(&late, true), "holder");
+        assert_eq!(worker_role(&late, false), WorkerRole::Overdue);
+        assert_eq!(worker_role(&late, true), WorkerRole::Holder);
         let at_the_bound = doc! {"_id": "w", "seen_ms": beat, "tick_ms": 1000_i64};
-        assert_eq!(worker_role(&at_the_bound, false), "standby");
+        assert_eq!(worker_role(&at_the_bound, false), WorkerRole::Standby);
     }
 
-    fn slot(state: &'static str, holder: Option<&str>) -> SlotView {
+    fn slot(state: &str, holder: Option<&str>) -> SlotView {
+        let state = SlotState::parse(state).expect("a slot state");
         SlotView {
             state,
             holder: holder.map(str::to_string),
@@ -299,9 +409,9 @@ mod tests {
 
     #[test]
     fn unheld_slots_take_standbys_before_failures_can_be_absorbed() {
-        let states = ["held", "expired", "free", "draining", "drained", "invalid"];
+        let states = SlotState::ALL.iter().copied();
         assert_eq!(
-            capacity(states, 3),
+            capacity(states.clone(), 3),
             Capacity {
                 held: 2,
                 unheld: 2,
@@ -315,12 +425,12 @@ mod tests {
     fn a_dead_holders_robots_are_waiting_not_running() {
         let s = derive(
             "slot-1",
-            Some("running"),
+            Some(RobotStatus::Running),
             false,
             Some("w:1"),
             Some(&slot("expired", None)),
         );
-        assert_eq!(s.state, "waiting");
+        assert_eq!(s.state, RobotState::Waiting);
         assert_eq!(s.holder, None);
         assert!(s.why.unwrap().contains("no live worker holds slot-1"));
     }
@@ -328,42 +438,88 @@ mod tests {
     #[test]
     fn running_only_under_the_live_holder() {
         let held = slot("held", Some("w:1"));
-        let s = derive("slot-1", Some("running"), false, Some("w:1"), Some(&held));
+        let s = derive(
+            "slot-1",
+            Some(RobotStatus::Running),
+            false,
+            Some("w:1"),
+            Some(&held),
+        );
         assert_eq!(
             (s.state, s.holder.as_deref(), s.why),
-            ("running", Some("w:1"), None)
+            (RobotState::Running, Some("w:1"), None)
         );
         // Written by the previous holder, not yet adopted by this one.
-        let s = derive("slot-1", Some("running"), false, Some("w:0"), Some(&held));
-        assert_eq!((s.state, s.holder.as_deref()), ("starting", Some("w:1")));
-        let s = derive("slot-1", Some("pending"), false, None, Some(&held));
-        assert_eq!(s.state, "starting");
-        let s = derive("slot-1", Some("failed"), false, Some("w:1"), Some(&held));
-        assert_eq!(s.state, "failed");
+        let s = derive(
+            "slot-1",
+            Some(RobotStatus::Running),
+            false,
+            Some("w:0"),
+            Some(&held),
+        );
+        assert_eq!(
+            (s.state, s.holder.as_deref()),
+            (RobotState::Starting, Some("w:1"))
+        );
+        let s = derive(
+            "slot-1",
+            Some(RobotStatus::Pending),
+            false,
+            None,
+            Some(&held),
+        );
+        assert_eq!(s.state, RobotState::Starting);
+        let s = derive(
+            "slot-1",
+            Some(RobotStatus::Failed),
+            false,
+            Some("w:1"),
+            Some(&held),
+        );
+        assert_eq!(s.state, RobotState::Failed);
         // Given up on by its restart policy: held like a paused robot, but failed.
-        let s = derive("slot-1", Some("failed"), true, Some("w:1"), Some(&held));
-        assert_eq!((s.state, s.holder), ("failed", None));
+        let s = derive(
+            "slot-1",
+            Some(RobotStatus::Failed),
+            true,
+            Some("w:1"),
+            Some(&held),
+        );
+        assert_eq!((s.state, s.holder), (RobotState::Failed, None));
         assert!(s.why.unwrap().contains("robot resume"));
-        let s = derive("slot-1", Some("paused"), true, Some("w:1"), Some(&held));
-        assert_eq!(s.state, "paused");
+        let s = derive(
+            "slot-1",
+            Some(RobotStatus::Paused),
+            true,
+            Some("w:1"),
+            Some(&held),
+        );
+        assert_eq!(s.state, RobotState::Paused);
     }
 
     #[test]
     fn paused_drained_and_missing() {
         let held = slot("held", Some("w:1"));
         assert_eq!(
-            derive("s", Some("running"), true, Some("w:1"), Some(&held)).state,
-            "paused"
+            derive(
+                "s",
+                Some(RobotStatus::Running),
+                true,
+                Some("w:1"),
+                Some(&held)
+            )
+            .state,
+            RobotState::Paused
         );
         let s = derive(
             "s",
-            Some("running"),
+            Some(RobotStatus::Running),
             false,
             None,
             Some(&slot("drained", None)),
         );
-        assert!(s.state == "waiting" && s.why.unwrap().contains("drained"));
-        let s = derive("gone", Some("running"), false, None, None);
-        assert!(s.state == "waiting" && s.why.unwrap().contains("does not exist"));
+        assert!(s.state == RobotState::Waiting && s.why.unwrap().contains("drained"));
+        let s = derive("gone", Some(RobotStatus::Running), false, None, None);
+        assert!(s.state == RobotState::Waiting && s.why.unwrap().contains("does not exist"));
     }
 }

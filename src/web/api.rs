@@ -24,10 +24,9 @@ use super::auth::Denied;
 use super::query::{self, RobotQuery};
 use super::snapshot::{EventInfo, RobotRow, SlotInfo, Snapshot, Summary, WorkerInfo};
 use super::{web_actor, App, RobotDetail};
-use crate::db::field::{PAUSED, SLOT_ID, STATUS, WORKER};
 use crate::pool::actions::{self, ActionError, Actor, Done};
 use crate::pool::create::{self, CreateError, NewRobots};
-use crate::pool::view::{self, SlotView};
+use crate::pool::view::{RobotNow, RobotState, SlotView};
 
 // The answers of `/api/v1`, one struct each: their field names are the API's promise
 // (docs/http.md's table), pinned by `answers_keep_their_field_names` below.
@@ -111,7 +110,7 @@ pub struct RobotsAnswer<'a> {
 #[derive(Debug, Serialize)]
 pub struct RobotAnswer {
     pub robot: Value,
-    pub state: &'static str,
+    pub state: RobotState,
     pub holder: Option<String>,
     pub why: Option<String>,
     pub output: Value,
@@ -266,18 +265,18 @@ pub async fn robots(State(app): State<App>, RawQuery(raw): RawQuery) -> Response
 
 /// A robot's document as JSON, with its state derived from the snapshot's slots.
 pub fn robot_json(d: &RobotDetail, s: &Snapshot) -> RobotAnswer {
-    let slot_id = view::text(&d.doc, SLOT_ID).unwrap_or_default();
-    let slot = s.slots.iter().find(|x| x.id == slot_id).map(|x| SlotView {
-        state: x.state,
-        holder: x.holder.clone(),
-    });
-    let st = view::derive(
-        &slot_id,
-        d.doc.get_str(STATUS).ok(),
-        d.doc.get_bool(PAUSED).unwrap_or(false),
-        d.doc.get_str(WORKER).ok(),
-        slot.as_ref(),
-    );
+    let slots = s
+        .slots
+        .iter()
+        .map(|x| {
+            let view = SlotView {
+                state: x.state,
+                holder: x.holder.clone(),
+            };
+            (x.id.clone(), view)
+        })
+        .collect();
+    let st = RobotNow::of(&d.robot, &slots);
     let mut doc = d.doc.clone();
     doc.remove("_id");
     RobotAnswer {
@@ -793,6 +792,7 @@ pub async fn slot_action(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::view::{SlotState, WorkerRole};
 
     #[test]
     fn actions_by_name() {
@@ -835,7 +835,7 @@ mod tests {
         let snap = Snapshot {
             slots: vec![SlotInfo {
                 id: "slot-001".into(),
-                state: "held",
+                state: SlotState::Held,
                 holder: Some("10.0.0.5:7700".into()),
                 epoch: Some(3),
                 lease_ms: Some(2000),
@@ -846,7 +846,7 @@ mod tests {
             }],
             workers: vec![WorkerInfo {
                 id: "10.0.0.5:7700".into(),
-                role: "holder",
+                role: WorkerRole::Holder,
                 slot: Some("slot-001".into()),
                 held: Some(1),
                 last_seen_ms: Some(100),
@@ -911,7 +911,7 @@ mod tests {
         );
         let robot = || RobotAnswer {
             robot: Value::Object(Default::default()),
-            state: "running",
+            state: RobotState::Running,
             holder: None,
             why: None,
             output: Value::Null,

@@ -40,6 +40,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::db::field::NAME;
+use crate::db::robot_doc::RobotDoc;
 use crate::db::store::Store;
 use crate::pool::actions::Actor;
 use auth::Auth;
@@ -143,7 +144,10 @@ pub struct App {
 /// One robot as its page shows it: the whole document and its kept output.
 #[derive(Debug, Clone)]
 pub struct RobotDetail {
+    /// The whole document, shown as it is.
     pub doc: Document,
+    /// The same, decoded.
+    pub robot: RobotDoc,
     pub output: Option<Document>,
 }
 
@@ -203,7 +207,11 @@ impl App {
                     .find_one(doc! {"_id": doc.get("_id")})
                     .await
                     .context("reading the robot's output")?;
-                Some(Arc::new(RobotDetail { doc, output }))
+                Some(Arc::new(RobotDetail {
+                    robot: RobotDoc::from_doc(&doc),
+                    doc,
+                    output,
+                }))
             }
         };
         let mut recent = self.details.recent.lock().expect("details lock");

@@ -251,7 +251,7 @@ pub async fn robots(
     let form = html! {
         form #search method="get" action="/robots" {
             label { "Name contains " input type="search" name="q" value=(q.q) maxlength=(query::MAX_TEXT) autofocus; }
-            (select("state", "State", query::STATES, q.state.as_deref()))
+            (select("state", "State", &query::states(), q.state.as_deref()))
             (select("slot", "Slot", &slot_ids, q.slot.as_deref()))
             label { "Kind " input type="text" name="kind" value=(q.kind.as_deref().unwrap_or("")) size="8" maxlength=(query::MAX_TEXT); }
             label { "Sort "

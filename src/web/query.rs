@@ -4,16 +4,12 @@
 //! milliseconds.
 
 use super::snapshot::RobotRow;
+use crate::pool::view::RobotState;
 
 /// Derived robot states a filter may name.
-pub const STATES: &[&str] = &[
-    "running",
-    "starting",
-    "restarting",
-    "failed",
-    "paused",
-    "waiting",
-];
+pub fn states() -> Vec<&'static str> {
+    RobotState::ALL.iter().map(|s| s.as_str()).collect()
+}
 
 /// Sort keys.
 pub const SORTS: &[&str] = &["name", "slot", "state", "seq", "restarts", "checkpoint"];
@@ -77,8 +73,8 @@ impl RobotQuery {
             match k.as_str() {
                 "q" => out.q = v.clone(),
                 "state" => {
-                    if !STATES.contains(&v.as_str()) {
-                        return Err(format!("state must be one of {}", STATES.join(", ")));
+                    if RobotState::parse(v).is_none() {
+                        return Err(format!("state must be one of {}", states().join(", ")));
                     }
                     out.state = value();
                 }
@@ -164,14 +160,14 @@ pub fn apply<'a>(rows: &'a [RobotRow], q: &RobotQuery) -> Page<'a> {
     let mut hits: Vec<&RobotRow> = rows
         .iter()
         .filter(|r| needle.is_empty() || r.name.to_lowercase().contains(&needle))
-        .filter(|r| q.state.as_deref().is_none_or(|s| r.state == s))
+        .filter(|r| q.state.as_deref().is_none_or(|s| r.state.as_str() == s))
         .filter(|r| q.slot.as_deref().is_none_or(|s| r.slot == s))
         .filter(|r| q.kind.as_deref().is_none_or(|k| r.kind == k))
         .collect();
     // Stable, and only the key is reversed for `desc`: ties keep name order.
     let key = |a: &RobotRow, b: &RobotRow| match q.sort {
         "slot" => a.slot.cmp(&b.slot),
-        "state" => a.state.cmp(b.state),
+        "state" => a.state.as_str().cmp(b.state.as_str()),
         "seq" => a.seq.cmp(&b.seq),
         "restarts" => a.restarts.cmp(&b.restarts),
         "checkpoint" => a.checkpointed_at_ms.cmp(&b.checkpointed_at_ms),
@@ -209,10 +205,10 @@ mod tests {
     }
 
     fn rows() -> Vec<RobotRow> {
-        let row = |name: &str, slot: &str, state: &'static str, seq: i64| {
+        let row = |name: &str, slot: &str, state: &str, seq: i64| {
             let mut r = RobotRow::named(name);
             r.slot = slot.into();
-            r.state = state;
+            r.state = RobotState::parse(state).expect("a state");
             r.seq = Some(seq);
             r
         };

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::{doc, oid::ObjectId, Document};
 use futures::TryStreamExt;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
@@ -31,8 +31,9 @@ use tokio_util::sync::CancellationToken;
 use super::timeline::{self, Moment};
 use crate::db::event::Event;
 use crate::db::field::KIND;
+use crate::db::robot_doc::{RobotDoc, RobotStatus};
 use crate::db::store::Store;
-use crate::pool::view::{self, int, text, SlotRow, SlotView};
+use crate::pool::view::{self, int, text, RobotState, SlotRow, SlotState, SlotView, WorkerRole};
 
 /// How many of the latest events the snapshot keeps.
 pub const EVENTS_KEPT: i64 = 50;
@@ -55,8 +56,7 @@ pub const IDLE_AFTER: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SlotInfo {
     pub id: String,
-    /// `held`, `expired`, `free`, `draining`, `drained` or `invalid`.
-    pub state: &'static str,
+    pub state: SlotState,
     /// The worker holding it while its lease is live.
     pub holder: Option<String>,
     pub epoch: Option<i64>,
@@ -77,7 +77,7 @@ pub struct WorkerInfo {
     /// `holder` (holds a live slot), `standby`, or `overdue` (holds nothing and its
     /// last heartbeat is older than one beat: probably gone, not counted as a
     /// standby).
-    pub role: &'static str,
+    pub role: WorkerRole,
     /// Its first held slot (a holder with room may hold more: see `held`).
     pub slot: Option<String>,
     /// How many slots it holds now.
@@ -101,9 +101,8 @@ pub struct RobotRow {
     pub name: String,
     pub kind: String,
     pub slot: String,
-    /// Derived now from its slot's lease: `running`, `starting`, `restarting`,
-    /// `failed`, `paused` or `waiting`.
-    pub state: &'static str,
+    /// Derived now from its slot's lease.
+    pub state: RobotState,
     pub holder: Option<String>,
     /// Why it is not running.
     pub why: Option<String>,
@@ -116,6 +115,9 @@ pub struct RobotRow {
     pub restarts: Option<i64>,
     /// Server-clock milliseconds since the epoch of its last checkpoint.
     pub checkpointed_at_ms: Option<i64>,
+    /// The stored status, parsed, for the derivation.
+    #[serde(skip)]
+    stored: Option<RobotStatus>,
     #[serde(skip)]
     worker: Option<String>,
 }
@@ -434,7 +436,7 @@ impl Snapshotter {
                     .map(|r| {
                         let st = view::derive(
                             &r.slot,
-                            r.status.as_deref(),
+                            r.stored,
                             r.paused,
                             r.worker.as_deref(),
                             views.get(&r.slot),
@@ -520,14 +522,13 @@ fn events_since(newest_kept_s: Option<i64>, now_s: i64) -> i64 {
 }
 
 fn slot_info(r: &SlotRow) -> SlotInfo {
-    let d = &r.doc;
-    let lease_ms = int(d, "lease_ms");
-    let held = matches!(r.state, "held" | "draining");
+    let lease_ms = r.slot.lease_ms;
+    let held = r.state.is_live();
     SlotInfo {
-        id: text(d, "_id").unwrap_or_default(),
+        id: r.slot.id.clone(),
         state: r.state,
         holder: SlotView::of(r).holder,
-        epoch: int(d, "epoch"),
+        epoch: r.slot.epoch,
         lease_ms,
         lease_age_ms: r.lease_age_ms,
         lease_left_ms: match (held, lease_ms, r.lease_age_ms) {
@@ -535,8 +536,8 @@ fn slot_info(r: &SlotRow) -> SlotInfo {
             (false, Some(_), _) => Some(0),
             _ => None,
         },
-        robots: int(d, "robot_count").unwrap_or(0),
-        draining: matches!(d.get("draining"), Some(Bson::Boolean(true))),
+        robots: r.slot.robot_count,
+        draining: r.slot.draining,
     }
 }
 
@@ -580,34 +581,37 @@ fn event_info(e: Event) -> EventInfo {
 }
 
 fn robot_row(d: &Document) -> RobotRow {
+    let r = RobotDoc::from_doc(d);
     RobotRow {
-        name: text(d, "name").unwrap_or_default(),
-        kind: text(d, "kind").unwrap_or_default(),
-        slot: text(d, "slot_id").unwrap_or_default(),
-        state: "waiting",
+        name: r.name.unwrap_or_default(),
+        kind: r.kind.unwrap_or_default(),
+        slot: r.slot_id.unwrap_or_default(),
+        state: RobotState::Waiting,
         holder: None,
         why: None,
-        status: text(d, "status"),
-        error: text(d, "error"),
-        paused: d.get_bool("paused").unwrap_or(false),
-        seq: int(d, "seq"),
-        epoch: int(d, "epoch"),
-        restarts: int(d, "restarts"),
-        checkpointed_at_ms: match d.get("checkpointed_at") {
-            Some(Bson::DateTime(t)) => Some(t.timestamp_millis()),
-            _ => None,
-        },
-        worker: text(d, "worker"),
+        stored: r.status,
+        status: r.status_text,
+        error: r.error,
+        paused: r.paused,
+        seq: r.seq,
+        epoch: r.epoch,
+        restarts: r.restarts,
+        checkpointed_at_ms: r.checkpointed_at_ms,
+        worker: r.worker,
     }
 }
 
 /// The pool in numbers, from a snapshot's parts.
 pub fn summarize(s: &Snapshot, unplaced: i64) -> Summary {
-    let standbys = s.workers.iter().filter(|w| w.role == "standby").count();
+    let standbys = s
+        .workers
+        .iter()
+        .filter(|w| w.role == WorkerRole::Standby)
+        .count();
     let capacity = view::capacity(s.slots.iter().map(|x| x.state), standbys);
     let mut by_state = BTreeMap::new();
     for r in s.robots.iter().flat_map(|r| r.iter()) {
-        *by_state.entry(r.state).or_default() += 1;
+        *by_state.entry(r.state.as_str()).or_default() += 1;
     }
     Summary {
         slots: s.slots.len(),
@@ -625,11 +629,13 @@ pub fn summarize(s: &Snapshot, unplaced: i64) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::store::SlotDoc;
+    use bson::Bson;
 
-    fn slot(id: &str, state: &'static str) -> SlotInfo {
+    fn slot(id: &str, state: &str) -> SlotInfo {
         SlotInfo {
             id: id.into(),
-            state,
+            state: SlotState::parse(state).expect("a slot state"),
             holder: None,
             epoch: Some(1),
             lease_ms: Some(2000),
@@ -643,7 +649,11 @@ mod tests {
     fn worker(id: &str, slot: Option<&str>) -> WorkerInfo {
         WorkerInfo {
             id: id.into(),
-            role: if slot.is_some() { "holder" } else { "standby" },
+            role: if slot.is_some() {
+                WorkerRole::Holder
+            } else {
+                WorkerRole::Standby
+            },
             slot: slot.map(str::to_string),
             held: None,
             last_seen_ms: Some(10),
@@ -672,17 +682,17 @@ mod tests {
     fn a_dead_holders_slot_shows_no_holder_and_no_lease_left() {
         let d = doc! {"_id": "slot-1", "owner": "w:1", "epoch": 4_i64, "lease_ms": 2000_i64, "robot_count": 7_i64};
         let expired = slot_info(&SlotRow {
-            doc: d.clone(),
+            slot: SlotDoc::from_doc(&d),
             lease_age_ms: Some(5000),
-            state: "expired",
+            state: SlotState::Expired,
         });
         assert_eq!(expired.holder, None);
         assert_eq!(expired.lease_left_ms, Some(0));
         assert_eq!((expired.epoch, expired.robots), (Some(4), 7));
         let held = slot_info(&SlotRow {
-            doc: d,
+            slot: SlotDoc::from_doc(&d),
             lease_age_ms: Some(500),
-            state: "held",
+            state: SlotState::Held,
         });
         assert_eq!(held.holder.as_deref(), Some("w:1"));
         assert_eq!(held.lease_left_ms, Some(1500));
@@ -696,16 +706,19 @@ mod tests {
         // Its own document still names a slot; the slots say who holds it.
         let w = |id: &str, seen: i64| doc! {"_id": id, "slot_id": "slot-1", "tick_ms": 1000_i64, "seen_ms": seen};
         let holder = worker_info(&w("w:1", 20_000), &slots);
-        assert_eq!((holder.role, holder.held), ("holder", Some(1)));
+        assert_eq!((holder.role, holder.held), (WorkerRole::Holder, Some(1)));
         assert_eq!(holder.slot.as_deref(), Some("slot-1"));
         // w:2 said it held slot-1, which w:1 holds now: killed a moment ago.
-        assert_eq!(worker_info(&w("w:2", 5_900), &slots).role, "overdue");
+        assert_eq!(
+            worker_info(&w("w:2", 5_900), &slots).role,
+            WorkerRole::Overdue
+        );
         let standby = doc! {"_id": "w:4", "slot_id": null, "held": 0_i64, "tick_ms": 1000_i64, "seen_ms": 5_900_i64};
-        assert_eq!(worker_info(&standby, &slots).role, "standby");
+        assert_eq!(worker_info(&standby, &slots).role, WorkerRole::Standby);
         let gone = worker_info(&w("w:3", 6_100), &slots);
         assert_eq!(
             (gone.role, gone.slot, gone.held),
-            ("overdue", None, Some(0))
+            (WorkerRole::Overdue, None, Some(0))
         );
     }
 
