@@ -15,6 +15,7 @@ use slotpool::db::context::{ContextError, ContextStore};
 use slotpool::db::group_commit::IN_DOUBT_AFTER;
 use slotpool::db::guard::WriteGuard;
 use slotpool::db::pacing::WritePacer;
+use slotpool::db::robot_doc::RobotStatus;
 use slotpool::metrics::Metrics;
 use tokio::time::Instant;
 
@@ -386,7 +387,7 @@ async fn an_instance_started_before_its_adoption_writes_until_then_under_the_lis
     assert!(is_fenced(&refused), "{refused:?}");
     new.start_early(id, Some(old_gen), 1);
     assert!(new
-        .set_status(&id, new_gen, "running", None, None)
+        .set_status(&id, new_gen, RobotStatus::Running, None, None)
         .await
         .unwrap());
     new.checkpoint(&id, new_gen, "b", doc! {"n": 1_i64}, 0, 0)
@@ -416,7 +417,7 @@ async fn an_instance_started_before_its_adoption_writes_until_then_under_the_lis
         .await;
     assert!(is_fenced(&late), "{late:?}");
     assert!(!old
-        .set_status(&id, old_gen, "failed", Some("late"), None)
+        .set_status(&id, old_gen, RobotStatus::Failed, Some("late"), None)
         .await
         .unwrap());
     let d = robot(&db, &id).await;

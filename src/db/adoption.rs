@@ -15,6 +15,7 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use crate::db::context::{long_or_zero, ContextError, ContextStore, BATCH};
 use crate::db::field::{EPOCH, ERROR, GEN, PAUSED, SLOT_ID, STATUS, WORKER};
 use crate::db::group_commit::{Statement, Written};
+use crate::db::robot_doc::RobotStatus;
 
 /// Robots per adoption write. Measured on the dev server with 10,000 robots in the
 /// collection: 100 ids take about 150 ms, 500 take 1.3 s (the cost grows faster than
@@ -300,7 +301,7 @@ impl ContextStore {
                 {"$cond": [{"$in": [{"$type": "$gen"}, ["int", "long"]]}, {"$toLong": "$gen"}, 0_i64]},
                 1_i64,
             ]},
-            STATUS: "running", ERROR: Bson::Null,
+            STATUS: RobotStatus::Running, ERROR: Bson::Null,
             WORKER: {"$literal": &self.worker}, "status_at": "$$NOW",
         }}]
     }

@@ -38,7 +38,7 @@ use crate::db::group_commit::{
 use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
-use crate::db::robot_doc::RobotDoc;
+use crate::db::robot_doc::{RobotDoc, RobotStatus};
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -408,7 +408,7 @@ impl ContextStore {
         &self,
         id: &ObjectId,
         gen: i64,
-        status: &str,
+        status: RobotStatus,
         error: Option<&str>,
         restarts: Option<i64>,
     ) -> Result<bool, ContextError> {
@@ -502,14 +502,16 @@ impl ContextStore {
                 );
                 // A robot its restart policy gave up on runs again with the change (a
                 // fresh budget); one an operator paused stays paused.
-                let failed =
-                    doc! {"$and": [{"$eq": ["$paused", true]}, {"$eq": ["$status", "failed"]}]};
+                let failed = doc! {"$and": [{"$eq": ["$paused", true]}, {"$eq": ["$status", RobotStatus::Failed]}]};
                 set.insert(PAUSED, doc! {"$cond": [failed.clone(), false, "$paused"]});
                 set.insert(
                     RECENT_ENDS,
                     doc! {"$cond": [failed.clone(), {"$literal": []}, {"$ifNull": ["$recent_ends", {"$literal": []}]}]},
                 );
-                set.insert(STATUS, doc! {"$cond": [failed, "pending", "$status"]});
+                set.insert(
+                    STATUS,
+                    doc! {"$cond": [failed, RobotStatus::Pending, "$status"]},
+                );
             }
             Err(why) => {
                 let why = crate::secrets::scrub(why).into_owned();
@@ -537,7 +539,7 @@ impl ContextStore {
             return Ok(false);
         }
         let set = doc! {
-            STATUS: "failed",
+            STATUS: RobotStatus::Failed,
             PAUSED: true,
             ERROR: {"$literal": crate::secrets::scrub(why).into_owned()},
             WORKER: {"$literal": &self.worker},

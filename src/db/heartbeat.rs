@@ -6,6 +6,24 @@ use bson::{doc, Bson, Document};
 
 use crate::db::field::LAST_SEEN;
 use crate::db::store::int;
+use crate::db::words::words;
+
+words! {
+    /// A live worker's role (judged by [`crate::pool::view::worker_role`]).
+    WorkerRole {
+        Holder => "holder",
+        Standby => "standby",
+        /// Holds nothing and missed a heartbeat, or said it held a slot it lost.
+        Overdue => "overdue",
+    }
+}
+
+/// A worker that holds nothing yet.
+impl Default for WorkerRole {
+    fn default() -> Self {
+        WorkerRole::Standby
+    }
+}
 
 /// Everyone not at the front surveys, heartbeats and re-reads its place once per
 /// this many ticks; heartbeats are this far apart for everyone.

@@ -15,3 +15,4 @@ pub mod pacing;
 pub mod robot_count;
 pub mod robot_doc;
 pub mod store;
+pub mod words;

@@ -16,6 +16,7 @@ use crate::db::field::{
     ACTOR, BY, CONTEXT, DETAIL, DRAINING, FROM, KIND, NAME, PAUSED, RECENT_ENDS, ROBOT, SLOT_ID,
     SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
 };
+use crate::db::robot_doc::RobotStatus;
 use crate::db::store::Store;
 use crate::pool::placement::{self, MoveError};
 use crate::pool::view::text;
@@ -130,7 +131,7 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
         .update_one(
             doc! {"_id": d.get("_id")},
             doc! {
-                "$set": {PAUSED: false, STATUS: "pending"},
+                "$set": {PAUSED: false, STATUS: RobotStatus::Pending},
                 "$inc": {START_REV: 1_i64},
                 "$unset": {RECENT_ENDS: ""},
             },
@@ -389,7 +390,11 @@ pub async fn set_paused(
 ) -> Result<Done, ActionError> {
     let d = robot(store, name).await?;
     let slot = slot_of(&d)?;
-    let status = if paused { "paused" } else { "pending" };
+    let status = if paused {
+        RobotStatus::Paused
+    } else {
+        RobotStatus::Pending
+    };
     // A resumed robot gets a fresh restart budget: its recorded ends go.
     let update = if paused {
         doc! {"$set": {PAUSED: true, STATUS: status}}
@@ -461,8 +466,8 @@ pub async fn move_to(
         // A rerun of a move may find the robot moved but its holder never told (the
         // first run was cut off between the two writes): tell it again. Harmless
         // when nothing was wrong: the holder reads its robots once more.
-        let waiting =
-            text(&d, STATUS).as_deref() == Some("pending") && d.get_bool(PAUSED) != Ok(true);
+        let waiting = text(&d, STATUS).as_deref() == Some(RobotStatus::Pending.as_str())
+            && d.get_bool(PAUSED) != Ok(true);
         placement::adjust(store, to, 0, true).await?;
         if waiting {
             record(

@@ -16,6 +16,7 @@ use crate::db::field::{
     CHECKPOINTED_AT, CONTEXT, CREATED_AT, DETAIL, EPOCH, ERROR, KIND, NAME, PAUSED, RESTARTS,
     ROBOT, SEQ, SLOT_ID, SPEC, STATUS, WORKER,
 };
+use crate::db::robot_doc::RobotStatus;
 use crate::db::store::{is_duplicate_key, Store};
 use crate::pool::actions::Actor;
 use crate::pool::placement::{self, PlacementError};
@@ -167,7 +168,7 @@ pub async fn create(store: &Store, req: &NewRobots, actor: &Actor) -> Result<Cre
             doc! {
                 "_id": ObjectId::new(), NAME: name, KIND: &req.kind, SPEC: req.spec.clone(),
                 SLOT_ID: slot, EPOCH: 0_i64, CONTEXT: {}, SEQ: 0_i64, PAUSED: false,
-                STATUS: "pending", ERROR: Bson::Null, RESTARTS: 0_i64, WORKER: Bson::Null,
+                STATUS: RobotStatus::Pending, ERROR: Bson::Null, RESTARTS: 0_i64, WORKER: Bson::Null,
                 CREATED_AT: now, CHECKPOINTED_AT: Bson::Null,
             }
         })

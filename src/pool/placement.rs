@@ -24,6 +24,7 @@ use futures::TryStreamExt;
 
 use crate::db::field::{DRAINING, EPOCH, REV, ROBOT_COUNT, SLOT_ID, STATUS, WORKER};
 use crate::db::robot_count::reservation;
+use crate::db::robot_doc::RobotStatus;
 use crate::db::store::{int, Store};
 
 /// A slot as placement sees it.
@@ -296,7 +297,7 @@ pub async fn rescue(
 fn rebind(to: &str) -> Vec<Document> {
     vec![doc! {"$set": {
         SLOT_ID: {"$literal": to}, EPOCH: 0_i64, WORKER: Bson::Null,
-        STATUS: {"$cond": [{"$eq": ["$paused", true]}, "paused", "pending"]},
+        STATUS: {"$cond": [{"$eq": ["$paused", true]}, RobotStatus::Paused, RobotStatus::Pending]},
     }}]
 }
 

@@ -5,50 +5,17 @@
 //! list`, `robot list`, `robot show`) and `slotpool web` both show this.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
-use serde::Serialize;
 
+pub use crate::db::heartbeat::WorkerRole;
 use crate::db::robot_doc::{RobotDoc, RobotStatus};
 use crate::db::store::{SlotDoc, Store};
+use crate::db::words::words;
 
 pub use crate::db::event::text;
 pub use crate::db::store::int;
-
-/// Words with `as_str`, `Display`, a list of all of them and a parse, serialized
-/// as their word.
-macro_rules! words {
-    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $word:literal,)+ }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-        #[serde(rename_all = "snake_case")]
-        pub enum $name {
-            $($(#[$vmeta])* $variant,)+
-        }
-
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
-
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $word,)+
-                }
-            }
-
-            pub fn parse(word: &str) -> Option<$name> {
-                $name::ALL.iter().copied().find(|w| w.as_str() == word)
-            }
-        }
-
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    };
-}
 
 words! {
     /// A slot judged on the server's clock.
@@ -91,16 +58,6 @@ words! {
         Paused => "paused",
         /// No live holder can run it.
         Waiting => "waiting",
-    }
-}
-
-words! {
-    /// A live worker's role ([`worker_role`]).
-    WorkerRole {
-        Holder => "holder",
-        Standby => "standby",
-        /// Holds nothing and missed a heartbeat, or said it held a slot it lost.
-        Overdue => "overdue",
     }
 }
 

@@ -174,7 +174,7 @@ impl Worker {
         );
         let status = WorkerStatus {
             worker: settings.identity.to_string(),
-            role: "standby",
+            role: crate::db::heartbeat::WorkerRole::Standby,
             tick_ms: settings.timing.tick.as_millis() as u64,
             max_slots: settings.max_slots,
             version: env!("CARGO_PKG_VERSION"),

@@ -2,6 +2,7 @@
 //! whether the database answers. Kept current by the loop and the held slots, read
 //! by the HTTP server.
 
+use crate::db::heartbeat::WorkerRole;
 use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
@@ -25,7 +26,7 @@ pub struct HeldStatus {
 pub struct WorkerStatus {
     pub worker: String,
     /// `standby` (holds nothing) or `holder`.
-    pub role: &'static str,
+    pub role: WorkerRole,
     /// The first slot held (see `slots` for all of them).
     pub slot_id: Option<String>,
     pub epoch: Option<i64>,
@@ -66,9 +67,9 @@ impl WorkerStatus {
 
     fn summarize(&mut self) {
         self.role = if self.slots.is_empty() {
-            "standby"
+            WorkerRole::Standby
         } else {
-            "holder"
+            WorkerRole::Holder
         };
         self.slot_id = self.slots.first().map(|s| s.slot_id.clone());
         self.epoch = self.slots.first().map(|s| s.epoch);

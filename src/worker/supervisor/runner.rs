@@ -11,6 +11,7 @@ use crate::clock::SharedClock;
 use crate::db::context::{ContextStore, Loaded};
 use crate::db::event::EventKind;
 use crate::db::field::{DETAIL, EPOCH, ROBOT, SLOT_ID, WORKER};
+use crate::db::robot_doc::RobotStatus;
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::restart::{Budget, Next, RestartPolicy};
@@ -74,7 +75,11 @@ impl Runner {
                     break;
                 }
             };
-            let status = if invalid { "failed" } else { "restarting" };
+            let status = if invalid {
+                RobotStatus::Failed
+            } else {
+                RobotStatus::Restarting
+            };
             restarts += 1;
             self.metrics.robot_restarts.inc();
             tracing::warn!(robot = %self.name, restarts, backoff_ms = backoff.as_millis() as u64, "robot {status}: {error}");
@@ -194,7 +199,7 @@ impl Runner {
         if restarted
             && !self
                 .ctx
-                .set_status(&self.id, self.gen, "running", None, None)
+                .set_status(&self.id, self.gen, RobotStatus::Running, None, None)
                 .await
                 .map_err(RobotError::from)?
         {
