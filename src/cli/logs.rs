@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bson::{doc, Bson, Document};
 
-use crate::db::field::GEN;
+use crate::db::field::{AT, GEN, LINES, STREAM, TEXT};
 use crate::db::store::Store;
 
 /// How often `--follow` looks for new lines (they are kept about once a second).
@@ -86,7 +86,7 @@ async fn read(store: &Store, id: &Bson) -> anyhow::Result<Vec<Kept>> {
 
 fn parse(d: &Document) -> Vec<Kept> {
     let gen = super::int(d, GEN).unwrap_or(0);
-    let Ok(lines) = d.get_array("lines") else {
+    let Ok(lines) = d.get_array(LINES) else {
         return Vec::new();
     };
     lines
@@ -96,9 +96,9 @@ fn parse(d: &Document) -> Vec<Kept> {
             Some(Kept {
                 gen,
                 n: super::int(l, "n")?,
-                at: l.get_datetime("at").ok().copied(),
-                stream: l.get_str("stream").unwrap_or("stdout").to_string(),
-                text: l.get_str("text").ok()?.to_string(),
+                at: l.get_datetime(AT).ok().copied(),
+                stream: l.get_str(STREAM).unwrap_or("stdout").to_string(),
+                text: l.get_str(TEXT).ok()?.to_string(),
             })
         })
         .collect()

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bson::{doc, oid::ObjectId, Bson, Document};
 
 use crate::db::context::{long_or_zero, ContextError, ContextStore, BATCH};
-use crate::db::field::{EPOCH, ERROR, GEN, PAUSED, SLOT_ID, STATUS, WORKER};
+use crate::db::field::{EPOCH, ERROR, GEN, PAUSED, SLOT_ID, STATUS, STATUS_AT, WORKER};
 use crate::db::group_commit::{Statement, Written};
 use crate::db::robot_doc::RobotStatus;
 
@@ -302,7 +302,7 @@ impl ContextStore {
                 1_i64,
             ]},
             STATUS: RobotStatus::Running, ERROR: Bson::Null,
-            WORKER: {"$literal": &self.worker}, "status_at": "$$NOW",
+            WORKER: {"$literal": &self.worker}, STATUS_AT: "$$NOW",
         }}]
     }
 }

@@ -29,8 +29,9 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
 
 use crate::db::field::{
-    APPLIED_LIMITS, CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RECENT_ENDS,
-    RESTARTS, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
+    APPLIED_LIMITS, AT, CHECKPOINTED_AT, CONTAINMENT, CONTEXT, EPOCH, ERROR, GEN, HISTORY, KIND,
+    NAME, PAUSED, RECENT_ENDS, RESTARTS, SEQ, SLOT_ID, SPEC, START_REV, STATUS, STATUS_AT, UPDATE,
+    UPDATE_RESULT, WORKER,
 };
 use crate::db::group_commit::{
     while_open, Answer, GroupCommit, Statement, Written, IN_DOUBT_AFTER,
@@ -363,10 +364,10 @@ impl ContextStore {
                 GEN: gen,
                 WORKER: {"$literal": &self.worker},
                 "slot": &self.slot_id,
-                "at": "$$NOW",
+                AT: "$$NOW",
             };
             set.insert(
-                "history",
+                HISTORY,
                 doc! {"$slice": [
                     {"$concatArrays": [{"$ifNull": ["$history", []]}, [entry]]},
                     -history.min(MAX_HISTORY),
@@ -422,7 +423,7 @@ impl ContextStore {
             // Scrubbed: a driver error may echo part of the connection string.
             ERROR: {"$literal": error.map_or(Bson::Null, |e| Bson::String(crate::secrets::scrub(e).into_owned()))},
             WORKER: {"$literal": &self.worker},
-            "status_at": "$$NOW",
+            STATUS_AT: "$$NOW",
         };
         if let Some(n) = restarts {
             // An end: counted in the robot's own record, on the server's clock, so
@@ -486,7 +487,7 @@ impl ContextStore {
         // a document writer, so a `$`-name in a spec stays data.
         let mut result = doc! {
             "id": update_id, "applied": applied.is_ok(),
-            WORKER: {"$literal": &self.worker}, "at": "$$NOW",
+            WORKER: {"$literal": &self.worker}, AT: "$$NOW",
         };
         let mut set = Document::new();
         match applied {
@@ -544,7 +545,7 @@ impl ContextStore {
             ERROR: {"$literal": crate::secrets::scrub(why).into_owned()},
             WORKER: {"$literal": &self.worker},
             RESTARTS: restarts,
-            "status_at": "$$NOW",
+            STATUS_AT: "$$NOW",
         };
         self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
             .await
@@ -567,10 +568,10 @@ impl ContextStore {
         }
         let update = match applied_limits {
             Some(applied) => doc! {"$set": {
-                "containment": containment, APPLIED_LIMITS: applied,
+                CONTAINMENT: containment, APPLIED_LIMITS: applied,
             }},
             None => doc! {
-                "$set": {"containment": containment},
+                "$set": {CONTAINMENT: containment},
                 "$unset": {APPLIED_LIMITS: ""},
             },
         };

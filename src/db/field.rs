@@ -24,6 +24,13 @@ pub const ROBOT_COUNT: &str = "robot_count";
 pub const REV: &str = "rev";
 
 // Slots.
+/// The holder's address, split for the survey's hash (`owner` is `ip:port`).
+pub const IP: &str = "ip";
+pub const PORT: &str = "port";
+/// When a slot was last released (server clock).
+pub const RELEASED_AT: &str = "released_at";
+/// True on a slot that `init` is removing (a pool shrinking): no new robot.
+pub const RETIRING: &str = "retiring";
 /// When a slot was last claimed or renewed (server clock), or null once released.
 pub const TIME: &str = "time";
 /// `time + L` in server-clock milliseconds: what the survey's index orders by.
@@ -71,7 +78,42 @@ pub const CREATED_AT: &str = "created_at";
 /// When a robot's last checkpoint landed (server clock).
 pub const CHECKPOINTED_AT: &str = "checkpointed_at";
 
+/// A robot's checkpoint records, when its spec asks for them.
+pub const HISTORY: &str = "history";
+/// When a robot's status was last written (server clock).
+pub const STATUS_AT: &str = "status_at";
+/// How an exec robot's process tree is contained (a cgroup, a PID namespace …).
+pub const CONTAINMENT: &str = "containment";
+
 // Workers.
+/// A worker process's random id: two processes with one identity never share it.
+pub const INSTANCE: &str = "instance";
+/// Every slot a worker holds.
+pub const SLOTS: &str = "slots";
+/// How many slots a worker holds.
+pub const HELD: &str = "held";
+/// True while a worker may take another slot.
+pub const ROOM: &str = "room";
+/// A worker's `--max-slots`.
+pub const MAX_SLOTS: &str = "max_slots";
+/// A worker's tick, and how far apart its heartbeats are, in milliseconds.
+pub const TICK_MS: &str = "tick_ms";
+pub const BEAT_MS: &str = "beat_ms";
+/// Until when (server-clock milliseconds) a heartbeat is believed.
+pub const ALIVE_UNTIL_MS: &str = "alive_until_ms";
+/// When the TTL index removes a document nobody renews (a heartbeat, a deleted
+/// robot's output).
+pub const EXPIRE_AT: &str = "expire_at";
+/// The slotpool version a worker runs.
+pub const VERSION: &str = "version";
+
+// Robots' output.
+/// The kept lines, each `{n, at, stream, text}`.
+pub const LINES: &str = "lines";
+/// A line's number, its stream (`stdout`, `stderr`) and its text.
+pub const N: &str = "n";
+pub const STREAM: &str = "stream";
+pub const TEXT: &str = "text";
 /// A worker's last heartbeat (server clock).
 pub const LAST_SEEN: &str = "last_seen";
 

@@ -4,7 +4,7 @@
 
 use bson::{doc, Bson, Document};
 
-use crate::db::field::LAST_SEEN;
+use crate::db::field::{LAST_SEEN, TICK_MS};
 use crate::db::store::int;
 use crate::db::words::words;
 
@@ -37,7 +37,7 @@ pub fn is_alive(d: &Document) -> bool {
     if let Some(left) = int(d, "alive_ms") {
         return left > 0;
     }
-    let tick = int(d, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
+    let tick = int(d, TICK_MS).unwrap_or(1000).clamp(1, 3_600_000);
     int(d, "seen_ms").is_some_and(|s| s <= 2 * tick + 1000)
 }
 

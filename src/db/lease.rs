@@ -31,7 +31,10 @@ use tokio::time::Instant;
 
 use crate::clock::SharedClock;
 use crate::config::{Identity, LeaseTiming};
-use crate::db::field::{DRAINING, EPOCH, EXPIRES_MS, OWNER, REV, TIME};
+use crate::db::field::{
+    DRAINING, EPOCH, EXPIRES_MS, EXPIRE_AT, HELD, IP, LEASE_MS, OWNER, PORT, RELEASED_AT, REV,
+    ROOM, TIME,
+};
 use crate::db::store::{Store, StoreError};
 
 /// Why a lease ended or an operation on it failed.
@@ -313,10 +316,10 @@ impl LeaseProtocol {
         let filter = doc! {"_id": &c.id, TIME: seen_time, EPOCH: c.epoch};
         let update = vec![doc! {"$set": {
             OWNER: &self.owner,
-            "ip": self.identity.ip.to_string(),
-            "port": self.identity.port as i32,
+            IP: self.identity.ip.to_string(),
+            PORT: self.identity.port as i32,
             TIME: "$$NOW",
-            "lease_ms": self.timing.lease_ms(),
+            LEASE_MS: self.timing.lease_ms(),
             EXPIRES_MS: self.expires_ms(),
             EPOCH: {"$add": ["$epoch", 1_i64]},
         }}];
@@ -463,7 +466,7 @@ impl LeaseProtocol {
                 doc! {"_id": &lease.slot_id, OWNER: &self.owner, EPOCH: lease.epoch},
                 doc! {
                     "$set": {OWNER: Bson::Null, TIME: Bson::Null, EXPIRES_MS: 0_i64},
-                    "$currentDate": {"released_at": true},
+                    "$currentDate": {RELEASED_AT: true},
                 },
             )
             .await?;
@@ -575,7 +578,7 @@ pub async fn ensure_indexes(store: &Store) -> Result<(), StoreError> {
         .workers()
         .create_index(
             IndexModel::builder()
-                .keys(doc! {"room": 1, "held": 1, "_id": 1})
+                .keys(doc! {ROOM: 1, HELD: 1, "_id": 1})
                 .build(),
         )
         .await?;
@@ -587,7 +590,7 @@ pub async fn ensure_indexes(store: &Store) -> Result<(), StoreError> {
     for coll in [store.workers(), store.outputs()] {
         coll.create_index(
             IndexModel::builder()
-                .keys(doc! {"expire_at": 1})
+                .keys(doc! {EXPIRE_AT: 1})
                 .options(at_expiry.clone())
                 .build(),
         )

@@ -24,7 +24,7 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::{Collection, Database};
 use tokio::sync::mpsc;
 
-use crate::db::field::GEN;
+use crate::db::field::{AT, EXPIRE_AT, GEN, LINES, N, STREAM, TEXT};
 use crate::db::guard::WriteGuard;
 use crate::db::pacing::WritePacer;
 use crate::db::store::{Store, ROBOTS};
@@ -148,7 +148,7 @@ fn statements(batch: Vec<Pending>, numbered: &mut HashMap<(ObjectId, i64), i64>)
         let key = (p.id, p.gen);
         let n = numbered.entry(key).or_insert(0);
         *n += 1;
-        let line = doc! {"n": *n, "at": p.at, "stream": p.stream.name(), "text": p.text};
+        let line = doc! {N: *n, AT: p.at, STREAM: p.stream.name(), TEXT: p.text};
         lines
             .entry(key)
             .or_insert_with(|| {
@@ -166,7 +166,7 @@ fn statements(batch: Vec<Pending>, numbered: &mut HashMap<(ObjectId, i64), i64>)
                 "q": {"_id": id, GEN: {"$lte": gen}},
                 "u": {
                     "$set": {GEN: gen},
-                    "$push": {"lines": {"$each": each, "$slice": -KEEP_LINES}},
+                    "$push": {LINES: {"$each": each, "$slice": -KEEP_LINES}},
                 },
                 "upsert": true,
             }
@@ -233,8 +233,8 @@ pub async fn bury(store: &Store, id: &Bson) -> Result<(), mongodb::error::Error>
         .update_one(
             doc! {"_id": id},
             vec![doc! {"$set": {
-                GEN: i64::MAX, "deleted": true, "lines": [],
-                "expire_at": {"$add": ["$$NOW", 3_600_000_i64]},
+                GEN: i64::MAX, "deleted": true, LINES: [],
+                EXPIRE_AT: {"$add": ["$$NOW", 3_600_000_i64]},
             }}],
         )
         .upsert(true)

@@ -9,7 +9,9 @@ use mongodb::options::IndexOptions;
 use mongodb::IndexModel;
 use serde::Serialize;
 
-use crate::db::field::{DRAINING, EPOCH, EXPIRES_MS, NAME, OWNER, REV, ROBOT_COUNT, SLOT_ID, TIME};
+use crate::db::field::{
+    DRAINING, EPOCH, EXPIRES_MS, IP, NAME, OWNER, PORT, RETIRING, REV, ROBOT_COUNT, SLOT_ID, TIME,
+};
 use crate::db::store::{
     is_namespace_exists, slot_name, slot_width, Store, StoreError, EVENTS, MAX_SLOTS, ROBOTS,
     SLOTS, WORKERS,
@@ -140,7 +142,7 @@ async fn resize_slots(store: &Store, count: u32) -> Result<InitReport, StoreErro
         .filter(|id| !present.contains(id))
         .map(|id| {
             doc! {
-                "_id": id, OWNER: Bson::Null, "ip": Bson::Null, "port": Bson::Null,
+                "_id": id, OWNER: Bson::Null, IP: Bson::Null, PORT: Bson::Null,
                 TIME: Bson::Null, EXPIRES_MS: 0_i64, EPOCH: 0_i64, REV: 0_i64,
                 DRAINING: false, ROBOT_COUNT: 0_i64,
             }
@@ -200,7 +202,7 @@ async fn retire_slots(
         .slots()
         .update_many(
             doc! {"_id": {"$in": extra}},
-            doc! {"$set": {"retiring": true}},
+            doc! {"$set": {RETIRING: true}},
         )
         .await?;
     let mut cursor = store
@@ -218,7 +220,7 @@ async fn retire_slots(
             .slots()
             .update_many(
                 doc! {"_id": {"$in": extra}},
-                doc! {"$unset": {"retiring": ""}},
+                doc! {"$unset": {RETIRING: ""}},
             )
             .await?;
         let robots = crate::db::store::int(&d, "n").map_or(1, |n| n.max(0) as u64);
@@ -230,7 +232,7 @@ async fn retire_slots(
     }
     store
         .slots()
-        .delete_many(doc! {"_id": {"$in": extra}, "retiring": true})
+        .delete_many(doc! {"_id": {"$in": extra}, RETIRING: true})
         .await?;
     Ok(extra.to_vec())
 }

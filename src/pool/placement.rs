@@ -22,7 +22,7 @@
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::db::field::{DRAINING, EPOCH, REV, ROBOT_COUNT, SLOT_ID, STATUS, WORKER};
+use crate::db::field::{DRAINING, EPOCH, RETIRING, REV, ROBOT_COUNT, SLOT_ID, STATUS, WORKER};
 use crate::db::robot_count::reservation;
 use crate::db::robot_doc::RobotStatus;
 use crate::db::store::{int, Store};
@@ -56,7 +56,7 @@ pub struct Placement {
 /// Reads every non-draining slot's load.
 pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
     let pipeline = vec![
-        doc! {"$match": {DRAINING: {"$ne": true}, "retiring": {"$ne": true}, "_id": {"$type": "string"}}},
+        doc! {"$match": {DRAINING: {"$ne": true}, RETIRING: {"$ne": true}, "_id": {"$type": "string"}}},
         doc! {"$sort": {"_id": 1}},
         doc! {"$project": {ROBOT_COUNT: 1}},
     ];
@@ -75,7 +75,7 @@ pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
 
 /// The part of a slot filter that admits only slots robots may be placed on.
 fn open_for_robots() -> Document {
-    doc! {DRAINING: {"$ne": true}, "retiring": {"$ne": true}}
+    doc! {DRAINING: {"$ne": true}, RETIRING: {"$ne": true}}
 }
 
 /// Spreads `n` robots over `slots`, filling the emptiest first (ties by id).
@@ -241,7 +241,7 @@ pub async fn rescue(
         slots.dedup();
         let fine = slot_ids(
             store,
-            doc! {"_id": {"$in": &slots}, "retiring": {"$ne": true}},
+            doc! {"_id": {"$in": &slots}, RETIRING: {"$ne": true}},
         )
         .await?;
         let gone: Vec<&String> = slots.iter().filter(|s| !fine.contains(s)).collect();
@@ -317,7 +317,7 @@ async fn slot_ids(store: &Store, filter: Document) -> Result<Vec<String>, mongod
 
 /// Re-places every robot bound to a slot that does not exist or is retiring.
 pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
-    let existing = slot_ids(store, doc! {"retiring": {"$ne": true}}).await?;
+    let existing = slot_ids(store, doc! {RETIRING: {"$ne": true}}).await?;
     let stranded: Vec<Document> = store
         .robots()
         .find(doc! {SLOT_ID: {"$nin": &existing}})

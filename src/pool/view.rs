@@ -4,6 +4,7 @@
 //! robots, so a stored `running` alone proves nothing). The CLI (`status`, `slots
 //! list`, `robot list`, `robot show`) and `slotpool web` both show this.
 
+use crate::db::field::{BEAT_MS, HELD, TICK_MS};
 use std::collections::HashMap;
 
 use bson::{doc, Bson, Document};
@@ -147,12 +148,12 @@ pub async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error
 ///   caught sooner: its last word was that it held the slot, and a live worker that
 ///   loses a slot beats again at once to say it holds nothing.
 pub fn worker_role(worker: &Document, holds_live_slot: bool) -> WorkerRole {
-    let tick = int(worker, "tick_ms").unwrap_or(1000).clamp(1, 3_600_000);
-    let every = int(worker, "beat_ms")
+    let tick = int(worker, TICK_MS).unwrap_or(1000).clamp(1, 3_600_000);
+    let every = int(worker, BEAT_MS)
         .filter(|b| (1..=3_600_000 * crate::db::heartbeat::REAR_TICKS as i64).contains(b))
         .unwrap_or(tick * crate::db::heartbeat::REAR_TICKS as i64);
     let late = int(worker, "seen_ms").is_some_and(|s| s > every + 1000);
-    let said_it_held = int(worker, "held").is_some_and(|h| h > 0)
+    let said_it_held = int(worker, HELD).is_some_and(|h| h > 0)
         || text(worker, crate::db::field::SLOT_ID).is_some();
     match (holds_live_slot, late || said_it_held) {
         (true, _) => WorkerRole::Holder,

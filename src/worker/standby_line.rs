@@ -32,7 +32,10 @@ use futures::TryStreamExt;
 use mongodb::Collection;
 use tokio::time::Instant;
 
-use crate::db::field::{EPOCH, LAST_SEEN, SLOT_ID};
+use crate::db::field::{
+    ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, MAX_SLOTS, ROOM, SLOTS,
+    SLOT_ID, TICK_MS, VERSION,
+};
 use crate::db::heartbeat::{is_alive, liveness, REAR_TICKS};
 use crate::db::store::int;
 
@@ -329,17 +332,17 @@ impl Line {
             .update_one(
                 own_heartbeat(beat.me, beat.instance),
                 vec![doc! {"$set": {
-                    "instance": beat.instance,
-                    SLOT_ID: slot, EPOCH: epoch, "slots": {"$literal": ids},
-                    "held": beat.held.len() as i64, "room": beat.room(),
-                    "max_slots": max, LAST_SEEN: "$$NOW",
-                    "tick_ms": beat.tick.as_millis() as i64,
-                    "beat_ms": every.as_millis() as i64,
-                    "alive_until_ms": {"$add": [
+                    INSTANCE: beat.instance,
+                    SLOT_ID: slot, EPOCH: epoch, SLOTS: {"$literal": ids},
+                    HELD: beat.held.len() as i64, ROOM: beat.room(),
+                    MAX_SLOTS: max, LAST_SEEN: "$$NOW",
+                    TICK_MS: beat.tick.as_millis() as i64,
+                    BEAT_MS: every.as_millis() as i64,
+                    ALIVE_UNTIL_MS: {"$add": [
                         {"$toLong": "$$NOW"}, believed_for(every).as_millis() as i64,
                     ]},
-                    "expire_at": {"$add": ["$$NOW", forgotten_after(every).as_millis() as i64]},
-                    "version": env!("CARGO_PKG_VERSION"),
+                    EXPIRE_AT: {"$add": ["$$NOW", forgotten_after(every).as_millis() as i64]},
+                    VERSION: env!("CARGO_PKG_VERSION"),
                 }}],
             )
             .upsert(true)
@@ -379,9 +382,9 @@ impl Line {
     ) -> Result<u64, mongodb::error::Error> {
         let alive = now.now_ms();
         let filter = if held == 0 {
-            doc! {"room": true, "held": 0_i64, "_id": {"$lt": me}, "alive_until_ms": {"$gt": alive}}
+            doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}, ALIVE_UNTIL_MS: {"$gt": alive}}
         } else {
-            doc! {"room": true, "held": {"$lt": held as i64}, "alive_until_ms": {"$gt": alive}}
+            doc! {ROOM: true, HELD: {"$lt": held as i64}, ALIVE_UNTIL_MS: {"$gt": alive}}
         };
         self.workers.count_documents(filter).limit(watchers).await
     }
@@ -398,10 +401,10 @@ impl Line {
         let found: Vec<Document> = self
             .workers
             .find(doc! {
-                "room": true, "held": 0_i64, "_id": {"$ne": me},
+                ROOM: true, HELD: 0_i64, "_id": {"$ne": me},
                 "$expr": {"$gt": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]},
             })
-            .sort(doc! {"room": 1, "held": 1, "_id": 1})
+            .sort(doc! {ROOM: 1, HELD: 1, "_id": 1})
             .projection(doc! {"_id": 1})
             .limit(n as i64)
             .await?
@@ -418,9 +421,9 @@ impl Line {
     pub async fn live(&self) -> Result<Vec<LiveWorker>, mongodb::error::Error> {
         let mut pipeline = liveness();
         pipeline.push(doc! {"$project": {
-            "max_slots": 1, "tick_ms": 1, "seen_ms": 1, "alive_ms": 1,
+            MAX_SLOTS: 1, TICK_MS: 1, "seen_ms": 1, "alive_ms": 1,
             "seen_at_ms": {"$toLong": "$last_seen"},
-            "held": {"$cond": [{"$isArray": "$slots"}, {"$size": "$slots"}, 0]},
+            HELD: {"$cond": [{"$isArray": "$slots"}, {"$size": "$slots"}, 0]},
         }});
         let mut cursor = self.workers.aggregate(pipeline).await?;
         let mut out = Vec::new();
@@ -428,8 +431,8 @@ impl Line {
             if let (true, Ok(id)) = (is_alive(&d), d.get_str("_id")) {
                 out.push(LiveWorker {
                     id: id.to_string(),
-                    max_slots: int(&d, "max_slots").filter(|m| *m > 0).map(|m| m as usize),
-                    held: int(&d, "held").unwrap_or(0).max(0) as usize,
+                    max_slots: int(&d, MAX_SLOTS).filter(|m| *m > 0).map(|m| m as usize),
+                    held: int(&d, HELD).unwrap_or(0).max(0) as usize,
                     seen_at_ms: int(&d, "seen_at_ms"),
                 });
             }
@@ -459,7 +462,7 @@ impl Line {
     /// removes another process's heartbeat under the same `ip:port`.
     pub async fn leave(&self, me: &str, instance: &str) -> Result<(), mongodb::error::Error> {
         self.workers
-            .delete_one(doc! {"_id": me, "instance": instance})
+            .delete_one(doc! {"_id": me, INSTANCE: instance})
             .await
             .map(|_| ())
     }
