@@ -35,7 +35,7 @@ use crate::metrics::Metrics;
 use crate::robot::Registry;
 use crate::worker::held_slot::{Ended, HeldSlot, HoldContext};
 use crate::worker::slot_rules::{peers, HandBack, Round};
-use crate::worker::standby_line::{Beat, BeatError, Line, Place, ServerClock};
+use crate::worker::standby_line::{Beat, BeatError, Line, Looks, Place, ServerClock};
 use crate::worker::status::{Health, SharedStatus, WorkerStatus};
 
 /// Everything a worker is configured with.
@@ -83,6 +83,28 @@ enum Beaten {
     InUse(BeatError),
 }
 
+/// How a pause between two rounds ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pause {
+    /// The worker is shutting down.
+    Shutdown,
+    /// Woken early: a held slot ended, or the release poll found a free slot.
+    Woken,
+    /// The wait is over.
+    Due,
+}
+
+/// A slot handed back to a standby, until someone holds it again.
+#[derive(Debug)]
+struct HandedBack {
+    slot: String,
+    /// When it was handed back.
+    at: Instant,
+    /// The standbys of the moment, with their last heartbeats: passed over if none
+    /// takes it.
+    standbys: Vec<Standby>,
+}
+
 pub struct Worker {
     settings: WorkerSettings,
     store: Store,
@@ -101,38 +123,22 @@ pub struct Worker {
     held: Vec<HeldSlot>,
     /// A slot this worker handed back, until someone holds it again: no further
     /// hand-back meanwhile, so one standby never gets two slots and none is left
-    /// unheld. With the standbys of the moment and their last heartbeats.
-    handed_back: Option<(String, Instant, Vec<Standby>)>,
+    /// unheld.
+    handed_back: Option<HandedBack>,
     /// Standbys that left a slot handed to them untaken, with the heartbeat they had
     /// then: passed over until they beat again (see [`crate::worker::slot_rules::HandBack`]).
     passed_over: HashMap<String, Option<i64>>,
     /// Wakes the loop: a held slot that ended.
     wake: Arc<Notify>,
     line: Line,
-    /// Live workers with room ahead of this one in the line (counted up to
-    /// `--watchers`); its place follows from it.
-    ahead: u64,
     /// The server's clock as last read with a heartbeat (see
     /// [`standby_line::CLOCK_REFRESH`]).
     server: Option<ServerClock>,
     /// Forward steps of the server's clock, and the claims they hold back (see
     /// [`clock_step`]).
     steps: clock_step::StepWatch,
-    /// When slots without `expires_ms` were last marked (first in line only).
-    marked_at: Option<Instant>,
-    /// When this worker last read its place in line (see [`standby_line::place_due`]).
-    placed_at: Option<Instant>,
-    /// The slots the last heartbeat reported; a change sends one at once.
-    beaten: Option<Vec<String>>,
-    next_beat: Instant,
-    next_survey: Instant,
-    /// The release poll found a free slot: the next survey is its.
-    polled_free: bool,
-    /// No release poll before this (see [`Worker::survey_round`]).
-    poll_muted_until: Instant,
-    /// Narrow surveys only until then: a wide one read too many slots (see
-    /// [`standby_line::survey_horizon`]).
-    narrow_until: Option<Instant>,
+    /// When to look next, and what the last looks found.
+    looks: Looks,
 }
 
 impl Worker {
@@ -198,17 +204,9 @@ impl Worker {
             passed_over: HashMap::new(),
             wake: Arc::new(Notify::new()),
             line: Line::new(lease_store.workers()),
-            ahead: 0,
             server: None,
             steps,
-            marked_at: None,
-            placed_at: None,
-            beaten: None,
-            next_beat: now,
-            next_survey: now,
-            polled_free: false,
-            poll_muted_until: now,
-            narrow_until: None,
+            looks: Looks::new(now),
         }
     }
 
@@ -278,10 +276,11 @@ impl Worker {
         while !self.shutdown.is_cancelled() {
             self.reap().await;
             let wait = self.round(woken).await;
-            match self.pause(wait).await {
-                Some(early) => woken = early,
-                None => break,
-            }
+            woken = match self.pause(wait).await {
+                Pause::Due => false,
+                Pause::Woken => true,
+                Pause::Shutdown => break,
+            };
         }
         for h in &self.held {
             h.give_back();
@@ -337,36 +336,36 @@ impl Worker {
         Ok(())
     }
 
-    /// Waits `wait` for the next round. Some(true): woken early, by a held slot that
-    /// ended or (first standby in line only) by the release poll finding a free
-    /// slot. None: shut down.
+    /// Waits `wait` for the next round, or less when woken early, by a held slot
+    /// that ended or (first standby in line only) by the release poll finding a free
+    /// slot.
     ///
     /// The release poll replaces a change stream on `slots`: on the dev server every
     /// write wakes every open stream for a `getMore`, so a stream's cost grew with
     /// the pool's renewals and checkpoints (about 0.03 of a core at 100 renewals/s),
     /// while the poll costs one indexed read per period whatever the pool does.
-    async fn pause(&mut self, wait: Duration) -> Option<bool> {
+    async fn pause(&mut self, wait: Duration) -> Pause {
         let until = self.clock.now() + wait;
         loop {
             let now = self.clock.now();
             if now >= until {
-                return Some(false);
+                return Pause::Due;
             }
-            let first_standby = self.held.is_empty() && self.ahead == 0;
+            let first_standby = self.held.is_empty() && self.looks.ahead == 0;
             let poll = self
                 .settings
                 .release_poll
-                .filter(|_| first_standby && now >= self.poll_muted_until);
+                .filter(|_| first_standby && now >= self.looks.poll_muted_until);
             let nap = poll.map_or(until - now, |p| p.min(until - now));
             tokio::select! {
-                _ = self.shutdown.cancelled() => return None,
-                _ = self.wake.notified() => return Some(true),
+                _ = self.shutdown.cancelled() => return Pause::Shutdown,
+                _ = self.wake.notified() => return Pause::Woken,
                 _ = self.clock.sleep(nap) => {}
             }
             if poll.is_some() && self.clock.now() < until && self.anything_free().await {
-                self.polled_free = true;
+                self.looks.polled_free = true;
                 self.metrics.release_poll_hits.inc();
-                return Some(true);
+                return Pause::Woken;
             }
         }
     }
@@ -413,10 +412,10 @@ impl Worker {
         let now = self.clock.now();
         if moved_up {
             // Moving up: look at once rather than at the rear's pace.
-            self.next_survey = now;
+            self.looks.next_survey = now;
             return Duration::ZERO;
         }
-        wait.min(self.next_beat.saturating_duration_since(now))
+        wait.min(self.looks.next_beat.saturating_duration_since(now))
     }
 
     /// The survey half of [`Worker::round`]: returns how long until the next survey.
@@ -425,15 +424,15 @@ impl Worker {
         // The poll found something this worker could not take (a race lost, a broken
         // document, a holder whose lease is longer than its expires_ms says): poll
         // again only after the next survey, so it cannot turn into a survey loop.
-        if std::mem::take(&mut self.polled_free) && self.held.is_empty() {
-            self.poll_muted_until = self.next_survey;
+        if std::mem::take(&mut self.looks.polled_free) && self.held.is_empty() {
+            self.looks.poll_muted_until = self.looks.next_survey;
         }
         wait
     }
 
     async fn survey_and_claim(&mut self, woken: bool) -> Duration {
         let now = self.clock.now();
-        let narrow = self.narrow_until.is_some_and(|t| now < t);
+        let narrow = self.looks.narrow(now);
         let horizon =
             standby_line::survey_horizon(self.place(), self.held.len(), narrow, self.tick());
         let every = standby_line::survey_every(
@@ -443,10 +442,10 @@ impl Worker {
             self.tick(),
             self.settings.overflow_after,
         );
-        if !woken && now < self.next_survey {
-            return self.next_survey - now;
+        if !woken && now < self.looks.next_survey {
+            return self.looks.next_survey - now;
         }
-        self.next_survey = now + every;
+        self.looks.next_survey = now + every;
         let limit = self.op_timeout();
         // Read what expires within the horizon too: it tells a watcher when to wake.
         let until = self
@@ -473,7 +472,7 @@ impl Worker {
             self.server = Some(ServerClock::observed(server_ms, sent, received));
         }
         if horizon > self.tick() && survey.read > standby_line::WIDE_MOST {
-            self.narrow_until = Some(self.clock.now() + standby_line::NARROW_FOR);
+            self.looks.narrow_until = Some(self.clock.now() + standby_line::NARROW_FOR);
         }
         self.metrics.slots_unheld.set(survey.expired.len() as i64);
         let longest = survey.expired.iter().map(|c| c.expired_for).max();
@@ -553,7 +552,7 @@ impl Worker {
         } else if !claimable.is_empty() {
             self.claim(&claimable, !self.held.is_empty()).await;
         }
-        self.next_survey = self.clock.now() + wait;
+        self.looks.next_survey = self.clock.now() + wait;
         wait
     }
 
@@ -563,11 +562,11 @@ impl Worker {
     async fn keep_place(&mut self) -> bool {
         let holding = self.held_leases();
         let ids: Vec<String> = holding.iter().map(|(s, _)| s.clone()).collect();
-        let changed = self.beaten.as_ref() != Some(&ids);
-        if !changed && self.clock.now() < self.next_beat {
+        let changed = self.looks.beaten.as_ref() != Some(&ids);
+        if !changed && self.clock.now() < self.looks.next_beat {
             return false;
         }
-        self.next_beat = self.clock.now() + standby_line::beat_every(self.tick());
+        self.looks.next_beat = self.clock.now() + standby_line::beat_every(self.tick());
         let clock = match self.bounded_heartbeat().await {
             Beaten::Written => match self.server {
                 Some(clock) => clock,
@@ -581,13 +580,13 @@ impl Worker {
                 return false;
             }
         };
-        self.beaten = Some(ids);
-        let since_read = self.placed_at.map(|t| self.clock.since(t));
+        self.looks.beaten = Some(ids);
+        let since_read = self.looks.placed_at.map(|t| self.clock.since(t));
         let beat = standby_line::beat_every(self.tick());
         if !standby_line::place_due(self.place(), changed, since_read, beat) {
             return false;
         }
-        self.placed_at = Some(self.clock.now());
+        self.looks.placed_at = Some(self.clock.now());
         let me = self.owner();
         let limit = self.op_timeout();
         let was = self.place();
@@ -598,21 +597,22 @@ impl Worker {
         )
         .await
         {
-            Ok(Ok(ahead)) => self.ahead = ahead,
+            Ok(Ok(ahead)) => self.looks.ahead = ahead,
             // Unsure where it stands: watch, as every worker did before the line.
-            Ok(Err(_)) | Err(_) => self.ahead = 0,
+            Ok(Err(_)) | Err(_) => self.looks.ahead = 0,
         }
         let place = self.place();
         if place != was {
-            tracing::debug!(?place, ahead = self.ahead, "moved in the line");
+            tracing::debug!(?place, ahead = self.looks.ahead, "moved in the line");
         }
         self.metrics.line_front.set((place == Place::Front) as i64);
         // One marker is enough: the first in line, now and then.
         let due = self
+            .looks
             .marked_at
             .is_none_or(|t| self.clock.since(t) >= standby_line::MARK_EVERY);
-        if self.ahead == 0 && due {
-            self.marked_at = Some(self.clock.now());
+        if self.looks.ahead == 0 && due {
+            self.looks.marked_at = Some(self.clock.now());
             self.mark_unknown().await;
         }
         place == Place::Front && was != Place::Front
@@ -620,7 +620,7 @@ impl Worker {
 
     /// Where this worker stands in the line.
     fn place(&self) -> Place {
-        Place::behind(self.ahead, self.settings.watchers)
+        Place::behind(self.looks.ahead, self.settings.watchers)
     }
 
     /// The first in line makes sure the survey's index sees every slot: one inserted
@@ -723,7 +723,7 @@ impl Worker {
     /// False while a previous hand-back has not been taken up yet (the slot is still
     /// unheld), for at most two leases.
     fn ready_to_give_back(&mut self, survey: &Survey) -> bool {
-        let Some((slot, at, _)) = &self.handed_back else {
+        let Some(HandedBack { slot, at, .. }) = &self.handed_back else {
             return true;
         };
         let releasing = self
@@ -746,7 +746,8 @@ impl Worker {
             HandBack::Pending => return false,
             HandBack::Taken => {}
             HandBack::NotTaken => {
-                let (slot, _, standbys) = self.handed_back.take().expect("checked above");
+                let HandedBack { slot, standbys, .. } =
+                    self.handed_back.take().expect("checked above");
                 tracing::warn!(%slot, standbys = ?standbys.iter().map(|(id, _)| id).collect::<Vec<_>>(), "no standby took the slot handed back; passing them over until they send a heartbeat again");
                 self.passed_over.extend(standbys);
             }
@@ -767,7 +768,11 @@ impl Worker {
         };
         tracing::info!(slot = %h.slot_id, held = self.held.len(), "a standby is live: handing a slot back");
         h.give_back();
-        self.handed_back = Some((h.slot_id.clone(), self.clock.now(), standbys));
+        self.handed_back = Some(HandedBack {
+            slot: h.slot_id.clone(),
+            at: self.clock.now(),
+            standbys,
+        });
     }
 
     /// How long a standby or bookkeeping operation may take before it counts as a

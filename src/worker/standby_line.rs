@@ -468,6 +468,53 @@ impl Line {
     }
 }
 
+/// The worker loop's scheduling of its looks at the pool: when it next surveys and
+/// beats, where it stands in the line, and what its last looks found. The rules
+/// above say how far apart the looks are; this is where the loop keeps track.
+#[derive(Debug, Clone)]
+pub struct Looks {
+    /// Live workers with room ahead of this one in the line (counted up to
+    /// `--watchers`); its place follows from it.
+    pub ahead: u64,
+    /// When slots without `expires_ms` were last marked (first in line only).
+    pub marked_at: Option<Instant>,
+    /// When this worker last read its place in line (see [`place_due`]).
+    pub placed_at: Option<Instant>,
+    /// The slots the last heartbeat reported; a change sends one at once.
+    pub beaten: Option<Vec<String>>,
+    pub next_beat: Instant,
+    pub next_survey: Instant,
+    /// The release poll found a free slot: the next survey is its.
+    pub polled_free: bool,
+    /// No release poll before this (see `Worker::survey_round`).
+    pub poll_muted_until: Instant,
+    /// Narrow surveys only until then: a wide one read too many slots (see
+    /// [`survey_horizon`]).
+    pub narrow_until: Option<Instant>,
+}
+
+impl Looks {
+    /// A worker that has looked at nothing yet: everything is due now.
+    pub fn new(now: Instant) -> Looks {
+        Looks {
+            ahead: 0,
+            marked_at: None,
+            placed_at: None,
+            beaten: None,
+            next_beat: now,
+            next_survey: now,
+            polled_free: false,
+            poll_muted_until: now,
+            narrow_until: None,
+        }
+    }
+
+    /// Whether surveys stay narrow at `now` (see [`NARROW_FOR`]).
+    pub fn narrow(&self, now: Instant) -> bool {
+        self.narrow_until.is_some_and(|t| now < t)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
