@@ -7,7 +7,7 @@ use bson::Document;
 use clap::Args;
 use serde_json::json;
 
-use super::print_json;
+use super::output::print_json;
 use crate::db::store::Store;
 use crate::pool::create::{self, CreateError, NewRobots, MAX_COUNT};
 

@@ -19,7 +19,7 @@ pub struct InitArgs {
 pub async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
     let report = crate::pool::init::init(store, args.slots).await?;
     if args.json {
-        super::print_json(&serde_json::to_value(&report)?);
+        super::output::print_json(&serde_json::to_value(&report)?);
         return Ok(());
     }
     say!(

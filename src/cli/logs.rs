@@ -71,7 +71,7 @@ pub async fn run(
 }
 
 async fn robot_id(store: &Store, name: &str) -> anyhow::Result<Bson> {
-    let d = super::find_robot(store, name, doc! {"_id": 1}).await?;
+    let d = super::connect::find_robot(store, name, doc! {"_id": 1}).await?;
     d.get("_id").cloned().context("the robot has no _id")
 }
 
@@ -85,7 +85,7 @@ async fn read(store: &Store, id: &Bson) -> anyhow::Result<Vec<Kept>> {
 }
 
 fn parse(d: &Document) -> Vec<Kept> {
-    let gen = super::int(d, GEN).unwrap_or(0);
+    let gen = super::output::int(d, GEN).unwrap_or(0);
     let Ok(lines) = d.get_array(LINES) else {
         return Vec::new();
     };
@@ -95,7 +95,7 @@ fn parse(d: &Document) -> Vec<Kept> {
             let l = l.as_document()?;
             Some(Kept {
                 gen,
-                n: super::int(l, "n")?,
+                n: super::output::int(l, "n")?,
                 at: l.get_datetime(AT).ok().copied(),
                 stream: l.get_str(STREAM).unwrap_or("stdout").to_string(),
                 text: l.get_str(TEXT).ok()?.to_string(),

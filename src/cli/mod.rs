@@ -1,16 +1,15 @@
-//! The command line: one module per command group.
+//! The command line: one module per command group; this one only parses and
+//! dispatches. What is printed goes through [`output`], the connection through
+//! [`connect`].
 //!
 //! Everything printed for people goes through `say!` or [`print_table`], which
 //! escape control characters: names, errors and contexts come from documents, and
 //! documents are hostile input (see [`crate::printable`]).
 
-/// `println!`, with control characters escaped.
-macro_rules! say {
-    ($($t:tt)*) => {
-        println!("{}", $crate::printable::escape(&format!($($t)*)))
-    };
-}
+#[macro_use]
+mod output;
 
+mod connect;
 mod create;
 mod init;
 mod logs;
@@ -20,14 +19,9 @@ mod slots;
 mod status;
 mod worker;
 
-use anyhow::Context as _;
-use bson::{doc, Document};
 use clap::{Parser, Subcommand};
 
-use crate::db::field::NAME;
-use crate::db::store::Store;
-
-const DEFAULT_URI: &str = "mongodb://127.0.0.1:27017/slotpool";
+use connect::{connect, connection_string};
 
 /// Keeps stateful robots alive on a pool of identical workers, coordinated through
 /// MongoDB slot leases.
@@ -75,20 +69,6 @@ pub enum Command {
     Web(crate::web::WebArgs),
 }
 
-/// The connection string, from exactly one of the flag (or `MONGODB_URI`) and the
-/// file (or `MONGODB_URI_FILE`), else the local default.
-fn connection_string(cli: &Cli) -> anyhow::Result<String> {
-    match (&cli.mongodb_uri, &cli.mongodb_uri_file) {
-        (Some(_), Some(_)) => anyhow::bail!(
-            "both a connection string (--mongodb-uri or MONGODB_URI) and a file \
-             (--mongodb-uri-file or MONGODB_URI_FILE) are set; give only one"
-        ),
-        (Some(uri), None) => Ok(uri.clone()),
-        (None, Some(path)) => read_uri_file(path).map_err(anyhow::Error::msg),
-        (None, None) => Ok(DEFAULT_URI.to_string()),
-    }
-}
-
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let uri = connection_string(&cli)?;
     crate::secrets::remember(&uri);
@@ -108,90 +88,4 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     store.shutdown().await;
     result
-}
-
-async fn connect(uri: &str) -> anyhow::Result<Store> {
-    Store::connect(uri)
-        .await
-        .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")
-}
-
-/// Prints rows as aligned columns under a header.
-fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            r.iter()
-                .map(|c| crate::printable::escape(c).into_owned())
-                .collect()
-        })
-        .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.chars().count());
-        }
-    }
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            r.iter()
-                .map(|c| crate::printable::escape(c).into_owned())
-                .collect()
-        })
-        .collect();
-    let line = |cells: Vec<&str>| {
-        let mut s = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{:<w$}  ", c, w = widths[i]));
-            }
-        }
-        println!("{}", s.trim_end());
-    };
-    line(header.to_vec());
-    for row in &rows {
-        line(row.iter().map(String::as_str).collect());
-    }
-}
-
-/// Reads the connection string from a file (`--mongodb-uri-file`,
-/// `MONGODB_URI_FILE`: the Docker-secrets convention). Surrounding whitespace, such
-/// as the file's final newline, is not part of it.
-pub fn read_uri_file(path: &std::path::Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "cannot read the MongoDB URI file {}: {e}",
-            crate::printable::escape(&path.display().to_string())
-        )
-    })?;
-    let uri = text.trim();
-    if uri.is_empty() {
-        return Err(format!(
-            "the MongoDB URI file {} is empty",
-            crate::printable::escape(&path.display().to_string())
-        ));
-    }
-    Ok(uri.to_string())
-}
-
-/// Prints a value as pretty JSON on stdout.
-fn print_json(v: &impl serde::Serialize) {
-    let text = serde_json::to_string_pretty(v).unwrap_or_default();
-    println!("{}", crate::printable::escape_json(&text));
-}
-
-pub(crate) use crate::pool::view::{age, int, text};
-
-/// The robot named `name`, with `projection` (empty: the whole document), or an
-/// error that says where to look.
-async fn find_robot(store: &Store, name: &str, projection: Document) -> anyhow::Result<Document> {
-    store
-        .robots()
-        .find_one(doc! {NAME: name})
-        .projection(projection)
-        .await?
-        .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))
 }

@@ -5,7 +5,7 @@ use anyhow::bail;
 use clap::Args;
 use serde_json::json;
 
-use super::print_json;
+use super::output::print_json;
 use crate::db::store::Store;
 use crate::pool::actions::{self, Actor, Rebalance};
 

@@ -4,7 +4,7 @@ use futures::TryStreamExt;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{age, int, print_json, print_table};
+use super::output::{age, int, print_json, print_table};
 use crate::db::field::{
     EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, STATUS, WORKER,
 };
@@ -265,7 +265,7 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
 }
 
 async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
-    let full = super::find_robot(store, name, doc! {}).await?;
+    let full = super::connect::find_robot(store, name, doc! {}).await?;
     let slots = state::slot_views(&slot_rows(store).await?);
     let st = RobotNow::of(&RobotDoc::from_doc(&full), &slots);
     let limits = crate::robot::limits::describe_stored(&full);

@@ -4,7 +4,7 @@ use anyhow::{bail, Context as _};
 use clap::Subcommand;
 use serde::Serialize;
 
-use super::{age, print_json, print_table, text};
+use super::output::{age, print_json, print_table, text};
 use crate::db::field::SLOT_ID;
 use crate::db::store::Store;
 use crate::pool::view::{live_workers, slot_rows, SlotRow, SlotState, SlotView};

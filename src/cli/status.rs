@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use std::collections::BTreeMap;
 
-use super::{age, int, print_json, print_table, text};
+use super::output::{age, int, print_json, print_table, text};
 use crate::db::robot_doc::RobotStatus;
 use crate::db::store::Store;
 use crate::pool::view::{
