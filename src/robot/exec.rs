@@ -548,7 +548,7 @@ struct Output<'a> {
 }
 
 impl Output<'_> {
-    async fn handle(&self, line: output::Line) -> Result<(), RobotError> {
+    async fn handle(&self, line: output::RawLine) -> Result<(), RobotError> {
         match parse_line(&line.text, line.cut) {
             Line::Checkpoint(ctx) => {
                 // Only a long line can hold a context too big for the environment.

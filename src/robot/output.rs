@@ -50,7 +50,7 @@ pub const DROP_REPORT_EVERY: Duration = Duration::from_secs(10);
 /// One line as read: its first bytes (lossy UTF-8, without the newline) and how
 /// many bytes past the bound were skipped.
 #[derive(Debug, PartialEq)]
-pub struct Line {
+pub struct RawLine {
     pub text: String,
     pub cut: usize,
 }
@@ -73,7 +73,7 @@ impl<R: AsyncBufRead + Unpin> BoundedLines<R> {
 
     /// The next line; `None` at the end of the stream. A last line without a
     /// newline is still a line.
-    pub async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
+    pub async fn next_line(&mut self) -> std::io::Result<Option<RawLine>> {
         self.buf.clear();
         let mut cut = 0usize;
         let mut any = false;
@@ -100,13 +100,13 @@ impl<R: AsyncBufRead + Unpin> BoundedLines<R> {
         Ok(any.then(|| self.take(cut)))
     }
 
-    fn take(&mut self, cut: usize) -> Line {
+    fn take(&mut self, cut: usize) -> RawLine {
         if self.buf.last() == Some(&b'\r') {
             self.buf.pop();
         }
         let text = String::from_utf8_lossy(&self.buf).into_owned();
         self.buf = Vec::new();
-        Line { text, cut }
+        RawLine { text, cut }
     }
 }
 
@@ -209,7 +209,7 @@ pub enum Admit {
 mod tests {
     use super::*;
 
-    async fn lines(input: &[u8], max: usize) -> Vec<Line> {
+    async fn lines(input: &[u8], max: usize) -> Vec<RawLine> {
         let reader = tokio::io::BufReader::with_capacity(4, input);
         let mut l = BoundedLines::new(reader, max);
         let mut out = Vec::new();
@@ -219,8 +219,8 @@ mod tests {
         out
     }
 
-    fn line(text: &str, cut: usize) -> Line {
-        Line {
+    fn line(text: &str, cut: usize) -> RawLine {
+        RawLine {
             text: text.into(),
             cut,
         }

@@ -197,7 +197,7 @@ pub struct Enforcer {
 
 /// A signal for the robot's group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub enum GroupSignal {
     Term,
     Kill,
 }
@@ -212,7 +212,7 @@ impl Enforcer {
     }
 
     /// Applies a message (None: the pipe closed) and returns the signal to send.
-    pub fn on_message(&mut self, msg: Option<Control>, now: u64) -> Option<Action> {
+    pub fn on_message(&mut self, msg: Option<Control>, now: u64) -> Option<GroupSignal> {
         // Time first: a message read after a thaw must not buy a deadline long
         // past the SIGTERM-and-grace of a timely stop.
         match msg {
@@ -230,7 +230,7 @@ impl Enforcer {
     }
 
     /// What the passing of time demands.
-    pub fn on_time(&mut self, now: u64) -> Option<Action> {
+    pub fn on_time(&mut self, now: u64) -> Option<GroupSignal> {
         if self.killed {
             return None;
         }
@@ -269,20 +269,20 @@ impl Enforcer {
         late_slack(Duration::from_nanos(self.grace_ns)).as_nanos() as u64
     }
 
-    fn term(&mut self, now: u64) -> Option<Action> {
+    fn term(&mut self, now: u64) -> Option<GroupSignal> {
         if self.termed_at.is_some() || self.killed {
             return None;
         }
         self.termed_at = Some(now);
-        Some(Action::Term)
+        Some(GroupSignal::Term)
     }
 
-    fn kill(&mut self) -> Option<Action> {
+    fn kill(&mut self) -> Option<GroupSignal> {
         if self.killed {
             return None;
         }
         self.killed = true;
-        Some(Action::Kill)
+        Some(GroupSignal::Kill)
     }
 }
 
@@ -571,9 +571,9 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
         let _ = control.send(Event::Control(None));
     });
     std::thread::spawn(move || reap(group, tx));
-    let signal = |action: Action| match action {
-        Action::Term => signal_tree(group, libc::SIGTERM),
-        Action::Kill => kill_tree(group),
+    let signal = |action: GroupSignal| match action {
+        GroupSignal::Term => signal_tree(group, libc::SIGTERM),
+        GroupSignal::Kill => kill_tree(group),
     };
     let mut enforcer = Enforcer::new(deadline, grace);
     let mut cgroup = match &mut enforcement {
@@ -613,7 +613,7 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
             }
             Ok(Event::Control(msg)) => enforcer.on_message(msg, monotonic_ns()),
             Err(mpsc::RecvTimeoutError::Timeout) => enforcer.on_time(monotonic_ns()),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Some(Action::Kill),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(GroupSignal::Kill),
         };
         if let Some(a) = action {
             signal(a);
@@ -679,9 +679,9 @@ mod tests {
         assert_eq!(e.on_message(Some(Control::Deadline(12 * S)), 9 * S), None);
         assert_eq!(e.on_time(11 * S), None, "extended");
         assert_eq!(e.next_due(11 * S), Duration::from_secs(1));
-        assert_eq!(e.on_time(12 * S), Some(Action::Term));
+        assert_eq!(e.on_time(12 * S), Some(GroupSignal::Term));
         assert_eq!(e.on_time(12 * S + S / 2), None);
-        assert_eq!(e.on_time(13 * S), Some(Action::Kill));
+        assert_eq!(e.on_time(13 * S), Some(GroupSignal::Kill));
         assert_eq!(e.on_time(20 * S), None, "killed once");
     }
 
@@ -690,9 +690,9 @@ mod tests {
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
         assert_eq!(
             e.on_message(Some(Control::Deadline(30 * S)), 10 * S),
-            Some(Action::Term)
+            Some(GroupSignal::Term)
         );
-        assert_eq!(e.on_time(11 * S), Some(Action::Kill));
+        assert_eq!(e.on_time(11 * S), Some(GroupSignal::Kill));
     }
 
     const MS: u64 = 1_000_000;
@@ -701,12 +701,16 @@ mod tests {
     fn a_deadline_noticed_long_after_it_passed_is_a_kill_at_once() {
         // Frozen with its robot, thawed 3 s past the deadline: no SIGTERM, no grace.
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
-        assert_eq!(e.on_time(13 * S), Some(Action::Kill));
+        assert_eq!(e.on_time(13 * S), Some(GroupSignal::Kill));
         assert_eq!(e.on_time(14 * S), None, "killed once");
         // Whatever the thawed worker says first changes nothing of that.
         for msg in [Some(Control::Term), Some(Control::Deadline(20 * S)), None] {
             let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
-            assert_eq!(e.on_message(msg, 13 * S), Some(Action::Kill), "{msg:?}");
+            assert_eq!(
+                e.on_message(msg, 13 * S),
+                Some(GroupSignal::Kill),
+                "{msg:?}"
+            );
         }
         // The slack: 50 ms at most, half the grace at short graces.
         assert_eq!(
@@ -718,27 +722,37 @@ mod tests {
             Duration::from_millis(15)
         );
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
-        assert_eq!(e.on_time(10 * S + 49 * MS), Some(Action::Term), "in time");
+        assert_eq!(
+            e.on_time(10 * S + 49 * MS),
+            Some(GroupSignal::Term),
+            "in time"
+        );
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
-        assert_eq!(e.on_time(10 * S + 50 * MS), Some(Action::Kill), "late");
+        assert_eq!(e.on_time(10 * S + 50 * MS), Some(GroupSignal::Kill), "late");
     }
 
     #[test]
     fn the_grace_runs_from_the_deadline_not_from_a_late_sigterm() {
         let mut e = Enforcer::new(10 * S, Duration::from_millis(100));
-        assert_eq!(e.on_time(10 * S + 40 * MS), Some(Action::Term));
+        assert_eq!(e.on_time(10 * S + 40 * MS), Some(GroupSignal::Term));
         assert_eq!(e.next_due(10 * S + 40 * MS), Duration::from_millis(60));
         assert_eq!(e.on_time(10 * S + 99 * MS), None);
-        assert_eq!(e.on_time(10 * S + 100 * MS), Some(Action::Kill));
+        assert_eq!(e.on_time(10 * S + 100 * MS), Some(GroupSignal::Kill));
         // A stop asked for before the deadline keeps its whole grace.
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
-        assert_eq!(e.on_message(Some(Control::Term), 9 * S), Some(Action::Term));
+        assert_eq!(
+            e.on_message(Some(Control::Term), 9 * S),
+            Some(GroupSignal::Term)
+        );
         assert_eq!(e.on_time(9 * S + 999 * MS), None);
-        assert_eq!(e.on_time(10 * S), Some(Action::Kill));
+        assert_eq!(e.on_time(10 * S), Some(GroupSignal::Kill));
         // ...and a thaw past it kills at once.
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
-        assert_eq!(e.on_message(Some(Control::Term), 9 * S), Some(Action::Term));
-        assert_eq!(e.on_time(30 * S), Some(Action::Kill));
+        assert_eq!(
+            e.on_message(Some(Control::Term), 9 * S),
+            Some(GroupSignal::Term)
+        );
+        assert_eq!(e.on_time(30 * S), Some(GroupSignal::Kill));
     }
 
     #[test]
@@ -746,17 +760,23 @@ mod tests {
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
         assert_eq!(
             e.on_message(Some(Control::Deadline(5 * S)), 5 * S),
-            Some(Action::Term)
+            Some(GroupSignal::Term)
         );
     }
 
     #[test]
     fn a_closed_pipe_kills_at_once() {
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
-        assert_eq!(e.on_message(None, S), Some(Action::Kill));
+        assert_eq!(e.on_message(None, S), Some(GroupSignal::Kill));
         let mut e = Enforcer::new(10 * S, Duration::from_secs(1));
-        assert_eq!(e.on_message(Some(Control::Term), S), Some(Action::Term));
+        assert_eq!(
+            e.on_message(Some(Control::Term), S),
+            Some(GroupSignal::Term)
+        );
         assert_eq!(e.on_message(Some(Control::Term), S), None);
-        assert_eq!(e.on_message(Some(Control::Kill), S), Some(Action::Kill));
+        assert_eq!(
+            e.on_message(Some(Control::Kill), S),
+            Some(GroupSignal::Kill)
+        );
     }
 }

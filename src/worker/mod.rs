@@ -35,7 +35,7 @@ use crate::metrics::Metrics;
 use crate::robot::Registry;
 use crate::worker::held_slot::{Ended, HeldSlot, HoldContext};
 use crate::worker::slot_rules::{peers, HandBack, Round};
-use crate::worker::standby_line::{Beat, BeatError, Line, Looks, Place, ServerClock};
+use crate::worker::standby_line::{Beat, BeatError, Looks, Place, Roster, ServerClock};
 use crate::worker::status::{Health, SharedStatus, WorkerStatus};
 
 /// Everything a worker is configured with.
@@ -114,7 +114,7 @@ pub struct Worker {
     status: SharedStatus,
     health: Arc<Health>,
     shutdown: CancellationToken,
-    /// This process's random id in its heartbeat (see [`Line::beat`]).
+    /// This process's random id in its heartbeat (see [`Roster::beat`]).
     instance: String,
     /// Set when another process took this worker's identity: the loop stops.
     refused: Option<BeatError>,
@@ -130,7 +130,7 @@ pub struct Worker {
     passed_over: HashMap<String, Option<i64>>,
     /// Wakes the loop: a held slot that ended.
     wake: Arc<Notify>,
-    line: Line,
+    line: Roster,
     /// The server's clock as last read with a heartbeat (see
     /// [`standby_line::CLOCK_REFRESH`]).
     server: Option<ServerClock>,
@@ -203,7 +203,7 @@ impl Worker {
             handed_back: None,
             passed_over: HashMap::new(),
             wake: Arc::new(Notify::new()),
-            line: Line::new(lease_store.workers()),
+            line: Roster::new(lease_store.workers()),
             server: None,
             steps,
             looks: Looks::new(now),

@@ -29,7 +29,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
-use crate::worker::standby_line::Line;
+use crate::worker::standby_line::Roster;
 
 /// Where a worker takes pokes.
 pub const PATH: &str = "/v1/poke";
@@ -117,7 +117,7 @@ impl PokeGate {
 /// Pokes the first standbys in line at once, and waits up to [`ANSWER_WITHIN`] for
 /// their answers. Returns how many answered; what failed is logged and counted,
 /// never an error: a lost poke costs latency only.
-pub async fn poke_front(line: &Line, me: &str, n: u64, metrics: &Metrics) -> usize {
+pub async fn poke_front(line: &Roster, me: &str, n: u64, metrics: &Metrics) -> usize {
     let standbys = match tokio::time::timeout(ANSWER_WITHIN, line.front_standbys(me, n)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {

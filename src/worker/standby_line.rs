@@ -3,7 +3,7 @@
 //!
 //! Every live worker with room for another slot stands in one line, ordered by how
 //! many slots it holds: standbys first (by id), then the emptiest holders (those
-//! holding as many stand side by side, see [`Line::ahead`]). Only the first
+//! holding as many stand side by side, see [`Roster::ahead`]). Only the first
 //! [`FRONT`] *watch*: they survey every tick and wake at the earliest
 //! expiry, so a slot whose holder died is claimed at its expiry; the very first, if
 //! it holds nothing, also polls for a released slot every `--release-poll`, so a
@@ -296,15 +296,16 @@ fn own_heartbeat(me: &str, instance: &str) -> Document {
     ]}}
 }
 
-/// The `workers` collection, as the line uses it.
+/// The roster: the `workers` collection, where every worker beats and the line is
+/// read from.
 #[derive(Debug, Clone)]
-pub struct Line {
+pub struct Roster {
     workers: Collection<Document>,
 }
 
-impl Line {
+impl Roster {
     pub fn new(workers: Collection<Document>) -> Self {
-        Line { workers }
+        Roster { workers }
     }
 
     /// Writes this worker's heartbeat and, when `read_clock`, returns the server's
