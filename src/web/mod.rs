@@ -14,8 +14,11 @@
 //! - [`auth`]: the token, browser sessions and CSRF;
 //! - [`writes`]: writes refused from their head, and their bodies bounded.
 
+pub mod action;
+pub mod answers;
 pub mod api;
 pub mod auth;
+pub mod forms;
 pub mod pages;
 pub mod query;
 pub mod snapshot;
@@ -255,20 +258,20 @@ pub fn router(app: App) -> Router {
         .route("/robots/{name}", get(pages::robot))
         .route(
             "/robots/{name}/{action}",
-            post(pages::robot_action).route_layer(w.clone()),
+            post(forms::robot_action).route_layer(w.clone()),
         )
         .route(
             "/slots/{id}/{action}",
-            post(pages::slot_action).route_layer(w.clone()),
+            post(forms::slot_action).route_layer(w.clone()),
         )
-        .route("/rebalance", post(pages::rebalance).route_layer(w.clone()))
+        .route("/rebalance", post(forms::rebalance).route_layer(w.clone()))
         .route(
             "/login",
-            get(pages::login_form)
-                .post(pages::login)
+            get(forms::login_form)
+                .post(forms::login)
                 .route_layer(w.clone()),
         )
-        .route("/logout", post(pages::logout).route_layer(w.clone()))
+        .route("/logout", post(forms::logout).route_layer(w.clone()))
         .route("/static/app.js", get(pages::script))
         .route("/static/app.css", get(pages::style))
         .route("/api/v1/overview", get(api::overview))

@@ -1,25 +1,22 @@
 //! The dashboard's HTML pages, written with maud, which escapes every value it
 //! interpolates: robot names, specs, contexts, output and errors are hostile input
 //! and reach the page only as text. Scripts and styles are served as files
-//! (`/static/…`) so the content security policy can forbid inline ones.
+//! (`/static/…`) so the content security policy can forbid inline ones. The forms
+//! that act are in [`super::forms`]; the answers shared with the API in
+//! [`super::answers`].
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-
-use axum::extract::rejection::FormRejection;
-use axum::extract::{ConnectInfo, Path, RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Redirect, Response};
-use axum::Form;
+use axum::response::{IntoResponse, Response};
 use bson::Bson;
 use maud::{html, Markup, DOCTYPE};
 
-use super::api::{self, Action};
-use super::auth::{self, Denied, Session};
+use super::answers;
+use super::auth::Session;
 use super::query::{self, RobotQuery};
 use super::snapshot::{SlotInfo, Snapshot};
 use super::timeline::{SlotNow, Timeline};
-use super::{web_actor, App, RobotDetail, MAX_CONTEXT_SHOWN};
+use super::{App, RobotDetail, MAX_CONTEXT_SHOWN};
 use crate::db::field::{
     CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, KIND, PAUSED, RESTARTS, SEQ, SLOT_ID,
     SPEC, STATUS, UPDATE, UPDATE_RESULT, WORKER,
@@ -29,17 +26,23 @@ use crate::pool::view::age;
 const SCRIPT: &str = include_str!("static/app.js");
 const STYLE: &str = include_str!("static/app.css");
 
-fn header_str(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
+pub(super) fn header_str(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// The logged-in browser, if any.
-fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
+pub(super) fn session(app: &App, headers: &HeaderMap) -> Option<Session> {
     app.auth.session(header_str(headers, header::COOKIE))
 }
 
 /// The frame of every page.
-fn page(app: &App, s: Option<&Session>, name: &str, title: &str, body: Markup) -> Markup {
+pub(super) fn page(
+    app: &App,
+    s: Option<&Session>,
+    name: &str,
+    title: &str,
+    body: Markup,
+) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -76,7 +79,7 @@ fn page(app: &App, s: Option<&Session>, name: &str, title: &str, body: Markup) -
 }
 
 /// A page saying what went wrong, with its status.
-fn problem(
+pub(super) fn problem(
     app: &App,
     s: Option<&Session>,
     status: StatusCode,
@@ -219,7 +222,7 @@ fn timeline(snap: &Snapshot) -> Markup {
     Timeline::build(&snap.timeline, &slots, snap.now_ms).svg()
 }
 
-fn urlencode(s: &str) -> String {
+pub(super) fn urlencode(s: &str) -> String {
     serde_urlencoded::to_string([("", s)])
         .map(|v| v.trim_start_matches('=').replace('+', "%20"))
         .unwrap_or_default()
@@ -242,7 +245,7 @@ pub async fn robots(
     headers: HeaderMap,
 ) -> Response {
     let s = session(&app, &headers);
-    let q = match api::pairs(raw.as_deref()).and_then(|p| RobotQuery::parse(&p)) {
+    let q = match query::pairs(raw.as_deref()).and_then(|p| RobotQuery::parse(&p)) {
         Ok(q) => q,
         Err(e) => return problem(&app, s.as_ref(), StatusCode::BAD_REQUEST, "Bad search", &e),
     };
@@ -373,7 +376,7 @@ pub async fn robot(
             )
         }
     };
-    let v = api::robot_json(&d, &snap);
+    let v = answers::robot_json(&d, &snap);
     let txt = |k: &str| match v.robot.get(k) {
         None | Some(serde_json::Value::Null) => "-".to_string(),
         Some(serde_json::Value::String(s)) => s.clone(),
@@ -481,271 +484,6 @@ fn update_line(doc: &bson::Document) -> Option<String> {
     })
 }
 
-/// A refused browser action, as a page.
-pub(super) fn refused(app: &App, s: Option<&Session>, d: Denied) -> Response {
-    let (status, text) = match d {
-        Denied::Disabled => (
-            StatusCode::FORBIDDEN,
-            "Actions are disabled: this dashboard is read-only.",
-        ),
-        Denied::Unauthenticated => (
-            StatusCode::UNAUTHORIZED,
-            "Log in with the dashboard's token first.",
-        ),
-        Denied::Forged => (
-            StatusCode::FORBIDDEN,
-            "Refused: this form did not come from this dashboard's page (reload it and try again).",
-        ),
-        Denied::Throttled => (
-            StatusCode::TOO_MANY_REQUESTS,
-            "Too many wrong tokens from this address: wait a minute and try again.",
-        ),
-    };
-    problem(app, s, status, "Not allowed", text)
-}
-
-/// A form that acts: actions must be allowed (a read-only dashboard answers every
-/// write 403, whatever its body), and the form must carry this session's CSRF token
-/// from this origin. Returns the session and the form's fields.
-fn signed(
-    app: &App,
-    headers: &HeaderMap,
-    form: Result<Form<HashMap<String, String>>, FormRejection>,
-) -> Result<(Session, HashMap<String, String>), Box<Response>> {
-    if !app.auth.actions_allowed() {
-        return Err(Box::new(refused(app, None, Denied::Disabled)));
-    }
-    let Form(form) = form.map_err(|e| {
-        Box::new(problem(
-            app,
-            None,
-            StatusCode::BAD_REQUEST,
-            "Bad form",
-            &e.body_text(),
-        ))
-    })?;
-    app.auth
-        .form(
-            header_str(headers, header::COOKIE),
-            form.get("csrf").map(String::as_str),
-            header_str(headers, header::ORIGIN),
-            header_str(headers, header::HOST),
-        )
-        .map(|s| (s, form))
-        .map_err(|d| Box::new(refused(app, session(app, headers).as_ref(), d)))
-}
-
-async fn form_action(
-    app: &App,
-    peer: SocketAddr,
-    s: &Session,
-    target: &str,
-    action: Result<Action, String>,
-    back: String,
-) -> Response {
-    let action = match action {
-        Ok(a) => a,
-        Err(e) => return problem(app, Some(s), StatusCode::NOT_FOUND, "No such action", &e),
-    };
-    match api::perform(app, target, &action, &web_actor(&s.who, peer)).await {
-        Ok(_) => Redirect::to(&back).into_response(),
-        Err(e) => problem(
-            app,
-            Some(s),
-            api::failure_status(&e),
-            "The action failed",
-            &crate::secrets::scrub(&e.to_string()),
-        ),
-    }
-}
-
-/// The update form's fields: the spec as JSON (whole), and a kind when it changes.
-fn update_from_form(form: &HashMap<String, String>) -> Result<Action, String> {
-    let text = form.get("spec").map(String::as_str).unwrap_or("").trim();
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("the spec is not valid JSON: {e}"))?;
-    let serde_json::Value::Object(map) = v else {
-        return Err("the spec must be a JSON object, like {\"interval_ms\": 500}".into());
-    };
-    let spec = bson::to_document(&map).map_err(|e| format!("the spec cannot be stored: {e}"))?;
-    let kind = form
-        .get("kind")
-        .map(|k| k.trim().to_string())
-        .filter(|k| !k.is_empty());
-    Ok(Action::Update { kind, spec })
-}
-
-pub async fn robot_action(
-    State(app): State<App>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path((name, action)): Path<(String, String)>,
-    headers: HeaderMap,
-    form: Result<Form<HashMap<String, String>>, FormRejection>,
-) -> Response {
-    let (s, form) = match signed(&app, &headers, form) {
-        Ok(signed) => signed,
-        Err(res) => return *res,
-    };
-    let back = if action == "delete" {
-        "/robots".to_string()
-    } else {
-        format!("/robots/{}", urlencode(&name))
-    };
-    let parsed = if action == "update" {
-        update_from_form(&form)
-    } else {
-        Action::for_robot(&action, form.get("to").cloned())
-    };
-    form_action(&app, peer, &s, &name, parsed, back).await
-}
-
-pub async fn slot_action(
-    State(app): State<App>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    Path((id, action)): Path<(String, String)>,
-    headers: HeaderMap,
-    form: Result<Form<HashMap<String, String>>, FormRejection>,
-) -> Response {
-    let (s, _) = match signed(&app, &headers, form) {
-        Ok(signed) => signed,
-        Err(res) => return *res,
-    };
-    form_action(&app, peer, &s, &id, Action::for_slot(&action), "/".into()).await
-}
-
-pub async fn rebalance(
-    State(app): State<App>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    form: Result<Form<HashMap<String, String>>, FormRejection>,
-) -> Response {
-    let (s, _) = match signed(&app, &headers, form) {
-        Ok(signed) => signed,
-        Err(res) => return *res,
-    };
-    let (store, actor) = (app.store.clone(), web_actor(&s.who, peer));
-    let planned = super::to_the_end(async move {
-        crate::pool::actions::rebalance(&store, None, false, &actor).await
-    });
-    match planned.await {
-        Ok(r) if r.moves.iter().all(|m| m.refused.is_none()) => Redirect::to("/").into_response(),
-        Ok(r) => {
-            let why: Vec<&str> = r
-                .moves
-                .iter()
-                .filter_map(|m| m.refused.as_deref())
-                .collect();
-            problem(
-                &app,
-                Some(&s),
-                StatusCode::CONFLICT,
-                "Rebalance incomplete",
-                &format!("{} robot(s) moved; refused: {}", r.moved(), why.join("; ")),
-            )
-        }
-        Err(e) => problem(
-            &app,
-            Some(&s),
-            api::failure_status(&e),
-            "The rebalance failed",
-            &crate::secrets::scrub(&e.to_string()),
-        ),
-    }
-}
-
-pub async fn login_form(State(app): State<App>, headers: HeaderMap) -> Response {
-    login_page(&app, &headers, StatusCode::OK, None)
-}
-
-fn login_page(app: &App, headers: &HeaderMap, status: StatusCode, note: Option<&str>) -> Response {
-    if !app.auth.actions_allowed() {
-        return refused(app, None, Denied::Disabled);
-    }
-    let s = session(app, headers);
-    let body = html! {
-        h1 { "Log in" }
-        @if let Some(n) = note { p.problem { (n) } }
-        form #login method="post" action="/login" {
-            p { label { "Token " input type="password" name="token" autocomplete="current-password" required; } }
-            p { label { "Your name (for the events log) " input type="text" name="who" maxlength="64"; } }
-            button type="submit" { "Log in" }
-        }
-        p { "The token is the one in the dashboard's SLOTPOOL_WEB_TOKEN. Whoever has it can pause, move and delete robots and drain slots." }
-    };
-    (status, page(app, s.as_ref(), "login", "Log in", body)).into_response()
-}
-
-pub async fn login(
-    State(app): State<App>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    headers: HeaderMap,
-    form: Result<Form<HashMap<String, String>>, FormRejection>,
-) -> Response {
-    if !app.auth.actions_allowed() {
-        return refused(&app, None, Denied::Disabled);
-    }
-    let Ok(Form(form)) = form else {
-        return problem(
-            &app,
-            None,
-            StatusCode::BAD_REQUEST,
-            "Bad form",
-            "send the token and your name as a form",
-        );
-    };
-    let origin = header_str(&headers, header::ORIGIN);
-    let host = header_str(&headers, header::HOST);
-    if origin.is_some_and(|o| Some(o) != host.map(|h| format!("http://{h}")).as_deref()) {
-        return refused(&app, None, Denied::Forged);
-    }
-    let token = form.get("token").map(String::as_str).unwrap_or("");
-    let who = form.get("who").map(String::as_str).unwrap_or("");
-    match app.auth.login(token, who, peer.ip()) {
-        Ok((id, _)) => {
-            let cookie = format!(
-                "{}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-                auth::COOKIE,
-                auth::SESSION_TTL.as_secs()
-            );
-            let mut res = Redirect::to("/").into_response();
-            if let Ok(v) = header::HeaderValue::from_str(&cookie) {
-                res.headers_mut().insert(header::SET_COOKIE, v);
-            }
-            res
-        }
-        Err(Denied::Throttled) => refused(&app, None, Denied::Throttled),
-        Err(_) => login_page(
-            &app,
-            &headers,
-            StatusCode::UNAUTHORIZED,
-            Some("Wrong token."),
-        ),
-    }
-}
-
-pub async fn logout(
-    State(app): State<App>,
-    headers: HeaderMap,
-    form: Result<Form<HashMap<String, String>>, FormRejection>,
-) -> Response {
-    if !app.auth.actions_allowed() {
-        return refused(&app, None, Denied::Disabled);
-    }
-    // A forged logout logs nobody out; the cookie is cleared in this browser anyway.
-    if signed(&app, &headers, form).is_ok() {
-        app.auth.logout(header_str(&headers, header::COOKIE));
-    }
-    let mut res = Redirect::to("/").into_response();
-    let clear = format!(
-        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
-        auth::COOKIE
-    );
-    if let Ok(v) = header::HeaderValue::from_str(&clear) {
-        res.headers_mut().insert(header::SET_COOKIE, v);
-    }
-    res
-}
-
 pub async fn script() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
@@ -765,7 +503,7 @@ pub async fn not_found(
     headers: HeaderMap,
 ) -> Response {
     if method != Method::GET && method != Method::HEAD {
-        let mut res = api::error(
+        let mut res = answers::error(
             StatusCode::METHOD_NOT_ALLOWED,
             "nothing to change here: see docs/dashboard.md for the actions",
         );
@@ -774,7 +512,7 @@ pub async fn not_found(
         return res;
     }
     if uri.path().starts_with("/api/") {
-        return api::error(
+        return answers::error(
             StatusCode::NOT_FOUND,
             "no such API path: see /api/v1 in docs/http.md",
         );

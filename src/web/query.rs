@@ -196,9 +196,24 @@ pub fn apply<'a>(rows: &'a [RobotRow], q: &RobotQuery) -> Page<'a> {
     }
 }
 
+/// Parses a raw query string into pairs, or says why it cannot.
+pub fn pairs(raw: Option<&str>) -> Result<Vec<(String, String)>, String> {
+    serde_urlencoded::from_str::<Vec<(String, String)>>(raw.unwrap_or(""))
+        .map_err(|e| format!("malformed query string: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_strings_that_cannot_be_read_are_errors() {
+        assert_eq!(
+            pairs(Some("q=a%20b&page=2")).unwrap(),
+            vec![("q".into(), "a b".into()), ("page".into(), "2".into())]
+        );
+        assert!(pairs(None).unwrap().is_empty());
+    }
 
     fn params(s: &str) -> Vec<(String, String)> {
         serde_urlencoded::from_str(s).unwrap()

@@ -54,9 +54,9 @@ pub async fn before_handlers(State(app): State<App>, req: Request, next: Next) -
     let path = req.uri().path().to_string();
     if let Err(d) = app.auth.before_body(&path, req.headers(), peer) {
         return if path.starts_with("/api/") {
-            super::api::denied(d)
+            super::answers::denied(d)
         } else {
-            super::pages::refused(&app, None, d)
+            super::forms::refused(&app, None, d)
         };
     }
     let (pool, most) = if matches!(path.as_str(), "/login" | "/logout") {
