@@ -10,13 +10,16 @@
 //! - [`query`]: the robot table's search, filters, sort and pages;
 //! - [`pages`]: the HTML (maud escapes every value; scripts and styles are files, so
 //!   the content security policy forbids inline ones);
-//! - [`api`]: the JSON API and its actions;
+//! - [`app`]: the state every handler shares, and robot pages' reads;
+//! - [`api`]: the JSON API; [`answers`]: its typed answers; [`action`]: what a
+//!   person may do, through the API or a form ([`forms`]);
 //! - [`auth`]: the token, browser sessions and CSRF;
 //! - [`writes`]: writes refused from their head, and their bodies bounded.
 
 pub mod action;
 pub mod answers;
 pub mod api;
+pub mod app;
 pub mod auth;
 pub mod forms;
 pub mod pages;
@@ -25,10 +28,8 @@ pub mod snapshot;
 pub mod timeline;
 pub mod writes;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::extract::{DefaultBodyLimit, Request};
@@ -37,29 +38,20 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use bson::{doc, Document};
 use clap::Args;
-use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::db::field::NAME;
-use crate::db::robot_doc::RobotDoc;
 use crate::db::store::Store;
-use crate::pool::actions::Actor;
+use app::web_actor;
+pub use app::{to_the_end, App, RobotDetail};
 use auth::Auth;
-use snapshot::{Demand, Snapshot, Snapshotter};
+use snapshot::Snapshotter;
 
 /// The largest request body accepted (a form or an API action's JSON).
 pub const MAX_BODY: usize = 16 * 1024;
 
 /// A robot's context is shown up to this size; the rest is cut with a note.
 pub const MAX_CONTEXT_SHOWN: usize = 256 * 1024;
-
-/// Robot pages read by name at once, at most; more wait.
-const DETAIL_READS: usize = 2;
-
-/// Robot pages remembered (each for one refresh interval).
-const DETAIL_CACHE: usize = 256;
 
 #[derive(Debug, Args)]
 pub struct WebArgs {
@@ -111,139 +103,6 @@ impl WebArgs {
                 Ok(Some(t.trim().to_string()))
             }
         }
-    }
-}
-
-/// Runs an action that writes to its end, whatever becomes of the request: axum
-/// drops a handler's future when its client hangs up, and a move dropped between
-/// its writes would strand its robot. Spawned, the action finishes; the handler only
-/// waits for its answer.
-pub async fn to_the_end<T: Send + 'static>(
-    action: impl std::future::Future<Output = T> + Send + 'static,
-) -> T {
-    match tokio::spawn(action).await {
-        Ok(done) => done,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
-}
-
-/// What every handler shares.
-#[derive(Clone)]
-pub struct App {
-    store: Store,
-    snapshot: watch::Receiver<Arc<Snapshot>>,
-    demand: Arc<Demand>,
-    auth: Arc<Auth>,
-    refresh: Duration,
-    details: Arc<Details>,
-    /// `--allowed-host` names (see [`auth::host_allowed`]).
-    hosts: Arc<Vec<String>>,
-    /// Authenticated writes receiving their bodies now (see [`writes`]).
-    bodies: Arc<Semaphore>,
-    /// `/login` and `/logout` receiving their bodies now.
-    login_bodies: Arc<Semaphore>,
-}
-
-/// One robot as its page shows it: the whole document and its kept output.
-#[derive(Debug, Clone)]
-pub struct RobotDetail {
-    /// The whole document, shown as it is.
-    pub doc: Document,
-    /// The same, decoded.
-    pub robot: RobotDoc,
-    pub output: Option<Document>,
-}
-
-/// A robot page's read, and when (None: no such robot).
-type Remembered = (Instant, Option<Arc<RobotDetail>>);
-
-/// Robot pages read lately, so a page open in many browsers costs one read per
-/// refresh interval, and a flood of requests costs at most [`DETAIL_READS`] reads
-/// at a time.
-struct Details {
-    recent: Mutex<HashMap<String, Remembered>>,
-    reads: Semaphore,
-}
-
-impl App {
-    /// The shared snapshot; waits (up to 3 s) for a fresh one after a quiet spell.
-    pub async fn snapshot(&self) -> Arc<Snapshot> {
-        self.demand.touch();
-        let limit = self.refresh * 3;
-        let stale = |s: &Arc<Snapshot>| s.attempted.is_none_or(|t| t.elapsed() > limit);
-        let mut rx = self.snapshot.clone();
-        if stale(&rx.borrow()) {
-            let _ = tokio::time::timeout(Duration::from_secs(3), rx.wait_for(|s| !stale(s))).await;
-        }
-        let s = rx.borrow().clone();
-        s
-    }
-
-    /// The robot named `name` (None: no such robot), at most one refresh old.
-    pub async fn robot(&self, name: &str) -> anyhow::Result<Option<Arc<RobotDetail>>> {
-        let fresh = |recent: &HashMap<String, Remembered>| {
-            recent
-                .get(name)
-                .filter(|(t, _)| t.elapsed() < self.refresh)
-                .map(|(_, d)| d.clone())
-        };
-        if let Some(d) = fresh(&self.details.recent.lock().expect("details lock")) {
-            return Ok(d);
-        }
-        let _permit = self.details.reads.acquire().await?;
-        // Another request may have read it while this one waited.
-        if let Some(d) = fresh(&self.details.recent.lock().expect("details lock")) {
-            return Ok(d);
-        }
-        let found = self
-            .store
-            .robots()
-            .find_one(doc! {NAME: name})
-            .await
-            .context("reading the robot")?;
-        let detail = match found {
-            None => None,
-            Some(doc) => {
-                let output = self
-                    .store
-                    .outputs()
-                    .find_one(doc! {"_id": doc.get("_id")})
-                    .await
-                    .context("reading the robot's output")?;
-                Some(Arc::new(RobotDetail {
-                    robot: RobotDoc::from_doc(&doc),
-                    doc,
-                    output,
-                }))
-            }
-        };
-        let mut recent = self.details.recent.lock().expect("details lock");
-        if recent.len() >= DETAIL_CACHE {
-            recent.retain(|_, (t, _)| t.elapsed() < self.refresh);
-            if recent.len() >= DETAIL_CACHE {
-                recent.clear();
-            }
-        }
-        recent.insert(name.to_string(), (Instant::now(), detail.clone()));
-        Ok(detail)
-    }
-
-    /// Forgets a robot's cached page after an action changed it.
-    fn forget(&self, name: &str) {
-        self.details
-            .recent
-            .lock()
-            .expect("details lock")
-            .remove(name);
-    }
-}
-
-/// The actor of a web action, for its event.
-fn web_actor(who: &str, peer: SocketAddr) -> Actor {
-    Actor {
-        by: "web",
-        who: auth::clean_name(who),
-        from: Some(peer.to_string()),
     }
 }
 
@@ -369,27 +228,20 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
     // from the workers by opening many.
     let store = store.dedicated(2, "web")?;
     let stop = CancellationToken::new();
-    let (snapshot, demand) = Snapshotter::spawn(
+    let views = Snapshotter::spawn(
         store.clone(),
         args.refresh,
         args.robots_refresh,
         stop.clone(),
     );
     let actions = token.is_some();
-    let app = App {
+    let app = App::new(
         store,
-        snapshot,
-        demand,
-        auth: Arc::new(Auth::new(token)),
-        refresh: args.refresh,
-        details: Arc::new(Details {
-            recent: Mutex::new(HashMap::new()),
-            reads: Semaphore::new(DETAIL_READS),
-        }),
-        hosts: Arc::new(args.allowed_hosts.clone()),
-        bodies: Arc::new(Semaphore::new(writes::MAX_BODIES)),
-        login_bodies: Arc::new(Semaphore::new(writes::MAX_LOGIN_BODIES)),
-    };
+        views,
+        Auth::new(token),
+        args.refresh,
+        args.allowed_hosts.clone(),
+    );
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {
         tracing::warn!(
