@@ -21,6 +21,7 @@ mod worker;
 
 use clap::{Parser, Subcommand};
 
+pub use connect::read_uri_file;
 use connect::{connect, connection_string};
 
 /// Keeps stateful robots alive on a pool of identical workers, coordinated through

@@ -78,7 +78,7 @@ impl ContextStore {
     /// since it was read is left out.
     ///
     /// Each robot comes with the generation this adoption gives it if it is still
-    /// as it was read ([`gen_after_adoption`] of that read). When the write matched
+    /// as it was read ([`crate::db::robot_doc::gen_after_adoption`] of that read). When the write matched
     /// every robot, those are the generations returned, without reading them back:
     /// that read was a seventh of a takeover's adoption time. A robot adopted
     /// elsewhere between the read and this write (moved away and back) then has a
@@ -304,17 +304,6 @@ impl ContextStore {
             STATUS: RobotStatus::Running, ERROR: Bson::Null,
             WORKER: {"$literal": &self.worker}, STATUS_AT: "$$NOW",
         }}]
-    }
-}
-
-/// The generation an adoption gives a robot read as `d` (the rule of
-/// [`ContextStore::adopt`]'s pipeline: its `gen` plus one when that is an int or a
-/// long, else 1).
-pub fn gen_after_adoption(d: &Document) -> i64 {
-    match d.get(GEN) {
-        Some(Bson::Int64(g)) => g.saturating_add(1),
-        Some(Bson::Int32(g)) => i64::from(*g) + 1,
-        _ => 1,
     }
 }
 

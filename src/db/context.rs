@@ -30,8 +30,8 @@ use mongodb::Collection;
 
 use crate::db::field::{
     APPLIED_LIMITS, AT, CHECKPOINTED_AT, CONTAINMENT, CONTEXT, EPOCH, ERROR, GEN, HISTORY, KIND,
-    NAME, PAUSED, RECENT_ENDS, RESTARTS, SEQ, SLOT_ID, SPEC, START_REV, STATUS, STATUS_AT, UPDATE,
-    UPDATE_RESULT, WORKER,
+    NAME, PAUSED, RECENT_ENDS, RESTARTS, SEQ, SLOT, SLOT_ID, SPEC, START_REV, STATUS, STATUS_AT,
+    UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::db::group_commit::{
     while_open, Answer, GroupCommit, Statement, Written, IN_DOUBT_AFTER,
@@ -122,38 +122,19 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    /// What a start needs of `robot` (`name` when it has none), with its context.
-    pub fn new(robot: &RobotDoc, name: &str, context: Document) -> Loaded {
-        Loaded {
-            name: robot.name.clone().unwrap_or_else(|| name.to_string()),
-            kind: robot.kind.clone().unwrap_or_default(),
-            spec: robot.spec.clone().unwrap_or_default(),
-            context,
+    /// What a start needs of `robot` (`name` when it has none), taken from it
+    /// without a copy; the type of what stands for its context when that is not a
+    /// document.
+    pub fn from_robot(robot: RobotDoc, name: &str) -> Result<Loaded, &'static str> {
+        Ok(Loaded {
+            context: robot.context?,
+            name: robot.name.unwrap_or_else(|| name.to_string()),
+            kind: robot.kind.unwrap_or_default(),
+            spec: robot.spec.unwrap_or_default(),
             seq: robot.seq.unwrap_or(0),
-            ends: robot.recent_ends.clone(),
-        }
-    }
-}
-
-/// The robot's recorded ends ([`RECENT_ENDS`]): whole numbers only, at most
-/// [`crate::robot::restart::ENDS_KEPT`] of them.
-pub fn recent_ends(d: &Document) -> Vec<i64> {
-    let Ok(a) = d.get_array(RECENT_ENDS) else {
-        return Vec::new();
-    };
-    let mut ends: Vec<i64> = a
-        .iter()
-        .filter_map(|b| match b {
-            Bson::Int64(n) => Some(*n),
-            Bson::Int32(n) => Some(i64::from(*n)),
-            _ => None,
+            ends: robot.recent_ends,
         })
-        .collect();
-    let keep = crate::robot::restart::ENDS_KEPT;
-    if ends.len() > keep {
-        ends.drain(..ends.len() - keep);
     }
-    ends
 }
 
 impl ContextStore {
@@ -308,15 +289,12 @@ impl ContextStore {
             .projection(doc! {NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1, RECENT_ENDS: 1})
             .await?
             .ok_or_else(|| self.fenced(name))?;
-        let robot = RobotDoc::from_doc(&d);
-        let context = robot
-            .context
-            .clone()
-            .map_err(|found| ContextError::NotADocument {
+        Loaded::from_robot(RobotDoc::from_doc(&d), name).map_err(|found| {
+            ContextError::NotADocument {
                 robot: name.to_string(),
                 found: found.to_string(),
-            })?;
-        Ok(Loaded::new(&robot, name, context))
+            }
+        })
     }
 
     /// The worker's metrics, for what a robot kind counts itself.
@@ -363,7 +341,7 @@ impl ContextStore {
                 EPOCH: self.epoch,
                 GEN: gen,
                 WORKER: {"$literal": &self.worker},
-                "slot": &self.slot_id,
+                SLOT: &self.slot_id,
                 AT: "$$NOW",
             };
             set.insert(
@@ -429,7 +407,7 @@ impl ContextStore {
             // An end: counted in the robot's own record, on the server's clock, so
             // whichever holder runs it next keeps its restart budget's window.
             set.insert(RESTARTS, n);
-            let kept = crate::robot::restart::ENDS_KEPT as i64;
+            let kept = crate::db::robot_doc::ENDS_KEPT as i64;
             set.insert(
                 RECENT_ENDS,
                 doc! {"$slice": [
@@ -583,20 +561,4 @@ impl ContextStore {
 /// is missing or not a whole number (a hand-edited document).
 pub(crate) fn long_or_zero(d: &Document, key: &str) -> i64 {
     crate::db::store::int(d, key).unwrap_or(0)
-}
-
-pub(crate) fn type_name(b: &Bson) -> &'static str {
-    match b {
-        Bson::Double(_) => "double",
-        Bson::String(_) => "string",
-        Bson::Array(_) => "array",
-        Bson::Document(_) => "document",
-        Bson::Boolean(_) => "bool",
-        Bson::Null => "null",
-        Bson::Int32(_) => "int",
-        Bson::Int64(_) => "long",
-        Bson::DateTime(_) => "date",
-        Bson::ObjectId(_) => "objectId",
-        _ => "other",
-    }
 }

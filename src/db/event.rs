@@ -5,111 +5,44 @@
 //! edited or written by hand is shown as it is, never dropped, and a kind this
 //! version does not know is kept as its text.
 
-use std::collections::BTreeMap;
-use std::fmt;
-
 use bson::{oid::ObjectId, Bson, Document};
+use std::collections::BTreeMap;
 
 use crate::db::field::{AT, KIND, OVERFLOW, ROBOT, SLOT_ID, WORKER};
+use crate::db::words::words;
 
-/// What happened. The stored text is [`EventKind::as_str`]; `schemas/events.json`
-/// lists the same words (a unit test holds them equal).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum EventKind {
-    /// A worker claimed a slot (`overflow` when it already held one).
-    Claim,
-    /// A new holder's first adoption of its slot's robots landed (`writes`).
-    Adopt,
-    /// A holder gave its slot back (SIGTERM, hand-back, drain).
-    Release,
-    /// A renewal found the slot taken: its robots were stopped.
-    Lost,
-    /// No renewal came back before the local deadline: its robots were stopped.
-    SelfFence,
-    /// A robot's write matched nothing: a newer instance owns it.
-    FencedWrite,
-    Drain,
-    Undrain,
-    Create,
-    Pause,
-    Resume,
-    Restart,
-    Update,
-    Move,
-    Delete,
-    Rebalance,
-    /// A robot ended and was started again (the 1st, 2nd, 4th, 8th … of a run).
-    RobotRestart,
-    /// A robot's restart policy gave up on it.
-    RobotFailed,
-    /// A worker saw the server's clock step forward.
-    ServerClockStep,
-}
-
-impl EventKind {
-    /// Every kind, in the order `schemas/events.json` lists them.
-    pub const ALL: [EventKind; 19] = [
-        EventKind::Claim,
-        EventKind::Adopt,
-        EventKind::Release,
-        EventKind::Lost,
-        EventKind::SelfFence,
-        EventKind::FencedWrite,
-        EventKind::Drain,
-        EventKind::Undrain,
-        EventKind::Create,
-        EventKind::Pause,
-        EventKind::Resume,
-        EventKind::Restart,
-        EventKind::Update,
-        EventKind::Move,
-        EventKind::Delete,
-        EventKind::Rebalance,
-        EventKind::RobotRestart,
-        EventKind::RobotFailed,
-        EventKind::ServerClockStep,
-    ];
-
-    /// The stored word.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            EventKind::Claim => "claim",
-            EventKind::Adopt => "adopt",
-            EventKind::Release => "release",
-            EventKind::Lost => "lost",
-            EventKind::SelfFence => "self_fence",
-            EventKind::FencedWrite => "fenced_write",
-            EventKind::Drain => "drain",
-            EventKind::Undrain => "undrain",
-            EventKind::Create => "create",
-            EventKind::Pause => "pause",
-            EventKind::Resume => "resume",
-            EventKind::Restart => "restart",
-            EventKind::Update => "update",
-            EventKind::Move => "move",
-            EventKind::Delete => "delete",
-            EventKind::Rebalance => "rebalance",
-            EventKind::RobotRestart => "robot_restart",
-            EventKind::RobotFailed => "robot_failed",
-            EventKind::ServerClockStep => "server_clock_step",
-        }
-    }
-
-    /// The kind a stored word names, if this version knows it.
-    pub fn parse(word: &str) -> Option<EventKind> {
-        EventKind::ALL.into_iter().find(|k| k.as_str() == word)
-    }
-}
-
-impl From<EventKind> for Bson {
-    fn from(k: EventKind) -> Bson {
-        Bson::String(k.as_str().to_string())
-    }
-}
-
-impl fmt::Display for EventKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+words! {
+    /// What happened. The stored text is [`EventKind::as_str`]; `schemas/events.json`
+    /// lists the same words (a unit test holds them equal).
+    EventKind {
+        /// A worker claimed a slot (`overflow` when it already held one).
+        Claim => "claim",
+        /// A new holder's first adoption of its slot's robots landed (`writes`).
+        Adopt => "adopt",
+        /// A holder gave its slot back (SIGTERM, hand-back, drain).
+        Release => "release",
+        /// A renewal found the slot taken: its robots were stopped.
+        Lost => "lost",
+        /// No renewal came back before the local deadline: its robots were stopped.
+        SelfFence => "self_fence",
+        /// A robot's write matched nothing: a newer instance owns it.
+        FencedWrite => "fenced_write",
+        Drain => "drain",
+        Undrain => "undrain",
+        Create => "create",
+        Pause => "pause",
+        Resume => "resume",
+        Restart => "restart",
+        Update => "update",
+        Move => "move",
+        Delete => "delete",
+        Rebalance => "rebalance",
+        /// A robot ended and was started again (the 1st, 2nd, 4th, 8th … of a run).
+        RobotRestart => "robot_restart",
+        /// A robot's restart policy gave up on it.
+        RobotFailed => "robot_failed",
+        /// A worker saw the server's clock step forward.
+        ServerClockStep => "server_clock_step",
     }
 }
 
@@ -176,6 +109,11 @@ pub fn text(d: &Document, key: &str) -> Option<String> {
 fn as_text(v: &Bson) -> String {
     match v {
         Bson::String(s) => s.clone(),
+        // Code or a symbol is not text: shown as extended JSON (`{"$code": …}`), so
+        // it never passes for the string it holds.
+        Bson::JavaScriptCode(_) | Bson::JavaScriptCodeWithScope(_) | Bson::Symbol(_) => {
+            v.clone().into_relaxed_extjson().to_string()
+        }
         other => other.to_string(),
     }
 }
@@ -197,7 +135,7 @@ mod tests {
             .collect();
         let ours: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
         assert_eq!(ours, admitted);
-        for k in EventKind::ALL {
+        for &k in EventKind::ALL {
             assert_eq!(EventKind::parse(&k.to_string()), Some(k));
         }
         assert_eq!(EventKind::parse("claimed"), None);

@@ -58,7 +58,7 @@ pub const PAUSED: &str = "paused";
 /// How many times a robot restarted on its current holder.
 pub const RESTARTS: &str = "restarts";
 /// When the robot's last runs ended by themselves (server milliseconds, oldest
-/// first, at most [`crate::robot::restart::ENDS_KEPT`]): its restart budget's
+/// first, at most [`crate::db::robot_doc::ENDS_KEPT`]): its restart budget's
 /// window, kept with the robot so a takeover or a move does not reset it.
 pub const RECENT_ENDS: &str = "recent_ends";
 /// Raised by every `robot restart` (and update): an instance started under another
@@ -78,8 +78,11 @@ pub const CREATED_AT: &str = "created_at";
 /// When a robot's last checkpoint landed (server clock).
 pub const CHECKPOINTED_AT: &str = "checkpointed_at";
 
-/// A robot's checkpoint records, when its spec asks for them.
+/// A robot's checkpoint records, when its spec asks for them: each
+/// `{seq, epoch, gen, worker, slot, at}`.
 pub const HISTORY: &str = "history";
+/// The slot a checkpoint record was written on.
+pub const SLOT: &str = "slot";
 /// When a robot's status was last written (server clock).
 pub const STATUS_AT: &str = "status_at";
 /// How an exec robot's process tree is contained (a cgroup, a PID namespace …).
@@ -114,6 +117,8 @@ pub const LINES: &str = "lines";
 pub const N: &str = "n";
 pub const STREAM: &str = "stream";
 pub const TEXT: &str = "text";
+/// True on a deleted robot's kept output, until its TTL removes it.
+pub const DELETED: &str = "deleted";
 /// A worker's last heartbeat (server clock).
 pub const LAST_SEEN: &str = "last_seen";
 

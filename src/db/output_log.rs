@@ -24,7 +24,7 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::{Collection, Database};
 use tokio::sync::mpsc;
 
-use crate::db::field::{AT, EXPIRE_AT, GEN, LINES, N, STREAM, TEXT};
+use crate::db::field::{AT, DELETED, EXPIRE_AT, GEN, LINES, N, STREAM, TEXT};
 use crate::db::guard::WriteGuard;
 use crate::db::pacing::WritePacer;
 use crate::db::store::{Store, ROBOTS};
@@ -200,7 +200,7 @@ pub async fn remove_orphaned(store: &Store) -> Result<u64, mongodb::error::Error
     let orphans: Vec<Bson> = store
         .outputs()
         .aggregate(vec![
-            doc! {"$match": {"deleted": {"$ne": true}}},
+            doc! {"$match": {DELETED: {"$ne": true}}},
             doc! {"$lookup": {"from": ROBOTS, "localField": "_id", "foreignField": "_id", "as": "robot"}},
             doc! {"$match": {"robot": {"$size": 0}}},
             doc! {"$project": {"_id": 1}},
@@ -216,7 +216,7 @@ pub async fn remove_orphaned(store: &Store) -> Result<u64, mongodb::error::Error
         // Still no robot (and still not a tombstone) at the moment of removal.
         removed += store
             .outputs()
-            .delete_many(doc! {"_id": {"$in": chunk}, "deleted": {"$ne": true}})
+            .delete_many(doc! {"_id": {"$in": chunk}, DELETED: {"$ne": true}})
             .await?
             .deleted_count;
     }
@@ -233,7 +233,7 @@ pub async fn bury(store: &Store, id: &Bson) -> Result<(), mongodb::error::Error>
         .update_one(
             doc! {"_id": id},
             vec![doc! {"$set": {
-                GEN: i64::MAX, "deleted": true, LINES: [],
+                GEN: i64::MAX, DELETED: true, LINES: [],
                 EXPIRE_AT: {"$add": ["$$NOW", 3_600_000_i64]},
             }}],
         )

@@ -7,69 +7,30 @@
 //! shown as its text), never dropped, and what a holder cannot run from it is
 //! reported where it would start.
 
-use std::fmt;
-
 use bson::{oid::ObjectId, Bson, Document};
 
-use crate::db::adoption::gen_after_adoption;
-use crate::db::context::{recent_ends, type_name};
 use crate::db::event::text;
 use crate::db::field::{
-    CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, SPEC,
-    START_REV, STATUS, UPDATE, WORKER,
+    CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RECENT_ENDS, RESTARTS, SEQ,
+    SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
 };
 use crate::db::store::int;
+use crate::db::words::words;
 
-/// What a robot's holder (or the operator's action) last wrote as its status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RobotStatus {
-    /// Created, resumed or moved: no holder has started it yet.
-    Pending,
-    /// Adopted and started by the worker named in `worker`.
-    Running,
-    /// It ended or crashed; its holder starts it again after a backoff.
-    Restarting,
-    /// Its spec or context cannot work, or (with `paused`) its restart policy gave up.
-    Failed,
-    /// Paused by an operator.
-    Paused,
-}
-
-impl RobotStatus {
-    pub const ALL: [RobotStatus; 5] = [
-        RobotStatus::Pending,
-        RobotStatus::Running,
-        RobotStatus::Restarting,
-        RobotStatus::Failed,
-        RobotStatus::Paused,
-    ];
-
-    /// The stored word.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RobotStatus::Pending => "pending",
-            RobotStatus::Running => "running",
-            RobotStatus::Restarting => "restarting",
-            RobotStatus::Failed => "failed",
-            RobotStatus::Paused => "paused",
-        }
-    }
-
-    /// The status a stored word names, if it is one.
-    pub fn parse(word: &str) -> Option<RobotStatus> {
-        RobotStatus::ALL.into_iter().find(|s| s.as_str() == word)
-    }
-}
-
-impl fmt::Display for RobotStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl From<RobotStatus> for Bson {
-    fn from(s: RobotStatus) -> Bson {
-        Bson::String(s.as_str().to_string())
+words! {
+    /// What a robot's holder (or the operator's action) last wrote as its status.
+    RobotStatus {
+        /// Created, resumed or moved: no holder has started it yet.
+        Pending => "pending",
+        /// Adopted and started by the worker named in `worker`.
+        Running => "running",
+        /// It ended or crashed; its holder starts it again after a backoff.
+        Restarting => "restarting",
+        /// Its spec or context cannot work, or (with `paused`) its restart policy gave
+        /// up.
+        Failed => "failed",
+        /// Paused by an operator.
+        Paused => "paused",
     }
 }
 
@@ -91,6 +52,11 @@ pub enum UpdateField {
     /// Something that cannot be an update (a hand edit): left for whoever wrote it.
     Malformed,
 }
+
+/// How many of a robot's last ends its document keeps (`recent_ends`): the window of
+/// a restart policy with more `attempts` carries over a takeover or a move only this
+/// far.
+pub const ENDS_KEPT: usize = 100;
 
 /// One robot document, decoded leniently.
 #[derive(Debug, Clone, PartialEq)]
@@ -225,6 +191,55 @@ fn fence_as_stored(d: &Document) -> Option<(Option<i64>, i64)> {
     Some((gen, epoch))
 }
 
+/// The generation an adoption gives a robot read as `d` (the rule of
+/// [`crate::db::context::ContextStore::adopt`]'s pipeline: its `gen` plus one when that is an int or a
+/// long, else 1).
+pub fn gen_after_adoption(d: &Document) -> i64 {
+    match d.get(GEN) {
+        Some(Bson::Int64(g)) => g.saturating_add(1),
+        Some(Bson::Int32(g)) => i64::from(*g) + 1,
+        _ => 1,
+    }
+}
+
+/// The robot's recorded ends ([`RECENT_ENDS`]): whole numbers only, at most
+/// [`ENDS_KEPT`] of them.
+pub fn recent_ends(d: &Document) -> Vec<i64> {
+    let Ok(a) = d.get_array(RECENT_ENDS) else {
+        return Vec::new();
+    };
+    let mut ends: Vec<i64> = a
+        .iter()
+        .filter_map(|b| match b {
+            Bson::Int64(n) => Some(*n),
+            Bson::Int32(n) => Some(i64::from(*n)),
+            _ => None,
+        })
+        .collect();
+    let keep = ENDS_KEPT;
+    if ends.len() > keep {
+        ends.drain(..ends.len() - keep);
+    }
+    ends
+}
+
+/// The name of a BSON value's type, as `$type` says it.
+pub(crate) fn type_name(b: &Bson) -> &'static str {
+    match b {
+        Bson::Double(_) => "double",
+        Bson::String(_) => "string",
+        Bson::Array(_) => "array",
+        Bson::Document(_) => "document",
+        Bson::Boolean(_) => "bool",
+        Bson::Null => "null",
+        Bson::Int32(_) => "int",
+        Bson::Int64(_) => "long",
+        Bson::DateTime(_) => "date",
+        Bson::ObjectId(_) => "objectId",
+        _ => "other",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,7 +247,7 @@ mod tests {
 
     #[test]
     fn each_status_reads_back_as_itself() {
-        for s in RobotStatus::ALL {
+        for &s in RobotStatus::ALL {
             assert_eq!(RobotStatus::parse(&s.to_string()), Some(s));
         }
         assert_eq!(RobotStatus::parse("Running"), None);

@@ -6,8 +6,7 @@
 macro_rules! words {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $word:literal,)+ }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-        #[serde(rename_all = "snake_case")]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum $name {
             $($(#[$vmeta])* $variant,)+
         }
@@ -23,6 +22,20 @@ macro_rules! words {
 
             pub fn parse(word: &str) -> Option<$name> {
                 $name::ALL.iter().copied().find(|w| w.as_str() == word)
+            }
+        }
+
+        /// Serialized as its word, the same text that is stored and shown.
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        /// Stored as its word.
+        impl From<$name> for bson::Bson {
+            fn from(w: $name) -> bson::Bson {
+                bson::Bson::String(w.as_str().to_string())
             }
         }
 

@@ -32,9 +32,7 @@ pub const INVALID_BACKOFF: Duration = Duration::from_secs(2);
 /// A run this long resets the backoff: it was healthy, the next end is news.
 pub const HEALTHY_RUN: Duration = Duration::from_secs(10);
 
-/// How many of a robot's last ends its document keeps (`recent_ends`): the window of
-/// a policy with more `attempts` carries over a takeover or a move only this far.
-pub const ENDS_KEPT: usize = 100;
+pub use crate::db::robot_doc::ENDS_KEPT;
 
 /// The spec field that holds a robot's restart policy.
 pub const SPEC_FIELD: &str = "restart";

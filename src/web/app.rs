@@ -59,7 +59,7 @@ pub struct App {
 pub struct RobotDetail {
     /// The whole document, shown as it is.
     pub doc: Document,
-    /// The same, decoded.
+    /// The same, decoded, without the spec and the context (`doc` has them).
     pub robot: RobotDoc,
     pub output: Option<Document>,
 }
@@ -144,11 +144,12 @@ impl App {
                     .find_one(doc! {"_id": doc.get("_id")})
                     .await
                     .context("reading the robot's output")?;
-                Some(Arc::new(RobotDetail {
-                    robot: RobotDoc::from_doc(&doc),
-                    doc,
-                    output,
-                }))
+                // The page shows the spec and the context from the document
+                // itself: the decoded copy keeps neither.
+                let mut robot = RobotDoc::from_doc(&doc);
+                robot.spec = None;
+                robot.context = Ok(Document::new());
+                Some(Arc::new(RobotDetail { robot, doc, output }))
             }
         };
         let mut recent = self.details.recent.lock().expect("details lock");

@@ -18,8 +18,8 @@ use super::snapshot::{SlotInfo, Snapshot};
 use super::timeline::{SlotNow, Timeline};
 use super::{App, RobotDetail, MAX_CONTEXT_SHOWN};
 use crate::db::field::{
-    CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, KIND, PAUSED, RESTARTS, SEQ, SLOT_ID,
-    SPEC, STATUS, UPDATE, UPDATE_RESULT, WORKER,
+    CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, HISTORY, KIND, LINES, PAUSED,
+    RESTARTS, SEQ, SLOT_ID, SPEC, STATUS, STREAM, TEXT, UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::pool::view::age;
 
@@ -333,7 +333,7 @@ fn pretty(v: Option<&Bson>) -> String {
 }
 
 fn output_lines(d: &RobotDetail) -> Vec<(String, String)> {
-    let Some(Ok(lines)) = d.output.as_ref().map(|o| o.get_array("lines")) else {
+    let Some(Ok(lines)) = d.output.as_ref().map(|o| o.get_array(LINES)) else {
         return Vec::new();
     };
     lines
@@ -341,8 +341,8 @@ fn output_lines(d: &RobotDetail) -> Vec<(String, String)> {
         .filter_map(|l| l.as_document())
         .map(|l| {
             (
-                l.get_str("stream").unwrap_or("?").to_string(),
-                l.get_str("text").unwrap_or("").to_string(),
+                l.get_str(STREAM).unwrap_or("?").to_string(),
+                l.get_str(TEXT).unwrap_or("").to_string(),
             )
         })
         .collect()
@@ -390,7 +390,7 @@ pub async fn robot(
         Some(other) => other.to_string(),
     };
     let state = v.state.to_string();
-    let history = d.doc.get_array("history").ok();
+    let history = d.doc.get_array(HISTORY).ok();
     let events: Vec<_> = snap
         .events
         .iter()

@@ -39,7 +39,7 @@ use crate::config::LeaseTiming;
 use crate::db::adoption::{adopt_rest_at_once, next_adopt_chunk, ADOPT_CHUNK_MIN};
 use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, BATCH};
 use crate::db::event::EventKind;
-use crate::db::field::{DETAIL, EPOCH, PAUSED, SLOT_ID, WORKER, WRITES};
+use crate::db::field::{DETAIL, EPOCH, HISTORY, PAUSED, SLOT_ID, WORKER, WRITES};
 use crate::db::robot_doc::{PendingUpdate, RobotDoc, UpdateField};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
@@ -150,10 +150,10 @@ impl Listed {
             start_rev: robot.start_rev.unwrap_or(0),
             paused: robot.paused,
             failed: robot.given_up(),
-            loaded: preload(&robot, &name),
             update,
             odd_update,
             as_stored: robot.fence_as_stored,
+            loaded: preload(robot, &name),
             name,
         }
     }
@@ -675,7 +675,7 @@ impl Supervisor {
             .store
             .robots()
             .find(doc! {SLOT_ID: self.ctx.slot_id()})
-            .projection(doc! {"history": 0})
+            .projection(doc! {HISTORY: 0})
             .batch_size(BATCH)
             .await?;
         let mut out = Vec::new();
@@ -780,9 +780,8 @@ impl Supervisor {
 
 /// Turns a listed document into what a first start needs, or None to load it fresh
 /// (and report the problem) in the runner.
-fn preload(robot: &RobotDoc, name: &str) -> Option<Loaded> {
+fn preload(robot: RobotDoc, name: &str) -> Option<Loaded> {
     robot.kind.as_ref()?;
     robot.spec.as_ref()?;
-    let context = robot.context.clone().ok()?;
-    Some(Loaded::new(robot, name, context))
+    Loaded::from_robot(robot, name).ok()
 }
