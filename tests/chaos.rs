@@ -87,18 +87,12 @@ impl Monitor {
     }
 }
 
-/// Counters `c-1`… stepping every 200 ms, keeping their whole history for the checker.
-fn create_counters(db: &TestDb, count: u32) {
-    let out = db.counters("c", count, 200);
-    assert!(out.status.success(), "{out:?}");
-}
-
 /// A pool: slots, workers, counters with full history.
 async fn pool(db: &TestDb, slots: u32, workers: usize, robots: u32) -> Vec<WorkerProc> {
     db.init(slots).await;
     let w: Vec<WorkerProc> = (0..workers).map(|_| db.worker(&[])).collect();
     all_held(db, slots as usize).await;
-    create_counters(db, robots);
+    db.create_counters(robots);
     progress(db, 2).await;
     w
 }
@@ -376,7 +370,7 @@ async fn database_link_blackholed_delayed_and_cut() {
     .await;
     let mut others = vec![db.worker(&[]), db.worker(&[])];
     all_held(&db, 2).await;
-    create_counters(&db, 8);
+    db.create_counters(8);
     progress(&db, 3).await;
     let mon = Monitor::start(&db);
     let mut times = Vec::new();
@@ -473,7 +467,7 @@ async fn a_wall_clock_an_hour_off_does_not_matter() {
     .await;
     all_held(&db, 2).await;
     let _true = db.worker(&[]);
-    create_counters(&db, 6);
+    db.create_counters(6);
     progress(&db, 3).await;
     let mon = Monitor::start(&db);
     // Leases keep renewing (no flapping) under skew: epochs stay at 1 for a while.
@@ -749,7 +743,7 @@ async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holder
     let lease = Duration::from_secs(6);
     let mut holder = db.worker(&flags);
     all_held(&db, 1).await;
-    create_counters(&db, 4);
+    db.create_counters(4);
     progress(&db, 2).await;
     let standby = db.worker(&flags);
     // A fresh worker claims no stamped slot for its first lease (it cannot know of
@@ -847,8 +841,8 @@ async fn freeze_and_thaw_of_a_holder_with_a_robot_that_ignores_sigterm() {
     let db = TestDb::new("chaos_thaw").await;
     db.init(1).await;
     let script = common::stubborn_robot(&db);
-    db.exec_robot("stubborn", &script, &["--history", "1000"]);
-    create_counters(&db, 4);
+    db.exec("stubborn", &script, &["--history", "1000"]);
+    db.create_counters(4);
     let mut cgroups = Vec::new();
     let mut w = Vec::new();
     for i in 0..3 {

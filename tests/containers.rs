@@ -482,7 +482,7 @@ async fn limits_hold_in_a_worker_container() {
         ("bomb", r#"{"pids": 64}"#),
         ("forge", r#"{"memory": "100MB"}"#),
     ] {
-        db.exec_robot(
+        db.exec(
             name,
             &format!("/opt/robots/{name}.sh"),
             &["--spec", &format!(r#"{{"limits": {limits}}}"#)],

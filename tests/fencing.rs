@@ -257,7 +257,7 @@ async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_s
     let db = TestDb::new("thaw").await;
     db.init(1).await;
     let script = common::stubborn_robot(&db);
-    db.exec_robot("stubborn", &script, &["--history", "1000"]);
+    db.exec("stubborn", &script, &["--history", "1000"]);
     let freezer = common::freezer::Freezer::new("thaw");
     let flags = ["--tick", "2s"];
     let first = db.exec_worker(&flags);
@@ -380,7 +380,7 @@ while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> $d/steps; sleep 0.1; d
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    db.exec_robot("turn", &script.display().to_string(), &[]);
+    db.exec("turn", &script.display().to_string(), &[]);
     let steps = |dir: &std::path::Path| -> Vec<(i64, i32)> {
         std::fs::read_to_string(dir.join("steps"))
             .unwrap_or_default()
@@ -458,7 +458,7 @@ async fn a_robot_that_stops_its_own_shim_is_killed_by_its_worker() {
         "stopshim.sh",
         &format!("kill -STOP $PPID\nwhile true; do echo \"$$\" >> {dir}/steps; sleep 0.1; done\n"),
     );
-    db.exec_robot("turn", &script, &[]);
+    db.exec("turn", &script, &[]);
     let w = db.exec_worker(&[]);
     let first = common::wait_for(
         Duration::from_secs(20),

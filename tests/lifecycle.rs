@@ -33,7 +33,7 @@ fn crash_loop(db: &TestDb, then: &str, spec: &str) -> (std::path::PathBuf, Strin
         "crash.sh",
         &format!("echo started >> '{}'\n{then}\nexit 3\n", log.display()),
     );
-    db.exec_robot("loop", &cmd, &["--spec", spec]);
+    db.exec("loop", &cmd, &["--spec", spec]);
     (log, cmd)
 }
 
@@ -154,7 +154,7 @@ async fn a_hung_robot_is_restarted_and_a_beating_one_is_left_alone() {
         ),
     );
     for (name, cmd) in [("hung", &hung), ("beating", &beating)] {
-        db.exec_robot(name, cmd, &["--spec", r#"{"heartbeat_timeout": "2s"}"#]);
+        db.exec(name, cmd, &["--spec", r#"{"heartbeat_timeout": "2s"}"#]);
     }
     let w = db.exec_worker(&[]);
 

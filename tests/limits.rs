@@ -111,7 +111,7 @@ fn starts(log: &std::path::Path) -> usize {
 
 /// Creates an exec robot running `command` with `spec` (JSON).
 fn exec(db: &TestDb, name: &str, command: &str, spec: &str) {
-    db.exec_robot(name, command, &["--spec", spec]);
+    db.exec(name, command, &["--spec", spec]);
 }
 
 /// A robot that allocates 500 MB under `memory: 100MB` is killed by the kernel, and

@@ -11,12 +11,6 @@ use std::time::Duration;
 use bson::doc;
 use common::{invariants, owner, TestDb, WorkerProc};
 
-/// Counters `c-1`… stepping every 200 ms with their whole history.
-fn create_counters(db: &TestDb, count: u32) {
-    let out = db.counters("c", count, 200);
-    assert!(out.status.success(), "{out:?}");
-}
-
 /// The workers whose /metrics say they stand at the front of the line.
 fn front(workers: &[&WorkerProc]) -> BTreeSet<String> {
     workers
@@ -91,7 +85,7 @@ async fn the_front_watches_the_rest_waits_and_moves_up_when_one_ahead_claims() {
     let db = TestDb::new("line").await;
     db.init(2).await;
     let mut holders = vec![db.worker(&[]), db.worker(&[])];
-    create_counters(&db, 4);
+    db.create_counters(4);
     common::wait_for(Duration::from_secs(30), "two holders", || async {
         let h = db.held_per_worker().await;
         (h.len() == 2 && h.values().all(|n| *n == 1)).then_some(())
@@ -152,7 +146,7 @@ async fn more_expiries_at_once_than_watchers_are_all_taken() {
     let db = TestDb::new("line_many").await;
     db.init(3).await;
     let mut holders: Vec<WorkerProc> = (0..3).map(|_| db.worker(&["--watchers", "1"])).collect();
-    create_counters(&db, 6);
+    db.create_counters(6);
     common::wait_for(Duration::from_secs(30), "three holders", || async {
         let h = db.held_per_worker().await;
         (h.len() == 3 && h.values().all(|n| *n == 1)).then_some(())
@@ -191,7 +185,7 @@ async fn holder_and_standby(
         (owner(&db.slot("slot-001").await)? == holder.id).then_some(())
     })
     .await;
-    create_counters(db, 2);
+    db.create_counters(2);
     let mut args = slow.to_vec();
     args.extend_from_slice(standby_args);
     let standby = if unreachable {
@@ -271,7 +265,7 @@ async fn without_a_poke_the_next_survey_claims_the_released_slot() {
         (owner(&db.slot("slot-001").await)? == holder.id).then_some(())
     })
     .await;
-    create_counters(&db, 2);
+    db.create_counters(2);
     let nowhere = format!("127.0.0.1:{}", common::free_port());
     let standby = WorkerProc::start_as(&db.uri, &db.dir, &nowhere, &[]);
     wait_front(

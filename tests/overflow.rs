@@ -12,12 +12,6 @@ use common::{invariants, owner, TestDb, WorkerProc};
 
 const L: Duration = Duration::from_secs(2);
 
-/// Counters `c-1`… stepping every 200 ms with their whole history, spread evenly.
-fn create_counters(db: &TestDb, count: u32) {
-    let out = db.counters("c", count, 200);
-    assert!(out.status.success(), "{out:?}");
-}
-
 async fn holders(db: &TestDb) -> BTreeMap<String, usize> {
     db.held_per_worker().await
 }
@@ -57,7 +51,7 @@ async fn one_worker_runs_every_slot_then_hands_one_to_each_newcomer() {
     let db = TestDb::new("one_worker").await;
     db.init(3).await;
     let mut workers = vec![db.worker(&[])];
-    create_counters(&db, 6);
+    db.create_counters(6);
     wait_holders(&db, "one worker holding all 3 slots", |h| {
         h.len() == 1 && h.values().sum::<usize>() == 3
     })
@@ -91,7 +85,7 @@ async fn no_standby_kill_9_a_holder_a_survivor_runs_its_robots_then_hands_back()
     db.init(3).await;
     let mut workers: Vec<WorkerProc> = (0..3).map(|_| db.worker(&[])).collect();
     wait_holders(&db, "three holders", |h| h.len() == 3).await;
-    create_counters(&db, 6);
+    db.create_counters(6);
     all_progress(&db, Duration::from_secs(20)).await;
     let victim = owner(&db.slot("slot-002").await).unwrap();
     let i = workers.iter().position(|w| w.id == victim).unwrap();
@@ -151,7 +145,7 @@ async fn two_orphans_land_on_two_different_survivors() {
     db.init(4).await;
     let mut workers: Vec<WorkerProc> = (0..4).map(|_| db.worker(&[])).collect();
     wait_holders(&db, "four holders", |h| h.len() == 4).await;
-    create_counters(&db, 8);
+    db.create_counters(8);
     all_progress(&db, Duration::from_secs(20)).await;
     let victims = [
         owner(&db.slot("slot-001").await).unwrap(),
@@ -183,7 +177,7 @@ async fn max_slots_caps_a_worker_and_the_rest_waits() {
     let db = TestDb::new("max_slots").await;
     db.init(5).await;
     let w: Vec<WorkerProc> = (0..2).map(|_| db.worker(&["--max-slots", "2"])).collect();
-    create_counters(&db, 5);
+    db.create_counters(5);
     wait_holders(&db, "4 slots held, 2 each", |h| {
         h.len() == 2 && h.values().all(|n| *n == 2)
     })

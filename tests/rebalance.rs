@@ -23,26 +23,22 @@ fn counts(db_robots: &[Document]) -> Vec<usize> {
     per_slot(db_robots).into_values().collect()
 }
 
-fn counters(db: &TestDb, name: &str, count: u32) -> std::process::Output {
-    db.counters(name, count, 200)
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn count_six_over_three_slots_is_two_each_with_and_without_workers() {
     let db = TestDb::new("spread").await;
     db.init(3).await;
-    let out = counters(&db, "a", 6);
+    let out = db.counters("a", 6, 200);
     assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no worker is alive"), "warned: {err}");
     assert_eq!(counts(&db.robots().await), [2, 2, 2]);
     // Workers just starting and still claiming (the demo's situation).
     let _w = [db.worker(&[]), db.worker(&[]), db.worker(&[])];
-    let out = counters(&db, "b", 6);
+    let out = db.counters("b", 6, 200);
     assert!(out.status.success());
     assert_eq!(counts(&db.robots().await), [4, 4, 4]);
     common::wait_for(Duration::from_secs(20), "a live worker", || async {
-        let out = counters(&db, &format!("c{}", rand_suffix()), 3);
+        let out = db.counters(&format!("c{}", rand_suffix()), 3, 200);
         let quiet = !String::from_utf8_lossy(&out.stderr).contains("no worker is alive");
         quiet.then_some(())
     })
@@ -62,9 +58,9 @@ fn rand_suffix() -> u128 {
 async fn rebalance_seven_one_one_to_three_each_with_fenced_moves() {
     let db = TestDb::new("rebalance").await;
     db.init(1).await;
-    assert!(counters(&db, "r", 7).status.success());
+    assert!(db.counters("r", 7, 200).status.success());
     db.init(3).await;
-    assert!(counters(&db, "s", 2).status.success());
+    assert!(db.counters("s", 2, 200).status.success());
     assert_eq!(counts(&db.robots().await), [7, 1, 1]);
     db.cli_ok(&["robot", "pause", "r-7"]);
     let _w = [db.worker(&[]), db.worker(&[]), db.worker(&[])];
@@ -151,7 +147,7 @@ async fn rebalance_seven_one_one_to_three_each_with_fenced_moves() {
 async fn rebalance_fills_slots_that_init_added() {
     let db = TestDb::new("grow").await;
     db.init(2).await;
-    assert!(counters(&db, "g", 8).status.success());
+    assert!(db.counters("g", 8, 200).status.success());
     db.init(4).await;
     assert_eq!(counts(&db.robots().await), [4, 4]);
     let out = db.cli_ok(&["rebalance", "--max-moves", "1"]);
@@ -185,7 +181,7 @@ async fn bad_input_gets_a_clear_error() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("--max-moves"), "{bad:?}: {err}");
     }
-    assert!(counters(&db, "d", 1).status.success());
+    assert!(db.counters("d", 1, 200).status.success());
     let from = db.robot("d").await.get_str("slot_id").unwrap().to_string();
     let to = if from == "slot-003" {
         "slot-002"
@@ -209,7 +205,7 @@ async fn bad_input_gets_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no slot \"slot-404\""));
     // A drained slot is left out of a rebalance.
     db.init(4).await;
-    assert!(counters(&db, "e", 5).status.success());
+    assert!(db.counters("e", 5, 200).status.success());
     db.cli_ok(&["rebalance"]);
     let spread = per_slot(&db.robots().await);
     assert!(
@@ -238,7 +234,7 @@ async fn bad_input_gets_a_clear_error() {
 async fn a_slot_drained_during_a_rebalance_loses_nothing() {
     let db = TestDb::new("drain_race").await;
     db.init(1).await;
-    assert!(counters(&db, "x", 300).status.success());
+    assert!(db.counters("x", 300, 200).status.success());
     db.init(3).await;
     let rebalance = std::process::Command::new(common::BIN)
         .args(["rebalance"])

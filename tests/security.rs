@@ -227,7 +227,7 @@ async fn a_robot_cannot_recover_the_database_credentials() {
         &format!("LOOT_DIR='{}'\n{LOOTER}", db.dir.display()),
     );
     for name in ["loot-a", "loot-b"] {
-        db.exec_robot(name, &looter, &[]);
+        db.exec(name, &looter, &[]);
     }
     let allow = db.exec_allow();
     // One worker gets the URI in its environment, the other on its command line.

@@ -169,9 +169,16 @@ impl TestDb {
         ])
     }
 
+    /// Counters `c-1` … `c-COUNT` stepping every 200 ms with their whole history,
+    /// spread evenly: the robots most multi-process tests run. Insists it succeeded.
+    pub fn create_counters(&self, count: u32) {
+        let out = self.counters("c", count, 200);
+        assert!(out.status.success(), "{out:?}");
+    }
+
     /// `robot create NAME --kind exec --command COMMAND` and `extra`, insisting it
     /// succeeded.
-    pub fn exec_robot(&self, name: &str, command: &str, extra: &[&str]) {
+    pub fn exec(&self, name: &str, command: &str, extra: &[&str]) {
         let mut args = vec![
             "robot",
             "create",
