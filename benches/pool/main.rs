@@ -1,0 +1,248 @@
+//! slotpool benchmarks against the dev server (or MONGODB_URI): real worker
+//! processes, real kill -9 and SIGTERM, figures printed as one table and written to
+//! BENCHMARKS.md with the machine's description.
+//!
+//!   scripts/bench.sh            full run
+//!   scripts/bench.sh --quick    fewer trials (a smoke run)
+//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload
+//!
+//! One file per phase; this one parses the arguments, runs the phases asked for
+//! and prints the table.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod containers;
+mod cost;
+mod probe;
+mod record;
+mod scale;
+mod sweep;
+mod takeover;
+mod web;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant, SystemTime};
+
+use bson::{doc, Bson};
+use common::containers::{container_of, docker, ip, Pool};
+use common::{metric, owner, TestDb, WorkerProc};
+use containers::*;
+use cost::*;
+use probe::*;
+use record::*;
+use scale::*;
+use sweep::*;
+use takeover::*;
+use web::*;
+
+struct Row {
+    name: String,
+    figures: String,
+    goal: String,
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn dist(ms: &mut [f64]) -> String {
+    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    format!(
+        "n={} p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        ms.len(),
+        pct(ms, 0.5),
+        pct(ms, 0.99),
+        ms[ms.len() - 1]
+    )
+}
+
+/// The 99th percentile of `ms` (any order).
+fn p99(ms: &[f64]) -> f64 {
+    let mut sorted = ms.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    pct(&sorted, 0.99)
+}
+
+/// A goal and its verdict on this run's own figures: "goal: **met** (evidence)".
+fn judged(goal: &str, met: bool, evidence: String) -> String {
+    let verdict = if met { "met" } else { "not met" };
+    format!("{goal}: **{verdict}** ({evidence})")
+}
+
+/// Like [`dist`], for counts.
+fn counts(n: &mut [f64]) -> String {
+    n.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    format!(
+        "n={} p50 {:.0}, max {:.0}",
+        n.len(),
+        pct(n, 0.5),
+        n[n.len() - 1]
+    )
+}
+
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Prints a finished row at once (a long run shows progress) and keeps it.
+fn show(rows: &mut Vec<Row>, row: Row) {
+    println!("{} | {}", row.name, row.figures);
+    rows.push(row);
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let total = mem
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .map(|m| m.trim().to_string())
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores ({model}), {total} memory, Linux {}, release build; database: SecantusDB 0.7.0b3 dev server on the same machine", kernel.trim())
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary
+    // without it, and must not start a half-hour benchmark.
+    if !args.iter().any(|a| a == "--bench") {
+        println!(
+            "benchmarks run with scripts/bench.sh (cargo bench --bench pool); nothing to test here"
+        );
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .map(|i| args[i + 1].split(',').map(str::to_string).collect());
+    let want = |k: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == k));
+    let trials = if quick { 5 } else { 30 };
+    let big = if quick { 1000 } else { 10_000 };
+    let mut rows: Vec<Row> = Vec::new();
+    if want("takeover") {
+        show(&mut rows, handover(trials, 100, false).await);
+    }
+    if want("ctakeover") {
+        show(&mut rows, container_takeover(trials, 100).await);
+    }
+    if want("cpool") {
+        // More workers than slots, so that standbys take the killed holders' slots.
+        let (workers, slots, robots, rounds) = if quick {
+            (20, 10, 500, 3)
+        } else {
+            (50, 20, 2000, 10)
+        };
+        show(
+            &mut rows,
+            container_pool(workers, slots, robots, 5, rounds).await,
+        );
+    }
+    if want("handoff") {
+        show(&mut rows, handover(trials, 100, true).await);
+    }
+    if want("orphan") {
+        show(&mut rows, orphan(trials, 100).await);
+    }
+    if want("handback") {
+        show(&mut rows, handback(trials).await);
+    }
+    if want("rebalance") {
+        show(&mut rows, rebalance(1000).await);
+    }
+    if want("storm") {
+        for r in storm_rows(quick).await {
+            show(&mut rows, r);
+        }
+    }
+    if want("cost") {
+        for r in cost_rows(big).await {
+            show(&mut rows, r);
+        }
+    }
+    if want("idle") {
+        for r in idle_rows().await {
+            show(&mut rows, r);
+        }
+    }
+    if want("sweep") {
+        for r in sweep_rows(quick).await {
+            show(&mut rows, r);
+        }
+    }
+    if want("adopt") {
+        for r in adopt_rows(quick).await {
+            show(&mut rows, r);
+        }
+    }
+    if want("create") {
+        show(&mut rows, create(1000).await);
+    }
+    if want("standbys") {
+        show(&mut rows, standbys(100).await);
+    }
+    if want("web") {
+        show(&mut rows, web_cost(big as u32).await);
+    }
+    if want("webload") {
+        show(&mut rows, web_load().await);
+    }
+    if want("output") {
+        show(&mut rows, output().await);
+    }
+    if want("restore") {
+        for n in [2000, big as u32] {
+            for r in restore(n).await {
+                show(&mut rows, r);
+            }
+        }
+    }
+    if want("slots") {
+        for r in slots_rows(quick).await {
+            show(&mut rows, r);
+        }
+    }
+    let run = if quick {
+        "quick run (`--quick`)".to_string()
+    } else if let Some(o) = &only {
+        format!("partial run (`--only {}`)", o.join(","))
+    } else {
+        "full run".to_string()
+    };
+    let mut table = String::new();
+    let _ = writeln!(table, "- Machine: {}", machine());
+    let _ = writeln!(
+        table,
+        "- Run: {}, {run}, commit {}\n",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        commit()
+    );
+    let _ = writeln!(table, "| benchmark | measured | goal |\n|---|---|---|");
+    for r in &rows {
+        let _ = writeln!(table, "| {} | {} | {} |", r.name, r.figures, r.goal);
+    }
+    println!("\n{table}");
+    let path = std::env::var("SLOTPOOL_BENCH_OUT")
+        .unwrap_or_else(|_| format!("{}/BENCHMARKS.md", env!("CARGO_MANIFEST_DIR")));
+    if !rows.is_empty() {
+        let old = std::fs::read_to_string(&path).unwrap_or_default();
+        let full = !quick && only.is_none();
+        std::fs::write(&path, record(&old, &table, full)).unwrap();
+        println!("written to {path}");
+    }
+}

@@ -1,0 +1,290 @@
+//! What the phases read and wait for: checkpoints, holders and claims, heartbeats,
+//! the dev server, and a worker's own footprint.
+
+use super::*;
+
+/// Waits until `n` robots have checkpointed at or after `since` (server ms); returns
+/// the latest such checkpoint time.
+pub(super) async fn checkpointed_since(db: &TestDb, since: i64, n: u64) -> i64 {
+    checkpointed_where(db, doc! {}, since, n).await
+}
+
+/// Like [`checkpointed_since`], counting only the robots that match `filter`.
+pub(super) async fn checkpointed_where(
+    db: &TestDb,
+    filter: bson::Document,
+    since: i64,
+    n: u64,
+) -> i64 {
+    let mut counted = filter;
+    counted.insert(
+        "checkpointed_at",
+        doc! {"$gte": bson::DateTime::from_millis(since)},
+    );
+    common::wait_for(
+        Duration::from_secs(300),
+        "every robot's first checkpoint on its new holder",
+        || async {
+            let count = db
+                .store
+                .robots()
+                .count_documents(counted.clone())
+                .await
+                .ok()?;
+            if count < n {
+                return None;
+            }
+            let last = db
+                .store
+                .robots()
+                .find_one(doc! {})
+                .sort(doc! {"checkpointed_at": -1})
+                .await
+                .ok()??;
+            Some(
+                last.get_datetime("checkpointed_at")
+                    .ok()?
+                    .timestamp_millis(),
+            )
+        },
+    )
+    .await
+}
+
+pub(super) async fn holder_of(db: &TestDb, slot: &str, not: Option<&str>) -> String {
+    common::wait_for(Duration::from_secs(30), "a holder", || async {
+        let o = owner(&db.slot(slot).await)?;
+        (Some(o.as_str()) != not).then_some(o)
+    })
+    .await
+}
+
+/// Waits for `slot` to be claimed by someone other than `old`; returns when the claim
+/// landed (server ms, from its `claim` event at or after `since`).
+pub(super) async fn claimed_after(db: &TestDb, slot: &str, old: &str, since: i64) -> i64 {
+    let new = holder_of(db, slot, Some(old)).await;
+    let since = bson::DateTime::from_millis(since);
+    let claim = common::wait_for(Duration::from_secs(10), "the claim event", || async {
+        db.store
+            .events()
+            .find_one(
+                doc! {"kind": "claim", "worker": &new, "slot_id": slot, "at": {"$gte": since}},
+            )
+            .await
+            .ok()?
+    })
+    .await;
+    claim.get_datetime("at").unwrap().timestamp_millis()
+}
+
+/// The `time` a new holder's claim wrote (server clock), read as soon as `slot` has
+/// an owner other than `old` (long before the new holder's first renewal, a tick on).
+pub(super) async fn claim_time(db: &TestDb, slot: &str, old: &str) -> i64 {
+    common::wait_for(Duration::from_secs(30), "a new holder", || async {
+        let s = db.slot(slot).await;
+        (owner(&s)? != old).then_some(s.get_datetime("time").ok()?.timestamp_millis())
+    })
+    .await
+}
+
+/// Where one slot's takeover spent its time, in ms after `t0`: its events (claim,
+/// adopt) and the spread of its robots' last checkpoints.
+pub(super) async fn restore_detail(db: &TestDb, slot: &str, t0: i64) -> String {
+    use futures::TryStreamExt;
+    let since = bson::DateTime::from_millis(t0);
+    let events: Vec<bson::Document> = db
+        .store
+        .events()
+        .find(doc! {"slot_id": slot, "at": {"$gte": since}})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let events: Vec<String> = events
+        .iter()
+        .filter_map(|e| {
+            let at = e.get_datetime("at").ok()?.timestamp_millis() - t0;
+            Some(format!("{} +{at}", e.get_str("kind").ok()?))
+        })
+        .collect();
+    let robots: Vec<bson::Document> = db
+        .store
+        .robots()
+        .find(doc! {"slot_id": slot})
+        .projection(doc! {"checkpointed_at": 1})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut at: Vec<f64> = robots
+        .iter()
+        .filter_map(|d| {
+            Some((d.get_datetime("checkpointed_at").ok()?.timestamp_millis() - t0) as f64)
+        })
+        .collect();
+    at.sort_by(f64::total_cmp);
+    format!(
+        "{}; robots checkpointed: first +{:.0}, median +{:.0}, p90 +{:.0}, last +{:.0} ms",
+        events.join(", "),
+        at.first().copied().unwrap_or(f64::NAN),
+        pct(&at, 0.5),
+        pct(&at, 0.9),
+        at.last().copied().unwrap_or(f64::NAN)
+    )
+}
+
+/// The dev server's operations per second over 10 s (its opcounters).
+pub(super) async fn ops_per_s(db: &TestDb) -> f64 {
+    let (a, t) = (opcounters(db).await, Instant::now());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    (opcounters(db).await - a) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Eager counters (one checkpoint per start) named `NAME-i`, on the least-loaded slots.
+pub(super) fn eager_counters(db: &TestDb, name: &str, n: u32) {
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        name,
+        "--kind",
+        "counter",
+        "--count",
+        &n.to_string(),
+        "--spec",
+        r#"{"interval_ms": 600000, "eager": true}"#,
+    ]);
+}
+
+pub(super) async fn one_slot_each(db: &TestDb, workers: usize) {
+    common::wait_for(Duration::from_secs(60), "one slot per worker", || async {
+        let h = db.held_per_worker().await;
+        (h.len() == workers && h.values().all(|n| *n == 1)).then_some(())
+    })
+    .await
+}
+
+pub(super) async fn opcounters(db: &TestDb) -> i64 {
+    let s = db
+        .store
+        .db()
+        .run_command(doc! {"serverStatus": 1})
+        .await
+        .unwrap();
+    let o = s.get_document("opcounters").unwrap();
+    ["insert", "query", "update", "delete", "getmore", "command"]
+        .iter()
+        .map(|k| match o.get(*k) {
+            Some(Bson::Int32(v)) => *v as i64,
+            Some(Bson::Int64(v)) => *v,
+            Some(Bson::Double(v)) => *v as i64,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The bench's own dev server process, when it runs one (see `dev_server`).
+pub(super) fn server_pid() -> Option<i32> {
+    if std::env::var("SLOTPOOL_BENCH_OWN_SERVER").as_deref() != Ok("1") {
+        return None;
+    }
+    let port = std::env::var("SLOTPOOL_DEV_PORT").ok()?;
+    let root = env!("CARGO_MANIFEST_DIR");
+    std::fs::read_to_string(format!("{root}/.state/mongo-{port}.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The dev server's CPU use, in cores, over `window`.
+pub(super) async fn server_cores(pid: i32, window: Duration) -> f64 {
+    let a = cpu_s(pid);
+    tokio::time::sleep(window).await;
+    (cpu_s(pid) - a) / window.as_secs_f64()
+}
+
+/// Waits until worker `id` has written its first heartbeat.
+pub(super) async fn wait_heartbeat(db: &TestDb, id: &str) {
+    common::wait_for(
+        Duration::from_secs(10),
+        "the standby's heartbeat",
+        || async {
+            db.store
+                .workers()
+                .find_one(doc! {"_id": id})
+                .await
+                .ok()?
+                .map(|_| ())
+        },
+    )
+    .await
+}
+
+/// Runs `scripts/dev-mongo.sh ACTION` on the bench's own dev server. Does nothing
+/// (and returns false) when the bench runs against a server of the user's
+/// (`MONGODB_URI` given to scripts/bench.sh).
+pub(super) fn dev_server(action: &str) -> bool {
+    if std::env::var("SLOTPOOL_BENCH_OWN_SERVER").as_deref() != Ok("1") {
+        return false;
+    }
+    common::dev_mongo(action);
+    true
+}
+
+/// Every phase starts on a fresh dev server: its cost per operation grows over its
+/// process life, and one phase's load must not slow the next.
+pub(super) fn fresh_server() {
+    dev_server("fresh");
+}
+
+/// Polls `w`'s /metrics (no database load) until it has made `n` checkpoints or
+/// `limit` passed. Returns its checkpoint and self-fence counts then.
+pub(super) async fn until_checkpointed(w: &WorkerProc, n: u32, limit: Duration) -> (u64, u64) {
+    let deadline = Instant::now() + limit;
+    let done = || w.metric("slotpool_checkpoints_total").unwrap_or(0);
+    while done() < n as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fences = w.metric("slotpool_self_fences_total").unwrap_or(0);
+    (done(), fences)
+}
+
+/// A number from `/proc/PID/status` (e.g. `VmHWM`, the peak RSS), in KiB.
+pub(super) fn status_kb(pid: i32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds a process has used (user + system).
+pub(super) fn cpu_s(pid: i32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15, counted from 1; f[0] is field 3.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 / hz
+}
+
+/// Polls the worker's log for `needle` until `limit`; returns how long it took.
+pub(super) async fn logged(w: &WorkerProc, needle: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if w.log_text().contains(needle) {
+            return t.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{needle:?} not logged within {limit:?}");
+}
