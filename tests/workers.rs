@@ -481,6 +481,39 @@ async fn a_proxied_worker_goes_through_its_proxy_whatever_the_uri_says() {
     .await;
 }
 
+/// SIGTERM while the database answers nothing (a blackholed link: the connection
+/// stays open and no reply comes): the worker stops its robots, gives up on the
+/// release and on removing its heartbeat after a bounded wait each, and exits. It
+/// must not hang on a command that will never be answered (the driver has no
+/// socket timeout), or an orchestrator's stop grace ends in SIGKILL.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_with_the_database_blackholed_still_exits() {
+    let db = TestDb::new("termdark").await;
+    db.init(1).await;
+    db.create_counters(2);
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let mut w = db.worker_via(&proxy, &[]);
+    common::wait_for(Duration::from_secs(15), "the slot to be held", || async {
+        (common::owner(&db.slot("slot-001").await)? == w.id).then_some(())
+    })
+    .await;
+    steps_on(&db, "the counters to step").await;
+    proxy.set(common::proxy::Mode::Blackhole);
+    w.signal(libc::SIGTERM);
+    // Each bounded step takes at most a couple of seconds at the default tick.
+    let status = w.wait_exit(Duration::from_secs(25));
+    assert!(
+        status.is_some(),
+        "the worker still runs 25 s after SIGTERM with the database blackholed:\n{}",
+        w.log_text()
+    );
+    let log = w.log_text();
+    assert!(log.contains("SIGTERM"), "{log}");
+    proxy.set(common::proxy::Mode::Pass);
+    let report = common::invariants::check(&db).await;
+    assert_eq!(report.robots, 2, "{report:?}");
+}
+
 /// The sum of every robot's `seq`: grows while the robots run.
 async fn total_steps(db: &TestDb) -> i64 {
     db.robots()

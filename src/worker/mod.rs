@@ -834,8 +834,24 @@ impl Worker {
 
     /// On a clean exit the worker leaves the `workers` list, so standbys are counted
     /// honestly.
+    /// Removes this worker's heartbeat, waiting at most [`Worker::op_timeout`]: the
+    /// driver has no socket timeout, and a database that answers nothing (a
+    /// blackholed link) would hold the exit for good. A heartbeat left behind lapses
+    /// by itself.
     async fn leave(&self) {
-        let _ = self.line.leave(&self.owner(), &self.instance).await;
+        let limit = self.op_timeout();
+        match tokio::time::timeout(limit, self.line.leave(&self.owner(), &self.instance)).await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                "could not remove this worker's heartbeat ({}); it lapses by itself",
+                self.store.scrub(&e.to_string())
+            ),
+            Err(_) => tracing::warn!(
+                "no answer within {} ms to the removal of this worker's heartbeat; it lapses by itself",
+                limit.as_millis()
+            ),
+        }
         tracing::info!(worker = %self.owner(), "worker stopped");
     }
 }
