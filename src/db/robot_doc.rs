@@ -87,10 +87,8 @@ pub struct RobotDoc {
     pub next_gen: i64,
     /// True only when `paused` is `true`.
     pub paused: bool,
-    /// The status as stored, shown as it is.
+    /// The status as stored, shown as it is ([`RobotDoc::status`] reads it).
     pub status_text: Option<String>,
-    /// The status, when the stored word is one.
-    pub status: Option<RobotStatus>,
     pub error: Option<String>,
     /// The worker that last adopted it.
     pub worker: Option<String>,
@@ -131,7 +129,6 @@ impl RobotDoc {
             fence_as_stored: fence_as_stored(d),
             next_gen: gen_after_adoption(d),
             paused: matches!(d.get(PAUSED), Some(Bson::Boolean(true))),
-            status: status_text.as_deref().and_then(RobotStatus::parse),
             status_text,
             error: text(d, ERROR),
             worker: text(d, WORKER),
@@ -144,9 +141,14 @@ impl RobotDoc {
         }
     }
 
+    /// The status, when the stored word is one.
+    pub fn status(&self) -> Option<RobotStatus> {
+        self.status_text.as_deref().and_then(RobotStatus::parse)
+    }
+
     /// Held after its restart policy gave up: paused, with the status `failed`.
     pub fn given_up(&self) -> bool {
-        self.paused && self.status == Some(RobotStatus::Failed)
+        self.paused && self.status() == Some(RobotStatus::Failed)
     }
 
     /// Its name, or its `_id` for a document without one.
@@ -268,7 +270,7 @@ mod tests {
         assert_eq!(r.name_or_id(), "r1");
         assert_eq!((r.epoch, r.gen, r.seq), (Some(4), Some(7), Some(12)));
         assert_eq!((r.fence_as_stored, r.next_gen), (Some((Some(7), 4)), 8));
-        assert_eq!(r.status, Some(RobotStatus::Running));
+        assert_eq!(r.status(), Some(RobotStatus::Running));
         assert_eq!(r.context, Ok(doc! {"n": 12}));
         assert!(matches!(r.update, UpdateField::Pending(ref p) if p.id == u));
         assert!(!r.given_up());
@@ -290,7 +292,7 @@ mod tests {
         assert_eq!(r.context, Err("array"));
         assert!(!r.paused);
         assert_eq!(
-            (r.status, r.status_text.as_deref()),
+            (r.status(), r.status_text.as_deref()),
             (None, Some("sleeping"))
         );
         assert_eq!(r.update, UpdateField::Malformed);

@@ -70,8 +70,7 @@ pub struct SlotRow {
 }
 
 /// A slot's state from its stored fields and its lease's age on the server's clock.
-pub fn judge_slot(d: &Document, lease_age_ms: Option<i64>) -> SlotState {
-    let slot = SlotDoc::from_doc(d);
+pub fn judge_slot(slot: &SlotDoc, epoch_whole: bool, lease_age_ms: Option<i64>) -> SlotState {
     let live =
         matches!((&slot.owner, lease_age_ms, slot.lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
     if slot.draining {
@@ -80,13 +79,10 @@ pub fn judge_slot(d: &Document, lease_age_ms: Option<i64>) -> SlotState {
         } else {
             SlotState::Drained
         }
-    } else if !matches!(
-        d.get(crate::db::field::EPOCH),
-        Some(Bson::Int64(_) | Bson::Int32(_))
-    ) {
+    } else if !epoch_whole {
         SlotState::Invalid
     } else {
-        match (live, slot.owner) {
+        match (live, &slot.owner) {
             (true, _) => SlotState::Held,
             (false, Some(_)) => SlotState::Expired,
             (false, None) => SlotState::Free,
@@ -110,9 +106,15 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
     let mut out = Vec::new();
     while let Some(d) = cursor.try_next().await? {
         let lease_age_ms = int(&d, "_age_ms");
+        // An epoch the claim's compare-and-set can match: an int or a long.
+        let epoch_whole = matches!(
+            d.get(crate::db::field::EPOCH),
+            Some(Bson::Int64(_) | Bson::Int32(_))
+        );
+        let slot = SlotDoc::from_doc(&d);
         out.push(SlotRow {
-            state: judge_slot(&d, lease_age_ms),
-            slot: SlotDoc::from_doc(&d),
+            state: judge_slot(&slot, epoch_whole, lease_age_ms),
+            slot,
             lease_age_ms,
         });
     }
@@ -246,7 +248,7 @@ impl RobotNow {
         let slot_id = robot.slot_id.clone().unwrap_or_default();
         derive(
             &slot_id,
-            robot.status,
+            robot.status(),
             robot.paused,
             robot.worker.as_deref(),
             slots.get(&slot_id),

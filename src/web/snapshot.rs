@@ -115,9 +115,6 @@ pub struct RobotRow {
     pub restarts: Option<i64>,
     /// Server-clock milliseconds since the epoch of its last checkpoint.
     pub checkpointed_at_ms: Option<i64>,
-    /// The stored status, parsed, for the derivation.
-    #[serde(skip)]
-    stored: Option<RobotStatus>,
     #[serde(skip)]
     worker: Option<String>,
 }
@@ -436,7 +433,7 @@ impl Snapshotter {
                     .map(|r| {
                         let st = view::derive(
                             &r.slot,
-                            r.stored,
+                            r.status.as_deref().and_then(RobotStatus::parse),
                             r.paused,
                             r.worker.as_deref(),
                             views.get(&r.slot),
@@ -589,7 +586,6 @@ fn robot_row(d: &Document) -> RobotRow {
         state: RobotState::Waiting,
         holder: None,
         why: None,
-        stored: r.status,
         status: r.status_text,
         error: r.error,
         paused: r.paused,
