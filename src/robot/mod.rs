@@ -51,6 +51,7 @@ pub mod output;
 pub mod policy;
 pub mod restart;
 pub mod run_as;
+pub mod schedule;
 pub mod shim;
 
 use std::collections::BTreeMap;
@@ -266,7 +267,8 @@ impl Registry {
             )
         })?;
         k.check_spec(spec)?;
-        restart::RestartPolicy::from_spec(spec).map(|_| ())
+        restart::RestartPolicy::from_spec(spec)?;
+        schedule::Schedule::from_spec(spec, chrono::Utc::now().timestamp_millis()).map(|_| ())
     }
 
     /// Whether this worker would run a robot changed to `kind` and `spec`, starting
@@ -313,7 +315,7 @@ pub(crate) fn spec_duration(
 
 /// The spec fields every kind honours: `history` (checkpoint records kept, see
 /// [`history_len`]) and `restart` (the restart policy, see [`restart`]).
-pub const COMMON_SPEC_FIELDS: &[&str] = &["history", restart::SPEC_FIELD];
+pub const COMMON_SPEC_FIELDS: &[&str] = &["history", restart::SPEC_FIELD, schedule::SPEC_FIELD];
 
 /// Reads the optional `"history": N` spec field every kind honours.
 pub(crate) fn history_len(spec: &Document) -> i64 {

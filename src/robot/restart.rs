@@ -37,9 +37,24 @@ pub use crate::db::robot_doc::ENDS_KEPT;
 /// The spec field that holds a robot's restart policy.
 pub const SPEC_FIELD: &str = "restart";
 
+crate::db::words::words! {
+    /// Which ends of a run start the robot again (`spec.restart.on`).
+    RestartOn {
+        /// Every end: a daemon (the default without a schedule).
+        Always => "always",
+        /// A failure (an exit other than 0, a crash); an exit 0 completes the robot,
+        /// or, on a schedule, ends the firing's run.
+        Failure => "failure",
+        /// None: the run's end is final (the default on a schedule).
+        Never => "never",
+    }
+}
+
 /// When to stop restarting a robot, and how long to wait between its runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestartPolicy {
+    /// Which ends start it again.
+    pub on: RestartOn,
     /// How many ends within [`RestartPolicy::within`] make the robot `failed`.
     pub attempts: u32,
     pub within: Duration,
@@ -50,6 +65,7 @@ pub struct RestartPolicy {
 impl Default for RestartPolicy {
     fn default() -> Self {
         RestartPolicy {
+            on: RestartOn::Always,
             attempts: 10,
             within: Duration::from_secs(600),
             max_backoff: Duration::from_secs(60),
@@ -61,7 +77,14 @@ impl RestartPolicy {
     /// Reads `spec.restart` (absent: the defaults). The spec is written by whoever
     /// may write robot documents, so every value is checked and bounded.
     pub fn from_spec(spec: &Document) -> Result<RestartPolicy, String> {
+        let scheduled = !matches!(
+            spec.get(super::schedule::SPEC_FIELD),
+            None | Some(Bson::Null)
+        );
         let mut policy = RestartPolicy::default();
+        if scheduled {
+            policy.on = RestartOn::Never;
+        }
         let restart = match spec.get(SPEC_FIELD) {
             None | Some(Bson::Null) => return Ok(policy),
             Some(Bson::Document(d)) => d,
@@ -72,11 +95,30 @@ impl RestartPolicy {
             }
         };
         for key in restart.keys() {
-            if !["attempts", "within", "max_backoff"].contains(&key.as_str()) {
+            if !["on", "attempts", "within", "max_backoff"].contains(&key.as_str()) {
                 return Err(format!(
-                    "spec.restart.{} is not a setting: use attempts, within, max_backoff",
+                    "spec.restart.{} is not a setting: use on, attempts, within, max_backoff",
                     crate::printable::escape(key)
                 ));
+            }
+        }
+        if let Some(v) = restart.get("on") {
+            let words = "always, failure, never";
+            policy.on = match v {
+                Bson::String(w) => RestartOn::parse(w.trim()).ok_or_else(|| {
+                    format!(
+                        "spec.restart.on {:?} is not one of: {words}",
+                        crate::printable::escape(w)
+                    )
+                })?,
+                other => {
+                    return Err(format!(
+                        "spec.restart.on must be one of {words}, found {other}"
+                    ))
+                }
+            };
+            if scheduled && policy.on == RestartOn::Always {
+                return Err("spec.restart.on \"always\" cannot go with spec.schedule: a scheduled run ends, and its next firing starts the next one; use \"failure\" (a failed run is tried again) or \"never\"".into());
             }
         }
         if let Some(v) = restart.get("attempts") {
@@ -202,6 +244,7 @@ mod tests {
 
     fn policy(attempts: u32, within_s: u64, max_backoff_s: u64) -> RestartPolicy {
         RestartPolicy {
+            on: RestartOn::Always,
             attempts,
             within: Duration::from_secs(within_s),
             max_backoff: Duration::from_secs(max_backoff_s),
@@ -349,9 +392,31 @@ mod tests {
             (doc! {"restart": {"within": "10ms"}}, "between 1s and"),
             (doc! {"restart": {"max_backoff": "2h"}}, "between"),
             (doc! {"restart": {"retries": 3}}, "not a setting"),
+            (
+                doc! {"restart": {"on": "sometimes"}},
+                "is not one of: always, failure, never",
+            ),
+            (doc! {"restart": {"on": true}}, "must be one of"),
+            (
+                doc! {"schedule": {"every": "1m"}, "restart": {"on": "always"}},
+                "cannot go with spec.schedule",
+            ),
         ] {
             let e = RestartPolicy::from_spec(&bad).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn restart_on_defaults_to_always_and_to_never_on_a_schedule() {
+        let on = |spec: Document| RestartPolicy::from_spec(&spec).unwrap().on;
+        assert_eq!(on(doc! {}), RestartOn::Always);
+        assert_eq!(on(doc! {"schedule": {"every": "1m"}}), RestartOn::Never);
+        assert_eq!(on(doc! {"restart": {"on": "failure"}}), RestartOn::Failure);
+        assert_eq!(
+            on(doc! {"schedule": {"every": "1m"}, "restart": {"on": "failure"}}),
+            RestartOn::Failure
+        );
+        assert_eq!(on(doc! {"restart": {"on": "never"}}), RestartOn::Never);
     }
 }
