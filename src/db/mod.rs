@@ -6,6 +6,7 @@ pub mod adoption;
 pub mod context;
 pub mod event;
 pub mod field;
+pub mod firing;
 pub mod group_commit;
 pub mod guard;
 pub mod heartbeat;

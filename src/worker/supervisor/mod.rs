@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub mod firing_plan;
 mod plan;
 mod runner;
 

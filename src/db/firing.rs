@@ -1,0 +1,433 @@
+//! A scheduled robot's firings as stored in its document: the last firing settled,
+//! the runs in flight, the runs a stop cut off, run-now requests, and the record of
+//! its last runs.
+//!
+//! ```text
+//! firings: {rev, since, claimed, missed, next, paused_at,
+//!           running: [{id, firing, attempt, trigger, by, worker, slot, epoch, gen}],
+//!           lost:    [the same, for runs a stop cut off],
+//!           triggers: [{id, by, at}]}
+//! runs: [{firing, attempt, outcome, reason, started, ended, lateness_ms, worker, slot,
+//!         epoch, by, count, last}]        (the last `keep_runs`)
+//! ```
+//!
+//! Firings are milliseconds since the epoch on the server's clock. `claimed` is the
+//! last scheduled firing *settled*: claimed to run, skipped or missed. Nothing at or
+//! before `max(claimed, since)` is owed.
+//!
+//! **Who writes.** The robot's current instance rewrites `firings` whole, in one
+//! statement fenced like a checkpoint (slot, epoch, generation) and conditioned on
+//! `firings.rev`, which every write raises: a compare-and-set, so two writers can
+//! never both act on the same state. That one write is how a firing is claimed: its
+//! run is in `running` before anything starts, and the write also requires `claimed`
+//! to be before the firing. Whoever else writes here raises `rev` too: `robot trigger`
+//! (appends to `triggers`), `robot pause` (sets `paused_at`), and an instance that a
+//! move or an update replaced, which records its own run's end by the run's id.
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+
+use crate::db::field::{EPOCH, GEN, SLOT, WORKER};
+use crate::db::store::int;
+use crate::db::words::words;
+
+/// The robot document's field of firing state.
+pub const FIRINGS: &str = "firings";
+/// The robot document's record of its last runs.
+pub const RUNS: &str = "runs";
+
+pub const REV: &str = "rev";
+pub const SINCE: &str = "since";
+pub const CLAIMED: &str = "claimed";
+pub const MISSED: &str = "missed";
+pub const NEXT: &str = "next";
+pub const PAUSED_AT: &str = "paused_at";
+pub const RUNNING: &str = "running";
+pub const LOST: &str = "lost";
+pub const TRIGGERS: &str = "triggers";
+pub const ID: &str = "id";
+pub const FIRING: &str = "firing";
+pub const ATTEMPT: &str = "attempt";
+pub const TRIGGER: &str = "trigger";
+pub const BY: &str = "by";
+pub const OUTCOME: &str = "outcome";
+pub const REASON: &str = "reason";
+pub const STARTED: &str = "started";
+pub const ENDED: &str = "ended";
+pub const LATENESS_MS: &str = "lateness_ms";
+pub const COUNT: &str = "count";
+pub const LAST: &str = "last";
+pub const AT: &str = "at";
+
+words! {
+    /// What became of a firing, or of one run of it.
+    Outcome {
+        /// It ran, and ended well (exit 0).
+        Succeeded => "succeeded",
+        /// It ran, and failed (an exit other than 0, a crash).
+        Failed => "failed",
+        /// It was in flight when its holder's lease ended, which stopped it.
+        Lost => "lost",
+        /// It was stopped part-way (pause, update, move, restart, shutdown).
+        Stopped => "stopped",
+        /// `cancel_other`: a newer firing stopped it.
+        Cancelled => "cancelled",
+        /// It never ran: it overlapped a run, the robot was paused, or its run was
+        /// lost and `on_lost` is `skip`.
+        Skipped => "skipped",
+        /// It never ran: it was due outside the catch-up window.
+        Missed => "missed",
+    }
+}
+
+/// One run in flight (or cut off): which firing, which attempt, who runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEntry {
+    pub id: ObjectId,
+    pub firing: i64,
+    pub attempt: i64,
+    /// The run-now request it answers, if any.
+    pub trigger: Option<ObjectId>,
+    pub by: Option<String>,
+    pub worker: String,
+    pub slot: String,
+    pub epoch: i64,
+    pub gen: i64,
+}
+
+impl RunEntry {
+    pub fn to_doc(&self) -> Document {
+        doc! {
+            ID: self.id, FIRING: self.firing, ATTEMPT: self.attempt,
+            TRIGGER: self.trigger.map_or(Bson::Null, Bson::ObjectId),
+            BY: self.by.clone().map_or(Bson::Null, Bson::String),
+            WORKER: &self.worker, SLOT: &self.slot, EPOCH: self.epoch, GEN: self.gen,
+        }
+    }
+
+    /// None for an entry that cannot be one (a hand edit).
+    pub fn from_doc(d: &Document) -> Option<RunEntry> {
+        Some(RunEntry {
+            id: d.get_object_id(ID).ok()?,
+            firing: int(d, FIRING)?,
+            attempt: int(d, ATTEMPT).unwrap_or(1),
+            trigger: d.get_object_id(TRIGGER).ok(),
+            by: d.get_str(BY).ok().map(str::to_string),
+            worker: d.get_str(WORKER).unwrap_or_default().to_string(),
+            slot: d.get_str(SLOT).ok()?.to_string(),
+            epoch: int(d, EPOCH)?,
+            gen: int(d, GEN)?,
+        })
+    }
+}
+
+/// A run-now request (`robot trigger`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trigger {
+    pub id: ObjectId,
+    pub by: String,
+}
+
+/// A robot's `firings`, decoded leniently: what cannot be read is left out and
+/// counted in `odd`, so the holder can say so.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FiringState {
+    /// None: never written (the compare-and-set then expects no `rev`).
+    pub rev: Option<i64>,
+    pub since: Option<i64>,
+    pub claimed: Option<i64>,
+    pub missed: i64,
+    pub next: Option<i64>,
+    pub paused_at: Option<i64>,
+    pub running: Vec<RunEntry>,
+    pub lost: Vec<RunEntry>,
+    pub triggers: Vec<Trigger>,
+    /// Entries or requests that could not be read.
+    pub odd: usize,
+}
+
+impl FiringState {
+    /// Reads `robot.firings` (absent or not a document: the empty state).
+    pub fn from_robot(robot: &Document) -> FiringState {
+        match robot.get(FIRINGS) {
+            Some(Bson::Document(d)) => FiringState::from_doc(d),
+            _ => FiringState::default(),
+        }
+    }
+
+    pub fn from_doc(d: &Document) -> FiringState {
+        let mut odd = 0;
+        let mut entries = |key: &str| -> Vec<RunEntry> {
+            let Ok(a) = d.get_array(key) else {
+                return Vec::new();
+            };
+            a.iter()
+                .filter_map(|e| {
+                    let r = e.as_document().and_then(RunEntry::from_doc);
+                    odd += usize::from(r.is_none());
+                    r
+                })
+                .collect()
+        };
+        let running = entries(RUNNING);
+        let lost = entries(LOST);
+        let triggers = d
+            .get_array(TRIGGERS)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| {
+                        let t = t.as_document()?;
+                        Some(Trigger {
+                            id: t.get_object_id(ID).ok()?,
+                            by: t.get_str(BY).unwrap_or("someone").to_string(),
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let paused_at = match d.get(PAUSED_AT) {
+            Some(Bson::DateTime(t)) => Some(t.timestamp_millis()),
+            _ => int(d, PAUSED_AT),
+        };
+        FiringState {
+            rev: int(d, REV),
+            since: int(d, SINCE),
+            claimed: int(d, CLAIMED),
+            missed: int(d, MISSED).unwrap_or(0),
+            next: int(d, NEXT),
+            paused_at,
+            running,
+            lost,
+            triggers,
+            odd,
+        }
+    }
+
+    /// The state as written by its instance: `rev` raised by one, `paused_at`
+    /// dropped once handled (`keep_paused`), triggers as given.
+    pub fn to_doc(&self) -> Document {
+        let opt = |v: Option<i64>| v.map_or(Bson::Null, Bson::Int64);
+        doc! {
+            REV: self.rev.unwrap_or(0),
+            SINCE: opt(self.since),
+            CLAIMED: opt(self.claimed),
+            MISSED: self.missed,
+            NEXT: opt(self.next),
+            PAUSED_AT: opt(self.paused_at),
+            RUNNING: self.running.iter().map(|e| Bson::Document(e.to_doc())).collect::<Vec<_>>(),
+            LOST: self.lost.iter().map(|e| Bson::Document(e.to_doc())).collect::<Vec<_>>(),
+            TRIGGERS: self.triggers.iter().map(|t| Bson::Document(doc! {ID: t.id, BY: &t.by})).collect::<Vec<_>>(),
+        }
+    }
+
+    /// Where firings owed start: after the last settled one, and never before the
+    /// robot (or its schedule) was made.
+    pub fn settled_until(&self) -> Option<i64> {
+        match (self.claimed, self.since) {
+            (Some(c), Some(s)) => Some(c.max(s)),
+            (c, s) => c.or(s),
+        }
+    }
+}
+
+/// One line of a robot's run record.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunRecord {
+    pub firing: i64,
+    pub attempt: i64,
+    pub outcome: Option<Outcome>,
+    pub reason: Option<String>,
+    pub started: Option<i64>,
+    pub ended: Option<i64>,
+    pub lateness_ms: Option<i64>,
+    pub worker: String,
+    pub slot: String,
+    pub epoch: i64,
+    /// Who asked for it, for a run-now.
+    pub by: Option<String>,
+    /// For a record of many firings (skipped or missed together): how many, and the
+    /// last one.
+    pub count: Option<i64>,
+    pub last: Option<i64>,
+}
+
+impl RunRecord {
+    pub fn to_doc(&self) -> Document {
+        let opt = |v: Option<i64>| v.map_or(Bson::Null, Bson::Int64);
+        doc! {
+            FIRING: self.firing, ATTEMPT: self.attempt,
+            OUTCOME: self.outcome.map_or(Bson::Null, Bson::from),
+            REASON: self.reason.as_ref().map_or(Bson::Null, |r| Bson::String(crate::secrets::scrub(r).into_owned())),
+            STARTED: opt(self.started), ENDED: opt(self.ended), LATENESS_MS: opt(self.lateness_ms),
+            WORKER: &self.worker, SLOT: &self.slot, EPOCH: self.epoch,
+            BY: self.by.clone().map_or(Bson::Null, Bson::String),
+            COUNT: opt(self.count), LAST: opt(self.last),
+        }
+    }
+
+    /// Leniently, as the CLI and the dashboard show it.
+    pub fn from_doc(d: &Document) -> RunRecord {
+        RunRecord {
+            firing: int(d, FIRING).unwrap_or(0),
+            attempt: int(d, ATTEMPT).unwrap_or(1),
+            outcome: d.get_str(OUTCOME).ok().and_then(Outcome::parse),
+            reason: d.get_str(REASON).ok().map(str::to_string),
+            started: int(d, STARTED),
+            ended: int(d, ENDED),
+            lateness_ms: int(d, LATENESS_MS),
+            worker: d.get_str(WORKER).unwrap_or_default().to_string(),
+            slot: d.get_str(SLOT).unwrap_or_default().to_string(),
+            epoch: int(d, EPOCH).unwrap_or(0),
+            by: d.get_str(BY).ok().map(str::to_string),
+            count: int(d, COUNT),
+            last: int(d, LAST),
+        }
+    }
+}
+
+/// The runs recorded in a robot document, oldest first.
+pub fn runs_of(robot: &Document) -> Vec<RunRecord> {
+    robot
+        .get_array(RUNS)
+        .map(|a| {
+            a.iter()
+                .filter_map(Bson::as_document)
+                .map(RunRecord::from_doc)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The compare-and-set write of an instance: `firings` becomes `next` (with `rev`
+/// one past `prev`'s), `records` are appended to `runs` (the last `keep` kept).
+/// `fence` is the instance's checkpoint fence; `claiming` the firing this write
+/// claims, if any (then it also requires `claimed` to be before it). A pipeline,
+/// with every value a document writer could have put there as `$literal`.
+pub fn compare_and_set(
+    mut fence: Document,
+    prev: &FiringState,
+    next: &FiringState,
+    records: &[RunRecord],
+    keep: u32,
+    claiming: Option<i64>,
+) -> (Document, Vec<Document>) {
+    let rev_key = format!("{FIRINGS}.{REV}");
+    fence.insert(rev_key, prev.rev.map_or(Bson::Null, Bson::Int64));
+    if let Some(t) = claiming {
+        fence.insert(
+            format!("{FIRINGS}.{CLAIMED}"),
+            doc! {"$not": {"$gte": t}},
+        );
+    }
+    let mut written = next.clone();
+    written.rev = Some(prev.rev.unwrap_or(0) + 1);
+    let mut set = doc! {FIRINGS: {"$literal": written.to_doc()}};
+    if !records.is_empty() {
+        let records: Vec<Bson> = records.iter().map(|r| Bson::Document(r.to_doc())).collect();
+        set.insert(
+            RUNS,
+            doc! {"$slice": [
+                {"$concatArrays": [
+                    {"$cond": [{"$isArray": "$runs"}, "$runs", {"$literal": []}]},
+                    {"$literal": records},
+                ]},
+                -(keep.max(1) as i64),
+            ]},
+        );
+    }
+    (fence, vec![doc! {"$set": set}])
+}
+
+/// The write of an instance that is no longer the robot's current one (moved,
+/// updated, restarted) and whose run `entry` ended: the run leaves `running`, its
+/// record is appended, and, when a stop cut it off, it goes to `lost` for the
+/// current instance to retry or skip. Matched by the run's id alone: it changes no
+/// context, only says what became of this run.
+pub fn end_by_id(
+    robot: ObjectId,
+    entry: &RunEntry,
+    record: &RunRecord,
+    cut_off: bool,
+    keep: u32,
+) -> (Document, Document) {
+    let filter = doc! {"_id": robot, format!("{FIRINGS}.{RUNNING}.{ID}"): entry.id};
+    let mut push = doc! {RUNS: {"$each": [record.to_doc()], "$slice": -(keep.max(1) as i64)}};
+    if cut_off {
+        push.insert(format!("{FIRINGS}.{LOST}"), entry.to_doc());
+    }
+    let update = doc! {
+        "$pull": {format!("{FIRINGS}.{RUNNING}"): {ID: entry.id}},
+        "$push": push,
+        "$inc": {format!("{FIRINGS}.{REV}"): 1_i64},
+    };
+    (filter, update)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(firing: i64) -> RunEntry {
+        RunEntry {
+            id: ObjectId::new(),
+            firing,
+            attempt: 1,
+            trigger: None,
+            by: None,
+            worker: "10.0.0.1:7000".into(),
+            slot: "slot-001".into(),
+            epoch: 3,
+            gen: 4,
+        }
+    }
+
+    #[test]
+    fn the_state_reads_back_what_it_writes() {
+        let s = FiringState {
+            rev: Some(7),
+            since: Some(1_000),
+            claimed: Some(2_000),
+            missed: 3,
+            next: Some(4_000),
+            paused_at: None,
+            running: vec![entry(2_000)],
+            lost: vec![entry(1_500)],
+            triggers: vec![Trigger {
+                id: ObjectId::new(),
+                by: "cli".into(),
+            }],
+            odd: 0,
+        };
+        let back = FiringState::from_robot(&doc! {FIRINGS: s.to_doc()});
+        assert_eq!(back, s);
+        assert_eq!(back.settled_until(), Some(2_000));
+    }
+
+    #[test]
+    fn hand_broken_entries_are_left_out_and_counted() {
+        let d = doc! {FIRINGS: {RUNNING: [5, {ID: "x"}, entry(9).to_doc()], CLAIMED: "soon"}};
+        let s = FiringState::from_robot(&d);
+        assert_eq!(s.running.len(), 1);
+        assert_eq!(s.odd, 2);
+        assert_eq!(s.claimed, None);
+        assert_eq!(FiringState::from_robot(&doc! {FIRINGS: 5}), FiringState::default());
+    }
+
+    #[test]
+    fn a_claim_is_a_compare_and_set_on_rev_and_the_last_claimed_firing() {
+        let fence = doc! {"_id": ObjectId::new(), "slot_id": "slot-001", "epoch": 3_i64, "gen": 4_i64};
+        let prev = FiringState::default();
+        let mut next = prev.clone();
+        next.claimed = Some(60_000);
+        next.running.push(entry(60_000));
+        let (filter, update) = compare_and_set(fence, &prev, &next, &[], 50, Some(60_000));
+        assert_eq!(filter.get("firings.rev"), Some(&Bson::Null));
+        assert_eq!(
+            filter.get_document("firings.claimed").unwrap(),
+            &doc! {"$not": {"$gte": 60_000_i64}}
+        );
+        let set = update[0].get_document("$set").unwrap();
+        let written = set.get_document(FIRINGS).unwrap().get_document("$literal").unwrap();
+        assert_eq!(int(written, REV), Some(1));
+        assert!(!set.contains_key(RUNS));
+    }
+}

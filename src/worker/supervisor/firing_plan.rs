@@ -1,0 +1,878 @@
+//! A scheduled robot's next step: pure, on its stored firing state, its schedule and
+//! what its instance knows (the server's time, which of its runs have started, whose
+//! leases are over). No I/O: the runner carries each step out, one write at a time.
+//!
+//! The rules, in the order they are applied:
+//! 1. **A run of another instance** (an earlier holder's, or one a move or an update
+//!    replaced). If its lease is over, its process was stopped with it: a firing
+//!    that could not have started before that lease ended is taken over as claimed;
+//!    any other run was *lost*, and is retried as the next attempt or recorded
+//!    skipped, as `on_lost` says. If its lease may still hold, nothing starts until
+//!    that instance records its run's end (no firing twice at once).
+//! 2. **Runs a stop cut off** (`lost`): retried or skipped, the same way.
+//! 3. **A pause**: the firings that fell while the robot was paused are recorded
+//!    skipped, in one record.
+//! 4. **Missed**: firings older than the catch-up window are recorded missed, in
+//!    one record with their count.
+//! 5. **A claimed firing whose time came** starts, unless a run is still in flight:
+//!    then the overlap policy decides (skip it, keep it waiting, stop the run, or
+//!    start beside it).
+//! 6. **Run-now requests**, then **firings due** (late: after a takeover, a pause or
+//!    a catch-up), under the overlap policy.
+//! 7. **The next firing is claimed ahead**, up to [`LEAD_MS`] before it, when no run is
+//!    in flight: its start then waits only on a local timer, and the claim goes
+//!    out with other robots' writes in a group commit rather than at the edge.
+
+use std::collections::{HashMap, HashSet};
+
+use bson::oid::ObjectId;
+
+use crate::db::firing::{FiringState, Outcome, RunEntry, RunRecord, Trigger};
+use crate::robot::schedule::{OnLost, Overlap, Schedule};
+
+/// How far ahead of its time a firing is claimed: a minute, so that even 10,000
+/// robots firing at one minute's edge are claimed over the minute before it.
+pub const LEAD_MS: i64 = 60_000;
+/// How far the server's clock, as a holder estimates it, may run ahead of the
+/// server's own: a run starts when the estimate reaches its firing, so one that a
+/// lease ending at `t` could have started has a firing before `t + DRIFT_MS`.
+pub const DRIFT_MS: i64 = 100;
+/// Due firings looked at in one step.
+const DUE_LIMIT: usize = 1000;
+
+/// The instance planning.
+#[derive(Debug, Clone)]
+pub struct Me {
+    pub slot: String,
+    pub epoch: i64,
+    pub gen: i64,
+    pub worker: String,
+}
+
+/// What the instance knows beside the stored state.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// The server's time, estimated.
+    pub now_ms: i64,
+    /// The server's time at this holder's claim of the slot, read no earlier than
+    /// the claim landed: every earlier holder's lease was over by then. None when
+    /// not known (every run of theirs then counts as possibly started).
+    pub lease_began_ms: Option<i64>,
+    /// The epoch each other slot named by a run in flight holds now (absent: the
+    /// slot is gone).
+    pub slot_epochs: HashMap<String, i64>,
+    /// This instance's runs whose process started.
+    pub started: HashSet<ObjectId>,
+    /// This instance's runs it already asked to stop.
+    pub stopping: HashSet<ObjectId>,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Write the state (a compare-and-set on `rev`), appending `records`;
+    /// `claiming` is the scheduled firing this write claims.
+    Write {
+        next: FiringState,
+        records: Vec<RunRecord>,
+        claiming: Option<i64>,
+        why: &'static str,
+    },
+    /// Start these runs of this instance now.
+    Start(Vec<RunEntry>),
+    /// Stop these runs of this instance (`cancel_other`).
+    Cancel(Vec<ObjectId>),
+    /// Nothing to do until this server time (None: until a run ends or the robot's
+    /// document changes); `poll`: read the document again meanwhile, since another
+    /// instance's run must end first and nothing tells this one when it does.
+    Wait { until_ms: Option<i64>, poll: bool },
+}
+
+impl Me {
+    fn owns(&self, e: &RunEntry) -> bool {
+        e.slot == self.slot && e.epoch == self.epoch && e.gen == self.gen
+    }
+
+    fn entry(&self, firing: i64, attempt: i64, trigger: Option<&Trigger>) -> RunEntry {
+        RunEntry {
+            id: ObjectId::new(),
+            firing,
+            attempt,
+            trigger: trigger.map(|t| t.id),
+            by: trigger.map(|t| t.by.clone()),
+            worker: self.worker.clone(),
+            slot: self.slot.clone(),
+            epoch: self.epoch,
+            gen: self.gen,
+        }
+    }
+
+    fn record(&self, firing: i64, outcome: Outcome, reason: &str) -> RunRecord {
+        RunRecord {
+            firing,
+            attempt: 1,
+            outcome: Some(outcome),
+            reason: Some(reason.to_string()),
+            worker: self.worker.clone(),
+            slot: self.slot.clone(),
+            epoch: self.epoch,
+            ..RunRecord::default()
+        }
+    }
+
+    /// One record for firings `first ..= last` (`count` of them).
+    fn records_many(&self, firings: &[i64], outcome: Outcome, reason: &str) -> RunRecord {
+        let mut r = self.record(firings[0], outcome, reason);
+        if firings.len() > 1 {
+            r.count = Some(firings.len() as i64);
+            r.last = firings.last().copied();
+        }
+        r
+    }
+}
+
+/// Whether another instance's run may still be going.
+#[derive(Debug, PartialEq, Eq)]
+enum Theirs {
+    /// Its lease may still hold: wait for it to record the end.
+    Live,
+    /// Its lease is over and it could not have started.
+    NeverStarted,
+    /// Its lease is over; it may have started, and was stopped with it.
+    Lost,
+}
+
+fn judge(e: &RunEntry, me: &Me, f: &Facts) -> Theirs {
+    let over = if e.slot == me.slot {
+        e.epoch < me.epoch
+    } else {
+        f.slot_epochs.get(&e.slot).is_none_or(|now| *now > e.epoch)
+    };
+    if !over {
+        return Theirs::Live;
+    }
+    // Only a takeover of this slot tells when the earlier lease ended; a run of
+    // another slot's ended lease counts as possibly started.
+    let began = (e.slot == me.slot).then_some(f.lease_began_ms).flatten();
+    match began {
+        Some(b) if e.firing > b + DRIFT_MS => Theirs::NeverStarted,
+        _ => Theirs::Lost,
+    }
+}
+
+/// The next step for `me`, with `st` as stored.
+pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
+    let now = f.now_ms;
+    let mut next = st.clone();
+
+    // 1. Runs of other instances.
+    for (i, e) in st.running.iter().enumerate().filter(|(_, e)| !me.owns(e)) {
+        match judge(e, me, f) {
+            Theirs::Live => {
+                return Step::Wait {
+                    until_ms: None,
+                    poll: true,
+                }
+            }
+            Theirs::NeverStarted => {
+                next.running[i] = me.entry(e.firing, e.attempt, None);
+                next.running[i].trigger = e.trigger;
+                next.running[i].by = e.by.clone();
+                return Step::Write {
+                    next,
+                    records: vec![],
+                    claiming: None,
+                    why: "took over a firing an earlier holder claimed and never started",
+                };
+            }
+            Theirs::Lost => {
+                next.running.remove(i);
+                let mut lost = me.record(
+                    e.firing,
+                    Outcome::Lost,
+                    &format!(
+                        "in flight on {} (slot {}, epoch {}) when that lease ended",
+                        e.worker, e.slot, e.epoch
+                    ),
+                );
+                lost.attempt = e.attempt;
+                lost.worker = e.worker.clone();
+                lost.slot = e.slot.clone();
+                lost.epoch = e.epoch;
+                lost.by = e.by.clone();
+                let mut records = vec![lost];
+                if s.on_lost == OnLost::Retry {
+                    let mut retry = me.entry(e.firing, e.attempt + 1, None);
+                    retry.trigger = e.trigger;
+                    retry.by = e.by.clone();
+                    next.running.push(retry);
+                } else {
+                    records.push(me.record(e.firing, Outcome::Skipped, "its run was lost and on_lost is skip"));
+                }
+                return Step::Write {
+                    next,
+                    records,
+                    claiming: None,
+                    why: "a run lost with its lease",
+                };
+            }
+        }
+    }
+
+    let mine_started: Vec<&RunEntry> = st
+        .running
+        .iter()
+        .filter(|e| f.started.contains(&e.id))
+        .collect();
+    let busy = !mine_started.is_empty();
+    let cancel = |runs: &[&RunEntry]| {
+        let ids: Vec<ObjectId> = runs
+            .iter()
+            .map(|e| e.id)
+            .filter(|id| !f.stopping.contains(id))
+            .collect();
+        if ids.is_empty() {
+            Step::Wait {
+                until_ms: None,
+                poll: false,
+            }
+        } else {
+            Step::Cancel(ids)
+        }
+    };
+
+    // 2. Runs a stop cut off.
+    if let Some(e) = st.lost.first() {
+        if busy && s.overlap != Overlap::Allow {
+            // Retried or skipped once the run in flight ends.
+        } else {
+            next.lost.remove(0);
+            let mut records = vec![];
+            if s.on_lost == OnLost::Retry {
+                let mut retry = me.entry(e.firing, e.attempt + 1, None);
+                retry.trigger = e.trigger;
+                retry.by = e.by.clone();
+                next.running.push(retry);
+            } else {
+                records.push(me.record(e.firing, Outcome::Skipped, "its run was cut off by a stop and on_lost is skip"));
+            }
+            return Step::Write {
+                next,
+                records,
+                claiming: None,
+                why: "a run a stop cut off",
+            };
+        }
+    }
+
+    let from = st.settled_until().unwrap_or(now);
+
+    // 3. A pause.
+    if let Some(p) = st.paused_at {
+        let skipped = firings_between(s, from.max(p - 1), now);
+        next.paused_at = None;
+        let mut records = vec![];
+        if let Some(&last) = skipped.last() {
+            next.claimed = Some(last);
+            records.push(me.records_many(&skipped, Outcome::Skipped, "paused"));
+        }
+        return Step::Write {
+            next,
+            records,
+            claiming: None,
+            why: "the firings of a pause",
+        };
+    }
+
+    // 4. Missed.
+    let owed = s.owed(from, now, DUE_LIMIT);
+    if let Some(m) = owed.missed {
+        next.claimed = Some(m.last);
+        next.missed += m.count as i64;
+        let mut r = me.record(
+            m.first,
+            Outcome::Missed,
+            &format!(
+                "due outside the catch-up window ({}){}",
+                humantime::format_duration(s.catchup),
+                if m.at_least { "; at least this many" } else { "" }
+            ),
+        );
+        if m.count > 1 {
+            r.count = Some(m.count as i64);
+            r.last = Some(m.last);
+        }
+        return Step::Write {
+            next,
+            records: vec![r],
+            claiming: None,
+            why: "firings missed",
+        };
+    }
+
+    // 5. Claimed runs whose time came.
+    let ready: Vec<RunEntry> = st
+        .running
+        .iter()
+        .filter(|e| !f.started.contains(&e.id) && e.firing <= now)
+        .cloned()
+        .collect();
+    if !ready.is_empty() {
+        if !busy || s.overlap == Overlap::Allow {
+            return Step::Start(ready);
+        }
+        match s.overlap {
+            Overlap::Skip => {
+                let e = &ready[0];
+                next.running.retain(|r| r.id != e.id);
+                let mut r = me.record(e.firing, Outcome::Skipped, "overlap: a run was still in flight");
+                r.attempt = e.attempt;
+                r.by = e.by.clone();
+                return Step::Write {
+                    next,
+                    records: vec![r],
+                    claiming: None,
+                    why: "a firing that overlapped",
+                };
+            }
+            Overlap::CancelOther => return cancel(&mine_started),
+            // Waits for the run in flight to end.
+            Overlap::BufferOne | Overlap::BufferAll | Overlap::Allow => {}
+        }
+    }
+    let pending = st.running.iter().any(|e| !f.started.contains(&e.id));
+
+    // 6. Run-now requests, then late firings.
+    if let Some(t) = st.triggers.first() {
+        let idle = !busy && !pending;
+        if idle || s.overlap == Overlap::Allow {
+            next.triggers.remove(0);
+            next.running.push(me.entry(now, 1, Some(t)));
+            return Step::Write {
+                next,
+                records: vec![],
+                claiming: None,
+                why: "a run-now request",
+            };
+        }
+        match s.overlap {
+            Overlap::Skip => {
+                next.triggers.remove(0);
+                let mut r = me.record(now, Outcome::Skipped, "overlap: a run was still in flight");
+                r.by = Some(t.by.clone());
+                return Step::Write {
+                    next,
+                    records: vec![r],
+                    claiming: None,
+                    why: "a run-now request that overlapped",
+                };
+            }
+            Overlap::CancelOther if busy => return cancel(&mine_started),
+            _ => {}
+        }
+    }
+    if !owed.due.is_empty() {
+        let due = &owed.due;
+        let last = *due.last().expect("not empty");
+        let in_flight = busy || pending;
+        match (in_flight, s.overlap) {
+            (_, Overlap::Allow) => {
+                for &t in due {
+                    next.running.push(me.entry(t, 1, None));
+                }
+                next.claimed = Some(last);
+                return Step::Write {
+                    next,
+                    records: vec![],
+                    claiming: Some(due[0]),
+                    why: "firings due",
+                };
+            }
+            (false, Overlap::Skip) | (false, Overlap::BufferAll) | (false, Overlap::BufferOne) => {
+                next.running.push(me.entry(due[0], 1, None));
+                next.claimed = Some(due[0]);
+                let mut records = vec![];
+                let skipped: &[i64] = match s.overlap {
+                    Overlap::Skip => &due[1..],
+                    // The newest waits; those between it and the first are skipped.
+                    Overlap::BufferOne if due.len() > 2 => &due[1..due.len() - 1],
+                    _ => &[],
+                };
+                if !skipped.is_empty() {
+                    next.claimed = skipped.last().copied();
+                    records.push(me.records_many(skipped, Outcome::Skipped, "overlap: caught up after another firing"));
+                }
+                return Step::Write {
+                    next,
+                    records,
+                    claiming: Some(due[0]),
+                    why: "a firing due",
+                };
+            }
+            (false, Overlap::CancelOther) => {
+                next.running.push(me.entry(last, 1, None));
+                next.claimed = Some(last);
+                let mut records = vec![];
+                if due.len() > 1 {
+                    records.push(me.records_many(&due[..due.len() - 1], Outcome::Skipped, "overlap: a newer firing was due too"));
+                }
+                return Step::Write {
+                    next,
+                    records,
+                    claiming: Some(due[0]),
+                    why: "a firing due",
+                };
+            }
+            (true, Overlap::Skip) => {
+                next.claimed = Some(last);
+                return Step::Write {
+                    next,
+                    records: vec![me.records_many(due, Outcome::Skipped, "overlap: a run was still in flight")],
+                    claiming: Some(due[0]),
+                    why: "firings that overlapped",
+                };
+            }
+            (true, Overlap::BufferOne) if due.len() > 1 => {
+                let skipped = &due[..due.len() - 1];
+                next.claimed = skipped.last().copied();
+                return Step::Write {
+                    next,
+                    records: vec![me.records_many(skipped, Outcome::Skipped, "overlap: a newer firing waits in its place")],
+                    claiming: Some(due[0]),
+                    why: "firings that overlapped",
+                };
+            }
+            (true, Overlap::CancelOther) if busy => return cancel(&mine_started),
+            // Waiting for the run in flight to end.
+            (true, _) => {}
+        }
+    }
+
+    // 7. Claim the next firing ahead of its time.
+    let first_pending = st
+        .running
+        .iter()
+        .filter(|e| !f.started.contains(&e.id))
+        .map(|e| e.firing)
+        .min();
+    if let Some(n) = owed.next {
+        let free = (!busy && !pending) || s.overlap == Overlap::Allow;
+        let claimed_already = st.claimed.is_some_and(|c| c >= n);
+        if free && !claimed_already && owed.due.is_empty() {
+            if n - now <= LEAD_MS {
+                next.running.push(me.entry(n, 1, None));
+                next.claimed = Some(n);
+                next.next = s.next_after(n);
+                return Step::Write {
+                    next,
+                    records: vec![],
+                    claiming: Some(n),
+                    why: "the next firing, claimed ahead",
+                };
+            }
+            return Step::Wait {
+                until_ms: Some(n - LEAD_MS),
+                poll: false,
+            };
+        }
+        let until = match first_pending {
+            Some(p) => p.min(n),
+            None => n,
+        };
+        return Step::Wait {
+            until_ms: Some(until),
+            poll: false,
+        };
+    }
+    Step::Wait {
+        until_ms: first_pending,
+        poll: false,
+    }
+}
+
+/// The firings in `(after, until]`, at most [`DUE_LIMIT`] of them... counted whole
+/// for a record: every one of them, up to the schedule's counting cap.
+fn firings_between(s: &Schedule, after: i64, until: i64) -> Vec<i64> {
+    let mut out = Vec::new();
+    let mut at = after;
+    while let Some(t) = s.next_after(at) {
+        if t > until || out.len() >= DUE_LIMIT {
+            break;
+        }
+        out.push(t);
+        at = t;
+    }
+    out
+}
+
+/// How one run of this instance ended.
+#[derive(Debug, Clone)]
+pub struct RunEnd {
+    pub id: ObjectId,
+    pub outcome: Outcome,
+    pub reason: Option<String>,
+    /// When its process started, on the server's clock as estimated.
+    pub started_ms: Option<i64>,
+    pub ended_ms: i64,
+    /// The run stays in flight as the next attempt (restart on failure).
+    pub retry: bool,
+}
+
+/// The state after a run of this instance ended, and its record; None when the run
+/// is not in flight.
+pub fn ended(st: &FiringState, me: &Me, end: RunEnd) -> Option<(FiringState, RunRecord)> {
+    let RunEnd {
+        id,
+        outcome,
+        reason,
+        started_ms,
+        ended_ms,
+        retry,
+    } = end;
+    let e = st.running.iter().find(|e| e.id == id)?.clone();
+    let mut next = st.clone();
+    next.running.retain(|r| r.id != id);
+    if retry {
+        let mut again = me.entry(e.firing, e.attempt + 1, None);
+        again.trigger = e.trigger;
+        again.by = e.by.clone();
+        next.running.push(again);
+    }
+    let record = RunRecord {
+        firing: e.firing,
+        attempt: e.attempt,
+        outcome: Some(outcome),
+        reason,
+        started: started_ms,
+        ended: Some(ended_ms),
+        lateness_ms: started_ms.map(|s| (s - e.firing).max(0)),
+        worker: me.worker.clone(),
+        slot: me.slot.clone(),
+        epoch: me.epoch,
+        by: e.by.clone(),
+        count: None,
+        last: None,
+    };
+    Some((next, record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    const MIN: i64 = 60_000;
+    /// 2026-01-01T00:00:00Z.
+    const T0: i64 = 1_767_225_600_000;
+
+    fn me() -> Me {
+        Me {
+            slot: "slot-001".into(),
+            epoch: 5,
+            gen: 9,
+            worker: "10.0.0.2:7000".into(),
+        }
+    }
+
+    fn every(period: &str, overlap: &str) -> Schedule {
+        Schedule::from_spec(
+            &doc! {"schedule": {"every": period, "overlap": overlap}},
+            T0,
+        )
+        .unwrap()
+        .unwrap()
+    }
+
+    fn facts(now: i64) -> Facts {
+        Facts {
+            now_ms: now,
+            ..Facts::default()
+        }
+    }
+
+    fn state(claimed: i64) -> FiringState {
+        FiringState {
+            rev: Some(1),
+            since: Some(T0 - 10 * MIN),
+            claimed: Some(claimed),
+            ..FiringState::default()
+        }
+    }
+
+    fn written(step: Step) -> (FiringState, Vec<RunRecord>, Option<i64>) {
+        match step {
+            Step::Write {
+                next,
+                records,
+                claiming,
+                ..
+            } => (next, records, claiming),
+            other => panic!("expected a write, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_next_firing_is_claimed_ahead_then_started_at_its_time() {
+        let s = every("1m", "skip");
+        let st = state(T0);
+        // Long before: wait until a minute before.
+        let far = every("1h", "skip");
+        assert_eq!(
+            plan(&far, &state(T0), &me(), &facts(T0 + 1)),
+            Step::Wait {
+                until_ms: Some(T0 + 60 * MIN - LEAD_MS),
+                poll: false
+            }
+        );
+        let (next, records, claiming) = written(plan(&s, &st, &me(), &facts(T0 + 30_000)));
+        assert_eq!(claiming, Some(T0 + MIN));
+        assert!(records.is_empty());
+        assert_eq!(next.claimed, Some(T0 + MIN));
+        assert_eq!(next.running.len(), 1);
+        assert!(me().owns(&next.running[0]));
+        // Claimed, not yet due: wait for it.
+        assert_eq!(
+            plan(&s, &next, &me(), &facts(T0 + 30_001)),
+            Step::Wait {
+                until_ms: Some(T0 + MIN),
+                poll: false
+            }
+        );
+        // Its time came: start it.
+        assert_eq!(
+            plan(&s, &next, &me(), &facts(T0 + MIN)),
+            Step::Start(next.running.clone())
+        );
+        // Started: nothing more until the next firing (a run is in flight).
+        let mut f = facts(T0 + MIN + 5);
+        f.started.insert(next.running[0].id);
+        assert_eq!(
+            plan(&s, &next, &me(), &f),
+            Step::Wait {
+                until_ms: Some(T0 + 2 * MIN),
+                poll: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_firing_that_overlaps_a_run_follows_the_policy() {
+        let running = |overlap: &str| {
+            let s = every("1m", overlap);
+            let mut st = state(T0);
+            st.running.push(me().entry(T0, 1, None));
+            let mut f = facts(T0 + MIN + 10);
+            f.started.insert(st.running[0].id);
+            (s, st, f)
+        };
+        // skip: recorded, and settled.
+        let (s, st, f) = running("skip");
+        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(next.claimed, Some(T0 + MIN));
+        assert_eq!(records[0].outcome, Some(Outcome::Skipped));
+        assert_eq!(next.running, st.running);
+        // buffer_one and buffer_all: wait for the run's end.
+        for p in ["buffer_one", "buffer_all"] {
+            let (s, st, f) = running(p);
+            assert!(
+                matches!(plan(&s, &st, &me(), &f), Step::Wait { .. }),
+                "{p}"
+            );
+        }
+        // cancel_other: stop the run first, once.
+        let (s, st, mut f) = running("cancel_other");
+        assert_eq!(
+            plan(&s, &st, &me(), &f),
+            Step::Cancel(vec![st.running[0].id])
+        );
+        f.stopping.insert(st.running[0].id);
+        assert!(matches!(plan(&s, &st, &me(), &f), Step::Wait { .. }));
+        // allow: start beside it.
+        let (s, st, f) = running("allow");
+        let (next, _, claiming) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(claiming, Some(T0 + MIN));
+        assert_eq!(next.running.len(), 2);
+    }
+
+    #[test]
+    fn buffer_one_keeps_only_the_newest_waiting() {
+        let s = every("1m", "buffer_one");
+        let mut st = state(T0);
+        st.running.push(me().entry(T0, 1, None));
+        let mut f = facts(T0 + 3 * MIN + 10);
+        f.started.insert(st.running[0].id);
+        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(records[0].count, Some(2));
+        assert_eq!(next.claimed, Some(T0 + 2 * MIN));
+        // The run ends: the newest starts.
+        let end = RunEnd {
+            id: st.running[0].id,
+            outcome: Outcome::Succeeded,
+            reason: None,
+            started_ms: Some(T0 + 5),
+            ended_ms: T0 + 3 * MIN + 20,
+            retry: false,
+        };
+        let (after, record) = ended(&next, &me(), end).unwrap();
+        assert_eq!(record.lateness_ms, Some(5));
+        let (claimed, _, claiming) = written(plan(&s, &after, &me(), &facts(T0 + 3 * MIN + 21)));
+        assert_eq!(claiming, Some(T0 + 3 * MIN));
+        assert_eq!(claimed.running[0].firing, T0 + 3 * MIN);
+    }
+
+    #[test]
+    fn buffer_all_runs_every_due_firing_in_order() {
+        let s = every("1m", "buffer_all");
+        let st = state(T0);
+        let (next, records, claiming) = written(plan(&s, &st, &me(), &facts(T0 + 3 * MIN + 10)));
+        assert!(records.is_empty());
+        assert_eq!(claiming, Some(T0 + MIN));
+        assert_eq!(next.claimed, Some(T0 + MIN));
+    }
+
+    #[test]
+    fn a_takeover_reruns_what_was_lost_and_takes_over_what_never_started() {
+        let s = every("1m", "skip");
+        let mut old = me();
+        old.epoch = 4;
+        old.gen = 8;
+        old.worker = "10.0.0.1:7000".into();
+        let mut st = state(T0 + MIN);
+        st.running.push(old.entry(T0 + MIN, 1, None));
+        // The firing was due before this lease began: possibly started, lost.
+        let mut f = facts(T0 + MIN + 3_000);
+        f.lease_began_ms = Some(T0 + MIN + 2_000);
+        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(records[0].outcome, Some(Outcome::Lost));
+        assert_eq!(records[0].worker, "10.0.0.1:7000");
+        assert_eq!(next.running.len(), 1);
+        assert_eq!(next.running[0].attempt, 2);
+        assert!(me().owns(&next.running[0]));
+        // on_lost: skip records it skipped instead.
+        let skip = Schedule::from_spec(
+            &doc! {"schedule": {"every": "1m", "on_lost": "skip"}},
+            T0,
+        )
+        .unwrap()
+        .unwrap();
+        let (next, records, _) = written(plan(&skip, &st, &me(), &f));
+        assert!(next.running.is_empty());
+        assert_eq!(records[1].outcome, Some(Outcome::Skipped));
+        // Claimed ahead and due after this lease began: never started, taken over.
+        f.lease_began_ms = Some(T0 + MIN - 30_000);
+        f.now_ms = T0 + MIN - 29_000;
+        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        assert!(records.is_empty());
+        assert_eq!(next.running[0].firing, T0 + MIN);
+        assert_eq!(next.running[0].attempt, 1);
+        assert!(me().owns(&next.running[0]));
+        // Without the lease's start, every run counts as possibly started.
+        f.lease_began_ms = None;
+        let (_, records, _) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(records[0].outcome, Some(Outcome::Lost));
+    }
+
+    #[test]
+    fn a_run_whose_lease_may_hold_is_waited_for() {
+        let s = every("1m", "allow");
+        let mut other = me();
+        other.slot = "slot-002".into();
+        other.epoch = 2;
+        let mut st = state(T0);
+        st.running.push(other.entry(T0, 1, None));
+        let mut f = facts(T0 + 2 * MIN);
+        f.slot_epochs.insert("slot-002".into(), 2);
+        let wait = Step::Wait {
+            until_ms: None,
+            poll: true,
+        };
+        assert_eq!(plan(&s, &st, &me(), &f), wait);
+        // The same holder's older generation (an update, a move back) too.
+        let mut mine_before = me();
+        mine_before.gen = 8;
+        let mut st2 = state(T0);
+        st2.running.push(mine_before.entry(T0, 1, None));
+        assert_eq!(plan(&s, &st2, &me(), &facts(T0 + 2 * MIN)), wait);
+        // Once that slot changed hands, the run was lost.
+        f.slot_epochs.insert("slot-002".into(), 3);
+        let (_, records, _) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(records[0].outcome, Some(Outcome::Lost));
+    }
+
+    #[test]
+    fn firings_outside_the_window_are_missed_and_a_pause_is_skipped() {
+        let s = Schedule::from_spec(
+            &doc! {"schedule": {"every": "1m", "catchup": "5m"}},
+            T0,
+        )
+        .unwrap()
+        .unwrap();
+        let (next, records, _) = written(plan(&s, &state(T0), &me(), &facts(T0 + 60 * MIN + 1)));
+        assert_eq!(records[0].outcome, Some(Outcome::Missed));
+        assert_eq!(records[0].count, Some(55));
+        assert_eq!(next.missed, 55);
+        assert_eq!(next.claimed, Some(T0 + 55 * MIN));
+        // Then the five within the window: the first runs, the rest overlap it.
+        let (next, records, claiming) = written(plan(&s, &next, &me(), &facts(T0 + 60 * MIN + 1)));
+        assert_eq!(claiming, Some(T0 + 56 * MIN));
+        assert_eq!(records[0].count, Some(4));
+        assert_eq!(next.claimed, Some(T0 + 60 * MIN));
+        // A pause from T0 + 30s to now: those firings were skipped as paused.
+        let mut paused = state(T0);
+        paused.paused_at = Some(T0 + 30_000);
+        let (next, records, _) = written(plan(&s, &paused, &me(), &facts(T0 + 10 * MIN + 1)));
+        assert_eq!(records[0].outcome, Some(Outcome::Skipped));
+        assert_eq!(records[0].reason.as_deref(), Some("paused"));
+        assert_eq!(records[0].count, Some(10));
+        assert_eq!(next.paused_at, None);
+        assert_eq!(next.claimed, Some(T0 + 10 * MIN));
+    }
+
+    #[test]
+    fn a_run_now_request_runs_when_idle_and_follows_the_policy_when_not() {
+        let s = every("1h", "skip");
+        let mut st = state(T0);
+        let by = Trigger {
+            id: ObjectId::new(),
+            by: "cli".into(),
+        };
+        st.triggers.push(by.clone());
+        let (next, _, claiming) = written(plan(&s, &st, &me(), &facts(T0 + 10)));
+        assert_eq!(claiming, None);
+        assert!(next.triggers.is_empty());
+        assert_eq!(next.running[0].trigger, Some(by.id));
+        assert_eq!(next.running[0].by.as_deref(), Some("cli"));
+        // Busy, skip: recorded skipped, by whom.
+        let mut busy = st.clone();
+        busy.running.push(me().entry(T0, 1, None));
+        let mut f = facts(T0 + 10);
+        f.started.insert(busy.running[0].id);
+        let (next, records, _) = written(plan(&s, &busy, &me(), &f));
+        assert!(next.triggers.is_empty());
+        assert_eq!(records[0].by.as_deref(), Some("cli"));
+    }
+
+    #[test]
+    fn a_failed_run_retried_stays_in_flight_as_the_next_attempt() {
+        let mut st = state(T0);
+        let e = me().entry(T0, 1, None);
+        st.running.push(e.clone());
+        let end = RunEnd {
+            id: e.id,
+            outcome: Outcome::Failed,
+            reason: Some("exit 3".into()),
+            started_ms: Some(T0 + 2),
+            ended_ms: T0 + 50,
+            retry: true,
+        };
+        let (next, record) = ended(&st, &me(), end.clone()).unwrap();
+        assert_eq!(record.outcome, Some(Outcome::Failed));
+        assert_eq!(next.running[0].attempt, 2);
+        assert_eq!(next.running[0].firing, T0);
+        let stranger = RunEnd {
+            id: ObjectId::new(),
+            ..end
+        };
+        assert!(ended(&st, &me(), stranger).is_none());
+    }
+}
