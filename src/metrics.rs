@@ -108,6 +108,7 @@ metrics! {
     memory_kills: Counter = "robot_memory_kills", "exec robots killed whole because the kernel killed one of their processes at spec.limits.memory";
     pids_limit_hits: Counter = "robot_pids_limit_hits", "seconds in which an exec robot's fork failed at spec.limits.pids (reported at most once a second per robot)";
     robot_failures: Counter = "robot_failures", "robots given up on under their restart policy (status failed, held until robot resume)";
+    robots_completed: Counter = "robots_completed", "robots that ran to completion under spec.restart.on failure or never (status completed, held until robot restart)";
     robots_running: Gauge = "robots_running", "robots running on this worker";
     robots_restarting: Gauge = "robots_restarting", "robots waiting in restart backoff";
     robot_write_limit: Gauge = "robot_write_limit", "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)";

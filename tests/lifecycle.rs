@@ -727,3 +727,113 @@ async fn a_crash_loop_keeps_its_restart_budget_across_a_takeover() {
     .await;
     assert_eq!(starts(&log), n + 4, "{again}");
 }
+
+/// An exec robot `once` that notes each start in a file and exits with `code`, under
+/// `spec`. Returns the file.
+fn one_shot(db: &TestDb, code: i32, spec: &str) -> std::path::PathBuf {
+    let log = db.dir.join("once-starts");
+    let cmd = script(
+        db,
+        "once.sh",
+        &format!("echo started >> '{}'\nexit {code}\n", log.display()),
+    );
+    db.exec("once", &cmd, &["--spec", spec]);
+    log
+}
+
+/// `restart.on: failure` and an exit 0: the robot is `completed`, held as a paused
+/// robot is, and never started again, not by a new holder after a kill -9 either.
+/// `robot restart` runs it once more.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_to_completion_is_never_started_again_until_restarted() {
+    let db = TestDb::new("run_to_completion").await;
+    db.init(1).await;
+    let log = one_shot(&db, 0, r#"{"restart": {"on": "failure"}}"#);
+    assert!(db.counters("ok", 1, 100).status.success());
+    let mut first = db.exec_worker(&[]);
+    let done = wait_for(Duration::from_secs(60), "the robot to complete", || async {
+        let r = db.robot("once").await;
+        (status(&r) == "completed").then_some(r)
+    })
+    .await;
+    assert_eq!(starts(&log), 1);
+    assert_eq!(done.get_bool("paused"), Ok(true), "held: {done}");
+    let listed = db.cli_ok(&["robot", "list"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains("once") && l.contains("completed")),
+        "{listed}"
+    );
+    let events = db
+        .store
+        .events()
+        .count_documents(bson::doc! {"kind": "robot_completed", "robot": "once"})
+        .await
+        .unwrap();
+    assert_eq!(events, 1);
+
+    first.kill9();
+    let _second = db.exec_worker(&[]);
+    let ok_seq = db.robot("ok").await.get_i64("seq").unwrap();
+    wait_for(Duration::from_secs(30), "the takeover", || async {
+        (db.robot("ok").await.get_i64("seq").unwrap() > ok_seq + 3).then_some(())
+    })
+    .await;
+    assert_eq!(starts(&log), 1, "completed survives a takeover");
+    assert_eq!(status(&db.robot("once").await), "completed");
+
+    db.cli_ok(&["robot", "restart", "once"]);
+    wait_for(Duration::from_secs(60), "the second run", || async {
+        let r = db.robot("once").await;
+        (starts(&log) == 2 && status(&r) == "completed").then_some(())
+    })
+    .await;
+}
+
+/// `restart.on: failure` restarts a failing run under its budget; `restart.on:
+/// never` runs it once, and a failure is final: `failed`, held, with the reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_on_failure_retries_and_never_runs_once() {
+    let db = TestDb::new("restart_on").await;
+    db.init(1).await;
+    let log = one_shot(
+        &db,
+        3,
+        r#"{"restart": {"on": "failure", "attempts": 2, "within": "1m"}}"#,
+    );
+    let never_log = db.dir.join("never-starts");
+    let cmd = script(
+        &db,
+        "never.sh",
+        &format!("echo started >> '{}'\nexit 4\n", never_log.display()),
+    );
+    db.exec(
+        "never",
+        &cmd,
+        &["--spec", r#"{"restart": {"on": "never"}}"#],
+    );
+    let _w = db.exec_worker(&[]);
+    let failed = wait_for(
+        Duration::from_secs(60),
+        "the retries to give up",
+        || async {
+            let r = db.robot("once").await;
+            (status(&r) == "failed").then_some(r)
+        },
+    )
+    .await;
+    assert_eq!(starts(&log), 2, "two attempts: {failed}");
+    let never = wait_for(Duration::from_secs(60), "the one run to fail", || async {
+        let r = db.robot("never").await;
+        (status(&r) == "failed").then_some(r)
+    })
+    .await;
+    assert_eq!(starts(&never_log), 1);
+    assert_eq!(never.get_bool("paused"), Ok(true));
+    let why = never.get_str("error").unwrap();
+    assert!(
+        why.contains("spec.restart.on is never") && why.contains("exit"),
+        "{why}"
+    );
+}

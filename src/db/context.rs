@@ -529,6 +529,31 @@ impl ContextStore {
             .await
     }
 
+    /// Marks the robot `completed` and holds it as a paused robot is held, fenced like
+    /// a checkpoint: no holder starts it again until `robot restart`. False when
+    /// fenced or the lease lapsed (then nothing was written).
+    pub async fn complete(
+        &self,
+        id: &ObjectId,
+        gen: i64,
+        restarts: i64,
+    ) -> Result<bool, ContextError> {
+        let _permit = self.pacer.acquire().await;
+        if !self.guard.is_open() {
+            return Ok(false);
+        }
+        let set = doc! {
+            STATUS: RobotStatus::Completed,
+            PAUSED: true,
+            ERROR: Bson::Null,
+            WORKER: {"$literal": &self.worker},
+            RESTARTS: restarts,
+            STATUS_AT: "$$NOW",
+        };
+        self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
+            .await
+    }
+
     /// Records what contains a running robot's processes (see
     /// [`crate::robot::shim::CONTAINMENT`]) and the resource limits its shim applied
     /// (`applied_limits`, removed when none), fenced like a checkpoint; false when

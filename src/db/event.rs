@@ -41,6 +41,8 @@ words! {
         RobotRestart => "robot_restart",
         /// A robot's restart policy gave up on it.
         RobotFailed => "robot_failed",
+        /// A robot ran to completion (`spec.restart.on`).
+        RobotCompleted => "robot_completed",
         /// A worker saw the server's clock step forward.
         ServerClockStep => "server_clock_step",
     }

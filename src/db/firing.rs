@@ -313,10 +313,7 @@ pub fn compare_and_set(
     let rev_key = format!("{FIRINGS}.{REV}");
     fence.insert(rev_key, prev.rev.map_or(Bson::Null, Bson::Int64));
     if let Some(t) = claiming {
-        fence.insert(
-            format!("{FIRINGS}.{CLAIMED}"),
-            doc! {"$not": {"$gte": t}},
-        );
+        fence.insert(format!("{FIRINGS}.{CLAIMED}"), doc! {"$not": {"$gte": t}});
     }
     let mut written = next.clone();
     written.rev = Some(prev.rev.unwrap_or(0) + 1);
@@ -409,12 +406,16 @@ mod tests {
         assert_eq!(s.running.len(), 1);
         assert_eq!(s.odd, 2);
         assert_eq!(s.claimed, None);
-        assert_eq!(FiringState::from_robot(&doc! {FIRINGS: 5}), FiringState::default());
+        assert_eq!(
+            FiringState::from_robot(&doc! {FIRINGS: 5}),
+            FiringState::default()
+        );
     }
 
     #[test]
     fn a_claim_is_a_compare_and_set_on_rev_and_the_last_claimed_firing() {
-        let fence = doc! {"_id": ObjectId::new(), "slot_id": "slot-001", "epoch": 3_i64, "gen": 4_i64};
+        let fence =
+            doc! {"_id": ObjectId::new(), "slot_id": "slot-001", "epoch": 3_i64, "gen": 4_i64};
         let prev = FiringState::default();
         let mut next = prev.clone();
         next.claimed = Some(60_000);
@@ -426,7 +427,11 @@ mod tests {
             &doc! {"$not": {"$gte": 60_000_i64}}
         );
         let set = update[0].get_document("$set").unwrap();
-        let written = set.get_document(FIRINGS).unwrap().get_document("$literal").unwrap();
+        let written = set
+            .get_document(FIRINGS)
+            .unwrap()
+            .get_document("$literal")
+            .unwrap();
         assert_eq!(int(written, REV), Some(1));
         assert!(!set.contains_key(RUNS));
     }

@@ -31,6 +31,9 @@ words! {
         Failed => "failed",
         /// Paused by an operator.
         Paused => "paused",
+        /// It ran to completion (`spec.restart.on` failure or never, and an exit 0):
+        /// held as a paused robot is, until `robot restart` runs it again.
+        Completed => "completed",
     }
 }
 

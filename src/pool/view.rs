@@ -57,6 +57,8 @@ words! {
         Restarting => "restarting",
         Failed => "failed",
         Paused => "paused",
+        /// It ran to completion; `robot restart` runs it again.
+        Completed => "completed",
         /// No live holder can run it.
         Waiting => "waiting",
     }
@@ -277,6 +279,13 @@ pub fn derive(
                 "stopped by its restart policy: it kept ending (robot resume NAME runs it again)"
                     .into(),
             ),
+        };
+    }
+    if paused && stored_status == Some(RobotStatus::Completed) {
+        return RobotNow {
+            state: RobotState::Completed,
+            holder: None,
+            why: Some("it ran to completion (robot restart NAME runs it again)".into()),
         };
     }
     if paused {

@@ -696,6 +696,9 @@ impl Robot<'_> {
                 }
             }
         }
+        if status.success() {
+            return RobotError::Finished;
+        }
         RobotError::Crashed(format!("command exited: {status}"))
     }
 }

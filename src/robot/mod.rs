@@ -76,6 +76,10 @@ pub enum RobotError {
     /// It crashed or exited; restarted with backoff.
     #[error("{0}")]
     Crashed(String),
+    /// Its command exited with status 0: a run to completion ended well (a daemon
+    /// is restarted as after any other end).
+    #[error("command exited: exit status: 0")]
+    Finished,
     #[error("database error: {0}")]
     Db(String),
 }
@@ -268,7 +272,7 @@ impl Registry {
         })?;
         k.check_spec(spec)?;
         restart::RestartPolicy::from_spec(spec)?;
-        schedule::Schedule::from_spec(spec, chrono::Utc::now().timestamp_millis()).map(|_| ())
+        check_schedule(spec)
     }
 
     /// Whether this worker would run a robot changed to `kind` and `spec`, starting
@@ -279,6 +283,18 @@ impl Registry {
         let k = self.get(kind).expect("checked above");
         k.admits(spec)?;
         k.check_context(spec, context)
+    }
+}
+
+/// Checks `spec.schedule`. Until this worker runs scheduled robots, a schedule that
+/// checks out is refused too, rather than run as a daemon.
+pub(crate) fn check_schedule(spec: &Document) -> Result<(), String> {
+    match schedule::Schedule::from_spec(spec, chrono::Utc::now().timestamp_millis())? {
+        None => Ok(()),
+        Some(s) => Err(format!(
+            "spec.schedule ({}) is valid, but this version of slotpool does not run scheduled robots yet",
+            s.describe()
+        )),
     }
 }
 

@@ -183,6 +183,11 @@ impl Budget {
         }
     }
 
+    /// The policy in force.
+    pub fn policy(&self) -> RestartPolicy {
+        self.policy
+    }
+
     /// The policy may change between runs (the spec is read at each start); the ends
     /// counted so far still count.
     pub fn set_policy(&mut self, policy: RestartPolicy) {

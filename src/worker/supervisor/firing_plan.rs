@@ -166,7 +166,7 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
     let mut next = st.clone();
 
     // 1. Runs of other instances.
-    for (i, e) in st.running.iter().enumerate().filter(|(_, e)| !me.owns(e)) {
+    if let Some((i, e)) = st.running.iter().enumerate().find(|(_, e)| !me.owns(e)) {
         match judge(e, me, f) {
             Theirs::Live => {
                 return Step::Wait {
@@ -207,7 +207,11 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                     retry.by = e.by.clone();
                     next.running.push(retry);
                 } else {
-                    records.push(me.record(e.firing, Outcome::Skipped, "its run was lost and on_lost is skip"));
+                    records.push(me.record(
+                        e.firing,
+                        Outcome::Skipped,
+                        "its run was lost and on_lost is skip",
+                    ));
                 }
                 return Step::Write {
                     next,
@@ -254,7 +258,11 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                 retry.by = e.by.clone();
                 next.running.push(retry);
             } else {
-                records.push(me.record(e.firing, Outcome::Skipped, "its run was cut off by a stop and on_lost is skip"));
+                records.push(me.record(
+                    e.firing,
+                    Outcome::Skipped,
+                    "its run was cut off by a stop and on_lost is skip",
+                ));
             }
             return Step::Write {
                 next,
@@ -295,7 +303,11 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
             &format!(
                 "due outside the catch-up window ({}){}",
                 humantime::format_duration(s.catchup),
-                if m.at_least { "; at least this many" } else { "" }
+                if m.at_least {
+                    "; at least this many"
+                } else {
+                    ""
+                }
             ),
         );
         if m.count > 1 {
@@ -325,7 +337,11 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
             Overlap::Skip => {
                 let e = &ready[0];
                 next.running.retain(|r| r.id != e.id);
-                let mut r = me.record(e.firing, Outcome::Skipped, "overlap: a run was still in flight");
+                let mut r = me.record(
+                    e.firing,
+                    Outcome::Skipped,
+                    "overlap: a run was still in flight",
+                );
                 r.attempt = e.attempt;
                 r.by = e.by.clone();
                 return Step::Write {
@@ -400,7 +416,11 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                 };
                 if !skipped.is_empty() {
                     next.claimed = skipped.last().copied();
-                    records.push(me.records_many(skipped, Outcome::Skipped, "overlap: caught up after another firing"));
+                    records.push(me.records_many(
+                        skipped,
+                        Outcome::Skipped,
+                        "overlap: caught up after another firing",
+                    ));
                 }
                 return Step::Write {
                     next,
@@ -414,7 +434,11 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                 next.claimed = Some(last);
                 let mut records = vec![];
                 if due.len() > 1 {
-                    records.push(me.records_many(&due[..due.len() - 1], Outcome::Skipped, "overlap: a newer firing was due too"));
+                    records.push(me.records_many(
+                        &due[..due.len() - 1],
+                        Outcome::Skipped,
+                        "overlap: a newer firing was due too",
+                    ));
                 }
                 return Step::Write {
                     next,
@@ -427,7 +451,11 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                 next.claimed = Some(last);
                 return Step::Write {
                     next,
-                    records: vec![me.records_many(due, Outcome::Skipped, "overlap: a run was still in flight")],
+                    records: vec![me.records_many(
+                        due,
+                        Outcome::Skipped,
+                        "overlap: a run was still in flight",
+                    )],
                     claiming: Some(due[0]),
                     why: "firings that overlapped",
                 };
@@ -437,7 +465,11 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                 next.claimed = skipped.last().copied();
                 return Step::Write {
                     next,
-                    records: vec![me.records_many(skipped, Outcome::Skipped, "overlap: a newer firing waits in its place")],
+                    records: vec![me.records_many(
+                        skipped,
+                        Outcome::Skipped,
+                        "overlap: a newer firing waits in its place",
+                    )],
                     claiming: Some(due[0]),
                     why: "firings that overlapped",
                 };
@@ -674,10 +706,7 @@ mod tests {
         // buffer_one and buffer_all: wait for the run's end.
         for p in ["buffer_one", "buffer_all"] {
             let (s, st, f) = running(p);
-            assert!(
-                matches!(plan(&s, &st, &me(), &f), Step::Wait { .. }),
-                "{p}"
-            );
+            assert!(matches!(plan(&s, &st, &me(), &f), Step::Wait { .. }), "{p}");
         }
         // cancel_other: stop the run first, once.
         let (s, st, mut f) = running("cancel_other");
@@ -749,12 +778,9 @@ mod tests {
         assert_eq!(next.running[0].attempt, 2);
         assert!(me().owns(&next.running[0]));
         // on_lost: skip records it skipped instead.
-        let skip = Schedule::from_spec(
-            &doc! {"schedule": {"every": "1m", "on_lost": "skip"}},
-            T0,
-        )
-        .unwrap()
-        .unwrap();
+        let skip = Schedule::from_spec(&doc! {"schedule": {"every": "1m", "on_lost": "skip"}}, T0)
+            .unwrap()
+            .unwrap();
         let (next, records, _) = written(plan(&skip, &st, &me(), &f));
         assert!(next.running.is_empty());
         assert_eq!(records[1].outcome, Some(Outcome::Skipped));
@@ -801,12 +827,9 @@ mod tests {
 
     #[test]
     fn firings_outside_the_window_are_missed_and_a_pause_is_skipped() {
-        let s = Schedule::from_spec(
-            &doc! {"schedule": {"every": "1m", "catchup": "5m"}},
-            T0,
-        )
-        .unwrap()
-        .unwrap();
+        let s = Schedule::from_spec(&doc! {"schedule": {"every": "1m", "catchup": "5m"}}, T0)
+            .unwrap()
+            .unwrap();
         let (next, records, _) = written(plan(&s, &state(T0), &me(), &facts(T0 + 60 * MIN + 1)));
         assert_eq!(records[0].outcome, Some(Outcome::Missed));
         assert_eq!(records[0].count, Some(55));

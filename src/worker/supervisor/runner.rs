@@ -14,7 +14,7 @@ use crate::db::field::{DETAIL, EPOCH, ROBOT, SLOT_ID, WORKER};
 use crate::db::robot_doc::RobotStatus;
 use crate::db::store::Store;
 use crate::metrics::Metrics;
-use crate::robot::restart::{Budget, Next, RestartPolicy};
+use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
 
 /// One robot's life on this holder: start, watch, restart with backoff.
@@ -40,6 +40,12 @@ impl Runner {
         while !self.token.is_cancelled() {
             let began = self.clock.now();
             let outcome = self.run_once(first.take(), restarts > 0, &mut budget).await;
+            let on = budget.policy().on;
+            let ended_well = matches!(outcome, Ok(()) | Err(RobotError::Finished));
+            if on != RestartOn::Always && ended_well && !self.token.is_cancelled() {
+                self.complete(restarts).await;
+                break;
+            }
             let error = match outcome {
                 Ok(()) if self.token.is_cancelled() => break,
                 Ok(()) => RobotError::Crashed("returned without being asked to stop".into()),
@@ -68,6 +74,11 @@ impl Runner {
                 break;
             }
             let invalid = matches!(error, RobotError::Invalid(_));
+            if on == RestartOn::Never && !invalid {
+                // Run once: a failure is final too, and says so as a give-up does.
+                self.give_up_once(&error, restarts).await;
+                break;
+            }
             let backoff = match budget.ended(began, self.clock.now(), invalid) {
                 Next::RestartAfter(backoff) => backoff,
                 Next::GiveUp { ends, within } => {
@@ -171,6 +182,55 @@ impl Runner {
         }
     }
 
+    /// The robot ran to completion (`spec.restart.on` failure or never, and it ended
+    /// well): held as a paused robot is, with the status `completed`, so no holder
+    /// starts it again, a takeover included, until `robot restart`.
+    async fn complete(&self, restarts: i64) {
+        tracing::info!(robot = %self.name, "robot completed: it ran to its end (spec.restart.on); `slotpool robot restart {}` runs it again", self.name);
+        self.metrics.robots_completed.inc();
+        match self.ctx.complete(&self.id, self.gen, restarts).await {
+            Ok(true) => {
+                self.store
+                    .record_event(
+                        EventKind::RobotCompleted,
+                        doc! {
+                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                            EPOCH: self.ctx.epoch(), ROBOT: &self.name,
+                        },
+                    )
+                    .await;
+            }
+            // Fenced: another instance owns it now.
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(robot = %self.name, "could not mark the robot completed ({e}); it stays stopped on this worker until its slot's robots are read again")
+            }
+        }
+    }
+
+    /// `spec.restart.on: never` and the run failed: marked failed and held, as a
+    /// robot its restart budget gave up on is.
+    async fn give_up_once(&self, error: &RobotError, restarts: i64) {
+        let why = format!("its run failed and spec.restart.on is never: {error}");
+        self.metrics.robot_failures.inc();
+        tracing::error!(robot = %self.name, "robot failed: {why}; `slotpool robot restart {}` runs it again", self.name);
+        match self.ctx.give_up(&self.id, self.gen, &why, restarts).await {
+            Ok(true) => {
+                self.store
+                    .record_event(
+                        EventKind::RobotFailed,
+                        doc! {
+                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                            EPOCH: self.ctx.epoch(), ROBOT: &self.name, DETAIL: &why,
+                        },
+                    )
+                    .await;
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(robot = %self.name, "could not mark the robot failed ({e})"),
+        }
+    }
+
     async fn run_once(
         &self,
         first: Option<Loaded>,
@@ -191,6 +251,8 @@ impl Runner {
         kind.check_spec(&loaded.spec)
             .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
         let policy = RestartPolicy::from_spec(&loaded.spec)
+            .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
+        crate::robot::check_schedule(&loaded.spec)
             .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
         budget.set_policy(policy);
         if !restarted && !loaded.ends.is_empty() {
