@@ -489,6 +489,48 @@ async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
         &["robot", "create", "--name", "a", "--kind", "exec"],
         "spec.command",
     );
+    let counter_with = |spec: &'static str| -> Vec<&'static str> {
+        vec![
+            "robot", "create", "--name", "a", "--kind", "counter", "--spec", spec,
+        ]
+    };
+    refuse(
+        &counter_with(r#"{"restart": {"on": "sometimes"}}"#),
+        "spec.restart.on \"sometimes\" is not one of: always, failure, never",
+    );
+    refuse(
+        &[
+            "robot",
+            "create",
+            "--name",
+            "a",
+            "--kind",
+            "counter",
+            "--restart-on",
+            "twice",
+        ],
+        "possible values: always, failure, never",
+    );
+    refuse(
+        &counter_with(r#"{"schedule": {"cron": "61 * * * *"}}"#),
+        "is not a cron pattern",
+    );
+    refuse(
+        &counter_with(r#"{"schedule": {"cron": "0 3 * * *", "timezone": "Mars/Olympus"}}"#),
+        "not a known IANA zone",
+    );
+    refuse(
+        &counter_with(r#"{"schedule": {"cron": "0 0 30 2 *"}}"#),
+        "never fires",
+    );
+    refuse(
+        &counter_with(r#"{"schedule": {"every": "1m", "catchup": "8d"}}"#),
+        "spec.schedule.catchup must be between",
+    );
+    refuse(
+        &counter_with(r#"{"schedule": {"every": "1m"}}"#),
+        "does not run scheduled robots yet",
+    );
     refuse(
         &["robot", "move", "ghost", "--to", "slot-001"],
         "no robot named \"ghost\"",

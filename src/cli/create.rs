@@ -39,8 +39,8 @@ pub struct CreateArgs {
 pub struct SpecArgs {
     /// The kind's settings as a JSON object, e.g. '{"interval_ms": 500}' or
     /// '{"command": "/opt/robots/poll.sh", "args": ["--fast"]}'. Every kind also
-    /// reads "history" and "restart" ({"attempts": 10, "within": "10m",
-    /// "max_backoff": "1m"}); exec reads "heartbeat_timeout" ("30s") and "limits"
+    /// reads "history" and "restart" ({"on": "always", "attempts": 10, "within":
+    /// "10m", "max_backoff": "1m"}); exec reads "heartbeat_timeout" ("30s") and "limits"
     /// ({"memory": "256MB", "pids": 64, "cpu": 0.5}).
     #[arg(long)]
     spec: Option<String>,
@@ -68,6 +68,22 @@ pub struct SpecArgs {
     /// exec: the most cores it may use, e.g. 0.5 (sets spec.limits.cpu).
     #[arg(long, value_name = "CORES")]
     cpu: Option<f64>,
+    /// Which ends start the robot again (sets spec.restart.on): `always` (a daemon,
+    /// the default), `failure` (an exit 0 completes it: it is never started again
+    /// until `robot restart`), or `never` (it runs once; a failure is final too).
+    #[arg(long, value_name = "WHEN", value_parser = ["always", "failure", "never"])]
+    restart_on: Option<String>,
+}
+
+/// Sets `spec.FIELD.key`, keeping the rest of `spec.FIELD` (the whole spec is
+/// checked afterwards).
+fn set_within(spec: &mut Document, field: &str, key: &str, value: bson::Bson) {
+    let mut current = match spec.get(field) {
+        Some(bson::Bson::Document(d)) => d.clone(),
+        _ => Document::new(),
+    };
+    current.insert(key, value);
+    spec.insert(field, current);
 }
 
 impl SpecArgs {
@@ -103,15 +119,16 @@ impl SpecArgs {
         ];
         for (field, value) in limits {
             if let Some(value) = value {
-                // Field by field over the limits the spec has (checked as a whole
-                // afterwards, with the rest of the spec).
-                let mut current = match spec.get(crate::robot::limits::SPEC_FIELD) {
-                    Some(bson::Bson::Document(d)) => d.clone(),
-                    _ => Document::new(),
-                };
-                current.insert(field, value);
-                spec.insert(crate::robot::limits::SPEC_FIELD, current);
+                set_within(&mut spec, crate::robot::limits::SPEC_FIELD, field, value);
             }
+        }
+        if let Some(on) = &self.restart_on {
+            set_within(
+                &mut spec,
+                crate::robot::restart::SPEC_FIELD,
+                "on",
+                on.as_str().into(),
+            );
         }
         Ok(spec)
     }
@@ -126,6 +143,7 @@ impl SpecArgs {
             || self.memory.is_some()
             || self.pids.is_some()
             || self.cpu.is_some()
+            || self.restart_on.is_some()
     }
 }
 
