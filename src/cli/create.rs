@@ -70,7 +70,7 @@ pub struct SpecArgs {
     cpu: Option<f64>,
     /// Which ends start the robot again (sets spec.restart.on): `always` (a daemon,
     /// the default), `failure` (an exit 0 completes it: it is never started again
-    /// until `robot restart`), or `never` (it runs once; a failure is final too).
+    /// until `robot restart`), or `never` (its run ends it either way: a failure is final too).
     #[arg(long, value_name = "WHEN", value_parser = ["always", "failure", "never"])]
     restart_on: Option<String>,
 }

@@ -532,10 +532,13 @@ impl ContextStore {
     /// Marks the robot `completed` and holds it as a paused robot is held, fenced like
     /// a checkpoint: no holder starts it again until `robot restart`. False when
     /// fenced or the lease lapsed (then nothing was written).
+    /// Only over `start_rev`, the one the instance started under: a `robot restart`
+    /// that came after the run ended stands.
     pub async fn complete(
         &self,
         id: &ObjectId,
         gen: i64,
+        start_rev: i64,
         restarts: i64,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
@@ -550,8 +553,19 @@ impl ContextStore {
             RESTARTS: restarts,
             STATUS_AT: "$$NOW",
         };
-        self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
-            .await
+        let mut filter = self.fence_match(id, gen);
+        // A robot never restarted has no `start_rev`: null matches a missing field.
+        let rev = if start_rev == 0 {
+            doc! {"$in": [Bson::Null, 0_i64, 0_i32]}
+        } else {
+            doc! {"$eq": start_rev}
+        };
+        filter.insert(START_REV, rev);
+        let r = self
+            .robots
+            .update_one(filter, vec![doc! {"$set": set}])
+            .await?;
+        Ok(r.matched_count == 1)
     }
 
     /// Records what contains a running robot's processes (see

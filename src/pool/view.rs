@@ -276,7 +276,7 @@ pub fn derive(
             state: RobotState::Failed,
             holder: None,
             why: Some(
-                "stopped by its restart policy: it kept ending (robot resume NAME runs it again)"
+                "stopped by its restart policy; its error says why (robot resume NAME runs it again)"
                     .into(),
             ),
         };

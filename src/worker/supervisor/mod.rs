@@ -707,6 +707,7 @@ impl Supervisor {
         let runner = Runner {
             id,
             gen,
+            start_rev,
             name: name.clone(),
             ctx: self.ctx.clone(),
             registry: self.registry.clone(),

@@ -21,6 +21,9 @@ use crate::robot::{history_len, Registry, RobotError, RobotRun};
 pub(super) struct Runner {
     pub(super) id: ObjectId,
     pub(super) gen: i64,
+    /// The robot's `start_rev` when this instance started: a completion is written
+    /// only over it, so a `robot restart` that came meanwhile is not undone.
+    pub(super) start_rev: i64,
     pub(super) backstop: Duration,
     pub(super) name: String,
     pub(super) ctx: ContextStore,
@@ -187,24 +190,50 @@ impl Runner {
     /// starts it again, a takeover included, until `robot restart`.
     async fn complete(&self, restarts: i64) {
         tracing::info!(robot = %self.name, "robot completed: it ran to its end (spec.restart.on); `slotpool robot restart {}` runs it again", self.name);
-        self.metrics.robots_completed.inc();
-        match self.ctx.complete(&self.id, self.gen, restarts).await {
-            Ok(true) => {
-                self.store
-                    .record_event(
-                        EventKind::RobotCompleted,
-                        doc! {
-                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
-                            EPOCH: self.ctx.epoch(), ROBOT: &self.name,
-                        },
-                    )
-                    .await;
+        let written = self
+            .until_written("completed", || {
+                self.ctx
+                    .complete(&self.id, self.gen, self.start_rev, restarts)
+            })
+            .await;
+        if written {
+            self.metrics.robots_completed.inc();
+            self.store
+                .record_event(
+                    EventKind::RobotCompleted,
+                    doc! {
+                        WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                        EPOCH: self.ctx.epoch(), ROBOT: &self.name,
+                    },
+                )
+                .await;
+        }
+    }
+
+    /// Sends a write that holds the robot (completed, failed) until it lands, is
+    /// fenced, or the lease or this instance ends: until then this task stays, so
+    /// the slot's next sync does not start the robot again. True when it landed.
+    async fn until_written<F, Fut>(&self, what: &str, write: F) -> bool
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, crate::db::context::ContextError>>,
+    {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match write().await {
+                Ok(landed) => return landed,
+                Err(e) => {
+                    tracing::warn!(robot = %self.name, "could not mark the robot {what} ({e}); trying again in {} ms", wait.as_millis());
+                }
             }
-            // Fenced: another instance owns it now.
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(robot = %self.name, "could not mark the robot completed ({e}); it stays stopped on this worker until its slot's robots are read again")
+            tokio::select! {
+                _ = self.token.cancelled() => return false,
+                _ = self.clock.sleep(wait) => {}
             }
+            if !self.ctx.lease_open() {
+                return false;
+            }
+            wait = (wait * 2).min(Duration::from_secs(5));
         }
     }
 
@@ -214,20 +243,21 @@ impl Runner {
         let why = format!("its run failed and spec.restart.on is never: {error}");
         self.metrics.robot_failures.inc();
         tracing::error!(robot = %self.name, "robot failed: {why}; `slotpool robot restart {}` runs it again", self.name);
-        match self.ctx.give_up(&self.id, self.gen, &why, restarts).await {
-            Ok(true) => {
-                self.store
-                    .record_event(
-                        EventKind::RobotFailed,
-                        doc! {
-                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
-                            EPOCH: self.ctx.epoch(), ROBOT: &self.name, DETAIL: &why,
-                        },
-                    )
-                    .await;
-            }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(robot = %self.name, "could not mark the robot failed ({e})"),
+        let written = self
+            .until_written("failed", || {
+                self.ctx.give_up(&self.id, self.gen, &why, restarts)
+            })
+            .await;
+        if written {
+            self.store
+                .record_event(
+                    EventKind::RobotFailed,
+                    doc! {
+                        WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+                        EPOCH: self.ctx.epoch(), ROBOT: &self.name, DETAIL: &why,
+                    },
+                )
+                .await;
         }
     }
 
