@@ -29,9 +29,9 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
 
 use crate::db::field::{
-    APPLIED_LIMITS, AT, CHECKPOINTED_AT, CONTAINMENT, CONTEXT, EPOCH, ERROR, GEN, HISTORY, KIND,
-    NAME, PAUSED, RECENT_ENDS, RESTARTS, SEQ, SLOT, SLOT_ID, SPEC, START_REV, STATUS, STATUS_AT,
-    UPDATE, UPDATE_RESULT, WORKER,
+    APPLIED_LIMITS, AT, CHECKPOINTED_AT, CONTAINMENT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN,
+    HISTORY, KIND, NAME, PAUSED, RECENT_ENDS, RESTARTS, SEQ, SLOT, SLOT_ID, SPEC, START_REV,
+    STATUS, STATUS_AT, UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::db::group_commit::{
     while_open, Answer, GroupCommit, Statement, Written, IN_DOUBT_AFTER,
@@ -119,6 +119,10 @@ pub struct Loaded {
     /// When its recent runs ended by themselves, in server milliseconds (see
     /// [`RECENT_ENDS`]); hand-broken entries left out.
     pub ends: Vec<i64>,
+    /// A scheduled robot's firing state.
+    pub firings: crate::db::firing::FiringState,
+    /// When it was created, in server milliseconds.
+    pub created_ms: Option<i64>,
 }
 
 impl Loaded {
@@ -133,6 +137,8 @@ impl Loaded {
             spec: robot.spec.unwrap_or_default(),
             seq: robot.seq.unwrap_or(0),
             ends: robot.recent_ends,
+            firings: robot.firings,
+            created_ms: robot.created_ms,
         })
     }
 }
@@ -286,7 +292,10 @@ impl ContextStore {
         let d = self
             .robots
             .find_one(self.fence_match(id, gen))
-            .projection(doc! {NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1, RECENT_ENDS: 1})
+            .projection(doc! {
+                NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1, RECENT_ENDS: 1,
+                crate::db::firing::FIRINGS: 1, CREATED_AT: 1,
+            })
             .await?
             .ok_or_else(|| self.fenced(name))?;
         Loaded::from_robot(RobotDoc::from_doc(&d), name).map_err(|found| {

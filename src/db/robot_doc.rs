@@ -11,8 +11,8 @@ use bson::{oid::ObjectId, Bson, Document};
 
 use crate::db::event::text;
 use crate::db::field::{
-    CHECKPOINTED_AT, CONTEXT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RECENT_ENDS, RESTARTS, SEQ,
-    SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
+    CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RECENT_ENDS,
+    RESTARTS, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
 };
 use crate::db::store::int;
 use crate::db::words::words;
@@ -100,6 +100,10 @@ pub struct RobotDoc {
     pub recent_ends: Vec<i64>,
     /// Server-clock milliseconds of its last checkpoint.
     pub checkpointed_at_ms: Option<i64>,
+    /// Server-clock milliseconds of its creation.
+    pub created_ms: Option<i64>,
+    /// A scheduled robot's firing state (empty for any other).
+    pub firings: crate::db::firing::FiringState,
 }
 
 impl RobotDoc {
@@ -141,6 +145,11 @@ impl RobotDoc {
                 Some(Bson::DateTime(t)) => Some(t.timestamp_millis()),
                 _ => None,
             },
+            created_ms: match d.get(CREATED_AT) {
+                Some(Bson::DateTime(t)) => Some(t.timestamp_millis()),
+                _ => None,
+            },
+            firings: crate::db::firing::FiringState::from_robot(d),
         }
     }
 

@@ -5,6 +5,10 @@
 //! Spec: `{"interval_ms": 1000, "history": 0, "eager": false}` (all optional). With
 //! `eager`, the first step is taken at once on every (re)start, so a restored robot
 //! proves it runs without waiting an interval.
+//!
+//! On a schedule (`spec.schedule`) a counter takes one step per firing and ends:
+//! `{"n": n + 1, "firing": T}`, skipped when its context already records firing `T`,
+//! so `n` counts the firings that ran, each once.
 
 use std::time::Duration;
 
@@ -91,6 +95,15 @@ impl RobotKind for Counter {
                 )))
             }
         };
+        if let Some(firing) = run.firing() {
+            // On a schedule: one step per firing. A firing run again (its first run
+            // was lost with its lease after the step landed) finds its step done.
+            let done = crate::db::store::int(run.context(), "firing").is_some_and(|f| f >= firing);
+            if !done {
+                run.checkpoint(doc! {"n": n + 1, "firing": firing}).await?;
+            }
+            return Ok(());
+        }
         let mut wait = if run.spec().get_bool("eager").unwrap_or(false) {
             std::time::Duration::ZERO
         } else {

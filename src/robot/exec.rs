@@ -1,7 +1,8 @@
 //! `exec`: an external command as a robot.
 //!
 //! The command gets its context as JSON in `SLOTPOOL_CONTEXT`, with `SLOTPOOL_ROBOT`
-//! (its name) and `SLOTPOOL_EPOCH`. A stdout line `{"checkpoint": {...}}` persists a
+//! (its name) and `SLOTPOOL_EPOCH`, and on a schedule `SLOTPOOL_FIRING` (the firing it
+//! runs for, RFC 3339 in UTC). A stdout line `{"checkpoint": {...}}` persists a
 //! new context; every other stdout or stderr line is logged, tagged with the robot.
 //! To stop it the worker sends SIGTERM to its whole process tree (through the shim,
 //! which finds descendants that left the group too), keeps persisting
@@ -302,6 +303,9 @@ impl RobotKind for Exec {
             .process_group(0);
         if in_env {
             cmd.env("SLOTPOOL_CONTEXT", &context_json);
+        }
+        if let Some(firing) = run.firing() {
+            cmd.env("SLOTPOOL_FIRING", super::schedule::rfc3339(firing));
         }
         let fd = context_fd.as_raw_fd();
         let report_fd = report_tx.as_raw_fd();

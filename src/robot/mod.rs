@@ -149,6 +149,8 @@ pub struct RobotRun {
     /// if the worker itself has not: the grace plus half the room left before the
     /// fence margin (see [`shim`]).
     pub(crate) backstop: Duration,
+    /// For a scheduled robot, the firing this run answers (server milliseconds).
+    pub(crate) firing: Option<i64>,
 }
 
 impl RobotRun {
@@ -187,6 +189,13 @@ impl RobotRun {
     pub fn lease_deadline(&self) -> tokio::sync::watch::Receiver<tokio::time::Instant> {
         self.store.lease_deadline()
     }
+    /// For a robot on a schedule (`spec.schedule`), the firing this run answers, in
+    /// milliseconds since the epoch on the server's clock: the run does its work for
+    /// that firing and returns. None for a daemon.
+    pub fn firing(&self) -> Option<i64> {
+        self.firing
+    }
+
     /// The worker (`ip:port`) running this robot.
     pub fn worker(&self) -> &str {
         self.store.worker()

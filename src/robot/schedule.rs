@@ -281,53 +281,66 @@ impl Schedule {
         }
     }
 
+    /// The firings in `(after_ms, until_ms]`, counted (one by one up to
+    /// [`MAX_COUNTED`] for cron, arithmetically for `every`); None when there are none.
+    pub fn span(&self, after_ms: i64, until_ms: i64) -> Option<Missed> {
+        let first = self.next_after(after_ms).filter(|t| *t <= until_ms)?;
+        if let Pattern::Every { period_ms } = self.pattern {
+            let last = until_ms.div_euclid(period_ms) * period_ms;
+            return Some(Missed {
+                first,
+                last,
+                count: ((last - first) / period_ms + 1) as u64,
+                at_least: false,
+            });
+        }
+        let mut m = Missed {
+            first,
+            last: first,
+            count: 1,
+            at_least: false,
+        };
+        while let Some(t) = self.next_after(m.last) {
+            if t > until_ms {
+                break;
+            }
+            if m.count >= MAX_COUNTED {
+                m.at_least = true;
+                // The last one is found without counting what lies between.
+                if let Some(p) = self.previous_at_or_before(until_ms) {
+                    m.last = m.last.max(p);
+                }
+                break;
+            }
+            m.last = t;
+            m.count += 1;
+        }
+        Some(m)
+    }
+
+    /// The last firing at or before `at_ms` (cron only; None for `every`, which
+    /// needs no search).
+    fn previous_at_or_before(&self, at_ms: i64) -> Option<i64> {
+        let Pattern::Cron { cron, zone } = &self.pattern else {
+            return None;
+        };
+        let from = DateTime::<Utc>::from_timestamp(at_ms.div_euclid(1000), 0)?;
+        cron.find_previous_occurrence(&from.with_timezone(zone), true)
+            .ok()
+            .map(|t| t.timestamp_millis())
+    }
+
     /// What is owed at `now_ms` when every firing up to `from_ms` is settled:
     /// those before the catch-up window are missed; at most `limit` of those within
     /// it are due, oldest first; and the next one after `now_ms`.
     pub fn owed(&self, from_ms: i64, now_ms: i64, limit: usize) -> Owed {
         let window = now_ms.saturating_sub(self.catchup.as_millis() as i64);
-        let mut missed: Option<Missed> = None;
-        let mut at = from_ms;
-        // Firings strictly before the window: count them (arithmetically for
-        // `every`, one by one up to a cap for cron).
-        if let Pattern::Every { period_ms } = self.pattern {
-            if let Some(first) = self.next_after(from_ms) {
-                if first < window {
-                    let last = (window - 1).div_euclid(period_ms) * period_ms;
-                    let count = ((last - first) / period_ms + 1) as u64;
-                    missed = Some(Missed {
-                        first,
-                        last,
-                        count,
-                        at_least: false,
-                    });
-                    at = last;
-                }
-            }
-        } else {
-            while let Some(t) = self.next_after(at) {
-                if t >= window {
-                    break;
-                }
-                let m = missed.get_or_insert(Missed {
-                    first: t,
-                    last: t,
-                    count: 0,
-                    at_least: false,
-                });
-                m.last = t;
-                m.count += 1;
-                at = t;
-                if m.count >= MAX_COUNTED {
-                    m.at_least = true;
-                    // Jump to the window's start: what lies between is uncounted.
-                    at = window - 1;
-                    break;
-                }
-            }
-        }
+        // Firings strictly before the window are missed.
+        let missed = self.span(from_ms, window - 1);
+        let at = missed.map_or(from_ms, |m| m.last.max(from_ms));
         let mut due = Vec::new();
         let mut next = None;
+        let mut at = at;
         while let Some(t) = self.next_after(at) {
             if t > now_ms {
                 next = Some(t);
@@ -624,6 +637,11 @@ mod tests {
         let m = owed.missed.unwrap();
         assert_eq!(m.count, MAX_COUNTED);
         assert!(m.at_least);
+        // The last one is the real last, not the last counted.
+        assert_eq!(m.last, from + 7 * 24 * 3600 * 1000 - 1000);
+        // Exactly the cap is not "at least".
+        let exact = c.span(from, from + MAX_COUNTED as i64 * 1000).unwrap();
+        assert_eq!((exact.count, exact.at_least), (MAX_COUNTED, false));
         let e = schedule(doc! {"every": "1s", "catchup": "0s"});
         let m = e
             .owed(from, from + 7 * 24 * 3600 * 1000, 10)

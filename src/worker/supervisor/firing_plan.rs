@@ -35,8 +35,13 @@ use crate::robot::schedule::{OnLost, Overlap, Schedule};
 pub const LEAD_MS: i64 = 60_000;
 /// How far the server's clock, as a holder estimates it, may run ahead of the
 /// server's own: a run starts when the estimate reaches its firing, so one that a
-/// lease ending at `t` could have started has a firing before `t + DRIFT_MS`.
-pub const DRIFT_MS: i64 = 100;
+/// lease ending at `t` could have started has a firing before `t + DRIFT_MS`. An
+/// estimate is never ahead by more than the local clock's drift since its reading
+/// (milliseconds); a second covers that, and a backward step of the server's clock
+/// of up to a second. A larger backward step can make a firing that ran just before
+/// a takeover run once more after it, never beside itself: the earlier holder
+/// stopped it with its lease.
+pub const DRIFT_MS: i64 = 1000;
 /// Due firings looked at in one step.
 const DUE_LIMIT: usize = 1000;
 
@@ -59,8 +64,14 @@ pub struct Facts {
     /// not known (every run of theirs then counts as possibly started).
     pub lease_began_ms: Option<i64>,
     /// The epoch each other slot named by a run in flight holds now (absent: the
-    /// slot is gone).
+    /// slot is gone, or was not read).
     pub slot_epochs: HashMap<String, i64>,
+    /// Slots seen gone for longer than a lease: whatever ran under them stopped.
+    /// A slot only just deleted may still have a holder finishing its stop.
+    pub gone: HashSet<String>,
+    /// When the robot was created (server milliseconds): no firing before it is
+    /// owed, when its state says nothing of where firings start.
+    pub created_ms: Option<i64>,
     /// This instance's runs whose process started.
     pub started: HashSet<ObjectId>,
     /// This instance's runs it already asked to stop.
@@ -146,7 +157,10 @@ fn judge(e: &RunEntry, me: &Me, f: &Facts) -> Theirs {
     let over = if e.slot == me.slot {
         e.epoch < me.epoch
     } else {
-        f.slot_epochs.get(&e.slot).is_none_or(|now| *now > e.epoch)
+        match f.slot_epochs.get(&e.slot) {
+            Some(now) => *now > e.epoch,
+            None => f.gone.contains(&e.slot),
+        }
     };
     if !over {
         return Theirs::Live;
@@ -201,17 +215,10 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                 lost.epoch = e.epoch;
                 lost.by = e.by.clone();
                 let mut records = vec![lost];
-                if s.on_lost == OnLost::Retry {
-                    let mut retry = me.entry(e.firing, e.attempt + 1, None);
-                    retry.trigger = e.trigger;
-                    retry.by = e.by.clone();
-                    next.running.push(retry);
+                if let Some(r) = not_retried(s, e, me, f, "its run was lost and on_lost is skip") {
+                    records.push(r);
                 } else {
-                    records.push(me.record(
-                        e.firing,
-                        Outcome::Skipped,
-                        "its run was lost and on_lost is skip",
-                    ));
+                    next.running.push(retry_of(e, me));
                 }
                 return Step::Write {
                     next,
@@ -245,24 +252,23 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
         }
     };
 
-    // 2. Runs a stop cut off.
-    if let Some(e) = st.lost.first() {
+    // 2. Runs a stop cut off (a pause's are skipped with it, below).
+    if let Some(e) = st.lost.first().filter(|_| st.paused_at.is_none()) {
         if busy && s.overlap != Overlap::Allow {
             // Retried or skipped once the run in flight ends.
         } else {
             next.lost.remove(0);
             let mut records = vec![];
-            if s.on_lost == OnLost::Retry {
-                let mut retry = me.entry(e.firing, e.attempt + 1, None);
-                retry.trigger = e.trigger;
-                retry.by = e.by.clone();
-                next.running.push(retry);
+            if let Some(r) = not_retried(
+                s,
+                e,
+                me,
+                f,
+                "its run was cut off by a stop and on_lost is skip",
+            ) {
+                records.push(r);
             } else {
-                records.push(me.record(
-                    e.firing,
-                    Outcome::Skipped,
-                    "its run was cut off by a stop and on_lost is skip",
-                ));
+                next.running.push(retry_of(e, me));
             }
             return Step::Write {
                 next,
@@ -273,16 +279,27 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
         }
     }
 
-    let from = st.settled_until().unwrap_or(now);
+    let from = st.settled_until().or(f.created_ms).unwrap_or(now);
 
-    // 3. A pause.
-    if let Some(p) = st.paused_at {
-        let skipped = firings_between(s, from.max(p - 1), now);
+    // 3. A pause: the firings that fell during it, or still waited when it came,
+    // and the runs it cut off, are skipped.
+    if st.paused_at.is_some() {
         next.paused_at = None;
         let mut records = vec![];
-        if let Some(&last) = skipped.last() {
-            next.claimed = Some(last);
-            records.push(me.records_many(&skipped, Outcome::Skipped, "paused"));
+        for e in std::mem::take(&mut next.lost) {
+            let mut r = me.record(e.firing, Outcome::Skipped, "paused while it ran");
+            r.attempt = e.attempt;
+            r.by = e.by.clone();
+            records.push(r);
+        }
+        if let Some(m) = s.span(from, now) {
+            next.claimed = Some(m.last);
+            let mut r = me.record(m.first, Outcome::Skipped, "paused");
+            if m.count > 1 {
+                r.count = Some(m.count as i64);
+                r.last = Some(m.last);
+            }
+            records.push(r);
         }
         return Step::Write {
             next,
@@ -330,8 +347,12 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
         .cloned()
         .collect();
     if !ready.is_empty() {
-        if !busy || s.overlap == Overlap::Allow {
+        if s.overlap == Overlap::Allow {
             return Step::Start(ready);
+        }
+        if !busy {
+            // One at a time: the next one meets this one's overlap policy.
+            return Step::Start(vec![ready[0].clone()]);
         }
         match s.overlap {
             Overlap::Skip => {
@@ -360,8 +381,8 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
 
     // 6. Run-now requests, then late firings.
     if let Some(t) = st.triggers.first() {
-        let idle = !busy && !pending;
-        if idle || s.overlap == Overlap::Allow {
+        // A firing claimed ahead and not due yet is no run in flight.
+        if !busy || s.overlap == Overlap::Allow {
             next.triggers.remove(0);
             next.running.push(me.entry(now, 1, Some(t)));
             return Step::Write {
@@ -522,19 +543,40 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
     }
 }
 
-/// The firings in `(after, until]`, at most [`DUE_LIMIT`] of them... counted whole
-/// for a record: every one of them, up to the schedule's counting cap.
-fn firings_between(s: &Schedule, after: i64, until: i64) -> Vec<i64> {
-    let mut out = Vec::new();
-    let mut at = after;
-    while let Some(t) = s.next_after(at) {
-        if t > until || out.len() >= DUE_LIMIT {
-            break;
-        }
-        out.push(t);
-        at = t;
-    }
-    out
+/// The next attempt of a run that did not finish.
+fn retry_of(e: &RunEntry, me: &Me) -> RunEntry {
+    let mut retry = me.entry(e.firing, e.attempt + 1, None);
+    retry.trigger = e.trigger;
+    retry.by = e.by.clone();
+    retry
+}
+
+/// Why a run that did not finish is not tried again, as its record: `on_lost` is
+/// `skip`, or its firing is older than the catch-up window (a run-now request has
+/// no window). None: retry it.
+fn not_retried(
+    s: &Schedule,
+    e: &RunEntry,
+    me: &Me,
+    f: &Facts,
+    skip_why: &str,
+) -> Option<RunRecord> {
+    let late = e.trigger.is_none() && e.firing < f.now_ms - s.catchup.as_millis() as i64;
+    let (outcome, why) = match (s.on_lost, late) {
+        (OnLost::Skip, _) => (Outcome::Skipped, skip_why.to_string()),
+        (OnLost::Retry, true) => (
+            Outcome::Missed,
+            format!(
+                "its run did not finish, and a retry now would be outside the catch-up window ({})",
+                humantime::format_duration(s.catchup)
+            ),
+        ),
+        (OnLost::Retry, false) => return None,
+    };
+    let mut r = me.record(e.firing, outcome, &why);
+    r.attempt = e.attempt;
+    r.by = e.by.clone();
+    Some(r)
 }
 
 /// How one run of this instance ended.
@@ -897,5 +939,78 @@ mod tests {
             ..end
         };
         assert!(ended(&st, &me(), stranger).is_none());
+    }
+
+    #[test]
+    fn a_slot_just_deleted_is_waited_on_and_one_gone_a_lease_is_over() {
+        let s = every("1m", "skip");
+        let mut other = me();
+        other.slot = "slot-009".into();
+        let mut st = state(T0);
+        st.running.push(other.entry(T0, 1, None));
+        let mut f = facts(T0 + 10);
+        assert!(matches!(
+            plan(&s, &st, &me(), &f),
+            Step::Wait { poll: true, .. }
+        ));
+        f.gone.insert("slot-009".into());
+        let (_, records, _) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(records[0].outcome, Some(Outcome::Lost));
+    }
+
+    #[test]
+    fn two_runs_ready_at_once_start_one_at_a_time() {
+        let s = every("1m", "buffer_all");
+        let mut st = state(T0 + MIN);
+        st.running.push(me().entry(T0, 2, None));
+        st.running.push(me().entry(T0 + MIN, 1, None));
+        let f = facts(T0 + MIN + 5);
+        assert_eq!(
+            plan(&s, &st, &me(), &f),
+            Step::Start(vec![st.running[0].clone()])
+        );
+    }
+
+    #[test]
+    fn a_run_now_request_is_not_held_back_by_a_firing_claimed_ahead() {
+        let s = every("1m", "skip");
+        let mut st = state(T0 + MIN);
+        st.running.push(me().entry(T0 + MIN, 1, None));
+        st.triggers.push(Trigger {
+            id: ObjectId::new(),
+            by: "web".into(),
+        });
+        let (next, records, _) = written(plan(&s, &st, &me(), &facts(T0 + 30_000)));
+        assert!(records.is_empty());
+        assert_eq!(next.running.len(), 2);
+        assert_eq!(next.running[1].by.as_deref(), Some("web"));
+    }
+
+    #[test]
+    fn a_pause_skips_the_runs_it_cut_off_and_a_late_retry_is_missed() {
+        let s = every("1m", "skip");
+        let mut st = state(T0);
+        st.lost.push(me().entry(T0, 1, None));
+        st.paused_at = Some(T0 + 1);
+        let (next, records, _) = written(plan(&s, &st, &me(), &facts(T0 + 2 * MIN + 1)));
+        assert!(next.lost.is_empty());
+        assert_eq!(records[0].reason.as_deref(), Some("paused while it ran"));
+        assert_eq!(records[1].count, Some(2));
+        // Cut off and found after the catch-up window: missed, not retried.
+        let mut st = state(T0);
+        st.lost.push(me().entry(T0, 1, None));
+        let (next, records, _) = written(plan(&s, &st, &me(), &facts(T0 + 11 * MIN)));
+        assert!(next.running.is_empty());
+        assert_eq!(records[0].outcome, Some(Outcome::Missed));
+    }
+
+    #[test]
+    fn a_robot_without_firing_state_owes_firings_from_its_creation() {
+        let s = every("1m", "buffer_all");
+        let mut f = facts(T0 + 3 * MIN + 1);
+        f.created_ms = Some(T0 + 1);
+        let (next, _, claiming) = written(plan(&s, &FiringState::default(), &me(), &f));
+        assert_eq!(claiming, Some(T0 + MIN));
+        assert_eq!(next.claimed, Some(T0 + MIN));
     }
 }

@@ -312,6 +312,7 @@ impl Runner {
             stop: self.token.clone(),
             grace: self.grace,
             backstop: self.backstop,
+            firing: None,
         };
         self.metrics.robots_running.inc_by(1);
         let result = kind.run(run).await;
