@@ -109,6 +109,13 @@ metrics! {
     pids_limit_hits: Counter = "robot_pids_limit_hits", "seconds in which an exec robot's fork failed at spec.limits.pids (reported at most once a second per robot)";
     robot_failures: Counter = "robot_failures", "robots given up on under their restart policy (status failed, held until robot resume)";
     robots_completed: Counter = "robots_completed", "robots that ran to completion under spec.restart.on failure or never (status completed, held until robot restart)";
+    firings_claimed: Counter = "firings_claimed", "scheduled firings claimed (each with one fenced write, before anything starts)";
+    firings_started: Counter = "firings_started", "runs of scheduled robots started (retries and run-now requests included)";
+    firings_failed: Counter = "firings_failed", "runs of scheduled robots that ended in failure";
+    firings_skipped: Counter = "firings_skipped", "firings recorded skipped: overlap, paused, or lost with on_lost skip";
+    firings_missed: Counter = "firings_missed", "firings recorded missed: due outside their catch-up window";
+    firings_lost: Counter = "firings_lost", "runs found in flight under a lease that ended (then retried or skipped, as on_lost says)";
+    firing_lateness: Latency = "firing_lateness_seconds", "from a firing's time to its run's start, on the server's clock as the holder estimates it";
     robots_running: Gauge = "robots_running", "robots running on this worker";
     robots_restarting: Gauge = "robots_restarting", "robots waiting in restart backoff";
     robot_write_limit: Gauge = "robot_write_limit", "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)";

@@ -577,6 +577,63 @@ impl ContextStore {
         Ok(r.matched_count == 1)
     }
 
+    /// A scheduled robot's firing state becomes `next`, with `records` appended to
+    /// its runs: one compare-and-set on `firings.rev`, fenced like a checkpoint and
+    /// sent in the slot's group commit (see [`crate::db::firing::compare_and_set`]).
+    /// `Fenced` when it matched nothing: another writer raised `rev`, or this
+    /// instance is no longer current; a read tells which.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write_firings(
+        &self,
+        id: &ObjectId,
+        gen: i64,
+        prev: &crate::db::firing::FiringState,
+        next: &crate::db::firing::FiringState,
+        records: &[crate::db::firing::RunRecord],
+        keep: u32,
+        claiming: Option<i64>,
+    ) -> Result<Written, ContextError> {
+        if !self.guard.is_open() {
+            return Ok(Written::Lapsed);
+        }
+        let (filter, update) = crate::db::firing::compare_and_set(
+            self.fence_match(id, gen),
+            prev,
+            next,
+            records,
+            keep,
+            claiming,
+        );
+        Ok(self
+            .commit
+            .write(Statement {
+                id: *id,
+                filter,
+                update,
+            })
+            .await?)
+    }
+
+    /// Records the end of run `entry` of an instance that is no longer running it
+    /// (stopped: moved, updated, paused, restarted, released), matched by the run's
+    /// id: the run leaves `running` for `lost`, and `record` (None for a claim that
+    /// never started) is appended. False when the run was not in flight.
+    pub async fn end_run_by_id(
+        &self,
+        id: &ObjectId,
+        entry: &crate::db::firing::RunEntry,
+        record: Option<&crate::db::firing::RunRecord>,
+        keep: u32,
+    ) -> Result<bool, ContextError> {
+        let _permit = self.pacer.acquire().await;
+        if !self.guard.is_open() {
+            return Ok(false);
+        }
+        let (filter, update) = crate::db::firing::end_by_id(*id, entry, record, true, keep);
+        let r = self.robots.update_one(filter, update).await?;
+        Ok(r.matched_count == 1)
+    }
+
     /// Records what contains a running robot's processes (see
     /// [`crate::robot::shim::CONTAINMENT`]) and the resource limits its shim applied
     /// (`applied_limits`, removed when none), fenced like a checkpoint; false when

@@ -342,20 +342,28 @@ pub fn compare_and_set(
 pub fn end_by_id(
     robot: ObjectId,
     entry: &RunEntry,
-    record: &RunRecord,
+    record: Option<&RunRecord>,
     cut_off: bool,
     keep: u32,
 ) -> (Document, Document) {
     let filter = doc! {"_id": robot, format!("{FIRINGS}.{RUNNING}.{ID}"): entry.id};
-    let mut push = doc! {RUNS: {"$each": [record.to_doc()], "$slice": -(keep.max(1) as i64)}};
+    let mut push = Document::new();
+    if let Some(record) = record {
+        push.insert(
+            RUNS,
+            doc! {"$each": [record.to_doc()], "$slice": -(keep.max(1) as i64)},
+        );
+    }
     if cut_off {
         push.insert(format!("{FIRINGS}.{LOST}"), entry.to_doc());
     }
-    let update = doc! {
+    let mut update = doc! {
         "$pull": {format!("{FIRINGS}.{RUNNING}"): {ID: entry.id}},
-        "$push": push,
         "$inc": {format!("{FIRINGS}.{REV}"): 1_i64},
     };
+    if !push.is_empty() {
+        update.insert("$push", push);
+    }
     (filter, update)
 }
 

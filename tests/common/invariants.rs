@@ -179,3 +179,160 @@ pub async fn check(db: &TestDb) -> Report {
     }
     report
 }
+
+/// What the firing checker saw.
+#[derive(Debug, Default)]
+pub struct FiringReport {
+    pub robots: usize,
+    /// Runs that started (each attempt once).
+    pub runs: usize,
+    pub lost: usize,
+    pub skipped: usize,
+    pub missed: usize,
+    /// Firings (by time) that ran to a success.
+    pub succeeded: usize,
+}
+
+fn int(d: &Document, k: &str) -> Option<i64> {
+    match d.get(k) {
+        Some(Bson::Int64(v)) => Some(*v),
+        Some(Bson::Int32(v)) => Some(*v as i64),
+        _ => None,
+    }
+}
+
+/// Checks every scheduled robot's run record (keep `keep_runs` above the number of
+/// firings a test makes, so the record is whole):
+/// - no firing's attempt is recorded twice, and a firing starts again only after
+///   its earlier attempt was recorded lost, stopped or failed;
+/// - no two runs of one robot overlap in time (unless `overlap_allowed`);
+/// - every firing of an `every` schedule from the first one recorded up to
+///   `firings.claimed` has a record (ran, skipped or missed): none vanished;
+/// - a counter's `n` is the number of firings (and run-now requests) that
+///   succeeded: each step once.
+pub async fn check_firings(db: &TestDb, overlap_allowed: bool) -> FiringReport {
+    let mut report = FiringReport::default();
+    for r in db.robots().await {
+        let Ok(runs) = r.get_array("runs") else {
+            continue;
+        };
+        let name = r.get_str("name").unwrap_or("?").to_string();
+        report.robots += 1;
+        let runs: Vec<&Document> = runs.iter().filter_map(Bson::as_document).collect();
+        let mut attempts: BTreeMap<(i64, bool), Vec<(i64, String)>> = BTreeMap::new();
+        let mut intervals = Vec::new();
+        let mut covered: std::collections::BTreeSet<i64> = Default::default();
+        let mut ranges: Vec<(i64, i64)> = Vec::new();
+        let mut succeeded: std::collections::BTreeSet<(i64, bool)> = Default::default();
+        for run in &runs {
+            let firing = int(run, "firing").expect("a run's firing");
+            let outcome = run.get_str("outcome").unwrap_or("?").to_string();
+            let triggered = !matches!(run.get("by"), None | Some(Bson::Null));
+            match outcome.as_str() {
+                "lost" => report.lost += 1,
+                "skipped" => report.skipped += 1,
+                "missed" => report.missed += 1,
+                _ => {}
+            }
+            match int(run, "last") {
+                Some(last) => ranges.push((firing, last)),
+                None => {
+                    covered.insert(firing);
+                }
+            }
+            let ran = int(run, "started").is_some() || outcome == "lost";
+            if ran {
+                let attempt = int(run, "attempt").unwrap_or(1);
+                attempts
+                    .entry((firing, triggered))
+                    .or_default()
+                    .push((attempt, outcome.clone()));
+            }
+            if let (Some(s), Some(e)) = (int(run, "started"), int(run, "ended")) {
+                report.runs += 1;
+                intervals.push((s, e, firing));
+            }
+            if outcome == "succeeded" {
+                succeeded.insert((firing, triggered));
+            }
+        }
+        for ((firing, _), mut list) in attempts {
+            list.sort();
+            for w in list.windows(2) {
+                assert!(
+                    w[0].0 != w[1].0,
+                    "{name}: firing {firing} attempt {} recorded twice: {list:?}",
+                    w[0].0
+                );
+                assert!(
+                    w[0].1 != "succeeded",
+                    "{name}: firing {firing} ran again after it succeeded: {list:?}"
+                );
+            }
+        }
+        if !overlap_allowed {
+            intervals.sort();
+            for w in intervals.windows(2) {
+                assert!(
+                    w[1].0 >= w[0].1,
+                    "{name}: runs of firings {} and {} overlapped ({}..{} and {}..{})",
+                    w[0].2,
+                    w[1].2,
+                    w[0].0,
+                    w[0].1,
+                    w[1].0,
+                    w[1].1
+                );
+            }
+        }
+        let every_ms = r
+            .get_document("spec")
+            .ok()
+            .and_then(|s| s.get_document("schedule").ok())
+            .and_then(|s| s.get_str("every").ok())
+            .and_then(|t| t.strip_suffix('s'))
+            .and_then(|n| n.parse::<i64>().ok())
+            .map(|s| s * 1000);
+        let claimed = r
+            .get_document("firings")
+            .ok()
+            .and_then(|f| int(f, "claimed"));
+        if let (Some(p), Some(claimed), Some(first)) =
+            (every_ms, claimed, covered.iter().next().copied())
+        {
+            let running: Vec<i64> = r
+                .get_document("firings")
+                .ok()
+                .and_then(|f| f.get_array("running").ok())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Bson::as_document)
+                        .filter_map(|e| int(e, "firing"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut t = first;
+            while t <= claimed {
+                let recorded = covered.contains(&t)
+                    || ranges.iter().any(|(a, b)| *a <= t && t <= *b)
+                    || running.contains(&t);
+                assert!(
+                    recorded,
+                    "{name}: firing {t} has no record (claimed up to {claimed})"
+                );
+                t += p;
+            }
+        }
+        if r.get_str("kind") == Ok("counter") {
+            let n = int(r.get_document("context").unwrap(), "n").unwrap_or(0);
+            assert_eq!(
+                n as usize,
+                succeeded.len(),
+                "{name}: context.n {n} against {} firings that succeeded",
+                succeeded.len()
+            );
+        }
+        report.succeeded += succeeded.len();
+    }
+    report
+}

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 pub mod firing_plan;
 mod plan;
 mod runner;
+pub mod scheduled;
 
 pub use plan::Fingerprint;
 use plan::{plan_sync, read_threatens_lease, slot_statement_takes_only, Instance, View};
@@ -79,6 +80,8 @@ struct Listed {
     update: Option<PendingUpdate>,
     /// An `update` that cannot be one (a hand edit): left alone, counted by the probe.
     odd_update: bool,
+    /// Its firing state's `rev`, for a scheduled robot.
+    firings_rev: Option<i64>,
     /// Its `(gen, epoch)` exactly as stored, when both are whole numbers (a `gen`
     /// never written is None): what an instance started before its adoption write
     /// matches meanwhile (see [`ContextStore::start_early`]). None for a hand-broken
@@ -154,6 +157,7 @@ impl Listed {
             update,
             odd_update,
             as_stored: robot.fence_as_stored,
+            firings_rev: robot.firings.rev,
             loaded: preload(robot, &name),
             name,
         }
@@ -179,6 +183,10 @@ struct Running {
     start_rev: i64,
     token: CancellationToken,
     stopping: bool,
+    /// For a scheduled instance: woken when a read finds its firing state newer
+    /// than the `rev` it knows.
+    wake: Arc<tokio::sync::Notify>,
+    known_rev: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// A command bounded by [`ContextStore::answered`], as the driver's error that a sync
@@ -215,6 +223,10 @@ pub struct Supervisor {
     clock: SharedClock,
     /// Robots in the next adoption write (see [`next_adopt_chunk`]).
     adopt_chunk: usize,
+    /// The server's clock as last read, for scheduled robots.
+    time: scheduled::ServerTime,
+    /// The slot's one timer for its scheduled robots.
+    alarm: scheduled::Alarm,
     /// True until the first sync after the claim (a supervisor lives as long as one
     /// lease): that sync starts each robot an earlier holder of this slot adopted
     /// (`0 < epoch <` this one) as soon as it is listed, before its adoption write
@@ -238,13 +250,17 @@ impl Supervisor {
         clock: SharedClock,
     ) -> Self {
         let now = clock.now();
+        let root = CancellationToken::new();
+        let alarm = scheduled::Alarm::spawn(clock.clone(), root.clone());
         Supervisor {
             store,
             ctx,
             registry,
             timing,
             metrics,
-            root: CancellationToken::new(),
+            root,
+            alarm,
+            time: scheduled::ServerTime::default(),
             running: HashMap::new(),
             tasks: JoinSet::new(),
             synced_rev: None,
@@ -279,11 +295,13 @@ impl Supervisor {
     /// is a stall that this holder's renewals must wait out.
     pub async fn sync(&mut self, rev: i64) -> Result<usize, mongodb::error::Error> {
         self.reap();
+        self.read_server_time().await;
         if !self.will_read(rev) && !self.probe_finds_changes().await? {
             return Ok(0);
         }
         let began = Instant::now();
         let mut listed = self.read_slot().await?;
+        self.wake_scheduled(&listed);
         let listed_ms = began.elapsed().as_millis() as u64;
         self.heal_robot_count().await;
         self.judge_updates(&mut listed).await;
@@ -312,6 +330,36 @@ impl Supervisor {
             self.expected = Some(expected);
         }
         Ok(starts.started)
+    }
+
+    /// Reads the server's clock for the slot's scheduled robots: first thing after
+    /// the claim (which fixes when this lease began), then every
+    /// [`scheduled::SERVER_TIME_EVERY`].
+    async fn read_server_time(&mut self) {
+        let due = self
+            .time
+            .age(&self.clock)
+            .is_none_or(|a| a >= scheduled::SERVER_TIME_EVERY);
+        if !due || !self.ctx.lease_open() {
+            return;
+        }
+        if let Err(e) = self.time.refresh(&self.store, &self.clock).await {
+            tracing::debug!(slot = %self.ctx.slot_id(), "could not read the server's clock ({e})");
+        }
+    }
+
+    /// Tells each scheduled instance whose robot's firing state changed (a run-now
+    /// request, a pause's mark) to read it: no read per robot otherwise.
+    fn wake_scheduled(&self, listed: &[Listed]) {
+        use std::sync::atomic::Ordering;
+        for l in listed {
+            let (Some(rev), Some(r)) = (l.firings_rev, self.running.get(&l.id)) else {
+                continue;
+            };
+            if rev != r.known_rev.load(Ordering::Acquire) {
+                r.wake.notify_one();
+            }
+        }
     }
 
     /// Reads every robot of the slot, bounded like an adoption's commands, and times
@@ -704,7 +752,17 @@ impl Supervisor {
         loaded: Option<Loaded>,
     ) {
         let token = self.root.child_token();
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let known_rev = Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN));
+        let scheduling = scheduled::Shared {
+            time: self.time.clone(),
+            alarm: self.alarm.clone(),
+            wake: wake.clone(),
+            known_rev: known_rev.clone(),
+            lease: self.timing.lease(),
+        };
         let runner = Runner {
+            scheduling,
             id,
             gen,
             start_rev,
@@ -727,6 +785,8 @@ impl Supervisor {
                 start_rev,
                 token,
                 stopping: false,
+                wake,
+                known_rev,
             },
         );
     }

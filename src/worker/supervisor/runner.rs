@@ -15,7 +15,10 @@ use crate::db::robot_doc::RobotStatus;
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
+use crate::robot::schedule::Schedule;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
+
+use super::scheduled::{Scheduled, Shared};
 
 /// One robot's life on this holder: start, watch, restart with backoff.
 pub(super) struct Runner {
@@ -34,10 +37,27 @@ pub(super) struct Runner {
     pub(super) store: Store,
     /// Measures a run's length and waits out the restart backoff.
     pub(super) clock: SharedClock,
+    /// The slot's server clock and timer, for a robot on a schedule.
+    pub(super) scheduling: Shared,
 }
 
 impl Runner {
     pub(super) async fn run(self, mut first: Option<Loaded>) -> ObjectId {
+        // A robot on a schedule runs once per firing: its own loop.
+        if first.is_none() && !self.token.is_cancelled() {
+            first = self.ctx.load(&self.id, self.gen, &self.name).await.ok();
+        }
+        if let Some(loaded) = &first {
+            let now = self
+                .scheduling
+                .time
+                .now_ms(&self.clock)
+                .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
+            if let Ok(Some(schedule)) = Schedule::from_spec(&loaded.spec, now) {
+                let shared = self.scheduling.clone();
+                return Scheduled::new(self, shared, loaded, schedule).run().await;
+            }
+        }
         let mut restarts: i64 = 0;
         let mut budget = Budget::new(RestartPolicy::default());
         while !self.token.is_cancelled() {
@@ -284,6 +304,18 @@ impl Runner {
             .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
         crate::robot::check_schedule(&loaded.spec)
             .map_err(|e| RobotError::Invalid(format!("bad spec: {e}")))?;
+        if loaded.spec.contains_key(crate::robot::schedule::SPEC_FIELD)
+            && !matches!(
+                loaded.spec.get(crate::robot::schedule::SPEC_FIELD),
+                Some(bson::Bson::Null)
+            )
+        {
+            // A schedule that checks out runs in its own loop; one read back here
+            // changed between the loads. Start again through that loop.
+            return Err(RobotError::Invalid(
+                "the robot's schedule changed; starting it again".into(),
+            ));
+        }
         budget.set_policy(policy);
         if !restarted && !loaded.ends.is_empty() {
             self.restore_budget(budget, &loaded.ends).await;

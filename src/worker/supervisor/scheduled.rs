@@ -1,0 +1,707 @@
+//! A scheduled robot's instance on its holder: it carries out the planner's steps
+//! ([`super::firing_plan`]) one at a time, each write a compare-and-set on the
+//! robot's firing state, sent through the slot's group commit.
+//!
+//! Time comes from two places. The server's clock, read by the slot's supervisor
+//! ([`ServerTime`]): firings are instants on it. And the slot's one timer
+//! ([`Alarm`]): every scheduled robot of the slot waits on the same heap, keyed by
+//! the local instant its next step is due, so a thousand idle schedules are a
+//! thousand heap entries and one sleeping task, never a query per robot per tick.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::firing_plan::{ended, plan, Facts, Me, RunEnd, Step};
+use super::runner::Runner;
+use crate::clock::SharedClock;
+use crate::db::context::{ContextError, Loaded};
+use crate::db::firing::{FiringState, Outcome, RunEntry, RunRecord};
+use crate::db::group_commit::Written;
+use crate::db::store::Store;
+use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
+use crate::robot::schedule::Schedule;
+use crate::robot::{history_len, RobotError, RobotRun};
+
+/// How often the server's clock is read again while a slot is held.
+pub const SERVER_TIME_EVERY: Duration = Duration::from_secs(60);
+/// How often an instance reads its robot again while it waits for another
+/// instance's run to end (nothing tells it when that happens).
+const POLL: Duration = Duration::from_secs(1);
+
+// === impl ServerTime ===
+
+/// The server's clock as a held slot's supervisor last read it, and the first
+/// reading after the claim.
+#[derive(Debug, Clone, Default)]
+pub struct ServerTime {
+    reading: Arc<Mutex<Option<(i64, Instant)>>>,
+    began: Arc<OnceLock<i64>>,
+}
+
+impl ServerTime {
+    /// Reads the server's clock (`hello`). The server read it somewhere within the
+    /// round trip: taken at its middle, the estimate is off by half a round trip at
+    /// most. The first reading of a lease also fixes [`ServerTime::lease_began`].
+    pub async fn refresh(&self, store: &Store, clock: &SharedClock) -> Result<(), String> {
+        let sent = clock.now();
+        let server = store
+            .server_now()
+            .await
+            .map_err(|e| crate::db::store::brief(&e))?;
+        let received = clock.now();
+        let mid = sent + received.saturating_duration_since(sent) / 2;
+        let ms = server.timestamp_millis();
+        *self.reading.lock().expect("server time lock") = Some((ms, mid));
+        self.began.get_or_init(|| ms);
+        Ok(())
+    }
+
+    /// How long ago the last reading was taken (None: never).
+    pub fn age(&self, clock: &SharedClock) -> Option<Duration> {
+        let r = *self.reading.lock().expect("server time lock");
+        r.map(|(_, at)| clock.since(at))
+    }
+
+    /// The server's now, estimated; None before the first reading.
+    pub fn now_ms(&self, clock: &SharedClock) -> Option<i64> {
+        let (ms, at) = (*self.reading.lock().expect("server time lock"))?;
+        Some(ms + clock.since(at).as_millis() as i64)
+    }
+
+    /// The local instant at which the server's clock reads `ms`, estimated.
+    pub fn instant_at(&self, ms: i64, clock: &SharedClock) -> Option<Instant> {
+        let now_ms = self.now_ms(clock)?;
+        let ahead = Duration::from_millis(ms.saturating_sub(now_ms).max(0) as u64);
+        Some(clock.now() + ahead)
+    }
+
+    /// The server's clock at the first reading after this slot was claimed: no
+    /// earlier than the claim, by which time every earlier holder's lease was over.
+    pub fn lease_began(&self) -> Option<i64> {
+        self.began.get().copied()
+    }
+}
+
+// === impl Alarm ===
+
+/// One timer for every scheduled robot of a held slot: a heap of wake-ups.
+#[derive(Debug, Clone)]
+pub struct Alarm {
+    tx: mpsc::UnboundedSender<(Instant, oneshot::Sender<()>)>,
+}
+
+impl Alarm {
+    /// Starts the slot's timer; it ends with `stop`.
+    pub fn spawn(clock: SharedClock, stop: CancellationToken) -> Alarm {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(alarm_task(clock, stop, rx));
+        Alarm { tx }
+    }
+
+    /// Completes at `at` (at once when it has passed), or never once the timer is
+    /// gone (its slot's robots are stopping).
+    pub async fn until(&self, at: Instant) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send((at, tx)).is_err() || rx.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+async fn alarm_task(
+    clock: SharedClock,
+    stop: CancellationToken,
+    mut rx: mpsc::UnboundedReceiver<(Instant, oneshot::Sender<()>)>,
+) {
+    let mut heap: BinaryHeap<Reverse<(Instant, u64)>> = BinaryHeap::new();
+    let mut waiting: HashMap<u64, oneshot::Sender<()>> = HashMap::new();
+    let mut seq = 0u64;
+    loop {
+        let next = heap.peek().map(|Reverse((at, _))| *at);
+        let due = async {
+            match next {
+                Some(at) => clock.sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            asked = rx.recv() => match asked {
+                Some((at, tx)) => {
+                    seq += 1;
+                    heap.push(Reverse((at, seq)));
+                    waiting.insert(seq, tx);
+                }
+                None => return,
+            },
+            () = due => {
+                let now = clock.now();
+                while let Some(Reverse((at, id))) = heap.peek().copied() {
+                    if at > now {
+                        break;
+                    }
+                    heap.pop();
+                    if let Some(tx) = waiting.remove(&id) {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        }
+        // Waits given up on (their instance moved on) leave with the next pop; a
+        // heap of them never outgrows the instances' waits by more than one each.
+        if heap.len() > 4 * waiting.len().max(64) {
+            heap.retain(|Reverse((_, id))| waiting.get(id).is_some_and(|t| !t.is_closed()));
+            waiting.retain(|_, t| !t.is_closed());
+        }
+    }
+}
+
+// === impl Scheduled ===
+
+/// What the supervisor shares with a scheduled instance.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    pub time: ServerTime,
+    pub alarm: Alarm,
+    /// Notified when a sync lists the robot with another firing state than the one
+    /// this instance knows (`rev`): a run-now request, a pause's mark.
+    pub wake: Arc<Notify>,
+    /// The firing state's `rev` this instance knows.
+    pub known_rev: Arc<AtomicI64>,
+    /// The lease `L`: a slot gone this long has no holder finishing a stop.
+    pub lease: Duration,
+}
+
+/// A run of this instance, once started.
+struct Started {
+    token: CancellationToken,
+    started_ms: i64,
+}
+
+/// One scheduled robot's instance.
+pub(super) struct Scheduled {
+    r: Runner,
+    shared: Shared,
+    schedule: Schedule,
+    me: Me,
+    st: FiringState,
+    kind_name: String,
+    created_ms: Option<i64>,
+    runs: JoinSet<(ObjectId, Result<(), RobotError>)>,
+    started: HashMap<ObjectId, Started>,
+    stopping: HashSet<ObjectId>,
+    /// Other slots found gone, and since when.
+    gone_since: HashMap<String, Instant>,
+    budget: Budget,
+}
+
+impl Scheduled {
+    pub(super) fn new(r: Runner, shared: Shared, loaded: &Loaded, schedule: Schedule) -> Scheduled {
+        let me = Me {
+            slot: r.ctx.slot_id().to_string(),
+            epoch: r.ctx.epoch(),
+            gen: r.gen,
+            worker: r.ctx.worker().to_string(),
+        };
+        let policy = RestartPolicy::from_spec(&loaded.spec).unwrap_or_default();
+        Scheduled {
+            me,
+            st: loaded.firings.clone(),
+            kind_name: loaded.kind.clone(),
+            created_ms: loaded.created_ms,
+            schedule,
+            shared,
+            runs: JoinSet::new(),
+            started: HashMap::new(),
+            stopping: HashSet::new(),
+            gone_since: HashMap::new(),
+            budget: Budget::new(policy),
+            r,
+        }
+    }
+
+    fn clock(&self) -> &SharedClock {
+        &self.r.clock
+    }
+
+    /// Runs until the instance is stopped or fenced.
+    pub(super) async fn run(mut self) -> ObjectId {
+        tracing::info!(robot = %self.r.name, schedule = %self.schedule.describe(), "scheduled robot adopted");
+        self.publish_rev();
+        loop {
+            if self.r.token.is_cancelled() {
+                self.stop_runs().await;
+                return self.r.id;
+            }
+            let Some(now_ms) = self.shared.time.now_ms(self.clock()) else {
+                if let Err(e) = self.shared.time.refresh(&self.r.store, self.clock()).await {
+                    tracing::debug!(robot = %self.r.name, "no server clock yet ({e})");
+                    self.pause_for(POLL).await;
+                }
+                continue;
+            };
+            let facts = self.facts(now_ms).await;
+            let step = plan(&self.schedule, &self.st, &self.me, &facts);
+            let go_on = match step {
+                Step::Write {
+                    next,
+                    records,
+                    claiming,
+                    why,
+                } => self.write(next, records, claiming, why).await,
+                Step::Start(entries) => {
+                    for e in entries {
+                        self.start(e, now_ms).await;
+                    }
+                    true
+                }
+                Step::Cancel(ids) => {
+                    for id in ids {
+                        if let Some(s) = self.started.get(&id) {
+                            tracing::info!(robot = %self.r.name, "overlap cancel_other: stopping the run in flight for a newer firing");
+                            s.token.cancel();
+                            self.stopping.insert(id);
+                        }
+                    }
+                    true
+                }
+                Step::Wait { until_ms, poll } => self.wait(until_ms, poll).await,
+            };
+            if !go_on {
+                self.stop_runs().await;
+                return self.r.id;
+            }
+        }
+    }
+
+    fn publish_rev(&self) {
+        self.shared
+            .known_rev
+            .store(self.st.rev.unwrap_or(0), Ordering::Release);
+    }
+
+    async fn pause_for(&self, d: Duration) {
+        tokio::select! {
+            _ = self.r.token.cancelled() => {}
+            _ = self.clock().sleep(d) => {}
+        }
+    }
+
+    /// What the planner needs beside the stored state: for runs of other slots, the
+    /// epoch each of those slots holds now (one read, only then).
+    async fn facts(&mut self, now_ms: i64) -> Facts {
+        let mut f = Facts {
+            now_ms,
+            lease_began_ms: self.shared.time.lease_began(),
+            created_ms: self.created_ms,
+            started: self.started.keys().copied().collect(),
+            stopping: self.stopping.clone(),
+            ..Facts::default()
+        };
+        let others: HashSet<String> = self
+            .st
+            .running
+            .iter()
+            .filter(|e| e.slot != self.me.slot)
+            .map(|e| e.slot.clone())
+            .collect();
+        if others.is_empty() {
+            return f;
+        }
+        let ids: Vec<&String> = others.iter().collect();
+        let found = async {
+            use futures::TryStreamExt;
+            let mut c = self
+                .r
+                .store
+                .slots()
+                .find(doc! {"_id": {"$in": &ids}})
+                .projection(doc! {crate::db::field::EPOCH: 1})
+                .await?;
+            let mut out = HashMap::new();
+            while let Some(d) = c.try_next().await? {
+                if let (Ok(id), Some(e)) = (
+                    d.get_str("_id"),
+                    crate::db::store::int(&d, crate::db::field::EPOCH),
+                ) {
+                    out.insert(id.to_string(), e);
+                }
+            }
+            Ok::<_, mongodb::error::Error>(out)
+        }
+        .await;
+        match found {
+            Ok(epochs) => {
+                let lease = self.shared.lease;
+                for slot in &others {
+                    if epochs.contains_key(slot) {
+                        self.gone_since.remove(slot);
+                    } else {
+                        let since = *self
+                            .gone_since
+                            .entry(slot.clone())
+                            .or_insert_with(|| self.r.clock.now());
+                        if self.r.clock.since(since) > lease {
+                            f.gone.insert(slot.clone());
+                        }
+                    }
+                }
+                f.slot_epochs = epochs;
+            }
+            Err(e) => {
+                tracing::debug!(robot = %self.r.name, "could not read the slots of runs in flight elsewhere ({}); waiting", crate::db::store::brief(&e))
+            }
+        }
+        f
+    }
+
+    /// One compare-and-set write of the firing state. False when this instance is
+    /// no longer the robot's current one (it stops).
+    async fn write(
+        &mut self,
+        next: FiringState,
+        records: Vec<RunRecord>,
+        claiming: Option<i64>,
+        why: &'static str,
+    ) -> bool {
+        let written = self
+            .r
+            .ctx
+            .write_firings(
+                &self.r.id,
+                self.r.gen,
+                &self.st,
+                &next,
+                &records,
+                self.schedule.keep_runs,
+                claiming,
+            )
+            .await;
+        match written {
+            Ok(Written::Applied) => {
+                tracing::debug!(robot = %self.r.name, why, "firing state written");
+                self.count(&records, claiming);
+                self.st = next;
+                self.st.rev = Some(self.st.rev.unwrap_or(0) + 1);
+                self.publish_rev();
+                true
+            }
+            Ok(Written::Fenced) => self.reload().await,
+            Ok(Written::Lapsed) => false,
+            Ok(Written::Refused(why)) => {
+                tracing::error!(robot = %self.r.name, "the database refused the robot's firing state ({}); fix its `firings` or `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$unset: {{firings: 1, runs: 1}}}})", crate::secrets::scrub(&why), self.r.name);
+                self.pause_for(Duration::from_secs(10)).await;
+                self.reload().await
+            }
+            Err(e) => self.after_error(e).await,
+        }
+    }
+
+    fn count(&self, records: &[RunRecord], claiming: Option<i64>) {
+        let m = self.r.metrics.as_ref();
+        if claiming.is_some() {
+            m.firings_claimed.inc();
+        }
+        for r in records {
+            let n = r.count.unwrap_or(1).max(1) as u64;
+            match r.outcome {
+                Some(Outcome::Missed) => {
+                    m.firings_missed.inc_by(n);
+                }
+                Some(Outcome::Skipped) => {
+                    m.firings_skipped.inc_by(n);
+                }
+                Some(Outcome::Lost) => {
+                    m.firings_lost.inc_by(n);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Reads the robot again after a write matched nothing: another writer raised
+    /// `rev` (a run-now request, a pause, a replaced instance's end), or this
+    /// instance is fenced. False when fenced.
+    async fn reload(&mut self) -> bool {
+        match self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await {
+            Ok(l) => {
+                self.st = l.firings;
+                self.publish_rev();
+                true
+            }
+            Err(e) => self.after_error(e).await,
+        }
+    }
+
+    async fn after_error(&mut self, e: ContextError) -> bool {
+        match e {
+            ContextError::Fenced { .. } | ContextError::Lapsed { .. } => {
+                tracing::debug!(robot = %self.r.name, "{e}");
+                false
+            }
+            other => {
+                tracing::warn!(robot = %self.r.name, "firing state: {other}; trying again");
+                self.pause_for(POLL).await;
+                !self.r.token.is_cancelled()
+            }
+        }
+    }
+
+    /// Starts a claimed run: only while the lease holds (a holder thawed after its
+    /// deadline starts nothing), from the context as it stands now.
+    async fn start(&mut self, e: RunEntry, now_ms: i64) {
+        if !self.r.ctx.lease_open() {
+            return;
+        }
+        let loaded = match self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await {
+            Ok(l) => l,
+            Err(err) => {
+                tracing::warn!(robot = %self.r.name, "cannot load the robot to start its run ({err})");
+                self.pause_for(POLL).await;
+                return;
+            }
+        };
+        if loaded.firings.rev > self.st.rev {
+            // Someone raised rev meanwhile: plan again from what is stored.
+            self.st = loaded.firings;
+            self.publish_rev();
+            return;
+        }
+        let Some(kind) = self.r.registry.get(&self.kind_name) else {
+            let end = RunEnd {
+                id: e.id,
+                outcome: Outcome::Failed,
+                reason: Some(format!(
+                    "unknown robot kind {:?} on this worker",
+                    self.kind_name
+                )),
+                started_ms: None,
+                ended_ms: now_ms,
+                retry: false,
+            };
+            self.record_end(end).await;
+            return;
+        };
+        let token = self.r.token.child_token();
+        let run = RobotRun {
+            id: self.r.id,
+            gen: self.r.gen,
+            name: loaded.name.clone(),
+            history: history_len(&loaded.spec),
+            seq: Arc::new(AtomicI64::new(loaded.seq)),
+            spec: loaded.spec,
+            context: loaded.context,
+            store: self.r.ctx.clone(),
+            stop: token.clone(),
+            grace: self.r.grace,
+            backstop: self.r.backstop,
+            firing: Some(e.firing),
+        };
+        let started_ms = self.shared.time.now_ms(self.clock()).unwrap_or(now_ms);
+        let lateness = (started_ms - e.firing).max(0);
+        self.r
+            .metrics
+            .firing_lateness
+            .observe(Duration::from_millis(lateness as u64));
+        self.r.metrics.firings_started.inc();
+        self.r.metrics.robots_running.inc_by(1);
+        tracing::info!(robot = %self.r.name, firing = %crate::robot::schedule::rfc3339(e.firing), attempt = e.attempt, lateness_ms = lateness, "firing started");
+        let id = e.id;
+        let metrics = self.r.metrics.clone();
+        self.runs.spawn(async move {
+            let result = kind.run(run).await;
+            metrics.robots_running.inc_by(-1);
+            (id, result)
+        });
+        self.started.insert(id, Started { token, started_ms });
+    }
+
+    /// Waits for the next step's time, a run's end, or news of the document.
+    async fn wait(&mut self, until_ms: Option<i64>, poll: bool) -> bool {
+        let at = until_ms.and_then(|ms| self.shared.time.instant_at(ms, &self.r.clock));
+        let alarm = self.shared.alarm.clone();
+        let wake = self.shared.wake.clone();
+        let clock = self.r.clock.clone();
+        tokio::select! {
+            _ = self.r.token.cancelled() => true,
+            Some(done) = self.runs.join_next(), if !self.runs.is_empty() => match done {
+                Ok((id, result)) => self.finish(id, result).await,
+                Err(e) => {
+                    tracing::error!(robot = %self.r.name, "a run's task failed: {e}");
+                    true
+                }
+            },
+            _ = async { alarm.until(at.expect("checked")).await }, if at.is_some() => true,
+            _ = clock.sleep(POLL), if poll => self.reload().await,
+            _ = wake.notified() => self.reload().await,
+        }
+    }
+
+    /// A run ended: its record, and its retry when `restart.on` is `failure`.
+    async fn finish(&mut self, id: ObjectId, result: Result<(), RobotError>) -> bool {
+        let Some(s) = self.started.remove(&id) else {
+            return true;
+        };
+        let cancelled = self.stopping.remove(&id);
+        if self.r.token.is_cancelled() && !cancelled {
+            // The instance is stopping: its runs' ends are written by stop_runs.
+            self.started.insert(id, s);
+            return true;
+        }
+        let (outcome, reason) = match &result {
+            Ok(()) if cancelled => (
+                Outcome::Cancelled,
+                Some("overlap cancel_other: a newer firing".into()),
+            ),
+            Ok(()) | Err(RobotError::Finished) => (Outcome::Succeeded, None),
+            Err(RobotError::Fenced(why)) => {
+                if !self.reload().await {
+                    return false;
+                }
+                (Outcome::Failed, Some(why.clone()))
+            }
+            Err(e) => (Outcome::Failed, Some(e.to_string())),
+        };
+        let ended_ms = self
+            .shared
+            .time
+            .now_ms(self.clock())
+            .unwrap_or(s.started_ms);
+        let began = self.clock().now();
+        let mut retry = false;
+        if outcome == Outcome::Failed && self.budget.policy().on == RestartOn::Failure {
+            match self.budget.ended(began, self.clock().now(), false) {
+                Next::RestartAfter(backoff) => {
+                    self.r.metrics.robot_restarts.inc();
+                    self.pause_for(backoff).await;
+                    retry = !self.r.token.is_cancelled();
+                }
+                Next::GiveUp { .. } => {}
+            }
+        }
+        let end = RunEnd {
+            id,
+            outcome,
+            reason,
+            started_ms: Some(s.started_ms),
+            ended_ms,
+            retry,
+        };
+        self.record_end(end).await
+    }
+
+    /// Writes a run's end, again on a newer state when another writer raised `rev`.
+    async fn record_end(&mut self, end: RunEnd) -> bool {
+        loop {
+            let Some((next, record)) = ended(&self.st, &self.me, end.clone()) else {
+                return true;
+            };
+            if end.outcome == Outcome::Failed {
+                self.r.metrics.firings_failed.inc();
+            }
+            let before = self.st.rev;
+            if !self.write(next, vec![record], None, "a run's end").await {
+                return false;
+            }
+            if self.st.rev != before && !self.st.running.iter().any(|e| e.id == end.id) {
+                return true;
+            }
+        }
+    }
+
+    /// Gives a claim that never started back, while this instance is still the
+    /// robot's current one: the firing is owed again, to whoever runs the robot
+    /// next (a pause then records it skipped). Only the latest claim can go back
+    /// (`claimed` moves back to just before it); true when it did.
+    async fn give_back(&mut self, e: &RunEntry) -> bool {
+        if self.st.claimed != Some(e.firing) || e.trigger.is_some() || e.attempt > 1 {
+            return false;
+        }
+        let mut next = self.st.clone();
+        next.running.retain(|r| r.id != e.id);
+        next.claimed = Some(e.firing - 1);
+        let written = self
+            .r
+            .ctx
+            .write_firings(
+                &self.r.id,
+                self.r.gen,
+                &self.st,
+                &next,
+                &[],
+                self.schedule.keep_runs,
+                None,
+            )
+            .await;
+        if matches!(written, Ok(Written::Applied)) {
+            self.st = next;
+            self.st.rev = Some(self.st.rev.unwrap_or(0) + 1);
+            return true;
+        }
+        false
+    }
+
+    /// The instance is stopping (moved, updated, paused, restarted, released): its
+    /// runs stop with their grace, and while the lease holds, each run's end is
+    /// recorded by its id and the run handed to the next instance as cut off, as is
+    /// a claim that never started. With the lease gone, nothing is written: the next
+    /// holder judges the runs by that lease.
+    async fn stop_runs(&mut self) {
+        while let Some(done) = self.runs.join_next().await {
+            if let Ok((id, _)) = done {
+                self.stopping.remove(&id);
+            }
+        }
+        if !self.r.ctx.lease_open() {
+            return;
+        }
+        let mine: Vec<RunEntry> = self
+            .st
+            .running
+            .iter()
+            .filter(|e| e.slot == self.me.slot && e.epoch == self.me.epoch && e.gen == self.me.gen)
+            .cloned()
+            .collect();
+        let now_ms = self.shared.time.now_ms(self.clock());
+        for e in mine {
+            let started = self.started.remove(&e.id);
+            if started.is_none() && self.give_back(&e).await {
+                continue;
+            }
+            let record = started.as_ref().map(|s| RunRecord {
+                firing: e.firing,
+                attempt: e.attempt,
+                outcome: Some(Outcome::Stopped),
+                reason: Some(
+                    "its instance was stopped (pause, update, move, restart or release)".into(),
+                ),
+                started: Some(s.started_ms),
+                ended: now_ms,
+                lateness_ms: Some((s.started_ms - e.firing).max(0)),
+                worker: self.me.worker.clone(),
+                slot: self.me.slot.clone(),
+                epoch: self.me.epoch,
+                by: e.by.clone(),
+                count: None,
+                last: None,
+            });
+            let r = self
+                .r
+                .ctx
+                .end_run_by_id(&self.r.id, &e, record.as_ref(), self.schedule.keep_runs)
+                .await;
+            if let Err(err) = r {
+                tracing::warn!(robot = %self.r.name, "could not record the end of a stopped run ({err}); the next holder judges it by this lease");
+            }
+        }
+    }
+}
