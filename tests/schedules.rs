@@ -104,3 +104,246 @@ async fn an_every_second_schedule_runs_each_firing_once_through_kill_9_and_sigst
     // first, or taken over unstarted: never run beside themselves.
     assert!(report.lost <= 2, "{report:?}");
 }
+
+/// Every worker down for several firings: those within the catch-up window run,
+/// in order, one at a time (`buffer_all`); those outside it are recorded missed,
+/// with their count, in one record. The checker finds a record for every firing.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_downtime_firings_within_the_window_run_in_order_and_older_ones_are_missed() {
+    let db = TestDb::new("sched_catchup").await;
+    db.init(1).await;
+    every_second(&db, "tick", r#", "catchup": "3s", "overlap": "buffer_all""#);
+    let mut w = db.worker(&[]);
+    wait_succeeded(&db, "tick", 2).await;
+    w.kill9();
+    // The downtime is the point: eight firings pass with no worker at all.
+    std::thread::sleep(Duration::from_secs(8));
+    let _w2 = db.worker(&[]);
+    let r = wait_for(Duration::from_secs(60), "the catch-up", || async {
+        let r = db.robot("tick").await;
+        let missed = runs(&r)
+            .iter()
+            .any(|x| x.get_str("outcome") == Ok("missed"));
+        (missed && succeeded(&r) >= 7).then_some(r)
+    })
+    .await;
+    let missed: Vec<Document> = runs(&r)
+        .into_iter()
+        .filter(|x| x.get_str("outcome") == Ok("missed"))
+        .collect();
+    // One record for the firings due outside the window, with their count (and
+    // one more for the dead holder's claim, when its firing too is that old).
+    let due_outside: Vec<&Document> = missed
+        .iter()
+        .filter(|x| x.get_str("reason").unwrap_or("").starts_with("due outside"))
+        .collect();
+    assert_eq!(due_outside.len(), 1, "{missed:?}");
+    assert!(
+        due_outside[0].get_i64("count").unwrap_or(1) >= 2,
+        "{missed:?}"
+    );
+    let count: i64 = missed.iter().map(|x| x.get_i64("count").unwrap_or(1)).sum();
+    assert_eq!(
+        r.get_document("firings")
+            .unwrap()
+            .get_i64("missed")
+            .unwrap(),
+        count
+    );
+    // Those within the window ran, one at a time, in order of their firings.
+    let ran: Vec<(i64, i64)> = runs(&r)
+        .iter()
+        .filter(|x| x.get_str("outcome") == Ok("succeeded"))
+        .map(|x| (x.get_i64("started").unwrap(), x.get_i64("firing").unwrap()))
+        .collect();
+    let mut by_start = ran.clone();
+    by_start.sort();
+    assert!(
+        by_start.windows(2).all(|w| w[0].1 < w[1].1),
+        "catch-up in order of firings: {by_start:?}"
+    );
+    let late = ran.iter().filter(|(s, f)| s - f > 1500).count();
+    assert!(late >= 1, "some firings ran late, caught up: {ran:?}");
+    invariants::check_firings(&db, false).await;
+}
+
+/// An exec robot whose run (2.5 s) outlasts its period (1 s), under each overlap
+/// policy on one worker: `skip` records the firings it skips, `buffer_one` and
+/// `buffer_all` keep them waiting, `cancel_other` stops the run for the newer
+/// firing, and only `allow` runs two at once. No firing without a record anywhere.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_overlap_policy_with_a_run_longer_than_the_period() {
+    let db = TestDb::new("sched_overlap").await;
+    db.init(1).await;
+    let cmd = common::script(&db, "slow.sh", "sleep 2.5\nexit 0\n");
+    for policy in ["skip", "buffer_one", "buffer_all", "cancel_other", "allow"] {
+        let spec = format!(
+            r#"{{"command": "{cmd}", "schedule": {{"every": "1s", "overlap": "{policy}", "keep_runs": 1000}}}}"#
+        );
+        db.cli_ok(&[
+            "robot", "create", "--name", policy, "--kind", "exec", "--spec", &spec,
+        ]);
+    }
+    let _w = db.exec_worker(&[]);
+    wait_for(
+        Duration::from_secs(60),
+        "runs under every policy",
+        || async {
+            let mut all = true;
+            for policy in ["skip", "buffer_one", "buffer_all", "allow"] {
+                all &= succeeded(&db.robot(policy).await) >= 3;
+            }
+            let cancelled = runs(&db.robot("cancel_other").await)
+                .iter()
+                .filter(|x| x.get_str("outcome") == Ok("cancelled"))
+                .count();
+            (all && cancelled >= 2).then_some(())
+        },
+    )
+    .await;
+    let outcomes = |r: &Document, o: &str| {
+        runs(r)
+            .iter()
+            .filter(|x| x.get_str("outcome") == Ok(o))
+            .map(|x| x.get_i64("count").unwrap_or(1))
+            .sum::<i64>()
+    };
+    let skip = db.robot("skip").await;
+    assert!(outcomes(&skip, "skipped") >= 3, "{:?}", runs(&skip));
+    let buffer_one = db.robot("buffer_one").await;
+    assert!(
+        outcomes(&buffer_one, "skipped") >= 1,
+        "{:?}",
+        runs(&buffer_one)
+    );
+    let buffer_all = db.robot("buffer_all").await;
+    assert_eq!(
+        outcomes(&buffer_all, "skipped"),
+        0,
+        "{:?}",
+        runs(&buffer_all)
+    );
+    // allow: some runs overlapped.
+    let allow = db.robot("allow").await;
+    let mut iv: Vec<(i64, i64)> = runs(&allow)
+        .iter()
+        .filter_map(|x| Some((x.get_i64("started").ok()?, x.get_i64("ended").ok()?)))
+        .collect();
+    iv.sort();
+    assert!(
+        iv.windows(2).any(|w| w[1].0 < w[0].1),
+        "allow ran firings side by side: {iv:?}"
+    );
+    // The others never did; and every firing has its record.
+    for policy in ["skip", "buffer_one", "buffer_all", "cancel_other"] {
+        let r = db.robot(policy).await;
+        let mut iv: Vec<(i64, i64)> = runs(&r)
+            .iter()
+            .filter_map(|x| Some((x.get_i64("started").ok()?, x.get_i64("ended").ok()?)))
+            .collect();
+        iv.sort();
+        assert!(
+            iv.windows(2).all(|w| w[1].0 >= w[0].1),
+            "{policy}: runs overlapped: {iv:?}"
+        );
+    }
+}
+
+/// `robot trigger` makes one extra run now, recorded with who asked, also while
+/// firings race it; `robot pause` records the firings of the pause as skipped;
+/// `robot runs` shows all of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_now_and_pause_are_recorded_and_shown() {
+    let db = TestDb::new("sched_trigger").await;
+    db.init(1).await;
+    every_second(&db, "tick", "");
+    db.cli_ok(&[
+        "robot", "create", "--name", "hourly", "--kind", "counter", "--every", "1h",
+    ]);
+    let _w = db.worker(&[]);
+    wait_succeeded(&db, "tick", 2).await;
+    // A run-now request for a robot whose next firing is an hour away.
+    db.cli_ok(&["robot", "trigger", "hourly"]);
+    let r = wait_for(Duration::from_secs(30), "the triggered run", || async {
+        let r = db.robot("hourly").await;
+        (succeeded(&r) == 1).then_some(r)
+    })
+    .await;
+    let run = &runs(&r)[0];
+    assert!(run.get_str("by").unwrap().starts_with("cli:"), "{run}");
+    assert_eq!(r.get_document("context").unwrap().get_i64("n"), Ok(1));
+    // Run-now requests racing every-second firings: each is a run of its own or
+    // recorded skipped (overlap), never lost.
+    for _ in 0..5 {
+        db.cli_ok(&["robot", "trigger", "tick"]);
+    }
+    wait_for(Duration::from_secs(30), "the requests taken", || async {
+        let r = db.robot("tick").await;
+        let by = runs(&r)
+            .iter()
+            .filter(|x| matches!(x.get("by"), Some(Bson::String(_))))
+            .count();
+        (by == 5).then_some(())
+    })
+    .await;
+    // A pause of a few firings, then a resume.
+    db.cli_ok(&["robot", "pause", "tick"]);
+    wait_for(Duration::from_secs(30), "the pause", || async {
+        let r = db.robot("tick").await;
+        (r.get_str("worker").is_ok()
+            && r.get_document("firings")
+                .unwrap()
+                .get_array("running")
+                .unwrap()
+                .is_empty())
+        .then_some(())
+    })
+    .await;
+    std::thread::sleep(Duration::from_secs(3));
+    db.cli_ok(&["robot", "resume", "tick"]);
+    let r = wait_for(
+        Duration::from_secs(30),
+        "the firings of the pause skipped",
+        || async {
+            let r = db.robot("tick").await;
+            runs(&r)
+                .iter()
+                .any(|x| x.get_str("reason") == Ok("paused"))
+                .then_some(r)
+        },
+    )
+    .await;
+    let paused = runs(&r)
+        .into_iter()
+        .find(|x| x.get_str("reason") == Ok("paused"))
+        .unwrap();
+    assert!(paused.get_i64("count").unwrap_or(1) >= 2, "{paused}");
+    invariants::check_firings(&db, false).await;
+    let shown = db.cli_ok(&["robot", "runs", "tick", "--limit", "100"]);
+    assert!(shown.contains("every 1s"), "{shown}");
+    assert!(
+        shown.contains("paused") && shown.contains("cli:"),
+        "{shown}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&db.cli_ok(&["robot", "runs", "hourly", "--json"])).unwrap();
+    assert_eq!(json["runs"][0]["outcome"], "succeeded");
+    assert!(json["next"].is_string(), "{json}");
+    // Bad requests say why.
+    let daemon = db.cli(&["robot", "create", "--name", "d", "--kind", "counter"]);
+    assert!(daemon.status.success());
+    let out = db.cli(&["robot", "trigger", "d"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no spec.schedule"));
+    let out = db.cli(&[
+        "robot",
+        "create",
+        "--name",
+        "bad",
+        "--kind",
+        "counter",
+        "--schedule",
+        "0 0 30 2 *",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("never fires"));
+}

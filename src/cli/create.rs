@@ -73,6 +73,31 @@ pub struct SpecArgs {
     /// until `robot restart`), or `never` (its run ends it either way: a failure is final too).
     #[arg(long, value_name = "WHEN", value_parser = ["always", "failure", "never"])]
     restart_on: Option<String>,
+    /// Run on a schedule: a cron pattern, 5 fields ("0 3 * * *"), 6 with seconds
+    /// first, or @hourly, @daily, @weekly, @monthly, @yearly (sets
+    /// spec.schedule.cron). Each firing runs once, to its end.
+    #[arg(long, value_name = "CRON", conflicts_with = "every")]
+    schedule: Option<String>,
+    /// Run on a schedule every so long, aligned to the Unix epoch, e.g. 30s or 1h
+    /// (sets spec.schedule.every).
+    #[arg(long, value_name = "DURATION")]
+    every: Option<String>,
+    /// The IANA time zone of --schedule, e.g. Europe/Berlin (default UTC; sets
+    /// spec.schedule.timezone).
+    #[arg(long, value_name = "ZONE")]
+    timezone: Option<String>,
+    /// What a firing does while a run is in flight (sets spec.schedule.overlap):
+    /// skip (the default), buffer_one, buffer_all, cancel_other, allow.
+    #[arg(long, value_name = "POLICY", value_parser = ["skip", "buffer_one", "buffer_all", "cancel_other", "allow"])]
+    overlap: Option<String>,
+    /// How late a firing may still start after downtime, e.g. 10m (the default),
+    /// up to 7d; older ones are recorded missed (sets spec.schedule.catchup).
+    #[arg(long, value_name = "DURATION")]
+    catchup: Option<String>,
+    /// What a run cut off by its holder's lost lease becomes (sets
+    /// spec.schedule.on_lost): retry (the default) or skip.
+    #[arg(long, value_name = "WHAT", value_parser = ["retry", "skip"])]
+    on_lost: Option<String>,
 }
 
 /// Sets `spec.FIELD.key`, keeping the rest of `spec.FIELD` (the whole spec is
@@ -122,6 +147,36 @@ impl SpecArgs {
                 set_within(&mut spec, crate::robot::limits::SPEC_FIELD, field, value);
             }
         }
+        let schedule: [(&str, &Option<String>); 6] = [
+            ("cron", &self.schedule),
+            ("every", &self.every),
+            ("timezone", &self.timezone),
+            ("overlap", &self.overlap),
+            ("catchup", &self.catchup),
+            ("on_lost", &self.on_lost),
+        ];
+        // A new pattern replaces the other kind of pattern (an update from cron to
+        // every, or back).
+        let replaced: &[&str] = match (&self.schedule, &self.every) {
+            (Some(_), _) => &["every"],
+            (_, Some(_)) => &["cron", "timezone"],
+            _ => &[],
+        };
+        if let Some(bson::Bson::Document(s)) = spec.get_mut(crate::robot::schedule::SPEC_FIELD) {
+            for k in replaced {
+                s.remove(*k);
+            }
+        }
+        for (field, value) in schedule {
+            if let Some(v) = value {
+                set_within(
+                    &mut spec,
+                    crate::robot::schedule::SPEC_FIELD,
+                    field,
+                    v.as_str().into(),
+                );
+            }
+        }
         if let Some(on) = &self.restart_on {
             set_within(
                 &mut spec,
@@ -144,6 +199,12 @@ impl SpecArgs {
             || self.pids.is_some()
             || self.cpu.is_some()
             || self.restart_on.is_some()
+            || self.schedule.is_some()
+            || self.every.is_some()
+            || self.timezone.is_some()
+            || self.overlap.is_some()
+            || self.catchup.is_some()
+            || self.on_lost.is_some()
     }
 }
 

@@ -15,6 +15,7 @@ mod init;
 mod logs;
 mod rebalance;
 mod robots;
+mod runs;
 mod slots;
 mod status;
 mod worker;

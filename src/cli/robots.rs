@@ -112,6 +112,24 @@ pub enum RobotCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Run a scheduled robot once more now ("run now"), under its overlap policy and
+    /// fence; its run is recorded as triggered, with who asked.
+    Trigger {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A scheduled robot's last runs, newest first: firing, attempt, outcome
+    /// (succeeded, failed, lost, stopped, cancelled, skipped, missed), lateness,
+    /// worker and why; with its next firing and what is in flight.
+    Runs {
+        name: String,
+        /// Show at most this many runs.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
@@ -131,6 +149,10 @@ pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
         RobotCommand::Pause { name, json } => set_paused(store, &name, true, json).await,
         RobotCommand::Resume { name, json } => set_paused(store, &name, false, json).await,
         RobotCommand::Restart { name, json } => restart(store, &name, json).await,
+        RobotCommand::Trigger { name, json } => super::runs::trigger(store, &name, json).await,
+        RobotCommand::Runs { name, limit, json } => {
+            super::runs::runs(store, &name, limit as usize, json).await
+        }
     }
 }
 

@@ -123,6 +123,8 @@ pub struct Loaded {
     pub firings: crate::db::firing::FiringState,
     /// When it was created, in server milliseconds.
     pub created_ms: Option<i64>,
+    /// Held (`paused: true`): its holder is about to stop it.
+    pub paused: bool,
 }
 
 impl Loaded {
@@ -139,6 +141,7 @@ impl Loaded {
             ends: robot.recent_ends,
             firings: robot.firings,
             created_ms: robot.created_ms,
+            paused: robot.paused,
         })
     }
 }
@@ -294,7 +297,7 @@ impl ContextStore {
             .find_one(self.fence_match(id, gen))
             .projection(doc! {
                 NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1, RECENT_ENDS: 1,
-                crate::db::firing::FIRINGS: 1, CREATED_AT: 1,
+                crate::db::firing::FIRINGS: 1, CREATED_AT: 1, PAUSED: 1,
             })
             .await?
             .ok_or_else(|| self.fenced(name))?;

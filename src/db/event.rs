@@ -33,6 +33,8 @@ words! {
         Pause => "pause",
         Resume => "resume",
         Restart => "restart",
+        /// A run-now request for a scheduled robot.
+        Trigger => "trigger",
         Update => "update",
         Move => "move",
         Delete => "delete",

@@ -44,6 +44,7 @@ pub const PAUSED_AT: &str = "paused_at";
 pub const RUNNING: &str = "running";
 pub const LOST: &str = "lost";
 pub const TRIGGERS: &str = "triggers";
+pub const SCHEDULE: &str = "schedule";
 pub const ID: &str = "id";
 pub const FIRING: &str = "firing";
 pub const ATTEMPT: &str = "attempt";
@@ -141,6 +142,9 @@ pub struct FiringState {
     pub running: Vec<RunEntry>,
     pub lost: Vec<RunEntry>,
     pub triggers: Vec<Trigger>,
+    /// The schedule these firings follow, in words: when it changes, firings are
+    /// owed from the change on.
+    pub schedule: Option<String>,
     /// Entries or requests that could not be read.
     pub odd: usize,
 }
@@ -198,6 +202,7 @@ impl FiringState {
             running,
             lost,
             triggers,
+            schedule: d.get_str(SCHEDULE).ok().map(str::to_string),
             odd,
         }
     }
@@ -216,6 +221,7 @@ impl FiringState {
             RUNNING: self.running.iter().map(|e| Bson::Document(e.to_doc())).collect::<Vec<_>>(),
             LOST: self.lost.iter().map(|e| Bson::Document(e.to_doc())).collect::<Vec<_>>(),
             TRIGGERS: self.triggers.iter().map(|t| Bson::Document(doc! {ID: t.id, BY: &t.by})).collect::<Vec<_>>(),
+            SCHEDULE: self.schedule.clone().map_or(Bson::Null, Bson::String),
         }
     }
 
@@ -400,6 +406,7 @@ mod tests {
                 id: ObjectId::new(),
                 by: "cli".into(),
             }],
+            schedule: Some("every 1m".into()),
             odd: 0,
         };
         let back = FiringState::from_robot(&doc! {FIRINGS: s.to_doc()});

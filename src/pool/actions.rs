@@ -8,7 +8,7 @@
 //! slot's `rev` so its holder notices within a tick, a move is the fenced move of
 //! [`crate::pool::placement::move_robots`], a drain sets `draining` for the holder to act on.
 
-use bson::{doc, oid::ObjectId, Document};
+use bson::{doc, oid::ObjectId, Bson, Document};
 use futures::TryStreamExt;
 
 use crate::db::event::EventKind;
@@ -100,7 +100,7 @@ async fn robot(store: &Store, name: &str) -> Result<Document, ActionError> {
     store
         .robots()
         .find_one(doc! {NAME: name})
-        .projection(doc! {"_id": 1, SLOT_ID: 1, STATUS: 1, PAUSED: 1})
+        .projection(doc! {"_id": 1, SLOT_ID: 1, STATUS: 1, PAUSED: 1, SPEC: 1})
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))
 }
@@ -141,6 +141,66 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
     record(
         store,
         EventKind::Restart,
+        actor,
+        doc! {ROBOT: name, SLOT_ID: &slot},
+    )
+    .await;
+    Ok(Done {
+        name: name.to_string(),
+        slot: Some(slot),
+        changed: true,
+        repaired: false,
+    })
+}
+
+/// Asks a scheduled robot's holder for one extra run now ("run now"), under the
+/// robot's overlap policy and fence, recorded as triggered and by whom. The request
+/// waits in the robot's `firings.triggers` until its holder takes it; its `rev`
+/// goes up, so the holder's instance sees it at once. A robot without a schedule is
+/// refused: `robot restart` starts a daemon again.
+pub async fn trigger(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
+    let d = store
+        .robots()
+        .find_one(doc! {NAME: name})
+        .projection(doc! {"_id": 1, SLOT_ID: 1, SPEC: 1, crate::db::firing::FIRINGS: 1})
+        .await?
+        .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
+    let slot = slot_of(&d)?;
+    let scheduled = d.get_document(SPEC).ok().is_some_and(|s| {
+        matches!(
+            s.get(crate::robot::schedule::SPEC_FIELD),
+            Some(Bson::Document(_))
+        )
+    });
+    if !scheduled {
+        return Err(ActionError::Invalid(format!(
+            "{name} has no spec.schedule: a run-now request is for scheduled robots (`robot restart {name}` starts any robot again)"
+        )));
+    }
+    if matches!(d.get(crate::db::firing::FIRINGS), Some(f) if !matches!(f, Bson::Document(_))) {
+        return Err(ActionError::BadDocument(format!(
+            "{name}'s firings is not a document (a hand edit?); fix it by hand, e.g. db.robots.updateOne({{name: \"{name}\"}}, {{$unset: {{firings: 1}}}})"
+        )));
+    }
+    let who = format!("{}:{}", actor.by, actor.who);
+    let id = bson::oid::ObjectId::new();
+    let r = store
+        .robots()
+        .update_one(
+            doc! {"_id": d.get("_id"), SLOT_ID: &slot},
+            doc! {
+                "$push": {"firings.triggers": {"id": id, BY: &who}},
+                "$inc": {"firings.rev": 1_i64},
+            },
+        )
+        .await?;
+    if r.matched_count == 0 {
+        return Err(ActionError::Changed(name.to_string()));
+    }
+    tell_holders(store, name, &slot).await?;
+    record(
+        store,
+        EventKind::Trigger,
         actor,
         doc! {ROBOT: name, SLOT_ID: &slot},
     )
@@ -395,8 +455,22 @@ pub async fn set_paused(
     } else {
         RobotStatus::Pending
     };
-    // A resumed robot gets a fresh restart budget: its recorded ends go.
-    let update = if paused {
+    // A resumed robot gets a fresh restart budget: its recorded ends go. A
+    // scheduled robot's pause is marked in its firing state, so the instance that
+    // runs it after the resume records the firings of the pause as skipped.
+    let scheduled = d.get_document(SPEC).ok().is_some_and(|s| {
+        matches!(
+            s.get(crate::robot::schedule::SPEC_FIELD),
+            Some(Bson::Document(_))
+        )
+    });
+    let update = if paused && scheduled {
+        doc! {
+            "$set": {PAUSED: true, STATUS: status},
+            "$currentDate": {"firings.paused_at": true},
+            "$inc": {"firings.rev": 1_i64},
+        }
+    } else if paused {
         doc! {"$set": {PAUSED: true, STATUS: status}}
     } else {
         doc! {"$set": {PAUSED: false, STATUS: status}, "$unset": {RECENT_ENDS: ""}}

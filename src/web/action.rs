@@ -12,6 +12,8 @@ pub enum Action {
     Pause,
     Resume,
     Restart,
+    /// One extra run of a scheduled robot now.
+    Trigger,
     /// A new spec (and kind), judged by the robot's holder (see
     /// [`actions::update`]).
     Update {
@@ -33,11 +35,12 @@ impl Action {
             ("pause", _) => Ok(Action::Pause),
             ("resume", _) => Ok(Action::Resume),
             ("restart", _) => Ok(Action::Restart),
+            ("trigger", _) => Ok(Action::Trigger),
             ("delete", _) => Ok(Action::Delete),
             ("move", Some(to)) if !to.is_empty() => Ok(Action::Move { to }),
             ("move", _) => Err("move needs a destination slot: {\"to\": \"slot-002\"}".into()),
             _ => Err(format!(
-                "no robot action {name:?}: use pause, resume, restart, move or delete"
+                "no robot action {name:?}: use pause, resume, restart, trigger, move or delete"
             )),
         }
     }
@@ -55,6 +58,7 @@ impl Action {
             Action::Pause => "pause",
             Action::Resume => "resume",
             Action::Restart => "restart",
+            Action::Trigger => "trigger",
             Action::Update { .. } => "update",
             Action::Move { .. } => "move",
             Action::Delete => "delete",
@@ -83,6 +87,7 @@ pub async fn perform(
             Action::Pause => actions::set_paused(store, &target, true, &actor).await,
             Action::Resume => actions::set_paused(store, &target, false, &actor).await,
             Action::Restart => actions::restart(store, &target, &actor).await,
+            Action::Trigger => actions::trigger(store, &target, &actor).await,
             Action::Update { kind, spec } => {
                 actions::update(store, &target, kind.as_deref(), spec.clone(), false, &actor)
                     .await

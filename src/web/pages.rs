@@ -397,6 +397,11 @@ pub async fn robot(
         .filter(|e| e.fields.get("robot") == Some(&name))
         .collect();
     let paused = d.doc.get_bool(PAUSED).unwrap_or(false);
+    let scheduled = d
+        .doc
+        .get_document(SPEC)
+        .ok()
+        .is_some_and(|s| s.get_document(crate::robot::schedule::SPEC_FIELD).is_ok());
     let href = format!("/robots/{}", urlencode(&name));
     let body = html! {
         h1 { (name) }
@@ -415,6 +420,12 @@ pub async fn robot(
                 form.inline method="post" action=(format!("{href}/restart")) {
                     input type="hidden" name="csrf" value=(s.csrf);
                     button #restart type="submit" { "Restart" }
+                }
+                @if scheduled {
+                    form.inline method="post" action=(format!("{href}/trigger")) {
+                        input type="hidden" name="csrf" value=(s.csrf);
+                        button #trigger type="submit" title="one extra run now, under the schedule's overlap policy" { "Run now" }
+                    }
                 }
                 form.inline method="post" action=(format!("{href}/move")) {
                     input type="hidden" name="csrf" value=(s.csrf);

@@ -72,6 +72,10 @@ pub struct Facts {
     /// When the robot was created (server milliseconds): no firing before it is
     /// owed, when its state says nothing of where firings start.
     pub created_ms: Option<i64>,
+    /// The robot was paused: its holder is about to stop this instance, which
+    /// starts and settles nothing meanwhile (the next instance, after the resume,
+    /// records the pause's firings).
+    pub paused: bool,
     /// This instance's runs whose process started.
     pub started: HashSet<ObjectId>,
     /// This instance's runs it already asked to stop.
@@ -177,6 +181,12 @@ fn judge(e: &RunEntry, me: &Me, f: &Facts) -> Theirs {
 /// The next step for `me`, with `st` as stored.
 pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
     let now = f.now_ms;
+    if f.paused {
+        return Step::Wait {
+            until_ms: None,
+            poll: false,
+        };
+    }
     let mut next = st.clone();
 
     // 1. Runs of other instances.
@@ -216,6 +226,7 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                 lost.by = e.by.clone();
                 let mut records = vec![lost];
                 if let Some(r) = not_retried(s, e, me, f, "its run was lost and on_lost is skip") {
+                    next.missed += i64::from(r.outcome == Some(Outcome::Missed));
                     records.push(r);
                 } else {
                     next.running.push(retry_of(e, me));
@@ -228,6 +239,22 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                 };
             }
         }
+    }
+
+    // 1b. The schedule this state follows: a new one owes firings from now on.
+    let words = s.describe();
+    if st.schedule.as_deref() != Some(words.as_str()) {
+        next.since = match &st.schedule {
+            None => st.since.or(f.created_ms).or(Some(now)),
+            Some(_) => Some(now),
+        };
+        next.schedule = Some(words);
+        return Step::Write {
+            next,
+            records: vec![],
+            claiming: None,
+            why: "the schedule these firings follow",
+        };
     }
 
     let mine_started: Vec<&RunEntry> = st
@@ -657,6 +684,13 @@ mod tests {
         .unwrap()
     }
 
+    /// The plan for a state that already follows `s` (see the schedule-change test).
+    fn planned(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
+        let mut st = st.clone();
+        st.schedule = Some(s.describe());
+        plan(s, &st, me, f)
+    }
+
     fn facts(now: i64) -> Facts {
         Facts {
             now_ms: now,
@@ -692,13 +726,13 @@ mod tests {
         // Long before: wait until a minute before.
         let far = every("1h", "skip");
         assert_eq!(
-            plan(&far, &state(T0), &me(), &facts(T0 + 1)),
+            planned(&far, &state(T0), &me(), &facts(T0 + 1)),
             Step::Wait {
                 until_ms: Some(T0 + 60 * MIN - LEAD_MS),
                 poll: false
             }
         );
-        let (next, records, claiming) = written(plan(&s, &st, &me(), &facts(T0 + 30_000)));
+        let (next, records, claiming) = written(planned(&s, &st, &me(), &facts(T0 + 30_000)));
         assert_eq!(claiming, Some(T0 + MIN));
         assert!(records.is_empty());
         assert_eq!(next.claimed, Some(T0 + MIN));
@@ -706,7 +740,7 @@ mod tests {
         assert!(me().owns(&next.running[0]));
         // Claimed, not yet due: wait for it.
         assert_eq!(
-            plan(&s, &next, &me(), &facts(T0 + 30_001)),
+            planned(&s, &next, &me(), &facts(T0 + 30_001)),
             Step::Wait {
                 until_ms: Some(T0 + MIN),
                 poll: false
@@ -714,14 +748,14 @@ mod tests {
         );
         // Its time came: start it.
         assert_eq!(
-            plan(&s, &next, &me(), &facts(T0 + MIN)),
+            planned(&s, &next, &me(), &facts(T0 + MIN)),
             Step::Start(next.running.clone())
         );
         // Started: nothing more until the next firing (a run is in flight).
         let mut f = facts(T0 + MIN + 5);
         f.started.insert(next.running[0].id);
         assert_eq!(
-            plan(&s, &next, &me(), &f),
+            planned(&s, &next, &me(), &f),
             Step::Wait {
                 until_ms: Some(T0 + 2 * MIN),
                 poll: false
@@ -741,26 +775,29 @@ mod tests {
         };
         // skip: recorded, and settled.
         let (s, st, f) = running("skip");
-        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        let (next, records, _) = written(planned(&s, &st, &me(), &f));
         assert_eq!(next.claimed, Some(T0 + MIN));
         assert_eq!(records[0].outcome, Some(Outcome::Skipped));
         assert_eq!(next.running, st.running);
         // buffer_one and buffer_all: wait for the run's end.
         for p in ["buffer_one", "buffer_all"] {
             let (s, st, f) = running(p);
-            assert!(matches!(plan(&s, &st, &me(), &f), Step::Wait { .. }), "{p}");
+            assert!(
+                matches!(planned(&s, &st, &me(), &f), Step::Wait { .. }),
+                "{p}"
+            );
         }
         // cancel_other: stop the run first, once.
         let (s, st, mut f) = running("cancel_other");
         assert_eq!(
-            plan(&s, &st, &me(), &f),
+            planned(&s, &st, &me(), &f),
             Step::Cancel(vec![st.running[0].id])
         );
         f.stopping.insert(st.running[0].id);
-        assert!(matches!(plan(&s, &st, &me(), &f), Step::Wait { .. }));
+        assert!(matches!(planned(&s, &st, &me(), &f), Step::Wait { .. }));
         // allow: start beside it.
         let (s, st, f) = running("allow");
-        let (next, _, claiming) = written(plan(&s, &st, &me(), &f));
+        let (next, _, claiming) = written(planned(&s, &st, &me(), &f));
         assert_eq!(claiming, Some(T0 + MIN));
         assert_eq!(next.running.len(), 2);
     }
@@ -772,7 +809,7 @@ mod tests {
         st.running.push(me().entry(T0, 1, None));
         let mut f = facts(T0 + 3 * MIN + 10);
         f.started.insert(st.running[0].id);
-        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        let (next, records, _) = written(planned(&s, &st, &me(), &f));
         assert_eq!(records[0].count, Some(2));
         assert_eq!(next.claimed, Some(T0 + 2 * MIN));
         // The run ends: the newest starts.
@@ -786,7 +823,7 @@ mod tests {
         };
         let (after, record) = ended(&next, &me(), end).unwrap();
         assert_eq!(record.lateness_ms, Some(5));
-        let (claimed, _, claiming) = written(plan(&s, &after, &me(), &facts(T0 + 3 * MIN + 21)));
+        let (claimed, _, claiming) = written(planned(&s, &after, &me(), &facts(T0 + 3 * MIN + 21)));
         assert_eq!(claiming, Some(T0 + 3 * MIN));
         assert_eq!(claimed.running[0].firing, T0 + 3 * MIN);
     }
@@ -795,7 +832,7 @@ mod tests {
     fn buffer_all_runs_every_due_firing_in_order() {
         let s = every("1m", "buffer_all");
         let st = state(T0);
-        let (next, records, claiming) = written(plan(&s, &st, &me(), &facts(T0 + 3 * MIN + 10)));
+        let (next, records, claiming) = written(planned(&s, &st, &me(), &facts(T0 + 3 * MIN + 10)));
         assert!(records.is_empty());
         assert_eq!(claiming, Some(T0 + MIN));
         assert_eq!(next.claimed, Some(T0 + MIN));
@@ -813,7 +850,7 @@ mod tests {
         // The firing was due before this lease began: possibly started, lost.
         let mut f = facts(T0 + MIN + 3_000);
         f.lease_began_ms = Some(T0 + MIN + 2_000);
-        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        let (next, records, _) = written(planned(&s, &st, &me(), &f));
         assert_eq!(records[0].outcome, Some(Outcome::Lost));
         assert_eq!(records[0].worker, "10.0.0.1:7000");
         assert_eq!(next.running.len(), 1);
@@ -823,20 +860,20 @@ mod tests {
         let skip = Schedule::from_spec(&doc! {"schedule": {"every": "1m", "on_lost": "skip"}}, T0)
             .unwrap()
             .unwrap();
-        let (next, records, _) = written(plan(&skip, &st, &me(), &f));
+        let (next, records, _) = written(planned(&skip, &st, &me(), &f));
         assert!(next.running.is_empty());
         assert_eq!(records[1].outcome, Some(Outcome::Skipped));
         // Claimed ahead and due after this lease began: never started, taken over.
         f.lease_began_ms = Some(T0 + MIN - 30_000);
         f.now_ms = T0 + MIN - 29_000;
-        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        let (next, records, _) = written(planned(&s, &st, &me(), &f));
         assert!(records.is_empty());
         assert_eq!(next.running[0].firing, T0 + MIN);
         assert_eq!(next.running[0].attempt, 1);
         assert!(me().owns(&next.running[0]));
         // Without the lease's start, every run counts as possibly started.
         f.lease_began_ms = None;
-        let (_, records, _) = written(plan(&s, &st, &me(), &f));
+        let (_, records, _) = written(planned(&s, &st, &me(), &f));
         assert_eq!(records[0].outcome, Some(Outcome::Lost));
     }
 
@@ -854,16 +891,16 @@ mod tests {
             until_ms: None,
             poll: true,
         };
-        assert_eq!(plan(&s, &st, &me(), &f), wait);
+        assert_eq!(planned(&s, &st, &me(), &f), wait);
         // The same holder's older generation (an update, a move back) too.
         let mut mine_before = me();
         mine_before.gen = 8;
         let mut st2 = state(T0);
         st2.running.push(mine_before.entry(T0, 1, None));
-        assert_eq!(plan(&s, &st2, &me(), &facts(T0 + 2 * MIN)), wait);
+        assert_eq!(planned(&s, &st2, &me(), &facts(T0 + 2 * MIN)), wait);
         // Once that slot changed hands, the run was lost.
         f.slot_epochs.insert("slot-002".into(), 3);
-        let (_, records, _) = written(plan(&s, &st, &me(), &f));
+        let (_, records, _) = written(planned(&s, &st, &me(), &f));
         assert_eq!(records[0].outcome, Some(Outcome::Lost));
     }
 
@@ -872,20 +909,21 @@ mod tests {
         let s = Schedule::from_spec(&doc! {"schedule": {"every": "1m", "catchup": "5m"}}, T0)
             .unwrap()
             .unwrap();
-        let (next, records, _) = written(plan(&s, &state(T0), &me(), &facts(T0 + 60 * MIN + 1)));
+        let (next, records, _) = written(planned(&s, &state(T0), &me(), &facts(T0 + 60 * MIN + 1)));
         assert_eq!(records[0].outcome, Some(Outcome::Missed));
         assert_eq!(records[0].count, Some(55));
         assert_eq!(next.missed, 55);
         assert_eq!(next.claimed, Some(T0 + 55 * MIN));
         // Then the five within the window: the first runs, the rest overlap it.
-        let (next, records, claiming) = written(plan(&s, &next, &me(), &facts(T0 + 60 * MIN + 1)));
+        let (next, records, claiming) =
+            written(planned(&s, &next, &me(), &facts(T0 + 60 * MIN + 1)));
         assert_eq!(claiming, Some(T0 + 56 * MIN));
         assert_eq!(records[0].count, Some(4));
         assert_eq!(next.claimed, Some(T0 + 60 * MIN));
         // A pause from T0 + 30s to now: those firings were skipped as paused.
         let mut paused = state(T0);
         paused.paused_at = Some(T0 + 30_000);
-        let (next, records, _) = written(plan(&s, &paused, &me(), &facts(T0 + 10 * MIN + 1)));
+        let (next, records, _) = written(planned(&s, &paused, &me(), &facts(T0 + 10 * MIN + 1)));
         assert_eq!(records[0].outcome, Some(Outcome::Skipped));
         assert_eq!(records[0].reason.as_deref(), Some("paused"));
         assert_eq!(records[0].count, Some(10));
@@ -902,7 +940,7 @@ mod tests {
             by: "cli".into(),
         };
         st.triggers.push(by.clone());
-        let (next, _, claiming) = written(plan(&s, &st, &me(), &facts(T0 + 10)));
+        let (next, _, claiming) = written(planned(&s, &st, &me(), &facts(T0 + 10)));
         assert_eq!(claiming, None);
         assert!(next.triggers.is_empty());
         assert_eq!(next.running[0].trigger, Some(by.id));
@@ -912,7 +950,7 @@ mod tests {
         busy.running.push(me().entry(T0, 1, None));
         let mut f = facts(T0 + 10);
         f.started.insert(busy.running[0].id);
-        let (next, records, _) = written(plan(&s, &busy, &me(), &f));
+        let (next, records, _) = written(planned(&s, &busy, &me(), &f));
         assert!(next.triggers.is_empty());
         assert_eq!(records[0].by.as_deref(), Some("cli"));
     }
@@ -950,11 +988,11 @@ mod tests {
         st.running.push(other.entry(T0, 1, None));
         let mut f = facts(T0 + 10);
         assert!(matches!(
-            plan(&s, &st, &me(), &f),
+            planned(&s, &st, &me(), &f),
             Step::Wait { poll: true, .. }
         ));
         f.gone.insert("slot-009".into());
-        let (_, records, _) = written(plan(&s, &st, &me(), &f));
+        let (_, records, _) = written(planned(&s, &st, &me(), &f));
         assert_eq!(records[0].outcome, Some(Outcome::Lost));
     }
 
@@ -966,7 +1004,7 @@ mod tests {
         st.running.push(me().entry(T0 + MIN, 1, None));
         let f = facts(T0 + MIN + 5);
         assert_eq!(
-            plan(&s, &st, &me(), &f),
+            planned(&s, &st, &me(), &f),
             Step::Start(vec![st.running[0].clone()])
         );
     }
@@ -980,7 +1018,7 @@ mod tests {
             id: ObjectId::new(),
             by: "web".into(),
         });
-        let (next, records, _) = written(plan(&s, &st, &me(), &facts(T0 + 30_000)));
+        let (next, records, _) = written(planned(&s, &st, &me(), &facts(T0 + 30_000)));
         assert!(records.is_empty());
         assert_eq!(next.running.len(), 2);
         assert_eq!(next.running[1].by.as_deref(), Some("web"));
@@ -992,14 +1030,14 @@ mod tests {
         let mut st = state(T0);
         st.lost.push(me().entry(T0, 1, None));
         st.paused_at = Some(T0 + 1);
-        let (next, records, _) = written(plan(&s, &st, &me(), &facts(T0 + 2 * MIN + 1)));
+        let (next, records, _) = written(planned(&s, &st, &me(), &facts(T0 + 2 * MIN + 1)));
         assert!(next.lost.is_empty());
         assert_eq!(records[0].reason.as_deref(), Some("paused while it ran"));
         assert_eq!(records[1].count, Some(2));
         // Cut off and found after the catch-up window: missed, not retried.
         let mut st = state(T0);
         st.lost.push(me().entry(T0, 1, None));
-        let (next, records, _) = written(plan(&s, &st, &me(), &facts(T0 + 11 * MIN)));
+        let (next, records, _) = written(planned(&s, &st, &me(), &facts(T0 + 11 * MIN)));
         assert!(next.running.is_empty());
         assert_eq!(records[0].outcome, Some(Outcome::Missed));
     }
@@ -1009,8 +1047,34 @@ mod tests {
         let s = every("1m", "buffer_all");
         let mut f = facts(T0 + 3 * MIN + 1);
         f.created_ms = Some(T0 + 1);
-        let (next, _, claiming) = written(plan(&s, &FiringState::default(), &me(), &f));
+        let (next, _, claiming) = written(planned(&s, &FiringState::default(), &me(), &f));
         assert_eq!(claiming, Some(T0 + MIN));
         assert_eq!(next.claimed, Some(T0 + MIN));
+    }
+
+    #[test]
+    fn a_new_schedule_owes_firings_from_the_change_on() {
+        let s = every("1m", "skip");
+        // First written: from the robot's creation.
+        let mut f = facts(T0 + 5 * MIN);
+        f.created_ms = Some(T0 + 1);
+        let (next, _, _) = written(plan(&s, &FiringState::default(), &me(), &f));
+        assert_eq!(next.since, Some(T0 + 1));
+        assert_eq!(next.schedule.as_deref(), Some("every 1m"));
+        // Changed: from now.
+        let mut st = state(T0);
+        st.schedule = Some("every 1h".into());
+        let (next, _, _) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(next.since, Some(T0 + 5 * MIN));
+        assert_eq!(next.schedule.as_deref(), Some("every 1m"));
+        // Then nothing is owed before the change.
+        assert!(matches!(
+            plan(&s, &next, &me(), &f),
+            Step::Wait { .. }
+                | Step::Write {
+                    claiming: Some(_),
+                    ..
+                }
+        ));
     }
 }

@@ -196,6 +196,8 @@ pub(super) struct Scheduled {
     st: FiringState,
     kind_name: String,
     created_ms: Option<i64>,
+    /// Paused, as last read.
+    paused: bool,
     runs: JoinSet<(ObjectId, Result<(), RobotError>)>,
     started: HashMap<ObjectId, Started>,
     stopping: HashSet<ObjectId>,
@@ -218,6 +220,7 @@ impl Scheduled {
             st: loaded.firings.clone(),
             kind_name: loaded.kind.clone(),
             created_ms: loaded.created_ms,
+            paused: loaded.paused,
             schedule,
             shared,
             runs: JoinSet::new(),
@@ -303,6 +306,7 @@ impl Scheduled {
             now_ms,
             lease_began_ms: self.shared.time.lease_began(),
             created_ms: self.created_ms,
+            paused: self.paused,
             started: self.started.keys().copied().collect(),
             stopping: self.stopping.clone(),
             ..Facts::default()
@@ -435,6 +439,7 @@ impl Scheduled {
         match self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await {
             Ok(l) => {
                 self.st = l.firings;
+                self.paused = l.paused;
                 self.publish_rev();
                 true
             }
