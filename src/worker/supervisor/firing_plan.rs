@@ -83,6 +83,8 @@ pub struct Facts {
 }
 
 /// What to do next.
+// One step lives at a time, and is carried out at once: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// Write the state (a compare-and-set on `rev`), appending `records`;
