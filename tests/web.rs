@@ -1039,3 +1039,127 @@ async fn slow_write_bodies_cannot_starve_reads() {
         assert!(count(0) <= 12, "at most one evicted per read: {told:?}");
     }
 }
+
+/// A scheduled robot through the API and the pages: `POST /api/v1/robots` takes a
+/// schedule (a bad one is a `400` with the reason, nothing written);
+/// `POST /api/v1/robots/NAME/trigger` runs it once more now with the token only,
+/// recorded with who asked; a daemon is refused with the reason; the robot's page
+/// shows its schedule, next firing and runs; the list filters `only=scheduled` and
+/// `only=late`.
+#[tokio::test(flavor = "multi_thread")]
+async fn scheduled_robots_through_the_api_and_the_pages() {
+    let db = TestDb::new("web_sched").await;
+    db.init(1).await;
+    let _w = db.worker(&[]);
+    let web = WebProc::start(&db.uri, &db.dir, true, &[]).await;
+    let port = web.port;
+    let auth = bearer();
+    let with_token = [
+        ("Authorization", auth.as_str()),
+        ("X-Slotpool-Actor", "ada"),
+        ("Content-Type", "application/json"),
+    ];
+    let post =
+        |path: &str, body: &str| request(port, "POST", path, &with_token, body.as_bytes()).unwrap();
+    for (body, says) in [
+        (
+            r#"{"name": "s", "kind": "counter", "spec": {"schedule": {"cron": "0 3 * * *", "timezone": "Mars/Base"}}}"#,
+            "not a known IANA zone",
+        ),
+        (
+            r#"{"name": "s", "kind": "counter", "spec": {"schedule": {"cron": "every day"}}}"#,
+            "is not a cron pattern",
+        ),
+        (
+            r#"{"name": "s", "kind": "counter", "spec": {"schedule": {"every": "1h", "catchup": "30d"}}}"#,
+            "spec.schedule.catchup must be between",
+        ),
+    ] {
+        let r = post("/api/v1/robots", body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(r.body.contains(says), "{body}: {}", r.body);
+    }
+    assert!(db.robots().await.is_empty(), "nothing was written");
+    let r = post(
+        "/api/v1/robots",
+        r#"{"name": "nightly", "kind": "counter", "spec": {"schedule": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"}}}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = post("/api/v1/robots", r#"{"name": "daemon", "kind": "counter"}"#);
+    assert_eq!(r.status, 201, "{}", r.body);
+
+    let refused = post("/api/v1/robots/daemon/trigger", "");
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        refused.body.contains("has no spec.schedule"),
+        "{}",
+        refused.body
+    );
+    let no_token = request(port, "POST", "/api/v1/robots/nightly/trigger", &[], b"").unwrap();
+    assert_eq!(no_token.status, 401);
+    let r = post("/api/v1/robots/nightly/trigger", "");
+    assert!(
+        r.status == 200 || r.status == 202,
+        "{}: {}",
+        r.status,
+        r.body
+    );
+    let robot = wait_for(Duration::from_secs(30), "the run now", || async {
+        let r = db.robot("nightly").await;
+        let ran = r
+            .get_array("runs")
+            .ok()
+            .and_then(|a| a.first().cloned())
+            .and_then(|x| x.as_document().cloned())
+            .filter(|x| x.get_str("outcome") == Ok("succeeded"));
+        ran.map(|x| (r, x))
+    })
+    .await;
+    assert_eq!(robot.1.get_str("by"), Ok("web:ada"), "{}", robot.1);
+    let recorded = db
+        .store
+        .events()
+        .find_one(doc! {"kind": "trigger", "by": "web", "actor": "ada", "robot": "nightly"})
+        .await
+        .unwrap();
+    assert!(
+        recorded.is_some(),
+        "the request is in events with who asked"
+    );
+
+    let page = request(port, "GET", "/robots/nightly", &[], b"").unwrap();
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains("0 3 * * * (Europe/Berlin)"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains(r#"id="next-firing""#), "{}", page.body);
+    assert!(
+        page.body.contains(r#"data-outcome="succeeded""#),
+        "{}",
+        page.body
+    );
+    let daemon_page = request(port, "GET", "/robots/daemon", &[], b"").unwrap();
+    assert!(!daemon_page.body.contains(r#"id="runs""#));
+
+    wait_for(Duration::from_secs(30), "the list to read both", || async {
+        let list = request(port, "GET", "/robots?only=scheduled", &[], b"").unwrap();
+        (list.body.contains("data-robot=\"nightly\"")
+            && !list.body.contains("data-robot=\"daemon\""))
+        .then_some(())
+    })
+    .await;
+    let bad = request(port, "GET", "/robots?only=soon", &[], b"").unwrap();
+    assert_eq!(bad.status, 400);
+    assert!(bad
+        .body
+        .contains("only must be one of scheduled, completed, late"));
+    let late = request(port, "GET", "/api/v1/robots", &[], b"").unwrap();
+    assert!(
+        late.body
+            .contains(r#""schedule":"0 3 * * * (Europe/Berlin)""#),
+        "{}",
+        late.body
+    );
+}

@@ -85,19 +85,7 @@ pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> any
     // The next firing, from the schedule itself: one claimed ahead, or the first
     // after now and after the last one settled.
     let next = match &parsed {
-        Ok(Some(s)) => {
-            let ahead = st
-                .running
-                .iter()
-                .map(|e| e.firing)
-                .filter(|f| *f > now)
-                .min();
-            let after = s.next_after(now.max(st.claimed.unwrap_or(i64::MIN)));
-            match (ahead, after) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            }
-        }
+        Ok(Some(s)) => s.next_shown(st.claimed, st.running.iter().map(|e| e.firing), now),
         _ => None,
     };
     let schedule = match parsed {

@@ -45,6 +45,10 @@ words! {
         RobotFailed => "robot_failed",
         /// A robot ran to completion (`spec.restart.on`).
         RobotCompleted => "robot_completed",
+        /// A scheduled robot's run was found in flight under a lease that ended.
+        FiringLost => "firing_lost",
+        /// A scheduled robot's firings fell outside their catch-up window.
+        FiringMissed => "firing_missed",
         /// A worker saw the server's clock step forward.
         ServerClockStep => "server_clock_step",
     }

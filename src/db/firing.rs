@@ -45,6 +45,10 @@ pub const RUNNING: &str = "running";
 pub const LOST: &str = "lost";
 pub const TRIGGERS: &str = "triggers";
 pub const SCHEDULE: &str = "schedule";
+pub const LAST_OUTCOME: &str = "last_outcome";
+pub const LAST_LATENESS_MS: &str = "last_lateness_ms";
+/// A run that started this long after its firing, or later, counts as late.
+pub const LATE_MS: i64 = 1000;
 pub const ID: &str = "id";
 pub const FIRING: &str = "firing";
 pub const ATTEMPT: &str = "attempt";
@@ -145,6 +149,10 @@ pub struct FiringState {
     /// The schedule these firings follow, in words: when it changes, firings are
     /// owed from the change on.
     pub schedule: Option<String>,
+    /// The last record's outcome, and the last started run's lateness: what the
+    /// dashboard's list shows without reading `runs`.
+    pub last_outcome: Option<Outcome>,
+    pub last_lateness_ms: Option<i64>,
     /// Entries or requests that could not be read.
     pub odd: usize,
 }
@@ -203,6 +211,8 @@ impl FiringState {
             lost,
             triggers,
             schedule: d.get_str(SCHEDULE).ok().map(str::to_string),
+            last_outcome: d.get_str(LAST_OUTCOME).ok().and_then(Outcome::parse),
+            last_lateness_ms: int(d, LAST_LATENESS_MS),
             odd,
         }
     }
@@ -222,6 +232,25 @@ impl FiringState {
             LOST: self.lost.iter().map(|e| Bson::Document(e.to_doc())).collect::<Vec<_>>(),
             TRIGGERS: self.triggers.iter().map(|t| Bson::Document(doc! {ID: t.id, BY: &t.by})).collect::<Vec<_>>(),
             SCHEDULE: self.schedule.clone().map_or(Bson::Null, Bson::String),
+            LAST_OUTCOME: self.last_outcome.map_or(Bson::Null, Bson::from),
+            LAST_LATENESS_MS: opt(self.last_lateness_ms),
+        }
+    }
+
+    /// Late: the last run started [`LATE_MS`] or more after its firing, or the last
+    /// record is a firing missed or lost.
+    pub fn late(&self) -> bool {
+        self.last_lateness_ms.is_some_and(|l| l >= LATE_MS)
+            || matches!(self.last_outcome, Some(Outcome::Missed | Outcome::Lost))
+    }
+
+    /// Notes `records` (about to be appended) in the summary fields.
+    pub fn note(&mut self, records: &[RunRecord]) {
+        if let Some(r) = records.last() {
+            self.last_outcome = r.outcome;
+        }
+        if let Some(l) = records.iter().rev().find_map(|r| r.lateness_ms) {
+            self.last_lateness_ms = Some(l);
         }
     }
 
@@ -407,6 +436,8 @@ mod tests {
                 by: "cli".into(),
             }],
             schedule: Some("every 1m".into()),
+            last_outcome: Some(Outcome::Succeeded),
+            last_lateness_ms: Some(3),
             odd: 0,
         };
         let back = FiringState::from_robot(&doc! {FIRINGS: s.to_doc()});

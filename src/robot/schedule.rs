@@ -358,6 +358,22 @@ impl Schedule {
         Owed { missed, due, next }
     }
 
+    /// The next firing to show at `now_ms`: one already claimed ahead (`in_flight`
+    /// firings after now), or the first after now and after the last one settled.
+    pub fn next_shown(
+        &self,
+        claimed: Option<i64>,
+        in_flight: impl IntoIterator<Item = i64>,
+        now_ms: i64,
+    ) -> Option<i64> {
+        let ahead = in_flight.into_iter().filter(|f| *f > now_ms).min();
+        let after = self.next_after(now_ms.max(claimed.unwrap_or(i64::MIN)));
+        match (ahead, after) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// The schedule in a few words: `0 3 * * * (Europe/Berlin)`, `every 30s`.
     pub fn describe(&self) -> String {
         match &self.pattern {

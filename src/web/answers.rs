@@ -473,6 +473,8 @@ mod tests {
                 "epoch",
                 "restarts",
                 "checkpointed_at_ms",
+                "schedule",
+                "late",
             ])
         );
     }

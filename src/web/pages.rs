@@ -257,6 +257,7 @@ pub async fn robots(
             (select("state", "State", &query::states(), q.state.as_deref()))
             (select("slot", "Slot", &slot_ids, q.slot.as_deref()))
             label { "Kind " input type="text" name="kind" value=(q.kind.as_deref().unwrap_or("")) size="8" maxlength=(query::MAX_TEXT); }
+            (select("only", "Only", query::ONLY, q.only))
             label { "Sort "
                 select name="sort" { @for o in query::SORTS { option value=(o) selected[q.sort == *o] { (o) } } }
             }
@@ -457,6 +458,7 @@ pub async fn robot(
                 dt { "limits" } dd data-field="limits" { (limits) }
             }
         }
+        @if let Some(runs) = runs_section(&d.doc, snap.now_ms) { (runs) }
         h2 { "Context" }
         pre #context { (pretty(d.doc.get(CONTEXT))) }
         h2 { "Spec" }
@@ -535,4 +537,59 @@ pub async fn not_found(
         "Not found",
         "There is no page here.",
     )
+}
+
+/// A scheduled robot's schedule, next firing and last runs (newest first), or None
+/// for a robot without a schedule.
+fn runs_section(doc: &bson::Document, now_ms: i64) -> Option<Markup> {
+    use crate::db::firing::{runs_of, FiringState};
+    use crate::robot::schedule::{rfc3339, Schedule};
+    let spec = doc.get_document(SPEC).ok()?;
+    spec.get_document(crate::robot::schedule::SPEC_FIELD).ok()?;
+    let parsed = Schedule::from_spec(spec, now_ms);
+    let st = FiringState::from_robot(doc);
+    let (words, next) = match &parsed {
+        Ok(Some(s)) => (
+            s.describe(),
+            s.next_shown(st.claimed, st.running.iter().map(|e| e.firing), now_ms),
+        ),
+        Ok(None) => return None,
+        Err(e) => (format!("invalid: {e}"), None),
+    };
+    let mut runs = runs_of(doc);
+    runs.reverse();
+    runs.truncate(20);
+    Some(html! {
+        h2 { "Schedule and runs" }
+        p #schedule {
+            span #schedule-words { (words) }
+            " · next firing " span #next-firing { (next.map_or("-".into(), rfc3339)) }
+            " · in flight " (st.running.len())
+            " · run-now requests waiting " (st.triggers.len())
+            " · missed in all " (st.missed)
+        }
+        @if runs.is_empty() { p { "No runs yet." } }
+        @else {
+            table #runs {
+                thead { tr { th { "Firing" } th { "Attempt" } th { "Outcome" } th { "Lateness" } th { "Worker" } th { "By" } th { "Why" } } }
+                tbody {
+                    @for r in &runs {
+                        @let outcome = r.outcome.map_or("?".to_string(), |o| o.to_string());
+                        tr data-outcome=(outcome) {
+                            td {
+                                (rfc3339(r.firing))
+                                @if let (Some(last), Some(n)) = (r.last, r.count) { " … " (rfc3339(last)) " (" (n) ")" }
+                            }
+                            td { (r.attempt) }
+                            td { span.badge.(outcome) { (outcome) } }
+                            td { (r.lateness_ms.map_or("-".into(), |l| format!("{l} ms"))) }
+                            td { (r.worker) }
+                            td { (r.by.as_deref().unwrap_or("")) }
+                            td { (r.reason.as_deref().unwrap_or("")) }
+                        }
+                    }
+                }
+            }
+        }
+    })
 }

@@ -11,6 +11,10 @@ pub fn states() -> Vec<&'static str> {
     RobotState::ALL.iter().map(|s| s.as_str()).collect()
 }
 
+/// What `only=` may name: robots on a schedule, robots that ran to completion,
+/// and scheduled robots running late.
+pub const ONLY: &[&str] = &["scheduled", "completed", "late"];
+
 /// Sort keys.
 pub const SORTS: &[&str] = &["name", "slot", "state", "seq", "restarts", "checkpoint"];
 
@@ -27,6 +31,7 @@ pub struct RobotQuery {
     pub state: Option<String>,
     pub slot: Option<String>,
     pub kind: Option<String>,
+    pub only: Option<&'static str>,
     pub sort: &'static str,
     pub desc: bool,
     /// From 1.
@@ -41,6 +46,7 @@ impl Default for RobotQuery {
             state: None,
             slot: None,
             kind: None,
+            only: None,
             sort: "name",
             desc: false,
             page: 1,
@@ -50,7 +56,7 @@ impl Default for RobotQuery {
 }
 
 impl RobotQuery {
-    /// Parses `?q=&state=&slot=&kind=&sort=&order=&page=&per_page=`. Empty values mean
+    /// Parses `?q=&state=&slot=&kind=&only=&sort=&order=&page=&per_page=`. Empty values mean
     /// "not given" (what an empty form field sends); unknown or repeated names, and
     /// values out of range, are errors that say what is accepted.
     pub fn parse(params: &[(String, String)]) -> Result<RobotQuery, String> {
@@ -80,6 +86,13 @@ impl RobotQuery {
                 }
                 "slot" => out.slot = value(),
                 "kind" => out.kind = value(),
+                "only" => {
+                    out.only = Some(
+                        ONLY.iter()
+                            .find(|o| **o == v)
+                            .ok_or_else(|| format!("only must be one of {}", ONLY.join(", ")))?,
+                    );
+                }
                 "sort" => {
                     out.sort = SORTS
                         .iter()
@@ -97,7 +110,7 @@ impl RobotQuery {
                 "per_page" => out.per_page = number(k, v, 1, MAX_PER_PAGE)?,
                 _ => {
                     return Err(format!(
-                        "unknown parameter {k:?}: use q, state, slot, kind, sort, order, page, per_page"
+                        "unknown parameter {k:?}: use q, state, slot, kind, only, sort, order, page, per_page"
                     ))
                 }
             }
@@ -119,6 +132,9 @@ impl RobotQuery {
             if let Some(v) = v {
                 pairs.push((k, v.clone()));
             }
+        }
+        if let Some(o) = self.only {
+            pairs.push(("only", o.to_string()));
         }
         if self.sort != "name" {
             pairs.push(("sort", self.sort.to_string()));
@@ -163,6 +179,12 @@ pub fn apply<'a>(rows: &'a [RobotRow], q: &RobotQuery) -> Page<'a> {
         .filter(|r| q.state.as_deref().is_none_or(|s| r.state.as_str() == s))
         .filter(|r| q.slot.as_deref().is_none_or(|s| r.slot == s))
         .filter(|r| q.kind.as_deref().is_none_or(|k| r.kind == k))
+        .filter(|r| match q.only {
+            Some("scheduled") => r.schedule.is_some(),
+            Some("completed") => r.state == RobotState::Completed,
+            Some("late") => r.late,
+            _ => true,
+        })
         .collect();
     // Stable, and only the key is reversed for `desc`: ties keep name order.
     let key = |a: &RobotRow, b: &RobotRow| match q.sort {

@@ -115,6 +115,12 @@ pub struct RobotRow {
     pub restarts: Option<i64>,
     /// Server-clock milliseconds since the epoch of its last checkpoint.
     pub checkpointed_at_ms: Option<i64>,
+    /// Its schedule in words (`every 30s`, `0 3 * * * (Europe/Berlin)`), for a
+    /// scheduled robot.
+    pub schedule: Option<String>,
+    /// A scheduled robot whose last run started a second or more late, or whose
+    /// last firing was missed or lost.
+    pub late: bool,
     #[serde(skip)]
     worker: Option<String>,
 }
@@ -489,7 +495,7 @@ impl Snapshotter {
                 .projection(doc! {
                     "name": 1, "kind": 1, "slot_id": 1, "status": 1, "error": 1,
                     "paused": 1, "worker": 1, "seq": 1, "epoch": 1, "restarts": 1,
-                    "checkpointed_at": 1,
+                    "checkpointed_at": 1, "spec.schedule": 1, "firings": 1,
                 })
                 .await?
                 .try_collect()
@@ -593,6 +599,17 @@ fn robot_row(d: &Document) -> RobotRow {
         epoch: r.epoch,
         restarts: r.restarts,
         checkpointed_at_ms: r.checkpointed_at_ms,
+        schedule: r.spec.as_ref().and_then(|s| {
+            s.get(crate::robot::schedule::SPEC_FIELD)
+                .filter(|v| !matches!(v, bson::Bson::Null))
+                .map(|_| {
+                    crate::robot::schedule::Schedule::from_spec(s, 0)
+                        .ok()
+                        .flatten()
+                        .map_or("invalid".to_string(), |x| x.describe())
+                })
+        }),
+        late: r.firings.late(),
         worker: r.worker,
     }
 }

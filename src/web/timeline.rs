@@ -20,13 +20,15 @@ use crate::db::event::EventKind;
 pub const WINDOW_MS: i64 = 3600 * 1000;
 
 /// The event kinds the timeline reads.
-pub const KINDS: [EventKind; 6] = [
+pub const KINDS: [EventKind; 8] = [
     EventKind::Claim,
     EventKind::Release,
     EventKind::Lost,
     EventKind::SelfFence,
     EventKind::RobotRestart,
     EventKind::RobotFailed,
+    EventKind::FiringLost,
+    EventKind::FiringMissed,
 ];
 
 /// One event as the timeline needs it.
@@ -107,16 +109,20 @@ impl Timeline {
         sorted.sort_by_key(|m| m.at_ms);
         for m in sorted {
             match m.kind {
-                EventKind::RobotRestart | EventKind::RobotFailed => robots.push(Mark {
+                EventKind::RobotRestart
+                | EventKind::RobotFailed
+                | EventKind::FiringLost
+                | EventKind::FiringMissed => robots.push(Mark {
                     at: m.at_ms,
                     kind: m.kind,
                     what: format!(
                         "{} {}{}",
                         m.robot.as_deref().unwrap_or("a robot"),
-                        if m.kind == EventKind::RobotFailed {
-                            "failed"
-                        } else {
-                            "restarted"
+                        match m.kind {
+                            EventKind::RobotFailed => "failed",
+                            EventKind::FiringLost => "lost a run with its holder's lease",
+                            EventKind::FiringMissed => "missed firings",
+                            _ => "restarted",
                         },
                         m.slot
                             .as_deref()
@@ -330,7 +336,7 @@ impl Timeline {
                     @for m in &self.robots {
                         @let x = self.x(m.at);
                         circle class=(m.kind.as_str()) cx=(x) cy=(y + 11.0) r="4"
-                            fill=(if m.kind == EventKind::RobotFailed { "#d9534f" } else { "#f0ad4e" }) {
+                            fill=(if matches!(m.kind, EventKind::RobotFailed | EventKind::FiringLost | EventKind::FiringMissed) { "#d9534f" } else { "#f0ad4e" }) {
                             title { (clock(m.at)) " " (m.what) }
                         }
                     }

@@ -203,6 +203,9 @@ pub(super) struct Scheduled {
     stopping: HashSet<ObjectId>,
     /// Other slots found gone, and since when.
     gone_since: HashMap<String, Instant>,
+    /// The robot as read right after a firing was claimed ahead, for that firing's
+    /// start: the start then waits on the timer alone, not on a read.
+    preloaded: Option<(ObjectId, Loaded)>,
     budget: Budget,
 }
 
@@ -227,6 +230,7 @@ impl Scheduled {
             started: HashMap::new(),
             stopping: HashSet::new(),
             gone_since: HashMap::new(),
+            preloaded: None,
             budget: Budget::new(policy),
             r,
         }
@@ -377,6 +381,8 @@ impl Scheduled {
         claiming: Option<i64>,
         why: &'static str,
     ) -> bool {
+        let mut next = next;
+        next.note(&records);
         let written = self
             .r
             .ctx
@@ -394,9 +400,11 @@ impl Scheduled {
             Ok(Written::Applied) => {
                 tracing::debug!(robot = %self.r.name, why, "firing state written");
                 self.count(&records, claiming);
+                self.record_events(&records).await;
                 self.st = next;
                 self.st.rev = Some(self.st.rev.unwrap_or(0) + 1);
                 self.publish_rev();
+                self.preload(claiming).await;
                 true
             }
             Ok(Written::Fenced) => self.reload().await,
@@ -407,6 +415,38 @@ impl Scheduled {
                 self.reload().await
             }
             Err(e) => self.after_error(e).await,
+        }
+    }
+
+    /// Lost runs and missed firings go to `events` too (the dashboard's timeline
+    /// marks them): they are rare, and each is news.
+    async fn record_events(&self, records: &[RunRecord]) {
+        use crate::db::event::EventKind;
+        use crate::db::field::{DETAIL, EPOCH, ROBOT, SLOT_ID, WORKER};
+        for r in records {
+            let kind = match r.outcome {
+                Some(Outcome::Lost) => EventKind::FiringLost,
+                Some(Outcome::Missed) => EventKind::FiringMissed,
+                _ => continue,
+            };
+            let detail = format!(
+                "firing {}{}: {}",
+                crate::robot::schedule::rfc3339(r.firing),
+                r.count
+                    .map(|n| format!(" and {} more", n - 1))
+                    .unwrap_or_default(),
+                r.reason.as_deref().unwrap_or("")
+            );
+            self.r
+                .store
+                .record_event(
+                    kind,
+                    doc! {
+                        WORKER: self.r.ctx.worker(), SLOT_ID: self.r.ctx.slot_id(),
+                        EPOCH: self.r.ctx.epoch(), ROBOT: &self.r.name, DETAIL: detail,
+                    },
+                )
+                .await;
         }
     }
 
@@ -461,13 +501,45 @@ impl Scheduled {
         }
     }
 
+    /// After a firing was claimed ahead with no run in flight, reads the robot for
+    /// its start: nothing but this instance's runs changes its context, and none
+    /// will run before that firing.
+    async fn preload(&mut self, claiming: Option<i64>) {
+        self.preloaded = None;
+        let Some(t) = claiming else { return };
+        let Some(e) = self
+            .st
+            .running
+            .iter()
+            .find(|e| e.firing == t && e.trigger.is_none())
+        else {
+            return;
+        };
+        let now = self.shared.time.now_ms(self.clock()).unwrap_or(i64::MAX);
+        if !self.started.is_empty() || t <= now {
+            return;
+        }
+        let id = e.id;
+        if let Ok(l) = self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await {
+            self.preloaded = Some((id, l));
+        }
+    }
+
     /// Starts a claimed run: only while the lease holds (a holder thawed after its
     /// deadline starts nothing), from the context as it stands now.
     async fn start(&mut self, e: RunEntry, now_ms: i64) {
         if !self.r.ctx.lease_open() {
             return;
         }
-        let loaded = match self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await {
+        let preloaded = match self.preloaded.take() {
+            Some((id, l))
+                if id == e.id && self.started.is_empty() && l.firings.rev <= self.st.rev =>
+            {
+                Ok(l)
+            }
+            _ => self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await,
+        };
+        let loaded = match preloaded {
             Ok(l) => l,
             Err(err) => {
                 tracing::warn!(robot = %self.r.name, "cannot load the robot to start its run ({err})");
