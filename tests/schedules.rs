@@ -22,6 +22,14 @@ fn succeeded(r: &Document) -> usize {
         .count()
 }
 
+/// Whether a run noted in `path` (lines `start …` and `end …`) has not ended.
+fn in_flight(path: &std::path::Path) -> bool {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let starts = text.lines().filter(|l| l.starts_with("start")).count();
+    let ends = text.lines().filter(|l| l.starts_with("end")).count();
+    starts > ends
+}
+
 /// A counter firing every second, with its whole record kept.
 fn every_second(db: &TestDb, name: &str, extra: &str) {
     let spec =
@@ -346,4 +354,150 @@ async fn run_now_and_pause_are_recorded_and_shown() {
         "0 0 30 2 *",
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("never fires"));
+}
+
+/// An exec robot whose run takes 600 ms, every second, on three workers: the
+/// holder killed with -9 while a run is in flight (not between firings), then the
+/// next holder's database link blackholed (the chaos proxy) until a standby takes
+/// over. The shim ends the cut-off run with its lease; the successor records it
+/// lost and runs it again as the next attempt, never beside itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_cut_off_by_kill_9_or_a_partition_is_retried_never_run_beside_itself() {
+    use common::proxy::{Mode, Proxy};
+    let db = TestDb::new("sched_midrun").await;
+    db.init(1).await;
+    let log = db.dir.join("runs.log");
+    // Each run notes its start and end (wall clock, ns) with its firing.
+    let cmd = common::script(
+        &db,
+        "job.sh",
+        &format!(
+            "echo \"start $SLOTPOOL_FIRING $(date +%s%N)\" >> '{0}'\nsleep 0.6\necho \"end $SLOTPOOL_FIRING $(date +%s%N)\" >> '{0}'\n",
+            log.display()
+        ),
+    );
+    let spec =
+        format!(r#"{{"command": "{cmd}", "schedule": {{"every": "1s", "keep_runs": 1000}}}}"#);
+    db.cli_ok(&[
+        "robot", "create", "--name", "job", "--kind", "exec", "--spec", &spec,
+    ]);
+    let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
+    let first = db.exec_worker(&[]);
+    wait_succeeded(&db, "job", 2).await;
+    let mut via = {
+        let allow = db.exec_allow();
+        db.worker_via(&proxy, &["--exec-allow", &allow])
+    };
+    // kill -9 in the middle of a run: the proxied standby takes over.
+    let mut first = first;
+    wait_for(Duration::from_secs(30), "a run in flight", || async {
+        in_flight(&log).then_some(())
+    })
+    .await;
+    assert_eq!(holder(&db).await, first.id);
+    first.kill9();
+    wait_for(
+        Duration::from_secs(30),
+        "the proxied standby's takeover",
+        || async { (holder(&db).await == via.id).then_some(()) },
+    )
+    .await;
+    let before = succeeded(&db.robot("job").await);
+    wait_succeeded(&db, "job", before + 3).await;
+    // Its database link blackholed in the middle of a run: a new standby takes over.
+    let mut third = db.exec_worker(&[]);
+    wait_for(Duration::from_secs(30), "a run in flight", || async {
+        in_flight(&log).then_some(())
+    })
+    .await;
+    proxy.set(Mode::Blackhole);
+    wait_for(
+        Duration::from_secs(30),
+        "the standby's takeover",
+        || async { (holder(&db).await == third.id).then_some(()) },
+    )
+    .await;
+    let before = succeeded(&db.robot("job").await);
+    wait_succeeded(&db, "job", before + 3).await;
+    proxy.set(Mode::Pass);
+    let report = invariants::check_firings(&db, false).await;
+    assert!(
+        report.lost >= 1,
+        "the cut-off run was recorded lost: {report:?}"
+    );
+    // From the processes' own notes: no two runs of the job at once.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut open: Option<String> = None;
+    for l in text.lines() {
+        let firing = l.split(' ').nth(1).unwrap_or("").to_string();
+        if l.starts_with("start") {
+            // A run cut off by its lease never wrote its end: the next start is
+            // the successor's, after that lease.
+            open = Some(firing);
+        } else if let Some(f) = open.take() {
+            assert_eq!(
+                f, firing,
+                "an end for another run than the one open: {text}"
+            );
+        }
+    }
+    via.kill9();
+    third.kill9();
+}
+
+/// `robot update` of the schedule while a run is in flight: the instance stops (the
+/// run is recorded stopped and handed on), the new schedule holds from the change
+/// on, and nothing runs twice at once or goes without a record.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_update_of_the_schedule_while_a_run_is_in_flight() {
+    let db = TestDb::new("sched_update").await;
+    db.init(1).await;
+    let cmd = common::script(&db, "slow.sh", "sleep 1.5\nexit 0\n");
+    let spec =
+        format!(r#"{{"command": "{cmd}", "schedule": {{"every": "1s", "keep_runs": 1000}}}}"#);
+    db.cli_ok(&[
+        "robot", "create", "--name", "job", "--kind", "exec", "--spec", &spec,
+    ]);
+    let _w = db.exec_worker(&[]);
+    wait_succeeded(&db, "job", 2).await;
+    wait_for(Duration::from_secs(30), "a run in flight", || async {
+        let r = db.robot("job").await;
+        let running = r
+            .get_document("firings")
+            .ok()?
+            .get_array("running")
+            .ok()?
+            .len();
+        (running > 0).then_some(())
+    })
+    .await;
+    let out = db.cli_ok(&["robot", "update", "job", "--every", "3s"]);
+    assert!(out.contains("applied") || out.contains("schedule"), "{out}");
+    let r = wait_for(
+        Duration::from_secs(60),
+        "runs on the new schedule",
+        || async {
+            let r = db.robot("job").await;
+            let on_new = runs(&r)
+                .iter()
+                .filter(|x| {
+                    x.get_str("outcome") == Ok("succeeded")
+                        && x.get_i64("firing").unwrap_or(1) % 3000 == 0
+                        && x.get_i64("epoch").is_ok()
+                })
+                .count();
+            (on_new >= 2 && r.get_document("firings").ok()?.get_str("schedule") == Ok("every 3s"))
+                .then_some(r)
+        },
+    )
+    .await;
+    let outcomes: Vec<String> = runs(&r)
+        .iter()
+        .map(|x| x.get_str("outcome").unwrap_or("").to_string())
+        .collect();
+    assert!(
+        outcomes.iter().any(|o| o == "stopped"),
+        "the run in flight was stopped: {outcomes:?}"
+    );
+    invariants::check_firings(&db, false).await;
 }

@@ -291,7 +291,29 @@ async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
     let slots = state::slot_views(&slot_rows(store).await?);
     let st = RobotNow::of(&RobotDoc::from_doc(&full), &slots);
     let limits = crate::robot::limits::describe_stored(&full);
+    // A scheduled robot: its schedule in words and its next firing (its last runs
+    // are in the document's `runs`).
+    let now = chrono::Utc::now().timestamp_millis();
+    let scheduled = full
+        .get_document(crate::db::field::SPEC)
+        .ok()
+        .filter(|s| s.get_document(crate::robot::schedule::SPEC_FIELD).is_ok())
+        .map(
+            |spec| match crate::robot::schedule::Schedule::from_spec(spec, now) {
+                Ok(Some(s)) => {
+                    let st = crate::db::firing::FiringState::from_robot(&full);
+                    let next = s.next_shown(st.claimed, st.running.iter().map(|e| e.firing), now);
+                    (s.describe(), next.map(crate::robot::schedule::rfc3339))
+                }
+                Ok(None) => (String::new(), None),
+                Err(e) => (format!("invalid: {e}"), None),
+            },
+        );
     let mut v = Bson::Document(full).into_relaxed_extjson();
+    if let Some((words, next)) = scheduled {
+        v["schedule"] = json!(words);
+        v["next_firing"] = json!(next);
+    }
     if let Some(limits) = limits {
         v["limits"] = json!(limits);
     }

@@ -206,8 +206,9 @@ fn int(d: &Document, k: &str) -> Option<i64> {
 /// - no firing's attempt is recorded twice, and a firing starts again only after
 ///   its earlier attempt was recorded lost, stopped or failed;
 /// - no two runs of one robot overlap in time (unless `overlap_allowed`);
-/// - every firing of an `every` schedule from the first one recorded up to
-///   `firings.claimed` has a record (ran, skipped or missed): none vanished;
+/// - every firing of an `every` schedule from the first one recorded (or the last
+///   schedule change) up to `firings.claimed` has a record (ran, skipped or
+///   missed): none vanished;
 /// - a counter's `n` is the number of firings (and run-now requests) that
 ///   succeeded: each step once.
 pub async fn check_firings(db: &TestDb, overlap_allowed: bool) -> FiringReport {
@@ -311,7 +312,16 @@ pub async fn check_firings(db: &TestDb, overlap_allowed: bool) -> FiringReport {
                         .collect()
                 })
                 .unwrap_or_default();
-            let mut t = first;
+            // Firings before `since` follow an earlier schedule (an update).
+            let since = r
+                .get_document("firings")
+                .ok()
+                .and_then(|f| int(f, "since"));
+            let mut t = match since {
+                Some(s) => (s.div_euclid(p) + 1) * p,
+                None => first,
+            }
+            .max(first.div_euclid(p) * p);
             while t <= claimed {
                 let recorded = covered.contains(&t)
                     || ranges.iter().any(|(a, b)| *a <= t && t <= *b)
