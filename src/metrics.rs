@@ -21,6 +21,37 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// Renewal round-trip latency buckets, in seconds.
 const BUCKETS: [f64; 10] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
+/// Firing lateness buckets, in seconds: a few milliseconds on a timer, a second or
+/// two after a takeover, up to a minute when a holder falls behind.
+const LATENESS_BUCKETS: [f64; 12] = [
+    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 2.5, 10.0, 60.0,
+];
+
+/// How late scheduled runs start, in [`LATENESS_BUCKETS`].
+#[derive(Debug, Clone)]
+pub struct Lateness(Histogram);
+
+impl Default for Lateness {
+    fn default() -> Self {
+        Lateness(Histogram::new(LATENESS_BUCKETS))
+    }
+}
+
+impl Lateness {
+    pub fn observe(&self, d: Duration) {
+        self.0.observe(d.as_secs_f64());
+    }
+}
+
+impl EncodeMetric for Lateness {
+    fn encode(&self, encoder: prometheus_client::encoding::MetricEncoder) -> std::fmt::Result {
+        self.0.encode(encoder)
+    }
+    fn metric_type(&self) -> MetricType {
+        self.0.metric_type()
+    }
+}
+
 /// The renewal round trip, in [`BUCKETS`].
 #[derive(Debug, Clone)]
 pub struct Latency(Histogram);
@@ -115,7 +146,7 @@ metrics! {
     firings_skipped: Counter = "firings_skipped", "firings recorded skipped: overlap, paused, or lost with on_lost skip";
     firings_missed: Counter = "firings_missed", "firings recorded missed: due outside their catch-up window";
     firings_lost: Counter = "firings_lost", "runs found in flight under a lease that ended (then retried or skipped, as on_lost says)";
-    firing_lateness: Latency = "firing_lateness_seconds", "from a firing's time to its run's start, on the server's clock as the holder estimates it";
+    firing_lateness: Lateness = "firing_lateness_seconds", "from a firing's time to its run's start, on the server's clock as the holder estimates it";
     robots_running: Gauge = "robots_running", "robots running on this worker";
     robots_restarting: Gauge = "robots_restarting", "robots waiting in restart backoff";
     robot_write_limit: Gauge = "robot_write_limit", "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)";

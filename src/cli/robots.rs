@@ -293,7 +293,7 @@ async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
     let limits = crate::robot::limits::describe_stored(&full);
     // A scheduled robot: its schedule in words and its next firing (its last runs
     // are in the document's `runs`).
-    let now = chrono::Utc::now().timestamp_millis();
+    let now = store.server_now().await?.timestamp_millis();
     let scheduled = full
         .get_document(crate::db::field::SPEC)
         .ok()

@@ -79,7 +79,8 @@ pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> any
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
     let spec = d.get_document(SPEC).cloned().unwrap_or_default();
-    let now = chrono::Utc::now().timestamp_millis();
+    // Firings are on the server's clock.
+    let now = store.server_now().await?.timestamp_millis();
     let parsed = Schedule::from_spec(&spec, now);
     let st = FiringState::from_robot(&d);
     // The next firing, from the schedule itself: one claimed ahead, or the first

@@ -125,6 +125,8 @@ pub struct Loaded {
     pub created_ms: Option<i64>,
     /// Held (`paused: true`): its holder is about to stop it.
     pub paused: bool,
+    /// When an update was last applied to it (server milliseconds).
+    pub updated_ms: Option<i64>,
 }
 
 impl Loaded {
@@ -142,6 +144,7 @@ impl Loaded {
             firings: robot.firings,
             created_ms: robot.created_ms,
             paused: robot.paused,
+            updated_ms: robot.updated_ms,
         })
     }
 }
@@ -297,7 +300,7 @@ impl ContextStore {
             .find_one(self.fence_match(id, gen))
             .projection(doc! {
                 NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1, RECENT_ENDS: 1,
-                crate::db::firing::FIRINGS: 1, CREATED_AT: 1, PAUSED: 1,
+                crate::db::firing::FIRINGS: 1, CREATED_AT: 1, PAUSED: 1, UPDATE_RESULT: 1,
             })
             .await?
             .ok_or_else(|| self.fenced(name))?;

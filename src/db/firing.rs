@@ -45,6 +45,7 @@ pub const RUNNING: &str = "running";
 pub const LOST: &str = "lost";
 pub const TRIGGERS: &str = "triggers";
 pub const SCHEDULE: &str = "schedule";
+pub const SCHEDULE_SPEC: &str = "schedule_spec";
 pub const LAST_OUTCOME: &str = "last_outcome";
 pub const LAST_LATENESS_MS: &str = "last_lateness_ms";
 /// A run that started this long after its firing, or later, counts as late.
@@ -134,7 +135,7 @@ pub struct Trigger {
 
 /// A robot's `firings`, decoded leniently: what cannot be read is left out and
 /// counted in `odd`, so the holder can say so.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct FiringState {
     /// None: never written (the compare-and-set then expects no `rev`).
     pub rev: Option<i64>,
@@ -149,6 +150,8 @@ pub struct FiringState {
     /// The schedule these firings follow, in words: when it changes, firings are
     /// owed from the change on.
     pub schedule: Option<String>,
+    /// The same schedule as written (`spec.schedule`).
+    pub schedule_spec: Option<Document>,
     /// The last record's outcome, and the last started run's lateness: what the
     /// dashboard's list shows without reading `runs`.
     pub last_outcome: Option<Outcome>,
@@ -211,6 +214,7 @@ impl FiringState {
             lost,
             triggers,
             schedule: d.get_str(SCHEDULE).ok().map(str::to_string),
+            schedule_spec: d.get_document(SCHEDULE_SPEC).ok().cloned(),
             last_outcome: d.get_str(LAST_OUTCOME).ok().and_then(Outcome::parse),
             last_lateness_ms: int(d, LAST_LATENESS_MS),
             odd,
@@ -232,6 +236,7 @@ impl FiringState {
             LOST: self.lost.iter().map(|e| Bson::Document(e.to_doc())).collect::<Vec<_>>(),
             TRIGGERS: self.triggers.iter().map(|t| Bson::Document(doc! {ID: t.id, BY: &t.by})).collect::<Vec<_>>(),
             SCHEDULE: self.schedule.clone().map_or(Bson::Null, Bson::String),
+            SCHEDULE_SPEC: self.schedule_spec.clone().map_or(Bson::Null, Bson::Document),
             LAST_OUTCOME: self.last_outcome.map_or(Bson::Null, Bson::from),
             LAST_LATENESS_MS: opt(self.last_lateness_ms),
         }
@@ -436,6 +441,7 @@ mod tests {
                 by: "cli".into(),
             }],
             schedule: Some("every 1m".into()),
+            schedule_spec: Some(doc! {"every": "1m"}),
             last_outcome: Some(Outcome::Succeeded),
             last_lateness_ms: Some(3),
             odd: 0,

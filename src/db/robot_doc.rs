@@ -10,6 +10,7 @@
 use bson::{oid::ObjectId, Bson, Document};
 
 use crate::db::event::text;
+use crate::db::field::UPDATE_RESULT;
 use crate::db::field::{
     CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RECENT_ENDS,
     RESTARTS, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
@@ -102,6 +103,8 @@ pub struct RobotDoc {
     pub checkpointed_at_ms: Option<i64>,
     /// Server-clock milliseconds of its creation.
     pub created_ms: Option<i64>,
+    /// Server-clock milliseconds of the last update its holder applied.
+    pub updated_ms: Option<i64>,
     /// A scheduled robot's firing state (empty for any other).
     pub firings: crate::db::firing::FiringState,
 }
@@ -149,6 +152,12 @@ impl RobotDoc {
                 Some(Bson::DateTime(t)) => Some(t.timestamp_millis()),
                 _ => None,
             },
+            updated_ms: d
+                .get_document(UPDATE_RESULT)
+                .ok()
+                .filter(|u| u.get_bool("applied") == Ok(true))
+                .and_then(|u| u.get_datetime("at").ok())
+                .map(|t| t.timestamp_millis()),
             firings: crate::db::firing::FiringState::from_robot(d),
         }
     }

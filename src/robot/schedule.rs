@@ -49,6 +49,10 @@ pub const SPEC_FIELD: &str = "schedule";
 /// any sane tick, short enough that a pool back from an hour's outage does not
 /// replay the hour.
 pub const DEFAULT_CATCHUP: Duration = Duration::from_secs(10 * 60);
+/// The shortest catch-up window: a second. A holder acts on a firing a few
+/// milliseconds after its time; a shorter window would call a firing that merely
+/// overlapped a run, or came during a write, missed rather than skipped or run.
+pub const MIN_CATCHUP: Duration = Duration::from_secs(1);
 /// The longest catch-up window: a week. Past that, a firing is history, not work.
 pub const MAX_CATCHUP: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Runs kept in a robot's `runs` by default, and at most.
@@ -120,6 +124,9 @@ pub struct Schedule {
     pub catchup: Duration,
     pub on_lost: OnLost,
     pub keep_runs: u32,
+    /// `spec.schedule` as written, so the firings it owed can be found again after
+    /// it changed.
+    pub source: Document,
 }
 
 /// The firings owed at one instant, after the last one claimed.
@@ -223,7 +230,7 @@ impl Schedule {
         };
         let catchup = match s.get("catchup") {
             None | Some(Bson::Null) => DEFAULT_CATCHUP,
-            Some(v) => spec_duration("schedule.catchup", v, Duration::ZERO, MAX_CATCHUP)?,
+            Some(v) => spec_duration("schedule.catchup", v, MIN_CATCHUP, MAX_CATCHUP)?,
         };
         let keep_runs = match s.get("keep_runs") {
             None | Some(Bson::Null) => DEFAULT_KEEP_RUNS,
@@ -251,6 +258,7 @@ impl Schedule {
             catchup,
             on_lost,
             keep_runs,
+            source: s.clone(),
         };
         if schedule.next_after(now_ms).is_none() {
             return Err(format!(
@@ -647,23 +655,24 @@ mod tests {
 
     #[test]
     fn a_week_of_seconds_missed_is_counted_up_to_the_cap() {
-        let c = schedule(doc! {"cron": "* * * * * *", "catchup": "0s"});
+        let c = schedule(doc! {"cron": "* * * * * *", "catchup": "1s"});
         let from = utc("2026-03-01T00:00:00Z");
         let owed = c.owed(from, from + 7 * 24 * 3600 * 1000, 10);
         let m = owed.missed.unwrap();
         assert_eq!(m.count, MAX_COUNTED);
         assert!(m.at_least);
-        // The last one is the real last, not the last counted.
-        assert_eq!(m.last, from + 7 * 24 * 3600 * 1000 - 1000);
+        // The last one is the real last, not the last counted: the window is the
+        // last second, and the firing at its start is due, not missed.
+        assert_eq!(m.last, from + 7 * 24 * 3600 * 1000 - 2000);
         // Exactly the cap is not "at least".
         let exact = c.span(from, from + MAX_COUNTED as i64 * 1000).unwrap();
         assert_eq!((exact.count, exact.at_least), (MAX_COUNTED, false));
-        let e = schedule(doc! {"every": "1s", "catchup": "0s"});
+        let e = schedule(doc! {"every": "1s", "catchup": "1s"});
         let m = e
             .owed(from, from + 7 * 24 * 3600 * 1000, 10)
             .missed
             .unwrap();
-        assert_eq!(m.count, 7 * 24 * 3600 - 1);
+        assert_eq!(m.count, 7 * 24 * 3600 - 2);
         assert!(!m.at_least);
     }
 
@@ -691,6 +700,10 @@ mod tests {
             (
                 doc! {"cron": "* * * * *", "catchup": "8d"}.into(),
                 "spec.schedule.catchup must be between",
+            ),
+            (
+                doc! {"cron": "* * * * *", "catchup": "0s"}.into(),
+                "spec.schedule.catchup must be between 1s",
             ),
             (
                 doc! {"cron": "* * * * *", "overlap": "twice"}.into(),

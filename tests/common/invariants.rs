@@ -313,10 +313,7 @@ pub async fn check_firings(db: &TestDb, overlap_allowed: bool) -> FiringReport {
                 })
                 .unwrap_or_default();
             // Firings before `since` follow an earlier schedule (an update).
-            let since = r
-                .get_document("firings")
-                .ok()
-                .and_then(|f| int(f, "since"));
+            let since = r.get_document("firings").ok().and_then(|f| int(f, "since"));
             let mut t = match since {
                 Some(s) => (s.div_euclid(p) + 1) * p,
                 None => first,

@@ -80,6 +80,8 @@ pub struct Facts {
     pub started: HashSet<ObjectId>,
     /// This instance's runs it already asked to stop.
     pub stopping: HashSet<ObjectId>,
+    /// Runs that wait out a restart backoff: not started before these times.
+    pub not_before: HashMap<ObjectId, i64>,
 }
 
 /// What to do next.
@@ -246,14 +248,38 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
     // 1b. The schedule this state follows: a new one owes firings from now on.
     let words = s.describe();
     if st.schedule.as_deref() != Some(words.as_str()) {
+        let mut records = vec![];
         next.since = match &st.schedule {
             None => st.since.or(f.created_ms).or(Some(now)),
-            Some(_) => Some(now),
+            Some(old) => {
+                // The old schedule's firings that were due and had not run (the
+                // robot behind, or waiting on a run) are recorded, not dropped.
+                let from = st.settled_until().unwrap_or(now);
+                let old_schedule = st.schedule_spec.as_ref().and_then(|spec| {
+                    Schedule::from_spec(&bson::doc! {"schedule": spec.clone()}, now)
+                        .ok()
+                        .flatten()
+                });
+                if let Some(m) = old_schedule.and_then(|o| o.span(from, now)) {
+                    let mut r = me.record(
+                        m.first,
+                        Outcome::Skipped,
+                        &format!("the schedule changed from {old} before it ran"),
+                    );
+                    if m.count > 1 {
+                        r.count = Some(m.count as i64);
+                        r.last = Some(m.last);
+                    }
+                    records.push(r);
+                }
+                Some(now)
+            }
         };
         next.schedule = Some(words);
+        next.schedule_spec = Some(s.source.clone());
         return Step::Write {
             next,
-            records: vec![],
+            records,
             claiming: None,
             why: "the schedule these firings follow",
         };
@@ -369,10 +395,14 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
     }
 
     // 5. Claimed runs whose time came.
+    let due_at = |e: &RunEntry| {
+        e.firing
+            .max(f.not_before.get(&e.id).copied().unwrap_or(i64::MIN))
+    };
     let ready: Vec<RunEntry> = st
         .running
         .iter()
-        .filter(|e| !f.started.contains(&e.id) && e.firing <= now)
+        .filter(|e| !f.started.contains(&e.id) && due_at(e) <= now)
         .cloned()
         .collect();
     if !ready.is_empty() {
@@ -535,7 +565,7 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
         .running
         .iter()
         .filter(|e| !f.started.contains(&e.id))
-        .map(|e| e.firing)
+        .map(due_at)
         .min();
     if let Some(n) = owed.next {
         let free = (!busy && !pending) || s.overlap == Overlap::Allow;
@@ -1063,10 +1093,18 @@ mod tests {
         let (next, _, _) = written(plan(&s, &FiringState::default(), &me(), &f));
         assert_eq!(next.since, Some(T0 + 1));
         assert_eq!(next.schedule.as_deref(), Some("every 1m"));
-        // Changed: from now.
+        // Changed: from now; the old schedule's firings due and not run are
+        // recorded skipped.
         let mut st = state(T0);
         st.schedule = Some("every 1h".into());
-        let (next, _, _) = written(plan(&s, &st, &me(), &f));
+        st.schedule_spec = Some(bson::doc! {"every": "1m"});
+        let (next, records, _) = written(plan(&s, &st, &me(), &f));
+        assert_eq!(records[0].count, Some(5));
+        assert!(records[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("schedule changed"));
         assert_eq!(next.since, Some(T0 + 5 * MIN));
         assert_eq!(next.schedule.as_deref(), Some("every 1m"));
         // Then nothing is owed before the change.
@@ -1078,5 +1116,24 @@ mod tests {
                     ..
                 }
         ));
+    }
+
+    #[test]
+    fn a_retry_waits_out_its_backoff() {
+        let s = every("1m", "skip");
+        let mut st = state(T0);
+        let retry = me().entry(T0, 2, None);
+        st.running.push(retry.clone());
+        let mut f = facts(T0 + 1_000);
+        f.not_before.insert(retry.id, T0 + 5_000);
+        assert_eq!(
+            planned(&s, &st, &me(), &f),
+            Step::Wait {
+                until_ms: Some(T0 + 5_000),
+                poll: false
+            }
+        );
+        f.now_ms = T0 + 5_000;
+        assert_eq!(planned(&s, &st, &me(), &f), Step::Start(vec![retry]));
     }
 }

@@ -53,7 +53,14 @@ impl Runner {
                 .time
                 .now_ms(&self.clock)
                 .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
-            if let Ok(Some(schedule)) = Schedule::from_spec(&loaded.spec, now) {
+            // Only a spec this worker would run goes to the schedule's loop; any
+            // other is reported by the loop below, with its reason.
+            let runnable = self
+                .registry
+                .get(&loaded.kind)
+                .is_some_and(|k| k.check_spec(&loaded.spec).is_ok())
+                && RestartPolicy::from_spec(&loaded.spec).is_ok();
+            if let (true, Ok(Some(schedule))) = (runnable, Schedule::from_spec(&loaded.spec, now)) {
                 let shared = self.scheduling.clone();
                 return Scheduled::new(self, shared, loaded, schedule).run().await;
             }

@@ -185,6 +185,8 @@ pub struct Shared {
 struct Started {
     token: CancellationToken,
     started_ms: i64,
+    /// When it started, on this worker's clock (the restart budget's measure).
+    began: Instant,
 }
 
 /// One scheduled robot's instance.
@@ -203,6 +205,8 @@ pub(super) struct Scheduled {
     stopping: HashSet<ObjectId>,
     /// Other slots found gone, and since when.
     gone_since: HashMap<String, Instant>,
+    /// Retries (restart.on failure) not to start before these server times.
+    not_before: HashMap<ObjectId, i64>,
     /// The robot as read right after a firing was claimed ahead, for that firing's
     /// start: the start then waits on the timer alone, not on a read.
     preloaded: Option<(ObjectId, Loaded)>,
@@ -231,6 +235,7 @@ impl Scheduled {
             stopping: HashSet::new(),
             gone_since: HashMap::new(),
             preloaded: None,
+            not_before: HashMap::new(),
             budget: Budget::new(policy),
             r,
         }
@@ -313,6 +318,7 @@ impl Scheduled {
             paused: self.paused,
             started: self.started.keys().copied().collect(),
             stopping: self.stopping.clone(),
+            not_before: self.not_before.clone(),
             ..Facts::default()
         };
         let others: HashSet<String> = self
@@ -593,13 +599,22 @@ impl Scheduled {
         self.r.metrics.robots_running.inc_by(1);
         tracing::info!(robot = %self.r.name, firing = %crate::robot::schedule::rfc3339(e.firing), attempt = e.attempt, lateness_ms = lateness, "firing started");
         let id = e.id;
+        self.not_before.remove(&id);
         let metrics = self.r.metrics.clone();
         self.runs.spawn(async move {
             let result = kind.run(run).await;
             metrics.robots_running.inc_by(-1);
             (id, result)
         });
-        self.started.insert(id, Started { token, started_ms });
+        let began = self.r.clock.now();
+        self.started.insert(
+            id,
+            Started {
+                token,
+                started_ms,
+                began,
+            },
+        );
     }
 
     /// Waits for the next step's time, a run's end, or news of the document.
@@ -653,17 +668,17 @@ impl Scheduled {
             .time
             .now_ms(self.clock())
             .unwrap_or(s.started_ms);
-        let began = self.clock().now();
-        let mut retry = false;
+        // restart.on failure: the firing's next attempt is written at once, and
+        // starts after the backoff (the instance goes on meanwhile).
+        let mut backoff = None;
         if outcome == Outcome::Failed && self.budget.policy().on == RestartOn::Failure {
-            match self.budget.ended(began, self.clock().now(), false) {
-                Next::RestartAfter(backoff) => {
-                    self.r.metrics.robot_restarts.inc();
-                    self.pause_for(backoff).await;
-                    retry = !self.r.token.is_cancelled();
-                }
-                Next::GiveUp { .. } => {}
+            if let Next::RestartAfter(b) = self.budget.ended(s.began, self.clock().now(), false) {
+                self.r.metrics.robot_restarts.inc();
+                backoff = Some(b);
             }
+        }
+        if outcome == Outcome::Failed {
+            self.r.metrics.firings_failed.inc();
         }
         let end = RunEnd {
             id,
@@ -671,9 +686,28 @@ impl Scheduled {
             reason,
             started_ms: Some(s.started_ms),
             ended_ms,
-            retry,
+            retry: backoff.is_some(),
         };
-        self.record_end(end).await
+        let (firing, attempt) = self
+            .st
+            .running
+            .iter()
+            .find(|e| e.id == id)
+            .map_or((0, 0), |e| (e.firing, e.attempt));
+        let go_on = self.record_end(end).await;
+        if let Some(b) = backoff {
+            let again = self
+                .st
+                .running
+                .iter()
+                .find(|e| e.firing == firing && e.attempt == attempt + 1)
+                .map(|e| e.id);
+            if let Some(again) = again {
+                self.not_before
+                    .insert(again, ended_ms + b.as_millis() as i64);
+            }
+        }
+        go_on
     }
 
     /// Writes a run's end, again on a newer state when another writer raised `rev`.
@@ -682,9 +716,6 @@ impl Scheduled {
             let Some((next, record)) = ended(&self.st, &self.me, end.clone()) else {
                 return true;
             };
-            if end.outcome == Outcome::Failed {
-                self.r.metrics.firings_failed.inc();
-            }
             let before = self.st.rev;
             if !self.write(next, vec![record], None, "a run's end").await {
                 return false;
@@ -771,13 +802,26 @@ impl Scheduled {
                 count: None,
                 last: None,
             });
-            let r = self
-                .r
-                .ctx
-                .end_run_by_id(&self.r.id, &e, record.as_ref(), self.schedule.keep_runs)
-                .await;
-            if let Err(err) = r {
-                tracing::warn!(robot = %self.r.name, "could not record the end of a stopped run ({err}); the next holder judges it by this lease");
+            // Tried again while the lease holds: the next instance waits for it.
+            let mut wait = Duration::from_millis(100);
+            loop {
+                let r = self
+                    .r
+                    .ctx
+                    .end_run_by_id(&self.r.id, &e, record.as_ref(), self.schedule.keep_runs)
+                    .await;
+                match r {
+                    Ok(_) => break,
+                    Err(err) if self.r.ctx.lease_open() => {
+                        tracing::warn!(robot = %self.r.name, "could not record the end of a stopped run ({err}); trying again");
+                        self.r.clock.sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(2));
+                    }
+                    Err(err) => {
+                        tracing::warn!(robot = %self.r.name, "could not record the end of a stopped run ({err}); the next holder judges it by this lease");
+                        break;
+                    }
+                }
             }
         }
     }
