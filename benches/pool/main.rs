@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload
+//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule
 //!
 //! One file per phase; this one parses the arguments, runs the phases asked for
 //! and prints the table.
@@ -16,6 +16,7 @@ mod cost;
 mod probe;
 mod record;
 mod scale;
+mod schedule;
 mod sweep;
 mod takeover;
 mod web;
@@ -32,6 +33,7 @@ use cost::*;
 use probe::*;
 use record::*;
 use scale::*;
+use schedule::*;
 use sweep::*;
 use takeover::*;
 use web::*;
@@ -214,6 +216,11 @@ async fn main() {
     }
     if want("slots") {
         for r in slots_rows(quick).await {
+            show(&mut rows, r);
+        }
+    }
+    if want("schedule") {
+        for r in schedule_rows(quick).await {
             show(&mut rows, r);
         }
     }
