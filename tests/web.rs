@@ -1150,6 +1150,16 @@ async fn scheduled_robots_through_the_api_and_the_pages() {
         .then_some(())
     })
     .await;
+    // The overview's timeline marks the robot's latest firing.
+    wait_for(
+        Duration::from_secs(30),
+        "the firing on the timeline",
+        || async {
+            let page = request(port, "GET", "/", &[], b"").unwrap();
+            page.body.contains(r#"class="lane firings""#).then_some(())
+        },
+    )
+    .await;
     let bad = request(port, "GET", "/robots?only=soon", &[], b"").unwrap();
     assert_eq!(bad.status, 400);
     assert!(bad

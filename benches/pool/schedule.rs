@@ -101,9 +101,9 @@ async fn steady_and_takeover(n: usize, trials: usize) -> (Row, Row) {
         w[i].kill9();
         let claimed = claimed_after(&db, "slot-001", &old, t0).await;
         let record = common::wait_for(Duration::from_secs(30), "the firing's run", || async {
-            runs_of(&db.robot("s").await)
-                .into_iter()
-                .find(|x| int(x, "firing") == Some(firing) && x.get_str("outcome") == Ok("succeeded"))
+            runs_of(&db.robot("s").await).into_iter().find(|x| {
+                int(x, "firing") == Some(firing) && x.get_str("outcome") == Ok("succeeded")
+            })
         })
         .await;
         let started = int(&record, "started").unwrap();
@@ -157,15 +157,17 @@ async fn sigstop_mid_run(trials: usize) -> Row {
             log.display()
         ),
     );
-    let spec = format!(
-        r#"{{"command": "{cmd}", "schedule": {{"every": "2s", "keep_runs": 1000}}}}"#
-    );
-    db.cli_ok(&["robot", "create", "--name", "j", "--kind", "exec", "--spec", &spec]);
+    let spec =
+        format!(r#"{{"command": "{cmd}", "schedule": {{"every": "2s", "keep_runs": 1000}}}}"#);
+    db.cli_ok(&[
+        "robot", "create", "--name", "j", "--kind", "exec", "--spec", &spec,
+    ]);
     let w: Vec<WorkerProc> = (0..3).map(|_| db.exec_worker(&[])).collect();
     wait_succeeded(&db, "j", 2, Duration::from_secs(60)).await;
     let in_flight = || {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        text.lines().filter(|l| *l == "start").count() > text.lines().filter(|l| *l == "end").count()
+        text.lines().filter(|l| *l == "start").count()
+            > text.lines().filter(|l| *l == "end").count()
     };
     for _ in 0..trials {
         common::wait_for(Duration::from_secs(30), "a run in flight", || async {
@@ -182,7 +184,10 @@ async fn sigstop_mid_run(trials: usize) -> Row {
     }
     let runs = runs_of(&db.robot("j").await);
     let mut by_firing: BTreeMap<i64, usize> = BTreeMap::new();
-    for x in runs.iter().filter(|x| x.get_str("outcome") == Ok("succeeded")) {
+    for x in runs
+        .iter()
+        .filter(|x| x.get_str("outcome") == Ok("succeeded"))
+    {
         *by_firing.entry(int(x, "firing").unwrap()).or_default() += 1;
     }
     let twice = by_firing.values().filter(|n| **n > 1).count();
@@ -192,7 +197,10 @@ async fn sigstop_mid_run(trials: usize) -> Row {
         .collect();
     iv.sort();
     let overlaps = iv.windows(2).filter(|p| p[1].0 < p[0].1).count();
-    let lost = runs.iter().filter(|x| x.get_str("outcome") == Ok("lost")).count();
+    let lost = runs
+        .iter()
+        .filter(|x| x.get_str("outcome") == Ok("lost"))
+        .count();
     Row {
         name: format!("Scheduled firing, SIGSTOP 5 s of the holder mid-run (every 2 s, 1 s runs, 3 workers), {trials} trials"),
         figures: format!(
@@ -229,16 +237,15 @@ async fn minute_edge(robots: u32) -> Row {
     ]);
     let metric_sum = |name: &'static str| {
         let w = &w;
-        async move {
-            w.iter()
-                .map(|x| x.metric(name).unwrap_or(0))
-                .sum::<u64>()
-        }
+        async move { w.iter().map(|x| x.metric(name).unwrap_or(0)).sum::<u64>() }
     };
     // Wait for the edge after the next one, so every robot is adopted and claimed.
     let now = db.store.server_now().await.unwrap().timestamp_millis();
     let first_edge = now.div_euclid(60_000) * 60_000 + 120_000;
-    tokio::time::sleep(Duration::from_millis((first_edge - 30_000 - wall_ms()).max(0) as u64)).await;
+    tokio::time::sleep(Duration::from_millis(
+        (first_edge - 30_000 - wall_ms()).max(0) as u64,
+    ))
+    .await;
     let fences0 = metric_sum("slotpool_self_fences_total").await;
     let started0 = metric_sum("slotpool_firings_started_total").await;
     let batched0 = metric_sum("slotpool_checkpoint_batched_total").await;
@@ -247,7 +254,10 @@ async fn minute_edge(robots: u32) -> Row {
     let cpu0: f64 = w.iter().map(|x| cpu_s(x.pid())).sum();
     let t0 = Instant::now();
     // Two edges, and 30 s after the second for the ends to land.
-    tokio::time::sleep(Duration::from_millis((first_edge + 90_000 - wall_ms()).max(0) as u64)).await;
+    tokio::time::sleep(Duration::from_millis(
+        (first_edge + 90_000 - wall_ms()).max(0) as u64,
+    ))
+    .await;
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (w.iter().map(|x| cpu_s(x.pid())).sum::<f64>() - cpu0) / secs;
     let started = metric_sum("slotpool_firings_started_total").await - started0;
@@ -262,7 +272,9 @@ async fn minute_edge(robots: u32) -> Row {
     for r in db.robots().await {
         for x in runs_of(&r) {
             let f = int(&x, "firing").unwrap_or(0);
-            if (f == first_edge || f == first_edge + 60_000) && x.get_str("outcome") == Ok("succeeded") {
+            if (f == first_edge || f == first_edge + 60_000)
+                && x.get_str("outcome") == Ok("succeeded")
+            {
                 if let Some(l) = int(&x, "lateness_ms") {
                     late.push(l as f64);
                 }

@@ -47,6 +47,7 @@ pub const TRIGGERS: &str = "triggers";
 pub const SCHEDULE: &str = "schedule";
 pub const SCHEDULE_SPEC: &str = "schedule_spec";
 pub const LAST_OUTCOME: &str = "last_outcome";
+pub const LAST_FIRING: &str = "last_firing";
 pub const LAST_LATENESS_MS: &str = "last_lateness_ms";
 /// A run that started this long after its firing, or later, counts as late.
 pub const LATE_MS: i64 = 1000;
@@ -156,6 +157,8 @@ pub struct FiringState {
     /// dashboard's list shows without reading `runs`.
     pub last_outcome: Option<Outcome>,
     pub last_lateness_ms: Option<i64>,
+    /// The last record's firing.
+    pub last_firing: Option<i64>,
     /// Entries or requests that could not be read.
     pub odd: usize,
 }
@@ -217,6 +220,7 @@ impl FiringState {
             schedule_spec: d.get_document(SCHEDULE_SPEC).ok().cloned(),
             last_outcome: d.get_str(LAST_OUTCOME).ok().and_then(Outcome::parse),
             last_lateness_ms: int(d, LAST_LATENESS_MS),
+            last_firing: int(d, LAST_FIRING),
             odd,
         }
     }
@@ -239,6 +243,7 @@ impl FiringState {
             SCHEDULE_SPEC: self.schedule_spec.clone().map_or(Bson::Null, Bson::Document),
             LAST_OUTCOME: self.last_outcome.map_or(Bson::Null, Bson::from),
             LAST_LATENESS_MS: opt(self.last_lateness_ms),
+            LAST_FIRING: opt(self.last_firing),
         }
     }
 
@@ -253,6 +258,7 @@ impl FiringState {
     pub fn note(&mut self, records: &[RunRecord]) {
         if let Some(r) = records.last() {
             self.last_outcome = r.outcome;
+            self.last_firing = Some(r.last.unwrap_or(r.firing));
         }
         if let Some(l) = records.iter().rev().find_map(|r| r.lateness_ms) {
             self.last_lateness_ms = Some(l);
@@ -444,6 +450,7 @@ mod tests {
             schedule_spec: Some(doc! {"every": "1m"}),
             last_outcome: Some(Outcome::Succeeded),
             last_lateness_ms: Some(3),
+            last_firing: Some(1_900),
             odd: 0,
         };
         let back = FiringState::from_robot(&doc! {FIRINGS: s.to_doc()});

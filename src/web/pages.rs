@@ -197,7 +197,7 @@ pub async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
             }
         }
         h2 { "The last hour" }
-        p.hint { "Who held each slot (a colour per worker; dashed: overflow), the gaps with no holder (red), self-fences and losses (marks), and robot restarts and failures. As of this page's load: reload to update." }
+        p.hint { "Who held each slot (a colour per worker; dashed: overflow), the gaps with no holder (red), self-fences and losses (marks), robot restarts and failures, lost runs and missed firings, and each scheduled robot's latest firing (green: ran well; grey: skipped or stopped; red: failed, lost or missed). As of this page's load: reload to update." }
         (timeline(&snap))
         h2 { "Latest events" }
         ol #events { @for e in &snap.events { (event_item(e)) } }
@@ -219,7 +219,21 @@ fn timeline(snap: &Snapshot) -> Markup {
             lease_ms: s.lease_ms.unwrap_or(2000),
         })
         .collect();
-    Timeline::build(&snap.timeline, &slots, snap.now_ms).svg()
+    let firings = snap
+        .robots
+        .iter()
+        .flat_map(|rows| rows.iter())
+        .filter_map(|r| {
+            let (at, outcome) = r.last_firing?;
+            Some(super::timeline::FiringMark {
+                at,
+                robot: r.name.clone(),
+                outcome,
+            })
+        });
+    Timeline::build(&snap.timeline, &slots, snap.now_ms)
+        .with_firings(firings)
+        .svg()
 }
 
 pub(super) fn urlencode(s: &str) -> String {

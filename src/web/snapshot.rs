@@ -121,6 +121,10 @@ pub struct RobotRow {
     /// A scheduled robot whose last run started a second or more late, or whose
     /// last firing was missed or lost.
     pub late: bool,
+    /// A scheduled robot's last recorded firing and its outcome (the timeline
+    /// marks it).
+    #[serde(skip)]
+    pub last_firing: Option<(i64, crate::db::firing::Outcome)>,
     #[serde(skip)]
     worker: Option<String>,
 }
@@ -610,6 +614,7 @@ fn robot_row(d: &Document) -> RobotRow {
                 })
         }),
         late: r.firings.late(),
+        last_firing: r.firings.last_firing.zip(r.firings.last_outcome),
         worker: r.worker,
     }
 }

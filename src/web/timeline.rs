@@ -93,7 +93,31 @@ pub struct Timeline {
     pub lanes: Vec<Lane>,
     /// Robot restarts and failures, any slot.
     pub robots: Vec<Mark>,
+    /// Scheduled robots' latest firings, with their outcomes.
+    pub firings: Vec<FiringMark>,
 }
+
+/// A scheduled robot's latest firing, as the timeline marks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FiringMark {
+    pub at: i64,
+    pub robot: String,
+    pub outcome: crate::db::firing::Outcome,
+}
+
+/// A firing's mark: green when it ran well, grey when it did not run by choice
+/// (skipped, stopped, cancelled), red when it failed, was lost or missed.
+fn firing_colour(o: crate::db::firing::Outcome) -> &'static str {
+    use crate::db::firing::Outcome;
+    match o {
+        Outcome::Succeeded => "#5cb85c",
+        Outcome::Skipped | Outcome::Stopped | Outcome::Cancelled => "#999",
+        Outcome::Failed | Outcome::Lost | Outcome::Missed => "#d9534f",
+    }
+}
+
+/// The most firings the timeline marks (the newest): more would be ink, not news.
+pub const MAX_FIRING_MARKS: usize = 500;
 
 impl Timeline {
     /// The lanes of `slots` over the window ending at `now_ms`, from `moments` (any
@@ -149,7 +173,21 @@ impl Timeline {
             to: now_ms,
             lanes,
             robots,
+            firings: Vec::new(),
         }
+    }
+
+    /// Adds scheduled robots' latest firings within the window, the newest
+    /// [`MAX_FIRING_MARKS`] of them.
+    pub fn with_firings(mut self, firings: impl IntoIterator<Item = FiringMark>) -> Timeline {
+        let mut marks: Vec<FiringMark> = firings
+            .into_iter()
+            .filter(|f| f.at >= self.from && f.at <= self.to)
+            .collect();
+        marks.sort_by_key(|f| std::cmp::Reverse(f.at));
+        marks.truncate(MAX_FIRING_MARKS);
+        self.firings = marks;
+        self
     }
 }
 
@@ -285,7 +323,7 @@ impl Timeline {
     /// The timeline as inline SVG: presentation attributes only (the pages' content
     /// security policy allows no inline style), every name as escaped text.
     pub fn svg(&self) -> Markup {
-        let rows = self.lanes.len() + 1;
+        let rows = self.lanes.len() + 1 + usize::from(!self.firings.is_empty());
         let height = ROW * rows as f64 + 24.0;
         let w = |a: i64, b: i64| (self.x(b) - self.x(a)).max(1.0);
         html! {
@@ -338,6 +376,20 @@ impl Timeline {
                         circle class=(m.kind.as_str()) cx=(x) cy=(y + 11.0) r="4"
                             fill=(if matches!(m.kind, EventKind::RobotFailed | EventKind::FiringLost | EventKind::FiringMissed) { "#d9534f" } else { "#f0ad4e" }) {
                             title { (clock(m.at)) " " (m.what) }
+                        }
+                    }
+                }
+                @if !self.firings.is_empty() {
+                    @let y = ROW * (self.lanes.len() + 1) as f64;
+                    g.lane.firings {
+                        text x="0" y=(y + 15.0) font-size="12" { "firings" }
+                        line x1=(LABEL) x2=(WIDTH) y1=(y + 11.0) y2=(y + 11.0) stroke="#bbb" {}
+                        @for f in &self.firings {
+                            @let x = self.x(f.at);
+                            @let fill = firing_colour(f.outcome);
+                            rect class=(f.outcome.as_str()) x=(x - 1.0) y=(y + 5.0) width="2" height="12" fill=(fill) {
+                                title { (clock(f.at)) " " (f.robot) ": " (f.outcome) }
+                            }
                         }
                     }
                 }
@@ -450,5 +502,32 @@ mod tests {
         assert!(!svg.contains("<b>"));
         assert!(svg.starts_with("<svg"), "{svg}");
         assert!(svg.contains(r#"data-worker="a""#));
+    }
+
+    #[test]
+    fn the_latest_firings_in_the_window_are_marked_newest_first_and_capped() {
+        use crate::db::firing::Outcome;
+        let mark = |at: i64| FiringMark {
+            at,
+            robot: format!("r{at}"),
+            outcome: Outcome::Succeeded,
+        };
+        let t = Timeline::build(&[], &[slot(Some("a"))], NOW).with_firings(
+            (0..(MAX_FIRING_MARKS as i64 + 10))
+                .map(|i| mark(NOW - i * 1000))
+                .chain([mark(NOW - 2 * WINDOW_MS), mark(NOW + 5)]),
+        );
+        assert_eq!(t.firings.len(), MAX_FIRING_MARKS);
+        assert_eq!(t.firings[0].at, NOW);
+        assert!(t
+            .firings
+            .iter()
+            .all(|f| f.at >= NOW - WINDOW_MS && f.at <= NOW));
+        let svg = t.svg().into_string();
+        assert!(svg.contains(r#"class="lane firings""#), "{svg}");
+        assert!(!Timeline::build(&[], &[slot(None)], NOW)
+            .svg()
+            .into_string()
+            .contains("firings"));
     }
 }
