@@ -312,6 +312,22 @@ impl ContextStore {
         })
     }
 
+    /// [`ContextStore::load`], paced like a robot write: a holder's scheduled robots
+    /// read themselves at a firing's edge, and a thousand reads at once would hold
+    /// this holder's renewal behind them on a server that answers one at a time.
+    pub async fn load_paced(
+        &self,
+        id: &ObjectId,
+        gen: i64,
+        name: &str,
+    ) -> Result<Loaded, ContextError> {
+        let _permit = self.pacer.acquire().await;
+        if !self.guard.is_open() {
+            return Err(self.lapsed(name));
+        }
+        self.load(id, gen, name).await
+    }
+
     /// The worker's metrics, for what a robot kind counts itself.
     pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics

@@ -42,6 +42,10 @@ pub const LEAD_MS: i64 = 60_000;
 /// a takeover run once more after it, never beside itself: the earlier holder
 /// stopped it with its lease.
 pub const DRIFT_MS: i64 = 1000;
+/// Why a write claims the next firing ahead of its time (the runner merges it with
+/// a run's end).
+pub const CLAIM_AHEAD: &str = "the next firing, claimed ahead";
+
 /// Due firings looked at in one step.
 const DUE_LIMIT: usize = 1000;
 
@@ -579,7 +583,7 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
                     next,
                     records: vec![],
                     claiming: Some(n),
-                    why: "the next firing, claimed ahead",
+                    why: CLAIM_AHEAD,
                 };
             }
             return Step::Wait {

@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::firing_plan::{ended, plan, Facts, Me, RunEnd, Step};
+use super::firing_plan::{ended, plan, Facts, Me, RunEnd, Step, CLAIM_AHEAD};
 use super::runner::Runner;
 use crate::clock::SharedClock;
 use crate::db::context::{ContextError, Loaded};
@@ -482,7 +482,7 @@ impl Scheduled {
     /// `rev` (a run-now request, a pause, a replaced instance's end), or this
     /// instance is fenced. False when fenced.
     async fn reload(&mut self) -> bool {
-        match self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await {
+        match self.r.ctx.load_paced(&self.r.id, self.r.gen, &self.r.name).await {
             Ok(l) => {
                 self.st = l.firings;
                 self.paused = l.paused;
@@ -526,7 +526,7 @@ impl Scheduled {
             return;
         }
         let id = e.id;
-        if let Ok(l) = self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await {
+        if let Ok(l) = self.r.ctx.load_paced(&self.r.id, self.r.gen, &self.r.name).await {
             self.preloaded = Some((id, l));
         }
     }
@@ -543,7 +543,7 @@ impl Scheduled {
             {
                 Ok(l)
             }
-            _ => self.r.ctx.load(&self.r.id, self.r.gen, &self.r.name).await,
+            _ => self.r.ctx.load_paced(&self.r.id, self.r.gen, &self.r.name).await,
         };
         let loaded = match preloaded {
             Ok(l) => l,
@@ -711,13 +711,30 @@ impl Scheduled {
     }
 
     /// Writes a run's end, again on a newer state when another writer raised `rev`.
+    /// When the plan after it is to claim the next firing ahead, the claim goes in
+    /// the same write: one write a firing in the steady state.
     async fn record_end(&mut self, end: RunEnd) -> bool {
         loop {
             let Some((next, record)) = ended(&self.st, &self.me, end.clone()) else {
                 return true;
             };
+            let (next, claiming) = match self.shared.time.now_ms(self.clock()) {
+                Some(now_ms) if !self.r.token.is_cancelled() => {
+                    let facts = self.facts(now_ms).await;
+                    match plan(&self.schedule, &next, &self.me, &facts) {
+                        Step::Write {
+                            next: claimed,
+                            records,
+                            claiming: Some(t),
+                            why: CLAIM_AHEAD,
+                        } if records.is_empty() => (claimed, Some(t)),
+                        _ => (next, None),
+                    }
+                }
+                _ => (next, None),
+            };
             let before = self.st.rev;
-            if !self.write(next, vec![record], None, "a run's end").await {
+            if !self.write(next, vec![record], claiming, "a run's end").await {
                 return false;
             }
             if self.st.rev != before && !self.st.running.iter().any(|e| e.id == end.id) {
