@@ -189,6 +189,28 @@ struct Running {
     known_rev: Arc<std::sync::atomic::AtomicI64>,
 }
 
+/// One robot's instance: a robot on a schedule runs once per firing, in its own
+/// loop ([`scheduled::Scheduled`]); any other runs and restarts as its policy says
+/// ([`Runner::run`]).
+async fn instance(runner: Runner, mut first: Option<Loaded>) -> ObjectId {
+    if first.is_none() && !runner.token.is_cancelled() {
+        first = runner
+            .ctx
+            .load(&runner.id, runner.gen, &runner.name)
+            .await
+            .ok();
+    }
+    if let Some(loaded) = &first {
+        if let Some(schedule) = runner.schedule_of(loaded) {
+            let shared = runner.scheduling.clone();
+            return scheduled::Scheduled::new(runner, shared, loaded, schedule)
+                .run()
+                .await;
+        }
+    }
+    runner.run(first).await
+}
+
 /// A command bounded by [`ContextStore::answered`], as the driver's error that a sync
 /// reports and retries: the lease lapsing or no answer in time.
 fn answered<T>(
@@ -776,7 +798,7 @@ impl Supervisor {
             store: self.store.clone(),
             clock: self.clock.clone(),
         };
-        self.tasks.spawn(runner.run(loaded));
+        self.tasks.spawn(instance(runner, loaded));
         self.running.insert(
             id,
             Running {

@@ -18,7 +18,7 @@ use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
 use crate::robot::schedule::Schedule;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
 
-use super::scheduled::{Scheduled, Shared};
+use super::scheduled::Shared;
 
 /// One robot's life on this holder: start, watch, restart with backoff.
 pub(super) struct Runner {
@@ -42,29 +42,27 @@ pub(super) struct Runner {
 }
 
 impl Runner {
+    /// The schedule this robot's instance runs by, when its spec has one this worker
+    /// would run (any other spec is reported by [`Runner::run`], with its reason).
+    pub(super) fn schedule_of(&self, loaded: &Loaded) -> Option<Schedule> {
+        let now = self
+            .scheduling
+            .time
+            .now_ms(&self.clock)
+            .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
+        let runnable = self
+            .registry
+            .get(&loaded.kind)
+            .is_some_and(|k| k.check_spec(&loaded.spec).is_ok())
+            && RestartPolicy::from_spec(&loaded.spec).is_ok();
+        runnable
+            .then(|| Schedule::from_spec(&loaded.spec, now).ok().flatten())
+            .flatten()
+    }
+
+    /// A daemon's (or a run to completion's) life: run, and restart as its policy
+    /// says.
     pub(super) async fn run(self, mut first: Option<Loaded>) -> ObjectId {
-        // A robot on a schedule runs once per firing: its own loop.
-        if first.is_none() && !self.token.is_cancelled() {
-            first = self.ctx.load(&self.id, self.gen, &self.name).await.ok();
-        }
-        if let Some(loaded) = &first {
-            let now = self
-                .scheduling
-                .time
-                .now_ms(&self.clock)
-                .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
-            // Only a spec this worker would run goes to the schedule's loop; any
-            // other is reported by the loop below, with its reason.
-            let runnable = self
-                .registry
-                .get(&loaded.kind)
-                .is_some_and(|k| k.check_spec(&loaded.spec).is_ok())
-                && RestartPolicy::from_spec(&loaded.spec).is_ok();
-            if let (true, Ok(Some(schedule))) = (runnable, Schedule::from_spec(&loaded.spec, now)) {
-                let shared = self.scheduling.clone();
-                return Scheduled::new(self, shared, loaded, schedule).run().await;
-            }
-        }
         let mut restarts: i64 = 0;
         let mut budget = Budget::new(RestartPolicy::default());
         while !self.token.is_cancelled() {

@@ -482,7 +482,12 @@ impl Scheduled {
     /// `rev` (a run-now request, a pause, a replaced instance's end), or this
     /// instance is fenced. False when fenced.
     async fn reload(&mut self) -> bool {
-        match self.r.ctx.load_paced(&self.r.id, self.r.gen, &self.r.name).await {
+        match self
+            .r
+            .ctx
+            .load_paced(&self.r.id, self.r.gen, &self.r.name)
+            .await
+        {
             Ok(l) => {
                 self.st = l.firings;
                 self.paused = l.paused;
@@ -526,7 +531,12 @@ impl Scheduled {
             return;
         }
         let id = e.id;
-        if let Ok(l) = self.r.ctx.load_paced(&self.r.id, self.r.gen, &self.r.name).await {
+        if let Ok(l) = self
+            .r
+            .ctx
+            .load_paced(&self.r.id, self.r.gen, &self.r.name)
+            .await
+        {
             self.preloaded = Some((id, l));
         }
     }
@@ -543,7 +553,12 @@ impl Scheduled {
             {
                 Ok(l)
             }
-            _ => self.r.ctx.load_paced(&self.r.id, self.r.gen, &self.r.name).await,
+            _ => {
+                self.r
+                    .ctx
+                    .load_paced(&self.r.id, self.r.gen, &self.r.name)
+                    .await
+            }
         };
         let loaded = match preloaded {
             Ok(l) => l,
@@ -734,7 +749,10 @@ impl Scheduled {
                 _ => (next, None),
             };
             let before = self.st.rev;
-            if !self.write(next, vec![record], claiming, "a run's end").await {
+            if !self
+                .write(next, vec![record], claiming, "a run's end")
+                .await
+            {
                 return false;
             }
             if self.st.rev != before && !self.st.running.iter().any(|e| e.id == end.id) {
