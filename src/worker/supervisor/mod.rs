@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub mod firing_clock;
 pub mod firing_plan;
 mod plan;
 mod runner;
@@ -246,9 +247,9 @@ pub struct Supervisor {
     /// Robots in the next adoption write (see [`next_adopt_chunk`]).
     adopt_chunk: usize,
     /// The server's clock as last read, for scheduled robots.
-    time: scheduled::ServerTime,
+    time: firing_clock::ServerTime,
     /// The slot's one timer for its scheduled robots.
-    alarm: scheduled::Alarm,
+    alarm: firing_clock::Alarm,
     /// True until the first sync after the claim (a supervisor lives as long as one
     /// lease): that sync starts each robot an earlier holder of this slot adopted
     /// (`0 < epoch <` this one) as soon as it is listed, before its adoption write
@@ -273,7 +274,7 @@ impl Supervisor {
     ) -> Self {
         let now = clock.now();
         let root = CancellationToken::new();
-        let alarm = scheduled::Alarm::spawn(clock.clone(), root.clone());
+        let alarm = firing_clock::Alarm::spawn(clock.clone(), root.clone());
         Supervisor {
             store,
             ctx,
@@ -282,7 +283,7 @@ impl Supervisor {
             metrics,
             root,
             alarm,
-            time: scheduled::ServerTime::default(),
+            time: firing_clock::ServerTime::default(),
             running: HashMap::new(),
             tasks: JoinSet::new(),
             synced_rev: None,
@@ -356,12 +357,12 @@ impl Supervisor {
 
     /// Reads the server's clock for the slot's scheduled robots: first thing after
     /// the claim (which fixes when this lease began), then every
-    /// [`scheduled::SERVER_TIME_EVERY`].
+    /// [`firing_clock::SERVER_TIME_EVERY`].
     async fn read_server_time(&mut self) {
         let due = self
             .time
             .age(&self.clock)
-            .is_none_or(|a| a >= scheduled::SERVER_TIME_EVERY);
+            .is_none_or(|a| a >= firing_clock::SERVER_TIME_EVERY);
         if !due || !self.ctx.lease_open() {
             return;
         }
@@ -776,7 +777,7 @@ impl Supervisor {
         let token = self.root.child_token();
         let wake = Arc::new(tokio::sync::Notify::new());
         let known_rev = Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN));
-        let scheduling = scheduled::Shared {
+        let scheduling = firing_clock::Shared {
             time: self.time.clone(),
             alarm: self.alarm.clone(),
             wake: wake.clone(),

@@ -18,7 +18,7 @@ use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
 use crate::robot::schedule::Schedule;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
 
-use super::scheduled::Shared;
+use super::firing_clock::Shared;
 
 /// One robot's life on this holder: start, watch, restart with backoff.
 pub(super) struct Runner {

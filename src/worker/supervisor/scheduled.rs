@@ -2,184 +2,35 @@
 //! ([`super::firing_plan`]) one at a time, each write a compare-and-set on the
 //! robot's firing state, sent through the slot's group commit.
 //!
-//! Time comes from two places. The server's clock, read by the slot's supervisor
-//! ([`ServerTime`]): firings are instants on it. And the slot's one timer
-//! ([`Alarm`]): every scheduled robot of the slot waits on the same heap, keyed by
-//! the local instant its next step is due, so a thousand idle schedules are a
-//! thousand heap entries and one sleeping task, never a query per robot per tick.
+//! Time comes from the slot's firing clock ([`super::firing_clock`]): the server's
+//! time, and one timer for all the slot's scheduled robots.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId};
-use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::firing_clock::Shared;
 use super::firing_plan::{ended, plan, Facts, Me, RunEnd, Step, CLAIM_AHEAD};
 use super::runner::Runner;
 use crate::clock::SharedClock;
 use crate::db::context::{ContextError, Loaded};
 use crate::db::firing::{FiringState, Outcome, RunEntry, RunRecord};
 use crate::db::group_commit::Written;
-use crate::db::store::Store;
 use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
 use crate::robot::schedule::Schedule;
 use crate::robot::{history_len, RobotError, RobotRun};
 
-/// How often the server's clock is read again while a slot is held.
-pub const SERVER_TIME_EVERY: Duration = Duration::from_secs(60);
 /// How often an instance reads its robot again while it waits for another
 /// instance's run to end (nothing tells it when that happens).
 const POLL: Duration = Duration::from_secs(1);
 
-// === impl ServerTime ===
-
-/// The server's clock as a held slot's supervisor last read it, and the first
-/// reading after the claim.
-#[derive(Debug, Clone, Default)]
-pub struct ServerTime {
-    reading: Arc<Mutex<Option<(i64, Instant)>>>,
-    began: Arc<OnceLock<i64>>,
-}
-
-impl ServerTime {
-    /// Reads the server's clock (`hello`). The server read it somewhere within the
-    /// round trip: taken at its middle, the estimate is off by half a round trip at
-    /// most. The first reading of a lease also fixes [`ServerTime::lease_began`].
-    pub async fn refresh(&self, store: &Store, clock: &SharedClock) -> Result<(), String> {
-        let sent = clock.now();
-        let server = store
-            .server_now()
-            .await
-            .map_err(|e| crate::db::store::brief(&e))?;
-        let received = clock.now();
-        let mid = sent + received.saturating_duration_since(sent) / 2;
-        let ms = server.timestamp_millis();
-        *self.reading.lock().expect("server time lock") = Some((ms, mid));
-        self.began.get_or_init(|| ms);
-        Ok(())
-    }
-
-    /// How long ago the last reading was taken (None: never).
-    pub fn age(&self, clock: &SharedClock) -> Option<Duration> {
-        let r = *self.reading.lock().expect("server time lock");
-        r.map(|(_, at)| clock.since(at))
-    }
-
-    /// The server's now, estimated; None before the first reading.
-    pub fn now_ms(&self, clock: &SharedClock) -> Option<i64> {
-        let (ms, at) = (*self.reading.lock().expect("server time lock"))?;
-        Some(ms + clock.since(at).as_millis() as i64)
-    }
-
-    /// The local instant at which the server's clock reads `ms`, estimated.
-    pub fn instant_at(&self, ms: i64, clock: &SharedClock) -> Option<Instant> {
-        let now_ms = self.now_ms(clock)?;
-        let ahead = Duration::from_millis(ms.saturating_sub(now_ms).max(0) as u64);
-        Some(clock.now() + ahead)
-    }
-
-    /// The server's clock at the first reading after this slot was claimed: no
-    /// earlier than the claim, by which time every earlier holder's lease was over.
-    pub fn lease_began(&self) -> Option<i64> {
-        self.began.get().copied()
-    }
-}
-
-// === impl Alarm ===
-
-/// One timer for every scheduled robot of a held slot: a heap of wake-ups.
-#[derive(Debug, Clone)]
-pub struct Alarm {
-    tx: mpsc::UnboundedSender<(Instant, oneshot::Sender<()>)>,
-}
-
-impl Alarm {
-    /// Starts the slot's timer; it ends with `stop`.
-    pub fn spawn(clock: SharedClock, stop: CancellationToken) -> Alarm {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(alarm_task(clock, stop, rx));
-        Alarm { tx }
-    }
-
-    /// Completes at `at` (at once when it has passed), or never once the timer is
-    /// gone (its slot's robots are stopping).
-    pub async fn until(&self, at: Instant) {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send((at, tx)).is_err() || rx.await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-async fn alarm_task(
-    clock: SharedClock,
-    stop: CancellationToken,
-    mut rx: mpsc::UnboundedReceiver<(Instant, oneshot::Sender<()>)>,
-) {
-    let mut heap: BinaryHeap<Reverse<(Instant, u64)>> = BinaryHeap::new();
-    let mut waiting: HashMap<u64, oneshot::Sender<()>> = HashMap::new();
-    let mut seq = 0u64;
-    loop {
-        let next = heap.peek().map(|Reverse((at, _))| *at);
-        let due = async {
-            match next {
-                Some(at) => clock.sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            asked = rx.recv() => match asked {
-                Some((at, tx)) => {
-                    seq += 1;
-                    heap.push(Reverse((at, seq)));
-                    waiting.insert(seq, tx);
-                }
-                None => return,
-            },
-            () = due => {
-                let now = clock.now();
-                while let Some(Reverse((at, id))) = heap.peek().copied() {
-                    if at > now {
-                        break;
-                    }
-                    heap.pop();
-                    if let Some(tx) = waiting.remove(&id) {
-                        let _ = tx.send(());
-                    }
-                }
-            }
-        }
-        // Waits given up on (their instance moved on) leave with the next pop; a
-        // heap of them never outgrows the instances' waits by more than one each.
-        if heap.len() > 4 * waiting.len().max(64) {
-            heap.retain(|Reverse((_, id))| waiting.get(id).is_some_and(|t| !t.is_closed()));
-            waiting.retain(|_, t| !t.is_closed());
-        }
-    }
-}
-
 // === impl Scheduled ===
-
-/// What the supervisor shares with a scheduled instance.
-#[derive(Debug, Clone)]
-pub struct Shared {
-    pub time: ServerTime,
-    pub alarm: Alarm,
-    /// Notified when a sync lists the robot with another firing state than the one
-    /// this instance knows (`rev`): a run-now request, a pause's mark.
-    pub wake: Arc<Notify>,
-    /// The firing state's `rev` this instance knows.
-    pub known_rev: Arc<AtomicI64>,
-    /// The lease `L`: a slot gone this long has no holder finishing a stop.
-    pub lease: Duration,
-}
 
 /// A run of this instance, once started.
 struct Started {
