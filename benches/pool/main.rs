@@ -50,6 +50,9 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn dist(ms: &mut [f64]) -> String {
+    if ms.is_empty() {
+        return "n=0".into();
+    }
     ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
     format!(
         "n={} p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
@@ -62,6 +65,9 @@ fn dist(ms: &mut [f64]) -> String {
 
 /// The 99th percentile of `ms` (any order).
 fn p99(ms: &[f64]) -> f64 {
+    if ms.is_empty() {
+        return f64::NAN;
+    }
     let mut sorted = ms.to_vec();
     sorted.sort_by(f64::total_cmp);
     pct(&sorted, 0.99)

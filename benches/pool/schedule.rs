@@ -267,10 +267,15 @@ async fn minute_edge(robots: u32) -> Row {
     let fences = metric_sum("slotpool_self_fences_total").await - fences0;
     let per_firing = statements.saturating_sub(checkpoints) as f64 / started.max(1) as f64;
     let commands_per_firing = commands as f64 / started.max(1) as f64;
-    // Lateness of the two edges' runs, from every robot's record.
+    // Lateness of the two edges' runs, from every robot's record; and what the
+    // records say otherwise.
     let mut late = Vec::new();
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     for r in db.robots().await {
         for x in runs_of(&r) {
+            *outcomes
+                .entry(x.get_str("outcome").unwrap_or("?").to_string())
+                .or_default() += 1;
             let f = int(&x, "firing").unwrap_or(0);
             if (f == first_edge || f == first_edge + 60_000)
                 && x.get_str("outcome") == Ok("succeeded")
@@ -286,7 +291,7 @@ async fn minute_edge(robots: u32) -> Row {
     Row {
         name: format!("Scheduled firing, the minute edge: {robots} counters on 10 slots (10 workers, tick 1 s), all every minute; two edges"),
         figures: format!(
-            "runs at the edges: {ran} of {}; lateness {}; firing-state writes per firing: {per_firing:.2} statements ({commands_per_firing:.3} commands, group commits shared with the counters' checkpoints); worker CPU {:.2} cores in all over {secs:.0} s; self-fences: {fences}",
+            "runs at the edges: {ran} of {}; lateness {}; firing-state writes per firing: {per_firing:.2} statements ({commands_per_firing:.3} commands, group commits shared with the counters' checkpoints); worker CPU {:.2} cores in all over {secs:.0} s; self-fences: {fences}; runs started in the window: {started}; the robots' records: {outcomes:?}",
             2 * robots,
             dist(&mut late),
             cpu
