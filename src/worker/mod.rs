@@ -446,7 +446,15 @@ impl Worker {
             return self.looks.next_survey - now;
         }
         self.looks.next_survey = now + every;
-        let limit = self.op_timeout();
+        // A standby has no lease for a slow survey to hold back: it waits longer
+        // for one. Bounded by op_timeout, a survey of 10,000 expired slots (a pool
+        // just made) took longer than that on a 2-core machine, was abandoned and
+        // sent again at once, for good, and the worker never claimed.
+        let limit = if self.held.is_empty() {
+            self.op_timeout() * 5
+        } else {
+            self.op_timeout()
+        };
         // Read what expires within the horizon too: it tells a watcher when to wake.
         let until = self
             .server
@@ -460,7 +468,9 @@ impl Worker {
             }
             Err(_) => {
                 self.db_failed(&format!("no answer within {} ms", limit.as_millis()));
-                return Duration::ZERO;
+                // Not at once: a survey that did not finish in time would not the
+                // next time either, and each one sent keeps the server busy.
+                return self.tick();
             }
         };
         self.metrics.surveys.inc();
