@@ -528,10 +528,6 @@ async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
         "spec.schedule.catchup must be between",
     );
     refuse(
-        &counter_with(r#"{"schedule": {"every": "1m"}}"#),
-        "does not run scheduled robots yet",
-    );
-    refuse(
         &["robot", "move", "ghost", "--to", "slot-001"],
         "no robot named \"ghost\"",
     );
