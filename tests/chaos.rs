@@ -16,12 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson};
+use common::LIBFAKETIME;
 use common::invariants;
 use common::proxy::{Mode, Proxy};
 use common::{owner, TestDb, WorkerProc};
 
 const L: Duration = Duration::from_secs(2);
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 /// One scenario at a time: they share one small dev server.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

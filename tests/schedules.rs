@@ -501,3 +501,224 @@ async fn an_update_of_the_schedule_while_a_run_is_in_flight() {
     );
     invariants::check_firings(&db, false).await;
 }
+
+/// A job's notes: `(firing, pid, note number, wall ns)` per line.
+fn notes_of(path: &std::path::Path) -> Vec<(String, i32, u32, u128)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((
+                f.next()?.to_string(),
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// The holder's worker, its shim and a run in flight frozen together by the
+/// cgroup freezer (what `docker pause` does) until a standby has taken the slot
+/// over and run the next firings; then thawed. The frozen run ignores SIGTERM: its
+/// lease's deadline is long past, so it is killed at once, and takes at most the
+/// one step the thaw may already have scheduled it into. The thawed holder starts
+/// nothing more, and its successor recorded the cut-off run lost and ran it again,
+/// never beside itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_frozen_mid_run_and_thawed_runs_nothing_beside_its_successor() {
+    let db = TestDb::new("sched_thaw").await;
+    db.init(1).await;
+    let notes = db.dir.join("notes");
+    // Twelve notes 0.1 s apart, each with the firing, the process and its number.
+    let cmd = common::script(
+        &db,
+        "job.sh",
+        &format!(
+            "trap '' TERM\nfor i in 1 2 3 4 5 6 7 8 9 10 11 12; do\n  echo \"$SLOTPOOL_FIRING $$ $i $(date +%s%N)\" >> '{}'\n  sleep 0.1\ndone\n",
+            notes.display()
+        ),
+    );
+    let spec =
+        format!(r#"{{"command": "{cmd}", "schedule": {{"every": "2s", "keep_runs": 1000}}}}"#);
+    db.cli_ok(&[
+        "robot", "create", "--name", "job", "--kind", "exec", "--spec", &spec,
+    ]);
+    let freezer = common::freezer::Freezer::new("sched_thaw");
+    let flags = ["--tick", "2s"];
+    let first = db.exec_worker_in(&freezer.procs(), &flags);
+    wait_succeeded(&db, "job", 2).await;
+    assert_eq!(holder(&db).await, first.id);
+    let standby = db.exec_worker(&flags);
+    // Frozen early in a run: its last note fresh, and many still to come.
+    let old = wait_for(Duration::from_secs(30), "a run early on", || async {
+        let (_, pid, i, at) = notes_of(&notes).last().cloned()?;
+        (i <= 6 && common::wall_ns() - at < 60_000_000 && freezer.holds(pid)).then_some(pid)
+    })
+    .await;
+    freezer.freeze();
+    let frozen_at = common::wall_ns();
+    let by_standby = |r: &Document| {
+        runs(r)
+            .iter()
+            .filter(|x| {
+                x.get_str("outcome") == Ok("succeeded")
+                    && x.get_str("worker") == Ok(standby.id.as_str())
+            })
+            .count()
+    };
+    wait_for(
+        Duration::from_secs(60),
+        "the standby to run three firings",
+        || async { (by_standby(&db.robot("job").await) >= 3).then_some(()) },
+    )
+    .await;
+    assert!(
+        alive(old),
+        "frozen, not dead: the thaw is what this test is about"
+    );
+    freezer.thaw();
+    wait_for(Duration::from_secs(10), "the frozen run to die", || async {
+        (!alive(old)).then_some(())
+    })
+    .await;
+    first
+        .wait_log("stopping its robots", Duration::from_secs(10))
+        .await;
+    // The pool goes on under the successor after the thaw.
+    let before = by_standby(&db.robot("job").await);
+    wait_for(
+        Duration::from_secs(30),
+        "two more runs after the thaw",
+        || async { (by_standby(&db.robot("job").await) >= before + 2).then_some(()) },
+    )
+    .await;
+
+    let all = notes_of(&notes);
+    let late: Vec<_> = all
+        .iter()
+        .filter(|n| n.1 == old && n.3 > frozen_at)
+        .collect();
+    assert!(
+        late.len() <= 1,
+        "the thawed run took {} steps beside its successor: {late:?}",
+        late.len()
+    );
+    // From the processes' own notes: one run at a time (the frozen one up to its
+    // freeze), never two.
+    let mut spans: std::collections::BTreeMap<i32, (u128, u128)> = Default::default();
+    for (_, pid, _, at) in &all {
+        if *pid == old && *at > frozen_at {
+            continue;
+        }
+        let s = spans.entry(*pid).or_insert((*at, *at));
+        s.0 = s.0.min(*at);
+        s.1 = s.1.max(*at);
+    }
+    let mut spans: Vec<(u128, u128)> = spans.into_values().collect();
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(
+            w[0].1 < w[1].0,
+            "two runs at once: one from {} to {}, another from {}",
+            w[0].0,
+            w[0].1,
+            w[1].0
+        );
+    }
+    // No run recorded by the thawed holder, and the cut-off run recorded lost.
+    let r = db.robot("job").await;
+    let after_freeze = runs(&r)
+        .iter()
+        .filter(|x| {
+            x.get_str("worker") == Ok(first.id.as_str())
+                && x.get_i64("started").unwrap_or(0) as u128 * 1_000_000 > frozen_at
+        })
+        .count();
+    assert_eq!(after_freeze, 0, "the thawed holder started a run");
+    let report = invariants::check_firings(&db, false).await;
+    assert!(
+        report.lost >= 1,
+        "the cut-off run was recorded lost: {report:?}"
+    );
+}
+
+/// The database server's clock steps 10 s forward under a holder running an
+/// every-second schedule, with a standby watching (libfaketime, as in the chaos
+/// suite). The firings the step jumped over are each recorded (one run, the rest
+/// skipped by the overlap policy), the standby claims nothing from the live
+/// holder, and a kill -9 after the step is taken over with every firing still run
+/// once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none() {
+    assert!(
+        std::path::Path::new(common::LIBFAKETIME).exists(),
+        "this test steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
+    );
+    let server = common::PrivateServer::start_with(&[
+        ("LD_PRELOAD", common::LIBFAKETIME),
+        ("FAKETIME", "+10s"),
+        ("FAKETIME_START_AFTER_SECONDS", "40"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ]);
+    let db = TestDb::on(&server.uri, "sched_clockstep").await;
+    db.init(1).await;
+    every_second(&db, "tick", "");
+    // A 3 s tick: the holder is not held still at the step long enough to fence.
+    let flags = ["--tick", "3s"];
+    let mut first = db.worker(&flags);
+    let _standby = db.worker(&flags);
+    wait_succeeded(&db, "tick", 3).await;
+    let epoch = common::epoch(&db.slot("slot-001").await);
+    let server_ms = || async { db.store.server_now().await.unwrap().timestamp_millis() };
+    let ahead = |server: i64| server - chrono::Utc::now().timestamp_millis();
+    assert!(
+        ahead(server_ms().await) < 5_000,
+        "the pool took longer to set up than the 40 s before the step"
+    );
+    let stepped_at = wait_for(Duration::from_secs(60), "the step", || async {
+        let now = server_ms().await;
+        (ahead(now) > 5_000).then_some(now)
+    })
+    .await;
+    // Runs after the step, on the stepped clock.
+    wait_for(
+        Duration::from_secs(30),
+        "five runs after the step",
+        || async {
+            let r = db.robot("tick").await;
+            let after = runs(&r)
+                .iter()
+                .filter(|x| {
+                    x.get_str("outcome") == Ok("succeeded")
+                        && x.get_i64("firing").unwrap_or(0) > stepped_at
+                })
+                .count();
+            (after >= 5).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        common::epoch(&db.slot("slot-001").await),
+        epoch,
+        "a standby claimed the live holder's slot at the step"
+    );
+    assert_eq!(holder(&db).await, first.id);
+    invariants::check_firings(&db, false).await;
+
+    // A real death after the step is taken over, and nothing runs twice.
+    first.kill9();
+    let before = succeeded(&db.robot("tick").await);
+    wait_succeeded(&db, "tick", before + 4).await;
+    assert_ne!(holder(&db).await, first.id);
+    let report = invariants::check_firings(&db, false).await;
+    assert_eq!(report.robots, 1, "{report:?}");
+}

@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule
+//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge
 //!
 //! One file per phase; this one parses the arguments, runs the phases asked for
 //! and prints the table.
@@ -229,6 +229,9 @@ async fn main() {
         for r in schedule_rows(quick).await {
             show(&mut rows, r);
         }
+    }
+    if want("schedule") || want("edge") {
+        show(&mut rows, edge_row(quick).await);
     }
     let run = if quick {
         "quick run (`--quick`)".to_string()

@@ -212,7 +212,7 @@ pub async fn remove_orphaned(store: &Store) -> Result<u64, mongodb::error::Error
         .filter_map(|d| d.get("_id").cloned())
         .collect();
     let mut removed = 0;
-    for chunk in orphans.chunks(1000) {
+    for chunk in orphans.chunks(crate::db::store::CHUNK) {
         // Still no robot (and still not a tombstone) at the moment of removal.
         removed += store
             .outputs()

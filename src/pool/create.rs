@@ -262,14 +262,14 @@ async fn settle(
     slots: &[String],
     all_landed: bool,
 ) -> Result<usize, mongodb::error::Error> {
-    // Only a failed insert leaves doubt about what landed (an `$in` over a
-    // thousand ids costs the dev server about a second: not on the happy path).
+    // Only a failed insert leaves doubt about what landed (an `$in` over many ids
+    // is costly on the dev server: not on the happy path).
     let landed: std::collections::HashSet<ObjectId> = if all_landed {
         ids.iter().copied().collect()
     } else {
         patiently("counting the robots created", || async {
             let mut found = std::collections::HashSet::new();
-            for chunk in ids.chunks(1000) {
+            for chunk in ids.chunks(crate::db::store::CHUNK) {
                 let mut cursor = store
                     .robots()
                     .find(doc! {"_id": {"$in": chunk}})
@@ -317,7 +317,7 @@ async fn existing_robots(
     names: &[String],
 ) -> Result<std::collections::HashMap<String, Document>, mongodb::error::Error> {
     let mut found = std::collections::HashMap::new();
-    for chunk in names.chunks(1000) {
+    for chunk in names.chunks(crate::db::store::CHUNK) {
         let mut cursor = store
             .robots()
             .find(doc! {NAME: {"$in": chunk}})
@@ -332,9 +332,9 @@ async fn existing_robots(
     Ok(found)
 }
 
-/// Inserts in order, a thousand at a time; stops at the first failure.
+/// Inserts in order, [`CHUNK`](crate::db::store::CHUNK) at a time; stops at the first failure.
 async fn insert_all(store: &Store, docs: &[Document]) -> Result<(), mongodb::error::Error> {
-    for chunk in docs.chunks(1000) {
+    for chunk in docs.chunks(crate::db::store::CHUNK) {
         store
             .robots()
             .insert_many(chunk.to_vec())

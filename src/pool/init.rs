@@ -150,7 +150,7 @@ async fn resize_slots(store: &Store, count: u32) -> Result<InitReport, StoreErro
         .collect();
     // In chunks, unordered: a slot another `init` inserted meanwhile is a
     // duplicate-key error for that one document only, and not ours to report.
-    for chunk in missing.chunks(1000) {
+    for chunk in missing.chunks(crate::db::store::CHUNK) {
         match store.slots().insert_many(chunk).ordered(false).await {
             Ok(r) => report.added.extend(
                 r.inserted_ids

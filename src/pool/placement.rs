@@ -249,7 +249,7 @@ pub async fn rescue(
             return Ok(rescued);
         }
         let mut lost: Vec<(bson::oid::ObjectId, String)> = Vec::new();
-        for chunk in ids.chunks(1000) {
+        for chunk in ids.chunks(crate::db::store::CHUNK) {
             let mut cursor = store
                 .robots()
                 .find(doc! {"_id": {"$in": chunk}, SLOT_ID: {"$in": &gone}})

@@ -151,6 +151,23 @@ pub struct RobotRun {
     pub(crate) backstop: Duration,
     /// For a scheduled robot, the firing this run answers (server milliseconds).
     pub(crate) firing: Option<i64>,
+    /// For a scheduled robot, what this run's checkpoints leave for the next run.
+    pub(crate) left: Option<Arc<std::sync::Mutex<Left>>>,
+}
+
+/// What a scheduled run's checkpoints left behind, as its instance sees it. Only a
+/// robot's own runs write its context, so the instance's next run starts from this
+/// without reading the robot again.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) enum Left {
+    /// No checkpoint: the context the run started from.
+    #[default]
+    Unchanged,
+    /// The context of the run's last checkpoint, and the `seq` it was written at.
+    Context(Document, i64),
+    /// A checkpoint failed, and may or may not have landed: the instance reads the
+    /// robot before its next run.
+    Unknown,
 }
 
 impl RobotRun {
@@ -217,10 +234,19 @@ impl RobotRun {
     pub async fn checkpoint(&self, context: Document) -> Result<(), RobotError> {
         use std::sync::atomic::Ordering;
         let after = self.seq.load(Ordering::Acquire);
-        self.store
+        let kept = self.left.as_ref().map(|_| context.clone());
+        let written = self
+            .store
             .checkpoint(&self.id, self.gen, &self.name, context, self.history, after)
-            .await
-            .map_err(RobotError::from)?;
+            .await;
+        if let Some(left) = &self.left {
+            let mut left = left.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            *left = match (&written, kept) {
+                (Ok(()), Some(c)) => Left::Context(c, after + 1),
+                _ => Left::Unknown,
+            };
+        }
+        written.map_err(RobotError::from)?;
         self.seq.store(after + 1, Ordering::Release);
         Ok(())
     }

@@ -397,6 +397,10 @@ impl TestDb {
 /// exhausted`).
 pub const MEMORY_HOG: &str = "head -c 500000000 /dev/zero | tail -n 1 > /dev/null\n";
 
+/// libfaketime, as Debian's `faketime` package installs it (scripts/test.sh does):
+/// tests skew a worker's clock or step the dev server's with it.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
 pub fn script(db: &TestDb, name: &str, body: &str) -> String {
     use std::os::unix::fs::PermissionsExt;
     let path = db.dir.join(name);

@@ -251,6 +251,19 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
 
     // 1b. The schedule this state follows: a new one owes firings from now on.
     let words = s.describe();
+    if st.schedule.is_none() {
+        if let Some(since) = st.since.or(f.created_ms) {
+            // A robot's first schedule owes firings from its creation, which does
+            // not move: it is written with the first step that writes anything (the
+            // first claim, as a rule), not in a write of its own. That halves what
+            // adopting many new scheduled robots costs the database.
+            let mut first = st.clone();
+            first.since = Some(since);
+            first.schedule = Some(words);
+            first.schedule_spec = Some(s.source.clone());
+            return plan(s, &first, me, f);
+        }
+    }
     if st.schedule.as_deref() != Some(words.as_str()) {
         let mut records = vec![];
         next.since = match &st.schedule {
@@ -1086,6 +1099,36 @@ mod tests {
         let (next, _, claiming) = written(planned(&s, &FiringState::default(), &me(), &f));
         assert_eq!(claiming, Some(T0 + MIN));
         assert_eq!(next.claimed, Some(T0 + MIN));
+    }
+
+    #[test]
+    fn a_new_robot_writes_its_schedule_with_its_first_claim() {
+        let s = every("1m", "skip");
+        let mut f = facts(T0 + 30_000);
+        f.created_ms = Some(T0 + 1);
+        // One write: the claim, and the schedule it follows.
+        let (next, records, claiming) = written(plan(&s, &FiringState::default(), &me(), &f));
+        assert_eq!(claiming, Some(T0 + MIN));
+        assert!(records.is_empty());
+        assert_eq!(next.since, Some(T0 + 1));
+        assert_eq!(next.schedule.as_deref(), Some("every 1m"));
+        assert_eq!(next.schedule_spec, Some(s.source.clone()));
+        // Nothing to claim yet: nothing is written at all.
+        let hourly = every("1h", "skip");
+        assert_eq!(
+            plan(&hourly, &FiringState::default(), &me(), &f),
+            Step::Wait {
+                until_ms: Some(T0 + 60 * MIN - LEAD_MS),
+                poll: false
+            }
+        );
+        // Its creation unknown: where firings start would move with the clock, so
+        // the schedule is written alone first, from now.
+        f.created_ms = None;
+        let (next, _, claiming) = written(plan(&s, &FiringState::default(), &me(), &f));
+        assert_eq!(claiming, None);
+        assert_eq!(next.since, Some(T0 + 30_000));
+        assert_eq!(next.schedule.as_deref(), Some("every 1m"));
     }
 
     #[test]

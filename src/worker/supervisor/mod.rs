@@ -741,13 +741,15 @@ impl Supervisor {
     }
 
     /// Every robot bound to the slot, of any epoch, in one query (batches of
-    /// [`BATCH`]).
+    /// [`BATCH`]). Without the checkpoint history and a scheduled robot's run
+    /// records: nothing here reads them, and up to a thousand records a robot would
+    /// be shipped in a command that holds this holder's renewal behind it.
     async fn list(&mut self) -> Result<Vec<Listed>, mongodb::error::Error> {
         let mut cursor = self
             .store
             .robots()
             .find(doc! {SLOT_ID: self.ctx.slot_id()})
-            .projection(doc! {HISTORY: 0})
+            .projection(doc! {HISTORY: 0, crate::db::firing::RUNS: 0})
             .batch_size(BATCH)
             .await?;
         let mut out = Vec::new();

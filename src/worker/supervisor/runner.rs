@@ -350,6 +350,7 @@ impl Runner {
             grace: self.grace,
             backstop: self.backstop,
             firing: None,
+            left: None,
         };
         self.metrics.robots_running.inc_by(1);
         let result = kind.run(run).await;

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId};
@@ -24,7 +24,27 @@ use crate::db::firing::{FiringState, Outcome, RunEntry, RunRecord};
 use crate::db::group_commit::Written;
 use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
 use crate::robot::schedule::Schedule;
-use crate::robot::{history_len, RobotError, RobotRun};
+use crate::robot::{history_len, Left, RobotError, RobotRun};
+
+/// The robot as the instance's next run starts from, after run `s` ended: what its
+/// checkpoints left, when known and no other run of the instance is in flight.
+fn carry(s: &Started, alone: bool) -> Option<Loaded> {
+    let left = s
+        .left
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    match left {
+        _ if !alone => None,
+        Left::Unchanged => Some(s.from.clone()),
+        Left::Context(context, seq) => Some(Loaded {
+            context,
+            seq,
+            ..s.from.clone()
+        }),
+        Left::Unknown => None,
+    }
+}
 
 /// How often an instance reads its robot again while it waits for another
 /// instance's run to end (nothing tells it when that happens).
@@ -38,6 +58,9 @@ struct Started {
     started_ms: i64,
     /// When it started, on this worker's clock (the restart budget's measure).
     began: Instant,
+    /// The robot as the run started from, and what its checkpoints left.
+    from: Loaded,
+    left: Arc<Mutex<Left>>,
 }
 
 /// One scheduled robot's instance.
@@ -58,8 +81,12 @@ pub(super) struct Scheduled {
     gone_since: HashMap<String, Instant>,
     /// Retries (restart.on failure) not to start before these server times.
     not_before: HashMap<ObjectId, i64>,
-    /// The robot as read right after a firing was claimed ahead, for that firing's
-    /// start: the start then waits on the timer alone, not on a read.
+    /// The robot as the next run starts from: read at adoption, then carried from
+    /// run to run (only the robot's own runs write its context), so that a firing
+    /// costs no read. None when a run's last checkpoint may or may not have landed.
+    carried: Option<Loaded>,
+    /// Without `carried`, the robot as read right after a firing was claimed ahead,
+    /// for that firing's start: the start then waits on the timer alone.
     preloaded: Option<(ObjectId, Loaded)>,
     budget: Budget,
 }
@@ -86,6 +113,7 @@ impl Scheduled {
             stopping: HashSet::new(),
             gone_since: HashMap::new(),
             preloaded: None,
+            carried: Some(loaded.clone()),
             not_before: HashMap::new(),
             budget: Budget::new(policy),
             r,
@@ -369,6 +397,9 @@ impl Scheduled {
     async fn preload(&mut self, claiming: Option<i64>) {
         self.preloaded = None;
         let Some(t) = claiming else { return };
+        if self.carried.is_some() {
+            return;
+        }
         let Some(e) = self
             .st
             .running
@@ -398,8 +429,11 @@ impl Scheduled {
         if !self.r.ctx.lease_open() {
             return;
         }
-        let preloaded = match self.preloaded.take() {
-            Some((id, l))
+        // Two runs at once (`overlap: allow`) each read the robot.
+        let carried = self.carried.take().filter(|_| self.started.is_empty());
+        let preloaded = match (carried, self.preloaded.take()) {
+            (Some(l), _) => Ok(l),
+            (None, Some((id, l)))
                 if id == e.id && self.started.is_empty() && l.firings.rev <= self.st.rev =>
             {
                 Ok(l)
@@ -441,10 +475,12 @@ impl Scheduled {
             return;
         };
         let token = self.r.token.child_token();
+        let left = Arc::new(Mutex::new(Left::Unchanged));
+        let from = loaded.clone();
         let run = RobotRun {
             id: self.r.id,
             gen: self.r.gen,
-            name: loaded.name.clone(),
+            name: loaded.name,
             history: history_len(&loaded.spec),
             seq: Arc::new(AtomicI64::new(loaded.seq)),
             spec: loaded.spec,
@@ -454,6 +490,7 @@ impl Scheduled {
             grace: self.r.grace,
             backstop: self.r.backstop,
             firing: Some(e.firing),
+            left: Some(left.clone()),
         };
         let started_ms = self.shared.time.now_ms(self.clock()).unwrap_or(now_ms);
         let lateness = (started_ms - e.firing).max(0);
@@ -479,6 +516,8 @@ impl Scheduled {
                 token,
                 started_ms,
                 began,
+                from,
+                left,
             },
         );
     }
@@ -515,6 +554,7 @@ impl Scheduled {
             self.started.insert(id, s);
             return true;
         }
+        self.carried = carry(&s, self.started.is_empty());
         let (outcome, reason) = match &result {
             Ok(()) if cancelled => (
                 Outcome::Cancelled,
