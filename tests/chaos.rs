@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson};
-use common::LIBFAKETIME;
 use common::invariants;
 use common::proxy::{Mode, Proxy};
+use common::LIBFAKETIME;
 use common::{owner, TestDb, WorkerProc};
 
 const L: Duration = Duration::from_secs(2);
@@ -755,21 +755,7 @@ async fn a_forward_step_of_the_servers_clock_lets_no_standby_claim_a_live_holder
     })
     .await;
     let epoch = common::epoch(&db.slot("slot-001").await);
-    // The server's clock ahead of this machine's (they share one clock but for
-    // the step), and the server's clock.
-    let server_ms = || async { db.store.server_now().await.unwrap().timestamp_millis() };
-    let ahead = |server: i64| server - chrono::Utc::now().timestamp_millis();
-    assert!(
-        ahead(server_ms().await) < 5_000,
-        "the pool took longer to set up than the 40 s before the step"
-    );
-    let stepped_at = loop {
-        let now = server_ms().await;
-        if ahead(now) > 5_000 {
-            break now;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
+    let stepped_at = common::server_clock_step(&db).await;
     // Held still, the holder cannot renew: its lease, stamped before the step,
     // looks expired to the server (unless a renewal landed in the milliseconds
     // since the step, which this test then says).

@@ -168,14 +168,6 @@ fn pids(db: &TestDb) -> Vec<i32> {
         .collect()
 }
 
-/// Alive and not a zombie, judged from /proc.
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
-}
-
 /// The old holder's robot process is gone before the new holder's copy starts, after
 /// kill -9 of the holder and while the holder is SIGSTOPped.
 #[tokio::test(flavor = "multi_thread")]
@@ -205,7 +197,7 @@ async fn an_exec_robot_never_outlives_its_holders_lease() {
         let holder = owner(&db.slot("slot-001").await).unwrap();
         let i = workers.iter().position(|w| w.id == holder).unwrap();
         let old = *pids(&db).last().unwrap();
-        assert!(alive(old), "the running copy {old} is alive");
+        assert!(common::alive(old), "the running copy {old} is alive");
         let t0 = Instant::now();
         if *how == "kill -9" {
             workers[i].kill9();
@@ -213,7 +205,7 @@ async fn an_exec_robot_never_outlives_its_holders_lease() {
             workers[i].signal(libc::SIGSTOP);
         }
         let gone = common::wait_for(Duration::from_secs(10), "the old copy to die", || async {
-            (!alive(old)).then(|| t0.elapsed())
+            (!common::alive(old)).then(|| t0.elapsed())
         })
         .await;
         common::wait_for(Duration::from_secs(20), "a new copy", || async {
@@ -292,12 +284,12 @@ async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_s
     )
     .await;
     assert!(
-        alive(old),
+        common::alive(old),
         "frozen, not dead: the thaw is what this test is about"
     );
     freezer.thaw();
     common::wait_for(Duration::from_secs(10), "the old copy to die", || async {
-        (!alive(old)).then_some(())
+        (!common::alive(old)).then_some(())
     })
     .await;
     let late: Vec<_> = common::stubborn_steps(&db)
@@ -414,7 +406,7 @@ while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> $d/steps; sleep 0.1; d
     })
     .await;
     assert!(
-        !alive(old),
+        !common::alive(old),
         "the old copy ended before the new one's first step"
     );
     assert!(new_epoch > first_epoch);
@@ -473,7 +465,7 @@ async fn a_robot_that_stops_its_own_shim_is_killed_by_its_worker() {
     )
     .await;
     common::wait_for(Duration::from_secs(10), "the robot killed", || async {
-        (!alive(first)).then_some(())
+        (!common::alive(first)).then_some(())
     })
     .await;
     let r = common::wait_for(Duration::from_secs(10), "the reason recorded", || async {

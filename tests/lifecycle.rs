@@ -20,6 +20,22 @@ fn starts(path: &std::path::Path) -> usize {
         .unwrap_or(0)
 }
 
+/// How many events of `kind` the `events` collection holds for `robot`.
+async fn events_about(db: &TestDb, kind: &str, robot: &str) -> u64 {
+    db.store
+        .events()
+        .count_documents(bson::doc! {"kind": kind, "robot": robot})
+        .await
+        .unwrap()
+}
+
+/// Whether `robot list` shows `name` with `status`.
+fn listed_as(db: &TestDb, name: &str, status: &str) -> bool {
+    db.cli_ok(&["robot", "list"])
+        .lines()
+        .any(|l| l.contains(name) && l.contains(status))
+}
+
 /// A robot that exits at once under `restart: {attempts: 3, within: "1m"}` is `failed`
 /// after exactly three starts, with the last end's reason, and stays stopped: across a
 /// takeover by another worker too. `robot resume` gives it a fresh budget, three
@@ -61,19 +77,12 @@ async fn a_crash_loop_stops_after_its_attempts_and_resume_gives_a_fresh_budget()
         why.contains("gave up after 3 ends within 1m") && why.contains("exit"),
         "the last end's reason: {why}"
     );
-    let listed = db.cli_ok(&["robot", "list"]);
     assert!(
-        listed
-            .lines()
-            .any(|l| l.contains("loop") && l.contains("failed")),
-        "{listed}"
+        listed_as(&db, "loop", "failed"),
+        "{}",
+        db.cli_ok(&["robot", "list"])
     );
-    let events = db
-        .store
-        .events()
-        .count_documents(bson::doc! {"kind": "robot_failed", "robot": "loop"})
-        .await
-        .unwrap();
+    let events = events_about(&db, "robot_failed", "loop").await;
     assert_eq!(events, 1);
     let metrics = first.http_get("/metrics").unwrap().1;
     assert_eq!(common::metric(&metrics, "slotpool_robot_failures_total"), 1);
@@ -217,12 +226,7 @@ async fn restart_stops_the_running_instance_and_starts_it_afresh() {
     }
     let report = common::invariants::check(&db).await;
     assert_eq!(report.robots, 1);
-    let restarts = db
-        .store
-        .events()
-        .count_documents(bson::doc! {"kind": "restart", "robot": "c"})
-        .await
-        .unwrap();
+    let restarts = events_about(&db, "restart", "c").await;
     assert_eq!(restarts, 5);
     assert_eq!(status(&db.robot("c").await), "running");
 }
@@ -758,19 +762,12 @@ async fn a_run_to_completion_is_never_started_again_until_restarted() {
     .await;
     assert_eq!(starts(&log), 1);
     assert_eq!(done.get_bool("paused"), Ok(true), "held: {done}");
-    let listed = db.cli_ok(&["robot", "list"]);
     assert!(
-        listed
-            .lines()
-            .any(|l| l.contains("once") && l.contains("completed")),
-        "{listed}"
+        listed_as(&db, "once", "completed"),
+        "{}",
+        db.cli_ok(&["robot", "list"])
     );
-    let events = db
-        .store
-        .events()
-        .count_documents(bson::doc! {"kind": "robot_completed", "robot": "once"})
-        .await
-        .unwrap();
+    let events = events_about(&db, "robot_completed", "once").await;
     assert_eq!(events, 1);
 
     first.kill9();

@@ -474,13 +474,6 @@ async fn rlimits_bound_memory_and_say_what_they_cannot_enforce() {
     assert_eq!(report.robots, 1);
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|st| st[st.rfind(')')? + 2..].chars().next())
-        .is_some_and(|state| state != 'Z' && state != 'X')
-}
-
 /// The pids a robot script wrote to `file`, one a line.
 fn pids_in(file: &std::path::Path) -> Vec<i32> {
     std::fs::read_to_string(file)
@@ -520,14 +513,14 @@ async fn kill_9_of_the_worker_or_the_shim_leaves_no_process_and_no_cgroup() {
         pids_in(&escapees).first().copied()
     })
     .await;
-    assert!(alive(escaped));
+    assert!(common::alive(escaped));
     assert_eq!(cgroups_below(&dir).len(), 1, "one robot run, one cgroup");
     first.signal(libc::SIGKILL);
     first.wait_exit(Duration::from_secs(10));
     wait_for(
         Duration::from_secs(30),
         "the escapee gone with its worker",
-        || async { (!alive(escaped) && cgroups_below(&dir).is_empty()).then_some(()) },
+        || async { (!common::alive(escaped) && cgroups_below(&dir).is_empty()).then_some(()) },
     )
     .await;
 
@@ -559,7 +552,7 @@ async fn kill_9_of_the_worker_or_the_shim_leaves_no_process_and_no_cgroup() {
     wait_for(
         Duration::from_secs(30),
         "the dead shim's escapee swept",
-        || async { (!alive(escaped) && !shim_cgroup[0].exists()).then_some(()) },
+        || async { (!common::alive(escaped) && !shim_cgroup[0].exists()).then_some(()) },
     )
     .await;
     assert_eq!(

@@ -11,19 +11,6 @@ use std::time::{Duration, Instant};
 use bson::{doc, Document};
 use common::{invariants, script, wait_for, TestDb};
 
-/// A process that exists and is not a zombie waiting to be reaped.
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = &s[s.rfind(')')? + 1..];
-            rest.split_whitespace()
-                .next()
-                .map(|st| st != "Z" && st != "X")
-        })
-        .unwrap_or(false)
-}
-
 /// The pids an escaping robot wrote for one epoch: `{kind: pid}`.
 fn pids(db: &TestDb, epoch: i64) -> BTreeMap<String, i32> {
     let mut out = BTreeMap::new();
@@ -94,7 +81,7 @@ async fn a_robots_whole_process_tree_is_gone_before_the_lease_can_lapse() {
         },
     )
     .await;
-    assert!(old.values().all(|p| alive(*p)), "{old:?}");
+    assert!(old.values().all(|p| common::alive(*p)), "{old:?}");
     let robot = db.robot("esc").await;
     assert_eq!(
         robot.get_str("containment").ok(),
@@ -117,7 +104,7 @@ async fn a_robots_whole_process_tree_is_gone_before_the_lease_can_lapse() {
         },
     )
     .await;
-    let survivors: Vec<_> = old.iter().filter(|(_, p)| alive(**p)).collect();
+    let survivors: Vec<_> = old.iter().filter(|(_, p)| common::alive(**p)).collect();
     assert!(
         survivors.is_empty(),
         "the frozen holder's escapees still ran beside the new copy (epoch {}): {survivors:?}",
@@ -131,7 +118,7 @@ async fn a_robots_whole_process_tree_is_gone_before_the_lease_can_lapse() {
     wait_for(
         Duration::from_secs(5),
         "the killed holder's escapees to die",
-        || async { new.1.values().all(|p| !alive(*p)).then_some(()) },
+        || async { new.1.values().all(|p| !common::alive(*p)).then_some(()) },
     )
     .await;
     assert!(t0.elapsed() < Duration::from_secs(5));

@@ -434,6 +434,12 @@ async fn move_delete_pause_resume_take_effect_within_two_ticks() {
 async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
     let db = TestDb::new("badrobots").await;
     db.init(1).await;
+    // `robot create --name a --kind counter` and more.
+    let counter = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = vec!["robot", "create", "--name", "a", "--kind", "counter"];
+        args.extend_from_slice(extra);
+        args
+    };
     let refuse = |args: &[&str], expect: &str| {
         let out = db.cli(args);
         let err = String::from_utf8_lossy(&out.stderr).to_string();
@@ -447,68 +453,21 @@ async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
         &["robot", "create", "--name", "a", "--kind", "teleport"],
         "unknown robot kind \"teleport\"",
     );
-    refuse(
-        &[
-            "robot",
-            "create",
-            "--name",
-            "a",
-            "--kind",
-            "counter",
-            "--spec",
-            "{not json",
-        ],
-        "not valid JSON",
-    );
-    refuse(
-        &[
-            "robot", "create", "--name", "a", "--kind", "counter", "--spec", "[1]",
-        ],
-        "must be a JSON object",
-    );
-    refuse(
-        &[
-            "robot",
-            "create",
-            "--name",
-            "a",
-            "--kind",
-            "counter",
-            "--interval-ms",
-            "0",
-        ],
-        "interval_ms",
-    );
-    refuse(
-        &[
-            "robot", "create", "--name", "a", "--kind", "counter", "--count", "0",
-        ],
-        "--count",
-    );
+    refuse(&counter(&["--spec", "{not json"]), "not valid JSON");
+    refuse(&counter(&["--spec", "[1]"]), "must be a JSON object");
+    refuse(&counter(&["--interval-ms", "0"]), "interval_ms");
+    refuse(&counter(&["--count", "0"]), "--count");
     refuse(
         &["robot", "create", "--name", "a", "--kind", "exec"],
         "spec.command",
     );
-    let counter_with = |spec: &'static str| -> Vec<&'static str> {
-        vec![
-            "robot", "create", "--name", "a", "--kind", "counter", "--spec", spec,
-        ]
-    };
+    let counter_with = |spec: &'static str| counter(&["--spec", spec]);
     refuse(
         &counter_with(r#"{"restart": {"on": "sometimes"}}"#),
         "spec.restart.on \"sometimes\" is not one of: always, failure, never",
     );
     refuse(
-        &[
-            "robot",
-            "create",
-            "--name",
-            "a",
-            "--kind",
-            "counter",
-            "--restart-on",
-            "twice",
-        ],
+        &counter(&["--restart-on", "twice"]),
         "possible values: always, failure, never",
     );
     refuse(
@@ -531,16 +490,7 @@ async fn bad_input_is_refused_clearly_and_broken_robots_do_not_stop_others() {
         &["robot", "move", "ghost", "--to", "slot-001"],
         "no robot named \"ghost\"",
     );
-    db.cli_ok(&[
-        "robot",
-        "create",
-        "--name",
-        "a",
-        "--kind",
-        "counter",
-        "--interval-ms",
-        "100",
-    ]);
+    db.cli_ok(&counter(&["--interval-ms", "100"]));
     refuse(
         &["robot", "create", "--name", "a", "--kind", "counter"],
         "already exists",

@@ -376,11 +376,7 @@ async fn a_run_cut_off_by_kill_9_or_a_partition_is_retried_never_run_beside_itse
             log.display()
         ),
     );
-    let spec =
-        format!(r#"{{"command": "{cmd}", "schedule": {{"every": "1s", "keep_runs": 1000}}}}"#);
-    db.cli_ok(&[
-        "robot", "create", "--name", "job", "--kind", "exec", "--spec", &spec,
-    ]);
+    db.scheduled_exec("job", &cmd, r#"{"every": "1s", "keep_runs": 1000}"#);
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
     let first = db.exec_worker(&[]);
     wait_succeeded(&db, "job", 2).await;
@@ -453,11 +449,7 @@ async fn an_update_of_the_schedule_while_a_run_is_in_flight() {
     let db = TestDb::new("sched_update").await;
     db.init(1).await;
     let cmd = common::script(&db, "slow.sh", "sleep 1.5\nexit 0\n");
-    let spec =
-        format!(r#"{{"command": "{cmd}", "schedule": {{"every": "1s", "keep_runs": 1000}}}}"#);
-    db.cli_ok(&[
-        "robot", "create", "--name", "job", "--kind", "exec", "--spec", &spec,
-    ]);
+    db.scheduled_exec("job", &cmd, r#"{"every": "1s", "keep_runs": 1000}"#);
     let _w = db.exec_worker(&[]);
     wait_succeeded(&db, "job", 2).await;
     wait_for(Duration::from_secs(30), "a run in flight", || async {
@@ -519,13 +511,6 @@ fn notes_of(path: &std::path::Path) -> Vec<(String, i32, u32, u128)> {
         .collect()
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
-}
-
 /// The holder's worker, its shim and a run in flight frozen together by the
 /// cgroup freezer (what `docker pause` does) until a standby has taken the slot
 /// over and run the next firings; then thawed. The frozen run ignores SIGTERM: its
@@ -547,11 +532,7 @@ async fn a_holder_frozen_mid_run_and_thawed_runs_nothing_beside_its_successor() 
             notes.display()
         ),
     );
-    let spec =
-        format!(r#"{{"command": "{cmd}", "schedule": {{"every": "2s", "keep_runs": 1000}}}}"#);
-    db.cli_ok(&[
-        "robot", "create", "--name", "job", "--kind", "exec", "--spec", &spec,
-    ]);
+    db.scheduled_exec("job", &cmd, r#"{"every": "2s", "keep_runs": 1000}"#);
     let freezer = common::freezer::Freezer::new("sched_thaw");
     let flags = ["--tick", "2s"];
     let first = db.exec_worker_in(&freezer.procs(), &flags);
@@ -582,12 +563,12 @@ async fn a_holder_frozen_mid_run_and_thawed_runs_nothing_beside_its_successor() 
     )
     .await;
     assert!(
-        alive(old),
+        common::alive(old),
         "frozen, not dead: the thaw is what this test is about"
     );
     freezer.thaw();
     wait_for(Duration::from_secs(10), "the frozen run to die", || async {
-        (!alive(old)).then_some(())
+        (!common::alive(old)).then_some(())
     })
     .await;
     first
@@ -678,17 +659,7 @@ async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none
     let _standby = db.worker(&flags);
     wait_succeeded(&db, "tick", 3).await;
     let epoch = common::epoch(&db.slot("slot-001").await);
-    let server_ms = || async { db.store.server_now().await.unwrap().timestamp_millis() };
-    let ahead = |server: i64| server - chrono::Utc::now().timestamp_millis();
-    assert!(
-        ahead(server_ms().await) < 5_000,
-        "the pool took longer to set up than the 40 s before the step"
-    );
-    let stepped_at = wait_for(Duration::from_secs(60), "the step", || async {
-        let now = server_ms().await;
-        (ahead(now) > 5_000).then_some(now)
-    })
-    .await;
+    let stepped_at = common::server_clock_step(&db).await;
     // Runs after the step, on the stepped clock.
     wait_for(
         Duration::from_secs(30),

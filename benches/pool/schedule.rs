@@ -161,11 +161,7 @@ async fn sigstop_mid_run(trials: usize) -> Row {
             log.display()
         ),
     );
-    let spec =
-        format!(r#"{{"command": "{cmd}", "schedule": {{"every": "2s", "keep_runs": 1000}}}}"#);
-    db.cli_ok(&[
-        "robot", "create", "--name", "j", "--kind", "exec", "--spec", &spec,
-    ]);
+    db.scheduled_exec("j", &cmd, r#"{"every": "2s", "keep_runs": 1000}"#);
     let w: Vec<WorkerProc> = (0..3).map(|_| db.exec_worker(&[])).collect();
     wait_succeeded(&db, "j", 2, Duration::from_secs(60)).await;
     let in_flight = || {

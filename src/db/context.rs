@@ -534,6 +534,18 @@ impl ContextStore {
         Ok(r.matched_count == 1)
     }
 
+    /// The `$set` (a pipeline stage) of a robot held as a paused one is, with `status`.
+    fn held_as(&self, status: RobotStatus, error: Bson, restarts: i64) -> Document {
+        doc! {
+            STATUS: status,
+            PAUSED: true,
+            ERROR: error,
+            WORKER: {"$literal": &self.worker},
+            RESTARTS: restarts,
+            STATUS_AT: "$$NOW",
+        }
+    }
+
     /// Marks the robot `failed` and holds it as a paused robot is held, fenced like a
     /// checkpoint: no holder starts it again until `robot resume`. False when fenced or
     /// the lease lapsed (then nothing was written).
@@ -548,14 +560,8 @@ impl ContextStore {
         if !self.guard.is_open() {
             return Ok(false);
         }
-        let set = doc! {
-            STATUS: RobotStatus::Failed,
-            PAUSED: true,
-            ERROR: {"$literal": crate::secrets::scrub(why).into_owned()},
-            WORKER: {"$literal": &self.worker},
-            RESTARTS: restarts,
-            STATUS_AT: "$$NOW",
-        };
+        let error = doc! {"$literal": crate::secrets::scrub(why).into_owned()};
+        let set = self.held_as(RobotStatus::Failed, error.into(), restarts);
         self.update_fenced(id, gen, vec![doc! {"$set": set}].into())
             .await
     }
@@ -576,14 +582,7 @@ impl ContextStore {
         if !self.guard.is_open() {
             return Ok(false);
         }
-        let set = doc! {
-            STATUS: RobotStatus::Completed,
-            PAUSED: true,
-            ERROR: Bson::Null,
-            WORKER: {"$literal": &self.worker},
-            RESTARTS: restarts,
-            STATUS_AT: "$$NOW",
-        };
+        let set = self.held_as(RobotStatus::Completed, Bson::Null, restarts);
         let mut filter = self.fence_match(id, gen);
         // A robot never restarted has no `start_rev`: null matches a missing field.
         let rev = if start_rev == 0 {

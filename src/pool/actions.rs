@@ -137,20 +137,7 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
             },
         )
         .await?;
-    tell_holders(store, name, &slot).await?;
-    record(
-        store,
-        EventKind::Restart,
-        actor,
-        doc! {ROBOT: name, SLOT_ID: &slot},
-    )
-    .await;
-    Ok(Done {
-        name: name.to_string(),
-        slot: Some(slot),
-        changed: true,
-        repaired: false,
-    })
+    told(store, name, slot, EventKind::Restart, actor).await
 }
 
 /// Asks a scheduled robot's holder for one extra run now ("run now"), under the
@@ -197,14 +184,23 @@ pub async fn trigger(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
     if r.matched_count == 0 {
         return Err(ActionError::Changed(name.to_string()));
     }
+    told(store, name, slot, EventKind::Trigger, actor).await
+}
+
+/// Bumps the `rev` of `slot`, where robot `name` was read, so its holder reads it
+/// again; and, if the robot was moved meanwhile, of its new slot too (each side checks
+/// after its own write, as moves do).
+/// The end of an action that changed robot `name` on `slot`: its holders are told,
+/// the event recorded, and the change reported.
+async fn told(
+    store: &Store,
+    name: &str,
+    slot: String,
+    kind: EventKind,
+    actor: &Actor,
+) -> Result<Done, ActionError> {
     tell_holders(store, name, &slot).await?;
-    record(
-        store,
-        EventKind::Trigger,
-        actor,
-        doc! {ROBOT: name, SLOT_ID: &slot},
-    )
-    .await;
+    record(store, kind, actor, doc! {ROBOT: name, SLOT_ID: &slot}).await;
     Ok(Done {
         name: name.to_string(),
         slot: Some(slot),
@@ -213,9 +209,6 @@ pub async fn trigger(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
     })
 }
 
-/// Bumps the `rev` of `slot`, where robot `name` was read, so its holder reads it
-/// again; and, if the robot was moved meanwhile, of its new slot too (each side checks
-/// after its own write, as moves do).
 async fn tell_holders(store: &Store, name: &str, slot: &str) -> Result<(), ActionError> {
     placement::adjust(store, slot, 0, true).await?;
     if let Some(now) = robot(store, name).await.ok().and_then(|d| slot_of(&d).ok()) {

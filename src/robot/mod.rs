@@ -240,7 +240,9 @@ impl RobotRun {
             .checkpoint(&self.id, self.gen, &self.name, context, self.history, after)
             .await;
         if let Some(left) = &self.left {
-            let mut left = left.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut left = left
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             *left = match (&written, kept) {
                 (Ok(()), Some(c)) => Left::Context(c, after + 1),
                 _ => Left::Unknown,

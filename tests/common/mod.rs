@@ -294,6 +294,14 @@ impl TestDb {
         WorkerProc::spawn(cmd, &self.dir, &args)
     }
 
+    /// An exec robot running `command` on `schedule` (the JSON of `spec.schedule`).
+    pub fn scheduled_exec(&self, name: &str, command: &str, schedule: &str) {
+        let spec = format!(r#"{{"command": "{command}", "schedule": {schedule}}}"#);
+        self.cli_ok(&[
+            "robot", "create", "--name", name, "--kind", "exec", "--spec", &spec,
+        ]);
+    }
+
     /// `--exec-allow` for this test's directory.
     pub fn exec_allow(&self) -> String {
         format!("{}/", self.dir.display())
@@ -396,6 +404,35 @@ impl TestDb {
 /// 100 MB it is killed (cgroups) or its allocation fails (`RLIMIT_AS`: `tail: memory
 /// exhausted`).
 pub const MEMORY_HOG: &str = "head -c 500000000 /dev/zero | tail -n 1 > /dev/null\n";
+
+/// Whether `pid` exists and is neither a zombie waiting to be reaped nor dead,
+/// judged from /proc.
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|st| st[st.rfind(')')? + 2..].chars().next())
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+/// For a test that steps a private server's clock forward by 10 s with libfaketime:
+/// checks that the step has not come yet (the pool was set up in time), then waits
+/// for it, and returns the server's time just after it. The server and this
+/// machine share one clock but for the step.
+pub async fn server_clock_step(db: &TestDb) -> i64 {
+    let server_ms = || async { db.store.server_now().await.unwrap().timestamp_millis() };
+    let ahead = |server: i64| server - chrono::Utc::now().timestamp_millis();
+    assert!(
+        ahead(server_ms().await) < 5_000,
+        "the pool took longer to set up than the time before the step"
+    );
+    loop {
+        let now = server_ms().await;
+        if ahead(now) > 5_000 {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
 
 /// libfaketime, as Debian's `faketime` package installs it (scripts/test.sh does):
 /// tests skew a worker's clock or step the dev server's with it.

@@ -188,26 +188,7 @@ impl Runner {
             "gave up after {ends} ends within {} (spec.restart); the last: {error}",
             humantime::format_duration(within)
         );
-        self.metrics.robot_failures.inc();
-        tracing::error!(robot = %self.name, "robot failed: {why}; `slotpool robot resume {}` runs it again, `slotpool robot logs {}` shows its last output", self.name, self.name);
-        match self.ctx.give_up(&self.id, self.gen, &why, restarts).await {
-            Ok(true) => {
-                self.store
-                    .record_event(
-                        EventKind::RobotFailed,
-                        doc! {
-                            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
-                            EPOCH: self.ctx.epoch(), ROBOT: &self.name, DETAIL: &why,
-                        },
-                    )
-                    .await;
-            }
-            // Fenced: another instance owns it now, and its own budget decides.
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(robot = %self.name, "could not mark the robot failed ({e}); it stays stopped on this worker until its slot's robots are read again")
-            }
-        }
+        self.mark_failed(why, "resume", restarts).await;
     }
 
     /// The robot ran to completion (`spec.restart.on` failure or never, and it ended
@@ -266,8 +247,15 @@ impl Runner {
     /// robot its restart budget gave up on is.
     async fn give_up_once(&self, error: &RobotError, restarts: i64) {
         let why = format!("its run failed and spec.restart.on is never: {error}");
+        self.mark_failed(why, "restart", restarts).await;
+    }
+
+    /// Marks the robot failed and held, until that lands or another instance owns
+    /// it (then that instance's own budget decides); `again` is the command that
+    /// runs it again.
+    async fn mark_failed(&self, why: String, again: &str, restarts: i64) {
         self.metrics.robot_failures.inc();
-        tracing::error!(robot = %self.name, "robot failed: {why}; `slotpool robot restart {}` runs it again", self.name);
+        tracing::error!(robot = %self.name, "robot failed: {why}; `slotpool robot {again} {}` runs it again, `slotpool robot logs {}` shows its last output", self.name, self.name);
         let written = self
             .until_written("failed", || {
                 self.ctx.give_up(&self.id, self.gen, &why, restarts)

@@ -268,26 +268,12 @@ impl Scheduled {
     ) -> bool {
         let mut next = next;
         next.note(&records);
-        let written = self
-            .r
-            .ctx
-            .write_firings(
-                &self.r.id,
-                self.r.gen,
-                &self.st,
-                &next,
-                &records,
-                self.schedule.keep_runs,
-                claiming,
-            )
-            .await;
-        match written {
+        match self.compare_and_set(&next, &records, claiming).await {
             Ok(Written::Applied) => {
                 tracing::debug!(robot = %self.r.name, why, "firing state written");
                 self.count(&records, claiming);
                 self.record_events(&records).await;
-                self.st = next;
-                self.st.rev = Some(self.st.rev.unwrap_or(0) + 1);
+                self.written(next);
                 self.publish_rev();
                 self.preload(claiming).await;
                 true
@@ -663,25 +649,39 @@ impl Scheduled {
         let mut next = self.st.clone();
         next.running.retain(|r| r.id != e.id);
         next.claimed = Some(e.firing - 1);
-        let written = self
-            .r
+        let written = self.compare_and_set(&next, &[], None).await;
+        if matches!(written, Ok(Written::Applied)) {
+            self.written(next);
+            return true;
+        }
+        false
+    }
+
+    /// The stored state becomes `next`, over the state as this instance knows it.
+    async fn compare_and_set(
+        &self,
+        next: &FiringState,
+        records: &[RunRecord],
+        claiming: Option<i64>,
+    ) -> Result<Written, ContextError> {
+        self.r
             .ctx
             .write_firings(
                 &self.r.id,
                 self.r.gen,
                 &self.st,
-                &next,
-                &[],
+                next,
+                records,
                 self.schedule.keep_runs,
-                None,
+                claiming,
             )
-            .await;
-        if matches!(written, Ok(Written::Applied)) {
-            self.st = next;
-            self.st.rev = Some(self.st.rev.unwrap_or(0) + 1);
-            return true;
-        }
-        false
+            .await
+    }
+
+    /// `next` landed: it is the state now, one `rev` on.
+    fn written(&mut self, next: FiringState) {
+        self.st = next;
+        self.st.rev = Some(self.st.rev.unwrap_or(0) + 1);
     }
 
     /// The instance is stopping (moved, updated, paused, restarted, released): its
