@@ -655,10 +655,10 @@ async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none
     every_second(&db, "tick", "");
     // A 3 s tick: the holder is not held still at the step long enough to fence.
     let flags = ["--tick", "3s"];
-    let mut first = db.worker(&flags);
-    let _standby = db.worker(&flags);
+    let mut workers = [db.worker(&flags), db.worker(&flags)];
     wait_succeeded(&db, "tick", 3).await;
     let epoch = common::epoch(&db.slot("slot-001").await);
+    let held_by = holder(&db).await;
     let stepped_at = common::server_clock_step(&db).await;
     // Runs after the step, on the stepped clock.
     wait_for(
@@ -682,14 +682,18 @@ async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none
         epoch,
         "a standby claimed the live holder's slot at the step"
     );
-    assert_eq!(holder(&db).await, first.id);
+    assert_eq!(holder(&db).await, held_by);
     invariants::check_firings(&db, false).await;
 
     // A real death after the step is taken over, and nothing runs twice.
+    let first = workers
+        .iter_mut()
+        .find(|w| w.id == held_by)
+        .expect("the holder is ours");
     first.kill9();
     let before = succeeded(&db.robot("tick").await);
     wait_succeeded(&db, "tick", before + 4).await;
-    assert_ne!(holder(&db).await, first.id);
+    assert_ne!(holder(&db).await, held_by);
     let report = invariants::check_firings(&db, false).await;
     assert_eq!(report.robots, 1, "{report:?}");
 }

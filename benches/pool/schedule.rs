@@ -44,9 +44,11 @@ pub(super) async fn schedule_rows(quick: bool) -> Vec<Row> {
     rows
 }
 
-/// The minute edge alone (`--only edge`; `schedule` runs it too).
+/// The minute edge alone (`--only edge`; `schedule` runs it too), at the tick in
+/// `SLOTPOOL_BENCH_EDGE_TICK` (default 1s).
 pub(super) async fn edge_row(quick: bool) -> Row {
-    minute_edge(if quick { 1_000 } else { 10_000 }).await
+    let tick = std::env::var("SLOTPOOL_BENCH_EDGE_TICK").unwrap_or_else(|_| "1s".into());
+    minute_edge(if quick { 1_000 } else { 10_000 }, &tick).await
 }
 
 /// An every-2-seconds counter on 3 workers at `--tick 1s`: the lateness of `n`
@@ -217,11 +219,11 @@ async fn sigstop_mid_run(trials: usize) -> Row {
 
 /// `robots` counters on 10 slots (10 workers), every one firing each minute: two
 /// minute edges measured.
-async fn minute_edge(robots: u32) -> Row {
+async fn minute_edge(robots: u32, tick: &str) -> Row {
     fresh_server();
     let db = TestDb::new("b_sched_edge").await;
     db.init(10).await;
-    let w: Vec<WorkerProc> = (0..10).map(|_| db.worker(&[])).collect();
+    let w: Vec<WorkerProc> = (0..10).map(|_| db.worker(&["--tick", tick])).collect();
     one_slot_each(&db, 10).await;
     db.cli_ok(&[
         "robot",
@@ -289,7 +291,7 @@ async fn minute_edge(robots: u32) -> Row {
     let ran = late.len();
     let p = p99(&late);
     Row {
-        name: format!("Scheduled firing, the minute edge: {robots} counters on 10 slots (10 workers, tick 1 s), all every minute; two edges"),
+        name: format!("Scheduled firing, the minute edge: {robots} counters on 10 slots (10 workers, --tick {tick}), all every minute; two edges"),
         figures: format!(
             "runs at the edges: {ran} of {}; lateness {}; firing-state writes per firing: {per_firing:.2} statements ({commands_per_firing:.3} commands, group commits shared with the counters' checkpoints); worker CPU {:.2} cores in all over {secs:.0} s; self-fences: {fences}; runs started in the window: {started}; the robots' records: {outcomes:?}",
             2 * robots,

@@ -637,20 +637,22 @@ impl ContextStore {
 
     /// Records the end of run `entry` of an instance that is no longer running it
     /// (stopped: moved, updated, paused, restarted, released), matched by the run's
-    /// id: the run leaves `running` for `lost`, and `record` (None for a claim that
-    /// never started) is appended. False when the run was not in flight.
+    /// id: the run leaves `running` (for `lost` when the stop `cut_off` it), and
+    /// `record` (None for a claim that never started) is appended. False when the
+    /// run was not in flight.
     pub async fn end_run_by_id(
         &self,
         id: &ObjectId,
         entry: &crate::db::firing::RunEntry,
         record: Option<&crate::db::firing::RunRecord>,
+        cut_off: bool,
         keep: u32,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
         if !self.guard.is_open() {
             return Ok(false);
         }
-        let (filter, update) = crate::db::firing::end_by_id(*id, entry, record, true, keep);
+        let (filter, update) = crate::db::firing::end_by_id(*id, entry, record, cut_off, keep);
         let r = self.robots.update_one(filter, update).await?;
         Ok(r.matched_count == 1)
     }

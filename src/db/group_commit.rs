@@ -65,6 +65,21 @@ pub fn next_batch_limit(took: Duration, statements: usize, budget: Duration) -> 
     crate::db::pacing::statements_within(budget, took, statements, MIN_STATEMENTS, MAX_STATEMENTS)
 }
 
+/// How long the last command's time stays a guide to the next one's size.
+pub const MEASURE_HOLDS: Duration = Duration::from_secs(1);
+
+/// The limit of the next command: `limit` while it was measured within
+/// [`MEASURE_HOLDS`], else [`MIN_STATEMENTS`] (a slow start). After a quiet spell,
+/// or a command that went unanswered, nothing says what the server can take now:
+/// at a minute's edge, ten holders each sending 100 firings' writes at once queued a
+/// second and more of work ahead of every renewal.
+pub fn limit_after(limit: usize, since_measured: Option<Duration>) -> usize {
+    match since_measured {
+        Some(d) if d <= MEASURE_HOLDS => limit,
+        _ => MIN_STATEMENTS,
+    }
+}
+
 /// Bytes of statements per command, well under the 16 MiB a command may be (a
 /// context alone may be 1 MiB).
 pub const MAX_BYTES: usize = 8 * 1024 * 1024;
@@ -320,6 +335,43 @@ impl GroupCommit {
     }
 }
 
+/// The writes of one command being gathered.
+struct Batch {
+    writes: Vec<Queued>,
+    bytes: usize,
+    robots: std::collections::HashSet<ObjectId>,
+}
+
+impl Batch {
+    fn new(first: Queued) -> Batch {
+        let mut b = Batch {
+            writes: Vec::new(),
+            bytes: 0,
+            robots: Default::default(),
+        };
+        b.add(first);
+        b
+    }
+
+    fn has_room(&self, limit: usize) -> bool {
+        self.writes.len() < limit && self.bytes < MAX_BYTES
+    }
+
+    /// Adds `q`, unless its robot has a write here already: that one is given back,
+    /// for the next command. One write per robot per command, because a short
+    /// count is settled by reading each robot's `write_id` back, and a robot's
+    /// second write would hide its first (a scheduled robot's run checkpoints
+    /// while its instance writes the firing state).
+    fn add(&mut self, q: Queued) -> Option<Queued> {
+        if !self.robots.insert(q.statement.id) {
+            return Some(q);
+        }
+        self.bytes += q.statement.bytes();
+        self.writes.push(q);
+        None
+    }
+}
+
 /// Gathers writes into batches (the first waits at most [`WINDOW`] for company),
 /// takes a pacer permit per batch, and sends one batch at a time.
 async fn batcher(
@@ -329,42 +381,52 @@ async fn batcher(
     guard: WriteGuard,
     metrics: Arc<Metrics>,
 ) {
-    // Sized from the last command's time (see `next_batch_limit`).
-    let mut limit = MAX_STATEMENTS;
+    // Sized from the last command's time (see `next_batch_limit`), while that is
+    // recent.
+    let mut limit = MIN_STATEMENTS;
+    let mut measured_at: Option<Instant> = None;
     let budget = pacer.command_budget();
-    while let Some(first) = rx.recv().await {
-        let mut bytes = first.statement.bytes();
-        let mut batch = vec![first];
+    // A write held back for the next batch: its robot already has one in this one.
+    let mut held: Option<Queued> = None;
+    loop {
+        let first = match held.take() {
+            Some(q) => q,
+            None => match rx.recv().await {
+                Some(q) => q,
+                None => return,
+            },
+        };
+        limit = limit_after(limit, measured_at.map(|at| at.elapsed()));
+        let mut batch = Batch::new(first);
         let until = Instant::now() + WINDOW;
-        while batch.len() < limit && bytes < MAX_BYTES {
+        while held.is_none() && batch.has_room(limit) {
             match tokio::time::timeout_at(until, rx.recv()).await {
-                Ok(Some(q)) => {
-                    bytes += q.statement.bytes();
-                    batch.push(q);
-                }
+                Ok(Some(q)) => held = batch.add(q),
                 Ok(None) | Err(_) => break,
             }
         }
         // Waiting here lets the next batch fill up behind this one.
         let permit = pacer.acquire_owned().await;
         // Writes queued meanwhile join this batch, up to its limits.
-        while batch.len() < limit && bytes < MAX_BYTES {
+        while held.is_none() && batch.has_room(limit) {
             match rx.try_recv() {
-                Ok(q) => {
-                    bytes += q.statement.bytes();
-                    batch.push(q);
-                }
+                Ok(q) => held = batch.add(q),
                 Err(_) => break,
             }
         }
+        let batch = batch.writes;
         metrics.write_batches.inc();
         metrics.batched_writes.inc_by(batch.len() as u64);
         // One batch in flight: what queues meanwhile is the next batch. Measured on
         // the dev server, eight batches of 100 in flight at once took 0.5–2.5 s each
         // (about 570 writes/s in all); one at a time, 40 ms each (2,500 writes/s).
         let statements = batch.len();
-        if let Some(took) = commit(batch, &robots, &guard, permit).await {
-            limit = next_batch_limit(took, statements, budget);
+        match commit(batch, &robots, &guard, permit).await {
+            Some(took) => {
+                limit = next_batch_limit(took, statements, budget);
+                measured_at = Some(Instant::now());
+            }
+            None => measured_at = None,
         }
     }
 }
@@ -495,6 +557,15 @@ mod tests {
         // A budget of half the margin, from the pacer.
         let pacer = WritePacer::new(ms(112));
         assert_eq!(pacer.command_budget(), ms(56));
+    }
+
+    #[test]
+    fn a_stale_or_missing_measure_starts_small_again() {
+        let ms = Duration::from_millis;
+        assert_eq!(limit_after(80, Some(ms(200))), 80);
+        assert_eq!(limit_after(80, Some(MEASURE_HOLDS)), 80);
+        assert_eq!(limit_after(80, Some(ms(1_001))), MIN_STATEMENTS);
+        assert_eq!(limit_after(80, None), MIN_STATEMENTS);
     }
 
     fn guard_for(d: Duration) -> WriteGuard {

@@ -104,7 +104,8 @@ impl RobotKind for Counter {
             if !done {
                 run.checkpoint(doc! {"n": n + 1, "firing": firing}).await?;
             }
-            return Ok(());
+            // Its step is whole, stop or not: it ran to its end.
+            return Err(RobotError::Finished);
         }
         let mut wait = if run.spec().get_bool("eager").unwrap_or(false) {
             std::time::Duration::ZERO

@@ -76,8 +76,10 @@ pub enum RobotError {
     /// It crashed or exited; restarted with backoff.
     #[error("{0}")]
     Crashed(String),
-    /// Its command exited with status 0: a run to completion ended well (a daemon
-    /// is restarted as after any other end).
+    /// Its command exited with status 0, or a run says it did its work to the end:
+    /// a run to completion ended well (a daemon is restarted as after any other
+    /// end). A scheduled run that returns it succeeded even when a stop came first;
+    /// one that returns `Ok` after a stop may have been cut short.
     #[error("command exited: exit status: 0")]
     Finished,
     #[error("database error: {0}")]

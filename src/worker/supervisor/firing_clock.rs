@@ -20,6 +20,11 @@ use crate::db::store::Store;
 /// How often the server's clock is read again while a slot is held.
 pub const SERVER_TIME_EVERY: Duration = Duration::from_secs(60);
 
+/// The slowest answer a reading is taken from. The server read its clock somewhere
+/// within the round trip, so a reading is off by up to half of it: at most half a
+/// second, within the planner's [`super::firing_plan::DRIFT_MS`].
+pub const MAX_READING_ROUND_TRIP: Duration = Duration::from_secs(1);
+
 // === impl ServerTime ===
 
 /// The server's clock as a held slot's supervisor last read it, and the first
@@ -41,7 +46,14 @@ impl ServerTime {
             .await
             .map_err(|e| crate::db::store::brief(&e))?;
         let received = clock.now();
-        let mid = sent + received.saturating_duration_since(sent) / 2;
+        let round_trip = received.saturating_duration_since(sent);
+        if round_trip > MAX_READING_ROUND_TRIP {
+            return Err(format!(
+                "the server's clock answered after {} ms, too slow to be read within half a second; read again later",
+                round_trip.as_millis()
+            ));
+        }
+        let mid = sent + round_trip / 2;
         let ms = server.timestamp_millis();
         *self.reading.lock().expect("server time lock") = Some((ms, mid));
         self.began.get_or_init(|| ms);

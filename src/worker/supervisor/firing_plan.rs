@@ -36,9 +36,10 @@ pub const LEAD_MS: i64 = 60_000;
 /// How far the server's clock, as a holder estimates it, may run ahead of the
 /// server's own: a run starts when the estimate reaches its firing, so one that a
 /// lease ending at `t` could have started has a firing before `t + DRIFT_MS`. An
-/// estimate is never ahead by more than the local clock's drift since its reading
-/// (milliseconds); a second covers that, and a backward step of the server's clock
-/// of up to a second. A larger backward step can make a firing that ran just before
+/// estimate is ahead by at most half its reading's round trip (readings slower
+/// than a second are not taken) and the local clock's drift since (milliseconds);
+/// a second covers that, and a backward step of the server's clock of up to half a
+/// second. A larger backward step can make a firing that ran just before
 /// a takeover run once more after it, never beside itself: the earlier holder
 /// stopped it with its lease.
 pub const DRIFT_MS: i64 = 1000;
@@ -76,6 +77,9 @@ pub struct Facts {
     /// When the robot was created (server milliseconds): no firing before it is
     /// owed, when its state says nothing of where firings start.
     pub created_ms: Option<i64>,
+    /// When an update was last applied to the robot (server milliseconds): a robot
+    /// that gets its first schedule from an update owes firings from then on.
+    pub updated_ms: Option<i64>,
     /// The robot was paused: its holder is about to stop this instance, which
     /// starts and settles nothing meanwhile (the next instance, after the resume,
     /// records the pause's firings).
@@ -251,8 +255,14 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
 
     // 1b. The schedule this state follows: a new one owes firings from now on.
     let words = s.describe();
+    // Where a first schedule's firings start: the robot's creation, or the update
+    // that gave it this schedule.
+    let origin = match (f.created_ms, f.updated_ms) {
+        (Some(c), Some(u)) => Some(c.max(u)),
+        (c, u) => c.or(u),
+    };
     if st.schedule.is_none() {
-        if let Some(since) = st.since.or(f.created_ms) {
+        if let Some(since) = st.since.or(origin) {
             // A robot's first schedule owes firings from its creation, which does
             // not move: it is written with the first step that writes anything (the
             // first claim, as a rule), not in a write of its own. That halves what
@@ -267,7 +277,7 @@ pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
     if st.schedule.as_deref() != Some(words.as_str()) {
         let mut records = vec![];
         next.since = match &st.schedule {
-            None => st.since.or(f.created_ms).or(Some(now)),
+            None => st.since.or(origin).or(Some(now)),
             Some(old) => {
                 // The old schedule's firings that were due and had not run (the
                 // robot behind, or waiting on a run) are recorded, not dropped.
@@ -1140,6 +1150,17 @@ mod tests {
         let (next, _, _) = written(plan(&s, &FiringState::default(), &me(), &f));
         assert_eq!(next.since, Some(T0 + 1));
         assert_eq!(next.schedule.as_deref(), Some("every 1m"));
+        // A first schedule from an update (before anything was written, or to a
+        // daemon): from that update, not from the creation.
+        let mut updated = f.clone();
+        updated.updated_ms = Some(T0 + 4 * MIN + 30_000);
+        let (next, records, claiming) = written(plan(&s, &FiringState::default(), &me(), &updated));
+        assert_eq!(next.since, Some(T0 + 4 * MIN + 30_000));
+        assert_eq!(claiming, Some(T0 + 5 * MIN));
+        assert!(
+            records.is_empty(),
+            "nothing owed before the update: {records:?}"
+        );
         // Changed: from now; the old schedule's firings due and not run are
         // recorded skipped.
         let mut st = state(T0);

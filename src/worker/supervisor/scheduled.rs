@@ -27,15 +27,15 @@ use crate::robot::schedule::Schedule;
 use crate::robot::{history_len, Left, RobotError, RobotRun};
 
 /// The robot as the instance's next run starts from, after run `s` ended: what its
-/// checkpoints left, when known and no other run of the instance is in flight.
-fn carry(s: &Started, alone: bool) -> Option<Loaded> {
+/// checkpoints left, when known. Only for a run that no other run of the instance
+/// overlapped (the caller checks): another's checkpoints would have moved `seq`.
+fn carry(s: &Started) -> Option<Loaded> {
     let left = s
         .left
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     match left {
-        _ if !alone => None,
         Left::Unchanged => Some(s.from.clone()),
         Left::Context(context, seq) => Some(Loaded {
             context,
@@ -50,6 +50,42 @@ fn carry(s: &Started, alone: bool) -> Option<Loaded> {
 /// instance's run to end (nothing tells it when that happens).
 const POLL: Duration = Duration::from_secs(1);
 
+/// What became of a run, from what it returned and whether it was asked to stop
+/// before it did (`asked`; `by_overlap`: by `cancel_other`, not by a stop of the
+/// instance). `Finished` is a run that says it ran to its end: it succeeded, asked
+/// or not. `Ok` is a run that returned: it succeeded unless it was asked to stop
+/// first, when its work may be cut short.
+fn outcome_of(
+    result: &Result<(), RobotError>,
+    asked: bool,
+    by_overlap: bool,
+) -> (Outcome, Option<String>) {
+    let stopped = || {
+        if by_overlap {
+            (
+                Outcome::Cancelled,
+                Some("overlap cancel_other: a newer firing".to_string()),
+            )
+        } else {
+            (Outcome::Stopped, Some(STOPPED.to_string()))
+        }
+    };
+    match result {
+        Err(RobotError::Finished) => (Outcome::Succeeded, None),
+        Ok(()) if !asked => (Outcome::Succeeded, None),
+        _ if asked => stopped(),
+        Err(e) => (Outcome::Failed, Some(e.to_string())),
+        Ok(()) => unreachable!("covered above"),
+    }
+}
+
+/// Why a run its instance's stop cut off was recorded `stopped`.
+const STOPPED: &str = "its instance was stopped (pause, update, move, restart or release)";
+
+/// What a run's task returns: its id, its result, and whether it was asked to stop
+/// before it returned.
+type RunDone = (ObjectId, Result<(), RobotError>, bool);
+
 // === impl Scheduled ===
 
 /// A run of this instance, once started.
@@ -61,6 +97,9 @@ struct Started {
     /// The robot as the run started from, and what its checkpoints left.
     from: Loaded,
     left: Arc<Mutex<Left>>,
+    /// The instance's count of starts when this one began: a run that ends with
+    /// the count unchanged was not overlapped by another.
+    start_no: u64,
 }
 
 /// One scheduled robot's instance.
@@ -72,10 +111,20 @@ pub(super) struct Scheduled {
     st: FiringState,
     kind_name: String,
     created_ms: Option<i64>,
+    updated_ms: Option<i64>,
     /// Paused, as last read.
     paused: bool,
-    runs: JoinSet<(ObjectId, Result<(), RobotError>)>,
+    runs: JoinSet<RunDone>,
     started: HashMap<ObjectId, Started>,
+    /// Runs this instance started, ever: a claim among them is never given back.
+    ran: HashSet<ObjectId>,
+    /// Each run's task, for a task that fails to return (a kind that panics).
+    tasks: HashMap<tokio::task::Id, ObjectId>,
+    starts: u64,
+    /// Ends of runs not yet written (the instance stopped first, or the write
+    /// failed): `stop_runs` writes them by the run's id, with whether the run was
+    /// cut off.
+    unwritten: HashMap<ObjectId, (RunRecord, bool)>,
     stopping: HashSet<ObjectId>,
     /// Other slots found gone, and since when.
     gone_since: HashMap<String, Instant>,
@@ -105,11 +154,16 @@ impl Scheduled {
             st: loaded.firings.clone(),
             kind_name: loaded.kind.clone(),
             created_ms: loaded.created_ms,
+            updated_ms: loaded.updated_ms,
             paused: loaded.paused,
             schedule,
             shared,
             runs: JoinSet::new(),
             started: HashMap::new(),
+            ran: HashSet::new(),
+            tasks: HashMap::new(),
+            starts: 0,
+            unwritten: HashMap::new(),
             stopping: HashSet::new(),
             gone_since: HashMap::new(),
             preloaded: None,
@@ -127,6 +181,7 @@ impl Scheduled {
     /// Runs until the instance is stopped or fenced.
     pub(super) async fn run(mut self) -> ObjectId {
         tracing::info!(robot = %self.r.name, schedule = %self.schedule.describe(), "scheduled robot adopted");
+        self.say_if_odd();
         self.publish_rev();
         loop {
             if self.r.token.is_cancelled() {
@@ -174,6 +229,14 @@ impl Scheduled {
         }
     }
 
+    /// Entries of `firings` that are not what a holder writes (a hand edit) are
+    /// dropped by the next write: said here, before they go.
+    fn say_if_odd(&self) {
+        if self.st.odd > 0 {
+            tracing::warn!(robot = %self.r.name, entries = self.st.odd, "the robot's `firings` holds entries that are not runs or requests (a hand edit?); the next write of its firing state drops them");
+        }
+    }
+
     fn publish_rev(&self) {
         self.shared
             .known_rev
@@ -194,6 +257,7 @@ impl Scheduled {
             now_ms,
             lease_began_ms: self.shared.time.lease_began(),
             created_ms: self.created_ms,
+            updated_ms: self.updated_ms,
             paused: self.paused,
             started: self.started.keys().copied().collect(),
             stopping: self.stopping.clone(),
@@ -278,7 +342,18 @@ impl Scheduled {
                 self.preload(claiming).await;
                 true
             }
-            Ok(Written::Fenced) => self.reload().await,
+            Ok(Written::Fenced) => {
+                let before = self.st.rev;
+                let go_on = self.reload().await;
+                if go_on && self.st.rev == before {
+                    // Matched nothing, yet nothing changed that a read shows: a
+                    // hand-edited `firings` (a `rev` that is no integer?). Not a
+                    // busy loop on the slot's shared write queue.
+                    tracing::warn!(robot = %self.r.name, "the robot's firing state matched no write although it reads unchanged (a hand edit of `firings`?); trying again in {} s. Fix it by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$unset: {{firings: 1}}}})", POLL.as_secs(), self.r.name);
+                    self.pause_for(POLL).await;
+                }
+                go_on
+            }
             Ok(Written::Lapsed) => false,
             Ok(Written::Refused(why)) => {
                 tracing::error!(robot = %self.r.name, "the database refused the robot's firing state ({}); fix its `firings` or `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$unset: {{firings: 1, runs: 1}}}})", crate::secrets::scrub(&why), self.r.name);
@@ -357,6 +432,7 @@ impl Scheduled {
                 self.st = l.firings;
                 self.paused = l.paused;
                 self.publish_rev();
+                self.say_if_odd();
                 true
             }
             Err(e) => self.after_error(e).await,
@@ -413,6 +489,8 @@ impl Scheduled {
     /// deadline starts nothing), from the context as it stands now.
     async fn start(&mut self, e: RunEntry, now_ms: i64) {
         if !self.r.ctx.lease_open() {
+            // Stopped with the lease any moment now; meanwhile, not a busy loop.
+            self.pause_for(POLL).await;
             return;
         }
         // Two runs at once (`overlap: allow`) each read the robot.
@@ -490,11 +568,15 @@ impl Scheduled {
         let id = e.id;
         self.not_before.remove(&id);
         let metrics = self.r.metrics.clone();
-        self.runs.spawn(async move {
+        let asked = token.clone();
+        let task = self.runs.spawn(async move {
             let result = kind.run(run).await;
             metrics.robots_running.inc_by(-1);
-            (id, result)
+            (id, result, asked.is_cancelled())
         });
+        self.tasks.insert(task.id(), id);
+        self.ran.insert(id);
+        self.starts += 1;
         let began = self.r.clock.now();
         self.started.insert(
             id,
@@ -504,6 +586,7 @@ impl Scheduled {
                 began,
                 from,
                 left,
+                start_no: self.starts,
             },
         );
     }
@@ -517,10 +600,20 @@ impl Scheduled {
         tokio::select! {
             _ = self.r.token.cancelled() => true,
             Some(done) = self.runs.join_next(), if !self.runs.is_empty() => match done {
-                Ok((id, result)) => self.finish(id, result).await,
+                Ok((id, result, asked)) => {
+                    self.tasks.retain(|_, run| *run != id);
+                    self.finish(id, result, asked).await
+                }
                 Err(e) => {
                     tracing::error!(robot = %self.r.name, "a run's task failed: {e}");
-                    true
+                    match self.tasks.remove(&e.id()) {
+                        Some(id) => {
+                            self.r.metrics.robots_running.inc_by(-1);
+                            let failed = Err(RobotError::Crashed(format!("its task failed: {e}")));
+                            self.finish(id, failed, false).await
+                        }
+                        None => true,
+                    }
                 }
             },
             _ = async { alarm.until(at.expect("checked")).await }, if at.is_some() => true,
@@ -530,36 +623,31 @@ impl Scheduled {
     }
 
     /// A run ended: its record, and its retry when `restart.on` is `failure`.
-    async fn finish(&mut self, id: ObjectId, result: Result<(), RobotError>) -> bool {
+    async fn finish(&mut self, id: ObjectId, result: Result<(), RobotError>, asked: bool) -> bool {
         let Some(s) = self.started.remove(&id) else {
             return true;
         };
-        let cancelled = self.stopping.remove(&id);
-        if self.r.token.is_cancelled() && !cancelled {
-            // The instance is stopping: its runs' ends are written by stop_runs.
-            self.started.insert(id, s);
-            return true;
-        }
-        self.carried = carry(&s, self.started.is_empty());
-        let (outcome, reason) = match &result {
-            Ok(()) if cancelled => (
-                Outcome::Cancelled,
-                Some("overlap cancel_other: a newer firing".into()),
-            ),
-            Ok(()) | Err(RobotError::Finished) => (Outcome::Succeeded, None),
-            Err(RobotError::Fenced(why)) => {
-                if !self.reload().await {
-                    return false;
-                }
-                (Outcome::Failed, Some(why.clone()))
-            }
-            Err(e) => (Outcome::Failed, Some(e.to_string())),
-        };
+        let by_overlap = self.stopping.remove(&id);
+        self.carried = (self.starts == s.start_no && self.started.is_empty())
+            .then(|| carry(&s))
+            .flatten();
+        let (outcome, reason) = outcome_of(&result, asked, by_overlap);
         let ended_ms = self
             .shared
             .time
             .now_ms(self.clock())
             .unwrap_or(s.started_ms);
+        if self.r.token.is_cancelled() {
+            // The instance is stopping: `stop_runs` writes this end by the run's id.
+            self.keep_unwritten(id, &s, outcome, reason, ended_ms);
+            return true;
+        }
+        if matches!(result, Err(RobotError::Fenced(_))) && !self.reload().await {
+            // No longer the robot's current instance: the run was cut off by that,
+            // and is handed on as such.
+            self.keep_unwritten(id, &s, Outcome::Stopped, reason, ended_ms);
+            return false;
+        }
         // restart.on failure: the firing's next attempt is written at once, and
         // starts after the backoff (the instance goes on meanwhile).
         let mut backoff = None;
@@ -575,7 +663,7 @@ impl Scheduled {
         let end = RunEnd {
             id,
             outcome,
-            reason,
+            reason: reason.clone(),
             started_ms: Some(s.started_ms),
             ended_ms,
             retry: backoff.is_some(),
@@ -587,6 +675,11 @@ impl Scheduled {
             .find(|e| e.id == id)
             .map_or((0, 0), |e| (e.firing, e.attempt));
         let go_on = self.record_end(end).await;
+        if !go_on {
+            // Not written (the instance stops): written by the run's id instead.
+            self.keep_unwritten(id, &s, outcome, reason, ended_ms);
+            return false;
+        }
         if let Some(b) = backoff {
             let again = self
                 .st
@@ -602,11 +695,46 @@ impl Scheduled {
         go_on
     }
 
+    /// Keeps the end of run `id` for `stop_runs`, when its entry is still in flight
+    /// as this instance knows it. A run cut off by the stop is handed on as such.
+    fn keep_unwritten(
+        &mut self,
+        id: ObjectId,
+        s: &Started,
+        outcome: Outcome,
+        reason: Option<String>,
+        ended_ms: i64,
+    ) {
+        let Some(e) = self.st.running.iter().find(|e| e.id == id) else {
+            return;
+        };
+        let record = RunRecord {
+            firing: e.firing,
+            attempt: e.attempt,
+            outcome: Some(outcome),
+            reason,
+            started: Some(s.started_ms),
+            ended: Some(ended_ms),
+            lateness_ms: Some((s.started_ms - e.firing).max(0)),
+            worker: self.me.worker.clone(),
+            slot: self.me.slot.clone(),
+            epoch: self.me.epoch,
+            by: e.by.clone(),
+            count: None,
+            last: None,
+        };
+        self.unwritten
+            .insert(id, (record, outcome == Outcome::Stopped));
+    }
+
     /// Writes a run's end, again on a newer state when another writer raised `rev`.
     /// When the plan after it is to claim the next firing ahead, the claim goes in
     /// the same write: one write a firing in the steady state.
     async fn record_end(&mut self, end: RunEnd) -> bool {
         loop {
+            if self.r.token.is_cancelled() {
+                return false;
+            }
             let Some((next, record)) = ended(&self.st, &self.me, end.clone()) else {
                 return true;
             };
@@ -686,13 +814,24 @@ impl Scheduled {
 
     /// The instance is stopping (moved, updated, paused, restarted, released): its
     /// runs stop with their grace, and while the lease holds, each run's end is
-    /// recorded by its id and the run handed to the next instance as cut off, as is
-    /// a claim that never started. With the lease gone, nothing is written: the next
-    /// holder judges the runs by that lease.
+    /// recorded by its id: what it returned when it ended by itself, or `stopped`,
+    /// handed to the next instance as cut off. A claim that never started goes back.
+    /// With the lease gone, nothing is written: the next holder judges the runs by
+    /// that lease.
     async fn stop_runs(&mut self) {
         while let Some(done) = self.runs.join_next().await {
-            if let Ok((id, _)) = done {
-                self.stopping.remove(&id);
+            let Ok((id, result, asked)) = done else {
+                continue;
+            };
+            if let Some(s) = self.started.remove(&id) {
+                let by_overlap = self.stopping.remove(&id);
+                let (outcome, reason) = outcome_of(&result, asked, by_overlap);
+                let ended_ms = self
+                    .shared
+                    .time
+                    .now_ms(self.clock())
+                    .unwrap_or(s.started_ms);
+                self.keep_unwritten(id, &s, outcome, reason, ended_ms);
             }
         }
         if !self.r.ctx.lease_open() {
@@ -707,48 +846,101 @@ impl Scheduled {
             .collect();
         let now_ms = self.shared.time.now_ms(self.clock());
         for e in mine {
-            let started = self.started.remove(&e.id);
-            if started.is_none() && self.give_back(&e).await {
+            let end = self.unwritten.remove(&e.id);
+            // A run whose task failed to return (a panic) is still listed started.
+            let lingering = self.started.remove(&e.id);
+            let never_started = end.is_none() && lingering.is_none() && !self.ran.contains(&e.id);
+            if never_started && self.give_back(&e).await {
                 continue;
             }
-            let record = started.as_ref().map(|s| RunRecord {
-                firing: e.firing,
-                attempt: e.attempt,
-                outcome: Some(Outcome::Stopped),
-                reason: Some(
-                    "its instance was stopped (pause, update, move, restart or release)".into(),
+            let (record, cut_off) = match (end, lingering) {
+                (Some((record, cut_off)), _) => (Some(record), cut_off),
+                (None, Some(s)) => (
+                    Some(RunRecord {
+                        firing: e.firing,
+                        attempt: e.attempt,
+                        outcome: Some(Outcome::Stopped),
+                        reason: Some(STOPPED.into()),
+                        started: Some(s.started_ms),
+                        ended: now_ms,
+                        lateness_ms: Some((s.started_ms - e.firing).max(0)),
+                        worker: self.me.worker.clone(),
+                        slot: self.me.slot.clone(),
+                        epoch: self.me.epoch,
+                        by: e.by.clone(),
+                        count: None,
+                        last: None,
+                    }),
+                    true,
                 ),
-                started: Some(s.started_ms),
-                ended: now_ms,
-                lateness_ms: Some((s.started_ms - e.firing).max(0)),
-                worker: self.me.worker.clone(),
-                slot: self.me.slot.clone(),
-                epoch: self.me.epoch,
-                by: e.by.clone(),
-                count: None,
-                last: None,
-            });
-            // Tried again while the lease holds: the next instance waits for it.
-            let mut wait = Duration::from_millis(100);
-            loop {
-                let r = self
-                    .r
-                    .ctx
-                    .end_run_by_id(&self.r.id, &e, record.as_ref(), self.schedule.keep_runs)
-                    .await;
-                match r {
-                    Ok(_) => break,
-                    Err(err) if self.r.ctx.lease_open() => {
-                        tracing::warn!(robot = %self.r.name, "could not record the end of a stopped run ({err}); trying again");
-                        self.r.clock.sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(2));
-                    }
-                    Err(err) => {
-                        tracing::warn!(robot = %self.r.name, "could not record the end of a stopped run ({err}); the next holder judges it by this lease");
-                        break;
-                    }
+                // Never started: handed on, to be run or skipped by the next instance.
+                (None, None) => (None, true),
+            };
+            self.end_by_id(&e, record.as_ref(), cut_off).await;
+        }
+    }
+
+    /// Records run `e`'s end by its id, tried again while the lease holds and the
+    /// database may answer; a refusal (a hand-edited document) is said and left.
+    async fn end_by_id(&self, e: &RunEntry, record: Option<&RunRecord>, cut_off: bool) {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let r = self
+                .r
+                .ctx
+                .end_run_by_id(&self.r.id, e, record, cut_off, self.schedule.keep_runs)
+                .await;
+            match r {
+                Ok(_) => return,
+                Err(ContextError::Db(err)) if !crate::db::store::is_network(&err) => {
+                    tracing::error!(robot = %self.r.name, "the database refused the end of a stopped run ({}); fix the robot's `firings` or `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$unset: {{firings: 1, runs: 1}}}})", crate::db::store::brief(&err), self.r.name);
+                    return;
+                }
+                Err(err) if self.r.ctx.lease_open() => {
+                    tracing::warn!(robot = %self.r.name, "could not record the end of a stopped run ({err}); trying again");
+                    self.r.clock.sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(err) => {
+                    tracing::warn!(robot = %self.r.name, "could not record the end of a stopped run ({err}); the next holder judges it by this lease");
+                    return;
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_that_says_it_ran_to_its_end_succeeded_even_after_a_stop() {
+        let crashed = || Err(RobotError::Crashed("exit status: 3".into()));
+        let of = |r: &Result<(), RobotError>, asked, overlap| outcome_of(r, asked, overlap).0;
+        // Ended by itself.
+        assert_eq!(of(&Ok(()), false, false), Outcome::Succeeded);
+        assert_eq!(
+            of(&Err(RobotError::Finished), false, false),
+            Outcome::Succeeded
+        );
+        assert_eq!(of(&crashed(), false, false), Outcome::Failed);
+        // Asked to stop first: it may have been cut short, unless it says it ran to
+        // its end (a counter's step is whole).
+        assert_eq!(
+            of(&Err(RobotError::Finished), true, false),
+            Outcome::Succeeded
+        );
+        assert_eq!(
+            of(&Err(RobotError::Finished), true, true),
+            Outcome::Succeeded
+        );
+        assert_eq!(of(&Ok(()), true, false), Outcome::Stopped);
+        assert_eq!(of(&crashed(), true, false), Outcome::Stopped);
+        assert_eq!(of(&Ok(()), true, true), Outcome::Cancelled);
+        assert_eq!(
+            outcome_of(&Ok(()), true, true).1.as_deref(),
+            Some("overlap cancel_other: a newer firing")
+        );
     }
 }
