@@ -742,10 +742,13 @@ async fn supervise_child(
         }
     }
     // stdout closed: the command is exiting (or detached its output). No more
-    // heartbeats can come, so the deadline stands.
+    // heartbeats can come, so the deadline stands. Its exit, when it came, goes
+    // before a stop that came at the same moment: a run that ended by itself is
+    // recorded as it ended.
     tokio::select! {
-        _ = run.stop().cancelled() => stop_child(out, robot, lines).await,
+        biased;
         status = robot.child.wait() => Err(robot.exited(status).await),
+        _ = run.stop().cancelled() => stop_child(out, robot, lines).await,
         () = until(out.hung_at()) => hung(out, robot, lines).await,
     }
 }
@@ -814,10 +817,15 @@ async fn hung(out: &Output<'_>, robot: Robot<'_>, lines: &mut Lines) -> Result<(
 /// robot already, so SIGKILL goes first, before anything else of this instance runs.
 async fn stop_child(
     out: &Output<'_>,
-    robot: Robot<'_>,
+    mut robot: Robot<'_>,
     lines: &mut Lines,
 ) -> Result<(), RobotError> {
     let run = out.run;
+    // It may have ended by itself just before the stop: that end is its outcome.
+    if let Ok(Some(status)) = robot.child.try_wait() {
+        drain(out, lines).await;
+        return Err(robot.exited(Ok(status)).await);
+    }
     let lease = *run.lease_deadline().borrow();
     let overdue = Instant::now().saturating_duration_since(lease);
     if overdue >= shim::late_slack(run.grace()) {

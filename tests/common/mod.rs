@@ -579,7 +579,12 @@ impl WorkerProc {
         let child = cmd
             .args(["worker", "--advertise", &id, "--listen", &listen])
             .args(extra)
-            .env("SLOTPOOL_LOG", "info,slotpool=debug,mongodb=warn")
+            // SLOTPOOL_TEST_LOG overrides the filter, e.g. to trace one module.
+            .env(
+                "SLOTPOOL_LOG",
+                std::env::var("SLOTPOOL_TEST_LOG")
+                    .unwrap_or_else(|_| "info,slotpool=debug,mongodb=warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)

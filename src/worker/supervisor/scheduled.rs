@@ -97,9 +97,11 @@ struct Started {
     /// The robot as the run started from, and what its checkpoints left.
     from: Loaded,
     left: Arc<Mutex<Left>>,
-    /// The instance's count of starts when this one began: a run that ends with
-    /// the count unchanged was not overlapped by another.
+    /// The instance's count of starts when this one began, and whether no other
+    /// run was in flight then: a run that began alone and ends with the count
+    /// unchanged was not overlapped by another.
     start_no: u64,
+    alone: bool,
 }
 
 /// One scheduled robot's instance.
@@ -189,10 +191,11 @@ impl Scheduled {
                 return self.r.id;
             }
             let Some(now_ms) = self.shared.time.now_ms(self.clock()) else {
-                if let Err(e) = self.shared.time.refresh(&self.r.store, self.clock()).await {
-                    tracing::debug!(robot = %self.r.name, "no server clock yet ({e})");
-                    self.pause_for(POLL).await;
-                }
+                // The slot's supervisor reads the server's clock at each sync until
+                // it has a reading: a thousand robots asking for themselves would
+                // add a thousand commands to a server already too slow to answer.
+                tracing::debug!(robot = %self.r.name, "no reading of the server's clock yet; waiting for the slot's");
+                self.pause_for(POLL).await;
                 continue;
             };
             let facts = self.facts(now_ms).await;
@@ -578,6 +581,7 @@ impl Scheduled {
         self.ran.insert(id);
         self.starts += 1;
         let began = self.r.clock.now();
+        let alone = self.started.is_empty();
         self.started.insert(
             id,
             Started {
@@ -587,6 +591,7 @@ impl Scheduled {
                 from,
                 left,
                 start_no: self.starts,
+                alone,
             },
         );
     }
@@ -628,7 +633,7 @@ impl Scheduled {
             return true;
         };
         let by_overlap = self.stopping.remove(&id);
-        self.carried = (self.starts == s.start_no && self.started.is_empty())
+        self.carried = (s.alone && self.starts == s.start_no && self.started.is_empty())
             .then(|| carry(&s))
             .flatten();
         let (outcome, reason) = outcome_of(&result, asked, by_overlap);
@@ -723,8 +728,11 @@ impl Scheduled {
             count: None,
             last: None,
         };
+        // Handed on: a run cut short, and a failed one that `restart.on: failure`
+        // would have run again (the next instance retries it, as `on_lost` says).
+        let retry = outcome == Outcome::Failed && self.budget.policy().on == RestartOn::Failure;
         self.unwritten
-            .insert(id, (record, outcome == Outcome::Stopped));
+            .insert(id, (record, outcome == Outcome::Stopped || retry));
     }
 
     /// Writes a run's end, again on a newer state when another writer raised `rev`.
@@ -820,8 +828,16 @@ impl Scheduled {
     /// that lease.
     async fn stop_runs(&mut self) {
         while let Some(done) = self.runs.join_next().await {
-            let Ok((id, result, asked)) = done else {
-                continue;
+            let (id, result, asked) = match done {
+                Ok(done) => done,
+                Err(e) => match self.tasks.remove(&e.id()) {
+                    Some(id) => {
+                        self.r.metrics.robots_running.inc_by(-1);
+                        let failed = Err(RobotError::Crashed(format!("its task failed: {e}")));
+                        (id, failed, false)
+                    }
+                    None => continue,
+                },
             };
             if let Some(s) = self.started.remove(&id) {
                 let by_overlap = self.stopping.remove(&id);
