@@ -713,26 +713,38 @@ impl Scheduled {
         let Some(e) = self.st.running.iter().find(|e| e.id == id) else {
             return;
         };
-        let record = RunRecord {
+        let record = self.record_of(e, s.started_ms, outcome, reason, Some(ended_ms));
+        // Handed on: a run cut short, and a failed one that `restart.on: failure`
+        // would have run again (the next instance retries it, as `on_lost` says).
+        let retry = outcome == Outcome::Failed && self.budget.policy().on == RestartOn::Failure;
+        self.unwritten
+            .insert(id, (record, outcome == Outcome::Stopped || retry));
+    }
+
+    /// The record of this instance's run `e`, started at `started_ms`.
+    fn record_of(
+        &self,
+        e: &RunEntry,
+        started_ms: i64,
+        outcome: Outcome,
+        reason: Option<String>,
+        ended_ms: Option<i64>,
+    ) -> RunRecord {
+        RunRecord {
             firing: e.firing,
             attempt: e.attempt,
             outcome: Some(outcome),
             reason,
-            started: Some(s.started_ms),
-            ended: Some(ended_ms),
-            lateness_ms: Some((s.started_ms - e.firing).max(0)),
+            started: Some(started_ms),
+            ended: ended_ms,
+            lateness_ms: Some((started_ms - e.firing).max(0)),
             worker: self.me.worker.clone(),
             slot: self.me.slot.clone(),
             epoch: self.me.epoch,
             by: e.by.clone(),
             count: None,
             last: None,
-        };
-        // Handed on: a run cut short, and a failed one that `restart.on: failure`
-        // would have run again (the next instance retries it, as `on_lost` says).
-        let retry = outcome == Outcome::Failed && self.budget.policy().on == RestartOn::Failure;
-        self.unwritten
-            .insert(id, (record, outcome == Outcome::Stopped || retry));
+        }
     }
 
     /// Writes a run's end, again on a newer state when another writer raised `rev`.
@@ -872,21 +884,13 @@ impl Scheduled {
             let (record, cut_off) = match (end, lingering) {
                 (Some((record, cut_off)), _) => (Some(record), cut_off),
                 (None, Some(s)) => (
-                    Some(RunRecord {
-                        firing: e.firing,
-                        attempt: e.attempt,
-                        outcome: Some(Outcome::Stopped),
-                        reason: Some(STOPPED.into()),
-                        started: Some(s.started_ms),
-                        ended: now_ms,
-                        lateness_ms: Some((s.started_ms - e.firing).max(0)),
-                        worker: self.me.worker.clone(),
-                        slot: self.me.slot.clone(),
-                        epoch: self.me.epoch,
-                        by: e.by.clone(),
-                        count: None,
-                        last: None,
-                    }),
+                    Some(self.record_of(
+                        &e,
+                        s.started_ms,
+                        Outcome::Stopped,
+                        Some(STOPPED.into()),
+                        now_ms,
+                    )),
                     true,
                 ),
                 // Never started: handed on, to be run or skipped by the next instance.
