@@ -448,9 +448,7 @@ async fn a_run_cut_off_by_kill_9_or_a_partition_is_retried_never_run_beside_itse
 async fn an_update_of_the_schedule_while_a_run_is_in_flight() {
     let db = TestDb::new("sched_update").await;
     db.init(1).await;
-    // Long enough that the update surely lands mid-run, even on a busy machine:
-    // a run that ended by itself before the stop is recorded as it ended.
-    let cmd = common::script(&db, "slow.sh", "sleep 4\nexit 0\n");
+    let cmd = common::script(&db, "slow.sh", "sleep 1.5\nexit 0\n");
     db.scheduled_exec("job", &cmd, r#"{"every": "1s", "keep_runs": 1000}"#);
     let _w = db.exec_worker(&[]);
     wait_succeeded(&db, "job", 2).await;
