@@ -121,6 +121,9 @@ struct Starts {
     started: usize,
     /// Adoption writes sent.
     writes: i64,
+    /// How long the first adoption write took: what decided whether the rest went
+    /// as one statement ([`adopt_rest_at_once`]).
+    first_write: Option<Duration>,
     /// An early start was undone: its robot is looked at again next sync.
     undone: bool,
 }
@@ -137,6 +140,7 @@ impl Starts {
             early: HashMap::new(),
             adopted: HashSet::new(),
             started: 0,
+            first_write: None,
             writes: 0,
             undone: false,
         }
@@ -359,7 +363,7 @@ impl Supervisor {
         }
         self.adopt_and_start(&plan.start, &views, &mut starts)
             .await?;
-        self.record_adoption(starts.started, starts.writes).await;
+        self.record_adoption(&starts).await;
         tracing::debug!(
             slot = %self.ctx.slot_id(), listed = views.len(), listed_ms,
             started = starts.started, adoption_writes = starts.writes,
@@ -530,7 +534,7 @@ impl Supervisor {
         views: &[View],
         s: &mut Starts,
     ) -> Result<(), mongodb::error::Error> {
-        let budget = self.timing.margin / 2;
+        let budget = self.adopt_budget();
         // Every document the statement would examine, odd ones included.
         let slot = self.listed_total as usize;
         let mut rest = start;
@@ -553,6 +557,7 @@ impl Supervisor {
                 break;
             };
             let took = took.elapsed();
+            s.first_write.get_or_insert(took);
             if !at_once {
                 self.adopt_chunk = next_adopt_chunk(took, chunk.len(), budget);
             }
@@ -560,6 +565,12 @@ impl Supervisor {
             self.start_adopted(adopted, &chunk, s);
         }
         Ok(())
+    }
+
+    /// How long one adoption write may hold this slot's renewal back: half the fence
+    /// margin, at any tick.
+    fn adopt_budget(&self) -> Duration {
+        self.timing.margin / 2
     }
 
     /// One adoption write. When the adoption stops part-way (the lease lapsing, the
@@ -742,23 +753,27 @@ impl Supervisor {
 
     /// The first adoption under this epoch goes into `events`: from then on no
     /// checkpoint of an older epoch can land on this slot's robots. It says how many
-    /// robots the sync adopted and in how many writes, in words and as `writes`.
-    async fn record_adoption(&mut self, started: usize, writes: i64) {
+    /// robots the sync adopted and in how many writes, in words and as `writes`, and
+    /// what decided that count: the first write's time (`first_write_us`) against
+    /// the budget (`budget_us`), both in microseconds.
+    async fn record_adoption(&mut self, s: &Starts) {
         if self.adopted {
             return;
         }
         self.adopted = true;
-        self.store
-            .record_event(
-                EventKind::Adopt,
-                doc! {
-                    WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
-                    EPOCH: self.ctx.epoch(),
-                    DETAIL: format!("{started} robot(s) adopted in {writes} write(s)"),
-                    WRITES: writes,
-                },
-            )
-            .await;
+        let (started, writes) = (s.started, s.writes);
+        let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+        let mut event = doc! {
+            WORKER: self.ctx.worker(), SLOT_ID: self.ctx.slot_id(),
+            EPOCH: self.ctx.epoch(),
+            DETAIL: format!("{started} robot(s) adopted in {writes} write(s)"),
+            WRITES: writes,
+            "budget_us": micros(self.adopt_budget()),
+        };
+        if let Some(first) = s.first_write {
+            event.insert("first_write_us", micros(first));
+        }
+        self.store.record_event(EventKind::Adopt, event).await;
     }
 
     /// Every robot bound to the slot, of any epoch, in one query (batches of
