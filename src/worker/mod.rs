@@ -869,7 +869,12 @@ impl Worker {
 /// A random id for this process (64 bits, hex), told apart from any other process
 /// advertising the same `ip:port`.
 fn new_instance() -> String {
+    format!("{:016x}", random_u64())
+}
+
+/// 64 random bits from the operating system.
+pub(crate) fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).expect("the operating system's random source");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    u64::from_le_bytes(bytes)
 }

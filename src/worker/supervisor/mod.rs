@@ -67,11 +67,6 @@ fn next_full_read(began: Instant, random: u64) -> Instant {
     began + FULL_RESYNC + Duration::from_millis(random % spread.max(1))
 }
 
-fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).expect("the operating system's random source");
-    u64::from_le_bytes(bytes)
-}
 /// How often a quiet slot is probed for robot changes that came without a `rev`
 /// bump (an interrupted move): one aggregation over the slot's robots. Every 10 s,
 /// not 5: a move cut off between its two writes is rare and a rerun repairs it at
@@ -314,7 +309,7 @@ impl Supervisor {
             synced_rev: None,
             warned: Default::default(),
             adopted: false,
-            next_full: next_full_read(now, random_u64()),
+            next_full: next_full_read(now, crate::worker::random_u64()),
             listed_total: 0,
             expected: None,
             last_probe: now,
@@ -413,7 +408,7 @@ impl Supervisor {
     /// Reads every robot of the slot, bounded like an adoption's commands, and times
     /// the read: a slow one leaves a renewal queued behind it too little room.
     async fn read_slot(&mut self) -> Result<Vec<Listed>, mongodb::error::Error> {
-        self.next_full = next_full_read(self.clock.now(), random_u64());
+        self.next_full = next_full_read(self.clock.now(), crate::worker::random_u64());
         self.last_probe = self.clock.now();
         self.expected = None;
         let began = Instant::now();

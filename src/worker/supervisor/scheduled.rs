@@ -35,15 +35,15 @@ fn carry(s: &Started) -> Option<Loaded> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    match left {
-        Left::Unchanged => Some(s.from.clone()),
-        Left::Context(context, seq) => Some(Loaded {
-            context,
-            seq,
-            ..s.from.clone()
-        }),
-        Left::Unknown => None,
+    let mut next = match left {
+        Left::Unknown => return None,
+        Left::Unchanged | Left::Context(..) => s.from.clone(),
+    };
+    if let Left::Context(context, seq) = left {
+        next.context = context;
+        next.seq = seq;
     }
+    Some(next)
 }
 
 /// How often an instance reads its robot again while it waits for another
@@ -70,12 +70,10 @@ fn outcome_of(
             (Outcome::Stopped, Some(STOPPED.to_string()))
         }
     };
-    match result {
-        Err(RobotError::Finished) => (Outcome::Succeeded, None),
-        Ok(()) if !asked => (Outcome::Succeeded, None),
-        _ if asked => stopped(),
-        Err(e) => (Outcome::Failed, Some(e.to_string())),
-        Ok(()) => unreachable!("covered above"),
+    match (result, asked) {
+        (Err(RobotError::Finished), _) | (Ok(()), false) => (Outcome::Succeeded, None),
+        (_, true) => stopped(),
+        (Err(e), false) => (Outcome::Failed, Some(e.to_string())),
     }
 }
 
@@ -636,12 +634,7 @@ impl Scheduled {
         self.carried = (s.alone && self.starts == s.start_no && self.started.is_empty())
             .then(|| carry(&s))
             .flatten();
-        let (outcome, reason) = outcome_of(&result, asked, by_overlap);
-        let ended_ms = self
-            .shared
-            .time
-            .now_ms(self.clock())
-            .unwrap_or(s.started_ms);
+        let (outcome, reason, ended_ms) = self.ended_as(&s, &result, asked, by_overlap);
         if self.r.token.is_cancelled() {
             // The instance is stopping: `stop_runs` writes this end by the run's id.
             self.keep_unwritten(id, &s, outcome, reason, ended_ms);
@@ -698,6 +691,24 @@ impl Scheduled {
             }
         }
         go_on
+    }
+
+    /// What became of run `s` ([`outcome_of`]), and when it ended on the server's
+    /// clock.
+    fn ended_as(
+        &self,
+        s: &Started,
+        result: &Result<(), RobotError>,
+        asked: bool,
+        by_overlap: bool,
+    ) -> (Outcome, Option<String>, i64) {
+        let (outcome, reason) = outcome_of(result, asked, by_overlap);
+        let ended_ms = self
+            .shared
+            .time
+            .now_ms(self.clock())
+            .unwrap_or(s.started_ms);
+        (outcome, reason, ended_ms)
     }
 
     /// Keeps the end of run `id` for `stop_runs`, when its entry is still in flight
@@ -853,12 +864,7 @@ impl Scheduled {
             };
             if let Some(s) = self.started.remove(&id) {
                 let by_overlap = self.stopping.remove(&id);
-                let (outcome, reason) = outcome_of(&result, asked, by_overlap);
-                let ended_ms = self
-                    .shared
-                    .time
-                    .now_ms(self.clock())
-                    .unwrap_or(s.started_ms);
+                let (outcome, reason, ended_ms) = self.ended_as(&s, &result, asked, by_overlap);
                 self.keep_unwritten(id, &s, outcome, reason, ended_ms);
             }
         }
