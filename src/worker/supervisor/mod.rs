@@ -864,7 +864,9 @@ impl Supervisor {
         while let Some(done) = self.tasks.try_join_next() {
             if let Ok(id) = done {
                 if let Some(r) = self.running.remove(&id) {
-                    if !r.stopping {
+                    if r.stopping {
+                        tracing::info!(robot = %r.name, slot = %self.ctx.slot_id(), "robot stopped");
+                    } else {
                         // Ended by itself (fenced): look at the slot again next sync.
                         self.synced_rev = None;
                     }
