@@ -20,17 +20,18 @@ fn timing() -> LeaseTiming {
 }
 
 fn protocol(db: &TestDb, id: &str, clock: &ManualClock) -> LeaseProtocol {
+    protocol_with(db, id, clock, timing())
+}
+
+fn protocol_with(db: &TestDb, id: &str, clock: &ManualClock, t: LeaseTiming) -> LeaseProtocol {
     let identity: Identity = id.parse().unwrap();
-    LeaseProtocol::new(
-        db.store.slots(),
-        identity,
-        timing(),
-        Arc::new(clock.clone()),
-    )
+    LeaseProtocol::new(db.store.slots(), identity, t, Arc::new(clock.clone()))
 }
 
 /// Puts a slot's `time` at `offset_ms` relative to the server's clock now.
-async fn set_time_relative(db: &TestDb, slot: &str, offset_ms: i64) {
+/// Sets the slot's `time` to the server's clock plus `offset_ms`, and returns the
+/// time written (ms).
+async fn set_time_relative(db: &TestDb, slot: &str, offset_ms: i64) -> i64 {
     let now = db.store.server_now().await.unwrap();
     let t = bson::DateTime::from_millis(now.timestamp_millis() + offset_ms);
     db.store
@@ -38,6 +39,7 @@ async fn set_time_relative(db: &TestDb, slot: &str, offset_ms: i64) {
         .update_one(doc! {"_id": slot}, doc! {"$set": {"time": t}})
         .await
         .unwrap();
+    t.timestamp_millis()
 }
 
 #[tokio::test]
@@ -133,14 +135,19 @@ async fn expiry_is_judged_at_exactly_l_on_the_server() {
     let standby = protocol(&db, "10.0.0.2:7700", &clock);
     let l = timing().lease_ms();
 
-    // Renewed L - 400 ms ago: still held, and it expires in about 400 ms.
-    set_time_relative(&db, "slot-001", -(l - 400)).await;
+    // Renewed just now: still held, and it expires L after that renewal, by the
+    // server's clock as the survey read it (whatever the round trips took).
+    let renewed = set_time_relative(&db, "slot-001", 0).await;
     let survey = standby.survey(None).await.unwrap();
     assert!(survey.expired.is_empty(), "younger than L is held");
     let wait = survey.next_expiry.unwrap();
-    assert!(
-        wait <= Duration::from_millis(401) && wait >= Duration::from_millis(200),
-        "{wait:?}"
+    let at = survey
+        .server_ms
+        .expect("the survey read the server's clock");
+    assert_eq!(
+        wait,
+        Duration::from_millis((renewed + l - at + 1) as u64),
+        "expires L after the renewal (survey at {at}, renewed {renewed})"
     );
 
     // Renewed L + 1 ms before our read of the server clock: the server's now at the
@@ -315,7 +322,11 @@ async fn a_bounded_survey_reads_only_the_expired_and_judges_on_the_server() {
     let db = TestDb::new("bounded").await;
     db.init(4).await;
     let clock = ManualClock::new();
-    let holder = protocol(&db, "10.0.0.1:7700", &clock);
+    // Leases of two minutes: the holder on a manual clock never renews, and its
+    // leases must not lapse on the server while the test reads them, however slow
+    // the machine.
+    let t = LeaseTiming::from_tick(Duration::from_secs(60));
+    let holder = protocol_with(&db, "10.0.0.1:7700", &clock, t);
     // The holder claims three of the four: claims write `expires_ms`.
     for _ in 0..3 {
         let s = holder.survey(None).await.unwrap();
@@ -325,15 +336,15 @@ async fn a_bounded_survey_reads_only_the_expired_and_judges_on_the_server() {
     let claimed: Vec<&bson::Document> = held.iter().filter(|s| owner(s).is_some()).collect();
     assert_eq!(claimed.len(), 3);
     for s in &claimed {
-        let t = s.get_datetime("time").unwrap().timestamp_millis();
+        let time = s.get_datetime("time").unwrap().timestamp_millis();
         assert_eq!(
             s.get_i64("expires_ms").unwrap(),
-            t + timing().lease_ms(),
+            time + t.lease_ms(),
             "expires_ms = time + L"
         );
     }
     let now = db.store.server_now().await.unwrap().timestamp_millis();
-    let standby = protocol(&db, "10.0.0.2:7700", &clock);
+    let standby = protocol_with(&db, "10.0.0.2:7700", &clock, t);
     // Bound at now: the three held leases are not even read; the free slot is.
     let s = standby.survey(Some(now)).await.unwrap();
     assert_eq!(s.read, 1, "only the free slot is read");
@@ -342,20 +353,20 @@ async fn a_bounded_survey_reads_only_the_expired_and_judges_on_the_server() {
     // Bound a lease ahead: the held ones are read too and tell when they expire,
     // but none is offered.
     let s = standby
-        .survey(Some(now + timing().lease_ms() + 1000))
+        .survey(Some(now + t.lease_ms() + 1000))
         .await
         .unwrap();
     assert_eq!((s.read, s.expired.len()), (4, 1));
-    assert!(s.next_expiry.unwrap() <= Duration::from_millis(2001));
+    assert!(s.next_expiry.unwrap() <= Duration::from_millis(t.lease_ms() as u64 + 1));
 
     // A lapsed lease (its expires_ms in the past) is read and offered.
     let lapsed = claimed[0].get_str("_id").unwrap();
-    let past = now - 5000;
+    let past = now - t.lease_ms() - 5000;
     db.store
         .slots()
         .update_one(
             doc! {"_id": lapsed},
-            doc! {"$set": {"time": bson::DateTime::from_millis(past), "expires_ms": past + 2000}},
+            doc! {"$set": {"time": bson::DateTime::from_millis(past), "expires_ms": past + t.lease_ms()}},
         )
         .await
         .unwrap();
@@ -391,7 +402,10 @@ async fn a_bounded_survey_reads_only_the_expired_and_judges_on_the_server() {
 
     // A bound later than the server's now (a fast estimate) costs reads, not
     // correctness: live leases are still judged live.
-    let s = standby.survey(Some(now + 60_000)).await.unwrap();
+    let s = standby
+        .survey(Some(now + t.lease_ms() + 60_000))
+        .await
+        .unwrap();
     assert_eq!(s.read, 4);
     let offered: Vec<&str> = s.expired.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(

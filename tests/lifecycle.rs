@@ -29,6 +29,22 @@ async fn events_about(db: &TestDb, kind: &str, robot: &str) -> u64 {
         .unwrap()
 }
 
+/// Waits for `n` events of `kind` about `robot` and checks there are no more: the
+/// worker writes a robot's status first and its event after, so an event may land
+/// just after the status that announced it.
+async fn wait_events(db: &TestDb, kind: &str, robot: &str, n: u64) {
+    let seen = wait_for(
+        Duration::from_secs(15),
+        &format!("{n} {kind} event(s) about {robot}"),
+        || async {
+            let seen = events_about(db, kind, robot).await;
+            (seen >= n).then_some(seen)
+        },
+    )
+    .await;
+    assert_eq!(seen, n, "{kind} events about {robot}");
+}
+
 /// Whether `robot list` shows `name` with `status`.
 fn listed_as(db: &TestDb, name: &str, status: &str) -> bool {
     db.cli_ok(&["robot", "list"])
@@ -82,8 +98,7 @@ async fn a_crash_loop_stops_after_its_attempts_and_resume_gives_a_fresh_budget()
         "{}",
         db.cli_ok(&["robot", "list"])
     );
-    let events = events_about(&db, "robot_failed", "loop").await;
-    assert_eq!(events, 1);
+    wait_events(&db, "robot_failed", "loop", 1).await;
     let metrics = first.http_get("/metrics").unwrap().1;
     assert_eq!(common::metric(&metrics, "slotpool_robot_failures_total"), 1);
 
@@ -767,8 +782,7 @@ async fn a_run_to_completion_is_never_started_again_until_restarted() {
         "{}",
         db.cli_ok(&["robot", "list"])
     );
-    let events = events_about(&db, "robot_completed", "once").await;
-    assert_eq!(events, 1);
+    wait_events(&db, "robot_completed", "once", 1).await;
 
     first.kill9();
     let _second = db.exec_worker(&[]);

@@ -317,6 +317,9 @@ async fn a_web_move_runs_to_its_end_when_the_client_hangs_up() {
     proxy.delay(Duration::from_millis(150));
     let body = format!("{{\"to\": \"{to}\"}}");
     let mut s = std::net::TcpStream::connect(("127.0.0.1", web.port)).unwrap();
+    // Read before the request: the move's signal to the holder may land any time
+    // after its first write.
+    let rev_before = rev(&db.slot(to).await);
     write!(
         s,
         "POST /api/v1/robots/w/move HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -332,7 +335,6 @@ async fn a_web_move_runs_to_its_end_when_the_client_hangs_up() {
         || async { (db.robot("w").await.get_str("slot_id") == Ok(to)).then_some(()) },
     )
     .await;
-    let rev_at_cut = rev(&db.slot(to).await);
     drop(s);
     // The action goes on to its end: the holder is told, the counts move, and the
     // event is recorded.
@@ -346,7 +348,7 @@ async fn a_web_move_runs_to_its_end_when_the_client_hangs_up() {
                 .count_documents(doc! {"kind": "move", "robot": "w"})
                 .await
                 .unwrap();
-            (moved == 1 && rev(&db.slot(to).await) > rev_at_cut).then_some(())
+            (moved == 1 && rev(&db.slot(to).await) > rev_before).then_some(())
         },
     )
     .await;
