@@ -14,7 +14,7 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 
 use crate::db::context::{long_or_zero, ContextError, ContextStore, BATCH};
 use crate::db::field::{EPOCH, ERROR, GEN, PAUSED, SLOT_ID, STATUS, STATUS_AT, WORKER};
-use crate::db::group_commit::{Statement, Written};
+use crate::db::group_commit::{Statement, Update, Written};
 use crate::db::robot_doc::RobotStatus;
 
 /// Robots per adoption write. Measured on the dev server with 10,000 robots in the
@@ -116,7 +116,7 @@ impl ContextStore {
         let together = Statement {
             id: ids[0],
             filter: filter(doc! {"$in": ids}.into()),
-            update: update.clone(),
+            update: Update::Pipeline(update.clone()),
         };
         let taken: Vec<ObjectId> = match self
             .answered(
@@ -139,7 +139,7 @@ impl ContextStore {
                     .map(|id| Statement {
                         id: *id,
                         filter: filter(Bson::ObjectId(*id)),
-                        update: update.clone(),
+                        update: Update::Pipeline(update.clone()),
                     })
                     .collect();
                 let written = self
@@ -190,7 +190,7 @@ impl ContextStore {
                 SLOT_ID: &self.slot_id, PAUSED: {"$ne": true},
                 EPOCH: {"$not": {"$gte": self.epoch}},
             },
-            update: self.adoption_update(),
+            update: Update::Pipeline(self.adoption_update()),
         };
         let sent = self
             .answered(

@@ -34,7 +34,7 @@ use crate::db::field::{
     STATUS, STATUS_AT, UPDATE, UPDATE_RESULT, WORKER,
 };
 use crate::db::group_commit::{
-    while_open, Answer, GroupCommit, Statement, Written, IN_DOUBT_AFTER,
+    while_open, Answer, GroupCommit, Statement, Update, Written, IN_DOUBT_AFTER,
 };
 use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
@@ -390,7 +390,7 @@ impl ContextStore {
             .write(Statement {
                 id: *id,
                 filter,
-                update: vec![doc! {"$set": set}],
+                update: Update::Pipeline(vec![doc! {"$set": set}]),
             })
             .await?;
         match written {
@@ -630,7 +630,7 @@ impl ContextStore {
             .write(Statement {
                 id: *id,
                 filter,
-                update,
+                update: Update::Operators(update),
             })
             .await?)
     }

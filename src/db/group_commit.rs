@@ -101,17 +101,56 @@ pub struct Statement {
     /// The document's `_id`; it is part of `filter` too.
     pub id: ObjectId,
     pub filter: Document,
-    /// An update pipeline.
-    pub update: Vec<Document>,
+    pub update: Update,
+}
+
+/// What a statement changes: update operators, or an update pipeline where the
+/// change is computed from the document's own fields or the server's clock
+/// (`$$NOW`). Operators cost the server less: on the dev server a scheduled robot's
+/// run end with its record appended (`scripts/statement-cost.sh`, 10 statements a
+/// command over 1,000 robots) took 2.5–2.8 ms a statement as operators and
+/// 7.9–9.6 ms as a pipeline (`$concatArrays` and `$slice`) with 50 runs kept, and
+/// 1.5–1.8 against 2.5–2.8 ms with 5.
+#[derive(Debug, Clone)]
+pub enum Update {
+    Operators(Document),
+    Pipeline(Vec<Document>),
+}
+
+impl Update {
+    fn to_bson(&self) -> Bson {
+        match self {
+            Update::Operators(ops) => Bson::Document(ops.clone()),
+            Update::Pipeline(stages) => stages.clone().into(),
+        }
+    }
+
+    /// The same update, which also stamps `token` as the document's write id.
+    fn stamped(&self, token: &ObjectId) -> Bson {
+        match self {
+            Update::Operators(ops) => {
+                let mut ops = ops.clone();
+                let mut set = ops.get_document("$set").cloned().unwrap_or_default();
+                set.insert(WRITE_ID, *token);
+                ops.insert("$set", set);
+                Bson::Document(ops)
+            }
+            Update::Pipeline(stages) => {
+                let mut stages = stages.clone();
+                stages.push(doc! {"$set": {WRITE_ID: token}});
+                stages.into()
+            }
+        }
+    }
 }
 
 impl Statement {
     fn to_command(&self) -> Document {
-        doc! {"q": &self.filter, "u": &self.update, "multi": false, "upsert": false}
+        doc! {"q": &self.filter, "u": self.update.to_bson(), "multi": false, "upsert": false}
     }
 
     fn to_command_many(&self) -> Document {
-        doc! {"q": &self.filter, "u": &self.update, "multi": true, "upsert": false}
+        doc! {"q": &self.filter, "u": self.update.to_bson(), "multi": true, "upsert": false}
     }
 
     fn bytes(&self) -> usize {
@@ -225,9 +264,7 @@ async fn send_together(
         .zip(tokens)
         .map(|(s, token)| {
             let mut c = s.to_command();
-            let mut u = s.update.clone();
-            u.push(doc! {"$set": {WRITE_ID: token}});
-            c.insert("u", u);
+            c.insert("u", s.update.stamped(token));
             c
         })
         .collect();
@@ -541,6 +578,36 @@ pub(crate) async fn while_open<F: std::future::Future>(
 mod tests {
     use super::*;
     use crate::clock::MonotonicClock;
+
+    #[test]
+    fn each_form_of_update_stamps_the_write_id_beside_its_own_changes() {
+        let token = ObjectId::new();
+        let ops = Update::Operators(doc! {"$set": {"a": 1}, "$push": {"b": 2}});
+        let Bson::Document(stamped) = ops.stamped(&token) else {
+            panic!("operators stay a document");
+        };
+        assert_eq!(
+            stamped,
+            doc! {"$set": {"a": 1, WRITE_ID: token}, "$push": {"b": 2}}
+        );
+        let bare = Update::Operators(doc! {"$inc": {"n": 1}});
+        assert_eq!(
+            bare.stamped(&token),
+            Bson::Document(doc! {"$inc": {"n": 1}, "$set": {WRITE_ID: token}})
+        );
+        let pipeline = Update::Pipeline(vec![doc! {"$set": {"a": "$$NOW"}}]);
+        assert_eq!(
+            pipeline.stamped(&token),
+            Bson::Array(vec![
+                Bson::Document(doc! {"$set": {"a": "$$NOW"}}),
+                Bson::Document(doc! {"$set": {WRITE_ID: token}}),
+            ])
+        );
+        assert_eq!(
+            pipeline.to_bson(),
+            Bson::Array(vec![Bson::Document(doc! {"$set": {"a": "$$NOW"}})])
+        );
+    }
 
     #[test]
     fn batches_are_sized_to_the_budget_at_the_measured_cost() {
