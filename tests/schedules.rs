@@ -712,3 +712,48 @@ async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none
     let report = invariants::check_firings(&db, false).await;
     assert_eq!(report.robots, 1, "{report:?}");
 }
+
+/// A robot whose `runs` was written around the validator as something other than a
+/// list: the firing-state write appends to `runs`, which the server refuses, so
+/// the holder replaces it with an empty list (fenced, said in its log) and the
+/// robot goes on firing, each run recorded again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runs_history_edited_into_no_list_is_replaced_and_firing_goes_on() {
+    let db = TestDb::new("sched_badruns").await;
+    db.init(1).await;
+    every_second(&db, "tick", "");
+    let w = db.worker(&[]);
+    wait_succeeded(&db, "tick", 2).await;
+    db.store
+        .robots()
+        .update_one(
+            bson::doc! {"name": "tick"},
+            bson::doc! {"$set": {"runs": "edited by hand"}},
+        )
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    let n_at_edit = db
+        .robot("tick")
+        .await
+        .get_document("context")
+        .unwrap()
+        .get_i64("n")
+        .unwrap();
+    let r = wait_for(
+        Duration::from_secs(30),
+        "runs recorded again after the edit",
+        || async {
+            let r = db.robot("tick").await;
+            (r.get_array("runs").is_ok() && succeeded(&r) >= 2).then_some(r)
+        },
+    )
+    .await;
+    let n = r.get_document("context").unwrap().get_i64("n").unwrap();
+    assert!(n >= n_at_edit + 2, "it fired on: n {n} from {n_at_edit}");
+    assert!(
+        w.log_text().contains("`runs` was not a list"),
+        "{}",
+        w.log_text()
+    );
+}

@@ -635,6 +635,25 @@ impl ContextStore {
             .await?)
     }
 
+    /// Replaces a scheduled robot's `runs` that is not an array (written around the
+    /// validator) with an empty one, fenced like a checkpoint: every firing-state
+    /// write appends to `runs`, and the server refuses to append to anything else,
+    /// so the robot would never fire again. True when it replaced one.
+    pub async fn heal_runs(&self, id: &ObjectId, gen: i64) -> Result<bool, ContextError> {
+        let _permit = self.pacer.acquire().await;
+        if !self.guard.is_open() {
+            return Ok(false);
+        }
+        let runs = crate::db::firing::RUNS;
+        let mut filter = self.fence_match(id, gen);
+        filter.insert(runs, doc! {"$exists": true, "$not": {"$type": "array"}});
+        let r = self
+            .robots
+            .update_one(filter, doc! {"$set": {runs: []}})
+            .await?;
+        Ok(r.modified_count == 1)
+    }
+
     /// Records the end of run `entry` of an instance that is no longer running it
     /// (stopped: moved, updated, paused, restarted, released), matched by the run's
     /// id: the run leaves `running` (for `lost` when the stop `cut_off` it), and

@@ -217,7 +217,11 @@ impl FiringState {
             lost,
             triggers,
             schedule: d.get_str(SCHEDULE).ok().map(str::to_string),
-            schedule_spec: d.get_document(SCHEDULE_SPEC).ok().cloned(),
+            schedule_spec: d
+                .get_document(SCHEDULE_SPEC)
+                .ok()
+                .filter(|spec| storable(spec))
+                .cloned(),
             last_outcome: d.get_str(LAST_OUTCOME).ok().and_then(Outcome::parse),
             last_lateness_ms: int(d, LAST_LATENESS_MS),
             last_firing: int(d, LAST_FIRING),
@@ -341,6 +345,26 @@ pub fn runs_of(robot: &Document) -> Vec<RunRecord> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether update operators can write `d` back as a value: no field name, at any
+/// depth, starts with `$` or holds a `.` (MongoDB refuses those inside `$set`). A
+/// schedule's own settings never do (`spec.schedule` takes known names only), so a
+/// stored copy that does was edited by hand, and is dropped when read: the next
+/// write stores the schedule's own.
+fn storable(d: &Document) -> bool {
+    d.iter().all(|(k, v)| {
+        !k.starts_with('$')
+            && !k.contains('.')
+            && match v {
+                Bson::Document(inner) => storable(inner),
+                Bson::Array(items) => items.iter().all(|i| match i {
+                    Bson::Document(inner) => storable(inner),
+                    _ => true,
+                }),
+                _ => true,
+            }
+    })
 }
 
 /// The compare-and-set write of an instance: `firings` becomes `next` (with `rev`
@@ -489,6 +513,18 @@ mod tests {
         let written = set.get_document(FIRINGS).unwrap();
         assert_eq!(int(written, REV), Some(1));
         assert!(!update.contains_key("$push"), "no record, no push");
+    }
+
+    #[test]
+    fn a_hand_edited_schedule_copy_that_operators_cannot_write_back_is_dropped() {
+        let read = |spec: Document| {
+            FiringState::from_doc(&doc! {REV: 1_i64, SCHEDULE_SPEC: spec}).schedule_spec
+        };
+        let fine = doc! {"every": "1m", "keep_runs": 5};
+        assert_eq!(read(fine.clone()), Some(fine));
+        assert_eq!(read(doc! {"every": "1m", "$where": "x"}), None);
+        assert_eq!(read(doc! {"every": {"a.b": 1}}), None);
+        assert_eq!(read(doc! {"cron": [{"$x": 1}]}), None);
     }
 
     #[test]

@@ -357,7 +357,11 @@ impl Scheduled {
             }
             Ok(Written::Lapsed) => false,
             Ok(Written::Refused(why)) => {
-                tracing::error!(robot = %self.r.name, "the database refused the robot's firing state ({}); fix its `firings` or `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$unset: {{firings: 1, runs: 1}}}})", crate::secrets::scrub(&why), self.r.name);
+                if matches!(self.r.ctx.heal_runs(&self.r.id, self.r.gen).await, Ok(true)) {
+                    tracing::warn!(robot = %self.r.name, "the robot's `runs` was not a list (a hand edit?), so no run could be recorded; it is now an empty one");
+                    return self.reload().await;
+                }
+                tracing::error!(robot = %self.r.name, "the database refused the robot's firing state ({}); fix its `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$set: {{runs: []}}}})", crate::secrets::scrub(&why), self.r.name);
                 self.pause_for(Duration::from_secs(10)).await;
                 self.reload().await
             }
@@ -919,7 +923,7 @@ impl Scheduled {
             match r {
                 Ok(_) => return,
                 Err(ContextError::Db(err)) if !crate::db::store::is_network(&err) => {
-                    tracing::error!(robot = %self.r.name, "the database refused the end of a stopped run ({}); fix the robot's `firings` or `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$unset: {{firings: 1, runs: 1}}}})", crate::db::store::brief(&err), self.r.name);
+                    tracing::error!(robot = %self.r.name, "the database refused the end of a stopped run ({}); fix the robot's `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$set: {{runs: []}}}})", crate::db::store::brief(&err), self.r.name);
                     return;
                 }
                 Err(err) if self.r.ctx.lease_open() => {
