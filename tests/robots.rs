@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use bson::{doc, Bson, Document};
 use common::script;
 use common::{owner, TestDb, WorkerProc};
-use slotpool::db::adoption::adopt_rest_at_once;
 
 fn seq(r: &Document) -> i64 {
     r.get_i64("seq").unwrap()
@@ -400,14 +399,18 @@ async fn move_delete_pause_resume_take_effect_on_the_holder() {
 
     // pause: once its holder says the robot stopped, seq stops moving
     let holder = if w.0.id == to_owner { &w.0 } else { &w.1 };
-    db.cli_ok(&["robot", "pause", "m"]);
-    let t0 = Instant::now();
-    common::wait_for(limit, "the holder to stop the paused robot", || async {
+    let stops = || {
         holder
             .log_text()
             .lines()
-            .any(|l| l.contains("robot stopped") && l.contains("robot=m "))
-            .then_some(())
+            .filter(|l| l.contains("robot stopped") && l.contains("robot=m "))
+            .count()
+    };
+    let stopped_before = stops();
+    db.cli_ok(&["robot", "pause", "m"]);
+    let t0 = Instant::now();
+    common::wait_for(limit, "the holder to stop the paused robot", || async {
+        (stops() > stopped_before).then_some(())
     })
     .await;
     println!("pause took effect after {:?}", t0.elapsed());
@@ -660,8 +663,8 @@ async fn concurrent_creates_spread_over_the_slots() {
 /// runs exactly once. Whether the slot fits in one statement depends on how long the
 /// first chunk took (over about 93 ms of a 1,125 ms budget at `--tick 5s`, it does
 /// not), which depends on the machine's load: so the test reads that time and the
-/// budget from the adoption event and checks the count the rule gives for them
-/// (`adopt_rest_at_once`), two writes when it fits and three when it does not.
+/// budget from the adoption event, works out whether the slot fits, and then wants
+/// exactly two writes, or at least three when it does not fit.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_takeover_adopts_the_rest_of_the_slot_in_one_statement() {
     let db = TestDb::new("adopt_at_once").await;
@@ -685,14 +688,19 @@ async fn a_takeover_adopts_the_rest_of_the_slot_in_one_statement() {
         .await
         .unwrap()
         .expect("the new holder's adoption event");
-    let first = Duration::from_micros(adopt.get_i64("first_write_us").unwrap() as u64);
-    let budget = Duration::from_micros(adopt.get_i64("budget_us").unwrap() as u64);
-    assert_eq!(budget, Duration::from_millis(1125), "{adopt}");
-    let writes = if adopt_rest_at_once(first, 10, 120, budget) {
-        2
-    } else {
-        3
-    };
+    let first = adopt.get_i64("first_write_us").unwrap();
+    let budget = adopt.get_i64("budget_us").unwrap();
+    assert_eq!(budget, 1_125_000, "{adopt}");
+    let writes = adopt.get_i64("writes").unwrap();
+    // The rule, worked out here: the slot's 120 robots at the first write's cost
+    // per robot (10 in `first`) fit the budget. (`first` is rounded down to the
+    // microsecond: within one of the boundary, either count is right.)
+    if (first + 1) * 12 <= budget {
+        assert_eq!(writes, 2, "the rest in one statement: {adopt}");
+    } else if first * 12 > budget {
+        // Slower than that (a loaded machine): chunks sized from each write's time.
+        assert!(writes >= 3, "{adopt}");
+    }
     assert_eq!(
         adopt.get_str("detail").unwrap(),
         format!("120 robot(s) adopted in {writes} write(s)"),

@@ -331,24 +331,26 @@ pub async fn check_firings(db: &TestDb, overlap_allowed: bool) -> FiringReport {
             }
         }
         if r.get_str("kind") == Ok("counter") {
-            // One step per firing that ran: each succeeded firing's, and at most one
-            // for each run still open in this same read (in flight with its step
-            // landed and its end not yet written, or cut off and waiting for its
-            // retry, which finds the step in the context and takes no other).
-            let n = int(r.get_document("context").unwrap(), "n").unwrap_or(0) as usize;
-            let open = ["running", "lost"]
+            // One step per firing that succeeded, and one more only for the firing
+            // the context says it stepped last when that run is still open in this
+            // same read (its step landed, its end not written yet, or cut off and
+            // waiting for the retry that finds the step and takes no other).
+            let context = r.get_document("context").unwrap();
+            let n = int(context, "n").unwrap_or(0) as usize;
+            let open: Vec<i64> = ["running", "lost"]
                 .iter()
-                .map(|k| {
-                    r.get_document("firings")
-                        .ok()
-                        .and_then(|f| f.get_array(k).ok())
-                        .map_or(0, |a| a.len())
-                })
-                .sum::<usize>();
-            assert!(
-                (succeeded.len()..=succeeded.len() + open).contains(&n),
-                "{name}: context.n {n} against {} firings that succeeded and {open} open",
-                succeeded.len()
+                .filter_map(|k| r.get_document("firings").ok()?.get_array(k).ok())
+                .flatten()
+                .filter_map(|e| int(e.as_document()?, "firing"))
+                .collect();
+            let stepped_open = int(context, "firing")
+                .is_some_and(|f| open.contains(&f) && !succeeded.iter().any(|(s, _)| *s == f));
+            assert_eq!(
+                n,
+                succeeded.len() + usize::from(stepped_open),
+                "{name}: context.n {n} against {} firings that succeeded (last stepped {:?}, open {open:?})",
+                succeeded.len(),
+                int(context, "firing")
             );
         }
         report.succeeded += succeeded.len();
