@@ -2,7 +2,7 @@
 
 Writes the same change to N robots, 10 statements a command (a group commit's
 slow start), as update operators and as an update pipeline, and prints the
-milliseconds per statement of each round. Used by scripts/statement-cost.sh.
+milliseconds per statement of each round. Used by scripts/bench.sh --statements.
 """
 
 import sys

@@ -107,7 +107,7 @@ pub struct Statement {
 /// What a statement changes: update operators, or an update pipeline where the
 /// change is computed from the document's own fields or the server's clock
 /// (`$$NOW`). Operators cost the server less: on the dev server a scheduled robot's
-/// run end with its record appended (`scripts/statement-cost.sh`, 10 statements a
+/// run end with its record appended (`scripts/bench.sh --statements`, 10 statements a
 /// command over 1,000 robots) took 2.5–2.8 ms a statement as operators and
 /// 7.9–9.6 ms as a pipeline (`$concatArrays` and `$slice`) with 50 runs kept, and
 /// 1.5–1.8 against 2.5–2.8 ms with 5.
