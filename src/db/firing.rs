@@ -376,8 +376,8 @@ fn storable(d: &Document) -> bool {
 /// the server's clock, operators take every value as it is (a `$` in a trigger's
 /// `by` is text), and the dev server applies them about three times faster (see
 /// [`crate::db::group_commit::Update`]). `runs` is an array by the validator; one
-/// that is not (written around it) makes the server refuse the write, which the
-/// instance reports with the fix.
+/// that is not (written around it) makes the server refuse the write, and the
+/// instance replaces it with an empty one ([`crate::db::context::ContextStore::heal_runs`]).
 pub fn compare_and_set(
     mut fence: Document,
     prev: &FiringState,
