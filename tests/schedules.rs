@@ -757,3 +757,52 @@ async fn a_runs_history_edited_into_no_list_is_replaced_and_firing_goes_on() {
         w.log_text()
     );
 }
+
+/// A holder whose slot runs scheduled robots moves its renewals to just after the
+/// edges of the tick on the server's clock, where firings fall: a successor then
+/// claims one tick after a firing whose holder died before it, not up to a lease
+/// after. The renewals only ever move earlier, so the lease holds throughout, with
+/// one epoch and no self-fence; a slot of daemons keeps its phase, and a slot
+/// whose last scheduled robot left stops keeping the edges.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_of_scheduled_robots_renews_at_the_ticks_edges_and_keeps_its_lease() {
+    const AT_EDGES: &str = "renewals now go just after the edges of the tick";
+    const OWN_PHASE: &str = "renewals keep their own phase again";
+    let db = TestDb::new("sched_edges").await;
+    db.init(1).await;
+    db.cli_ok(&["robot", "create", "--name", "daemon", "--kind", "counter"]);
+    let w = db.worker(&[]);
+    // Three renewals with a daemon only: the phase is the worker's own.
+    wait_for(Duration::from_secs(30), "three renewals", || async {
+        (w.log_text().matches("renewed slot=slot-001").count() >= 3).then_some(())
+    })
+    .await;
+    let epoch = common::epoch(&db.slot("slot-001").await);
+    assert!(!w.log_text().contains(AT_EDGES), "{}", w.log_text());
+
+    every_second(&db, "tick", "");
+    w.wait_log(AT_EDGES, Duration::from_secs(30)).await;
+    let renewed = w.log_text().matches("renewed slot=slot-001").count();
+    wait_succeeded(&db, "tick", 5).await;
+    wait_for(
+        Duration::from_secs(30),
+        "three renewals at the edges",
+        || async {
+            (w.log_text().matches("renewed slot=slot-001").count() >= renewed + 3).then_some(())
+        },
+    )
+    .await;
+
+    db.cli_ok(&["robot", "delete", "tick"]);
+    w.wait_log(OWN_PHASE, Duration::from_secs(30)).await;
+    let log = w.log_text();
+    assert_eq!(log.matches(AT_EDGES).count(), 1, "{log}");
+    let slot = db.slot("slot-001").await;
+    assert_eq!(
+        common::epoch(&slot),
+        epoch,
+        "the lease was never lost: {slot:?}"
+    );
+    assert_eq!(common::owner(&slot).as_deref(), Some(w.id.as_str()));
+    invariants::check(&db).await;
+}

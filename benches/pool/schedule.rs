@@ -102,10 +102,38 @@ async fn steady_and_takeover(n: usize, trials: usize) -> (Row, Row) {
         let now = db.store.server_now().await.unwrap().timestamp_millis();
         let firing = (now + 1500).div_euclid(2000) * 2000 + 2000;
         let kill_at = firing - 200;
+        // What each survivor had claimed and started before: the takeover is then
+        // watched on their /metrics, which puts no load on the database while the
+        // successor works (a read of the robot every 20 ms, its 1,000 runs kept,
+        // slowed the successor's own reads several times over).
+        let before: Vec<(u64, u64)> = w
+            .iter()
+            .map(|x| {
+                (
+                    x.metric("slotpool_claims_total").unwrap_or(0),
+                    x.metric("slotpool_firings_started_total").unwrap_or(0),
+                )
+            })
+            .collect();
         tokio::time::sleep(Duration::from_millis((kill_at - wall_ms()).max(0) as u64)).await;
-        let t0 = wall_ms();
         w[i].kill9();
-        let claimed = claimed_after(&db, "slot-001", &old, t0).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut successor = None;
+        while successor.is_none() && Instant::now() < deadline {
+            successor = (0..w.len()).find(|&j| {
+                j != i && w[j].metric("slotpool_claims_total").unwrap_or(0) > before[j].0
+            });
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let j = successor.expect("a survivor claimed the slot");
+        while w[j].metric("slotpool_firings_started_total").unwrap_or(0) <= before[j].1
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The claim's own time on the server (the slot's `time` it wrote), not its
+        // event's, which is written beside the robots' first reads.
+        let claimed = claim_time(&db, "slot-001", &old).await;
         let record = common::wait_for(Duration::from_secs(30), "the firing's run", || async {
             runs_of(&db.robot("s").await).into_iter().find(|x| {
                 int(x, "firing") == Some(firing) && x.get_str("outcome") == Ok("succeeded")

@@ -129,6 +129,8 @@ async fn hold(
     let tick = cx.timing.tick;
     let mut next = lease.last_renewed() + tick;
     let mut lost = None;
+    // Whether the renewals go at the tick's edges (see RenewalTiming).
+    let mut at_edges = false;
     let ended = loop {
         tokio::select! {
             _ = release.cancelled() => break Ended::Released,
@@ -155,6 +157,16 @@ async fn hold(
                     break Ended::Drained;
                 }
                 next = sent + tick;
+                let advance = robots.renewals.advance(next, tick, &cx.clock);
+                if advance.is_some() != at_edges {
+                    at_edges = advance.is_some();
+                    if at_edges {
+                        tracing::info!(slot = %lease.slot_id, "renewals now go just after the edges of the tick, where firings fall (the slot runs scheduled robots)");
+                    } else {
+                        tracing::info!(slot = %lease.slot_id, "renewals keep their own phase again (no scheduled robot left)");
+                    }
+                }
+                next -= advance.unwrap_or_default();
                 robots.paced(latency, &cx.metrics);
                 robots.beats.send_replace(Renewal {
                     rev: renewed.rev,
@@ -284,12 +296,13 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             m.slot_held.inc_by(1);
             m.epoch.set(epoch);
             cx.status.lock().expect("status lock").held(lease, overflow);
-            cx.store
-                .record_event(
-                    EventKind::Claim,
-                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow},
-                )
-                .await;
+            // Not awaited: the robots' start (a takeover's firing) does not wait on
+            // a record for inspection. Sent first, it still lands before theirs.
+            let (store, fields) = (
+                cx.store.clone(),
+                doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow},
+            );
+            tokio::spawn(async move { store.record_event(EventKind::Claim, fields).await });
         }
         SlotEvent::Renewed { latency, rev } => {
             m.renew_latency.observe(latency);
@@ -370,6 +383,7 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         cx.metrics.clone(),
         cx.clock.clone(),
     );
+    let renewals = supervisor.renewal_timing();
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,
         at: cx.clock.now(),
@@ -386,6 +400,7 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
     ));
     SupervisorHandle {
         beats,
+        renewals,
         pacer,
         limit: AtomicUsize::new(limit),
         stop,
@@ -406,6 +421,9 @@ struct Renewal {
 /// The slot's side of its running supervisor task.
 struct SupervisorHandle {
     beats: watch::Sender<Renewal>,
+    /// Moves the renewals to just after the tick's edges while the slot runs
+    /// scheduled robots.
+    renewals: crate::worker::supervisor::firing_clock::RenewalTiming,
     pacer: Arc<WritePacer>,
     /// The pacer's limit as last added to the worker-wide gauge.
     limit: AtomicUsize,

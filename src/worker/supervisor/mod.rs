@@ -270,6 +270,8 @@ pub struct Supervisor {
     time: firing_clock::ServerTime,
     /// The slot's one timer for its scheduled robots.
     alarm: firing_clock::Alarm,
+    /// When the slot's renewals go, for its scheduled robots.
+    renewals: firing_clock::RenewalTiming,
     /// True until the first sync after the claim (a supervisor lives as long as one
     /// lease): that sync starts each robot an earlier holder of this slot adopted
     /// (`0 < epoch <` this one) as soon as it is listed, before its adoption write
@@ -295,6 +297,7 @@ impl Supervisor {
         let now = clock.now();
         let root = CancellationToken::new();
         let alarm = firing_clock::Alarm::spawn(clock.clone(), root.clone());
+        let time = firing_clock::ServerTime::default();
         Supervisor {
             store,
             ctx,
@@ -303,7 +306,8 @@ impl Supervisor {
             metrics,
             root,
             alarm,
-            time: firing_clock::ServerTime::default(),
+            renewals: firing_clock::RenewalTiming::new(time.clone()),
+            time,
             running: HashMap::new(),
             tasks: JoinSet::new(),
             synced_rev: None,
@@ -318,6 +322,11 @@ impl Supervisor {
             adopt_chunk: ADOPT_CHUNK_MIN,
             early: true,
         }
+    }
+
+    /// When the slot's renewals should go (the held slot's loop asks it each tick).
+    pub fn renewal_timing(&self) -> firing_clock::RenewalTiming {
+        self.renewals.clone()
     }
 
     /// How many robots have a live task (including those stopping).
@@ -338,12 +347,20 @@ impl Supervisor {
     /// is a stall that this holder's renewals must wait out.
     pub async fn sync(&mut self, rev: i64) -> Result<usize, mongodb::error::Error> {
         self.reap();
-        self.read_server_time().await;
+        // The server's clock is read beside the slot's robots, not before them: a
+        // takeover's scheduled robots need both before they plan.
+        let reading = self.read_server_time();
         if !self.will_read(rev) && !self.probe_finds_changes().await? {
+            if let Some(r) = reading {
+                let _ = r.await;
+            }
             return Ok(0);
         }
         let began = Instant::now();
         let mut listed = self.read_slot().await?;
+        if let Some(r) = reading {
+            let _ = r.await;
+        }
         self.wake_scheduled(&listed);
         let listed_ms = began.elapsed().as_millis() as u64;
         self.heal_robot_count().await;
@@ -378,17 +395,24 @@ impl Supervisor {
     /// Reads the server's clock for the slot's scheduled robots: first thing after
     /// the claim (which fixes when this lease began), then every
     /// [`firing_clock::SERVER_TIME_EVERY`].
-    async fn read_server_time(&mut self) {
+    ///
+    /// The reading runs as a task of its own, so that it overlaps the sync's first
+    /// read; None when none is due.
+    fn read_server_time(&self) -> Option<tokio::task::JoinHandle<()>> {
         let due = self
             .time
             .age(&self.clock)
             .is_none_or(|a| a >= firing_clock::SERVER_TIME_EVERY);
         if !due || !self.ctx.lease_open() {
-            return;
+            return None;
         }
-        if let Err(e) = self.time.refresh(&self.store, &self.clock).await {
-            tracing::debug!(slot = %self.ctx.slot_id(), "could not read the server's clock ({e})");
-        }
+        let (time, store, clock) = (self.time.clone(), self.store.clone(), self.clock.clone());
+        let slot = self.ctx.slot_id().to_string();
+        Some(tokio::spawn(async move {
+            if let Err(e) = time.refresh(&store, &clock).await {
+                tracing::debug!(slot = %slot, "could not read the server's clock ({e})");
+            }
+        }))
     }
 
     /// Tells each scheduled instance whose robot's firing state changed (a run-now
@@ -816,6 +840,7 @@ impl Supervisor {
             wake: wake.clone(),
             known_rev: known_rev.clone(),
             lease: self.timing.lease(),
+            renewals: self.renewals.clone(),
         };
         let runner = Runner {
             scheduling,

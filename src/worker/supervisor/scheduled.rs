@@ -181,6 +181,7 @@ impl Scheduled {
     /// Runs until the instance is stopped or fenced.
     pub(super) async fn run(mut self) -> ObjectId {
         tracing::info!(robot = %self.r.name, schedule = %self.schedule.describe(), "scheduled robot adopted");
+        let _renewals = self.shared.renewals.mark();
         self.say_if_odd();
         self.publish_rev();
         loop {
@@ -337,7 +338,7 @@ impl Scheduled {
             Ok(Written::Applied) => {
                 tracing::debug!(robot = %self.r.name, why, "firing state written");
                 self.count(&records, claiming);
-                self.record_events(&records).await;
+                self.record_events(&records);
                 self.written(next);
                 self.publish_rev();
                 self.preload(claiming).await;
@@ -370,10 +371,12 @@ impl Scheduled {
     }
 
     /// Lost runs and missed firings go to `events` too (the dashboard's timeline
-    /// marks them): they are rare, and each is news.
-    async fn record_events(&self, records: &[RunRecord]) {
+    /// marks them): they are rare, and each is news. Written in a task of their
+    /// own, so the retry of a lost run does not wait on them.
+    fn record_events(&self, records: &[RunRecord]) {
         use crate::db::event::EventKind;
         use crate::db::field::{DETAIL, EPOCH, ROBOT, SLOT_ID, WORKER};
+        let mut events = Vec::new();
         for r in records {
             let kind = match r.outcome {
                 Some(Outcome::Lost) => EventKind::FiringLost,
@@ -388,17 +391,23 @@ impl Scheduled {
                     .unwrap_or_default(),
                 r.reason.as_deref().unwrap_or("")
             );
-            self.r
-                .store
-                .record_event(
-                    kind,
-                    doc! {
-                        WORKER: self.r.ctx.worker(), SLOT_ID: self.r.ctx.slot_id(),
-                        EPOCH: self.r.ctx.epoch(), ROBOT: &self.r.name, DETAIL: detail,
-                    },
-                )
-                .await;
+            events.push((
+                kind,
+                doc! {
+                    WORKER: self.r.ctx.worker(), SLOT_ID: self.r.ctx.slot_id(),
+                    EPOCH: self.r.ctx.epoch(), ROBOT: &self.r.name, DETAIL: detail,
+                },
+            ));
         }
+        if events.is_empty() {
+            return;
+        }
+        let store = self.r.store.clone();
+        tokio::spawn(async move {
+            for (kind, fields) in events {
+                store.record_event(kind, fields).await;
+            }
+        });
     }
 
     fn count(&self, records: &[RunRecord], claiming: Option<i64>) {
