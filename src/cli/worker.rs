@@ -10,6 +10,11 @@ use crate::db::store::Store;
 use crate::robot::exec::ExecPolicy;
 use crate::robot::limits::{Limits, Via};
 use crate::robot::Registry;
+
+/// Connections the worker's robots' pool keeps open while idle: what a standby's
+/// claim sends at once (see [`Store::connect_warm`]). The lease has a pool of its
+/// own.
+const ROBOT_POOL_WARM: u32 = 4;
 use crate::worker::http::{self, HttpState};
 use crate::worker::{Worker, WorkerSettings};
 
@@ -264,7 +269,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
             listen.port()
         )
     })?;
-    let store = Store::connect(uri)
+    let store = Store::connect_warm(uri, ROBOT_POOL_WARM)
         .await
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
     tracing::info!(

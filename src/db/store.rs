@@ -146,6 +146,19 @@ impl Store {
     /// Connects and pings, failing within a few seconds when the server is unreachable.
     /// The database is the URI's path (`mongodb://host/NAME`), else `slotpool`.
     pub async fn connect(uri: &str) -> Result<Store, StoreError> {
+        Self::connect_with(uri, None).await
+    }
+
+    /// [`Store::connect`], keeping at least `warm` connections open (unless the URI
+    /// sets `minPoolSize` itself; never more than its `maxPoolSize`). A worker's robots' pool: a standby that claims a
+    /// slot sends its first robot requests at once (the claim's event, the server's
+    /// clock, the slot's robots, then the adoption beside the first firing's
+    /// write), and each connection opened only then costs a handshake first.
+    pub async fn connect_warm(uri: &str, warm: u32) -> Result<Store, StoreError> {
+        Self::connect_with(uri, Some(warm)).await
+    }
+
+    async fn connect_with(uri: &str, warm: Option<u32>) -> Result<Store, StoreError> {
         crate::secrets::remember(uri);
         let shown = redact_uri(uri);
         let mut options = ClientOptions::parse(uri)
@@ -162,6 +175,9 @@ impl Store {
             .get_or_insert(Duration::from_secs(3));
         options.app_name.get_or_insert_with(|| "slotpool".into());
         options.heartbeat_freq.get_or_insert(MONITOR_EVERY);
+        if let (Some(warm), None) = (warm, options.min_pool_size) {
+            options.min_pool_size = Some(warm.min(options.max_pool_size.unwrap_or(u32::MAX)));
+        }
         let name = options
             .default_database
             .clone()
