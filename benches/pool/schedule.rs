@@ -126,14 +126,13 @@ async fn steady_and_takeover(n: usize, trials: usize) -> (Row, Row) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let j = successor.expect("a survivor claimed the slot");
-        while w[j].metric("slotpool_firings_started_total").unwrap_or(0) <= before[j].1
-            && Instant::now() < deadline
-        {
+        // The claim's own time on the server (the slot's `time` it wrote), read at
+        // once: the holder's first renewal may come early, to reach the tick's edge.
+        let claimed = claim_time(&db, "slot-001", &old).await;
+        while w[j].metric("slotpool_firings_started_total").unwrap_or(0) <= before[j].1 {
+            assert!(Instant::now() < deadline, "the successor started no firing");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        // The claim's own time on the server (the slot's `time` it wrote), not its
-        // event's, which is written beside the robots' first reads.
-        let claimed = claim_time(&db, "slot-001", &old).await;
         let record = common::wait_for(Duration::from_secs(30), "the firing's run", || async {
             runs_of(&db.robot("s").await).into_iter().find(|x| {
                 int(x, "firing") == Some(firing) && x.get_str("outcome") == Ok("succeeded")

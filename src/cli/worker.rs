@@ -10,13 +10,13 @@ use crate::db::store::Store;
 use crate::robot::exec::ExecPolicy;
 use crate::robot::limits::{Limits, Via};
 use crate::robot::Registry;
+use crate::worker::http::{self, HttpState};
+use crate::worker::{Worker, WorkerSettings};
 
 /// Connections the worker's robots' pool keeps open while idle: what a standby's
 /// claim sends at once (see [`Store::connect_warm`]). The lease has a pool of its
 /// own.
 const ROBOT_POOL_WARM: u32 = 4;
-use crate::worker::http::{self, HttpState};
-use crate::worker::{Worker, WorkerSettings};
 
 pub const DEFAULT_PORT: u16 = 7700;
 

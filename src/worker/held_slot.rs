@@ -123,9 +123,18 @@ async fn hold(
     release: CancellationToken,
     overflow: bool,
 ) -> Ended {
-    report(&cx, &lease, SlotEvent::Claimed { overflow }).await;
+    let (recorded_tx, recorded) = tokio::sync::oneshot::channel();
+    report(
+        &cx,
+        &lease,
+        SlotEvent::Claimed {
+            overflow,
+            recorded: recorded_tx,
+        },
+    )
+    .await;
     let guard = WriteGuard::new(lease.deadline(), cx.clock.clone());
-    let robots = start_supervisor(&cx, &lease, guard.clone());
+    let robots = start_supervisor(&cx, &lease, guard.clone(), recorded);
     let tick = cx.timing.tick;
     let mut next = lease.last_renewed() + tick;
     let mut lost = None;
@@ -257,7 +266,13 @@ async fn release_slot(cx: &HoldContext, lease: &mut Lease) -> bool {
 #[derive(Debug)]
 enum SlotEvent {
     /// The claim landed; `overflow` when the worker already held a slot.
-    Claimed { overflow: bool },
+    /// `recorded` is told when the claim's event is written (or given up on): the
+    /// supervisor lets no robot write before that, so each epoch's claim comes
+    /// first in `events`, yet the event's write overlaps the slot's listing.
+    Claimed {
+        overflow: bool,
+        recorded: tokio::sync::oneshot::Sender<()>,
+    },
     /// A renewal landed after `latency`; `rev` is the slot's robot revision.
     Renewed { latency: Duration, rev: i64 },
     /// A renewal failed for a reason the next one may not have; `left` until the
@@ -290,19 +305,20 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
     let owner = cx.protocol.owner();
     let m = &cx.metrics;
     match event {
-        SlotEvent::Claimed { overflow } => {
+        SlotEvent::Claimed { overflow, recorded } => {
             tracing::info!(slot = %slot, epoch, worker = %owner, overflow, "claimed slot");
             m.claims.inc();
             m.slot_held.inc_by(1);
             m.epoch.set(epoch);
             cx.status.lock().expect("status lock").held(lease, overflow);
-            // Not awaited: the robots' start (a takeover's firing) does not wait on
-            // a record for inspection. Sent first, it still lands before theirs.
-            let (store, fields) = (
-                cx.store.clone(),
-                doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow},
-            );
-            tokio::spawn(async move { store.record_event(EventKind::Claim, fields).await });
+            // Written beside the supervisor's first reads, not before them; the
+            // supervisor waits for it before any robot writes.
+            let store = cx.store.clone();
+            let fields = doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow};
+            tokio::spawn(async move {
+                store.record_event(EventKind::Claim, fields).await;
+                let _ = recorded.send(());
+            });
         }
         SlotEvent::Renewed { latency, rev } => {
             m.renew_latency.observe(latency);
@@ -362,7 +378,12 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
 }
 
 /// Starts the robots of a new lease in their own task.
-fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> SupervisorHandle {
+fn start_supervisor(
+    cx: &HoldContext,
+    lease: &Lease,
+    guard: WriteGuard,
+    claim_recorded: tokio::sync::oneshot::Receiver<()>,
+) -> SupervisorHandle {
     let pacer = Arc::new(WritePacer::new(cx.timing.margin));
     let limit = pacer.limit();
     cx.metrics.robot_write_limit.inc_by(limit as i64);
@@ -383,6 +404,8 @@ fn start_supervisor(cx: &HoldContext, lease: &Lease, guard: WriteGuard) -> Super
         cx.metrics.clone(),
         cx.clock.clone(),
     );
+    let mut supervisor = supervisor;
+    supervisor.after_claim_recorded(claim_recorded);
     let renewals = supervisor.renewal_timing();
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,

@@ -165,6 +165,58 @@ pub fn edge_advance(at_ms: i64, tick_ms: i64, window_ms: i64) -> i64 {
     past_edge - window_ms / 2
 }
 
+// === impl FirstSteps ===
+
+/// The first steps of the scheduled robots a takeover started before their adoption
+/// write: the adoption waits for them (a little), so that a lost run's record, which
+/// its retry must wait for, reaches the server ahead of the adoption rather than
+/// behind it. Their writes are fenced by the state they were listed with until the
+/// adoption lands (see `ContextStore::start_early`), so their order does not matter
+/// to safety, only to how soon the retry starts.
+#[derive(Debug, Clone, Default)]
+pub struct FirstSteps {
+    pending: Arc<AtomicUsize>,
+    done: Arc<Notify>,
+}
+
+/// One instance's first step, pending until it is dropped.
+#[derive(Debug)]
+pub struct FirstStep(FirstSteps);
+
+impl Drop for FirstStep {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::AcqRel);
+        self.0.done.notify_waiters();
+    }
+}
+
+impl FirstSteps {
+    /// One more first step to wait for, until the returned guard is dropped.
+    pub fn expect(&self) -> FirstStep {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        FirstStep(self.clone())
+    }
+
+    /// Waits until every expected first step is done, or `limit` passed.
+    pub async fn all_done(&self, limit: Duration, clock: &SharedClock) {
+        let all = async {
+            loop {
+                let notified = self.done.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.pending.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::select! {
+            () = all => {}
+            () = clock.sleep(limit) => {}
+        }
+    }
+}
+
 // === impl Alarm ===
 
 /// One timer for every scheduled robot of a held slot: a heap of wake-ups.

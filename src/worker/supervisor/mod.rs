@@ -212,7 +212,11 @@ struct Running {
 /// One robot's instance: a robot on a schedule runs once per firing, in its own
 /// loop ([`scheduled::Scheduled`]); any other runs and restarts as its policy says
 /// ([`Runner::run`]).
-async fn instance(runner: Runner, mut first: Option<Loaded>) -> ObjectId {
+async fn instance(
+    runner: Runner,
+    mut first: Option<Loaded>,
+    first_step: Option<firing_clock::FirstStep>,
+) -> ObjectId {
     if first.is_none() && !runner.token.is_cancelled() {
         first = runner
             .ctx
@@ -224,10 +228,11 @@ async fn instance(runner: Runner, mut first: Option<Loaded>) -> ObjectId {
         if let Some(schedule) = runner.schedule_of(loaded) {
             let shared = runner.scheduling.clone();
             return scheduled::Scheduled::new(runner, shared, loaded, schedule)
-                .run()
+                .run(first_step)
                 .await;
         }
     }
+    drop(first_step);
     runner.run(first).await
 }
 
@@ -272,6 +277,10 @@ pub struct Supervisor {
     alarm: firing_clock::Alarm,
     /// When the slot's renewals go, for its scheduled robots.
     renewals: firing_clock::RenewalTiming,
+    /// The first steps of the robots started before their adoption write.
+    first_steps: firing_clock::FirstSteps,
+    /// Told when the claim's event is written: no robot writes before it.
+    claim_recorded: Option<tokio::sync::oneshot::Receiver<()>>,
     /// True until the first sync after the claim (a supervisor lives as long as one
     /// lease): that sync starts each robot an earlier holder of this slot adopted
     /// (`0 < epoch <` this one) as soon as it is listed, before its adoption write
@@ -307,6 +316,8 @@ impl Supervisor {
             root,
             alarm,
             renewals: firing_clock::RenewalTiming::new(time.clone()),
+            first_steps: firing_clock::FirstSteps::default(),
+            claim_recorded: None,
             time,
             running: HashMap::new(),
             tasks: JoinSet::new(),
@@ -322,6 +333,14 @@ impl Supervisor {
             adopt_chunk: ADOPT_CHUNK_MIN,
             early: true,
         }
+    }
+
+    /// No robot starts (or writes) before `recorded` is told that the claim's
+    /// event was written (or given up on): each epoch's claim comes first in
+    /// `events`, which the timeline and the invariant checker rely on. The event's
+    /// write overlaps the first read of the slot's robots.
+    pub fn after_claim_recorded(&mut self, recorded: tokio::sync::oneshot::Receiver<()>) {
+        self.claim_recorded = Some(recorded);
     }
 
     /// When the slot's renewals should go (the held slot's loop asks it each tick).
@@ -358,6 +377,9 @@ impl Supervisor {
         }
         let began = Instant::now();
         let mut listed = self.read_slot().await?;
+        if let Some(recorded) = self.claim_recorded.take() {
+            let _ = recorded.await;
+        }
         if let Some(r) = reading {
             let _ = r.await;
         }
@@ -372,6 +394,12 @@ impl Supervisor {
         let mut starts = Starts::new(listed, &plan.start);
         if std::mem::take(&mut self.early) {
             self.start_early(&plan.start, &mut starts);
+            // A lost run's record goes ahead of the adoption: its retry waits on it.
+            // Bounded, so that a slow server never holds the robots new to the
+            // slot back for long.
+            self.first_steps
+                .all_done(self.timing.tick / 4, &self.clock)
+                .await;
         }
         self.adopt_and_start(&plan.start, &views, &mut starts)
             .await?;
@@ -531,7 +559,15 @@ impl Supervisor {
             };
             self.ctx.start_early(l.id, gen, epoch);
             s.early.insert(l.id, l.next_gen);
-            self.start(l.id, l.next_gen, l.start_rev, l.name, l.loaded);
+            let first_step = self.first_steps.expect();
+            self.start(
+                l.id,
+                l.next_gen,
+                l.start_rev,
+                l.name,
+                l.loaded,
+                Some(first_step),
+            );
         }
         if !s.early.is_empty() {
             tracing::info!(slot = %self.ctx.slot_id(), robots = s.early.len(), "started robots before their adoption write: the slot's earlier holders stopped them before it could be claimed");
@@ -632,7 +668,7 @@ impl Supervisor {
                     s.undone = true;
                 }
             } else if let Some(l) = s.wanted.remove(&id) {
-                self.start(id, gen, l.start_rev, l.name, l.loaded);
+                self.start(id, gen, l.start_rev, l.name, l.loaded, None);
             }
         }
         // Started early but not adopted (moved, deleted, refused, or adopted by a
@@ -830,6 +866,7 @@ impl Supervisor {
         start_rev: i64,
         name: String,
         loaded: Option<Loaded>,
+        first_step: Option<firing_clock::FirstStep>,
     ) {
         let token = self.root.child_token();
         let wake = Arc::new(tokio::sync::Notify::new());
@@ -857,7 +894,7 @@ impl Supervisor {
             store: self.store.clone(),
             clock: self.clock.clone(),
         };
-        self.tasks.spawn(instance(runner, loaded));
+        self.tasks.spawn(instance(runner, loaded, first_step));
         self.running.insert(
             id,
             Running {

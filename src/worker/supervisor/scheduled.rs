@@ -179,7 +179,13 @@ impl Scheduled {
     }
 
     /// Runs until the instance is stopped or fenced.
-    pub(super) async fn run(mut self) -> ObjectId {
+    ///
+    /// `first_step`, for an instance a takeover started before its adoption write,
+    /// is dropped once its first step is taken (the adoption waits on it).
+    pub(super) async fn run(
+        mut self,
+        mut first_step: Option<super::firing_clock::FirstStep>,
+    ) -> ObjectId {
         tracing::info!(robot = %self.r.name, schedule = %self.schedule.describe(), "scheduled robot adopted");
         let _renewals = self.shared.renewals.mark();
         self.say_if_odd();
@@ -194,6 +200,7 @@ impl Scheduled {
                 // it has a reading: a thousand robots asking for themselves would
                 // add a thousand commands to a server already too slow to answer.
                 tracing::debug!(robot = %self.r.name, "no reading of the server's clock yet; waiting for the slot's");
+                first_step.take();
                 self.pause_for(POLL).await;
                 continue;
             };
@@ -222,8 +229,12 @@ impl Scheduled {
                     }
                     true
                 }
-                Step::Wait { until_ms, poll } => self.wait(until_ms, poll).await,
+                Step::Wait { until_ms, poll } => {
+                    first_step.take();
+                    self.wait(until_ms, poll).await
+                }
             };
+            first_step.take();
             if !go_on {
                 self.stop_runs().await;
                 return self.r.id;
