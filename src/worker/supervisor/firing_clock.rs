@@ -93,9 +93,15 @@ impl ServerTime {
 /// of the tick below a tick of 100 ms.
 pub const EDGE_WINDOW: Duration = Duration::from_millis(10);
 
+/// How far past the edge a slot's window may begin, at most (a twentieth of the
+/// tick below a tick of 1 s): each slot's by a hash of its id, so that the holders
+/// of many slots do not all renew, and then look at their robots, at one instant.
+pub const EDGE_SPREAD: Duration = Duration::from_millis(50);
+
 /// When a held slot's renewals go. A slot that runs scheduled robots renews just
 /// after each edge of the tick on the server's clock (a multiple of the tick since
-/// the epoch: every whole second at a 1 s tick), where firings fall.
+/// the epoch: every whole second at a 1 s tick), where firings fall: in a window
+/// that begins up to [`EDGE_SPREAD`] past the edge, by the slot.
 ///
 /// Why: a successor can claim the slot only a lease `L` after the last renewal
 /// before its holder died. Renewing just after the edges, the last renewal before
@@ -109,6 +115,8 @@ pub const EDGE_WINDOW: Duration = Duration::from_millis(10);
 pub struct RenewalTiming {
     time: ServerTime,
     scheduled: Arc<AtomicUsize>,
+    /// This slot's place in [`EDGE_SPREAD`], from its id.
+    spread_key: u64,
 }
 
 /// A scheduled instance, counted by [`RenewalTiming`] while it lives.
@@ -122,10 +130,11 @@ impl Drop for ScheduledMark {
 }
 
 impl RenewalTiming {
-    pub fn new(time: ServerTime) -> RenewalTiming {
+    pub fn new(time: ServerTime, slot: &str) -> RenewalTiming {
         RenewalTiming {
             time,
             scheduled: Arc::default(),
+            spread_key: crate::db::lease::stable_hash(slot),
         }
     }
 
@@ -145,7 +154,9 @@ impl RenewalTiming {
         let now_ms = self.time.now_ms(clock)?;
         let ahead = next.saturating_duration_since(clock.now()).as_millis() as i64;
         let window = EDGE_WINDOW.min(tick / 10).as_millis() as i64;
-        let ms = edge_advance(now_ms + ahead, tick.as_millis() as i64, window);
+        let spread = EDGE_SPREAD.min(tick / 20).as_millis().max(1) as u64;
+        let offset = (self.spread_key % spread) as i64;
+        let ms = edge_advance(now_ms + ahead - offset, tick.as_millis() as i64, window);
         Some(Duration::from_millis(ms as u64))
     }
 }

@@ -307,6 +307,7 @@ impl Supervisor {
         let root = CancellationToken::new();
         let alarm = firing_clock::Alarm::spawn(clock.clone(), root.clone());
         let time = firing_clock::ServerTime::default();
+        let renewals = firing_clock::RenewalTiming::new(time.clone(), ctx.slot_id());
         Supervisor {
             store,
             ctx,
@@ -315,7 +316,7 @@ impl Supervisor {
             metrics,
             root,
             alarm,
-            renewals: firing_clock::RenewalTiming::new(time.clone()),
+            renewals,
             first_steps: firing_clock::FirstSteps::default(),
             claim_recorded: None,
             time,
