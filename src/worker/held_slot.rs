@@ -396,7 +396,7 @@ fn start_supervisor(
         guard,
         pacer.clone(),
     );
-    let supervisor = Supervisor::new(
+    let mut supervisor = Supervisor::new(
         cx.store.clone(),
         ctx,
         cx.registry.clone(),
@@ -404,7 +404,6 @@ fn start_supervisor(
         cx.metrics.clone(),
         cx.clock.clone(),
     );
-    let mut supervisor = supervisor;
     supervisor.after_claim_recorded(claim_recorded);
     let renewals = supervisor.renewal_timing();
     let (beats, rx) = watch::channel(Renewal {
