@@ -7,6 +7,7 @@
 #   MONGODB_URI=... scripts/demo.sh
 #   DEMO_WORKERS=7 DEMO_SLOTS=3 scripts/demo.sh
 #   DEMO_WEB=127.0.0.1:9090 scripts/demo.sh    # the dashboard elsewhere
+#   DEMO_BIN=target/release/slotpool scripts/demo.sh   # a binary already built (no build)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -17,9 +18,15 @@ WEB="${DEMO_WEB:-127.0.0.1:8080}"
 LOGS="$ROOT/.state/demo"
 mkdir -p "$LOGS"
 
-echo "== building slotpool"
-cargo build --quiet
-BIN="$ROOT/target/debug/slotpool"
+if [[ -n "${DEMO_BIN:-}" ]]; then
+  BIN="$DEMO_BIN"
+  [[ -x "$BIN" ]] || { echo "demo: DEMO_BIN=$BIN is not an executable file" >&2; exit 2; }
+  echo "== using $BIN"
+else
+  echo "== building slotpool"
+  cargo build --quiet
+  BIN="$ROOT/target/debug/slotpool"
+fi
 
 export MONGODB_URI="${MONGODB_URI:-$(scripts/dev-mongo.sh start | sed 's#/slotpool?#/slotpool_demo?#')}"
 echo "== database: $(echo "$MONGODB_URI" | sed -E 's#://([^:@/]+):[^@/]*@#://\1:****@#')"

@@ -4,8 +4,10 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# Each phase says when it began (seconds since the start), so a slow run shows where.
+phase() { echo "== [${SECONDS}s] $*"; }
 
-echo "== test database"
+phase "test database"
 # A throwaway server of its own (port SLOTPOOL_TEST_PORT, default 27778), fresh each
 # run: the dev server's latency creeps up over a long process life, and tests should
 # not depend on what the demo left behind. With MONGODB_URI set, that server is used.
@@ -19,20 +21,21 @@ fi
 export MONGODB_URI="$URI"
 echo "using $(echo "$URI" | sed -E 's#://([^:@/]+):[^@/]*@#://\1:****@#')"
 
-echo "== tools: mongosh (inspection tests), faketime (clock-skew chaos test)"
+phase "tools: mongosh (inspection tests), faketime (clock-skew chaos test)"
 scripts/mongosh.sh --install-only >/dev/null
 scripts/ensure-tools.sh
 
-echo "== container images (scripts/images.sh: the engine, the base, slotpool:local, the dev database)"
+phase "container images (scripts/images.sh: the engine, the base, slotpool:local, the dev database)"
 # tests/containers.rs runs five worker containers on them; it fails without them.
 scripts/images.sh
 
-echo "== cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy"
+phase "cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
 
-echo "== cargo test"
+phase "cargo test"
 cargo test --all-targets "$@"
 cargo test --doc --quiet
+phase "done"

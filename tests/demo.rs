@@ -53,6 +53,9 @@ async fn ctrl_c_stops_the_workers_and_leaves_the_dev_database_running() {
         .env("SLOTPOOL_DEV_PORT", db_port.to_string())
         .env("DEMO_BASE_PORT", base.to_string())
         .env("DEMO_WEB", format!("127.0.0.1:{web_port}"))
+        // The binary this test run built: a `cargo build` from inside `cargo test` can
+        // rebuild the dependencies under other features (80 s in CI, not what this tests).
+        .env("DEMO_BIN", env!("CARGO_BIN_EXE_slotpool"))
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&log).unwrap())
         .stderr(Stdio::null())
