@@ -806,3 +806,62 @@ async fn a_holder_of_scheduled_robots_renews_at_the_ticks_edges_and_keeps_its_le
     assert_eq!(common::owner(&slot).as_deref(), Some(w.id.as_str()));
     invariants::check(&db).await;
 }
+
+/// A counter's step on a schedule is written with its run's end (and the next
+/// firing's claim), one statement, so a firing costs one robot write where a
+/// checkpoint and then the end cost two. Without a `history` (as here) that
+/// statement is update operators; the tests above keep one, and take the pipeline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_counters_step_lands_with_its_runs_end_in_one_write() {
+    let db = TestDb::new("sched_one_write").await;
+    db.init(1).await;
+    db.cli_ok(&[
+        "robot",
+        "create",
+        "--name",
+        "lean",
+        "--kind",
+        "counter",
+        "--spec",
+        r#"{"schedule": {"every": "1s", "keep_runs": 100}}"#,
+    ]);
+    let w = db.worker(&[]);
+    wait_succeeded(&db, "lean", 2).await;
+    let metric = |name: &str| w.metric(name).expect("the worker's /metrics");
+    let started0 = metric("slotpool_firings_started_total");
+    let statements0 = metric("slotpool_checkpoint_batched_total");
+    wait_succeeded(&db, "lean", 9).await;
+    let started = metric("slotpool_firings_started_total") - started0;
+    let statements = metric("slotpool_checkpoint_batched_total") - statements0;
+    assert!(started >= 6, "{started} firings started");
+    // Two a firing would be `2 * started`; the two reads of /metrics may straddle
+    // one firing's start and end.
+    assert!(
+        statements <= started + 1,
+        "{statements} robot writes for {started} firings"
+    );
+    let r = db.robot("lean").await;
+    let n = slotpool::db::store::int(r.get_document("context").unwrap(), "n").unwrap();
+    let seq = slotpool::db::store::int(&r, "seq").unwrap();
+    assert_eq!(n, seq, "each step is a checkpoint: {r:?}");
+    assert_eq!(
+        n as usize,
+        succeeded(&r),
+        "one step for each run that succeeded: {r:?}"
+    );
+    let last = runs(&r)
+        .into_iter()
+        .rfind(|x| x.get_str("outcome") == Ok("succeeded"))
+        .unwrap();
+    assert_eq!(
+        slotpool::db::store::int(r.get_document("context").unwrap(), "firing"),
+        slotpool::db::store::int(&last, "firing"),
+        "the context records the last run's firing: {r:?}"
+    );
+    assert!(r.get_datetime("checkpointed_at").is_ok(), "{r:?}");
+    assert!(
+        !w.log_text().contains("was not written"),
+        "{}",
+        w.log_text()
+    );
+}

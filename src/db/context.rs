@@ -367,14 +367,7 @@ impl ContextStore {
             CHECKPOINTED_AT: "$$NOW",
         };
         if history > 0 {
-            let entry = doc! {
-                SEQ: {"$add": ["$seq", 1_i64]},
-                EPOCH: self.epoch,
-                GEN: gen,
-                WORKER: {"$literal": &self.worker},
-                SLOT: &self.slot_id,
-                AT: "$$NOW",
-            };
+            let entry = self.history_record(gen);
             set.insert(
                 HISTORY,
                 doc! {"$slice": [
@@ -410,6 +403,19 @@ impl ContextStore {
                 robot: name.to_string(),
                 why,
             }),
+        }
+    }
+
+    /// The record a checkpoint of instance `gen` appends to `history`, in an update
+    /// pipeline: the `seq` it writes, who wrote it, and the server's time.
+    fn history_record(&self, gen: i64) -> Document {
+        doc! {
+            SEQ: {"$add": ["$seq", 1_i64]},
+            EPOCH: self.epoch,
+            GEN: gen,
+            WORKER: {"$literal": &self.worker},
+            SLOT: &self.slot_id,
+            AT: "$$NOW",
         }
     }
 
@@ -613,24 +619,43 @@ impl ContextStore {
         records: &[crate::db::firing::RunRecord],
         keep: u32,
         claiming: Option<i64>,
+        last_step: Option<&crate::db::firing::LastStep>,
     ) -> Result<Written, ContextError> {
         if !self.guard.is_open() {
             return Ok(Written::Lapsed);
         }
-        let (filter, update) = crate::db::firing::compare_and_set(
-            self.fence_match(id, gen),
-            prev,
-            next,
-            records,
-            keep,
-            claiming,
-        );
+        let fence = self.fence_match(id, gen);
+        let (filter, update) = match last_step {
+            Some(step) if !step.operators_suffice() => {
+                let step = crate::db::firing::LastStep {
+                    history: step.history.min(MAX_HISTORY),
+                    ..step.clone()
+                };
+                let (filter, pipeline) = crate::db::firing::compare_and_set_pipeline(
+                    fence,
+                    prev,
+                    next,
+                    records,
+                    keep,
+                    claiming,
+                    &step,
+                    self.history_record(gen),
+                );
+                (filter, Update::Pipeline(pipeline))
+            }
+            _ => {
+                let (filter, update) = crate::db::firing::compare_and_set(
+                    fence, prev, next, records, keep, claiming, last_step,
+                );
+                (filter, Update::Operators(update))
+            }
+        };
         Ok(self
             .commit
             .write(Statement {
                 id: *id,
                 filter,
-                update: Update::Operators(update),
+                update,
             })
             .await?)
     }

@@ -26,7 +26,7 @@
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 
-use crate::db::field::{EPOCH, GEN, SLOT, WORKER};
+use crate::db::field::{CHECKPOINTED_AT, CONTEXT, EPOCH, GEN, HISTORY, SEQ, SLOT, WORKER};
 use crate::db::store::int;
 use crate::db::words::words;
 
@@ -385,6 +385,7 @@ pub fn compare_and_set(
     records: &[RunRecord],
     keep: u32,
     claiming: Option<i64>,
+    last_step: Option<&LastStep>,
 ) -> (Document, Document) {
     let rev_key = format!("{FIRINGS}.{REV}");
     fence.insert(rev_key, prev.rev.map_or(Bson::Null, Bson::Int64));
@@ -394,6 +395,15 @@ pub fn compare_and_set(
     let mut written = next.clone();
     written.rev = Some(prev.rev.unwrap_or(0) + 1);
     let mut update = doc! {"$set": {FIRINGS: written.to_doc()}};
+    if let Some(step) = last_step {
+        // A checkpoint in the same statement, fenced as one: over `after_seq`.
+        fence.insert(SEQ, step.after_seq);
+        if let Ok(set) = update.get_document_mut("$set") {
+            set.insert(CONTEXT, step.context.clone());
+        }
+        update.insert("$inc", doc! {SEQ: 1_i64});
+        update.insert("$currentDate", doc! {CHECKPOINTED_AT: true});
+    }
     if !records.is_empty() {
         let records: Vec<Bson> = records.iter().map(|r| Bson::Document(r.to_doc())).collect();
         update.insert(
@@ -402,6 +412,89 @@ pub fn compare_and_set(
         );
     }
     (fence, update)
+}
+
+/// A scheduled run's last context ([`crate::robot::RobotRun::end_with`]), written
+/// with its end: the robot's `context`, `seq` one past `after_seq` (which the write
+/// requires) and `checkpointed_at` the server's time, as a checkpoint writes them.
+/// The context is stored as it is by update operators (the caller checked: no `$`
+/// or `.` in its field names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LastStep {
+    pub context: Document,
+    pub after_seq: i64,
+    /// The robot's `spec.history`: above 0, a checkpoint record goes to its
+    /// `history` too, stamped with the server's time, which only an update
+    /// pipeline can write ([`compare_and_set_pipeline`]).
+    pub history: i64,
+}
+
+impl LastStep {
+    /// Whether update operators can write it: no history record, and a context
+    /// they store as it is (no field name with `$` or `.`, at any depth).
+    pub fn operators_suffice(&self) -> bool {
+        fn doc_ok(d: &Document) -> bool {
+            d.iter()
+                .all(|(k, v)| !k.starts_with('$') && !k.contains('.') && value_ok(v))
+        }
+        fn value_ok(v: &Bson) -> bool {
+            match v {
+                Bson::Document(d) => doc_ok(d),
+                Bson::Array(a) => a.iter().all(value_ok),
+                _ => true,
+            }
+        }
+        self.history == 0 && doc_ok(&self.context)
+    }
+}
+
+/// [`compare_and_set`] as an update pipeline, for a run's last step that operators
+/// cannot write ([`LastStep::operators_suffice`]): the same filter and the same
+/// changes, every value taken as it is (`$literal`), and `history_record` (the
+/// checkpoint's record, with the server's time) appended to `history`, the last
+/// `step.history` kept. Costlier for the server than operators.
+#[allow(clippy::too_many_arguments)]
+pub fn compare_and_set_pipeline(
+    fence: Document,
+    prev: &FiringState,
+    next: &FiringState,
+    records: &[RunRecord],
+    keep: u32,
+    claiming: Option<i64>,
+    step: &LastStep,
+    history_record: Document,
+) -> (Document, Vec<Document>) {
+    let (mut filter, _) = compare_and_set(fence, prev, next, records, keep, claiming, None);
+    filter.insert(SEQ, step.after_seq);
+    let mut written = next.clone();
+    written.rev = Some(prev.rev.unwrap_or(0) + 1);
+    let mut set = doc! {
+        FIRINGS: {"$literal": written.to_doc()},
+        CONTEXT: {"$literal": &step.context},
+        SEQ: {"$add": ["$seq", 1_i64]},
+        CHECKPOINTED_AT: "$$NOW",
+    };
+    if !records.is_empty() {
+        let records: Vec<Bson> = records.iter().map(|r| Bson::Document(r.to_doc())).collect();
+        // `runs` that is not an array makes the server refuse this, as `$push` does.
+        set.insert(
+            RUNS,
+            doc! {"$slice": [
+                {"$concatArrays": [{"$ifNull": ["$runs", []]}, {"$literal": records}]},
+                -(keep.max(1) as i64),
+            ]},
+        );
+    }
+    if step.history > 0 {
+        set.insert(
+            HISTORY,
+            doc! {"$slice": [
+                {"$concatArrays": [{"$ifNull": ["$history", []]}, [history_record]]},
+                -step.history,
+            ]},
+        );
+    }
+    (filter, vec![doc! {"$set": set}])
 }
 
 /// The write of an instance that is no longer the robot's current one (moved,
@@ -503,7 +596,7 @@ mod tests {
         let mut next = prev.clone();
         next.claimed = Some(60_000);
         next.running.push(entry(60_000));
-        let (filter, update) = compare_and_set(fence, &prev, &next, &[], 50, Some(60_000));
+        let (filter, update) = compare_and_set(fence, &prev, &next, &[], 50, Some(60_000), None);
         assert_eq!(filter.get("firings.rev"), Some(&Bson::Null));
         assert_eq!(
             filter.get_document("firings.claimed").unwrap(),
@@ -513,6 +606,71 @@ mod tests {
         let written = set.get_document(FIRINGS).unwrap();
         assert_eq!(int(written, REV), Some(1));
         assert!(!update.contains_key("$push"), "no record, no push");
+    }
+
+    #[test]
+    fn a_last_step_goes_in_the_end_fenced_by_the_seq_it_follows() {
+        let fence =
+            doc! {"_id": ObjectId::new(), "slot_id": "slot-001", "epoch": 3_i64, "gen": 4_i64};
+        let prev = FiringState {
+            rev: Some(7),
+            running: vec![entry(60_000)],
+            ..FiringState::default()
+        };
+        let next = FiringState {
+            running: vec![],
+            ..prev.clone()
+        };
+        let step = LastStep {
+            context: doc! {"n": 5_i64, "firing": 60_000_i64},
+            after_seq: 11,
+            history: 0,
+        };
+        assert!(step.operators_suffice());
+        let (filter, update) =
+            compare_and_set(fence.clone(), &prev, &next, &[], 50, None, Some(&step));
+        assert_eq!(filter.get("seq"), Some(&Bson::Int64(11)), "{filter}");
+        assert_eq!(filter.get("firings.rev"), Some(&Bson::Int64(7)));
+        let set = update.get_document("$set").unwrap();
+        assert_eq!(set.get_document(CONTEXT).unwrap(), &step.context);
+        assert_eq!(update.get_document("$inc").unwrap(), &doc! {"seq": 1_i64});
+        assert_eq!(
+            update.get_document("$currentDate").unwrap(),
+            &doc! {CHECKPOINTED_AT: true}
+        );
+        // With a history, or a context operators would read as operators: a pipeline,
+        // with the same filter, every value literal.
+        for step in [
+            LastStep {
+                history: 3,
+                ..step.clone()
+            },
+            LastStep {
+                context: doc! {"deep": [{"$x": 1}]},
+                ..step.clone()
+            },
+            LastStep {
+                context: doc! {"a.b": 1},
+                ..step.clone()
+            },
+        ] {
+            assert!(!step.operators_suffice(), "{step:?}");
+            let record = doc! {"seq": {"$add": ["$seq", 1_i64]}, "at": "$$NOW"};
+            let (f, pipeline) =
+                compare_and_set_pipeline(fence.clone(), &prev, &next, &[], 50, None, &step, record);
+            assert_eq!(f, filter);
+            let set = pipeline[0].get_document("$set").unwrap();
+            assert_eq!(
+                set.get_document(CONTEXT).unwrap(),
+                &doc! {"$literal": &step.context}
+            );
+            assert_eq!(set.contains_key(HISTORY), step.history > 0);
+        }
+        // Without one, the context is not touched.
+        let (filter, update) = compare_and_set(fence, &prev, &next, &[], 50, None, None);
+        assert!(!filter.contains_key("seq"));
+        assert!(!update.get_document("$set").unwrap().contains_key(CONTEXT));
+        assert!(!update.contains_key("$inc"));
     }
 
     #[test]
@@ -552,7 +710,7 @@ mod tests {
             count: None,
             last: None,
         };
-        let (filter, update) = compare_and_set(fence, &prev, &next, &[record], 50, None);
+        let (filter, update) = compare_and_set(fence, &prev, &next, &[record], 50, None, None);
         assert_eq!(filter.get("firings.rev"), Some(&Bson::Int64(7)));
         assert!(!filter.contains_key("firings.claimed"), "claims nothing");
         let written = update

@@ -7,9 +7,10 @@
 //! proves it runs without waiting an interval.
 //!
 //! On a schedule (`spec.schedule`) a counter takes one step per firing and ends:
-//! `{"n": n + 1, "firing": T}`, skipped when its context already records firing `T`
-//! (a retry after its first run's step landed), so `n` counts the firings that ran,
-//! each once. Runs may come out of firing order (a run-now request before a late
+//! `{"n": n + 1, "firing": T}`, written with the run's end in one statement
+//! ([`super::RobotRun::end_with`]), and skipped when its context already records
+//! firing `T` (a retry after its first run's step landed), so `n` counts the firings
+//! that ran, each once. Runs may come out of firing order (a run-now request before a late
 //! firing), so only that exact firing counts as done.
 
 use std::time::Duration;
@@ -100,12 +101,13 @@ impl RobotKind for Counter {
         if let Some(firing) = run.firing() {
             // On a schedule: one step per firing. A firing run again (its first run
             // was lost with its lease after the step landed) finds its step done.
+            // Its step lands with the run's end, in one write (`end_with`): it ran
+            // to its end, stop or not.
             let done = crate::db::store::int(run.context(), "firing") == Some(firing);
-            if !done {
-                run.checkpoint(doc! {"n": n + 1, "firing": firing}).await?;
+            if done {
+                return Err(RobotError::Finished);
             }
-            // Its step is whole, stop or not: it ran to its end.
-            return Err(RobotError::Finished);
+            return Err(run.end_with(doc! {"n": n + 1, "firing": firing}).await);
         }
         let mut wait = if run.spec().get_bool("eager").unwrap_or(false) {
             std::time::Duration::ZERO

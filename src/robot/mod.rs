@@ -170,6 +170,11 @@ pub(crate) enum Left {
     /// A checkpoint failed, and may or may not have landed: the instance reads the
     /// robot before its next run.
     Unknown,
+    /// The run's last context ([`RobotRun::end_with`]), not written yet: it goes in
+    /// the write of the run's end, over checkpoint `seq`, with a history record
+    /// when the robot keeps `history` (the third). If that write does not land, the
+    /// run did not do its work: its end is recorded as cut off.
+    Final(Document, i64, i64),
 }
 
 impl RobotRun {
@@ -253,6 +258,42 @@ impl RobotRun {
         written.map_err(RobotError::from)?;
         self.seq.store(after + 1, Ordering::Release);
         Ok(())
+    }
+}
+
+impl RobotRun {
+    /// Ends a scheduled run that did its work: `context` is its last checkpoint,
+    /// written in the same statement as the run's end (and the next firing's claim),
+    /// so a firing costs the database one write where a checkpoint and then the end
+    /// cost two. Return what this gives (`Finished` when all is well).
+    ///
+    /// What stays as with [`RobotRun::checkpoint`]: the write is fenced by slot,
+    /// epoch, generation and the `seq` this run follows. What differs: the context is
+    /// not written when this returns, but when the end lands, and only if it does.
+    /// An end that does not land (the lease lost first) is recorded as a run cut off,
+    /// retried or skipped as `on_lost` says, exactly as a run whose checkpoint did
+    /// not land. So a step and its run's end land together or not at all.
+    ///
+    /// A daemon's run (with no end to write) gets an ordinary checkpoint instead,
+    /// and so does a context too large to store, which that refuses.
+    pub async fn end_with(&self, context: Document) -> RobotError {
+        use std::sync::atomic::Ordering;
+        let bytes = bson::to_vec(&context).map_or(usize::MAX, |v| v.len());
+        let merged = self.firing.is_some() && bytes <= crate::db::context::MAX_CONTEXT_BYTES;
+        match &self.left {
+            Some(left) if merged => {
+                let after = self.seq.load(Ordering::Acquire);
+                *left
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Left::Final(context, after, self.history);
+                RobotError::Finished
+            }
+            _ => match self.checkpoint(context).await {
+                Ok(()) => RobotError::Finished,
+                Err(e) => e,
+            },
+        }
     }
 }
 

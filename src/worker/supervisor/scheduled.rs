@@ -20,7 +20,7 @@ use super::firing_plan::{ended, plan, Facts, Me, RunEnd, Step, CLAIM_AHEAD};
 use super::runner::Runner;
 use crate::clock::SharedClock;
 use crate::db::context::{ContextError, Loaded};
-use crate::db::firing::{FiringState, Outcome, RunEntry, RunRecord};
+use crate::db::firing::{FiringState, LastStep, Outcome, RunEntry, RunRecord};
 use crate::db::group_commit::Written;
 use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
 use crate::robot::schedule::Schedule;
@@ -36,7 +36,8 @@ fn carry(s: &Started) -> Option<Loaded> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     let mut next = match left {
-        Left::Unknown => return None,
+        // A last step goes with the run's end: `finish` carries it once that landed.
+        Left::Unknown | Left::Final(..) => return None,
         Left::Unchanged | Left::Context(..) => s.from.clone(),
     };
     if let Left::Context(context, seq) = left {
@@ -45,6 +46,31 @@ fn carry(s: &Started) -> Option<Loaded> {
     }
     Some(next)
 }
+
+/// The last step (`RobotRun::end_with`) of run `s`, which ended as `outcome`: it
+/// goes with the end of a run that succeeded; without it, the run did not do its
+/// work.
+fn last_step(s: &Started, outcome: Outcome) -> Option<LastStep> {
+    match &*s
+        .left
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        Left::Final(context, after_seq, history) if outcome == Outcome::Succeeded => {
+            Some(LastStep {
+                context: context.clone(),
+                after_seq: *after_seq,
+                history: *history,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Why a run whose last step was to be written with its end is handed on as cut
+/// off: the end was not written by this instance, so neither was the step.
+const STEP_NOT_WRITTEN: &str =
+    "stopped before its end, which carried its last step, was written; the step did not land";
 
 /// How often an instance reads its robot again while it waits for another
 /// instance's run to end (nothing tells it when that happens).
@@ -137,6 +163,9 @@ pub(super) struct Scheduled {
     /// Without `carried`, the robot as read right after a firing was claimed ahead,
     /// for that firing's start: the start then waits on the timer alone.
     preloaded: Option<(ObjectId, Loaded)>,
+    /// The robot's `seq` as last read: a run's last step, written with its end, is
+    /// fenced by the `seq` it followed.
+    stored_seq: Option<i64>,
     budget: Budget,
 }
 
@@ -168,6 +197,7 @@ impl Scheduled {
             gone_since: HashMap::new(),
             preloaded: None,
             carried: Some(loaded.clone()),
+            stored_seq: Some(loaded.seq),
             not_before: HashMap::new(),
             budget: Budget::new(policy),
             r,
@@ -343,41 +373,67 @@ impl Scheduled {
         claiming: Option<i64>,
         why: &'static str,
     ) -> bool {
+        self.try_write(next, records, claiming, None, why)
+            .await
+            .is_some()
+    }
+
+    /// [`Scheduled::write`], with a run's last step in the same statement, and
+    /// whether it landed: `Some(true)` it did, `Some(false)` it did not (the robot
+    /// was read again: plan anew), `None` the instance stops.
+    async fn try_write(
+        &mut self,
+        next: FiringState,
+        records: Vec<RunRecord>,
+        claiming: Option<i64>,
+        last_step: Option<&LastStep>,
+        why: &'static str,
+    ) -> Option<bool> {
         let mut next = next;
         next.note(&records);
-        match self.compare_and_set(&next, &records, claiming).await {
+        let go_on = |b: bool| b.then_some(false);
+        match self
+            .compare_and_set(&next, &records, claiming, last_step)
+            .await
+        {
             Ok(Written::Applied) => {
+                if let Some(step) = last_step {
+                    self.r.metrics.checkpoints.inc();
+                    self.stored_seq = Some(step.after_seq + 1);
+                }
                 tracing::debug!(robot = %self.r.name, why, "firing state written");
                 self.count(&records, claiming);
                 self.record_events(&records);
                 self.written(next);
                 self.publish_rev();
                 self.preload(claiming).await;
-                true
+                Some(true)
             }
             Ok(Written::Fenced) => {
                 let before = self.st.rev;
-                let go_on = self.reload().await;
-                if go_on && self.st.rev == before {
+                let reloaded = self.reload().await;
+                // A last step over a `seq` that moved: the caller drops it.
+                let seq_moved = last_step.is_some_and(|l| self.stored_seq != Some(l.after_seq));
+                if reloaded && self.st.rev == before && !seq_moved {
                     // Matched nothing, yet nothing changed that a read shows: a
                     // hand-edited `firings` (a `rev` that is no integer?). Not a
                     // busy loop on the slot's shared write queue.
                     tracing::warn!(robot = %self.r.name, "the robot's firing state matched no write although it reads unchanged (a hand edit of `firings`?); trying again in {} s. Fix it by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$unset: {{firings: 1}}}})", POLL.as_secs(), self.r.name);
                     self.pause_for(POLL).await;
                 }
-                go_on
+                go_on(reloaded)
             }
-            Ok(Written::Lapsed) => false,
+            Ok(Written::Lapsed) => None,
             Ok(Written::Refused(why)) => {
                 if matches!(self.r.ctx.heal_runs(&self.r.id, self.r.gen).await, Ok(true)) {
                     tracing::warn!(robot = %self.r.name, "the robot's `runs` was not a list (a hand edit?), so no run could be recorded; it is now an empty one");
-                    return self.reload().await;
+                    return go_on(self.reload().await);
                 }
                 tracing::error!(robot = %self.r.name, "the database refused the robot's firing state ({}); fix its `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$set: {{runs: []}}}})", crate::secrets::scrub(&why), self.r.name);
                 self.pause_for(Duration::from_secs(10)).await;
-                self.reload().await
+                go_on(self.reload().await)
             }
-            Err(e) => self.after_error(e).await,
+            Err(e) => go_on(self.after_error(e).await),
         }
     }
 
@@ -454,6 +510,7 @@ impl Scheduled {
             .await
         {
             Ok(l) => {
+                self.stored_seq = Some(l.seq);
                 self.st = l.firings;
                 self.paused = l.paused;
                 self.publish_rev();
@@ -560,7 +617,7 @@ impl Scheduled {
                 ended_ms: now_ms,
                 retry: false,
             };
-            self.record_end(end).await;
+            self.record_end(end, None).await;
             return;
         };
         let token = self.r.token.child_token();
@@ -655,10 +712,17 @@ impl Scheduled {
             return true;
         };
         let by_overlap = self.stopping.remove(&id);
-        self.carried = (s.alone && self.starts == s.start_no && self.started.is_empty())
-            .then(|| carry(&s))
-            .flatten();
-        let (outcome, reason, ended_ms) = self.ended_as(&s, &result, asked, by_overlap);
+        let carries = s.alone && self.starts == s.start_no && self.started.is_empty();
+        self.carried = carries.then(|| carry(&s)).flatten();
+        let (mut outcome, mut reason, ended_ms) = self.ended_as(&s, &result, asked, by_overlap);
+        // A last step (`RobotRun::end_with`) goes with the end of a run that
+        // succeeded; without it, its run did not do its work.
+        let last_step = last_step(&s, outcome);
+        if last_step.is_some() && self.r.token.is_cancelled() {
+            // Its step cannot go with an end written by the run's id: the run is
+            // handed on as cut off, to be retried or skipped as `on_lost` says.
+            (outcome, reason) = (Outcome::Stopped, Some(STEP_NOT_WRITTEN.to_string()));
+        }
         if self.r.token.is_cancelled() {
             // The instance is stopping: `stop_runs` writes this end by the run's id.
             self.keep_unwritten(id, &s, outcome, reason, ended_ms);
@@ -696,9 +760,22 @@ impl Scheduled {
             .iter()
             .find(|e| e.id == id)
             .map_or((0, 0), |e| (e.firing, e.attempt));
-        let go_on = self.record_end(end).await;
+        let had_step = last_step.is_some();
+        let (go_on, step_landed) = self.record_end(end, last_step.clone()).await;
+        if let (true, Some(step)) = (step_landed, &last_step) {
+            // The next run starts from the step that landed, with no read.
+            self.carried = carries.then(|| s.from.clone()).map(|mut l| {
+                l.context = step.context.clone();
+                l.seq = step.after_seq + 1;
+                l
+            });
+        }
         if !go_on {
-            // Not written (the instance stops): written by the run's id instead.
+            // Not written (the instance stops): written by the run's id instead, as
+            // cut off when its step was to go with it.
+            if had_step {
+                (outcome, reason) = (Outcome::Stopped, Some(STEP_NOT_WRITTEN.to_string()));
+            }
             self.keep_unwritten(id, &s, outcome, reason, ended_ms);
             return false;
         }
@@ -784,14 +861,20 @@ impl Scheduled {
 
     /// Writes a run's end, again on a newer state when another writer raised `rev`.
     /// When the plan after it is to claim the next firing ahead, the claim goes in
-    /// the same write: one write a firing in the steady state.
-    async fn record_end(&mut self, end: RunEnd) -> bool {
+    /// the same write: one write a firing in the steady state. The run's last step,
+    /// if it has one, goes in it too. Answers whether the instance goes on, and
+    /// whether the step landed.
+    async fn record_end(
+        &mut self,
+        mut end: RunEnd,
+        mut last_step: Option<LastStep>,
+    ) -> (bool, bool) {
         loop {
             if self.r.token.is_cancelled() {
-                return false;
+                return (false, false);
             }
             let Some((next, record)) = ended(&self.st, &self.me, end.clone()) else {
-                return true;
+                return (true, false);
             };
             let (next, claiming) = match self.shared.time.now_ms(self.clock()) {
                 Some(now_ms) if !self.r.token.is_cancelled() => {
@@ -808,15 +891,34 @@ impl Scheduled {
                 }
                 _ => (next, None),
             };
-            let before = self.st.rev;
-            if !self
-                .write(next, vec![record], claiming, "a run's end")
-                .await
-            {
-                return false;
+            let landed = self
+                .try_write(
+                    next,
+                    vec![record],
+                    claiming,
+                    last_step.as_ref(),
+                    "a run's end",
+                )
+                .await;
+            match landed {
+                None => return (false, false),
+                Some(true) => return (true, last_step.is_some()),
+                Some(false) => {}
             }
-            if self.st.rev != before && !self.st.running.iter().any(|e| e.id == end.id) {
-                return true;
+            // Read again: a step over a `seq` that has moved since can never land.
+            // Only a hand edit moves it (a robot's own runs alone checkpoint).
+            let in_flight = self.st.running.iter().any(|e| e.id == end.id);
+            if let Some(step) = last_step.as_ref().filter(|_| in_flight) {
+                if self.stored_seq != Some(step.after_seq) {
+                    tracing::warn!(robot = %self.r.name, followed = step.after_seq, now = ?self.stored_seq, "the run's last step was not written: the robot's seq changed under it (a hand edit?); its run is recorded failed");
+                    end.outcome = Outcome::Failed;
+                    end.reason = Some(format!(
+                        "its last checkpoint was not written: the robot's seq is {} where the run followed {}",
+                        self.stored_seq.map_or("unreadable".to_string(), |q| q.to_string()),
+                        step.after_seq
+                    ));
+                    last_step = None;
+                }
             }
         }
     }
@@ -832,7 +934,7 @@ impl Scheduled {
         let mut next = self.st.clone();
         next.running.retain(|r| r.id != e.id);
         next.claimed = Some(e.firing - 1);
-        let written = self.compare_and_set(&next, &[], None).await;
+        let written = self.compare_and_set(&next, &[], None, None).await;
         if matches!(written, Ok(Written::Applied)) {
             self.written(next);
             return true;
@@ -846,6 +948,7 @@ impl Scheduled {
         next: &FiringState,
         records: &[RunRecord],
         claiming: Option<i64>,
+        last_step: Option<&LastStep>,
     ) -> Result<Written, ContextError> {
         self.r
             .ctx
@@ -857,6 +960,7 @@ impl Scheduled {
                 records,
                 self.schedule.keep_runs,
                 claiming,
+                last_step,
             )
             .await
     }
@@ -888,7 +992,12 @@ impl Scheduled {
             };
             if let Some(s) = self.started.remove(&id) {
                 let by_overlap = self.stopping.remove(&id);
-                let (outcome, reason, ended_ms) = self.ended_as(&s, &result, asked, by_overlap);
+                let (mut outcome, mut reason, ended_ms) =
+                    self.ended_as(&s, &result, asked, by_overlap);
+                if last_step(&s, outcome).is_some() {
+                    // An end written by the run's id carries no step: cut off.
+                    (outcome, reason) = (Outcome::Stopped, Some(STEP_NOT_WRITTEN.to_string()));
+                }
                 self.keep_unwritten(id, &s, outcome, reason, ended_ms);
             }
         }
