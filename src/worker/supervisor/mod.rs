@@ -74,6 +74,21 @@ fn next_full_read(began: Instant, random: u64) -> Instant {
 /// idle pool's requests, and a scan of the slot's robots each time).
 pub const PROBE_EVERY: Duration = Duration::from_secs(10);
 
+/// A probe keeps at most one part in this many of the time between probes: a slow
+/// one spaces the next out (see [`probe_gap`]).
+const PROBE_SHARE: u32 = 200;
+
+/// How long after a probe that took `took` the next one comes: [`PROBE_EVERY`], or
+/// longer when the probe is costly, so that it takes at most 1/[`PROBE_SHARE`] of
+/// the time; never longer than [`FULL_RESYNC`], which reads every robot anyway.
+/// Measured on the dev server with ten slots of 1,000 scheduled robots firing each
+/// minute: a probe took 100–150 ms of the server's time, and the ten slots' probes
+/// were 15 % of all it did, while the firings' writes fell behind.
+pub fn probe_gap(took: Duration) -> Duration {
+    took.saturating_mul(PROBE_SHARE)
+        .clamp(PROBE_EVERY, FULL_RESYNC)
+}
+
 /// One robot of the slot as a sync reads it.
 struct Listed {
     id: ObjectId,
@@ -267,6 +282,8 @@ pub struct Supervisor {
     /// What the next probe should find, once a complete sync set it.
     expected: Option<Fingerprint>,
     last_probe: Instant,
+    /// The wait from one probe to the next ([`probe_gap`]).
+    probe_gap: Duration,
     /// Reads and waits of the slot's lease (resyncs, probes, restart backoff).
     clock: SharedClock,
     /// Robots in the next adoption write (see [`next_adopt_chunk`]).
@@ -329,6 +346,7 @@ impl Supervisor {
             listed_total: 0,
             expected: None,
             last_probe: now,
+            probe_gap: PROBE_EVERY,
             clock,
             // The first write measures the server; the next ones fit its pace.
             adopt_chunk: ADOPT_CHUNK_MIN,
@@ -688,7 +706,7 @@ impl Supervisor {
         let Some(expected) = self.expected else {
             return Ok(false);
         };
-        if self.clock.since(self.last_probe) < PROBE_EVERY {
+        if self.clock.since(self.last_probe) < self.probe_gap {
             return Ok(false);
         }
         self.last_probe = self.clock.now();
@@ -710,7 +728,9 @@ impl Supervisor {
             let mut cursor = self.store.robots().aggregate(pipeline).await?;
             cursor.try_next().await
         };
+        let began = Instant::now();
         let found = answered(self.ctx.answered("the slot's probe", read).await)?;
+        self.probe_gap = probe_gap(began.elapsed());
         let found = match found {
             Some(d) => Fingerprint {
                 total: long_or_zero(&d, "total"),
@@ -983,5 +1003,15 @@ mod tests {
         );
         assert_eq!(next_full_read(t0, 30_000), t0 + FULL_RESYNC);
         assert!(next_full_read(t0, u64::MAX) < t0 + FULL_RESYNC + RESYNC_SPREAD);
+    }
+
+    #[test]
+    fn a_costly_probe_spaces_out_the_next_one_up_to_a_full_reads_period() {
+        let ms = Duration::from_millis;
+        assert_eq!(probe_gap(ms(2)), PROBE_EVERY, "a cheap probe: every 10 s");
+        assert_eq!(probe_gap(ms(50)), PROBE_EVERY);
+        assert_eq!(probe_gap(ms(150)), Duration::from_secs(30));
+        assert_eq!(probe_gap(ms(900)), FULL_RESYNC);
+        assert_eq!(probe_gap(Duration::MAX), FULL_RESYNC);
     }
 }
