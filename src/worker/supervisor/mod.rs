@@ -60,11 +60,22 @@ const FULL_RESYNC: Duration = Duration::from_secs(60);
 /// renewal back past the fence margin, and five holders fenced themselves.
 const RESYNC_SPREAD: Duration = Duration::from_secs(30);
 
-/// When the next full re-read is due after one that began at `began`: `random`
-/// spreads it over [`RESYNC_SPREAD`].
-fn next_full_read(began: Instant, random: u64) -> Instant {
+/// The longest wait between full re-reads, however slow they are.
+const FULL_RESYNC_MAX: Duration = Duration::from_secs(600);
+
+/// When the next full re-read is due after one that began at `began` and took
+/// `took`: [`FULL_RESYNC`], or, for a read so slow that it would take more than
+/// 1/[`PROBE_SHARE`] of the time, that much later (at most [`FULL_RESYNC_MAX`]);
+/// then `random` spreads it over [`RESYNC_SPREAD`]. Ten slots of 1,000 robots read
+/// in full every 60–90 s were about a tenth of the dev server's work at a minute's
+/// edge, where each read took up to a second. The probes ([`probe_gap`]) still come
+/// at least every minute.
+fn next_full_read(began: Instant, took: Duration, random: u64) -> Instant {
     let spread = RESYNC_SPREAD.as_millis() as u64;
-    began + FULL_RESYNC + Duration::from_millis(random % spread.max(1))
+    let wait = took
+        .saturating_mul(PROBE_SHARE)
+        .clamp(FULL_RESYNC, FULL_RESYNC_MAX);
+    began + wait + Duration::from_millis(random % spread.max(1))
 }
 
 /// How often a quiet slot is probed for robot changes that came without a `rev`
@@ -342,7 +353,7 @@ impl Supervisor {
             synced_rev: None,
             warned: Default::default(),
             adopted: false,
-            next_full: next_full_read(now, crate::worker::random_u64()),
+            next_full: next_full_read(now, Duration::ZERO, crate::worker::random_u64()),
             listed_total: 0,
             expected: None,
             last_probe: now,
@@ -479,8 +490,9 @@ impl Supervisor {
     /// Reads every robot of the slot, bounded like an adoption's commands, and times
     /// the read: a slow one leaves a renewal queued behind it too little room.
     async fn read_slot(&mut self) -> Result<Vec<Listed>, mongodb::error::Error> {
-        self.next_full = next_full_read(self.clock.now(), crate::worker::random_u64());
-        self.last_probe = self.clock.now();
+        let at = self.clock.now();
+        self.next_full = next_full_read(at, Duration::ZERO, crate::worker::random_u64());
+        self.last_probe = at;
         self.expected = None;
         let began = Instant::now();
         let ctx = self.ctx.clone();
@@ -489,6 +501,7 @@ impl Supervisor {
                 .await,
         )?;
         let took = began.elapsed();
+        self.next_full = next_full_read(at, took, crate::worker::random_u64());
         self.metrics.slot_read.observe(took);
         if read_threatens_lease(took, &self.timing) && self.warned.insert("slow-read".into()) {
             tracing::warn!(
@@ -996,13 +1009,30 @@ mod tests {
     #[test]
     fn full_reads_are_spread_over_half_a_minute_after_the_minute() {
         let t0 = Instant::now();
-        assert_eq!(next_full_read(t0, 0), t0 + FULL_RESYNC);
+        let quick = Duration::from_millis(20);
+        assert_eq!(next_full_read(t0, quick, 0), t0 + FULL_RESYNC);
         assert_eq!(
-            next_full_read(t0, 29_999),
+            next_full_read(t0, quick, 29_999),
             t0 + FULL_RESYNC + Duration::from_millis(29_999)
         );
-        assert_eq!(next_full_read(t0, 30_000), t0 + FULL_RESYNC);
-        assert!(next_full_read(t0, u64::MAX) < t0 + FULL_RESYNC + RESYNC_SPREAD);
+        assert_eq!(next_full_read(t0, quick, 30_000), t0 + FULL_RESYNC);
+        assert!(next_full_read(t0, quick, u64::MAX) < t0 + FULL_RESYNC + RESYNC_SPREAD);
+    }
+
+    #[test]
+    fn a_slow_full_read_spaces_out_the_next_one() {
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        assert_eq!(next_full_read(t0, Duration::ZERO, 0), t0 + FULL_RESYNC);
+        assert_eq!(
+            next_full_read(t0, Duration::from_millis(300), 0),
+            t0 + FULL_RESYNC
+        );
+        assert_eq!(next_full_read(t0, secs(1), 0), t0 + secs(200));
+        assert_eq!(
+            next_full_read(t0, secs(5), 7),
+            t0 + FULL_RESYNC_MAX + Duration::from_millis(7)
+        );
     }
 
     #[test]

@@ -761,14 +761,19 @@ impl Scheduled {
             .find(|e| e.id == id)
             .map_or((0, 0), |e| (e.firing, e.attempt));
         let had_step = last_step.is_some();
-        let (go_on, step_landed) = self.record_end(end, last_step.clone()).await;
-        if let (true, Some(step)) = (step_landed, &last_step) {
-            // The next run starts from the step that landed, with no read.
+        if let Some(step) = &last_step {
+            // The next run starts from the step, with no read, once it lands with
+            // the end; set before the write, so that the next firing's claim in it
+            // is not followed by a read either.
             self.carried = carries.then(|| s.from.clone()).map(|mut l| {
                 l.context = step.context.clone();
                 l.seq = step.after_seq + 1;
                 l
             });
+        }
+        let (go_on, step_landed) = self.record_end(end, last_step.clone()).await;
+        if had_step && !step_landed {
+            self.carried = None;
         }
         if !go_on {
             // Not written (the instance stops): written by the run's id instead, as
