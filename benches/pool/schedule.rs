@@ -45,10 +45,18 @@ pub(super) async fn schedule_rows(quick: bool) -> Vec<Row> {
 }
 
 /// The minute edge alone (`--only edge`; `schedule` runs it too), at the tick in
-/// `SLOTPOOL_BENCH_EDGE_TICK` (default 1s).
+/// `SLOTPOOL_BENCH_EDGE_TICK` (default 1s), with the number of robots in
+/// `SLOTPOOL_BENCH_EDGE_ROBOTS` (default 10,000; 1,000 with `--quick`).
 pub(super) async fn edge_row(quick: bool) -> Row {
     let tick = std::env::var("SLOTPOOL_BENCH_EDGE_TICK").unwrap_or_else(|_| "1s".into());
-    minute_edge(if quick { 1_000 } else { 10_000 }, &tick).await
+    let robots = match std::env::var("SLOTPOOL_BENCH_EDGE_ROBOTS") {
+        Ok(n) => n
+            .parse()
+            .unwrap_or_else(|_| panic!("SLOTPOOL_BENCH_EDGE_ROBOTS={n:?} is not a whole number")),
+        Err(_) if quick => 1_000,
+        Err(_) => 10_000,
+    };
+    minute_edge(robots, &tick).await
 }
 
 /// An every-2-seconds counter on 3 workers at `--tick 1s`: the lateness of `n`
