@@ -865,3 +865,82 @@ async fn a_counters_step_lands_with_its_runs_end_in_one_write() {
         w.log_text()
     );
 }
+
+/// A run's last step goes with its end in one statement; when the server refuses
+/// that statement because of the step (here a `history` edited into no list, which
+/// the step's history record cannot be appended to), the run is recorded failed
+/// with the reason, its end is written without the step, and the robot fires on:
+/// no step is recorded done that did not land, and nothing loops on the refusal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_last_step_the_server_refuses_fails_its_run_and_firing_goes_on() {
+    let db = TestDb::new("sched_badhistory").await;
+    db.init(1).await;
+    every_second(&db, "tick", "");
+    let w = db.worker(&[]);
+    wait_succeeded(&db, "tick", 2).await;
+    db.store
+        .robots()
+        .update_one(
+            bson::doc! {"name": "tick"},
+            bson::doc! {"$set": {"history": "edited by hand"}},
+        )
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    let at_edit = db.robot("tick").await;
+    let n_at_edit = slotpool::db::store::int(at_edit.get_document("context").unwrap(), "n");
+    let refused = |x: &Document| {
+        x.get_str("outcome") == Ok("failed")
+            && x.get_str("reason")
+                .is_ok_and(|r| r.contains("refused its last step"))
+    };
+    let r = wait_for(
+        Duration::from_secs(30),
+        "three runs failed on the refused step",
+        || async {
+            let r = db.robot("tick").await;
+            (runs(&r).iter().filter(|x| refused(x)).count() >= 3).then_some(r)
+        },
+    )
+    .await;
+    // No step landed after the edit, and none is recorded done.
+    let n = slotpool::db::store::int(r.get_document("context").unwrap(), "n");
+    assert_eq!(n, n_at_edit, "no step landed: {r:?}");
+    assert_eq!(r.get_str("history"), Ok("edited by hand"));
+    let after_edit: Vec<Document> = runs(&r)
+        .into_iter()
+        .filter(|x| {
+            slotpool::db::store::int(x, "firing")
+                > slotpool::db::store::int(
+                    &runs(&at_edit).last().cloned().unwrap_or_default(),
+                    "firing",
+                )
+        })
+        .collect();
+    assert!(
+        after_edit
+            .iter()
+            .all(|x| x.get_str("outcome") != Ok("succeeded")),
+        "a run after the edit is recorded succeeded although its step did not land: {after_edit:?}"
+    );
+    assert!(
+        w.log_text().contains("written without its last step"),
+        "{}",
+        w.log_text()
+    );
+    // Put right, it counts on from where it was.
+    db.store
+        .robots()
+        .update_one(
+            bson::doc! {"name": "tick"},
+            bson::doc! {"$set": {"history": []}},
+        )
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(30), "steps landing again", || async {
+        let r = db.robot("tick").await;
+        let n = slotpool::db::store::int(r.get_document("context").unwrap(), "n");
+        (n >= n_at_edit.map(|v| v + 2)).then_some(())
+    })
+    .await;
+}

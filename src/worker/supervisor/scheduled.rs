@@ -23,7 +23,7 @@ use crate::db::context::{ContextError, Loaded};
 use crate::db::firing::{FiringState, LastStep, Outcome, RunEntry, RunRecord};
 use crate::db::group_commit::Written;
 use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
-use crate::robot::schedule::Schedule;
+use crate::robot::schedule::{OnLost, Schedule};
 use crate::robot::{history_len, Left, RobotError, RobotRun};
 
 /// The robot as the instance's next run starts from, after run `s` ended: what its
@@ -65,6 +65,19 @@ fn last_step(s: &Started, outcome: Outcome) -> Option<LastStep> {
         }
         _ => None,
     }
+}
+
+/// What became of a write of the firing state that the instance goes on after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tried {
+    /// It landed.
+    Landed,
+    /// It matched nothing, and the robot was read again.
+    Reread,
+    /// The server refused it.
+    Refused,
+    /// No answer that says whether it landed.
+    Unanswered,
 }
 
 /// Why a run whose last step was to be written with its end is handed on as cut
@@ -166,6 +179,8 @@ pub(super) struct Scheduled {
     /// The robot's `seq` as last read: a run's last step, written with its end, is
     /// fenced by the `seq` it followed.
     stored_seq: Option<i64>,
+    /// How many times the instance read its robot again ([`Scheduled::reload`]).
+    reads: u64,
     budget: Budget,
 }
 
@@ -198,6 +213,7 @@ impl Scheduled {
             preloaded: None,
             carried: Some(loaded.clone()),
             stored_seq: Some(loaded.seq),
+            reads: 0,
             not_before: HashMap::new(),
             budget: Budget::new(policy),
             r,
@@ -378,9 +394,8 @@ impl Scheduled {
             .is_some()
     }
 
-    /// [`Scheduled::write`], with a run's last step in the same statement, and
-    /// whether it landed: `Some(true)` it did, `Some(false)` it did not (the robot
-    /// was read again: plan anew), `None` the instance stops.
+    /// [`Scheduled::write`], with a run's last step in the same statement, and what
+    /// became of it; `None` when the instance stops.
     async fn try_write(
         &mut self,
         next: FiringState,
@@ -388,10 +403,10 @@ impl Scheduled {
         claiming: Option<i64>,
         last_step: Option<&LastStep>,
         why: &'static str,
-    ) -> Option<bool> {
+    ) -> Option<Tried> {
         let mut next = next;
         next.note(&records);
-        let go_on = |b: bool| b.then_some(false);
+        let go_on = |b: bool, tried: Tried| b.then_some(tried);
         match self
             .compare_and_set(&next, &records, claiming, last_step)
             .await
@@ -407,7 +422,7 @@ impl Scheduled {
                 self.written(next);
                 self.publish_rev();
                 self.preload(claiming).await;
-                Some(true)
+                Some(Tried::Landed)
             }
             Ok(Written::Fenced) => {
                 let before = self.st.rev;
@@ -421,19 +436,25 @@ impl Scheduled {
                     tracing::warn!(robot = %self.r.name, "the robot's firing state matched no write although it reads unchanged (a hand edit of `firings`?); trying again in {} s. Fix it by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$unset: {{firings: 1}}}})", POLL.as_secs(), self.r.name);
                     self.pause_for(POLL).await;
                 }
-                go_on(reloaded)
+                go_on(reloaded, Tried::Reread)
             }
             Ok(Written::Lapsed) => None,
             Ok(Written::Refused(why)) => {
                 if matches!(self.r.ctx.heal_runs(&self.r.id, self.r.gen).await, Ok(true)) {
                     tracing::warn!(robot = %self.r.name, "the robot's `runs` was not a list (a hand edit?), so no run could be recorded; it is now an empty one");
-                    return go_on(self.reload().await);
+                    return go_on(self.reload().await, Tried::Reread);
+                }
+                if last_step.is_some() {
+                    // Perhaps the step's part (a hand-broken `history`): the end goes
+                    // again without it, at once.
+                    tracing::warn!(robot = %self.r.name, "the database refused the end of a run with its last step ({})", crate::secrets::scrub(&why));
+                    return go_on(self.reload().await, Tried::Refused);
                 }
                 tracing::error!(robot = %self.r.name, "the database refused the robot's firing state ({}); fix its `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$set: {{runs: []}}}})", crate::secrets::scrub(&why), self.r.name);
                 self.pause_for(Duration::from_secs(10)).await;
-                go_on(self.reload().await)
+                go_on(self.reload().await, Tried::Reread)
             }
-            Err(e) => go_on(self.after_error(e).await),
+            Err(e) => go_on(self.after_error(e).await, Tried::Unanswered),
         }
     }
 
@@ -503,6 +524,7 @@ impl Scheduled {
     /// `rev` (a run-now request, a pause, a replaced instance's end), or this
     /// instance is fenced. False when fenced.
     async fn reload(&mut self) -> bool {
+        self.reads += 1;
         match self
             .r
             .ctx
@@ -874,6 +896,7 @@ impl Scheduled {
         mut end: RunEnd,
         mut last_step: Option<LastStep>,
     ) -> (bool, bool) {
+        let mut unexplained = 0;
         loop {
             if self.r.token.is_cancelled() {
                 return (false, false);
@@ -896,7 +919,9 @@ impl Scheduled {
                 }
                 _ => (next, None),
             };
-            let landed = self
+            let reads = self.reads;
+            let rev = self.st.rev;
+            let tried = self
                 .try_write(
                     next,
                     vec![record],
@@ -905,27 +930,62 @@ impl Scheduled {
                     "a run's end",
                 )
                 .await;
-            match landed {
+            let reread = match tried {
                 None => return (false, false),
-                Some(true) => return (true, last_step.is_some()),
-                Some(false) => {}
-            }
-            // Read again: a step over a `seq` that has moved since can never land.
-            // Only a hand edit moves it (a robot's own runs alone checkpoint).
+                Some(Tried::Landed) => return (true, last_step.is_some()),
+                Some(Tried::Refused) if last_step.is_some() => {
+                    let why = "the database refused its last step".to_string();
+                    self.drop_step(&mut end, &mut last_step, Outcome::Failed, why, false);
+                    continue;
+                }
+                Some(Tried::Reread | Tried::Refused) => self.reads != reads,
+                Some(Tried::Unanswered) => false,
+            };
             let in_flight = self.st.running.iter().any(|e| e.id == end.id);
-            if let Some(step) = last_step.as_ref().filter(|_| in_flight) {
-                if self.stored_seq != Some(step.after_seq) {
-                    tracing::warn!(robot = %self.r.name, followed = step.after_seq, now = ?self.stored_seq, "the run's last step was not written: the robot's seq changed under it (a hand edit?); its run is recorded failed");
-                    end.outcome = Outcome::Failed;
-                    end.reason = Some(format!(
-                        "its last checkpoint was not written: the robot's seq is {} where the run followed {}",
-                        self.stored_seq.map_or("unreadable".to_string(), |q| q.to_string()),
-                        step.after_seq
-                    ));
-                    last_step = None;
+            let Some(step) = last_step.as_ref().filter(|_| in_flight && reread) else {
+                continue;
+            };
+            if self.stored_seq != Some(step.after_seq) {
+                // Another run of the robot checkpointed first (`overlap: allow`), or a
+                // hand edit: this step can never land. The firing is handed on as a
+                // run cut off, to be retried or skipped as `on_lost` says.
+                let why = format!(
+                    "its last step did not land: the robot's seq moved from {} to {} (another run of it checkpointed first?)",
+                    step.after_seq,
+                    self.stored_seq.map_or("something unreadable".to_string(), |q| q.to_string()),
+                );
+                let retry = self.schedule.on_lost == OnLost::Retry;
+                self.drop_step(&mut end, &mut last_step, Outcome::Stopped, why, retry);
+            } else if self.st.rev == rev {
+                // Matched nothing, yet reads unchanged (an unreadable `seq` reads as
+                // 0): not again and again.
+                unexplained += 1;
+                if unexplained >= 3 {
+                    let why = "its last step matched nothing three times although the robot read unchanged (is its seq a whole number?)".to_string();
+                    self.drop_step(&mut end, &mut last_step, Outcome::Failed, why, false);
                 }
             }
         }
+    }
+
+    /// A run's last step that cannot land is dropped, and its end recorded as
+    /// `outcome` with `why` (and, with `retry`, the firing's next attempt in flight).
+    fn drop_step(
+        &self,
+        end: &mut RunEnd,
+        last_step: &mut Option<LastStep>,
+        outcome: Outcome,
+        why: String,
+        retry: bool,
+    ) {
+        tracing::warn!(robot = %self.r.name, "a run's end is written without its last step: {why}");
+        if outcome == Outcome::Failed {
+            self.r.metrics.firings_failed.inc();
+        }
+        end.outcome = outcome;
+        end.reason = Some(why);
+        end.retry = retry;
+        *last_step = None;
     }
 
     /// Gives a claim that never started back, while this instance is still the
