@@ -51,6 +51,26 @@ async fn wait_succeeded(db: &TestDb, name: &str, at_least: usize) {
     .await;
 }
 
+/// A robot `tick` firing every second on one worker, two runs done, then its
+/// `field` set by hand, around the validator, to a string where a list belongs.
+async fn ticking_then_edited(db_name: &str, field: &str) -> (TestDb, common::WorkerProc) {
+    let db = TestDb::new(db_name).await;
+    db.init(1).await;
+    every_second(&db, "tick", "");
+    let w = db.worker(&[]);
+    wait_succeeded(&db, "tick", 2).await;
+    db.store
+        .robots()
+        .update_one(
+            bson::doc! {"name": "tick"},
+            bson::doc! {"$set": {field: "edited by hand"}},
+        )
+        .bypass_document_validation(true)
+        .await
+        .unwrap();
+    (db, w)
+}
+
 /// The holder's worker, read from the slot.
 async fn holder(db: &TestDb) -> String {
     wait_for(Duration::from_secs(30), "a holder", || async {
@@ -719,20 +739,7 @@ async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none
 /// robot goes on firing, each run recorded again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_runs_history_edited_into_no_list_is_replaced_and_firing_goes_on() {
-    let db = TestDb::new("sched_badruns").await;
-    db.init(1).await;
-    every_second(&db, "tick", "");
-    let w = db.worker(&[]);
-    wait_succeeded(&db, "tick", 2).await;
-    db.store
-        .robots()
-        .update_one(
-            bson::doc! {"name": "tick"},
-            bson::doc! {"$set": {"runs": "edited by hand"}},
-        )
-        .bypass_document_validation(true)
-        .await
-        .unwrap();
+    let (db, w) = ticking_then_edited("sched_badruns", "runs").await;
     let n_at_edit = db
         .robot("tick")
         .await
@@ -873,20 +880,7 @@ async fn a_counters_step_lands_with_its_runs_end_in_one_write() {
 /// no step is recorded done that did not land, and nothing loops on the refusal.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_last_step_the_server_refuses_fails_its_run_and_firing_goes_on() {
-    let db = TestDb::new("sched_badhistory").await;
-    db.init(1).await;
-    every_second(&db, "tick", "");
-    let w = db.worker(&[]);
-    wait_succeeded(&db, "tick", 2).await;
-    db.store
-        .robots()
-        .update_one(
-            bson::doc! {"name": "tick"},
-            bson::doc! {"$set": {"history": "edited by hand"}},
-        )
-        .bypass_document_validation(true)
-        .await
-        .unwrap();
+    let (db, w) = ticking_then_edited("sched_badhistory", "history").await;
     let at_edit = db.robot("tick").await;
     let n_at_edit = slotpool::db::store::int(at_edit.get_document("context").unwrap(), "n");
     let refused = |x: &Document| {
