@@ -25,15 +25,19 @@ phase "tools: mongosh (inspection tests), faketime (clock-skew chaos test)"
 scripts/mongosh.sh --install-only >/dev/null
 scripts/ensure-tools.sh
 
-phase "container images (scripts/images.sh: the engine, the base, slotpool:local, the dev database)"
-# tests/containers.rs runs five worker containers on them; it fails without them.
-scripts/images.sh
-
 phase "cargo fmt --check"
 cargo fmt --all -- --check
 
 phase "cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
+
+phase "cargo test: build"
+cargo test --all-targets --no-run --quiet
+
+phase "container images (scripts/images.sh: the engine, the base, slotpool:local from the tests' binary, the dev database)"
+# tests/containers.rs runs five worker containers on them; it fails without them. The
+# worker image takes the binary the tests run (not a release build of its own).
+SLOTPOOL_IMAGE_BINARY=target/debug/slotpool scripts/images.sh
 
 phase "cargo test"
 cargo test --all-targets "$@"

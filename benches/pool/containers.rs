@@ -3,6 +3,24 @@
 
 use super::*;
 
+/// Refuses a `slotpool:local` that is not the release build: the test script builds
+/// it from its debug binary, and a benchmark of that would measure the wrong thing.
+fn release_image() {
+    let o = docker(&[
+        "image",
+        "inspect",
+        "-f",
+        "{{index .Config.Labels \"slotpool.build\"}}",
+        "slotpool:local",
+    ]);
+    let build = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(
+        o.status.success() && build == "release",
+        "slotpool:local is {:?}, not the release build (scripts/test.sh builds it from the tests' debug binary): run scripts/images.sh first",
+        if o.status.success() { build.as_str() } else { "missing" }
+    );
+}
+
 /// The running worker containers' ids (`ip:7700`) and their heartbeats' instances.
 pub(super) async fn container_instances(
     db: &TestDb,
@@ -33,6 +51,7 @@ pub(super) async fn container_instances(
 /// the local images: one slot, two workers, `robots` eager counters, tick 1 s). The
 /// killed container is removed and compose starts a fresh one as the next standby.
 pub(super) async fn container_takeover(trials: usize, robots: u32) -> Row {
+    release_image();
     let pool = Pool::up_with(1, 2);
     let mongo = pool.containers("mongo");
     let base = common::containers::devdb_uri(&mongo[0]);
@@ -97,6 +116,7 @@ pub(super) async fn container_pool(
     kill: usize,
     trials: usize,
 ) -> Row {
+    release_image();
     // First with only `kill` standbys, for the server's load at rest beside the
     // full pool's: the standbys' share of it must not grow with their number.
     let few = slots as usize + kill;
