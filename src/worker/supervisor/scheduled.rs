@@ -29,20 +29,24 @@ use crate::robot::{history_len, Left, RobotError, RobotRun};
 /// The robot as the instance's next run starts from, after run `s` ended: what its
 /// checkpoints left, when known. Only for a run that no other run of the instance
 /// overlapped (the caller checks): another's checkpoints would have moved `seq`.
-fn carry(s: &Started) -> Option<Loaded> {
+/// A last step counts only for a run that ended as `Succeeded` (see [`last_step`]).
+fn carry(s: &Started, outcome: Outcome) -> Option<Loaded> {
     let left = s
         .left
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
     let mut next = match left {
-        // A last step goes with the run's end: `finish` carries it once that landed.
-        Left::Unknown | Left::Final(..) => return None,
-        Left::Unchanged | Left::Context(..) => s.from.clone(),
+        Left::Unknown => return None,
+        Left::Final(..) if outcome != Outcome::Succeeded => return None,
+        Left::Unchanged | Left::Context(..) | Left::Final(..) => s.from.clone(),
     };
-    if let Left::Context(context, seq) = left {
-        next.context = context;
-        next.seq = seq;
+    match left {
+        Left::Context(context, seq) => (next.context, next.seq) = (context, seq),
+        // A last step goes with the run's end: what it will be once that lands
+        // (`finish` drops it when the end does not).
+        Left::Final(context, after_seq, _) => (next.context, next.seq) = (context, after_seq + 1),
+        Left::Unchanged | Left::Unknown => {}
     }
     Some(next)
 }
@@ -179,8 +183,6 @@ pub(super) struct Scheduled {
     /// The robot's `seq` as last read: a run's last step, written with its end, is
     /// fenced by the `seq` it followed.
     stored_seq: Option<i64>,
-    /// How many times the instance read its robot again ([`Scheduled::reload`]).
-    reads: u64,
     budget: Budget,
 }
 
@@ -213,7 +215,6 @@ impl Scheduled {
             preloaded: None,
             carried: Some(loaded.clone()),
             stored_seq: Some(loaded.seq),
-            reads: 0,
             not_before: HashMap::new(),
             budget: Budget::new(policy),
             r,
@@ -524,7 +525,6 @@ impl Scheduled {
     /// `rev` (a run-now request, a pause, a replaced instance's end), or this
     /// instance is fenced. False when fenced.
     async fn reload(&mut self) -> bool {
-        self.reads += 1;
         match self
             .r
             .ctx
@@ -734,9 +734,10 @@ impl Scheduled {
             return true;
         };
         let by_overlap = self.stopping.remove(&id);
-        let carries = s.alone && self.starts == s.start_no && self.started.is_empty();
-        self.carried = carries.then(|| carry(&s)).flatten();
         let (mut outcome, mut reason, ended_ms) = self.ended_as(&s, &result, asked, by_overlap);
+        self.carried = (s.alone && self.starts == s.start_no && self.started.is_empty())
+            .then(|| carry(&s, outcome))
+            .flatten();
         // A last step (`RobotRun::end_with`) goes with the end of a run that
         // succeeded; without it, its run did not do its work.
         let last_step = last_step(&s, outcome);
@@ -782,17 +783,9 @@ impl Scheduled {
             .iter()
             .find(|e| e.id == id)
             .map_or((0, 0), |e| (e.firing, e.attempt));
+        // `carried` already holds the step (see `carry`), so that the next firing's
+        // claim in the end's write is not followed by a read.
         let had_step = last_step.is_some();
-        if let Some(step) = &last_step {
-            // The next run starts from the step, with no read, once it lands with
-            // the end; set before the write, so that the next firing's claim in it
-            // is not followed by a read either.
-            self.carried = carries.then(|| s.from.clone()).map(|mut l| {
-                l.context = step.context.clone();
-                l.seq = step.after_seq + 1;
-                l
-            });
-        }
         let (go_on, step_landed) = self.record_end(end, last_step.clone()).await;
         if had_step && !step_landed {
             self.carried = None;
@@ -919,7 +912,6 @@ impl Scheduled {
                 }
                 _ => (next, None),
             };
-            let reads = self.reads;
             let rev = self.st.rev;
             let tried = self
                 .try_write(
@@ -938,7 +930,8 @@ impl Scheduled {
                     self.drop_step(&mut end, &mut last_step, Outcome::Failed, why, false);
                     continue;
                 }
-                Some(Tried::Reread | Tried::Refused) => self.reads != reads,
+                // Read again: what is stored now says whether the step can land.
+                Some(Tried::Reread | Tried::Refused) => true,
                 Some(Tried::Unanswered) => false,
             };
             let in_flight = self.st.running.iter().any(|e| e.id == end.id);
