@@ -289,6 +289,10 @@ async fn minute_edge(robots: u32, tick: &str) -> Row {
     let batches0 = metric_sum("slotpool_checkpoint_batches_total").await;
     let checkpoints0 = metric_sum("slotpool_checkpoints_total").await;
     let cpu0: f64 = w.iter().map(|x| cpu_s(x.pid())).sum();
+    // The dev server's own CPU (None on a server not the bench's): what a firing
+    // costs it, the floor under how many firings a minute it can take.
+    let server = server_pid();
+    let server0 = server.map(cpu_s);
     let t0 = Instant::now();
     // Two edges, and 30 s after the second for the ends to land.
     tokio::time::sleep(Duration::from_millis(
@@ -297,6 +301,7 @@ async fn minute_edge(robots: u32, tick: &str) -> Row {
     .await;
     let secs = t0.elapsed().as_secs_f64();
     let cpu = (w.iter().map(|x| cpu_s(x.pid())).sum::<f64>() - cpu0) / secs;
+    let server_cpu = server.zip(server0).map(|(p, a)| cpu_s(p) - a);
     let started = metric_sum("slotpool_firings_started_total").await - started0;
     let statements = metric_sum("slotpool_checkpoint_batched_total").await - batched0;
     let commands = metric_sum("slotpool_checkpoint_batches_total").await - batches0;
@@ -327,10 +332,18 @@ async fn minute_edge(robots: u32, tick: &str) -> Row {
     }
     let ran = late.len();
     let p = p99(&late);
+    let server_figure = match server_cpu {
+        Some(c) => format!(
+            "; the dev server's CPU {:.2} cores over the window, {:.1} ms a firing started",
+            c / secs,
+            c * 1000.0 / started.max(1) as f64
+        ),
+        None => String::new(),
+    };
     Row {
         name: format!("Scheduled firing, the minute edge: {robots} counters on 10 slots (10 workers, --tick {tick}), all every minute; two edges"),
         figures: format!(
-            "runs at the edges: {ran} of {}; lateness {}; robot writes per firing: {per_firing:.2} statements, the counters' steps included ({checkpoints} of them carried steps; {commands_per_firing:.3} commands); worker CPU {:.2} cores in all over {secs:.0} s; self-fences: {fences}; runs started in the window: {started}; the robots' records: {outcomes:?}",
+            "runs at the edges: {ran} of {}; lateness {}; robot writes per firing: {per_firing:.2} statements, the counters' steps included ({checkpoints} of them carried steps; {commands_per_firing:.3} commands); worker CPU {:.2} cores in all over {secs:.0} s; self-fences: {fences}; runs started in the window: {started}; the robots' records: {outcomes:?}{server_figure}",
             2 * robots,
             dist(&mut late),
             cpu
