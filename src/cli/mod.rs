@@ -13,6 +13,7 @@ mod connect;
 mod create;
 mod init;
 mod logs;
+pub mod manual;
 mod rebalance;
 mod robots;
 mod runs;
@@ -69,9 +70,20 @@ pub enum Command {
     /// Serve a live dashboard of the pool (and its JSON API) to browsers: read-only
     /// unless --allow-actions with SLOTPOOL_WEB_TOKEN. Binds 127.0.0.1:8080 by default.
     Web(crate::web::WebArgs),
+    /// Print a completion script for bash, zsh, fish, elvish or PowerShell (see
+    /// `slotpool completion --help` for where to put it).
+    Completion(manual::CompletionArgs),
+    /// Print a command's manual page, or write every page into a directory.
+    Man(manual::ManArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    // These read nothing but the command line's own definitions: no URI needed.
+    match cli.command {
+        Command::Completion(args) => return manual::completion(args),
+        Command::Man(args) => return manual::man(args),
+        _ => {}
+    }
     let uri = connection_string(&cli)?;
     crate::secrets::remember(&uri);
     crate::secrets::hide_from_other_processes(&uri);
@@ -86,7 +98,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Robot(cmd) => robots::run(&store, cmd).await,
         Command::Status(args) => status::run(&store, args).await,
         Command::Rebalance(args) => rebalance::run(&store, args).await,
-        Command::Worker(_) | Command::Web(_) => unreachable!("dispatched above"),
+        Command::Worker(_) | Command::Web(_) | Command::Completion(_) | Command::Man(_) => {
+            unreachable!("dispatched above")
+        }
     };
     store.shutdown().await;
     result

@@ -50,12 +50,15 @@ pub enum RobotCommand {
         /// Only this slot's robots.
         #[arg(long)]
         slot: Option<String>,
+        /// Print the list as JSON: {"robots": [one object per robot]}.
         #[arg(long)]
         json: bool,
     },
     /// One robot's whole document (context included) and its holder.
     Show {
+        /// The robot's name.
         name: String,
+        /// Print the whole document as JSON (relaxed extended JSON), with its state and holder.
         #[arg(long)]
         json: bool,
     },
@@ -63,6 +66,7 @@ pub enum RobotCommand {
     /// not checkpoints, stdout and stderr, as kept by its holder about once a second.
     /// Only `exec` robots write output.
     Logs {
+        /// The robot's name.
         name: String,
         /// Show at most this many of the kept lines.
         #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=200))]
@@ -77,30 +81,38 @@ pub enum RobotCommand {
     },
     /// Delete a robot; its holder stops it within a tick. Its context is gone.
     Delete {
+        /// The robot's name.
         name: String,
+        /// Print the outcome as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Bind a robot to another slot; the old holder stops it, the new one starts it
     /// from its last checkpoint.
     Move {
+        /// The robot's name.
         name: String,
         /// Destination slot id, e.g. slot-002.
         #[arg(long)]
         to: String,
+        /// Print the outcome as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Stop a robot (after a last checkpoint) and keep it stopped.
     Pause {
+        /// The robot's name.
         name: String,
+        /// Print the outcome as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Start a paused or failed robot again from its context, with a fresh restart
     /// budget.
     Resume {
+        /// The robot's name.
         name: String,
+        /// Print the outcome as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -108,14 +120,18 @@ pub enum RobotCommand {
     /// checkpoint and starts again (new generation, fresh restart budget); a paused or
     /// failed one runs again.
     Restart {
+        /// The robot's name.
         name: String,
+        /// Print the outcome as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Run a scheduled robot once more now ("run now"), under its overlap policy and
     /// fence; its run is recorded as triggered, with who asked.
     Trigger {
+        /// The robot's name.
         name: String,
+        /// Print the outcome as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -123,10 +139,12 @@ pub enum RobotCommand {
     /// (succeeded, failed, lost, stopped, cancelled, skipped, missed), lateness,
     /// worker and why; with its next firing and what is in flight.
     Runs {
+        /// The robot's name.
         name: String,
         /// Show at most this many runs.
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
+        /// Print the runs, the next firing and what is in flight as JSON.
         #[arg(long)]
         json: bool,
     },

@@ -13,18 +13,23 @@ use crate::pool::view::{live_workers, slot_rows, SlotRow, SlotState, SlotView};
 pub enum SlotsCommand {
     /// Every slot with its holder, epoch, lease age and robots; then the standbys.
     List {
+        /// Print the slots and standbys as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Hand a slot back and keep every worker off it (its robots stop until undrained).
     Drain {
+        /// The slot's id, e.g. slot-002.
         slot: String,
         /// Wait until the holder has stopped the robots and released the slot.
         #[arg(long)]
         wait: bool,
     },
     /// Let workers claim a drained slot again.
-    Undrain { slot: String },
+    Undrain {
+        /// The slot's id, e.g. slot-002.
+        slot: String,
+    },
 }
 
 pub async fn run(store: &Store, cmd: SlotsCommand) -> anyhow::Result<()> {

@@ -16,6 +16,7 @@ use crate::pool::view::{
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
+    /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
     /// Redraw every this many seconds until interrupted.
