@@ -138,6 +138,7 @@ async fn http_healthz_metrics_status_are_real_and_read_only() {
         "an oversized head is refused: {reply}"
     );
     assert_eq!(w.http_get("/healthz").unwrap().0, 200);
+    assert_eq!(w.http_get("/livez").unwrap(), (200, "ok\n".to_string()));
 
     // Cut the database off: /healthz says so, the worker fences itself, and it
     // recovers when the database is back.
@@ -151,6 +152,14 @@ async fn http_healthz_metrics_status_are_real_and_read_only() {
         m.contains("slotpool_self_fences_total 1").then_some(())
     })
     .await;
+    // The loop goes on without the database: /livez, the liveness probe's
+    // question, stays 200, so an outage never has every worker restarted.
+    let (code, body) = w.http_get("/livez").unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "ok\n"),
+        "/livez during the outage"
+    );
     proxy.set(Mode::Pass);
     common::wait_for(
         Duration::from_secs(30),

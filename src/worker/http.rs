@@ -1,4 +1,4 @@
-//! Read-only HTTP on the worker's port: `GET /healthz`, `GET /metrics`, `GET /status`,
+//! Read-only HTTP on the worker's port: `GET /healthz`, `GET /livez`, `GET /metrics`, `GET /status`,
 //! served by axum on hyper within [`crate::serve`]'s bounds (a connection cap that
 //! evicts the idle first, a head timeout, a size limit). Nothing here can change the
 //! pool: those routes answer `GET` and `HEAD` only, anything else is `405`. The one
@@ -36,6 +36,7 @@ pub struct HttpState {
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(healthz).fallback(read_only))
+        .route("/livez", get(livez).fallback(read_only))
         .route("/metrics", get(metrics).fallback(read_only))
         .route("/status", get(status).fallback(read_only))
         .route(crate::worker::poke::PATH, post(poke).fallback(post_only))
@@ -54,6 +55,28 @@ async fn healthz(State(state): State<HttpState>) -> Response {
         (StatusCode::OK, "ok\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "database unreachable\n").into_response()
+    }
+}
+
+/// Whether the worker's own loop goes on (see [`crate::worker::status::stuck_after`]):
+/// a liveness probe's question. Unlike `/healthz` it does not depend on the database,
+/// so an outage never has every worker restarted at once.
+async fn livez(State(state): State<HttpState>) -> Response {
+    let (since, tick) = {
+        let s = state.status.lock().expect("status lock");
+        (s.since_last_round(), Duration::from_millis(s.tick_ms))
+    };
+    if crate::worker::status::loop_alive(since, tick) {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the worker's loop has not finished a round for {} s\n",
+                since.as_secs()
+            ),
+        )
+            .into_response()
     }
 }
 

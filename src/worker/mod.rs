@@ -184,6 +184,7 @@ impl Worker {
             tick_ms: settings.timing.tick.as_millis() as u64,
             max_slots: settings.max_slots,
             version: env!("CARGO_PKG_VERSION"),
+            last_round: Some(Instant::now()),
             ..Default::default()
         };
         Worker {
@@ -276,6 +277,7 @@ impl Worker {
         while !self.shutdown.is_cancelled() {
             self.reap().await;
             let wait = self.round(woken).await;
+            self.status.lock().expect("status lock").round_done();
             woken = match self.pause(wait).await {
                 Pause::Due => false,
                 Pause::Woken => true,
@@ -328,6 +330,7 @@ impl Worker {
                     (left + Duration::from_millis(50)).min(deadline - now)
                 }
             };
+            self.status.lock().expect("status lock").round_done();
             tokio::select! {
                 _ = self.shutdown.cancelled() => {}
                 _ = self.clock.sleep(pause) => {}

@@ -40,6 +40,24 @@ pub struct WorkerStatus {
     pub database_ok: bool,
     pub tick_ms: u64,
     pub version: &'static str,
+    /// When the worker's loop last finished a round (or started): what `/livez`
+    /// judges, whatever the database does.
+    #[serde(skip)]
+    pub last_round: Option<Instant>,
+}
+
+/// How long the worker's loop may go without finishing a round before `/livez`
+/// says it is stuck: four heartbeat periods (a round comes at least once a period,
+/// and each of its database calls is bounded by `max(2 T, 2 s)`), and never under
+/// 30 s. A database that does not answer does not stop rounds, so it never makes a
+/// worker look dead: only a loop that hangs does.
+pub fn stuck_after(tick: std::time::Duration) -> std::time::Duration {
+    (crate::worker::standby_line::beat_every(tick) * 4).max(std::time::Duration::from_secs(30))
+}
+
+/// Whether the loop is alive: it finished a round within [`stuck_after`].
+pub fn loop_alive(since_last_round: std::time::Duration, tick: std::time::Duration) -> bool {
+    since_last_round < stuck_after(tick)
 }
 
 impl WorkerStatus {
@@ -84,6 +102,17 @@ impl WorkerStatus {
         self
     }
 
+    /// The loop finished a round (or began).
+    pub fn round_done(&mut self) {
+        self.last_round = Some(Instant::now());
+    }
+
+    /// How long ago the loop last finished a round (zero before it began).
+    pub fn since_last_round(&self) -> std::time::Duration {
+        self.last_round
+            .map_or(std::time::Duration::ZERO, |t| t.elapsed())
+    }
+
     /// When the least recently renewed held slot was renewed.
     pub fn oldest_renewal(&self) -> Option<Instant> {
         self.slots.iter().map(|s| s.last_renewed).min()
@@ -120,5 +149,34 @@ impl Health {
             *down = Some(Instant::now());
             tracing::error!("database unreachable: {why}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_loop_is_judged_stuck_only_after_several_heartbeats_and_never_within_30_s() {
+        let t = Duration::from_secs(1);
+        let beat = crate::worker::standby_line::beat_every(t);
+        assert_eq!(stuck_after(t), (beat * 4).max(Duration::from_secs(30)));
+        assert!(loop_alive(Duration::from_secs(29), t));
+        assert!(!loop_alive(stuck_after(t), t));
+        // A short tick still gets 30 s; a long one four beats.
+        assert_eq!(
+            stuck_after(Duration::from_millis(100)),
+            Duration::from_secs(30)
+        );
+        let long = Duration::from_secs(60);
+        assert_eq!(
+            stuck_after(long),
+            crate::worker::standby_line::beat_every(long) * 4
+        );
+        assert!(loop_alive(
+            stuck_after(long) - Duration::from_millis(1),
+            long
+        ));
     }
 }
