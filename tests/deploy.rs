@@ -1,6 +1,10 @@
 //! `deploy/`: the Prometheus alert rules and the Grafana dashboard name only metrics
 //! the worker exports, the rules pass `promtool` (check and unit tests) where it is
-//! installed, and the dashboard is well-formed.
+//! installed, and the dashboard is well-formed; the Kubernetes manifests pass the
+//! Kubernetes schemas strictly, and hold the rules their comments state. (The
+//! worker container, run as its Deployment declares it, is in tests/containers.rs.)
+
+mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -229,4 +233,148 @@ fn compose_file_and_dockerfile_hold_together() {
         return;
     }
     println!("no compose client installed: compose.yaml checked structurally only");
+}
+
+#[test]
+fn the_kubernetes_manifests_pass_the_kubernetes_schemas_strictly() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(format!("{root}/scripts/kube-validate.sh"))
+        .output()
+        .expect("run scripts/kube-validate.sh");
+    assert!(
+        out.status.success(),
+        "scripts/kube-validate.sh: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_kustomization_applies_every_manifest() {
+    use common::kubernetes::{files, objects};
+    let files = files();
+    let k: serde_yaml::Value = serde_yaml::from_str(&files["kustomization.yaml"]).unwrap();
+    let listed: BTreeSet<String> = k["resources"]
+        .as_sequence()
+        .expect("resources")
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    let present: BTreeSet<String> = files
+        .keys()
+        .filter(|f| *f != "kustomization.yaml")
+        .cloned()
+        .collect();
+    assert_eq!(
+        listed, present,
+        "kustomization.yaml lists every manifest, and only those"
+    );
+    // Every object lives in the kustomization's namespace (set there, not per file),
+    // and none carries a credential: the Secrets are made by the operator.
+    assert_eq!(k["namespace"].as_str(), Some("slotpool"));
+    for (file, text) in files.iter().filter(|(f, _)| *f != "kustomization.yaml") {
+        for o in objects(text) {
+            assert!(
+                o["metadata"].get("namespace").is_none(),
+                "{file}: namespace set in the file"
+            );
+            assert_ne!(
+                o["kind"].as_str(),
+                Some("Secret"),
+                "{file}: a Secret in the repository"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_worker_deployment_follows_the_tick() {
+    use common::kubernetes::{declared, object, str_at};
+    let w = declared("slotpool-worker", "10.0.0.7");
+    let env = |k: &str| {
+        w.env
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("the worker has no {k}"))
+    };
+    // Its identity is the pod's address, on the port it serves and is scraped on.
+    assert_eq!(env("SLOTPOOL_ADVERTISE"), format!("10.0.0.7:{}", w.port));
+    let tick = humantime::parse_duration(&env("SLOTPOOL_TICK")).unwrap();
+    let d = object("Deployment", "slotpool-worker");
+    let annotations = &d["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/scrape"].as_str(), Some("true"));
+    assert_eq!(
+        annotations["prometheus.io/port"].as_str(),
+        Some(w.port.to_string().as_str())
+    );
+    assert_eq!(annotations["prometheus.io/path"].as_str(), Some("/metrics"));
+    // The grace covers a graceful handoff even with the database gone: robots stop
+    // (0.3 T), then the release and the heartbeat's removal are each given up after
+    // max(2 T, 2 s).
+    let handoff = tick.mul_f64(0.3) + 2 * (2 * tick).max(std::time::Duration::from_secs(2));
+    assert!(
+        std::time::Duration::from_secs(w.grace_seconds as u64) > handoff,
+        "terminationGracePeriodSeconds {} does not cover {handoff:?}",
+        w.grace_seconds
+    );
+    // Readiness is the database's answer, liveness the worker's own loop; the
+    // liveness probe gives the loop its full time before it counts as stuck.
+    assert_eq!(w.readiness.path.as_deref(), Some("/healthz"));
+    assert_eq!(w.liveness.path.as_deref(), Some("/livez"));
+    assert!(w.readiness.period_seconds as f64 <= 2.0 * tick.as_secs_f64().max(1.0));
+    assert!(
+        w.liveness.timeout_seconds >= 2,
+        "a loaded worker may answer slowly"
+    );
+    // The URI comes as a file from the Secret, never as a variable.
+    assert!(w.env.iter().all(|(k, _)| k != "MONGODB_URI"));
+    let file = env("MONGODB_URI_FILE");
+    let (volume, path, read_only) = w
+        .mounts
+        .iter()
+        .find(|(_, p, _)| file.starts_with(&format!("{p}/")))
+        .expect("MONGODB_URI_FILE is on a mounted volume");
+    assert!(read_only, "{path} is mounted read-only");
+    let (secret, mode) = &w.secret_volumes[volume];
+    assert_eq!(secret, "slotpool-mongodb");
+    assert_eq!(mode & 0o007, 0, "the URI file is not world-readable");
+    assert!(
+        w.fs_group.is_some() && mode & 0o040 != 0,
+        "the worker's group may read it"
+    );
+    // Locked down, and no API token for a robot to find.
+    assert!(w.read_only_root && w.no_new_privileges && w.drop_all_capabilities);
+    assert!(w.user != 0);
+    assert_eq!(
+        d["spec"]["template"]["spec"]["automountServiceAccountToken"].as_bool(),
+        Some(false)
+    );
+    // Rolling updates add a standby before they stop a worker.
+    assert_eq!(
+        str_at(&d, &["spec", "strategy", "type"]),
+        Some("RollingUpdate")
+    );
+    assert_eq!(
+        d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"].as_i64(),
+        Some(0)
+    );
+    // The disruption budget selects exactly the workers.
+    let pdb = object("PodDisruptionBudget", "slotpool-worker");
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        d["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(pdb["spec"]["maxUnavailable"].as_i64(), Some(1));
+}
+
+#[test]
+fn kubernetes_env_references_expand_as_kubernetes_does() {
+    use common::kubernetes::expand;
+    let env = vec![("POD_IP".to_string(), "10.1.2.3".to_string())];
+    assert_eq!(expand("$(POD_IP):7700", &env), "10.1.2.3:7700");
+    assert_eq!(expand("$$(POD_IP)", &env), "$(POD_IP)");
+    assert_eq!(expand("$(NOPE)x", &env), "$(NOPE)x");
+    assert_eq!(expand("a$b", &env), "a$b");
+    assert_eq!(expand("$(POD_IP", &env), "$(POD_IP");
 }

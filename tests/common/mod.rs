@@ -15,6 +15,7 @@ use slotpool::Store;
 pub mod containers;
 pub mod freezer;
 pub mod invariants;
+pub mod kubernetes;
 pub mod proxy;
 pub mod web;
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Checks every Kubernetes manifest in deploy/kubernetes/ against the Kubernetes
+# OpenAPI schemas, offline and strict (a field the schema does not know is an
+# error), for the oldest and the newest Kubernetes version we support:
+#
+#   scripts/kube-validate.sh            validate (installs the checker once)
+#
+# The checker is the PyPI package kubernetes-validate, which carries the schemas of
+# every Kubernetes release with it; it is installed into .state/kube-validate/ (a
+# venv of its own) on first use. kustomization.yaml is kustomize's, not a cluster
+# object: tests/deploy.rs checks that it lists every manifest.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.state/kube-validate"
+PACKAGE="kubernetes-validate==1.37.0"
+VERSIONS=(1.30.0 1.37.0)
+
+if [[ ! -x "$VENV/bin/kubernetes-validate" ]]; then
+  echo "kube-validate: installing $PACKAGE into $VENV (once)" >&2
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  source "$ROOT/scripts/retry.sh"
+  retry "kube-validate: pip install" \
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$PACKAGE"
+fi
+
+manifests=()
+for f in "$ROOT"/deploy/kubernetes/*.yaml; do
+  [[ "$(basename "$f")" == kustomization.yaml ]] || manifests+=("$f")
+done
+for v in "${VERSIONS[@]}"; do
+  "$VENV/bin/kubernetes-validate" --strict --kubernetes-version "$v" --quiet "${manifests[@]}"
+done
+echo "kube-validate: ${#manifests[@]} manifests pass Kubernetes ${VERSIONS[*]} strictly" >&2
