@@ -671,3 +671,338 @@ fn the_local_image_has_the_dockerfiles_runtime_layout() {
     ]);
     assert!(text(&listed).contains("heartbeat.sh"), "{}", text(&listed));
 }
+
+/// Containers started the way a kubelet would start deploy/kubernetes/'s pods, on a
+/// network of the test's own whose subnet it chose (so a container's address, its
+/// "pod IP", is known before it starts); removed when dropped.
+struct KubeLike {
+    net: String,
+    subnet: String,
+    secrets: std::path::PathBuf,
+    containers: Vec<String>,
+}
+
+impl KubeLike {
+    fn new() -> KubeLike {
+        let pid = std::process::id();
+        let net = format!("sptk8s{pid}");
+        // A /24 no other bridge here uses; a few tries, from the pid.
+        for k in 0..20u32 {
+            let subnet = format!("10.213.{}", (pid + k * 37) % 250 + 1);
+            let o = docker(&[
+                "network",
+                "create",
+                "--subnet",
+                &format!("{subnet}.0/24"),
+                &net,
+            ]);
+            if o.status.success() {
+                let secrets = std::env::temp_dir().join(format!("spt-k8s-secrets-{pid}"));
+                std::fs::create_dir_all(&secrets).unwrap();
+                return KubeLike {
+                    net,
+                    subnet,
+                    secrets,
+                    containers: Vec::new(),
+                };
+            }
+        }
+        panic!("no free 10.213.x.0/24 subnet for the test's network");
+    }
+
+    fn ip(&self, host: u8) -> String {
+        format!("{}.{host}", self.subnet)
+    }
+
+    /// `docker run -d` at address `.host` with `args`; the container's name.
+    fn run(&mut self, name: &str, host: u8, args: &[String]) -> String {
+        let name = format!("{}_{name}", self.net);
+        let ip = self.ip(host);
+        let mut all: Vec<String> = [
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            &self.net,
+            "--ip",
+            &ip,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        all.extend(args.iter().cloned());
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let o = docker(&all);
+        assert!(o.status.success(), "docker run {name}: {}", text(&o));
+        self.containers.push(name.clone());
+        name
+    }
+
+    /// `docker run` arguments that give a container what the manifest declares for
+    /// it: user, groups, read-only root, no privilege escalation, no capabilities,
+    /// env (the pod IP expanded), the Secret's file (mode and group as the kubelet
+    /// sets them), the emptyDirs, and its args after the image's entrypoint.
+    fn as_declared(
+        &self,
+        c: &common::kubernetes::DeclaredContainer,
+        secrets: &[(&str, &str, &str)],
+    ) -> Vec<String> {
+        let mut a: Vec<String> = vec!["--user".into(), format!("{}:{}", c.user, c.group)];
+        if let Some(g) = c.fs_group {
+            a.extend(["--group-add".into(), g.to_string()]);
+        }
+        if c.read_only_root {
+            a.push("--read-only".into());
+        }
+        if c.no_new_privileges {
+            a.extend(["--security-opt".into(), "no-new-privileges".into()]);
+        }
+        if c.drop_all_capabilities {
+            a.extend(["--cap-drop".into(), "ALL".into()]);
+        }
+        for (k, v) in &c.env {
+            a.extend(["-e".into(), format!("{k}={v}")]);
+        }
+        for (k, secret, key) in &c.env_from_secrets {
+            let (_, _, v) = secrets
+                .iter()
+                .find(|(s, kk, _)| s == secret && kk == key)
+                .unwrap_or_else(|| panic!("the test has no value for {secret}/{key} ({k})"));
+            a.extend(["-e".into(), format!("{k}={v}")]);
+        }
+        for (volume, path, read_only) in &c.mounts {
+            if let Some((secret, mode)) = c.secret_volumes.get(volume) {
+                // The kubelet writes each key of the Secret as a file, with the
+                // volume's mode, group fsGroup.
+                let dir = self.secrets.join(volume);
+                std::fs::create_dir_all(&dir).unwrap();
+                for (s, key, value) in secrets.iter().filter(|(s, _, _)| s == secret) {
+                    let _ = s;
+                    use std::os::unix::fs::PermissionsExt;
+                    let f = dir.join(key);
+                    std::fs::write(&f, value).unwrap();
+                    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(*mode)).unwrap();
+                    std::os::unix::fs::chown(&f, Some(0), c.fs_group.map(|g| g as u32))
+                        .expect("chown the Secret's file (the container tests run as root)");
+                }
+                let ro = if *read_only { ":ro" } else { "" };
+                a.extend(["-v".into(), format!("{}:{path}{ro}", dir.display())]);
+            } else if c.empty_dirs.contains(volume) {
+                a.extend([
+                    "--tmpfs".into(),
+                    format!("{path}:uid={},gid={}", c.user, c.group),
+                ]);
+            } else {
+                panic!("volume {volume}: a kind the test does not emulate");
+            }
+        }
+        a.push("slotpool:local".into());
+        a.extend(c.args.iter().cloned());
+        a
+    }
+}
+
+impl Drop for KubeLike {
+    fn drop(&mut self) {
+        for c in &self.containers {
+            let _ = docker(&["rm", "-f", "-v", c]);
+        }
+        let _ = docker(&["network", "rm", &self.net]);
+        let _ = std::fs::remove_dir_all(&self.secrets);
+    }
+}
+
+/// A kubelet's probe: GET `path` on `ip:port`, the status code (None: no answer
+/// within the probe's timeout, which a kubelet counts as a failure).
+fn probe(ip: &str, port: u16, path: &str, timeout: Duration) -> Option<u16> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = format!("{ip}:{port}").parse().ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {ip}:{port}\r\nUser-Agent: kube-probe/1.30\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
+    let _alone = ONE_POOL.lock().await;
+    for image in ["slotpool:local", "slotpool-devdb:local"] {
+        let o = docker(&["image", "inspect", image]);
+        assert!(
+            o.status.success(),
+            "image {image} is missing: run scripts/images.sh (scripts/test.sh does)"
+        );
+    }
+    let mut k = KubeLike::new();
+    // The database (the dev server's image), and the Secret the manifests expect.
+    k.run("mongo", 2, &["slotpool-devdb:local".to_string()]);
+    let uri = format!(
+        "mongodb://{}:27017/slotpool?{}",
+        k.ip(2),
+        common::containers::DEVDB_OPTIONS
+    );
+    let secrets = [("slotpool-mongodb", "uri", uri.as_str())];
+    let db = TestDb::on(&uri, "slotpool").await;
+    wait_for(
+        Duration::from_secs(30),
+        "the database container",
+        || async { db.store.server_now().await.ok().map(|_| ()) },
+    )
+    .await;
+
+    // The init Job's container, as declared; it must finish by itself.
+    let init = common::kubernetes::declared("Job", "slotpool-init", &k.ip(3));
+    let slots: u32 = init.args[init.args.iter().position(|a| a == "--slots").unwrap() + 1]
+        .parse()
+        .unwrap();
+    let args = k.as_declared(&init, &secrets);
+    let job = k.run("init", 3, &args);
+    let waited = docker(&["wait", &job]);
+    assert_eq!(
+        String::from_utf8_lossy(&waited.stdout).trim(),
+        "0",
+        "the init Job's container failed: {}",
+        text(&docker(&["logs", &job]))
+    );
+    assert_eq!(db.slots().await.len() as u32, slots);
+
+    // One worker per slot and one standby, each exactly as the Deployment declares
+    // it, its pod IP its own address.
+    let mut workers: Vec<(String, String, common::kubernetes::DeclaredContainer)> = Vec::new();
+    for i in 0..=slots as u8 {
+        let ip = k.ip(10 + i);
+        let c = common::kubernetes::declared("Deployment", "slotpool-worker", &ip);
+        let args = k.as_declared(&c, &secrets);
+        let name = k.run(&format!("worker{i}"), 10 + i, &args);
+        workers.push((name, ip, c));
+    }
+    let declared = workers[0].2.clone();
+    let ready = declared.readiness.clone().expect("a readiness probe");
+    let live = declared.liveness.clone().expect("a liveness probe");
+    let timeout = |p: &common::kubernetes::Probe| Duration::from_secs(p.timeout_seconds as u64);
+    // Each is ready and alive by its probes, and is known by `POD_IP:7700`.
+    wait_for(
+        Duration::from_secs(60),
+        "every worker ready by its probe",
+        || async {
+            workers
+                .iter()
+                .all(|(_, ip, _)| {
+                    probe(
+                        ip,
+                        ready.port,
+                        ready.path.as_deref().unwrap(),
+                        timeout(&ready),
+                    ) == Some(200)
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    for (name, ip, _) in &workers {
+        assert_eq!(
+            probe(ip, live.port, live.path.as_deref().unwrap(), timeout(&live)),
+            Some(200),
+            "{name}: the liveness probe"
+        );
+    }
+    let ids: Vec<String> = workers
+        .iter()
+        .map(|(_, ip, c)| format!("{ip}:{}", c.port))
+        .collect();
+    wait_for(
+        Duration::from_secs(60),
+        "every slot held by its own worker",
+        || async {
+            let h = holders(&db).await;
+            let owners: std::collections::BTreeSet<&String> = h.values().collect();
+            (h.len() as u32 == slots
+                && owners.len() as u32 == slots
+                && owners.iter().all(|o| ids.contains(o)))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // An exec robot runs under the read-only root, no capabilities, the emptyDir /tmp.
+    db.exec("beat", "/opt/robots/heartbeat.sh", &[]);
+    // And counters with their whole history, for the invariant checker.
+    assert!(db.counters("c", 2, 200).status.success());
+    let beats = |r: bson::Document| {
+        r.get_document("context").ok().and_then(|c| {
+            c.get_i64("beats")
+                .ok()
+                .or(c.get_i32("beats").ok().map(i64::from))
+        })
+    };
+    wait_for(
+        Duration::from_secs(60),
+        "the exec robot's beats",
+        || async {
+            beats(db.robot("beat").await)
+                .filter(|b| *b >= 2)
+                .map(|_| ())
+        },
+    )
+    .await;
+
+    // `docker stop` with the declared grace: the holder hands its slot to the standby
+    // and exits by itself within it.
+    let robot = db.robot("beat").await;
+    let slot = robot.get_str("slot_id").unwrap().to_string();
+    let before = db.slot(&slot).await;
+    let holder_id = owner(&before).unwrap();
+    let epoch = before.get_i64("epoch").unwrap();
+    let holder = container_of(
+        &workers.iter().map(|w| w.0.clone()).collect::<Vec<_>>(),
+        &holder_id,
+    );
+    let beats_before = beats(db.robot("beat").await).unwrap();
+    let grace = declared.grace_seconds;
+    let t0 = Instant::now();
+    let stopped = docker(&["stop", "-t", &grace.to_string(), &holder]);
+    let took = t0.elapsed();
+    assert!(stopped.status.success(), "docker stop: {}", text(&stopped));
+    let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", &holder]);
+    assert_eq!(
+        String::from_utf8_lossy(&code.stdout).trim(),
+        "0",
+        "the worker did not exit by itself within the {grace} s grace (took {took:?}): {}",
+        text(&docker(&["logs", "--tail", "30", &holder]))
+    );
+    assert!(took < Duration::from_secs(grace as u64), "took {took:?}");
+    assert!(
+        text(&docker(&["logs", &holder])).contains("released slot"),
+        "the holder released its slot"
+    );
+    let after = wait_for(Duration::from_secs(10), "the standby's claim", || async {
+        let s = db.slot(&slot).await;
+        let o = owner(&s)?;
+        (o != holder_id && s.get_i64("epoch").ok()? > epoch).then_some(o)
+    })
+    .await;
+    assert!(
+        ids.contains(&after),
+        "{after} is one of the declared workers"
+    );
+    println!(
+        "{holder_id} stopped in {took:?} (grace {grace} s); {slot} went from epoch {epoch} to {after}"
+    );
+    // The robot goes on from its last checkpoint on the new holder.
+    wait_for(
+        Duration::from_secs(30),
+        "the exec robot beating on",
+        || async {
+            let r = db.robot("beat").await;
+            (r.get_str("worker").ok()? == after && beats(r)? > beats_before).then_some(())
+        },
+    )
+    .await;
+    // No counter ran twice, lost or doubled a step through the handoff.
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 2, "{report:?}");
+    drop(k);
+}

@@ -290,7 +290,7 @@ fn the_kustomization_applies_every_manifest() {
 #[test]
 fn the_worker_deployment_follows_the_tick() {
     use common::kubernetes::{declared, object, str_at};
-    let w = declared("slotpool-worker", "10.0.0.7");
+    let w = declared("Deployment", "slotpool-worker", "10.0.0.7");
     let env = |k: &str| {
         w.env
             .iter()
@@ -320,11 +320,12 @@ fn the_worker_deployment_follows_the_tick() {
     );
     // Readiness is the database's answer, liveness the worker's own loop; the
     // liveness probe gives the loop its full time before it counts as stuck.
-    assert_eq!(w.readiness.path.as_deref(), Some("/healthz"));
-    assert_eq!(w.liveness.path.as_deref(), Some("/livez"));
-    assert!(w.readiness.period_seconds as f64 <= 2.0 * tick.as_secs_f64().max(1.0));
+    let (ready, live) = (w.readiness.clone().unwrap(), w.liveness.clone().unwrap());
+    assert_eq!(ready.path.as_deref(), Some("/healthz"));
+    assert_eq!(live.path.as_deref(), Some("/livez"));
+    assert!(ready.period_seconds as f64 <= 2.0 * tick.as_secs_f64().max(1.0));
     assert!(
-        w.liveness.timeout_seconds >= 2,
+        live.timeout_seconds >= 2,
         "a loaded worker may answer slowly"
     );
     // The URI comes as a file from the Secret, never as a variable.

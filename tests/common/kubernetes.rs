@@ -80,8 +80,8 @@ pub struct DeclaredContainer {
     pub secret_volumes: BTreeMap<String, (String, u32)>,
     /// Volume names that are `emptyDir`s.
     pub empty_dirs: Vec<String>,
-    pub readiness: Probe,
-    pub liveness: Probe,
+    pub readiness: Option<Probe>,
+    pub liveness: Option<Probe>,
     pub grace_seconds: i64,
     pub port: u16,
 }
@@ -96,10 +96,10 @@ pub struct Probe {
     pub failure_threshold: i64,
 }
 
-/// The container of Deployment `name`, with the pod at `pod_ip`.
-pub fn declared(name: &str, pod_ip: &str) -> DeclaredContainer {
-    let deployment = object("Deployment", name);
-    let pod = at(&deployment, &["spec", "template", "spec"]).expect("a pod template");
+/// The container of the `kind` (Deployment or Job) `name`, with the pod at `pod_ip`.
+pub fn declared(kind: &str, name: &str, pod_ip: &str) -> DeclaredContainer {
+    let workload = object(kind, name);
+    let pod = at(&workload, &["spec", "template", "spec"]).expect("a pod template");
     let containers = pod["containers"].as_sequence().expect("containers");
     assert_eq!(containers.len(), 1, "{name}: one container");
     let c = &containers[0];
@@ -122,8 +122,8 @@ pub fn declared(name: &str, pod_ip: &str) -> DeclaredContainer {
             v => v.as_u64().expect("a port") as u16,
         }
     };
-    let probe = |key: &str| -> Probe {
-        let p = &c[key];
+    let probe = |key: &str| -> Option<Probe> {
+        let p = c.get(key)?;
         let (path, port) = if let Some(h) = p.get("httpGet") {
             (
                 Some(h["path"].as_str().unwrap().to_string()),
@@ -132,14 +132,14 @@ pub fn declared(name: &str, pod_ip: &str) -> DeclaredContainer {
         } else {
             (None, port_of(&p["tcpSocket"]["port"]))
         };
-        Probe {
+        Some(Probe {
             path,
             port,
             // Kubernetes' defaults where a field is left out.
             period_seconds: p["periodSeconds"].as_i64().unwrap_or(10),
             timeout_seconds: p["timeoutSeconds"].as_i64().unwrap_or(1),
             failure_threshold: p["failureThreshold"].as_i64().unwrap_or(3),
-        }
+        })
     };
     let mut env: Vec<(String, String)> = Vec::new();
     let mut env_from_secrets = Vec::new();
@@ -218,7 +218,7 @@ pub fn declared(name: &str, pod_ip: &str) -> DeclaredContainer {
         readiness: probe("readinessProbe"),
         liveness: probe("livenessProbe"),
         grace_seconds: pod["terminationGracePeriodSeconds"].as_i64().unwrap_or(30),
-        port: *ports.values().next().expect("a container port"),
+        port: ports.values().next().copied().unwrap_or(0),
     }
 }
 
