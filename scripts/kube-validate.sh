@@ -4,6 +4,8 @@
 # error), for the oldest and the newest Kubernetes version we support:
 #
 #   scripts/kube-validate.sh            validate (installs the checker once)
+#   scripts/kube-validate.sh FILE…      validate these files instead (tests/deploy.rs
+#                                       passes the worker with a patch applied)
 #
 # The checker is the PyPI package kubernetes-validate, which carries the schemas of
 # every Kubernetes release with it; it is installed into .state/kube-validate/ (a
@@ -24,10 +26,12 @@ if [[ ! -x "$VENV/bin/kubernetes-validate" ]]; then
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "$PACKAGE"
 fi
 
-manifests=()
-for f in "$ROOT"/deploy/kubernetes/*.yaml; do
-  [[ "$(basename "$f")" == kustomization.yaml ]] || manifests+=("$f")
-done
+manifests=("$@")
+if [[ ${#manifests[@]} == 0 ]]; then
+  for f in "$ROOT"/deploy/kubernetes/*.yaml; do
+    [[ "$(basename "$f")" == kustomization.yaml ]] || manifests+=("$f")
+  done
+fi
 for v in "${VERSIONS[@]}"; do
   "$VENV/bin/kubernetes-validate" --strict --kubernetes-version "$v" --quiet "${manifests[@]}"
 done

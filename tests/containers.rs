@@ -747,6 +747,7 @@ impl KubeLike {
         &self,
         c: &common::kubernetes::DeclaredContainer,
         secrets: &[(&str, &str, &str)],
+        extra: &[String],
     ) -> Vec<String> {
         let mut a: Vec<String> = vec!["--user".into(), format!("{}:{}", c.user, c.group)];
         if let Some(g) = c.fs_group {
@@ -760,6 +761,9 @@ impl KubeLike {
         }
         if c.drop_all_capabilities {
             a.extend(["--cap-drop".into(), "ALL".into()]);
+        }
+        for cap in &c.cap_add {
+            a.extend(["--cap-add".into(), cap.clone()]);
         }
         for (k, v) in &c.env {
             a.extend(["-e".into(), format!("{k}={v}")]);
@@ -797,6 +801,7 @@ impl KubeLike {
                 panic!("volume {volume}: a kind the test does not emulate");
             }
         }
+        a.extend(extra.iter().cloned());
         a.push("slotpool:local".into());
         a.extend(c.args.iter().cloned());
         a
@@ -826,9 +831,20 @@ fn probe(ip: &str, port: u16, path: &str, timeout: Duration) -> Option<u16> {
     out.split_whitespace().nth(1)?.parse().ok()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
-    let _alone = ONE_POOL.lock().await;
+/// A robot that looks for what it must not reach: the URI file, any process's
+/// environment holding the URI, and its shim (a signal). It checkpoints what it found.
+const SNOOP: &str = r#"f=refused; cat "$URI_FILE" >/dev/null 2>&1 && f=read
+e=none; for p in /proc/[0-9]*/environ; do grep -qa 'mongodb://' "$p" 2>/dev/null && e="$p"; done
+s=refused; kill -0 "$PPID" 2>/dev/null && s=allowed
+echo "{\"checkpoint\": {\"file\": \"$f\", \"environ\": \"$e\", \"signal_shim\": \"$s\", \"uid\": $(id -u)}}"
+exec sleep 3600
+"#;
+
+/// The database, the Secret and the slots of a Kubernetes-like pool: the dev
+/// server's image at `.2`, then the init Job's container at `.3`, exactly as
+/// declared (it must finish by itself). Also returns the robot directory to mount at
+/// /opt/robots (the image's heartbeat.sh, and the snoop) and the slot count.
+async fn kube_pool() -> (KubeLike, TestDb, String, Vec<String>, u32) {
     for image in ["slotpool:local", "slotpool-devdb:local"] {
         let o = docker(&["image", "inspect", image]);
         assert!(
@@ -858,7 +874,7 @@ async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
     let slots: u32 = init.args[init.args.iter().position(|a| a == "--slots").unwrap() + 1]
         .parse()
         .unwrap();
-    let args = k.as_declared(&init, &secrets);
+    let args = k.as_declared(&init, &secrets, &[]);
     let job = k.run("init", 3, &args);
     let waited = docker(&["wait", &job]);
     assert_eq!(
@@ -869,13 +885,67 @@ async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
     );
     assert_eq!(db.slots().await.len() as u32, slots);
 
+    // The robots' directory: the image's own robot and the snoop, read-only.
+    let robots = k.secrets.join("robots");
+    std::fs::create_dir_all(&robots).unwrap();
+    let secret_path = common::kubernetes::declared("Deployment", "slotpool-worker", "0.0.0.0")
+        .env
+        .iter()
+        .find(|(k, _)| k == "MONGODB_URI_FILE")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    for (name, body) in [
+        (
+            "heartbeat.sh",
+            std::fs::read_to_string(format!("{ROOT}/examples/robots/heartbeat.sh")).unwrap(),
+        ),
+        (
+            "snoop.sh",
+            format!("#!/usr/bin/env bash\nURI_FILE={secret_path}\n{SNOOP}"),
+        ),
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        let path = robots.join(name);
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mount = vec![
+        "-v".to_string(),
+        format!("{}:/opt/robots:ro", robots.display()),
+    ];
+    (k, db, uri, mount, slots)
+}
+
+/// The snoop's checkpoint, once it made one.
+async fn snooped(db: &TestDb) -> bson::Document {
+    wait_for(
+        Duration::from_secs(60),
+        "the snoop's checkpoint",
+        || async {
+            let c = db
+                .robot("snoop")
+                .await
+                .get_document("context")
+                .ok()?
+                .clone();
+            c.contains_key("file").then_some(c)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
+    let _alone = ONE_POOL.lock().await;
+    let (mut k, db, uri, robots, slots) = kube_pool().await;
+    let secrets = [("slotpool-mongodb", "uri", uri.as_str())];
     // One worker per slot and one standby, each exactly as the Deployment declares
     // it, its pod IP its own address.
     let mut workers: Vec<(String, String, common::kubernetes::DeclaredContainer)> = Vec::new();
     for i in 0..=slots as u8 {
         let ip = k.ip(10 + i);
         let c = common::kubernetes::declared("Deployment", "slotpool-worker", &ip);
-        let args = k.as_declared(&c, &secrets);
+        let args = k.as_declared(&c, &secrets, &robots);
         let name = k.run(&format!("worker{i}"), 10 + i, &args);
         workers.push((name, ip, c));
     }
@@ -949,6 +1019,15 @@ async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
     )
     .await;
 
+    // What a robot reaches here, where it shares the worker's user: the URI file,
+    // and its shim by signal (docs/kubernetes.md says so, and how to close both);
+    // no process's environment holds the URI.
+    db.exec("snoop", "/opt/robots/snoop.sh", &[]);
+    let found = snooped(&db).await;
+    assert_eq!(found.get_str("file"), Ok("read"), "{found}");
+    assert_eq!(found.get_str("signal_shim"), Ok("allowed"), "{found}");
+    assert_eq!(found.get_str("environ"), Ok("none"), "{found}");
+
     // `docker stop` with the declared grace: the holder hands its slot to the standby
     // and exits by itself within it.
     let robot = db.robot("beat").await;
@@ -1002,6 +1081,77 @@ async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
     )
     .await;
     // No counter ran twice, lost or doubled a step through the handoff.
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 2, "{report:?}");
+    drop(k);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_isolation_patch_a_robot_reaches_neither_the_credentials_nor_its_guards() {
+    let _alone = ONE_POOL.lock().await;
+    let (mut k, db, uri, robots, slots) = kube_pool().await;
+    let secrets = [("slotpool-mongodb", "uri", uri.as_str())];
+    // One worker, as the patched Deployment declares it (it overflows onto every slot).
+    let mut worker = common::kubernetes::object("Deployment", "slotpool-worker");
+    common::kubernetes::merge(
+        &mut worker,
+        &common::kubernetes::patch("robots-as-another-user.yaml"),
+    );
+    let ip = k.ip(10);
+    let c = common::kubernetes::declared_in(&worker, &ip);
+    let args = k.as_declared(&c, &secrets, &robots);
+    let name = k.run("worker", 10, &args);
+    let id = format!("{ip}:{}", c.port);
+    wait_for(
+        Duration::from_secs(60),
+        "every slot held by the worker",
+        || async {
+            let h = holders(&db).await;
+            (h.len() as u32 == slots && h.values().all(|o| *o == id)).then_some(())
+        },
+    )
+    .await;
+    db.exec("beat", "/opt/robots/heartbeat.sh", &[]);
+    db.exec("snoop", "/opt/robots/snoop.sh", &[]);
+    assert!(db.counters("c", 2, 200).status.success());
+    let found = snooped(&db).await;
+    assert_eq!(
+        found.get_i32("uid").map(i64::from).or(found.get_i64("uid")),
+        Ok(10001),
+        "{found}"
+    );
+    assert_eq!(found.get_str("file"), Ok("refused"), "{found}");
+    assert_eq!(found.get_str("environ"), Ok("none"), "{found}");
+    assert_eq!(found.get_str("signal_shim"), Ok("refused"), "{found}");
+    // Exec robots run on under their own user.
+    wait_for(
+        Duration::from_secs(60),
+        "the exec robot's beats",
+        || async {
+            let c = db.robot("beat").await.get_document("context").ok()?.clone();
+            (c.get_i64("beats")
+                .ok()
+                .or(c.get_i32("beats").ok().map(i64::from))?
+                >= 2)
+                .then_some(())
+        },
+    )
+    .await;
+    // It still stops within the declared grace, releasing every slot.
+    let t0 = Instant::now();
+    let stopped = docker(&["stop", "-t", &c.grace_seconds.to_string(), &name]);
+    let took = t0.elapsed();
+    assert!(stopped.status.success(), "docker stop: {}", text(&stopped));
+    let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", &name]);
+    assert_eq!(
+        String::from_utf8_lossy(&code.stdout).trim(),
+        "0",
+        "the worker did not exit by itself within the grace (took {took:?}): {}",
+        text(&docker(&["logs", "--tail", "30", &name]))
+    );
+    for s in db.slots().await {
+        assert_eq!(owner(&s), None, "released: {s}");
+    }
     let report = invariants::check(&db).await;
     assert_eq!(report.robots, 2, "{report:?}");
     drop(k);

@@ -379,3 +379,56 @@ fn kubernetes_env_references_expand_as_kubernetes_does() {
     assert_eq!(expand("a$b", &env), "a$b");
     assert_eq!(expand("$(POD_IP", &env), "$(POD_IP");
 }
+
+#[test]
+fn the_robot_isolation_patch_gives_a_valid_worker_whose_robots_run_as_another_user() {
+    use common::kubernetes::{declared_in, merge, object, patch};
+    let mut worker = object("Deployment", "slotpool-worker");
+    merge(&mut worker, &patch("robots-as-another-user.yaml"));
+    // The patched Deployment passes the schemas as strictly as the files do.
+    let file = std::env::temp_dir().join(format!("spt-patched-worker-{}.yaml", std::process::id()));
+    std::fs::write(&file, serde_yaml::to_string(&worker).unwrap()).unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(format!("{root}/scripts/kube-validate.sh"))
+        .arg(&file)
+        .output()
+        .expect("run scripts/kube-validate.sh");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "the patched worker: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let w = declared_in(&worker, "10.0.0.7");
+    assert_eq!((w.user, w.group, w.fs_group), (0, 0, None));
+    let exec_user = w
+        .env
+        .iter()
+        .find(|(k, _)| k == "SLOTPOOL_EXEC_USER")
+        .map(|(_, v)| v.as_str());
+    assert_eq!(
+        exec_user,
+        Some("10001:10001"),
+        "robots get a user of their own"
+    );
+    assert!(w.drop_all_capabilities);
+    let mut caps = w.cap_add.clone();
+    caps.sort();
+    assert_eq!(
+        caps,
+        ["KILL", "SETGID", "SETUID"],
+        "only what starting and stopping robots needs"
+    );
+    assert_eq!(
+        w.secret_volumes["mongodb-uri"].1, 0o400,
+        "the URI file is root's alone"
+    );
+    // The rest of the worker is as before: same identity, probes and env.
+    let plain = common::kubernetes::declared("Deployment", "slotpool-worker", "10.0.0.7");
+    for (k, v) in &plain.env {
+        assert!(w.env.contains(&(k.clone(), v.clone())), "{k} kept");
+    }
+    assert_eq!(w.args, plain.args);
+    assert!(w.read_only_root && w.no_new_privileges);
+}

@@ -74,6 +74,8 @@ pub struct DeclaredContainer {
     pub read_only_root: bool,
     pub no_new_privileges: bool,
     pub drop_all_capabilities: bool,
+    /// Capabilities added back (after dropping them all).
+    pub cap_add: Vec<String>,
     /// (volume name, mount path, read only).
     pub mounts: Vec<(String, String, bool)>,
     /// Volume name → the Secret it shows, and the files' mode.
@@ -98,9 +100,56 @@ pub struct Probe {
 
 /// The container of the `kind` (Deployment or Job) `name`, with the pod at `pod_ip`.
 pub fn declared(kind: &str, name: &str, pod_ip: &str) -> DeclaredContainer {
-    let workload = object(kind, name);
-    let pod = at(&workload, &["spec", "template", "spec"]).expect("a pod template");
+    declared_in(&object(kind, name), pod_ip)
+}
+
+/// `deploy/kubernetes/patches/FILE`, as written.
+pub fn patch(file: &str) -> Value {
+    let text = std::fs::read_to_string(dir().join("patches").join(file)).expect("the patch");
+    serde_yaml::from_str(&text).expect("well-formed YAML")
+}
+
+/// A strategic merge patch as kustomize applies these: maps merge key by key, a
+/// `null` deletes its key, a list of objects that all have a `name` (containers,
+/// env, volumes, volumeMounts, ports) merges item by item on it, and any other list
+/// (capabilities, args) is replaced.
+pub fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Mapping(b), Value::Mapping(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(k);
+                } else if let Some(old) = b.get_mut(k) {
+                    merge(old, v);
+                } else {
+                    b.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        (Value::Sequence(b), Value::Sequence(p)) if named(b) && named(p) => {
+            for item in p {
+                match b.iter_mut().find(|x| x["name"] == item["name"]) {
+                    Some(old) => merge(old, item),
+                    None => b.push(item.clone()),
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+fn named(list: &[Value]) -> bool {
+    !list.is_empty()
+        && list
+            .iter()
+            .all(|x| x.get("name").is_some_and(Value::is_string))
+}
+
+/// The container of `workload` (a Deployment or Job object), with the pod at `pod_ip`.
+pub fn declared_in(workload: &Value, pod_ip: &str) -> DeclaredContainer {
+    let pod = at(workload, &["spec", "template", "spec"]).expect("a pod template");
     let containers = pod["containers"].as_sequence().expect("containers");
+    let name = str_at(workload, &["metadata", "name"]).unwrap_or("?");
     assert_eq!(containers.len(), 1, "{name}: one container");
     let c = &containers[0];
     let ports: BTreeMap<String, u16> = c["ports"]
@@ -201,6 +250,15 @@ pub fn declared(kind: &str, name: &str, pod_ip: &str) -> DeclaredContainer {
         drop_all_capabilities: at(c, &["securityContext", "capabilities", "drop"])
             .and_then(Value::as_sequence)
             .is_some_and(|d| d.iter().any(|x| x.as_str() == Some("ALL"))),
+        cap_add: at(c, &["securityContext", "capabilities", "add"])
+            .and_then(Value::as_sequence)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default(),
         mounts: c["volumeMounts"]
             .as_sequence()
             .into_iter()
