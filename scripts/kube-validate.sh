@@ -17,6 +17,11 @@ VENV="$ROOT/.state/kube-validate"
 PACKAGE="kubernetes-validate==1.37.0"
 VERSIONS=(1.30.0 1.37.0)
 
+# One install at a time: tests run in parallel, and two at once would each remove
+# the other's half-made venv.
+mkdir -p "$ROOT/.state"
+exec 9>"$ROOT/.state/kube-validate.lock"
+flock 9
 if [[ ! -x "$VENV/bin/kubernetes-validate" ]]; then
   echo "kube-validate: installing $PACKAGE into $VENV (once)" >&2
   rm -rf "$VENV"
@@ -25,6 +30,7 @@ if [[ ! -x "$VENV/bin/kubernetes-validate" ]]; then
   retry "kube-validate: pip install" \
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "$PACKAGE"
 fi
+flock -u 9
 
 manifests=("$@")
 if [[ ${#manifests[@]} == 0 ]]; then
