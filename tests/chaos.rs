@@ -285,7 +285,7 @@ fn start_mover(
                 format!("slot-00{}", (i + 1) % 3 + 1),
             );
             moved += mv(&name, &y) as usize;
-            if i % 3 == 0 {
+            if i.is_multiple_of(3) {
                 moved += mv(&name, &x) as usize;
             }
             i += 1;

@@ -168,8 +168,10 @@ async fn actions_need_the_token_and_are_recorded_with_who_and_where() {
     };
     for (body, status) in [
         (&b"{\"to\": \"slot-999\"}"[..], 404),
-        (&b"{}"[..], 404),
+        (&b"{}"[..], 400),
         (&b"not json"[..], 400),
+        (&b"[\"slot-002\"]"[..], 400),
+        (&b"{\"to\": \"slot-002\", \"x\": 1}"[..], 400),
     ] {
         let r = post("/api/v1/robots/act-1/move", &ok, body);
         assert_eq!(

@@ -62,7 +62,7 @@ pub(super) fn record(old: &str, table: &str, full: bool) -> String {
 /// What BENCHMARKS.md says before its tables.
 pub(super) const BENCHMARKS_HEAD: &str = "# Benchmarks
 
-Reproduce: `scripts/bench.sh` (`--quick` for fewer trials, `--only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge`).
+Reproduce: `scripts/bench.sh` (`scripts/bench.sh --statements` for the cost of one write by its form; `--quick` for fewer trials, `--only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge`).
 It runs release builds of real worker processes (and, for the container rows, real
 containers) against a throwaway dev server of its own, restarted fresh before every
 phase. It prints one table. A full run replaces the current table below and moves the

@@ -1,5 +1,6 @@
 //! Stored and shown words as enums: each variant's word once, with `as_str`,
-//! `Display`, `ALL` and `parse`, serialized as the word.
+//! `Display`, `ALL` and `parse`, serialized as the word (and described so in the
+//! API's OpenAPI document).
 
 /// Words with `as_str`, `Display`, a list of all of them and a parse, serialized
 /// as their word.
@@ -38,6 +39,18 @@ macro_rules! words {
                 bson::Bson::String(w.as_str().to_string())
             }
         }
+
+        /// In the API's OpenAPI document: a string, one of the words.
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                utoipa::openapi::schema::ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::Type::String)
+                    .enum_values(Some([$($word,)+]))
+                    .into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
 
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

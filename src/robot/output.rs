@@ -178,7 +178,10 @@ impl LogBudget {
             self.dropped += 1;
             self.in_a_row += 1;
             Admit::Drop {
-                pause: (self.in_a_row % THROTTLE_EVERY == 0).then_some(THROTTLE_PAUSE),
+                pause: self
+                    .in_a_row
+                    .is_multiple_of(THROTTLE_EVERY)
+                    .then_some(THROTTLE_PAUSE),
             }
         }
     }

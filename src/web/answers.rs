@@ -19,17 +19,18 @@ use crate::pool::actions;
 use crate::pool::view::{RobotNow, RobotState, SlotView};
 
 /// `{"error": message}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ErrorAnswer {
     pub error: String,
 }
 
 /// The fields every reading answer starts with: the server's clock when the snapshot
 /// was read, how old the snapshot is, and why the last read failed, if it did.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Freshness<'a> {
     pub now_ms: i64,
     pub age_ms: Option<u64>,
+    #[schema(value_type = Option<String>)]
     pub error: Option<&'a str>,
 }
 
@@ -44,43 +45,50 @@ impl<'a> Freshness<'a> {
 }
 
 /// `GET /api/v1/overview`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OverviewAnswer<'a> {
     #[serde(flatten)]
     pub fresh: Freshness<'a>,
+    #[schema(value_type = Summary)]
     pub summary: &'a Summary,
+    #[schema(value_type = Vec<SlotInfo>)]
     pub slots: &'a [SlotInfo],
+    #[schema(value_type = Vec<WorkerInfo>)]
     pub workers: &'a [WorkerInfo],
+    #[schema(value_type = Vec<EventInfo>)]
     pub events: &'a [EventInfo],
     pub robots_at_ms: Option<i64>,
 }
 
 /// `GET /api/v1/slots`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct SlotsAnswer<'a> {
     #[serde(flatten)]
     pub fresh: Freshness<'a>,
+    #[schema(value_type = Vec<SlotInfo>)]
     pub slots: &'a [SlotInfo],
 }
 
 /// `GET /api/v1/workers`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct WorkersAnswer<'a> {
     #[serde(flatten)]
     pub fresh: Freshness<'a>,
+    #[schema(value_type = Vec<WorkerInfo>)]
     pub workers: &'a [WorkerInfo],
 }
 
 /// `GET /api/v1/events`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EventsAnswer<'a> {
     #[serde(flatten)]
     pub fresh: Freshness<'a>,
+    #[schema(value_type = Vec<EventInfo>)]
     pub events: &'a [EventInfo],
 }
 
 /// `GET /api/v1/robots`: one page of the robots that match.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RobotsAnswer<'a> {
     #[serde(flatten)]
     pub fresh: Freshness<'a>,
@@ -89,12 +97,13 @@ pub struct RobotsAnswer<'a> {
     pub page: usize,
     pub pages: usize,
     pub per_page: usize,
+    #[schema(value_type = Vec<RobotRow>)]
     pub robots: Vec<&'a RobotRow>,
 }
 
 /// One robot: its document (relaxed extended JSON, `_id` left out), its state as
 /// derived from its slot's lease, and its kept output.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RobotAnswer {
     pub robot: Value,
     pub state: RobotState,
@@ -104,7 +113,7 @@ pub struct RobotAnswer {
 }
 
 /// `GET /api/v1/robots/NAME`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RobotDetailAnswer<'a> {
     #[serde(flatten)]
     pub fresh: Freshness<'a>,
@@ -113,15 +122,16 @@ pub struct RobotDetailAnswer<'a> {
 }
 
 /// `GET /api/v1/robots/NAME/output`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OutputAnswer {
     pub output: Value,
 }
 
 /// What an action did.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ActionAnswer {
     pub ok: bool,
+    #[schema(value_type = String)]
     pub action: &'static str,
     pub target: String,
     pub slot: Option<String>,
@@ -130,7 +140,7 @@ pub struct ActionAnswer {
 
 /// What a create did: the robots created now with their slots, and how many of the
 /// names existed already with the same kind and spec.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreateAnswer {
     pub ok: bool,
     pub created: Vec<CreatedAnswer>,
@@ -138,14 +148,14 @@ pub struct CreateAnswer {
 }
 
 /// One robot a create placed.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct CreatedAnswer {
     pub name: String,
     pub slot: String,
 }
 
 /// One move of a rebalance.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct MoveAnswer {
     pub from: String,
     pub to: String,
@@ -155,7 +165,7 @@ pub struct MoveAnswer {
 }
 
 /// `POST /api/v1/rebalance`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RebalanceAnswer {
     pub ok: bool,
     pub dry_run: bool,

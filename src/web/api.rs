@@ -20,8 +20,8 @@ use serde::Serialize;
 use super::action::{failure_status, perform, Action};
 use super::answers::{
     denied, error, output_json, rebalance_json, robot_json, ActionAnswer, CreateAnswer,
-    CreatedAnswer, EventsAnswer, Freshness, OutputAnswer, OverviewAnswer, RobotDetailAnswer,
-    RobotsAnswer, SlotsAnswer, WorkersAnswer,
+    CreatedAnswer, ErrorAnswer, EventsAnswer, Freshness, OutputAnswer, OverviewAnswer,
+    RebalanceAnswer, RobotDetailAnswer, RobotsAnswer, SlotsAnswer, WorkersAnswer,
 };
 use super::auth::Denied;
 use super::query::{self, RobotQuery};
@@ -29,6 +29,12 @@ use super::{web_actor, App, RobotDetail};
 use crate::pool::actions::{self, Actor};
 use crate::pool::create::{self, CreateError, NewRobots};
 
+/// The pool at a glance: counts, slots, workers and recent events.
+#[utoipa::path(get, path = "/api/v1/overview", operation_id = "get_overview", tag = "pool",
+    responses(
+        (status = 200, description = "the latest snapshot", body = OverviewAnswer),
+        (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
+    ))]
 pub async fn overview(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
     Json(OverviewAnswer {
@@ -42,6 +48,12 @@ pub async fn overview(State(app): State<App>) -> Response {
     .into_response()
 }
 
+/// Every slot, judged on the server's clock.
+#[utoipa::path(get, path = "/api/v1/slots", operation_id = "list_slots", tag = "pool",
+    responses(
+        (status = 200, description = "the slots", body = SlotsAnswer),
+        (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
+    ))]
 pub async fn slots(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
     let fresh = Freshness::of(&s);
@@ -52,6 +64,12 @@ pub async fn slots(State(app): State<App>) -> Response {
     .into_response()
 }
 
+/// The live workers: holders, standbys and overdue ones.
+#[utoipa::path(get, path = "/api/v1/workers", operation_id = "list_workers", tag = "pool",
+    responses(
+        (status = 200, description = "the workers", body = WorkersAnswer),
+        (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
+    ))]
 pub async fn workers(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
     let fresh = Freshness::of(&s);
@@ -62,6 +80,12 @@ pub async fn workers(State(app): State<App>) -> Response {
     .into_response()
 }
 
+/// The latest events: claims, losses, releases, actions.
+#[utoipa::path(get, path = "/api/v1/events", operation_id = "list_events", tag = "pool",
+    responses(
+        (status = 200, description = "the events, newest first", body = EventsAnswer),
+        (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
+    ))]
 pub async fn events(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
     let fresh = Freshness::of(&s);
@@ -72,6 +96,27 @@ pub async fn events(State(app): State<App>) -> Response {
     .into_response()
 }
 
+/// One page of the robots that match; every parameter is optional, may be given
+/// once, and counts as absent when empty.
+#[utoipa::path(get, path = "/api/v1/robots", operation_id = "list_robots", tag = "robots",
+    params(
+        ("q" = Option<super::query::TextParam>, Query, description = "text in the name, kind, slot or holder"),
+        ("state" = Option<super::query::StateParam>, Query, description = "only robots in this derived state"),
+        ("slot" = Option<super::query::TextParam>, Query, description = "only this slot's robots"),
+        ("kind" = Option<super::query::TextParam>, Query, description = "only this kind"),
+        ("only" = Option<super::query::OnlyParam>, Query, description = "only scheduled, completed or late robots"),
+        ("sort" = Option<super::query::SortParam>, Query, description = "the column to sort by (default name)"),
+        ("order" = Option<super::query::OrderParam>, Query, description = "ascending (default) or descending"),
+        ("page" = Option<super::query::PageParam>, Query, description = "the page, from 1"),
+        ("per_page" = Option<super::query::PerPageParam>, Query, description = "rows a page (default 50)"),
+    ),
+    responses(
+        (status = 200, description = "the page", body = RobotsAnswer),
+        (status = 400, description = "a parameter unknown, repeated or out of range", body = ErrorAnswer),
+        (status = 503, description = "the robot table is still being read (see Retry-After)", body = ErrorAnswer,
+            headers(("Retry-After" = u32, description = "seconds"))),
+        (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
+    ))]
 pub async fn robots(State(app): State<App>, RawQuery(raw): RawQuery) -> Response {
     let q = match query::pairs(raw.as_deref()).and_then(|p| RobotQuery::parse(&p)) {
         Ok(q) => q,
@@ -114,6 +159,15 @@ async fn detail(app: &App, name: &str) -> Result<std::sync::Arc<RobotDetail>, Re
     }
 }
 
+/// One robot: its document, derived state and kept output.
+#[utoipa::path(get, path = "/api/v1/robots/{name}", operation_id = "get_robot", tag = "robots",
+    params(("name" = String, Path, description = "the robot's name")),
+    responses(
+        (status = 200, description = "the robot", body = RobotDetailAnswer),
+        (status = 404, description = "no robot of that name", body = ErrorAnswer),
+        (status = 503, description = "the database did not answer", body = ErrorAnswer),
+        (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
+    ))]
 pub async fn robot(State(app): State<App>, Path(name): Path<String>) -> Response {
     let s = app.snapshot().await;
     match detail(&app, &name).await {
@@ -126,6 +180,15 @@ pub async fn robot(State(app): State<App>, Path(name): Path<String>) -> Response
     }
 }
 
+/// A robot's kept output lines.
+#[utoipa::path(get, path = "/api/v1/robots/{name}/output", operation_id = "get_robot_output", tag = "robots",
+    params(("name" = String, Path, description = "the robot's name")),
+    responses(
+        (status = 200, description = "its output, null when none is kept", body = OutputAnswer),
+        (status = 404, description = "no robot of that name", body = ErrorAnswer),
+        (status = 503, description = "the database did not answer", body = ErrorAnswer),
+        (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
+    ))]
 pub async fn output(State(app): State<App>, Path(name): Path<String>) -> Response {
     match detail(&app, &name).await {
         Ok(d) => Json(OutputAnswer {
@@ -171,9 +234,19 @@ fn authorized<T: serde::de::DeserializeOwned>(
     usage: &str,
 ) -> Result<(Actor, T), Box<Response>> {
     let actor = api_actor(app, headers, peer).map_err(|d| Box::new(denied(d)))?;
-    let body = serde_json::from_slice(body)
+    let body = json_object(body)
         .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, format!("{usage}: {e}"))))?;
     Ok((actor, body))
+}
+
+/// A request body: a JSON object of `T`'s fields. (serde would also take an array
+/// of the fields' values, in order, which no client means to send.)
+fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    if !value.is_object() {
+        return Err("the body must be a JSON object".into());
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
 }
 
 /// A spec from a JSON body, as it will be stored; `400` when it cannot be.
@@ -189,21 +262,27 @@ fn stored_spec(
 }
 
 /// `PUT /api/v1/robots/NAME`: the new spec (whole) and, optionally, kind.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct UpdateBody {
+pub struct UpdateBody {
+    /// Another kind, where the robot's context carries over.
     #[serde(default)]
     kind: Option<String>,
+    /// The whole new spec (see docs/robots.md).
+    #[schema(value_type = Object)]
     spec: serde_json::Map<String, serde_json::Value>,
+    /// Check and report the changes, change nothing.
     #[serde(default)]
     dry_run: bool,
-    /// How long to wait for the holder's answer (default 10 s, at most 30 s).
+    /// How long to wait for the holder's answer, in milliseconds (default 10 s, at
+    /// most 30 s).
     #[serde(default)]
+    #[schema(maximum = 30_000)]
     wait_ms: Option<u64>,
 }
 
 /// What an update did.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct UpdateAnswerBody {
     pub ok: bool,
     pub robot: String,
@@ -218,6 +297,17 @@ pub struct UpdateAnswerBody {
 /// with `applied: true` once its holder applied it; `409` with the holder's reason
 /// when it refused (nothing changed); `400` for a spec `create` would refuse; `202`
 /// when no holder answered within `wait_ms` (the update waits for one).
+#[utoipa::path(put, path = "/api/v1/robots/{name}", operation_id = "update_robot", tag = "actions",
+    params(("name" = String, Path, description = "the robot's name")),
+    request_body = UpdateBody,
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "applied by its holder, a dry run, or nothing to change", body = UpdateAnswerBody),
+        (status = 202, description = "no holder answered within wait_ms: the update waits for one", body = UpdateAnswerBody),
+        (status = 400, description = "a body or spec that create would refuse", body = ErrorAnswer),
+        (status = 404, description = "no robot of that name", body = ErrorAnswer),
+        (status = 409, description = "its holder refused it (nothing changed), or the document changed meanwhile", body = ErrorAnswer),
+    ))]
 pub async fn update_robot(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -234,7 +324,13 @@ pub async fn update_robot(
         Ok(s) => s,
         Err(refused) => return *refused,
     };
-    let wait = std::time::Duration::from_millis(body.wait_ms.unwrap_or(10_000).min(30_000));
+    if body.wait_ms.is_some_and(|w| w > 30_000) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "wait_ms must be at most 30000 (30 s)",
+        );
+    }
+    let wait = std::time::Duration::from_millis(body.wait_ms.unwrap_or(10_000));
     let store = app.store.clone();
     let robot = name.clone();
     let asked = super::to_the_end(async move {
@@ -298,15 +394,22 @@ pub async fn update_robot(
 }
 
 /// `POST /api/v1/robots`: what `robot create` takes.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateBody {
+pub struct CreateBody {
+    /// The robot's name; with count > 1, NAME-1 … NAME-count.
     name: String,
+    /// `counter`, `exec`, or a kind registered by your worker build (with unchecked).
     kind: String,
+    /// Its spec (see docs/robots.md).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     spec: Option<serde_json::Map<String, serde_json::Value>>,
+    /// How many (default 1).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 100_000)]
     count: Option<u32>,
+    /// Accept a kind this dashboard does not know.
     #[serde(default)]
     unchecked: bool,
 }
@@ -314,6 +417,15 @@ struct CreateBody {
 /// `POST /api/v1/robots`: creates robots as `robot create` does (the same checks and
 /// placement), idempotent with the names given: the same request again keeps what
 /// exists and creates the rest. `201` when it created any, `200` when all existed.
+#[utoipa::path(post, path = "/api/v1/robots", operation_id = "create_robots", tag = "actions",
+    request_body = CreateBody,
+    security(("token" = [])),
+    responses(
+        (status = 201, description = "created (some or all)", body = CreateAnswer),
+        (status = 200, description = "every name existed already, with this kind and spec", body = CreateAnswer),
+        (status = 400, description = "a body, name, kind or spec that is refused", body = ErrorAnswer),
+        (status = 409, description = "a name exists with another kind or spec, or no slot can take them", body = ErrorAnswer),
+    ))]
 pub async fn create_robots(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -381,11 +493,51 @@ pub async fn create_robots(
     }
 }
 
-#[derive(serde::Deserialize)]
-struct MoveBody {
+/// `POST /api/v1/robots/NAME/move`: the destination. Other actions take no body
+/// (or `{}`).
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveBody {
+    /// The destination slot's id, e.g. slot-002.
     to: Option<String>,
 }
 
+/// The actions `POST /api/v1/robots/{name}/{action}` takes.
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum RobotAction {
+    Pause,
+    Resume,
+    Restart,
+    Trigger,
+    Move,
+}
+
+/// The actions `POST /api/v1/slots/{id}/{action}` takes.
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum SlotAction {
+    Drain,
+    Undrain,
+}
+
+/// An action on one robot (delete is `DELETE /api/v1/robots/{name}`).
+#[utoipa::path(post, path = "/api/v1/robots/{name}/{action}", operation_id = "robot_action", tag = "actions",
+    params(
+        ("name" = String, Path, description = "the robot's name"),
+        ("action" = RobotAction, Path, description = "what to do"),
+    ),
+    request_body(content = Option<MoveBody>, description = "for move only: the destination slot"),
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "done (changed: false when it already was so)", body = ActionAnswer),
+        (status = 400, description = "a body that is refused: move without a destination, a destination for another action, unknown fields", body = ErrorAnswer),
+        (status = 404, description = "no such robot, destination slot or action", body = ErrorAnswer),
+        (status = 405, description = "delete goes through DELETE", body = ErrorAnswer),
+        (status = 409, description = "the robot refuses (e.g. a trigger of a robot with no schedule, a move onto a draining slot)", body = ErrorAnswer),
+    ))]
 pub async fn robot_action(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -397,29 +549,57 @@ pub async fn robot_action(
         Ok(a) => a,
         Err(d) => return denied(d),
     };
-    let to = if action == "move" {
-        match serde_json::from_slice::<MoveBody>(&body) {
+    // The action's word first (404 for one that does not exist), then the body: none
+    // (or `{}`) for every action but move, `{"to": SLOT}` for move.
+    if !matches!(
+        action.as_str(),
+        "pause" | "resume" | "restart" | "trigger" | "move" | "delete"
+    ) {
+        let e = Action::for_robot(&action, None).expect_err("not an action");
+        return error(StatusCode::NOT_FOUND, e);
+    }
+    if action == "delete" {
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "delete a robot with DELETE /api/v1/robots/NAME",
+        );
+    }
+    let given = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        match json_object::<MoveBody>(&body) {
             Ok(b) => b.to,
             Err(e) => {
                 return error(
                     StatusCode::BAD_REQUEST,
-                    format!("move takes a JSON body {{\"to\": \"slot-002\"}}: {e}"),
+                    format!(
+                        "{action} takes no body, move a JSON body {{\"to\": \"slot-002\"}}: {e}"
+                    ),
                 )
             }
         }
-    } else {
-        None
     };
-    match Action::for_robot(&action, to) {
-        Ok(a) if a != Action::Delete => answer(&app, &name, a, actor).await,
-        Ok(_) => error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "delete a robot with DELETE /api/v1/robots/NAME",
-        ),
-        Err(e) => error(StatusCode::NOT_FOUND, e),
+    if action != "move" && given.is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("{action} takes no destination (\"to\" is for move)"),
+        );
+    }
+    match Action::for_robot(&action, given) {
+        Ok(a) => answer(&app, &name, a, actor).await,
+        Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }
 
+/// Deletes a robot; its holder stops it within a tick.
+#[utoipa::path(delete, path = "/api/v1/robots/{name}", operation_id = "delete_robot", tag = "actions",
+    params(("name" = String, Path, description = "the robot's name")),
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "deleted", body = ActionAnswer),
+        (status = 404, description = "no robot of that name", body = ErrorAnswer),
+        (status = 409, description = "the document changed meanwhile", body = ErrorAnswer),
+    ))]
 pub async fn delete_robot(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -432,6 +612,19 @@ pub async fn delete_robot(
     }
 }
 
+/// Drains a slot (its holder stops its robots and hands it back; nobody claims it),
+/// or undrains it.
+#[utoipa::path(post, path = "/api/v1/slots/{id}/{action}", operation_id = "slot_action", tag = "actions",
+    params(
+        ("id" = String, Path, description = "the slot's id, e.g. slot-002"),
+        ("action" = SlotAction, Path, description = "what to do"),
+    ),
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "done", body = ActionAnswer),
+        (status = 404, description = "no such slot or action", body = ErrorAnswer),
+        (status = 409, description = "the slot refuses", body = ErrorAnswer),
+    ))]
 pub async fn slot_action(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -448,13 +641,26 @@ pub async fn slot_action(
     }
 }
 
-#[derive(Default, serde::Deserialize)]
+/// `POST /api/v1/rebalance`: optional.
+#[derive(Default, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RebalanceBody {
+pub struct RebalanceBody {
+    /// Move at most this many robots (run again to continue).
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
     max_moves: Option<u32>,
+    /// Print the plan and change nothing.
     dry_run: Option<bool>,
 }
 
+/// Evens robots out over the non-draining slots with fenced moves.
+#[utoipa::path(post, path = "/api/v1/rebalance", operation_id = "rebalance", tag = "actions",
+    request_body(content = Option<RebalanceBody>, description = "optional"),
+    security(("token" = [])),
+    responses(
+        (status = 200, description = "the plan, and the moves made", body = RebalanceAnswer),
+        (status = 400, description = "a body that is refused", body = ErrorAnswer),
+        (status = 409, description = "a move was refused", body = ErrorAnswer),
+    ))]
 pub async fn rebalance(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -468,7 +674,7 @@ pub async fn rebalance(
     let body: RebalanceBody = if body.iter().all(u8::is_ascii_whitespace) {
         RebalanceBody::default()
     } else {
-        match serde_json::from_slice(&body) {
+        match json_object(&body) {
             Ok(b) => b,
             Err(e) => {
                 return error(

@@ -22,6 +22,7 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod forms;
+pub mod openapi;
 pub mod pages;
 pub mod query;
 pub mod snapshot;
@@ -160,6 +161,7 @@ pub fn router(app: App) -> Router {
             post(api::slot_action).route_layer(w.clone()),
         )
         .route("/api/v1/rebalance", post(api::rebalance).route_layer(w))
+        .route(openapi::PATH, get(openapi::served))
         .fallback(pages::not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(middleware::from_fn_with_state(app.clone(), this_host_only))

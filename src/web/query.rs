@@ -20,6 +20,88 @@ pub const SORTS: &[&str] = &["name", "slot", "state", "seq", "restarts", "checkp
 
 pub const DEFAULT_PER_PAGE: usize = 50;
 pub const MAX_PER_PAGE: usize = 500;
+
+/// The highest `page=`.
+pub const MAX_PAGE: usize = 1_000_000;
+
+// The query's parameters as the API's OpenAPI document shows them: each value as
+// [`RobotQuery::parse`] takes it, an empty one included (it counts as absent).
+
+type DocSchema = utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>;
+
+/// One of `words`, or empty.
+fn words_schema(words: impl IntoIterator<Item = &'static str>) -> DocSchema {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(words.into_iter().chain([""])))
+        .into()
+}
+
+/// A whole number from 1 to `max`, or empty.
+fn number_schema(max: usize) -> DocSchema {
+    use utoipa::openapi::schema::{AnyOfBuilder, ObjectBuilder, Type};
+    AnyOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(1))
+                .maximum(Some(max as u64)),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some([""])),
+        )
+        .into()
+}
+
+macro_rules! doc_param {
+    ($(#[$meta:meta])* $name:ident => $schema:expr) => {
+        $(#[$meta])*
+        pub struct $name;
+
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> DocSchema {
+                $schema
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+    };
+}
+
+doc_param! {
+    /// `q=`, `slot=`, `kind=`: text of at most [`MAX_TEXT`] characters.
+    TextParam => utoipa::openapi::schema::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .max_length(Some(MAX_TEXT))
+        .into()
+}
+doc_param! {
+    /// `state=`: a robot's derived state.
+    StateParam => words_schema(RobotState::ALL.iter().map(|s| s.as_str()))
+}
+doc_param! {
+    /// `only=`: the words of [`ONLY`].
+    OnlyParam => words_schema(ONLY.iter().copied())
+}
+doc_param! {
+    /// `sort=`: the words of [`SORTS`].
+    SortParam => words_schema(SORTS.iter().copied())
+}
+doc_param! {
+    /// `order=`.
+    OrderParam => words_schema(["asc", "desc"])
+}
+doc_param! {
+    /// `page=`.
+    PageParam => number_schema(MAX_PAGE)
+}
+doc_param! {
+    /// `per_page=`.
+    PerPageParam => number_schema(MAX_PER_PAGE)
+}
 /// The longest search text or filter value accepted.
 pub const MAX_TEXT: usize = 200;
 
@@ -106,7 +188,7 @@ impl RobotQuery {
                         _ => return Err("order must be asc or desc".into()),
                     }
                 }
-                "page" => out.page = number(k, v, 1, 1_000_000)?,
+                "page" => out.page = number(k, v, 1, MAX_PAGE)?,
                 "per_page" => out.per_page = number(k, v, 1, MAX_PER_PAGE)?,
                 _ => {
                     return Err(format!(

@@ -53,7 +53,7 @@ pub const EVENTS_FIRST: Duration = Duration::from_secs(15 * 60);
 pub const IDLE_AFTER: Duration = Duration::from_secs(60);
 
 /// A slot as the dashboard shows it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct SlotInfo {
     pub id: String,
     pub state: SlotState,
@@ -71,7 +71,7 @@ pub struct SlotInfo {
 }
 
 /// A live worker.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct WorkerInfo {
     pub id: String,
     /// `holder` (holds a live slot), `standby`, or `overdue` (holds nothing and its
@@ -88,7 +88,7 @@ pub struct WorkerInfo {
 
 /// One entry of the `events` log: `at` (RFC 3339, server clock), `kind`, and the
 /// rest of its fields as text.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct EventInfo {
     pub at: Option<String>,
     pub kind: String,
@@ -96,7 +96,7 @@ pub struct EventInfo {
 }
 
 /// A robot as the table shows it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct RobotRow {
     pub name: String,
     pub kind: String,
@@ -138,7 +138,7 @@ impl RobotRow {
 }
 
 /// The pool in numbers.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct Summary {
     pub slots: usize,
     pub held: usize,
@@ -150,6 +150,7 @@ pub struct Summary {
     pub failures_absorbable: usize,
     /// Robots in the table, by derived state.
     pub robots: usize,
+    #[schema(value_type = BTreeMap<String, usize>)]
     pub robots_by_state: BTreeMap<&'static str, usize>,
     /// Robots bound to no existing slot (hand-edited documents), found by count.
     pub robots_unplaced: i64,

@@ -64,12 +64,13 @@ pub async fn before_handlers(State(app): State<App>, req: Request, next: Next) -
     } else {
         (&app.bodies, MAX_BODIES)
     };
+    let api = path.starts_with("/api/");
     let Ok(permit) = pool.clone().try_acquire_owned() else {
-        let mut res = (
+        let mut res = refusal(
+            api,
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("{most} writes are already sending their bodies; try again in a moment\n"),
-        )
-            .into_response();
+            format!("{most} writes are already sending their bodies; try again in a moment"),
+        );
         res.headers_mut().insert(
             axum::http::header::RETRY_AFTER,
             axum::http::HeaderValue::from(1),
@@ -81,24 +82,21 @@ pub async fn before_handlers(State(app): State<App>, req: Request, next: Next) -
     let bytes = match tokio::time::timeout(BODY_TIMEOUT, read).await {
         Ok(Ok(bytes)) => bytes,
         Ok(Err(_)) => {
-            return (
+            return refusal(
+                api,
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "a request body may hold at most {} bytes\n",
-                    super::MAX_BODY
-                ),
+                format!("a request body may hold at most {} bytes", super::MAX_BODY),
             )
-                .into_response()
         }
         Err(_) => {
-            return (
+            return refusal(
+                api,
                 StatusCode::REQUEST_TIMEOUT,
                 format!(
-                    "the request body did not arrive within {} s\n",
+                    "the request body did not arrive within {} s",
                     BODY_TIMEOUT.as_secs()
                 ),
             )
-                .into_response()
         }
     };
     // The body is in; the handler's own wait (an update waiting for its holder)
@@ -106,4 +104,14 @@ pub async fn before_handlers(State(app): State<App>, req: Request, next: Next) -
     drop(permit);
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
+}
+
+/// A refusal before the handler: `{"error": …}` on the API (as its document says),
+/// a line of text to a form.
+fn refusal(api: bool, status: StatusCode, message: String) -> Response {
+    if api {
+        super::answers::error(status, message)
+    } else {
+        (status, format!("{message}\n")).into_response()
+    }
 }
