@@ -77,6 +77,9 @@ fn schemathesis(web: &WebProc, args: &[&str], report: &Path) -> String {
         .arg(report)
         .env("SCHEMATHESIS_HOOKS", "schemathesis_hooks")
         .env("PYTHONPATH", format!("{root}/tests/fixtures"))
+        // Its cache, and Python's compiled hooks, go to the test's own directory.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .current_dir(report.parent().expect("the report's directory"))
         .output()
         .expect("run scripts/schemathesis.sh");
     let text = format!(
