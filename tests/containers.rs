@@ -685,7 +685,13 @@ struct KubeLike {
 impl KubeLike {
     fn new() -> KubeLike {
         let pid = std::process::id();
-        let net = format!("sptk8s{pid}");
+        // The pid and the clock: a name a killed earlier run may have left behind
+        // (same pid in a fresh CI container) is not reused.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let net = format!("sptk8s{pid}x{nanos}");
         // A /24 no other bridge here uses; a few tries, from the pid.
         for k in 0..20u32 {
             let subnet = format!("10.213.{}", (pid + k * 37) % 250 + 1);
@@ -697,7 +703,7 @@ impl KubeLike {
                 &net,
             ]);
             if o.status.success() {
-                let secrets = std::env::temp_dir().join(format!("spt-k8s-secrets-{pid}"));
+                let secrets = std::env::temp_dir().join(format!("spt-k8s-secrets-{pid}-{nanos}"));
                 std::fs::create_dir_all(&secrets).unwrap();
                 return KubeLike {
                     net,
@@ -816,6 +822,24 @@ impl Drop for KubeLike {
         let _ = docker(&["network", "rm", &self.net]);
         let _ = std::fs::remove_dir_all(&self.secrets);
     }
+}
+
+/// `docker stop` with `grace` seconds, as the kubelet stops a pod: the worker must
+/// exit by itself (code 0) within it, not be killed at its end. How long it took.
+fn stop_within_grace(container: &str, grace: i64) -> Duration {
+    let t0 = Instant::now();
+    let stopped = docker(&["stop", "-t", &grace.to_string(), container]);
+    let took = t0.elapsed();
+    assert!(stopped.status.success(), "docker stop: {}", text(&stopped));
+    let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", container]);
+    assert_eq!(
+        String::from_utf8_lossy(&code.stdout).trim(),
+        "0",
+        "the worker did not exit by itself within the {grace} s grace (took {took:?}): {}",
+        text(&docker(&["logs", "--tail", "30", container]))
+    );
+    assert!(took < Duration::from_secs(grace as u64), "took {took:?}");
+    took
 }
 
 /// A kubelet's probe: GET `path` on `ip:port`, the status code (None: no answer
@@ -1041,18 +1065,7 @@ async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
     );
     let beats_before = beats(db.robot("beat").await).unwrap();
     let grace = declared.grace_seconds;
-    let t0 = Instant::now();
-    let stopped = docker(&["stop", "-t", &grace.to_string(), &holder]);
-    let took = t0.elapsed();
-    assert!(stopped.status.success(), "docker stop: {}", text(&stopped));
-    let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", &holder]);
-    assert_eq!(
-        String::from_utf8_lossy(&code.stdout).trim(),
-        "0",
-        "the worker did not exit by itself within the {grace} s grace (took {took:?}): {}",
-        text(&docker(&["logs", "--tail", "30", &holder]))
-    );
-    assert!(took < Duration::from_secs(grace as u64), "took {took:?}");
+    let took = stop_within_grace(&holder, grace);
     assert!(
         text(&docker(&["logs", &holder])).contains("released slot"),
         "the holder released its slot"
@@ -1138,17 +1151,7 @@ async fn with_the_isolation_patch_a_robot_reaches_neither_the_credentials_nor_it
     )
     .await;
     // It still stops within the declared grace, releasing every slot.
-    let t0 = Instant::now();
-    let stopped = docker(&["stop", "-t", &c.grace_seconds.to_string(), &name]);
-    let took = t0.elapsed();
-    assert!(stopped.status.success(), "docker stop: {}", text(&stopped));
-    let code = docker(&["inspect", "-f", "{{.State.ExitCode}}", &name]);
-    assert_eq!(
-        String::from_utf8_lossy(&code.stdout).trim(),
-        "0",
-        "the worker did not exit by itself within the grace (took {took:?}): {}",
-        text(&docker(&["logs", "--tail", "30", &name]))
-    );
+    stop_within_grace(&name, c.grace_seconds);
     for s in db.slots().await {
         assert_eq!(owner(&s), None, "released: {s}");
     }

@@ -309,12 +309,13 @@ fn the_worker_deployment_follows_the_tick() {
         Some(w.port.to_string().as_str())
     );
     assert_eq!(annotations["prometheus.io/path"].as_str(), Some("/metrics"));
-    // The grace covers a graceful handoff even with the database gone: robots stop
-    // (0.3 T), then the release and the heartbeat's removal are each given up after
-    // max(2 T, 2 s).
-    let handoff = tick.mul_f64(0.3) + 2 * (2 * tick).max(std::time::Duration::from_secs(2));
+    // The grace covers a graceful handoff even with the database gone: the robots'
+    // stop (0.3 T), a round already under way, the release, its event and the
+    // heartbeat's removal, each database call giving up after max(2 T, 2 s).
+    let call = (2 * tick).max(std::time::Duration::from_secs(2));
+    let handoff = tick.mul_f64(0.3) + 8 * call + std::time::Duration::from_secs(1);
     assert!(
-        std::time::Duration::from_secs(w.grace_seconds as u64) > handoff,
+        std::time::Duration::from_secs(w.grace_seconds as u64) >= handoff,
         "terminationGracePeriodSeconds {} does not cover {handoff:?}",
         w.grace_seconds
     );
@@ -431,4 +432,76 @@ fn the_robot_isolation_patch_gives_a_valid_worker_whose_robots_run_as_another_us
     }
     assert_eq!(w.args, plain.args);
     assert!(w.read_only_root && w.no_new_privileges);
+}
+
+#[test]
+fn every_pod_is_locked_down_and_the_network_policies_select_the_pods_they_name() {
+    use common::kubernetes::{declared, object};
+    for (kind, name) in [
+        ("Deployment", "slotpool-worker"),
+        ("Deployment", "slotpool-web"),
+        ("Job", "slotpool-init"),
+    ] {
+        let c = declared(kind, name, "10.0.0.7");
+        assert!(
+            c.read_only_root && c.no_new_privileges && c.drop_all_capabilities && c.user != 0,
+            "{kind} {name} is not locked down: {c:?}"
+        );
+        assert!(c.cap_add.is_empty(), "{kind} {name} adds capabilities");
+        let pod = &object(kind, name)["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["automountServiceAccountToken"].as_bool(),
+            Some(false),
+            "{name}"
+        );
+        assert_eq!(
+            pod["securityContext"]["runAsNonRoot"].as_bool(),
+            Some(true),
+            "{name}"
+        );
+    }
+    for (policy, deployment) in [
+        ("slotpool-worker", "slotpool-worker"),
+        ("slotpool-web", "slotpool-web"),
+    ] {
+        let p = object("NetworkPolicy", policy);
+        let d = object("Deployment", deployment);
+        assert_eq!(
+            p["spec"]["podSelector"]["matchLabels"], d["spec"]["selector"]["matchLabels"],
+            "{policy} selects the pods of {deployment}"
+        );
+        let port = declared("Deployment", deployment, "10.0.0.7").port;
+        let allowed: Vec<u64> = p["spec"]["ingress"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["ports"].as_sequence().cloned().unwrap_or_default())
+            .filter_map(|x| x["port"].as_u64())
+            .collect();
+        assert_eq!(
+            allowed,
+            [port as u64],
+            "{policy} opens only the container's port"
+        );
+    }
+    // Workers reach each other (pokes); nothing else in the cluster reaches the
+    // dashboard unless labelled for it.
+    let w = object("NetworkPolicy", "slotpool-worker");
+    let from = &w["spec"]["ingress"][0]["from"];
+    assert!(from
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(
+            |f| f["podSelector"]["matchLabels"]["app.kubernetes.io/component"].as_str()
+                == Some("worker")
+                && f.get("namespaceSelector").is_none()
+        ));
+    let web = object("NetworkPolicy", "slotpool-web");
+    for f in web["spec"]["ingress"][0]["from"].as_sequence().unwrap() {
+        assert!(
+            f["podSelector"]["matchLabels"]["slotpool/dashboard-client"].as_str() == Some("true"),
+            "the dashboard is open to {f:?}"
+        );
+    }
 }

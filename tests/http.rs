@@ -153,12 +153,27 @@ async fn http_healthz_metrics_status_are_real_and_read_only() {
     })
     .await;
     // The loop goes on without the database: /livez, the liveness probe's
-    // question, stays 200, so an outage never has every worker restarted.
-    let (code, body) = w.http_get("/livez").unwrap();
-    assert_eq!(
-        (code, body.as_str()),
-        (200, "ok\n"),
-        "/livez during the outage"
+    // question, stays 200, so an outage never has every worker restarted; and the
+    // loop keeps finishing rounds, watched for 22 s of the outage: its age stays
+    // under 20 s (a pause of at most a heartbeat period, 5 T, then a round whose
+    // database calls each give up after 2 s), where /livez would call 30 s a hang.
+    let until = std::time::Instant::now() + Duration::from_secs(22);
+    let mut oldest = 0;
+    while std::time::Instant::now() < until {
+        let (code, body) = w.http_get("/livez").unwrap();
+        assert_eq!(
+            (code, body.as_str()),
+            (200, "ok\n"),
+            "/livez during the outage"
+        );
+        let status: serde_json::Value =
+            serde_json::from_str(&w.http_get("/status").unwrap().1).unwrap();
+        oldest = oldest.max(status["loop_age_ms"].as_u64().expect("loop_age_ms"));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        oldest < 20_000,
+        "the loop went {oldest} ms without a round during the outage"
     );
     proxy.set(Mode::Pass);
     common::wait_for(

@@ -144,7 +144,15 @@ async fn schemathesis_finds_every_answer_documented_and_no_write_from_a_refused_
     // Refused: a wrong token. Every write is refused (401, then 429 once the address
     // has tried too many), and nothing changes.
     // First the holder settles what the run left pending (updates to judge, run-now
-    // requests), so that only a request could change the state from here.
+    // requests), so that only a request could change the state from here. The run
+    // may have left the slot drained, as it may: undrained, the worker takes it back.
+    db.cli_ok(&["slots", "undrain", "slot-001"]);
+    wait_for(
+        Duration::from_secs(30),
+        "the worker holding its slot",
+        || async { (common::owner(&db.slot("slot-001").await)? == worker.id).then_some(()) },
+    )
+    .await;
     wait_for(Duration::from_secs(60), "nothing pending", || async {
         let pending = db
             .store
@@ -185,15 +193,40 @@ async fn schemathesis_finds_every_answer_documented_and_no_write_from_a_refused_
 
     println!("schemathesis: {sent} requests with the token, {refused} with a wrong one\n{text}");
     assert!(sent >= 300, "only {sent} requests were sent:\n{text}");
-    // The dashboard still serves; the worker still runs, and takes its slot back
-    // once it is undrained (the run may have left it drained, as it may).
+    // The dashboard still serves, and the worker still holds its slot.
     assert_eq!(web.get("/").expect("the dashboard").status, 200);
     assert_eq!(web.get("/api/v1/slots").expect("the API").status, 200);
-    db.cli_ok(&["slots", "undrain", "slot-001"]);
-    wait_for(
-        Duration::from_secs(30),
-        "the worker holding its slot",
-        || async { (common::owner(&db.slot("slot-001").await)? == worker.id).then_some(()) },
+    assert_eq!(
+        common::owner(&db.slot("slot-001").await).as_deref(),
+        Some(worker.id.as_str())
+    );
+    // A foreign Host is refused with the API's JSON error, as the document says.
+    let (status, body) = foreign_host(web.port, "/api/v1/slots");
+    assert_eq!(status, 421, "{body}");
+    let e: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
+    assert!(e["error"].is_string(), "{body}");
+}
+
+/// GET `path` with `Host: evil.example`: the status and body.
+fn foreign_host(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
     )
-    .await;
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -239,6 +239,12 @@ fn authorized<T: serde::de::DeserializeOwned>(
     Ok((actor, body))
 }
 
+/// An optional body that was not given: nothing, white space, or JSON `null`.
+fn no_body(body: &[u8]) -> bool {
+    let text = body.trim_ascii();
+    text.is_empty() || text == b"null"
+}
+
 /// A request body: a JSON object of `T`'s fields. (serde would also take an array
 /// of the fields' values, in order, which no client means to send.)
 fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
@@ -564,7 +570,7 @@ pub async fn robot_action(
             "delete a robot with DELETE /api/v1/robots/NAME",
         );
     }
-    let given = if body.iter().all(u8::is_ascii_whitespace) {
+    let given = if no_body(&body) {
         None
     } else {
         match json_object::<MoveBody>(&body) {
@@ -671,7 +677,7 @@ pub async fn rebalance(
         Ok(a) => a,
         Err(d) => return denied(d),
     };
-    let body: RebalanceBody = if body.iter().all(u8::is_ascii_whitespace) {
+    let body: RebalanceBody = if no_body(&body) {
         RebalanceBody::default()
     } else {
         match json_object(&body) {

@@ -28,13 +28,22 @@ const DETAIL_CACHE: usize = 256;
 /// drops a handler's future when its client hangs up, and a move dropped between
 /// its writes would strand its robot. Spawned, the action finishes; the handler only
 /// waits for its answer.
+///
+/// Tracked, so that a dashboard asked to stop lets the actions in flight finish first
+/// (see [`in_flight`]).
 pub async fn to_the_end<T: Send + 'static>(
     action: impl std::future::Future<Output = T> + Send + 'static,
 ) -> T {
-    match tokio::spawn(action).await {
+    match in_flight().spawn(action).await {
         Ok(done) => done,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
+}
+
+/// The actions started by [`to_the_end`] and not finished yet.
+pub fn in_flight() -> &'static tokio_util::task::TaskTracker {
+    static TRACKER: std::sync::OnceLock<tokio_util::task::TaskTracker> = std::sync::OnceLock::new();
+    TRACKER.get_or_init(tokio_util::task::TaskTracker::new)
 }
 
 /// What every handler shares.

@@ -183,10 +183,15 @@ async fn this_host_only(
     if auth::host_allowed(host, &app.hosts) {
         return next.run(req).await;
     }
+    let why = "this dashboard answers only to its IP addresses, localhost and --allowed-host names";
+    if req.uri().path().starts_with("/api/") {
+        // As every error of the API: `{"error": …}` (its OpenAPI document says so).
+        return answers::error(axum::http::StatusCode::MISDIRECTED_REQUEST, why);
+    }
     use axum::response::IntoResponse;
     (
         axum::http::StatusCode::MISDIRECTED_REQUEST,
-        "this dashboard answers only to its IP addresses, localhost and --allowed-host names\n",
+        format!("{why}\n"),
     )
         .into_response()
 }
@@ -279,9 +284,33 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
         _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
     }
+    // No new requests from here (the listener is gone); the actions already writing
+    // run to their end, so that no move is cut between its writes.
     stop.cancel();
+    let actions = app::in_flight();
+    actions.close();
+    if !actions.is_empty() {
+        tracing::info!(
+            actions = actions.len(),
+            "slotpool web: stopping once the actions in flight finish (at most {} s)",
+            ACTIONS_GRACE.as_secs()
+        );
+    }
+    if tokio::time::timeout(ACTIONS_GRACE, actions.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            actions = actions.len(),
+            "slotpool web: stopping with actions still in flight; run them again to finish them"
+        );
+    }
     Ok(())
 }
+
+/// How long a stopping dashboard waits for the actions in flight: under the 30 s a
+/// container gets by default to stop (Kubernetes' grace, `docker stop`'s is 10 s).
+pub const ACTIONS_GRACE: Duration = Duration::from_secs(25);
 
 #[cfg(test)]
 mod tests {

@@ -135,7 +135,7 @@ async fn read_only() -> Response {
     (
         StatusCode::METHOD_NOT_ALLOWED,
         [(header::ALLOW, "GET, HEAD")],
-        "read-only: GET /healthz, /metrics, /status\n",
+        "read-only: GET /healthz, /livez, /metrics, /status\n",
     )
         .into_response()
 }
@@ -146,7 +146,7 @@ async fn unknown(method: Method) -> Result<Response, Infallible> {
     }
     Ok((
         StatusCode::NOT_FOUND,
-        "not found: try /healthz, /metrics or /status\n",
+        "not found: try /healthz, /livez, /metrics or /status\n",
     )
         .into_response())
 }

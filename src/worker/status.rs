@@ -44,6 +44,8 @@ pub struct WorkerStatus {
     /// judges, whatever the database does.
     #[serde(skip)]
     pub last_round: Option<Instant>,
+    /// How long ago that was, as served.
+    pub loop_age_ms: u64,
 }
 
 /// How long the worker's loop may go without finishing a round before `/livez`
@@ -99,6 +101,7 @@ impl WorkerStatus {
             s.lease_age_ms = s.last_renewed.elapsed().as_millis() as u64;
         }
         self.lease_age_ms = self.slots.iter().map(|s| s.lease_age_ms).max();
+        self.loop_age_ms = self.since_last_round().as_millis() as u64;
         self
     }
 
