@@ -1,7 +1,8 @@
 //! `/api/v1`'s OpenAPI document: the one `slotpool web` serves is the one the code
 //! generates and the one checked into docs/openapi.json; and Schemathesis (PyPI),
 //! driving a live `slotpool web` from that document, finds no answer the document
-//! does not describe, no server error, and no write a refused request made.
+//! does not describe, no server error, and no write a refused request made (a wrong
+//! token, or data the document rules out).
 //!
 //! To write docs/openapi.json again after changing the API:
 //! `SLOTPOOL_WRITE_OPENAPI=1 cargo test --test openapi`.
@@ -141,8 +142,6 @@ async fn schemathesis_finds_every_answer_documented_and_no_write_from_a_refused_
         &report,
     );
     let sent = requests_sent(&report);
-    // Refused: a wrong token. Every write is refused (401, then 429 once the address
-    // has tried too many), and nothing changes.
     // First the holder settles what the run left pending (updates to judge, run-now
     // requests), so that only a request could change the state from here. The run
     // may have left the slot drained, as it may: undrained, the worker takes it back.
@@ -167,6 +166,44 @@ async fn schemathesis_finds_every_answer_documented_and_no_write_from_a_refused_
     })
     .await;
     let before = writable_state(&db).await;
+
+    // Refused: invalid requests with the right token. Only data the document rules
+    // out is sent; every write must be refused, and again nothing changes.
+    // (Before the wrong tokens below: past 10 a minute they have the address
+    // refused even the right token.)
+    let invalid_report = db.dir.join("schemathesis-invalid.ndjson");
+    let invalid_text = schemathesis(
+        &web,
+        &[
+            "-H",
+            &format!("Authorization: Bearer {TOKEN}"),
+            "--include-tag",
+            "actions",
+            "--mode",
+            "negative",
+            "--checks",
+            "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,negative_data_rejection",
+            "--phases",
+            "coverage,fuzzing",
+            "--max-examples",
+            "20",
+            "--seed",
+            "1",
+            "--workers",
+            "1",
+        ],
+        &invalid_report,
+    );
+    let invalid = requests_sent(&invalid_report);
+    assert!(invalid > 0, "no invalid request was sent:\n{invalid_text}");
+    assert_eq!(
+        writable_state(&db).await,
+        before,
+        "an invalid request wrote"
+    );
+
+    // Refused: a wrong token. Every write is refused (401, then 429 once the address
+    // has tried too many), and nothing changes.
     let refused_report = db.dir.join("schemathesis-refused.ndjson");
     schemathesis(
         &web,
@@ -191,7 +228,9 @@ async fn schemathesis_finds_every_answer_documented_and_no_write_from_a_refused_
     let refused = requests_sent(&refused_report);
     assert_eq!(writable_state(&db).await, before, "a refused request wrote");
 
-    println!("schemathesis: {sent} requests with the token, {refused} with a wrong one\n{text}");
+    println!(
+        "schemathesis: {sent} requests with the token, {refused} with a wrong one, {invalid} invalid ones\n{text}"
+    );
     assert!(sent >= 300, "only {sent} requests were sent:\n{text}");
     // The dashboard still serves, and the worker still holds its slot.
     assert_eq!(web.get("/").expect("the dashboard").status, 200);
