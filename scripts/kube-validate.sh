@@ -13,24 +13,11 @@
 # object: tests/deploy.rs checks that it lists every manifest.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.state/kube-validate"
 PACKAGE="kubernetes-validate==1.37.0"
 VERSIONS=(1.30.0 1.37.0)
 
-# One install at a time: tests run in parallel, and two at once would each remove
-# the other's half-made venv.
-mkdir -p "$ROOT/.state"
-exec 9>"$ROOT/.state/kube-validate.lock"
-flock 9
-if [[ ! -x "$VENV/bin/kubernetes-validate" ]]; then
-  echo "kube-validate: installing $PACKAGE into $VENV (once)" >&2
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  source "$ROOT/scripts/retry.sh"
-  retry "kube-validate: pip install" \
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$PACKAGE"
-fi
-flock -u 9
+source "$ROOT/scripts/py-tool.sh"
+BIN="$(py_tool kube-validate "$PACKAGE")"
 
 manifests=("$@")
 if [[ ${#manifests[@]} == 0 ]]; then
@@ -39,6 +26,6 @@ if [[ ${#manifests[@]} == 0 ]]; then
   done
 fi
 for v in "${VERSIONS[@]}"; do
-  "$VENV/bin/kubernetes-validate" --strict --kubernetes-version "$v" --quiet "${manifests[@]}"
+  "$BIN/kubernetes-validate" --strict --kubernetes-version "$v" --quiet "${manifests[@]}"
 done
 echo "kube-validate: ${#manifests[@]} manifests pass Kubernetes ${VERSIONS[*]} strictly" >&2

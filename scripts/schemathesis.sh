@@ -12,7 +12,6 @@
 # tests/openapi.rs runs it in CI; its figures are in BENCHMARKS.md's security notes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.state/schemathesis"
 PACKAGE="schemathesis==4.32.5"
 if [[ $# -lt 1 ]]; then
   echo "usage: scripts/schemathesis.sh BASE_URL [schemathesis run options…]" >&2
@@ -21,22 +20,10 @@ fi
 BASE="$1"
 shift
 
-# One install at a time: tests run in parallel, and two at once would each remove
-# the other's half-made venv.
-mkdir -p "$ROOT/.state"
-exec 9>"$ROOT/.state/schemathesis.lock"
-flock 9
-if [[ ! -x "$VENV/bin/schemathesis" ]]; then
-  echo "schemathesis: installing $PACKAGE into $VENV (once)" >&2
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  source "$ROOT/scripts/retry.sh"
-  retry "schemathesis: pip install" \
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$PACKAGE"
-fi
-flock -u 9
+source "$ROOT/scripts/py-tool.sh"
+BIN="$(py_tool schemathesis "$PACKAGE")"
 
-exec "$VENV/bin/schemathesis" run "$BASE/api/v1/openapi.json" \
+exec "$BIN/schemathesis" run "$BASE/api/v1/openapi.json" \
   --url "$BASE" \
   --no-color \
   --generation-database none \

@@ -845,14 +845,7 @@ fn stop_within_grace(container: &str, grace: i64) -> Duration {
 /// A kubelet's probe: GET `path` on `ip:port`, the status code (None: no answer
 /// within the probe's timeout, which a kubelet counts as a failure).
 fn probe(ip: &str, port: u16, path: &str, timeout: Duration) -> Option<u16> {
-    use std::io::{Read, Write};
-    let addr: std::net::SocketAddr = format!("{ip}:{port}").parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {ip}:{port}\r\nUser-Agent: kube-probe/1.30\r\nConnection: close\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_whitespace().nth(1)?.parse().ok()
+    common::containers::get_at(&format!("{ip}:{port}"), path, timeout).map(|(status, _)| status)
 }
 
 /// A robot that looks for what it must not reach: the URI file, any process's

@@ -68,12 +68,15 @@ async fn writable_state(db: &TestDb) -> Vec<bson::Document> {
     out
 }
 
-/// Schemathesis against `web`, with `args`; its output, insisting it passed.
+/// Schemathesis against `web`, with `args` (seed 1, one worker); its output,
+/// insisting it passed.
 fn schemathesis(web: &WebProc, args: &[&str], report: &Path) -> String {
     let root = env!("CARGO_MANIFEST_DIR");
     let out = Command::new(format!("{root}/scripts/schemathesis.sh"))
         .arg(web.url(""))
         .args(args)
+        // Reproducible, and one request at a time (two cores, one dev server).
+        .args(["--seed", "1", "--workers", "1"])
         .args(["--report", "ndjson", "--report-ndjson-path"])
         .arg(report)
         .env("SCHEMATHESIS_HOOKS", "schemathesis_hooks")
@@ -134,10 +137,6 @@ async fn schemathesis_finds_every_answer_documented_and_no_write_from_a_refused_
             "positive_data_acceptance,ignored_auth",
             "--max-examples",
             "30",
-            "--seed",
-            "1",
-            "--workers",
-            "1",
         ],
         &report,
     );
@@ -187,10 +186,6 @@ async fn schemathesis_finds_every_answer_documented_and_no_write_from_a_refused_
             "coverage,fuzzing",
             "--max-examples",
             "20",
-            "--seed",
-            "1",
-            "--workers",
-            "1",
         ],
         &invalid_report,
     );
@@ -218,10 +213,6 @@ async fn schemathesis_finds_every_answer_documented_and_no_write_from_a_refused_
             "examples,fuzzing",
             "--max-examples",
             "20",
-            "--seed",
-            "1",
-            "--workers",
-            "1",
         ],
         &refused_report,
     );

@@ -166,16 +166,25 @@ pub fn container_of(workers: &[String], id: &str) -> String {
 
 /// A worker's `/metrics`, read on its container's own address (`ip:7700`).
 pub fn metrics_at(addr: &str) -> Option<String> {
+    get_at(addr, "/metrics", Duration::from_secs(5)).map(|(_, body)| body)
+}
+
+/// `GET path` on a container's own address (`ip:port`), as a kubelet's probe asks:
+/// the status and the body, None when nothing answered within `timeout`.
+pub fn get_at(addr: &str, path: &str, timeout: Duration) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let addr: std::net::SocketAddr = addr.parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut s =
+        std::net::TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(2))).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
     write!(
         s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
 }
