@@ -13,11 +13,6 @@ use crate::robot::Registry;
 use crate::worker::http::{self, HttpState};
 use crate::worker::{Worker, WorkerSettings};
 
-/// Connections the worker's robots' pool keeps open while idle: what a standby's
-/// claim sends at once (see [`Store::connect_warm`]). The lease has a pool of its
-/// own.
-const ROBOT_POOL_WARM: u32 = 4;
-
 pub const DEFAULT_PORT: u16 = 7700;
 
 #[derive(Debug, Args)]
@@ -269,7 +264,7 @@ pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
             listen.port()
         )
     })?;
-    let store = Store::connect_warm(uri, ROBOT_POOL_WARM)
+    let store = Store::connect(uri)
         .await
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
     tracing::info!(

@@ -25,8 +25,9 @@ impl Default for WorkerRole {
     }
 }
 
-/// Everyone not at the front surveys, heartbeats and re-reads its place once per
-/// this many ticks; heartbeats are this far apart for everyone.
+/// Heartbeats at the front of the line are this many ticks apart (further back,
+/// see `worker::standby_line::beat_pace`), and so are a holder's surveys at a
+/// tick so long that the rear's safety survey would come sooner.
 pub const REAR_TICKS: u32 = 5;
 
 /// Whether a `workers` document read through [`liveness`] is alive: its own

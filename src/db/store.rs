@@ -115,7 +115,8 @@ impl SlotDoc {
 }
 
 /// How often the driver's server monitor checks each server, unless the URI says
-/// (`heartbeatFrequencyMS`): every minute rather than the driver's 10 s. A worker
+/// (`heartbeatFrequencyMS`, `serverMonitoringMode`): every minute rather than the
+/// driver's 10 s, by polling on one connection per client. A worker
 /// has two clients (see [`Store::dedicated`]), and in an idle pool of three their
 /// monitors' `hello`s were a tenth of every request the server saw. Nothing waits
 /// on the monitor: an error (a stepped-down primary, a cut connection) makes the
@@ -146,19 +147,10 @@ impl Store {
     /// Connects and pings, failing within a few seconds when the server is unreachable.
     /// The database is the URI's path (`mongodb://host/NAME`), else `slotpool`.
     pub async fn connect(uri: &str) -> Result<Store, StoreError> {
-        Self::connect_with(uri, None).await
+        Self::connect_with(uri).await
     }
 
-    /// [`Store::connect`], keeping at least `warm` connections open (unless the URI
-    /// sets `minPoolSize` itself; never more than its `maxPoolSize`). A worker's robots' pool: a standby that claims a
-    /// slot sends its first robot requests at once (the claim's event, the server's
-    /// clock, the slot's robots, then the adoption beside the first firing's
-    /// write), and each connection opened only then costs a handshake first.
-    pub async fn connect_warm(uri: &str, warm: u32) -> Result<Store, StoreError> {
-        Self::connect_with(uri, Some(warm)).await
-    }
-
-    async fn connect_with(uri: &str, warm: Option<u32>) -> Result<Store, StoreError> {
+    async fn connect_with(uri: &str) -> Result<Store, StoreError> {
         crate::secrets::remember(uri);
         let shown = redact_uri(uri);
         let mut options = ClientOptions::parse(uri)
@@ -175,9 +167,11 @@ impl Store {
             .get_or_insert(Duration::from_secs(3));
         options.app_name.get_or_insert_with(|| "slotpool".into());
         options.heartbeat_freq.get_or_insert(MONITOR_EVERY);
-        if let (Some(warm), None) = (warm, options.min_pool_size) {
-            options.min_pool_size = Some(warm.min(options.max_pool_size.unwrap_or(u32::MAX)));
-        }
+        // Polled, not streamed: a streaming monitor opens a second connection per
+        // client for its round-trip measurements, and asks as often.
+        options
+            .server_monitoring_mode
+            .get_or_insert(mongodb::options::ServerMonitoringMode::Poll);
         let name = options
             .default_database
             .clone()
@@ -202,20 +196,21 @@ impl Store {
     }
 
     /// The same database through a connection pool of its own, at most `pool`
-    /// connections. The worker renews its lease through one, so robots' traffic
-    /// (a restore burst of thousands of checkpoints) can never queue a renewal
-    /// behind it in the driver.
+    /// connections, `open` of them opened up front and kept open. The worker renews
+    /// its lease through one, so robots' traffic (a restore burst of thousands of
+    /// checkpoints) can never queue a renewal behind it in the driver.
     ///
-    /// Every connection of it is opened up front and kept open (`minPoolSize` =
-    /// `pool`), so a renewal never waits for one to be made. On a fast link the pool
-    /// needs one or two; when the link slows, several requests overlap, and each
-    /// connection opened then costs a handshake's round trips: at 300 ms of added
-    /// latency, a holder of three slots missed a renewal's window that way (the
-    /// first seconds of tests/containers.rs's latency phase).
-    pub fn dedicated(&self, pool: u32, name: &str) -> Result<Store, StoreError> {
+    /// Kept open, a connection spares a request the handshake's round trips when the
+    /// link slows: at 300 ms of added latency, a holder of three slots whose
+    /// renewals overlapped missed a renewal's window waiting for a new one (the
+    /// first seconds of tests/containers.rs's latency phase). A holder opens more
+    /// with [`Store::warm`] as it takes slots; a standby keeps one: at a pool's cold
+    /// start, every worker's minimum opened at once (11 connections each) was most of
+    /// what kept the server from answering the first holders' renewals.
+    pub fn dedicated(&self, pool: u32, open: u32, name: &str) -> Result<Store, StoreError> {
         let mut options = self.options.clone();
         options.max_pool_size = Some(pool);
-        options.min_pool_size = Some(pool);
+        options.min_pool_size = Some(open.min(pool));
         options.app_name = Some(format!("slotpool-{name}"));
         let client = Client::with_options(options.clone()).map_err(|e| StoreError::BadUri {
             uri: self.shown_uri(),
@@ -227,6 +222,15 @@ impl Store {
             options,
             shown_uri: self.shown_uri.clone(),
         })
+    }
+
+    /// Opens connections until `n` are open (never more than the pool's size), by
+    /// sending `n` pings at once: each holds a connection while it waits for its
+    /// answer, and every connection stays open in the pool afterwards. Bounded by
+    /// `within`; a failure only means the next request opens its own.
+    pub async fn warm(&self, n: u32, within: Duration) {
+        let pings = (0..n).map(|_| self.db.run_command(doc! {"ping": 1}).into_future());
+        let _ = tokio::time::timeout(within, futures::future::join_all(pings)).await;
     }
 
     /// Closes the connections in order, while the runtime still runs. A client left

@@ -233,7 +233,7 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
     // Two connections at most: the dashboard can never take the server's attention
     // from the workers by opening many.
-    let store = store.dedicated(2, "web")?;
+    let store = store.dedicated(2, 2, "web")?;
     let stop = CancellationToken::new();
     let views = Snapshotter::spawn(
         store.clone(),

@@ -139,7 +139,23 @@ pub struct Worker {
     steps: clock_step::StepWatch,
     /// When to look next, and what the last looks found.
     looks: Looks,
+    /// The lease's own connection pool (see [`Store::dedicated`]).
+    lease_store: Store,
+    /// Whether the robots' pool was warmed (see [`ROBOT_POOL_WARM`]).
+    robots_warmed: bool,
 }
+
+/// The most connections the lease's own pool opens: renewals of several held slots
+/// and a heartbeat may overlap. A standby keeps one open; a holder of `n` slots,
+/// `n + 1` (see [`Store::dedicated`]).
+const LEASE_POOL: u32 = 4;
+
+/// Connections the robots' pool keeps open once this worker stands at the front of
+/// the line: what a watcher's claim sends at once (the claim's event, the server's
+/// clock, the slot's robots, the adoption beside the first firing's write), each of
+/// which would otherwise cost a handshake first. A worker further back keeps one;
+/// it opens the rest when it first moves up.
+const ROBOT_POOL_WARM: u32 = 4;
 
 impl Worker {
     pub fn new(settings: WorkerSettings, store: Store, registry: Registry) -> Self {
@@ -158,7 +174,7 @@ impl Worker {
         // Lease traffic (survey, claim, renew, release, heartbeat) has a pool of its
         // own: robots' checkpoints must never delay a renewal. Each held slot renews
         // once a tick; a few connections serve several held slots at once.
-        let lease_store = store.dedicated(4, "lease").unwrap_or_else(|e| {
+        let lease_store = store.dedicated(LEASE_POOL, 1, "lease").unwrap_or_else(|e| {
             tracing::warn!("no dedicated lease connection pool ({e}); sharing the robots' pool");
             store.clone()
         });
@@ -208,6 +224,8 @@ impl Worker {
             server: None,
             steps,
             looks: Looks::new(now),
+            lease_store,
+            robots_warmed: false,
         }
     }
 
@@ -264,16 +282,12 @@ impl Worker {
     /// identity over later.
     pub async fn run(mut self) -> Result<(), WorkerError> {
         tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, max_slots = ?self.settings.max_slots, "worker started as standby");
-        // A pool made by an older `init` lacks the indexes the line and the survey
-        // read through; creating an existing index is a no-op.
-        if let Err(e) = crate::db::lease::ensure_indexes(&self.store).await {
-            tracing::warn!(
-                "could not create the lease indexes ({}); surveys read every slot",
-                self.store.scrub(&e.to_string())
-            );
-        }
         self.take_identity().await?;
-        let mut woken = true;
+        // Where it stands, before its first survey: at a pool's cold start, only the
+        // front surveys at once (the rest learn of the vacancies from the claimers'
+        // pokes), rather than every new worker surveying and racing for every slot.
+        self.read_place(false).await;
+        let mut woken = false;
         while !self.shutdown.is_cancelled() {
             self.reap().await;
             let wait = self.round(woken).await;
@@ -305,8 +319,12 @@ impl Worker {
     async fn take_identity(&mut self) -> Result<(), WorkerError> {
         let mut waited_out: Option<Instant> = None;
         while !self.shutdown.is_cancelled() {
-            let pause = match self.bounded_heartbeat().await {
-                Beaten::Written => return Ok(()),
+            let pace = standby_line::beat_pace(self.place(), self.tick());
+            let pause = match self.bounded_heartbeat(pace).await {
+                Beaten::Written => {
+                    self.beaten(Vec::new(), pace);
+                    return Ok(());
+                }
                 Beaten::Failed => {
                     self.db_failed("the first heartbeat was not written");
                     self.tick()
@@ -411,14 +429,18 @@ impl Worker {
     /// took most of the second that kill -9 takeover has to spare).
     async fn round(&mut self, woken: bool) -> Duration {
         let wait = self.survey_round(woken).await;
-        let moved_up = self.keep_place().await;
+        let moved_up = self.keep_place(woken).await;
         let now = self.clock.now();
         if moved_up {
             // Moving up: look at once rather than at the rear's pace.
             self.looks.next_survey = now;
             return Duration::ZERO;
         }
+        // Rounds come at least once a front-paced beat even at the rear, where they
+        // ask the database nothing unless something is due: `/livez` judges the
+        // loop by them.
         wait.min(self.looks.next_beat.saturating_duration_since(now))
+            .min(standby_line::beat_every(self.tick()))
     }
 
     /// The survey half of [`Worker::round`]: returns how long until the next survey.
@@ -448,6 +470,7 @@ impl Worker {
         if !woken && now < self.looks.next_survey {
             return self.looks.next_survey - now;
         }
+        let every = self.spread(every);
         self.looks.next_survey = now + every;
         // A standby has no lease for a slow survey to hold back: it waits longer
         // for one. Bounded by op_timeout, a survey of 10,000 expired slots (a pool
@@ -571,54 +594,105 @@ impl Worker {
 
     /// Heartbeats when one is due or what this worker holds changed, and then
     /// re-reads its place in the line when that is due (see
-    /// [`standby_line::place_due`]). True when it moved up to the front.
-    async fn keep_place(&mut self) -> bool {
+    /// [`standby_line::place_due`]) or when `woken` (a poke: someone ahead may have
+    /// claimed). True when it moved up to the front.
+    async fn keep_place(&mut self, woken: bool) -> bool {
         let holding = self.held_leases();
         let ids: Vec<String> = holding.iter().map(|(s, _)| s.clone()).collect();
         let changed = self.looks.beaten.as_ref() != Some(&ids);
-        if !changed && self.clock.now() < self.looks.next_beat {
-            return false;
-        }
-        self.looks.next_beat = self.clock.now() + standby_line::beat_every(self.tick());
-        let clock = match self.bounded_heartbeat().await {
-            Beaten::Written => match self.server {
-                Some(clock) => clock,
-                None => return false,
-            },
-            Beaten::Failed => return false,
-            Beaten::InUse(e) => {
-                tracing::error!(worker = %self.owner(), "{e}; this process's heartbeat had lapsed and another took its identity over: stopping its robots and exiting");
-                self.refused = Some(e);
-                self.shutdown.cancel();
-                return false;
+        let beat_due = changed || self.clock.now() >= self.looks.next_beat;
+        if beat_due {
+            let pace = standby_line::beat_pace(self.place(), self.tick());
+            match self.bounded_heartbeat(pace).await {
+                Beaten::Written => self.beaten(ids, pace),
+                Beaten::Failed => {
+                    self.looks.next_beat = self.clock.now() + pace;
+                    return false;
+                }
+                Beaten::InUse(e) => {
+                    tracing::error!(worker = %self.owner(), "{e}; this process's heartbeat had lapsed and another took its identity over: stopping its robots and exiting");
+                    self.refused = Some(e);
+                    self.shutdown.cancel();
+                    return false;
+                }
             }
-        };
-        self.looks.beaten = Some(ids);
+        }
         let since_read = self.looks.placed_at.map(|t| self.clock.since(t));
         let beat = standby_line::beat_every(self.tick());
-        if !standby_line::place_due(self.place(), changed, since_read, beat) {
+        let due = beat_due && standby_line::place_due(self.place(), changed, since_read, beat);
+        if !(due || woken) {
             return false;
         }
+        let was = self.place();
+        self.read_place(true).await;
+        let place = self.place();
+        if place == Place::Front && was == Place::Rear {
+            // Its last heartbeat promised the rear's pace: a watcher that died would
+            // be believed for two of those. Promise the front's at once.
+            let pace = standby_line::beat_pace(place, self.tick());
+            if self.looks.pace > pace {
+                if let Beaten::Written = self.bounded_heartbeat(pace).await {
+                    self.beaten(
+                        self.held_leases().into_iter().map(|(s, _)| s).collect(),
+                        pace,
+                    );
+                }
+            }
+        }
+        place == Place::Front && was != Place::Front
+    }
+
+    /// Records a heartbeat written for `ids`, promising the next within `pace`.
+    fn beaten(&mut self, ids: Vec<String>, pace: Duration) {
+        self.looks.beaten = Some(ids);
+        self.looks.pace = pace;
+        self.looks.next_beat = self.clock.now() + pace;
+    }
+
+    /// Reads this worker's place in the line (and the server's clock with it). The
+    /// first in line also marks, now and then, slots the survey's index cannot see.
+    /// Unsure where it stands (no answer), a worker watches, as every worker did
+    /// before the line; `settled` says it stood somewhere already, so a move to the
+    /// rear reschedules its survey at the rear's pace.
+    async fn read_place(&mut self, settled: bool) {
         self.looks.placed_at = Some(self.clock.now());
         let me = self.owner();
+        let held = self.held_leases().len();
         let limit = self.op_timeout();
         let was = self.place();
-        match tokio::time::timeout(
-            limit,
-            self.line
-                .ahead(&me, holding.len(), &clock, self.settings.watchers),
-        )
-        .await
+        match tokio::time::timeout(limit, self.line.place(&me, held, self.settings.watchers)).await
         {
-            Ok(Ok(ahead)) => self.looks.ahead = ahead,
-            // Unsure where it stands: watch, as every worker did before the line.
+            Ok(Ok((ahead, clock))) => {
+                self.looks.ahead = ahead;
+                if let Some(c) = clock {
+                    let (server_ms, sent, received) = c.reading();
+                    self.server_clock_read(server_ms, sent, received);
+                    self.server = Some(c);
+                }
+            }
             Ok(Err(_)) | Err(_) => self.looks.ahead = 0,
         }
         let place = self.place();
-        if place != was {
+        if place != was || !settled {
             tracing::debug!(?place, ahead = self.looks.ahead, "moved in the line");
         }
+        if place == Place::Rear && (was == Place::Front || !settled) {
+            let every = standby_line::survey_every(
+                place,
+                held,
+                true,
+                self.tick(),
+                self.settings.overflow_after,
+            );
+            let at = self.clock.now() + self.spread(every);
+            self.looks.next_survey = at;
+        }
         self.metrics.line_front.set((place == Place::Front) as i64);
+        if place == Place::Front && !self.robots_warmed {
+            self.robots_warmed = true;
+            let (store, within) = (self.store.clone(), self.op_timeout());
+            tokio::spawn(async move { store.warm(ROBOT_POOL_WARM, within).await });
+        }
         // One marker is enough: the first in line, now and then.
         let due = self
             .looks
@@ -626,14 +700,49 @@ impl Worker {
             .is_none_or(|t| self.clock.since(t) >= standby_line::MARK_EVERY);
         if self.looks.ahead == 0 && due {
             self.looks.marked_at = Some(self.clock.now());
-            self.mark_unknown().await;
+            if self.looks.marked_at_all {
+                self.mark_unknown().await;
+            } else {
+                self.looks.marked_at_all = true;
+                self.ensure_indexes().await;
+            }
         }
-        place == Place::Front && was != Place::Front
+    }
+
+    /// A survey period at the rear, spread to a random point of its second half
+    /// (see [`standby_line::rear_survey_in`]); anything shorter than a tick's few
+    /// multiples is kept as it is.
+    fn spread(&self, every: Duration) -> Duration {
+        if self.place() != Place::Rear || every <= self.tick() * crate::db::heartbeat::REAR_TICKS {
+            return every;
+        }
+        let random = (random_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        standby_line::rear_survey_in(every, random)
     }
 
     /// Where this worker stands in the line.
     fn place(&self) -> Place {
         Place::behind(self.looks.ahead, self.settings.watchers)
+    }
+
+    /// The first in line, once, makes sure the indexes the line and the survey read
+    /// through exist (a pool made by an older `init` lacks some; creating one that
+    /// exists changes nothing) and marks slots without `expires_ms`. Only the first:
+    /// at a pool's cold start, each of hundreds of workers sending its five
+    /// statements at once was that much more for a holder's first renewal to queue
+    /// behind.
+    async fn ensure_indexes(&self) {
+        let made = crate::db::lease::ensure_indexes(&self.store);
+        match tokio::time::timeout(self.op_timeout() * 5, made).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(
+                "could not create the lease indexes ({}); surveys read every slot",
+                self.store.scrub(&e.to_string())
+            ),
+            Err(_) => {
+                tracing::warn!("no answer creating the lease indexes; surveys read every slot")
+            }
+        }
     }
 
     /// The first in line makes sure the survey's index sees every slot: one inserted
@@ -720,7 +829,13 @@ impl Worker {
                         self.held.push(held);
                         // Tell the others who holds what right away (and move back
                         // in the line).
-                        self.keep_place().await;
+                        self.keep_place(false).await;
+                        if !overflow {
+                            self.poke_successors(claimable.len());
+                        }
+                        let open = (self.held.len() as u32 + 1).min(LEASE_POOL);
+                        let (store, within) = (self.lease_store.clone(), self.op_timeout());
+                        tokio::spawn(async move { store.warm(open, within).await });
                     }
                     None if outcome.conflicts > 0 => tracing::debug!(
                         conflicts = outcome.conflicts,
@@ -731,6 +846,21 @@ impl Worker {
             }
             Ok(Err(e)) => self.db_failed(&e.to_string()),
         }
+    }
+
+    /// A standby that claimed one of `seen` claimable slots pokes the next standbys
+    /// in line, in the background: one for each slot it left (they may expire
+    /// together: a machine's workers died at once), and `--watchers` more for the
+    /// place it leaves at the front. A poked worker surveys at once and re-reads its
+    /// place, so the rest are claimed within a round trip or two rather than at the
+    /// rear's next look, and the front is whole again. A lost poke costs latency
+    /// only (see [`poke`]).
+    fn poke_successors(&self, seen: usize) {
+        let n = standby_line::successors_to_poke(seen, self.settings.watchers);
+        let (line, me, metrics) = (self.line.clone(), self.owner(), self.metrics.clone());
+        tokio::spawn(async move {
+            poke::poke_front(&line, &me, n, &metrics).await;
+        });
     }
 
     /// False while a previous hand-back has not been taken up yet (the slot is still
@@ -802,7 +932,7 @@ impl Worker {
     /// heartbeat over a link with 300 ms of latency was abandoned, and a renewal
     /// waiting for the replacement connection missed its window: the holder fenced
     /// itself within seconds (tests/containers.rs, the latency phase).
-    async fn bounded_heartbeat(&mut self) -> Beaten {
+    async fn bounded_heartbeat(&mut self, pace: Duration) -> Beaten {
         let limit = self.op_timeout();
         let holding = self.held_leases();
         let me = self.owner();
@@ -812,10 +942,13 @@ impl Worker {
             held: &holding,
             max_slots: self.settings.max_slots,
             tick: self.tick(),
+            pace,
         };
-        let read_clock = self
-            .server
-            .is_none_or(|c| c.age() >= standby_line::CLOCK_REFRESH);
+        // The first beat reads no clock: the place read that follows it does.
+        let read_clock = match self.server {
+            None => self.looks.beaten.is_some(),
+            Some(c) => c.age() >= standby_line::CLOCK_REFRESH,
+        };
         match tokio::time::timeout(limit, self.line.beat(&beat, read_clock)).await {
             Ok(Ok(clock)) => {
                 if let Some(c) = clock {

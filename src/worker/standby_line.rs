@@ -3,27 +3,38 @@
 //!
 //! Every live worker with room for another slot stands in one line, ordered by how
 //! many slots it holds: standbys first (by id), then the emptiest holders (those
-//! holding as many stand side by side, see [`Roster::ahead`]). Only the first
-//! [`FRONT`] *watch*: they survey every tick and wake at the earliest
-//! expiry, so a slot whose holder died is claimed at its expiry; the very first, if
-//! it holds nothing, also polls for a released slot every `--release-poll`, so a
-//! released slot is claimed within that. Everyone else surveys, heartbeats and
-//! re-reads its place only every [`REAR_TICKS`] ticks; when one ahead claims a slot
-//! (it then holds one and moves behind every standby) or leaves, the next moves up
-//! at its next look. This is the herd-effect fix of the FMQ task platform and of
-//! ZooKeeper's lock recipe: each waiter watches what is just ahead of it, not the
-//! whole pool.
+//! holding as many stand side by side, see [`Roster::place`]). Only the first
+//! [`FRONT`] *watch*: they survey every tick and wake at the earliest expiry, so a
+//! slot whose holder died is claimed at its expiry; the very first, if it holds
+//! nothing, also polls for a released slot every `--release-poll`, so a released
+//! slot is claimed within that.
+//!
+//! Everyone else asks the database for nothing but its heartbeat, every
+//! [`REAR_BEAT`], and its place, read with it. It learns of a vacancy three ways:
+//! - **a poke**: a releasing holder pokes the front; a watcher that claims a slot
+//!   pokes the next standbys in line, as many as the slots it saw expired (less the
+//!   one it took) plus `--watchers` (the front it leaves). A poked worker surveys at
+//!   once and re-reads its place;
+//! - **its place moving to the front**, read with its heartbeat (a watcher that died
+//!   without a word is no longer believed after [`believed_for`] its front-paced
+//!   beat);
+//! - **a safety survey**, every [`SAFETY_SURVEY`] at most, at a random point of it:
+//!   for whatever the line got wrong (every watcher killed with the holder, say).
+//!
+//! This is the herd-effect fix of ZooKeeper's lock recipe: each waiter learns from
+//! what is just ahead of it, not from the whole pool. In a pool of hundreds, the
+//! rear's safety surveys alone come every second or so, spread over the pool.
 //!
 //! Why three watchers by default ([`FRONT`], `--watchers`) and not one: a front
 //! watcher may have died a moment ago (its heartbeat is believed for two beats), and
 //! several slots expire at once when a machine with several workers dies. Three
-//! watchers claim three such slots in parallel at once; any further ones within
-//! [`REAR_TICKS`] ticks. Operators set `--watchers` to what can fail together.
+//! watchers claim three such slots in parallel at once, and poke as many more
+//! standbys as there are further slots. Operators set `--watchers` to what can fail
+//! together.
 //!
-//! A worker's place costs one counted query of at most `--watchers` index entries, so
-//! the line costs O(1) per worker per look, whatever the pool's size. The decisions
-//! here are pure; the three small queries (heartbeat, place, live workers) sit at
-//! the bottom.
+//! A worker's place costs one read of at most `--watchers` index entries, so the line
+//! costs O(1) per worker per look, whatever the pool's size. The decisions here are
+//! pure; the three small queries (heartbeat, place, live workers) sit at the bottom.
 
 use std::time::Duration;
 
@@ -48,7 +59,8 @@ pub const FRONT: u64 = 3;
 pub enum Place {
     /// Among the first [`FRONT`]: watches every tick, wakes at the earliest expiry.
     Front,
-    /// Behind them: looks every [`REAR_TICKS`] ticks.
+    /// Behind them: beats and reads its place every [`REAR_BEAT`], surveys every
+    /// [`SAFETY_SURVEY`] at most.
     Rear,
 }
 
@@ -76,7 +88,8 @@ impl Place {
 ///   not read expires within a tick of it, so an earlier look could find nothing it
 ///   may take (at the default, one survey in 3 ticks instead of each tick; never
 ///   rarer than the rear's);
-/// - everyone else, every [`REAR_TICKS`] ticks.
+/// - everyone else, once per [`safety_survey_every`], at a random point of it (see
+///   [`rear_survey_in`]).
 pub fn survey_every(
     place: Place,
     held: usize,
@@ -92,8 +105,35 @@ pub fn survey_every(
         (_, h) if h > 1 => tick,
         (Place::Front, 0) => tick,
         (Place::Front, _) => (tick + overflow_after).min(tick * REAR_TICKS),
-        (Place::Rear, _) => tick * REAR_TICKS,
+        (Place::Rear, _) => safety_survey_every(tick),
     }
+}
+
+/// How often a worker behind the watchers surveys, at most: every [`SAFETY_SURVEY`],
+/// or every [`REAR_TICKS`] ticks at a tick so long that those are longer.
+///
+/// Why so seldom is safe: the watchers claim a dead holder's slot at its expiry, and
+/// poke the rear when there is more to claim than they can; a watcher that dies
+/// without a word stops being believed within [`believed_for`] its front-paced beat,
+/// and the next in line moves up at its next heartbeat. The safety survey is for
+/// what that misses (every watcher killed with the holder, a watcher frozen with its
+/// heartbeat still believed): one standby alone finds the slot within this; `n` of
+/// them, surveying at random points, every `this / n` on average.
+pub fn safety_survey_every(tick: Duration) -> Duration {
+    SAFETY_SURVEY.max(tick * REAR_TICKS)
+}
+
+/// See [`safety_survey_every`]: five minutes. An idle rear standby then costs the
+/// database about a survey every 3.75 minutes (0.004 requests a second).
+pub const SAFETY_SURVEY: Duration = Duration::from_secs(300);
+
+/// When a rear worker's next survey comes, `every` being its period and `random` a
+/// number in `[0, 1)`: somewhere in the second half of the period. Workers that went
+/// to the rear together (a pool's cold start) would otherwise survey together, a
+/// burst of hundreds at once every period; spread, they come one at a time, and a
+/// rear worker never goes more than a period without one.
+pub fn rear_survey_in(every: Duration, random: f64) -> Duration {
+    every.mul_f64(0.5 + random.clamp(0.0, 1.0) / 2.0)
 }
 
 /// The most slots a standby's wide survey may read before it goes back to narrow
@@ -146,15 +186,50 @@ pub fn place_due(
     }
 }
 
+/// How many standbys a standby that just claimed one of `seen` claimable slots
+/// pokes: one for each slot it left, and `watchers` for the front it leaves.
+pub fn successors_to_poke(seen: usize, watchers: u64) -> u64 {
+    (seen.saturating_sub(1) as u64).saturating_add(watchers)
+}
+
 /// At the front, a worker re-reads its place once per this many heartbeats (see
 /// [`place_due`]).
 pub const FRONT_PLACE_BEATS: u32 = 6;
 
-/// How far apart heartbeats are (besides the one sent at once whenever what a
-/// worker holds changes).
+/// How far apart heartbeats are at the front of the line (besides the one sent at
+/// once whenever what a worker holds changes): every [`REAR_TICKS`] ticks, so a
+/// watcher that dies without a word is no longer believed (and the next in line
+/// moves up) within [`believed_for`] this, 11 s at the default tick.
 pub fn beat_every(tick: Duration) -> Duration {
     tick * REAR_TICKS
 }
+
+/// How far apart a worker's heartbeats are, where it stands: at the front, every
+/// [`beat_every`]; behind it, every [`REAR_BEAT`] (or the front's pace, when that is
+/// longer).
+///
+/// The rule that ties them together: a heartbeat says itself how long it is
+/// believed (`alive_until_ms` = the server's now + [`believed_for`] its own pace),
+/// so each worker's liveness is judged by the pace it promised; and its document
+/// leaves by itself [`forgotten_after`] that. A worker that moves up beats again at
+/// once at the front's pace, so a watcher is never believed for a rear worker's
+/// two beats; one that moves back keeps the front's pace for one more beat (it
+/// promised it), then slows down.
+pub fn beat_pace(place: Place, tick: Duration) -> Duration {
+    match place {
+        Place::Front => beat_every(tick),
+        Place::Rear => beat_every(tick).max(REAR_BEAT),
+    }
+}
+
+/// A rear worker's heartbeat period: 40 s. Its heartbeat and the read of its place
+/// with it are then 0.05 requests a second, and the driver's monitors (one `hello` a
+/// minute from each of a worker's two connection pools) 0.033: 0.083 in all, under
+/// the 0.1 a standby may cost. Longer would cost more than it saves where it shows:
+/// a dead rear worker is believed for two beats and a second (81 s), and a worker
+/// restarted under the same `ip:port` waits that long for its predecessor's
+/// heartbeat to lapse before it runs (see `Worker::take_identity`).
+pub const REAR_BEAT: Duration = Duration::from_secs(40);
 
 /// How long after its last beat a worker's heartbeat document is removed (by the
 /// TTL index on `expire_at`): ten minutes, or three times as long as a beat is
@@ -174,7 +249,8 @@ pub fn believed_for(beat: Duration) -> Duration {
 /// it again (one `hello`). It is carried forward on the local monotonic clock, which
 /// drifts by parts per million, and it only narrows what a survey reads: a `hello`
 /// with every heartbeat (every 5 ticks) was a tenth of an idle pool's requests,
-/// and one every 30 s still 3 %.
+/// and one every 30 s still 3 %. Surveys and place reads return the server's clock
+/// too, so the `hello` is for a worker that made neither for this long.
 /// Refreshed this often, a step of the server's wall clock is caught up within it.
 pub const CLOCK_REFRESH: Duration = Duration::from_secs(60);
 
@@ -248,6 +324,9 @@ pub struct Beat<'a> {
     pub held: &'a [(String, i64)],
     pub max_slots: Option<usize>,
     pub tick: Duration,
+    /// How soon the next heartbeat comes (see [`beat_pace`]): the heartbeat is
+    /// believed for [`believed_for`] this.
+    pub pace: Duration,
 }
 
 impl Beat<'_> {
@@ -327,7 +406,7 @@ impl Roster {
             None => (Bson::Null, Bson::Null),
         };
         let max = beat.max_slots.map_or(Bson::Null, |m| Bson::Int64(m as i64));
-        let every = beat_every(beat.tick);
+        let every = beat.pace;
         let written = self
             .workers
             .update_one(
@@ -368,26 +447,53 @@ impl Roster {
     }
 
     /// How many live workers with room stand ahead of this one (counted up to
-    /// `watchers`). For a standby: the standbys with a smaller id. For a holder: the
-    /// workers holding fewer slots, standbys included. Holders holding as many do not
-    /// count: which of them overflows onto an orphan first is decided by
-    /// [`crate::worker::slot_rules`]'s claim delays, and that needs each of them to look every
-    /// tick. (Ranking them by id too put a survivor behind dead holders whose
-    /// heartbeats still counted, and the other survivor took both orphans.)
-    pub async fn ahead(
+    /// `watchers`), and the server's clock as of the read. For a standby: the
+    /// standbys with a smaller id. For a holder: the workers holding fewer slots,
+    /// standbys included. Holders holding as many do not count: which of them
+    /// overflows onto an orphan first is decided by [`crate::worker::slot_rules`]'s
+    /// claim delays, and that needs each of them to look every tick. (Ranking them
+    /// by id too put a survivor behind dead holders whose heartbeats still counted,
+    /// and the other survivor took both orphans.)
+    ///
+    /// Liveness is judged on the server's `$$NOW`, and the one answer (a `$facet`,
+    /// which always gives one document) carries that `$$NOW` back: a rear worker,
+    /// which surveys seldom, reads the server's clock here rather than with a
+    /// `hello` of its own.
+    pub async fn place(
         &self,
         me: &str,
         held: usize,
-        now: &ServerClock,
         watchers: u64,
-    ) -> Result<u64, mongodb::error::Error> {
-        let alive = now.now_ms();
+    ) -> Result<(u64, Option<ServerClock>), mongodb::error::Error> {
+        let alive = doc! {"$gt": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]};
         let filter = if held == 0 {
-            doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}, ALIVE_UNTIL_MS: {"$gt": alive}}
+            doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}, "$expr": alive}
         } else {
-            doc! {ROOM: true, HELD: {"$lt": held as i64}, ALIVE_UNTIL_MS: {"$gt": alive}}
+            doc! {ROOM: true, HELD: {"$lt": held as i64}, "$expr": alive}
         };
-        self.workers.count_documents(filter).limit(watchers).await
+        let pipeline = vec![
+            doc! {"$match": filter},
+            doc! {"$limit": watchers.max(1) as i64},
+            doc! {"$facet": {"ahead": [{"$count": "n"}]}},
+            doc! {"$project": {"ahead": 1, "now": {"$toLong": "$$NOW"}}},
+        ];
+        let sent = Instant::now();
+        let mut cursor = self.workers.aggregate(pipeline).await?;
+        let answer = cursor.try_next().await?;
+        let received = Instant::now();
+        let Some(d) = answer else {
+            return Ok((0, None));
+        };
+        let ahead = d
+            .get_array("ahead")
+            .ok()
+            .and_then(|a| a.first())
+            .and_then(Bson::as_document)
+            .and_then(|c| int(c, "n"))
+            .unwrap_or(0)
+            .max(0) as u64;
+        let clock = int(&d, "now").map(|ms| ServerClock::observed(ms, sent, received));
+        Ok((ahead, clock))
     }
 
     /// The first live standbys in line after `me` (by id, as the line orders them),
@@ -479,10 +585,14 @@ pub struct Looks {
     pub ahead: u64,
     /// When slots without `expires_ms` were last marked (first in line only).
     pub marked_at: Option<Instant>,
+    /// Whether this worker made sure of the indexes, as the first in line, once.
+    pub marked_at_all: bool,
     /// When this worker last read its place in line (see [`place_due`]).
     pub placed_at: Option<Instant>,
     /// The slots the last heartbeat reported; a change sends one at once.
     pub beaten: Option<Vec<String>>,
+    /// The pace the last heartbeat promised (see [`beat_pace`]).
+    pub pace: Duration,
     pub next_beat: Instant,
     pub next_survey: Instant,
     /// The release poll found a free slot: the next survey is its.
@@ -500,8 +610,10 @@ impl Looks {
         Looks {
             ahead: 0,
             marked_at: None,
+            marked_at_all: false,
             placed_at: None,
             beaten: None,
+            pace: Duration::ZERO,
             next_beat: now,
             next_survey: now,
             polled_free: false,
@@ -531,8 +643,8 @@ mod tests {
         assert_eq!(Place::behind(1, 1), Place::Rear);
         const O: Duration = Duration::from_secs(2);
         assert_eq!(survey_every(Place::Front, 0, true, T, O), T);
-        assert_eq!(survey_every(Place::Rear, 0, true, T, O), T * REAR_TICKS);
-        assert_eq!(survey_every(Place::Rear, 1, true, T, O), T * REAR_TICKS);
+        assert_eq!(survey_every(Place::Rear, 0, true, T, O), SAFETY_SURVEY);
+        assert_eq!(survey_every(Place::Rear, 1, true, T, O), SAFETY_SURVEY);
         assert_eq!(
             survey_every(Place::Rear, 2, true, T, O),
             T,
@@ -582,6 +694,38 @@ mod tests {
     }
 
     #[test]
+    fn the_rear_beats_slowly_and_surveys_seldom_at_a_random_point() {
+        assert_eq!(beat_pace(Place::Front, T), T * REAR_TICKS);
+        assert_eq!(beat_pace(Place::Rear, T), REAR_BEAT);
+        let long = Duration::from_secs(100);
+        assert_eq!(
+            beat_pace(Place::Rear, long),
+            long * REAR_TICKS,
+            "never faster than the front"
+        );
+        assert_eq!(safety_survey_every(long), long * REAR_TICKS);
+        let every = safety_survey_every(T);
+        assert_eq!(rear_survey_in(every, 0.0), every / 2);
+        assert_eq!(rear_survey_in(every, 0.5), every.mul_f64(0.75));
+        assert!(rear_survey_in(every, 0.999_999) <= every);
+        assert_eq!(rear_survey_in(every, 7.0), every, "clamped");
+        // What an idle rear standby asks, per second: its heartbeat and place every
+        // REAR_BEAT, the driver's two monitors once a minute each, and a survey per
+        // 3/4 of the safety period on average.
+        let per_s = 2.0 / REAR_BEAT.as_secs_f64()
+            + 2.0 / crate::db::store::MONITOR_EVERY.as_secs_f64()
+            + 1.0 / (0.75 * every.as_secs_f64());
+        assert!(per_s <= 0.1, "{per_s:.3} requests a second");
+    }
+
+    #[test]
+    fn a_claimer_pokes_one_successor_per_slot_left_and_the_front_it_leaves() {
+        assert_eq!(successors_to_poke(1, 3), 3);
+        assert_eq!(successors_to_poke(10, 3), 12);
+        assert_eq!(successors_to_poke(0, 1), 1);
+    }
+
+    #[test]
     fn a_heartbeat_outlives_one_lost_beat() {
         let beat = beat_every(T);
         assert!(believed_for(beat) > beat * 2);
@@ -596,6 +740,7 @@ mod tests {
             held: &held,
             max_slots: max,
             tick: T,
+            pace: beat_every(T),
         };
         assert!(beat(None).room());
         assert!(beat(Some(2)).room());

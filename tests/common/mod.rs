@@ -783,3 +783,24 @@ impl Drop for PrivateServer {
         let _ = std::fs::remove_dir_all(format!("{root}/.state/mongo-data-{}", self.port));
     }
 }
+
+/// Every robot steps on, and the invariant checker finds each of the `robots` ran
+/// once throughout.
+pub async fn runs_on_once(db: &TestDb, robots: usize) {
+    let before = db.robots().await;
+    wait_for(
+        Duration::from_secs(20),
+        "every robot to step on",
+        || async {
+            let now = db.robots().await;
+            now.iter()
+                .zip(&before)
+                .all(|(a, b)| a.get_i64("seq").unwrap() > b.get_i64("seq").unwrap() + 1)
+                .then_some(())
+        },
+    )
+    .await;
+    let report = invariants::check(db).await;
+    assert_eq!(report.robots, robots);
+    println!("{report:?}");
+}

@@ -1,8 +1,10 @@
 //! A TCP proxy between one worker and the database that can pass, delay, blackhole
 //! (hold every byte, connections stay open) or cut (close everything, refuse new)
-//! its traffic. Loopback only.
+//! its traffic, and counts the requests it passes by command. Loopback only.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,6 +23,104 @@ pub struct Proxy {
     pub addr: SocketAddr,
     tx: watch::Sender<(Mode, Duration)>,
     task: tokio::task::JoinHandle<()>,
+    tally: Tally,
+}
+
+/// Requests passed to the server, by what they asked: `"update workers"`, `"hello"`.
+#[derive(Debug, Clone, Default)]
+pub struct Tally(Arc<Mutex<BTreeMap<String, u64>>>);
+
+impl Tally {
+    /// The counts so far.
+    pub fn snapshot(&self) -> BTreeMap<String, u64> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// What was asked since `before` (a snapshot), leaving out what was not.
+    pub fn since(&self, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+        self.snapshot()
+            .into_iter()
+            .map(|(k, n)| {
+                let was = before.get(&k).copied().unwrap_or(0);
+                (k, n - was)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    fn count(&self, what: String) {
+        *self.0.lock().unwrap().entry(what).or_default() += 1;
+    }
+}
+
+/// What one request asks, from the wire: its command and the collection it names
+/// (`"find slots"`, `"hello"`). OP_MSG (every command of a current driver) and
+/// OP_QUERY (an old handshake); None for anything else or a broken frame.
+pub fn request_of(frame: &[u8]) -> Option<String> {
+    const OP_QUERY: i32 = 2004;
+    const OP_MSG: i32 = 2013;
+    let op = i32::from_le_bytes(frame.get(12..16)?.try_into().ok()?);
+    let body = match op {
+        // flagBits, then the sections: kind 0 is the command itself.
+        OP_MSG => {
+            let mut at = 20;
+            loop {
+                let kind = *frame.get(at)?;
+                let len = i32::from_le_bytes(frame.get(at + 1..at + 5)?.try_into().ok()?);
+                if kind == 0 {
+                    break frame.get(at + 1..at + 1 + len as usize)?;
+                }
+                at += 1 + len as usize;
+            }
+        }
+        // flags, the full collection name, skip, return: then the query.
+        OP_QUERY => {
+            let name_end = 20 + frame.get(20..)?.iter().position(|b| *b == 0)?;
+            frame.get(name_end + 9..)?
+        }
+        _ => return None,
+    };
+    let doc = bson::Document::from_reader(body).ok()?;
+    let (command, arg) = doc.iter().next()?;
+    let collection = match (command.as_str(), arg) {
+        ("getMore", _) => doc.get_str("collection").ok(),
+        (_, bson::Bson::String(c)) => Some(c.as_str()),
+        _ => None,
+    };
+    // A connection's first request names the client's pool (`appname`).
+    let app = doc
+        .get_document("client")
+        .and_then(|c| c.get_document("application"))
+        .and_then(|a| a.get_str("name"))
+        .ok();
+    Some(match (collection, app) {
+        (Some(c), _) => format!("{command} {c}"),
+        (None, Some(app)) => format!("{command} (handshake, {app})"),
+        (None, None) => command.clone(),
+    })
+}
+
+/// Cuts the client's byte stream into frames and counts each request.
+#[derive(Default)]
+struct Frames {
+    pending: Vec<u8>,
+}
+
+impl Frames {
+    fn feed(&mut self, bytes: &[u8], tally: &Tally) {
+        self.pending.extend_from_slice(bytes);
+        loop {
+            let Some(len) = self.pending.get(..4) else {
+                return;
+            };
+            let len = i32::from_le_bytes(len.try_into().unwrap()).max(16) as usize;
+            if self.pending.len() < len {
+                return;
+            }
+            let frame: Vec<u8> = self.pending.drain(..len).collect();
+            tally.count(request_of(&frame).unwrap_or_else(|| "(unparsed)".into()));
+        }
+    }
 }
 
 impl Proxy {
@@ -28,6 +128,8 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = watch::channel((Mode::Pass, Duration::ZERO));
+        let tally = Tally::default();
+        let counted = tally.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -38,18 +140,30 @@ impl Proxy {
                     continue;
                 }
                 let rx = rx.clone();
+                let counted = counted.clone();
+                counted.count("(connection)".into());
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pump(cr, sw, rx.clone()));
-                    tokio::spawn(pump(sr, cw, rx));
+                    tokio::spawn(pump(cr, sw, rx.clone(), Some(counted)));
+                    tokio::spawn(pump(sr, cw, rx, None));
                 });
             }
         });
-        Proxy { addr, tx, task }
+        Proxy {
+            addr,
+            tx,
+            task,
+            tally,
+        }
+    }
+
+    /// The requests passed so far, by command (see [`request_of`]).
+    pub fn tally(&self) -> Tally {
+        self.tally.clone()
     }
 
     pub fn set(&self, mode: Mode) {
@@ -102,8 +216,10 @@ async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     mut rx: watch::Receiver<(Mode, Duration)>,
+    tally: Option<Tally>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut frames = Frames::default();
     loop {
         // Hold while blackholed; end on cut.
         loop {
@@ -136,6 +252,9 @@ async fn pump(
         }
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
+        }
+        if let Some(t) = &tally {
+            frames.feed(&buf[..n], t);
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
