@@ -4,7 +4,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge
+//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge,scale
 //!
 //! One file per phase; this one parses the arguments, runs the phases asked for
 //! and prints the table.
@@ -13,6 +13,7 @@
 mod common;
 mod containers;
 mod cost;
+mod numbers;
 mod probe;
 mod record;
 mod scale;
@@ -30,6 +31,7 @@ use common::containers::{container_of, docker, ip, Pool};
 use common::{metric, owner, TestDb, WorkerProc};
 use containers::*;
 use cost::*;
+use numbers::*;
 use probe::*;
 use record::*;
 use scale::*;
@@ -232,6 +234,11 @@ async fn main() {
     }
     if want("schedule") || want("edge") {
         show(&mut rows, edge_row(quick).await);
+    }
+    if want("scale") {
+        for r in scale_rows(quick).await {
+            show(&mut rows, r);
+        }
     }
     let run = if quick {
         "quick run (`--quick`)".to_string()

@@ -146,6 +146,10 @@ impl Proxy {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
+                    // As the driver and the server do: a message written in two
+                    // pieces must not wait for the peer's delayed acknowledgement.
+                    let _ = server.set_nodelay(true);
+                    let _ = client.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     tokio::spawn(pump(cr, sw, rx.clone(), Some(counted)));
