@@ -11,6 +11,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 if [[ -z "${MONGODB_URI:-}" ]]; then
   export SLOTPOOL_DEV_PORT="${SLOTPOOL_BENCH_PORT:-27779}"
+  # The scale phase's 200 workers keep about 850 connections open, near the dev
+  # server's own limit of 1,000.
+  export SLOTPOOL_DEV_MAX_CONNECTIONS="${SLOTPOOL_DEV_MAX_CONNECTIONS:-4000}"
   trap 'env -u MONGODB_URI scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
   MONGODB_URI="$(scripts/dev-mongo.sh fresh)"
   export MONGODB_URI

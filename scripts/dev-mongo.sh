@@ -9,6 +9,8 @@
 #
 # With MONGODB_URI set, every command uses that server instead and starts nothing.
 # Port: SLOTPOOL_DEV_PORT (default 27777). Data: .state/mongo-data (git-ignored).
+# SLOTPOOL_DEV_MAX_CONNECTIONS raises the server's limit of open connections (1,000,
+# which its command line cannot change): a pool of 200 workers keeps about 850.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,7 +68,11 @@ start() {
   say "starting SecantusDB on 127.0.0.1:$PORT (data: $DATA, log: $LOG)"
   # A session of its own: a terminal's Ctrl-C (SIGINT to the caller's whole process
   # group, e.g. the demo's) must not take the database down under the workers.
-  setsid nohup "$VENV/bin/secantusd-py" --host 127.0.0.1 --port "$PORT" --storage-path "$DATA" \
+  local server=("$VENV/bin/secantusd-py")
+  if [[ -n "${SLOTPOOL_DEV_MAX_CONNECTIONS:-}" ]]; then
+    server=("$VENV/bin/python" "$ROOT/scripts/devdb-more-connections.py" "$SLOTPOOL_DEV_MAX_CONNECTIONS")
+  fi
+  setsid nohup "${server[@]}" --host 127.0.0.1 --port "$PORT" --storage-path "$DATA" \
     --log-level WARNING >>"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   for _ in $(seq 1 120); do
