@@ -4,7 +4,9 @@
 //! front of the server.
 //!
 //! `SLOTPOOL_BENCH_SCALE_REST=0` leaves out the idle pool's counts (eight minutes of
-//! a quick run), for working on the cold start or the mass failures.
+//! a quick run), for working on the cold start or the mass failures;
+//! `SLOTPOOL_BENCH_SCALE_ROBOTS=0` leaves out the robots and the mass failures. Each
+//! row is printed as it is measured, so a phase cut short keeps what it had.
 
 use std::collections::BTreeSet;
 
@@ -412,6 +414,12 @@ async fn kill_round(
     (back, (last_all - t0) as f64)
 }
 
+/// Prints a row as soon as it is measured, and keeps it.
+fn measured(rows: &mut Vec<Row>, row: Row) {
+    println!("{} | {} | {}", row.name, row.figures, row.goal);
+    rows.push(row);
+}
+
 pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
     let z = Sizes::new(quick);
     fresh_server();
@@ -442,7 +450,7 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
         .map(|(_, n)| n)
         .sum();
     let (fences, extra) = (self_fences(&pool), extra_epochs(&db).await);
-    rows.push(Row {
+    measured(&mut rows, Row {
         name: format!(
             "Cold start: {} worker processes started at once over {} slots never held (tick 1 s, every request through one counting proxy)",
             z.workers, z.slots
@@ -485,7 +493,7 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
         let per_standby =
             (largest.total - smallest.total) / (largest.workers - smallest.workers).max(1) as f64;
         let budget = z.slots as f64 + 3.0 + 0.1 * largest.workers as f64;
-        rows.push(Row {
+        measured(&mut rows, Row {
             name: format!(
                 "Idle pool: {} workers over {} slots, no robots (tick 1 s, --watchers 3): requests/s by command at a proxy, {} s",
                 r.workers,
@@ -520,6 +528,9 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
             },
         });
     }
+    if std::env::var("SLOTPOOL_BENCH_SCALE_ROBOTS").as_deref() == Ok("0") {
+        return rows;
+    }
 
     // 3. Robots: the pool grows back, then every robot is created and started.
     let fresh = start_all(&db, &proxy, z.workers - pool.len());
@@ -531,7 +542,7 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
     let created = t.elapsed();
     let last = checkpointed_since(&db, t0, z.robots as u64).await;
     let fences_before = self_fences(&pool);
-    rows.push(Row {
+    measured(&mut rows, Row {
         name: format!(
             "{} eager counters created with `robot create --count` beside {} running workers, {} slots",
             z.robots, z.workers, z.slots
@@ -566,7 +577,7 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
     }
     let fences_after = self_fences(&pool);
     let robots_per_slot = z.robots / z.slots;
-    rows.push(Row {
+    measured(&mut rows, Row {
         name: format!(
             "Mass failure at scale: {} workers, {} slots, {} robots ({robots_per_slot} a slot); {} holders killed at once (kill -9), {} rounds",
             z.workers, z.slots, z.robots, z.kill, z.rounds
