@@ -723,3 +723,51 @@ async fn a_slot_is_handed_to_a_frozen_standby_once_not_bounced() {
     )
     .await;
 }
+
+/// A claim's event is written on a fresh connection when every pooled one died
+/// under it (a database restart, a cut link): the first claim after a restart met
+/// a dead connection, and its event was lost, so the invariant checker found
+/// checkpoints of an epoch nobody had claimed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_outlives_the_pooled_connections_dying_under_it() {
+    let db = TestDb::new("event_dead_pool").await;
+    db.init(1).await;
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let store = slotpool::db::store::Store::connect(&proxy.uri(&db.uri))
+        .await
+        .unwrap();
+    // Four connections in the pool, each opened through the proxy.
+    let pooled = store.dedicated(4, 4, "events").unwrap();
+    pooled.warm(4, Duration::from_secs(10)).await;
+    let before = proxy.tally().snapshot();
+    // Every one of them is cut; then new ones may open.
+    proxy.set(common::proxy::Mode::Cut);
+    wait_for(Duration::from_secs(10), "every connection cut", || async {
+        (!proxy.carrying()).then_some(())
+    })
+    .await;
+    proxy.set(common::proxy::Mode::Pass);
+    pooled
+        .record_event(
+            slotpool::db::event::EventKind::Claim,
+            doc! {"worker": "w:1", "slot_id": "slot-001", "epoch": 7_i64},
+        )
+        .await;
+    let events: Vec<Document> = {
+        use futures::TryStreamExt;
+        db.store
+            .events()
+            .find(doc! {"kind": "claim", "epoch": 7_i64})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap()
+    };
+    assert_eq!(events.len(), 1, "the claim is recorded once: {events:?}");
+    let opened = proxy.tally().since(&before);
+    assert!(
+        opened.get("(connection)").copied().unwrap_or(0) >= 1,
+        "the event went out on a new connection: {opened:?}"
+    );
+}

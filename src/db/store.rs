@@ -297,9 +297,16 @@ impl Store {
 
     /// Appends to the capped `events` log. Inspection only: a failure is logged, never
     /// fatal. `at` is the server's clock.
+    ///
+    /// A write that fails on the connection (a stale pooled connection after the
+    /// server restarted, a cut link) is tried again on a fresh one until
+    /// [`EVENT_WRITE_BUDGET`] is spent: the driver's own retry is off (see
+    /// DATABASE.md), and the claim that comes first after a database restart is the
+    /// one most likely to meet a dead connection. The retry is an upsert on the same
+    /// `_id` keeping the first `at`, so a write that landed unanswered is not doubled.
     pub async fn record_event(&self, kind: EventKind, fields: Document) {
         let kind = kind.as_str();
-        let mut set = doc! {AT: "$$NOW", KIND: kind};
+        let mut set = doc! {AT: {"$ifNull": ["$at", "$$NOW"]}, KIND: kind};
         // $literal: a robot name or error text starting with `$` is not a field
         // path; and no text of an event may carry a credential.
         set.extend(fields.into_iter().map(|(k, v)| {
@@ -310,19 +317,37 @@ impl Store {
             (k, Bson::Document(doc! {"$literal": v}))
         }));
         let events = self.events();
-        let write = events
-            .update_one(
-                doc! {"_id": bson::oid::ObjectId::new()},
-                vec![doc! {"$set": set}],
-            )
-            .upsert(true);
-        match tokio::time::timeout(Duration::from_secs(2), write.into_future()).await {
+        let id = bson::oid::ObjectId::new();
+        let attempts = async {
+            let mut pause = Duration::from_millis(25);
+            loop {
+                let write = events
+                    .update_one(doc! {"_id": id}, vec![doc! {"$set": set.clone()}])
+                    .upsert(true);
+                match write.await {
+                    Err(e) if is_network(&e) => {
+                        tracing::debug!(kind, "recording the event again: {}", brief(&e));
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(400));
+                    }
+                    done => return done,
+                }
+            }
+        };
+        match tokio::time::timeout(EVENT_WRITE_BUDGET, attempts).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::debug!(kind, "could not record event: {}", brief(&e)),
-            Err(_) => tracing::debug!(kind, "could not record event: no answer within 2s"),
+            Ok(Err(e)) => tracing::warn!(kind, "could not record event: {}", brief(&e)),
+            Err(_) => tracing::warn!(
+                kind,
+                "could not record event: no answer within {}s",
+                EVENT_WRITE_BUDGET.as_secs()
+            ),
         }
     }
 }
+
+/// How long [`Store::record_event`] keeps trying before it gives the event up.
+pub const EVENT_WRITE_BUDGET: Duration = Duration::from_secs(2);
 
 /// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order. For a
 /// pool of more than 999 slots, see [`slot_name`].

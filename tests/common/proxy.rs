@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +25,24 @@ pub struct Proxy {
     tx: watch::Sender<(Mode, Duration)>,
     task: tokio::task::JoinHandle<()>,
     tally: Tally,
+    /// Pumps still moving bytes, two per connection.
+    pumps: Arc<AtomicUsize>,
+}
+
+/// Counts a pump as running until it ends.
+struct Running(Arc<AtomicUsize>);
+
+impl Running {
+    fn new(pumps: &Arc<AtomicUsize>) -> Running {
+        pumps.fetch_add(1, Ordering::SeqCst);
+        Running(pumps.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Requests passed to the server, by what they asked: `"update workers"`, `"hello"`.
@@ -130,6 +149,8 @@ impl Proxy {
         let (tx, rx) = watch::channel((Mode::Pass, Duration::ZERO));
         let tally = Tally::default();
         let counted = tally.clone();
+        let pumps = Arc::new(AtomicUsize::new(0));
+        let running = pumps.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -141,6 +162,7 @@ impl Proxy {
                 }
                 let rx = rx.clone();
                 let counted = counted.clone();
+                let running = running.clone();
                 counted.count("(connection)".into());
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -152,8 +174,9 @@ impl Proxy {
                     let _ = client.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pump(cr, sw, rx.clone(), Some(counted)));
-                    tokio::spawn(pump(sr, cw, rx, None));
+                    let (up, down) = (Running::new(&running), Running::new(&running));
+                    tokio::spawn(pump(cr, sw, rx.clone(), Some(counted), up));
+                    tokio::spawn(pump(sr, cw, rx, None, down));
                 });
             }
         });
@@ -162,7 +185,13 @@ impl Proxy {
             tx,
             task,
             tally,
+            pumps,
         }
+    }
+
+    /// True while any connection through the proxy still moves bytes.
+    pub fn carrying(&self) -> bool {
+        self.pumps.load(Ordering::SeqCst) > 0
     }
 
     /// The requests passed so far, by command (see [`request_of`]).
@@ -221,6 +250,7 @@ async fn pump(
     mut to: OwnedWriteHalf,
     mut rx: watch::Receiver<(Mode, Duration)>,
     tally: Option<Tally>,
+    _running: Running,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut frames = Frames::default();
