@@ -449,6 +449,11 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
         .filter(|(k, _)| *k != "(connection)")
         .map(|(_, n)| n)
         .sum();
+    let counts: BTreeMap<String, f64> = start_traffic
+        .iter()
+        .filter(|(k, _)| *k != "(connection)")
+        .map(|(k, n)| (k.clone(), *n as f64))
+        .collect();
     let (fences, extra) = (self_fences(&pool), extra_epochs(&db).await);
     measured(&mut rows, Row {
         name: format!(
@@ -456,9 +461,10 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
             z.workers, z.slots
         ),
         figures: format!(
-            "all started within {:.2} s; every slot held {:.2} s after the first start; self-fences: {fences}; extra epochs: {extra}; in the first 10 s: {connections} connections opened and {requests} requests",
+            "all started within {:.2} s; every slot held {:.2} s after the first start; self-fences: {fences}; extra epochs: {extra}; in the first 10 s: {connections} connections opened and {requests} requests ({})",
             spawned.as_secs_f64(),
             all_held.as_secs_f64(),
+            by_command(&counts).replace(".00", ""),
         ),
         goal: judged(
             "every slot held, 0 self-fences, 0 extra epochs",

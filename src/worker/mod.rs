@@ -146,8 +146,8 @@ pub struct Worker {
 }
 
 /// The most connections the lease's own pool opens: renewals of several held slots
-/// and a heartbeat may overlap. A standby keeps one open; a holder of `n` slots,
-/// `n + 1` (see [`Store::dedicated`]).
+/// and a heartbeat may overlap. A standby or a holder of one slot keeps one open; a
+/// holder of `n > 1` slots, `n + 1` (see [`Store::dedicated`]).
 const LEASE_POOL: u32 = 4;
 
 /// Connections the robots' pool keeps open once this worker stands at the front of
@@ -700,10 +700,10 @@ impl Worker {
             .is_none_or(|t| self.clock.since(t) >= standby_line::MARK_EVERY);
         if self.looks.ahead == 0 && due {
             self.looks.marked_at = Some(self.clock.now());
-            if self.looks.marked_at_all {
+            if self.looks.indexes_ensured {
                 self.mark_unknown().await;
             } else {
-                self.looks.marked_at_all = true;
+                self.looks.indexes_ensured = true;
                 self.ensure_indexes().await;
             }
         }
@@ -833,9 +833,16 @@ impl Worker {
                         if !overflow {
                             self.poke_successors(claimable.len());
                         }
-                        let open = (self.held.len() as u32 + 1).min(LEASE_POOL);
-                        let (store, within) = (self.lease_store.clone(), self.op_timeout());
-                        tokio::spawn(async move { store.warm(open, within).await });
+                        // A second slot's renewals may overlap the first's: its
+                        // connection is opened now, not at that moment. The first
+                        // slot's renewals share the standby's one connection with the
+                        // heartbeat, which beats seldom; pinging it here would cost
+                        // two requests a claim at a mass failure's busiest moment.
+                        if self.held.len() > 1 {
+                            let open = (self.held.len() as u32 + 1).min(LEASE_POOL);
+                            let (store, within) = (self.lease_store.clone(), self.op_timeout());
+                            tokio::spawn(async move { store.warm(open, within).await });
+                        }
                     }
                     None if outcome.conflicts > 0 => tracing::debug!(
                         conflicts = outcome.conflicts,

@@ -586,7 +586,7 @@ pub struct Looks {
     /// When slots without `expires_ms` were last marked (first in line only).
     pub marked_at: Option<Instant>,
     /// Whether this worker made sure of the indexes, as the first in line, once.
-    pub marked_at_all: bool,
+    pub indexes_ensured: bool,
     /// When this worker last read its place in line (see [`place_due`]).
     pub placed_at: Option<Instant>,
     /// The slots the last heartbeat reported; a change sends one at once.
@@ -610,7 +610,7 @@ impl Looks {
         Looks {
             ahead: 0,
             marked_at: None,
-            marked_at_all: false,
+            indexes_ensured: false,
             placed_at: None,
             beaten: None,
             pace: Duration::ZERO,
