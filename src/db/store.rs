@@ -227,10 +227,14 @@ impl Store {
     /// Opens connections until `n` are open (never more than the pool's size), by
     /// sending `n` pings at once: each holds a connection while it waits for its
     /// answer, and every connection stays open in the pool afterwards. Bounded by
-    /// `within`; a failure only means the next request opens its own.
-    pub async fn warm(&self, n: u32, within: Duration) {
+    /// `within`; a failure only means the next request opens its own. True when
+    /// every ping was answered in time.
+    pub async fn warm(&self, n: u32, within: Duration) -> bool {
         let pings = (0..n).map(|_| self.db.run_command(doc! {"ping": 1}).into_future());
-        let _ = tokio::time::timeout(within, futures::future::join_all(pings)).await;
+        match tokio::time::timeout(within, futures::future::join_all(pings)).await {
+            Ok(answers) => answers.iter().all(Result::is_ok),
+            Err(_) => false,
+        }
     }
 
     /// Closes the connections in order, while the runtime still runs. A client left

@@ -143,6 +143,19 @@ pub struct Worker {
     lease_store: Store,
     /// Whether the robots' pool was warmed (see [`ROBOT_POOL_WARM`]).
     robots_warmed: bool,
+    /// The lease pool's spare connection (see [`standby_line::may_claim`]).
+    lease_spare: SpareConnection,
+    /// When this worker began (see [`standby_line::may_claim`]).
+    born: Instant,
+}
+
+/// A connection pool's second connection, opened in the background.
+#[derive(Debug, Default)]
+struct SpareConnection {
+    /// Whether the worker began opening it.
+    began: bool,
+    /// Set once it is open, or given up on.
+    open: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The most connections the lease's own pool opens: renewals of several held slots
@@ -226,6 +239,8 @@ impl Worker {
             looks: Looks::new(now),
             lease_store,
             robots_warmed: false,
+            lease_spare: SpareConnection::default(),
+            born: now,
         }
     }
 
@@ -407,6 +422,30 @@ impl Worker {
         }
     }
 
+    /// Whether the lease pool's spare connection is open (see
+    /// [`standby_line::may_claim`]); the first call opens it, in the background, and
+    /// wakes the loop when it is open.
+    fn spare_lease_connection(&mut self) -> bool {
+        if !self.lease_spare.began {
+            self.lease_spare.began = true;
+            let (store, ready, wake) = (
+                self.lease_store.clone(),
+                self.lease_spare.open.clone(),
+                self.wake.clone(),
+            );
+            tokio::spawn(async move {
+                if !store.warm(2, standby_line::SETTLE_MOST).await {
+                    tracing::debug!("the lease's spare connection did not open in time");
+                }
+                ready.store(true, std::sync::atomic::Ordering::Release);
+                wake.notify_one();
+            });
+        }
+        self.lease_spare
+            .open
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Forgets held slots whose task ended (lost, drained or handed back).
     async fn reap(&mut self) {
         let (done, live): (Vec<HeldSlot>, Vec<HeldSlot>) =
@@ -499,6 +538,7 @@ impl Worker {
                 return self.tick();
             }
         };
+        let survey_took = sent.elapsed();
         self.metrics.surveys.inc();
         if let Some(server_ms) = survey.server_ms {
             let received = Instant::now();
@@ -586,7 +626,26 @@ impl Worker {
                 .collect();
             self.give_back_one(standbys);
         } else if !claimable.is_empty() {
-            self.claim(&claimable, !self.held.is_empty()).await;
+            let ready = standby_line::Readiness {
+                age: self.clock.since(self.born),
+                spare: self.spare_lease_connection(),
+                survey_took,
+            };
+            if standby_line::may_claim(ready, &self.settings.timing) {
+                self.claim(&claimable, !self.held.is_empty()).await;
+            } else {
+                tracing::debug!(
+                    slots = claimable.len(),
+                    age_ms = ready.age.as_millis() as u64,
+                    spare = ready.spare,
+                    survey_ms = survey_took.as_millis() as u64,
+                    "not claiming yet: this new worker waits out its first lease, its lease's spare connection and a survey in time for a renewal"
+                );
+                // Looks again when its first lease is out, or a tick on; the spare's
+                // opening wakes it sooner.
+                let lease = self.settings.timing.lease();
+                wait = wait.min(lease.saturating_sub(ready.age).max(self.tick()));
+            }
         }
         self.looks.next_survey = self.clock.now() + wait;
         wait
@@ -658,7 +717,7 @@ impl Worker {
         self.looks.placed_at = Some(self.clock.now());
         let me = self.owner();
         let held = self.held_leases().len();
-        let limit = self.op_timeout();
+        let limit = self.bookkeeping_timeout();
         let was = self.place();
         match tokio::time::timeout(limit, self.line.place(&me, held, self.settings.watchers)).await
         {
@@ -692,6 +751,7 @@ impl Worker {
             self.robots_warmed = true;
             let (store, within) = (self.store.clone(), self.op_timeout());
             tokio::spawn(async move { store.warm(ROBOT_POOL_WARM, within).await });
+            self.spare_lease_connection();
         }
         // One marker is enough: the first in line, now and then.
         let due = self
@@ -931,8 +991,21 @@ impl Worker {
         (self.tick() * 2).max(Duration::from_secs(2))
     }
 
+    /// How long the loop waits for a heartbeat or a read of its place: a holder,
+    /// [`Worker::op_timeout`]; a standby, three times that
+    /// ([`standby_line::STANDBY_PATIENCE`]).
+    fn bookkeeping_timeout(&self) -> Duration {
+        if self.held.is_empty() {
+            self.op_timeout() * standby_line::STANDBY_PATIENCE
+        } else {
+            self.op_timeout()
+        }
+    }
+
     /// Sends a heartbeat, bounded like every bookkeeping call; on success,
     /// remembers and returns the server's clock.
+    ///
+    /// A standby waits longer (see [`Worker::bookkeeping_timeout`]).
     ///
     /// Not bounded by less: a heartbeat is two round trips, and one abandoned in
     /// flight costs the lease's pool its connection. Bounded by half a tick, every
@@ -940,7 +1013,7 @@ impl Worker {
     /// waiting for the replacement connection missed its window: the holder fenced
     /// itself within seconds (tests/containers.rs, the latency phase).
     async fn bounded_heartbeat(&mut self, pace: Duration) -> Beaten {
-        let limit = self.op_timeout();
+        let limit = self.bookkeeping_timeout();
         let holding = self.held_leases();
         let me = self.owner();
         let beat = Beat {

@@ -231,6 +231,65 @@ pub fn beat_pace(place: Place, tick: Duration) -> Duration {
 /// heartbeat to lapse before it runs (see `Worker::take_identity`).
 pub const REAR_BEAT: Duration = Duration::from_secs(40);
 
+/// How many times [`crate::worker::Worker`]'s usual bound a standby waits for its
+/// heartbeat and the read of its place.
+///
+/// A standby has no lease for a slow answer to hold back, and a request abandoned
+/// in flight is not taken back from the server: it is answered all the same, its
+/// connection is closed, and the next one pays a handshake in the same queue. At a
+/// cold start of 200 processes on a 2-core machine the dev server answered seconds
+/// late; bounded by 2 s, 579 heartbeats were abandoned in the first 15 s, the lease
+/// pools opened 897 connections, and a place read given up on put its worker at the
+/// front, surveying. Three times is 6 s at the default tick: a loop round of a
+/// heartbeat, a place read and a survey (five times) stays within the 30 s after
+/// which `/livez` calls the loop stuck.
+pub const STANDBY_PATIENCE: u32 = 3;
+
+/// How long a new worker may hold off claiming (see [`may_claim`]): a worker older
+/// than this claims whatever its connections and the database's answers.
+pub const SETTLE_MOST: Duration = Duration::from_secs(20);
+
+/// What [`may_claim`] weighs.
+#[derive(Debug, Clone, Copy)]
+pub struct Readiness {
+    /// How long the worker has run.
+    pub age: Duration,
+    /// Whether its lease pool's spare connection is open.
+    pub spare: bool,
+    /// How long the survey that found the slot took to come back.
+    pub survey_took: Duration,
+}
+
+/// Whether a worker may claim the slots its survey found: always once it is older
+/// than [`SETTLE_MOST`]; before that, once it has run a lease (`2 T`), its lease
+/// pool holds a spare connection, and the survey came back within the time a
+/// renewal may take (`L − margin − T`, 0.55 T).
+///
+/// A new holder's renewals must come back in time from its first, and at a pool's
+/// cold start the first seconds are the worst for it. 200 processes started at once
+/// on a 2-core machine filled the dev server's accept queue (128) for 4.5 s, and its
+/// hundreds of runnable threads (handshakes, heartbeats, reads of the line) slowed
+/// every write to the slots for seconds, though a ping on an open connection came
+/// back in 2–25 ms. The first workers' requests went before that and were answered
+/// at once: they claimed, and then could not renew: 5 to 26 of 20 new holders
+/// fenced themselves a run. So:
+/// - a worker claims nothing during its own first lease, by which time the starts
+///   of every process started with it have reached the server;
+/// - a renewal must never wait for a connection to be opened: the loop's heartbeat
+///   or survey holds the lease pool's one connection now and then, so a worker opens
+///   a second when it first stands at the front, and claims once it is open;
+/// - a survey slower than a renewal may be says a holder could not keep the slot
+///   now; the worker surveys again a tick later.
+///
+/// A worker running for a while is never held back, so a takeover is as fast as
+/// before. A new worker that is the only one able to take a slot takes it a lease
+/// later. On a database slower than a renewal may be, nobody could keep a slot, and
+/// the first claim waits [`SETTLE_MOST`], no longer.
+pub fn may_claim(r: Readiness, timing: &crate::config::LeaseTiming) -> bool {
+    let in_time = timing.renewal_wait().saturating_sub(timing.tick);
+    r.age >= SETTLE_MOST || (r.age >= timing.lease() && r.spare && r.survey_took <= in_time)
+}
+
 /// How long after its last beat a worker's heartbeat document is removed (by the
 /// TTL index on `expire_at`): ten minutes, or three times as long as a beat is
 /// believed when that is longer, so a live worker's document never goes. A killed
@@ -467,12 +526,17 @@ impl Roster {
     ) -> Result<(u64, Option<ServerClock>), mongodb::error::Error> {
         let alive = doc! {"$gt": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]};
         let filter = if held == 0 {
-            doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}, "$expr": alive}
+            doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}}
         } else {
-            doc! {ROOM: true, HELD: {"$lt": held as i64}, "$expr": alive}
+            doc! {ROOM: true, HELD: {"$lt": held as i64}}
         };
+        // Liveness in a stage of its own: a `$match` with a top-level `$expr` is
+        // read by scanning the collection on the dev server, where the line's
+        // index serves the rest. At 200 workers that was 19 ms of the server's
+        // time a read; split, 2 ms at the front of the line and 18 ms at its end.
         let pipeline = vec![
             doc! {"$match": filter},
+            doc! {"$match": {"$expr": alive}},
             doc! {"$limit": watchers.max(1) as i64},
             doc! {"$facet": {"ahead": [{"$count": "n"}]}},
             doc! {"$project": {"ahead": 1, "now": {"$toLong": "$$NOW"}}},
@@ -723,6 +787,62 @@ mod tests {
         assert_eq!(successors_to_poke(1, 3), 3);
         assert_eq!(successors_to_poke(10, 3), 12);
         assert_eq!(successors_to_poke(0, 1), 1);
+    }
+
+    #[test]
+    fn a_new_worker_claims_once_settled_an_old_one_at_once() {
+        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
+        let ms = Duration::from_millis;
+        let ready = Readiness {
+            age: ms(2000),
+            spare: true,
+            survey_took: ms(550),
+        };
+        assert!(may_claim(ready, &timing));
+        // Within its first lease; without its spare; after a slow survey.
+        assert!(!may_claim(
+            Readiness {
+                age: ms(1999),
+                ..ready
+            },
+            &timing
+        ));
+        assert!(!may_claim(
+            Readiness {
+                spare: false,
+                ..ready
+            },
+            &timing
+        ));
+        assert!(!may_claim(
+            Readiness {
+                survey_took: ms(551),
+                ..ready
+            },
+            &timing
+        ));
+        // Past SETTLE_MOST, nothing holds it back.
+        let old = Readiness {
+            age: SETTLE_MOST,
+            spare: false,
+            survey_took: ms(5000),
+        };
+        assert!(may_claim(old, &timing));
+        // At a 250 ms tick: a lease is 500 ms, a survey may take 137 ms.
+        let quick = crate::config::LeaseTiming::from_tick(ms(250));
+        let r = Readiness {
+            age: ms(500),
+            spare: true,
+            survey_took: ms(137),
+        };
+        assert!(may_claim(r, &quick));
+        assert!(!may_claim(
+            Readiness {
+                survey_took: ms(140),
+                ..r
+            },
+            &quick
+        ));
     }
 
     #[test]
