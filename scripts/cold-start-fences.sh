@@ -1,0 +1,39 @@
+#!/bin/bash
+# Starts N release workers at once (default 200) straight at the dev server (no
+# proxy), over 20 slots of a fresh database, and prints each worker's and the
+# server's CPU as the start goes on, then how many workers fenced themselves in the
+# first 15 s. A/B comparisons: BIN=path/to/an/older/slotpool scripts/cold-start-fences.sh
+# Needs the dev server (scripts/dev-mongo.sh start) and a release build.
+#
+#   scripts/cold-start-fences.sh [N]
+set -euo pipefail
+N=${1:-200}
+cd "$(dirname "$0")/.."
+B=${BIN:-target/release/slotpool}
+PORT=${SLOTPOOL_DEV_PORT:-27777}
+export MONGODB_URI="mongodb://127.0.0.1:$PORT/coldstart$RANDOM?directConnection=true&retryWrites=false"
+"$B" init --slots 20 >/dev/null
+server=$(pgrep -f "secantusd.*--port $PORT" | head -1)
+cpu() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+logs=$(mktemp -d)
+s0=$(cpu "$server")
+t0=$(date +%s.%N)
+pids=()
+for i in $(seq 1 "$N"); do
+  p=$((40000 + i))
+  SLOTPOOL_LOG=info,slotpool=debug "$B" worker --advertise "127.0.0.1:$p" --listen "127.0.0.1:$p" \
+    >"$logs/worker-$p.log" 2>&1 &
+  pids+=($!)
+done
+for s in 1 2 4 6 8 10 15; do
+  left=$(echo "$t0 + $s - $(date +%s.%N)" | bc)
+  [[ $left == -* ]] || sleep "$left"
+  w=0
+  for p in "${pids[@]}"; do w=$((w + $(cpu "$p"))); done
+  echo "t=${s}s workers' CPU $(echo "scale=2; $w/100" | bc) s, server's $(echo "scale=2; ($(cpu "$server") - $s0)/100" | bc) s"
+done
+{
+  kill -9 "${pids[@]}" || true
+  wait "${pids[@]}" || true
+} 2>/dev/null
+echo "workers that fenced themselves: $(grep -l "self-fenced" "$logs"/*.log | wc -l) of $N (logs: $logs)"
