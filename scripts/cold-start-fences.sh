@@ -12,8 +12,12 @@ cd "$(dirname "$0")/.."
 B=${BIN:-target/release/slotpool}
 PORT=${SLOTPOOL_DEV_PORT:-27777}
 export MONGODB_URI="mongodb://127.0.0.1:$PORT/coldstart$RANDOM?directConnection=true&retryWrites=false"
+pidfile=.state/mongo-$PORT.pid
+if ! server=$(cat "$pidfile" 2>/dev/null) || ! kill -0 "$server" 2>/dev/null; then
+  echo "no dev server on port $PORT: start it with scripts/dev-mongo.sh start" >&2
+  exit 1
+fi
 "$B" init --slots 20 >/dev/null
-server=$(pgrep -f "secantusd.*--port $PORT" | head -1)
 cpu() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 logs=$(mktemp -d)
 s0=$(cpu "$server")

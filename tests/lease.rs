@@ -514,7 +514,14 @@ async fn the_worker_loop_keeps_time_by_its_clock() {
     let shutdown = worker.shutdown_token();
     let running = tokio::spawn(worker.run());
 
-    // The first round needs no clock: a standby claims at once.
+    // A new worker takes a slot vacant since before it began only once its first
+    // lease is out on its clock (`standby_line::may_claim`): nothing is claimed
+    // until the clock says so.
+    let surveyed =
+        || async { (metric(&metrics.render(), "slotpool_surveys_total") >= 1).then_some(()) };
+    wait_for(Duration::from_secs(20), "the first survey", surveyed).await;
+    assert_eq!(owner(&db.slot("slot-001").await), None, "held back");
+    clock.advance(timing().lease());
     wait_for(Duration::from_secs(20), "the claim", || async {
         let slot = db.slot("slot-001").await;
         (owner(&slot).as_deref() == Some(me)).then_some(())

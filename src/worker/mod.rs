@@ -143,24 +143,25 @@ pub struct Worker {
     lease_store: Store,
     /// Whether the robots' pool was warmed (see [`ROBOT_POOL_WARM`]).
     robots_warmed: bool,
-    /// The lease pool's spare connection (see [`standby_line::may_claim`]).
-    lease_spare: SpareConnection,
+    /// The lease pool's spare connection (see [`standby_line::may_claim`]):
+    /// [`SPARE_NONE`], [`SPARE_OPENING`] or [`SPARE_OPEN`].
+    lease_spare: Arc<std::sync::atomic::AtomicU8>,
     /// When this worker began (see [`standby_line::may_claim`]).
     born: Instant,
 }
 
-/// A connection pool's second connection, opened in the background.
-#[derive(Debug, Default)]
-struct SpareConnection {
-    /// Whether the worker began opening it.
-    began: bool,
-    /// Set once it is open, or given up on.
-    open: Arc<std::sync::atomic::AtomicBool>,
-}
+/// The lease pool's spare connection: not opened (or its opening failed), ...
+const SPARE_NONE: u8 = 0;
+/// ... being opened, ...
+const SPARE_OPENING: u8 = 1;
+/// ... open.
+const SPARE_OPEN: u8 = 2;
 
 /// The most connections the lease's own pool opens: renewals of several held slots
-/// and a heartbeat may overlap. A standby or a holder of one slot keeps one open; a
-/// holder of `n > 1` slots, `n + 1` (see [`Store::dedicated`]).
+/// and the loop's survey, heartbeat or place read may overlap. A standby keeps one
+/// open until it first stands at the front, then two (see
+/// [`standby_line::may_claim`]); a holder of `n > 1` slots, `n + 1` (see
+/// [`Store::dedicated`]).
 const LEASE_POOL: u32 = 4;
 
 /// Connections the robots' pool keeps open once this worker stands at the front of
@@ -239,7 +240,7 @@ impl Worker {
             looks: Looks::new(now),
             lease_store,
             robots_warmed: false,
-            lease_spare: SpareConnection::default(),
+            lease_spare: Arc::new(std::sync::atomic::AtomicU8::new(SPARE_NONE)),
             born: now,
         }
     }
@@ -423,27 +424,37 @@ impl Worker {
     }
 
     /// Whether the lease pool's spare connection is open (see
-    /// [`standby_line::may_claim`]); the first call opens it, in the background, and
-    /// wakes the loop when it is open.
+    /// [`standby_line::may_claim`]). The first call opens it, in the background, and
+    /// the loop is woken when it opened or failed to; a failure (no answer within
+    /// [`standby_line::SETTLE_MOST`]) lets the next call try again.
     fn spare_lease_connection(&mut self) -> bool {
-        if !self.lease_spare.began {
-            self.lease_spare.began = true;
-            let (store, ready, wake) = (
-                self.lease_store.clone(),
-                self.lease_spare.open.clone(),
-                self.wake.clone(),
-            );
+        use std::sync::atomic::Ordering;
+        let state = &self.lease_spare;
+        if state
+            .compare_exchange(
+                SPARE_NONE,
+                SPARE_OPENING,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            let (store, state, wake) = (self.lease_store.clone(), state.clone(), self.wake.clone());
             tokio::spawn(async move {
-                if !store.warm(2, standby_line::SETTLE_MOST).await {
-                    tracing::debug!("the lease's spare connection did not open in time");
+                let opened = store.warm(2, standby_line::SETTLE_MOST).await;
+                if !opened {
+                    tracing::debug!(
+                        "the lease's spare connection did not open; trying again at the next claim"
+                    );
                 }
-                ready.store(true, std::sync::atomic::Ordering::Release);
+                state.store(
+                    if opened { SPARE_OPEN } else { SPARE_NONE },
+                    Ordering::Release,
+                );
                 wake.notify_one();
             });
         }
-        self.lease_spare
-            .open
-            .load(std::sync::atomic::Ordering::Acquire)
+        self.lease_spare.load(Ordering::Acquire) == SPARE_OPEN
     }
 
     /// Forgets held slots whose task ended (lost, drained or handed back).
@@ -468,6 +479,7 @@ impl Worker {
     /// took most of the second that kill -9 takeover has to spare).
     async fn round(&mut self, woken: bool) -> Duration {
         let wait = self.survey_round(woken).await;
+        self.status.lock().expect("status lock").round_done();
         let moved_up = self.keep_place(woken).await;
         let now = self.clock.now();
         if moved_up {
@@ -626,10 +638,12 @@ impl Worker {
                 .collect();
             self.give_back_one(standbys);
         } else if !claimable.is_empty() {
+            let age = self.clock.since(self.born);
             let ready = standby_line::Readiness {
-                age: self.clock.since(self.born),
+                age,
                 spare: self.spare_lease_connection(),
                 survey_took,
+                vacant_before: standby_line::vacant_before(&claimable, age),
             };
             if standby_line::may_claim(ready, &self.settings.timing) {
                 self.claim(&claimable, !self.held.is_empty()).await;
@@ -662,7 +676,11 @@ impl Worker {
         let beat_due = changed || self.clock.now() >= self.looks.next_beat;
         if beat_due {
             let pace = standby_line::beat_pace(self.place(), self.tick());
-            match self.bounded_heartbeat(pace).await {
+            let beaten = self.bounded_heartbeat(pace).await;
+            // A step of the round: `/livez` judges the loop by these too, as one
+            // round may hold a survey, two heartbeats and a place read.
+            self.status.lock().expect("status lock").round_done();
+            match beaten {
                 Beaten::Written => self.beaten(ids, pace),
                 Beaten::Failed => {
                     self.looks.next_beat = self.clock.now() + pace;
@@ -684,6 +702,7 @@ impl Worker {
         }
         let was = self.place();
         self.read_place(true).await;
+        self.status.lock().expect("status lock").round_done();
         let place = self.place();
         if place == Place::Front && was == Place::Rear {
             // Its last heartbeat promised the rear's pace: a watcher that died would
@@ -895,9 +914,10 @@ impl Worker {
                         }
                         // A second slot's renewals may overlap the first's: its
                         // connection is opened now, not at that moment. The first
-                        // slot's renewals share the standby's one connection with the
-                        // heartbeat, which beats seldom; pinging it here would cost
-                        // two requests a claim at a mass failure's busiest moment.
+                        // slot's renewals have the spare opened before the claim
+                        // (see `spare_lease_connection`); pinging the pool here
+                        // would cost two requests a claim at a mass failure's
+                        // busiest moment.
                         if self.held.len() > 1 {
                             let open = (self.held.len() as u32 + 1).min(LEASE_POOL);
                             let (store, within) = (self.lease_store.clone(), self.op_timeout());

@@ -240,9 +240,10 @@ pub const REAR_BEAT: Duration = Duration::from_secs(40);
 /// cold start of 200 processes on a 2-core machine the dev server answered seconds
 /// late; bounded by 2 s, 579 heartbeats were abandoned in the first 15 s, the lease
 /// pools opened 897 connections, and a place read given up on put its worker at the
-/// front, surveying. Three times is 6 s at the default tick: a loop round of a
-/// heartbeat, a place read and a survey (five times) stays within the 30 s after
-/// which `/livez` calls the loop stuck.
+/// front, surveying. Three times is 6 s at the default tick. `/livez` counts a
+/// survey, a heartbeat or a place read as the loop going on, so the longest it
+/// waits between two is a pause and a survey (five times the bound), within the
+/// `status::stuck_after` of every tick.
 pub const STANDBY_PATIENCE: u32 = 3;
 
 /// How long a new worker may hold off claiming (see [`may_claim`]): a worker older
@@ -258,12 +259,24 @@ pub struct Readiness {
     pub spare: bool,
     /// How long the survey that found the slot took to come back.
     pub survey_took: Duration,
+    /// Whether every slot it found was vacant before the worker began: none was
+    /// released or orphaned since (see [`vacant_before`]).
+    pub vacant_before: bool,
+}
+
+/// Whether every one of `claimable` has been vacant for at least `age` (how long the
+/// worker has run): nobody was there to take them, so the whole pool is starting.
+/// A slot released or left by a dead holder since the worker began is a hand-back
+/// or a takeover, which it takes at once.
+pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -> bool {
+    claimable.iter().all(|c| c.expired_for >= age)
 }
 
 /// Whether a worker may claim the slots its survey found: always once it is older
-/// than [`SETTLE_MOST`]; before that, once it has run a lease (`2 T`), its lease
-/// pool holds a spare connection, and the survey came back within the time a
-/// renewal may take (`L − margin − T`, 0.55 T).
+/// than [`SETTLE_MOST`]; before that, once its lease pool holds a spare connection,
+/// the survey came back within the time a renewal may take (`L − margin − T`,
+/// 0.55 T), and, when every slot it found was vacant before it began (a pool
+/// starting), once it has run a lease (`2 T`).
 ///
 /// A new holder's renewals must come back in time from its first, and at a pool's
 /// cold start the first seconds are the worst for it. 200 processes started at once
@@ -273,8 +286,10 @@ pub struct Readiness {
 /// back in 2–25 ms. The first workers' requests went before that and were answered
 /// at once: they claimed, and then could not renew: 5 to 26 of 20 new holders
 /// fenced themselves a run. So:
-/// - a worker claims nothing during its own first lease, by which time the starts
-///   of every process started with it have reached the server;
+/// - a worker takes no slot that was vacant before it began during its own first
+///   lease, by which time the starts of every process started with it have reached
+///   the server; a slot released or orphaned since (a hand-back to it, a takeover)
+///   it takes at once;
 /// - a renewal must never wait for a connection to be opened: the loop's heartbeat
 ///   or survey holds the lease pool's one connection now and then, so a worker opens
 ///   a second when it first stands at the front, and claims once it is open;
@@ -282,12 +297,13 @@ pub struct Readiness {
 ///   now; the worker surveys again a tick later.
 ///
 /// A worker running for a while is never held back, so a takeover is as fast as
-/// before. A new worker that is the only one able to take a slot takes it a lease
-/// later. On a database slower than a renewal may be, nobody could keep a slot, and
+/// before. A new worker that is the only one able to take a slot vacant since before
+/// it began takes it a lease later. On a database slower than a renewal may be, nobody could keep a slot, and
 /// the first claim waits [`SETTLE_MOST`], no longer.
 pub fn may_claim(r: Readiness, timing: &crate::config::LeaseTiming) -> bool {
     let in_time = timing.renewal_wait().saturating_sub(timing.tick);
-    r.age >= SETTLE_MOST || (r.age >= timing.lease() && r.spare && r.survey_took <= in_time)
+    let first_lease_out = r.age >= timing.lease() || !r.vacant_before;
+    r.age >= SETTLE_MOST || (first_lease_out && r.spare && r.survey_took <= in_time)
 }
 
 /// How long after its last beat a worker's heartbeat document is removed (by the
@@ -790,6 +806,29 @@ mod tests {
     }
 
     #[test]
+    fn vacancies_older_than_the_worker_mean_a_pool_starting() {
+        let slot = |secs: u64| crate::db::lease::Candidate {
+            id: "slot-001".into(),
+            time: None,
+            epoch: 1,
+            expired_for: Duration::from_secs(secs),
+        };
+        let age = Duration::from_secs(5);
+        assert!(vacant_before(&[slot(5), slot(60)], age));
+        assert!(
+            !vacant_before(&[slot(60), slot(4)], age),
+            "one since: take it"
+        );
+        assert!(vacant_before(
+            &[crate::db::lease::Candidate {
+                expired_for: crate::db::lease::LONG_AGO,
+                ..slot(0)
+            }],
+            age
+        ));
+    }
+
+    #[test]
     fn a_new_worker_claims_once_settled_an_old_one_at_once() {
         let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
         let ms = Duration::from_millis;
@@ -797,6 +836,7 @@ mod tests {
             age: ms(2000),
             spare: true,
             survey_took: ms(550),
+            vacant_before: true,
         };
         assert!(may_claim(ready, &timing));
         // Within its first lease; without its spare; after a slow survey.
@@ -826,6 +866,7 @@ mod tests {
             age: SETTLE_MOST,
             spare: false,
             survey_took: ms(5000),
+            vacant_before: true,
         };
         assert!(may_claim(old, &timing));
         // At a 250 ms tick: a lease is 500 ms, a survey may take 137 ms.
@@ -834,6 +875,7 @@ mod tests {
             age: ms(500),
             spare: true,
             survey_took: ms(137),
+            vacant_before: true,
         };
         assert!(may_claim(r, &quick));
         assert!(!may_claim(

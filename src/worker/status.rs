@@ -48,9 +48,11 @@ pub struct WorkerStatus {
     pub loop_age_ms: u64,
 }
 
-/// How long the worker's loop may go without finishing a round before `/livez`
-/// says it is stuck: four heartbeat periods (a round comes at least once a period,
-/// and each of its database calls is bounded by `max(2 T, 2 s)`), and never under
+/// How long the worker's loop may go without finishing a round, or a survey,
+/// heartbeat or place read within one, before `/livez` says it is stuck: four heartbeat periods
+/// (a round comes at least once a period, and each of its database calls is bounded:
+/// a survey by at most `5 × max(2 T, 2 s)`, a standby's heartbeat and place read by
+/// three times that bound, see `standby_line::STANDBY_PATIENCE`), and never under
 /// 30 s. A database that does not answer does not stop rounds, so it never makes a
 /// worker look dead: only a loop that hangs does.
 pub fn stuck_after(tick: std::time::Duration) -> std::time::Duration {
@@ -105,7 +107,8 @@ impl WorkerStatus {
         self
     }
 
-    /// The loop finished a round (or began).
+    /// The loop finished a round, or a survey, heartbeat or place read within one
+    /// (or began): it goes on.
     pub fn round_done(&mut self) {
         self.last_round = Some(Instant::now());
     }
