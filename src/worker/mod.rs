@@ -655,10 +655,7 @@ impl Worker {
                     survey_ms = survey_took.as_millis() as u64,
                     "not claiming yet: this new worker waits out its first lease, its lease's spare connection and a survey in time for a renewal"
                 );
-                // Looks again when its first lease is out, or a tick on; the spare's
-                // opening wakes it sooner.
-                let lease = self.settings.timing.lease();
-                wait = wait.min(lease.saturating_sub(ready.age).max(self.tick()));
+                wait = wait.min(standby_line::claim_again_in(ready, &self.settings.timing));
             }
         }
         self.looks.next_survey = self.clock.now() + wait;

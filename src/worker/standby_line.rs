@@ -276,7 +276,7 @@ pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -
 /// than [`SETTLE_MOST`]; before that, once its lease pool holds a spare connection,
 /// the survey came back within the time a renewal may take (`L − margin − T`,
 /// 0.55 T), and, when every slot it found was vacant before it began (a pool
-/// starting), once it has run a lease (`2 T`).
+/// starting), once it has run its first lease (`2 T`, at most 2 s: [`first_hold`]).
 ///
 /// A new holder's renewals must come back in time from its first, and at a pool's
 /// cold start the first seconds are the worst for it. 200 processes started at once
@@ -302,8 +302,27 @@ pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -
 /// the first claim waits [`SETTLE_MOST`], no longer.
 pub fn may_claim(r: Readiness, timing: &crate::config::LeaseTiming) -> bool {
     let in_time = timing.renewal_wait().saturating_sub(timing.tick);
-    let first_lease_out = r.age >= timing.lease() || !r.vacant_before;
-    r.age >= SETTLE_MOST || (first_lease_out && r.spare && r.survey_took <= in_time)
+    let held_out = r.age >= first_hold(timing) || !r.vacant_before;
+    r.age >= SETTLE_MOST || (held_out && r.spare && r.survey_took <= in_time)
+}
+
+/// How long a new worker holds off slots vacant since before it began: its first
+/// lease, at most 2 s. Other processes' starts reach the server within that
+/// whatever the tick; a 20 s tick would otherwise hold a pool's first claim 40 s.
+pub fn first_hold(timing: &crate::config::LeaseTiming) -> Duration {
+    timing.lease().min(Duration::from_secs(2))
+}
+
+/// When a worker held back by [`may_claim`] looks again: when its first hold is
+/// out, if that is what holds it back; otherwise a tick on (a spare connection
+/// that opens wakes it sooner).
+pub fn claim_again_in(r: Readiness, timing: &crate::config::LeaseTiming) -> Duration {
+    let hold = first_hold(timing);
+    if r.vacant_before && r.age < hold {
+        hold - r.age
+    } else {
+        timing.tick
+    }
 }
 
 /// How long after its last beat a worker's heartbeat document is removed (by the
@@ -869,6 +888,42 @@ mod tests {
             vacant_before: true,
         };
         assert!(may_claim(old, &timing));
+        // At a 20 s tick the hold is 2 s, not a lease.
+        let slow = crate::config::LeaseTiming::from_tick(Duration::from_secs(20));
+        let at_2s = Readiness {
+            age: ms(2000),
+            survey_took: ms(50),
+            ..ready
+        };
+        assert!(may_claim(at_2s, &slow));
+        assert!(!may_claim(
+            Readiness {
+                age: ms(1999),
+                ..at_2s
+            },
+            &slow
+        ));
+        assert_eq!(
+            claim_again_in(
+                Readiness {
+                    age: ms(500),
+                    ..at_2s
+                },
+                &slow
+            ),
+            ms(1500)
+        );
+        assert_eq!(
+            claim_again_in(
+                Readiness {
+                    age: ms(500),
+                    ..at_2s
+                },
+                &timing
+            ),
+            ms(1500)
+        );
+        assert_eq!(claim_again_in(at_2s, &timing), timing.tick);
         // At a 250 ms tick: a lease is 500 ms, a survey may take 137 ms.
         let quick = crate::config::LeaseTiming::from_tick(ms(250));
         let r = Readiness {
