@@ -971,24 +971,35 @@ async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
     let live = declared.liveness.clone().expect("a liveness probe");
     let timeout = |p: &common::kubernetes::Probe| Duration::from_secs(p.timeout_seconds as u64);
     // Each is ready and alive by its probes, and is known by `POD_IP:7700`.
-    wait_for(
-        Duration::from_secs(60),
-        "every worker ready by its probe",
-        || async {
-            workers
-                .iter()
-                .all(|(_, ip, _)| {
-                    probe(
-                        ip,
-                        ready.port,
-                        ready.path.as_deref().unwrap(),
-                        timeout(&ready),
-                    ) == Some(200)
-                })
-                .then_some(())
-        },
-    )
-    .await;
+    let unready = || {
+        workers
+            .iter()
+            .filter(|(_, ip, _)| {
+                probe(
+                    ip,
+                    ready.port,
+                    ready.path.as_deref().unwrap(),
+                    timeout(&ready),
+                ) != Some(200)
+            })
+            .map(|(name, _, _)| name.clone())
+            .collect::<Vec<_>>()
+    };
+    let by = std::time::Instant::now() + Duration::from_secs(60);
+    let mut left = unready();
+    while !left.is_empty() && std::time::Instant::now() < by {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = unready();
+    }
+    // Which were not, and what they said: a standby's readiness has failed here before.
+    let said: Vec<String> = left
+        .iter()
+        .map(|n| format!("{n}:\n{}", text(&docker(&["logs", "--tail", "30", n]))))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "not ready by their probe within 60 s: {said:#?}"
+    );
     for (name, ip, _) in &workers {
         assert_eq!(
             probe(ip, live.port, live.path.as_deref().unwrap(), timeout(&live)),

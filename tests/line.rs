@@ -566,6 +566,21 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
     let rear: Vec<usize> = (0..standbys.len())
         .filter(|i| !watchers.contains(&standbys[*i].id))
         .collect();
+    // Never surveyed, a standby behind the watchers is still ready: its heartbeat
+    // and place read are what it knows of the database (the Kubernetes readiness
+    // probe asks this).
+    for i in &rear {
+        let surveyed = standbys[*i].metric("slotpool_surveys_total");
+        if surveyed != Some(0) {
+            println!("{} has surveyed: {surveyed:?}", standbys[*i].id);
+        }
+        assert_eq!(
+            standbys[*i].http_get("/healthz").map(|(c, _)| c),
+            Some(200),
+            "{}: ready by its heartbeat",
+            standbys[*i].id
+        );
+    }
     let before: Vec<_> = rear
         .iter()
         .map(|i| proxies[*i].tally().snapshot())
@@ -596,6 +611,15 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
             "{id} kept opening connections: {total:?}"
         );
     }
+    // Cut one off: its next heartbeat fails, and it says so.
+    let cut = rear[0];
+    proxies[cut].set(common::proxy::Mode::Cut);
+    common::wait_for(
+        Duration::from_secs(60),
+        "the cut-off standby's /healthz at 503",
+        || async { (standbys[cut].http_get("/healthz")?.0 == 503).then_some(()) },
+    )
+    .await;
     common::runs_on_once(&db, 2).await;
 }
 

@@ -78,8 +78,9 @@ pub enum WorkerError {
 enum Beaten {
     /// Written (and the server's clock read with it, when it was due).
     Written,
-    /// The database did not take it (unreachable, slow): tried again later.
-    Failed,
+    /// The database did not take it (unreachable, slow): tried again later. Says
+    /// why, scrubbed of credentials.
+    Failed(String),
     InUse(BeatError),
 }
 
@@ -341,8 +342,8 @@ impl Worker {
                     self.beaten(Vec::new(), pace);
                     return Ok(());
                 }
-                Beaten::Failed => {
-                    self.db_failed("the first heartbeat was not written");
+                Beaten::Failed(why) => {
+                    self.db_failed(&format!("the first heartbeat was not written: {why}"));
                     self.tick()
                 }
                 Beaten::InUse(e) => {
@@ -679,7 +680,10 @@ impl Worker {
             self.status.lock().expect("status lock").round_done();
             match beaten {
                 Beaten::Written => self.beaten(ids, pace),
-                Beaten::Failed => {
+                Beaten::Failed(why) => {
+                    if self.held.is_empty() {
+                        self.db_failed(&format!("the heartbeat was not written: {why}"));
+                    }
                     self.looks.next_beat = self.clock.now() + pace;
                     return false;
                 }
@@ -744,6 +748,7 @@ impl Worker {
                     self.server_clock_read(server_ms, sent, received);
                     self.server = Some(c);
                 }
+                self.standby_reached_database();
             }
             Ok(Err(_)) | Err(_) => self.looks.ahead = 0,
         }
@@ -1053,20 +1058,29 @@ impl Worker {
                     self.server_clock_read(server_ms, sent, received);
                     self.server = Some(c);
                 }
+                self.standby_reached_database();
                 Beaten::Written
             }
             Ok(Err(e @ BeatError::IdentityInUse { .. })) => Beaten::InUse(e),
             Ok(Err(BeatError::Db(e))) => {
-                tracing::debug!(
-                    "heartbeat failed: {}",
-                    self.store.scrub(&crate::db::store::brief(&e))
-                );
-                Beaten::Failed
+                let why = self.store.scrub(&crate::db::store::brief(&e));
+                tracing::debug!("heartbeat failed: {why}");
+                Beaten::Failed(why)
             }
             Err(_) => {
-                tracing::debug!("heartbeat got no answer within {} ms", limit.as_millis());
-                Beaten::Failed
+                let why = format!("no answer within {} ms", limit.as_millis());
+                tracing::debug!("heartbeat got {why}");
+                Beaten::Failed(why)
             }
+        }
+    }
+
+    /// A standby behind the watchers asks the database for nothing but its
+    /// heartbeat and its place, and may not survey for minutes: those answers are
+    /// what `/healthz` knows of the database. (A holder's renewals speak for it.)
+    fn standby_reached_database(&self) {
+        if self.held.is_empty() {
+            self.health.ok(&self.metrics, &self.status);
         }
     }
 
