@@ -377,9 +377,18 @@ async fn a_flood_of_pokes_costs_at_most_one_survey_per_spacing() {
         (owner(&db.slot("slot-001").await)? == holder.id).then_some(())
     })
     .await;
-    let standby = standby_at_front(&db).await;
+    // Through a proxy of its own, which counts its requests by command.
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let standby = db.worker_via(&proxy, &[]);
+    wait_front(
+        &[&standby],
+        &first(&[&standby], 1),
+        "the standby at the front",
+    )
+    .await;
     let surveys = || standby.metric("slotpool_surveys_total").unwrap_or(0);
     let before = surveys();
+    let asked_before = proxy.tally().snapshot();
     let t0 = std::time::Instant::now();
     let (mut answered, mut sent) = (0, 0);
     // For three ticks at least, so the gate reopens in between.
@@ -404,8 +413,16 @@ async fn a_flood_of_pokes_costs_at_most_one_survey_per_spacing() {
     let spacings = t0.elapsed().as_millis() as u64 / 100 + 1;
     let surveyed = surveys() - before;
     let ignored = standby.metric("slotpool_pokes_ignored_total").unwrap_or(0);
+    let asked = proxy.tally().since(&asked_before);
+    let places = asked.get("aggregate workers").copied().unwrap_or(0);
     println!(
-        "{answered} of {sent} pokes answered over {ticks} s: {surveyed} surveys, {ignored} ignored"
+        "{answered} of {sent} pokes answered over {ticks} s: {surveyed} surveys, {ignored} ignored; asked {asked:?}"
+    );
+    // Its place, which a poke may have changed, at most once a tick (and one at
+    // each edge): not once per poke-driven survey.
+    assert!(
+        places <= ticks + 2,
+        "{places} place reads in {ticks} ticks under a flood of pokes: {asked:?}"
     );
     assert_eq!(answered, sent, "every poke is answered (202), taken or not");
     // One survey a tick of its own, one a spacing for pokes, and one each at the edges.
@@ -420,6 +437,54 @@ async fn a_flood_of_pokes_costs_at_most_one_survey_per_spacing() {
     assert_eq!(
         owner(&db.slot("slot-001").await).as_deref(),
         Some(holder.id.as_str())
+    );
+}
+
+/// One `POST /v1/poke`, as a claimer sends it; true when it was answered 202.
+fn poke(w: &WorkerProc) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", w.port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        s,
+        "POST /v1/poke HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.starts_with("HTTP/1.1 202")
+}
+
+/// A pool starting: a worker poked right after its first claim (the others' claims
+/// poke the same first standbys) surveys, and finds the pool's other slots still
+/// vacant. It leaves them to the standbys for `--overflow-after` more, as the
+/// overflow rule does for any slot: the standbys of a starting pool were held back
+/// their first lease too. (The claim storm had a worker take two of five slots.)
+/// Its second slot comes no sooner than `first_hold + overflow_after` (4 s at the
+/// default tick) after its start, however fast the machine.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_holder_poked_at_once_leaves_the_other_vacant_slots_to_standbys() {
+    let db = TestDb::new("line_new_holder_poked").await;
+    db.init(2).await;
+    let started = std::time::Instant::now();
+    let w = db.worker(&[]);
+    common::wait_for(Duration::from_secs(30), "its first slot", || async {
+        (db.held_per_worker().await.get(&w.id) >= Some(&1)).then_some(())
+    })
+    .await;
+    let first = started.elapsed();
+    assert!(poke(&w), "the poke is answered");
+    // Alone, it takes the second slot in the end, by the overflow rule.
+    common::wait_for(Duration::from_secs(30), "its second slot", || async {
+        (db.held_per_worker().await.get(&w.id) == Some(&2)).then_some(())
+    })
+    .await;
+    let second = started.elapsed();
+    println!("first slot {first:?}, poked, second slot {second:?} after its start");
+    assert!(
+        second >= Duration::from_secs(4),
+        "a new holder took a second slot vacant since before it began {second:?} after its start"
     );
 }
 

@@ -491,8 +491,14 @@ impl Worker {
         // Rounds come at least once a front-paced beat even at the rear, where they
         // ask the database nothing unless something is due: `/livez` judges the
         // loop by them.
-        wait.min(self.looks.next_beat.saturating_duration_since(now))
-            .min(standby_line::beat_every(self.tick()))
+        let wait = wait
+            .min(self.looks.next_beat.saturating_duration_since(now))
+            .min(standby_line::beat_every(self.tick()));
+        if self.looks.place_wanted {
+            let since_read = self.looks.placed_at.map(|t| self.clock.since(t));
+            return wait.min(standby_line::poked_place_in(since_read, self.tick()));
+        }
+        wait
     }
 
     /// The survey half of [`Worker::round`]: returns how long until the next survey.
@@ -645,8 +651,10 @@ impl Worker {
                 spare: self.spare_lease_connection(),
                 survey_took,
                 vacant_before: standby_line::vacant_before(&claimable, age),
+                holding: !self.held.is_empty(),
             };
-            if standby_line::may_claim(ready, &self.settings.timing) {
+            let (timing, overflow_after) = (&self.settings.timing, self.settings.overflow_after);
+            if standby_line::may_claim(ready, timing, overflow_after) {
                 self.claim(&claimable, !self.held.is_empty()).await;
             } else {
                 tracing::debug!(
@@ -656,7 +664,7 @@ impl Worker {
                     survey_ms = survey_took.as_millis() as u64,
                     "not claiming yet: this new worker waits out its first lease, its lease's spare connection and a survey in time for a renewal"
                 );
-                wait = wait.min(standby_line::claim_again_in(ready, &self.settings.timing));
+                wait = wait.min(standby_line::claim_again_in(ready, timing, overflow_after));
             }
         }
         self.looks.next_survey = self.clock.now() + wait;
@@ -698,9 +706,16 @@ impl Worker {
         let since_read = self.looks.placed_at.map(|t| self.clock.since(t));
         let beat = standby_line::beat_every(self.tick());
         let due = beat_due && standby_line::place_due(self.place(), changed, since_read, beat);
-        if !(due || woken) {
+        let wanted = woken || self.looks.place_wanted;
+        if !(due || wanted) {
             return false;
         }
+        if !due && !standby_line::poked_place_in(since_read, self.tick()).is_zero() {
+            // Read when the last read is a tick old: `round` wakes for it.
+            self.looks.place_wanted = true;
+            return false;
+        }
+        self.looks.place_wanted = false;
         let was = self.place();
         self.read_place(true).await;
         self.status.lock().expect("status lock").round_done();
@@ -941,7 +956,7 @@ impl Worker {
     /// in line, in the background: one for each slot it left (they may expire
     /// together: a machine's workers died at once), and `--watchers` more for the
     /// place it leaves at the front. A poked worker surveys at once and re-reads its
-    /// place, so the rest are claimed within a round trip or two rather than at the
+    /// place (at most once a tick), so the rest are claimed within a round trip or two rather than at the
     /// rear's next look, and the front is whole again. A lost poke costs latency
     /// only (see [`poke`]).
     fn poke_successors(&self, seen: usize) {

@@ -186,6 +186,18 @@ pub fn place_due(
     }
 }
 
+/// How long a poked worker waits before it re-reads its place: not at all when its
+/// last read is a tick old (or it never read one), else until it is. A poke says
+/// someone ahead may have claimed, so this worker may have moved up; the poke's own
+/// survey (not held back) already finds what there is to claim, and the place only
+/// sets the pace of the looks that follow, so a tick late costs nothing. At a cold
+/// start every claimer pokes the same first standbys, each up to ten times a second
+/// (see [`crate::worker::poke::spacing`]): one place read each per poke was most of
+/// what the line read from the database then.
+pub fn poked_place_in(since_read: Option<Duration>, tick: Duration) -> Duration {
+    since_read.map_or(Duration::ZERO, |age| tick.saturating_sub(age))
+}
+
 /// How many standbys a standby that just claimed one of `seen` claimable slots
 /// pokes: one for each slot it left, and `watchers` for the front it leaves.
 pub fn successors_to_poke(seen: usize, watchers: u64) -> u64 {
@@ -262,6 +274,8 @@ pub struct Readiness {
     /// Whether every slot it found was vacant before the worker began: none was
     /// released or orphaned since (see [`vacant_before`]).
     pub vacant_before: bool,
+    /// Whether it holds a slot already: the claim would be an overflow.
+    pub holding: bool,
 }
 
 /// Whether every one of `claimable` has been vacant for at least `age` (how long the
@@ -300,9 +314,19 @@ pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -
 /// before. A new worker that is the only one able to take a slot vacant since before
 /// it began takes it a lease later. On a database slower than a renewal may be, nobody could keep a slot, and
 /// the first claim waits [`SETTLE_MOST`], no longer.
-pub fn may_claim(r: Readiness, timing: &crate::config::LeaseTiming) -> bool {
+///
+/// A new worker that took its first slot holds off a second one vacant since before
+/// it began for `overflow_after` more ([`hold`]): the overflow rule gives the
+/// standbys that long to take a slot first, and at a pool's start they were held
+/// back too. Without it, a poke that reached a worker just after its first claim
+/// had it survey and take a second slot at once, from standbys about to claim it.
+pub fn may_claim(
+    r: Readiness,
+    timing: &crate::config::LeaseTiming,
+    overflow_after: Duration,
+) -> bool {
     let in_time = timing.renewal_wait().saturating_sub(timing.tick);
-    let held_out = r.age >= first_hold(timing) || !r.vacant_before;
+    let held_out = r.age >= hold(r, timing, overflow_after) || !r.vacant_before;
     r.age >= SETTLE_MOST || (held_out && r.spare && r.survey_took <= in_time)
 }
 
@@ -313,11 +337,29 @@ pub fn first_hold(timing: &crate::config::LeaseTiming) -> Duration {
     timing.lease().min(Duration::from_secs(2))
 }
 
+/// How long from its start a worker holds off slots vacant since before it began:
+/// [`first_hold`], and `overflow_after` more for a second slot (see [`may_claim`]).
+pub fn hold(
+    r: Readiness,
+    timing: &crate::config::LeaseTiming,
+    overflow_after: Duration,
+) -> Duration {
+    if r.holding {
+        first_hold(timing) + overflow_after
+    } else {
+        first_hold(timing)
+    }
+}
+
 /// When a worker held back by [`may_claim`] looks again: when its first hold is
 /// out, if that is what holds it back; otherwise a tick on (a spare connection
 /// that opens wakes it sooner).
-pub fn claim_again_in(r: Readiness, timing: &crate::config::LeaseTiming) -> Duration {
-    let hold = first_hold(timing);
+pub fn claim_again_in(
+    r: Readiness,
+    timing: &crate::config::LeaseTiming,
+    overflow_after: Duration,
+) -> Duration {
+    let hold = hold(r, timing, overflow_after);
     if r.vacant_before && r.age < hold {
         hold - r.age
     } else {
@@ -688,6 +730,9 @@ pub struct Looks {
     pub indexes_ensured: bool,
     /// When this worker last read its place in line (see [`place_due`]).
     pub placed_at: Option<Instant>,
+    /// A poke asked for a place read too soon after the last one: it is read when
+    /// that is a tick old (see [`poked_place_in`]).
+    pub place_wanted: bool,
     /// The slots the last heartbeat reported; a change sends one at once.
     pub beaten: Option<Vec<String>>,
     /// The pace the last heartbeat promised (see [`beat_pace`]).
@@ -711,6 +756,7 @@ impl Looks {
             marked_at: None,
             indexes_ensured: false,
             placed_at: None,
+            place_wanted: false,
             beaten: None,
             pace: Duration::ZERO,
             next_beat: now,
@@ -793,6 +839,19 @@ mod tests {
     }
 
     #[test]
+    fn a_poked_worker_rereads_its_place_at_most_once_a_tick() {
+        assert_eq!(poked_place_in(None, T), Duration::ZERO, "never read");
+        assert_eq!(poked_place_in(Some(T), T), Duration::ZERO);
+        assert_eq!(poked_place_in(Some(T * 3), T), Duration::ZERO);
+        assert_eq!(
+            poked_place_in(Some(Duration::from_millis(300)), T),
+            Duration::from_millis(700),
+            "read a moment ago: again when that is a tick old"
+        );
+        assert_eq!(poked_place_in(Some(Duration::ZERO), T), T);
+    }
+
+    #[test]
     fn the_rear_beats_slowly_and_surveys_seldom_at_a_random_point() {
         assert_eq!(beat_pace(Place::Front, T), T * REAR_TICKS);
         assert_eq!(beat_pace(Place::Rear, T), REAR_BEAT);
@@ -851,34 +910,40 @@ mod tests {
     fn a_new_worker_claims_once_settled_an_old_one_at_once() {
         let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
         let ms = Duration::from_millis;
+        // The default `--overflow-after`, a lease.
+        const O: Duration = Duration::from_secs(2);
         let ready = Readiness {
             age: ms(2000),
             spare: true,
             survey_took: ms(550),
             vacant_before: true,
+            holding: false,
         };
-        assert!(may_claim(ready, &timing));
+        assert!(may_claim(ready, &timing, O));
         // Within its first lease; without its spare; after a slow survey.
         assert!(!may_claim(
             Readiness {
                 age: ms(1999),
                 ..ready
             },
-            &timing
+            &timing,
+            O
         ));
         assert!(!may_claim(
             Readiness {
                 spare: false,
                 ..ready
             },
-            &timing
+            &timing,
+            O
         ));
         assert!(!may_claim(
             Readiness {
                 survey_took: ms(551),
                 ..ready
             },
-            &timing
+            &timing,
+            O
         ));
         // Past SETTLE_MOST, nothing holds it back.
         let old = Readiness {
@@ -886,8 +951,9 @@ mod tests {
             spare: false,
             survey_took: ms(5000),
             vacant_before: true,
+            holding: false,
         };
-        assert!(may_claim(old, &timing));
+        assert!(may_claim(old, &timing, O));
         // At a 20 s tick the hold is 2 s, not a lease.
         let slow = crate::config::LeaseTiming::from_tick(Duration::from_secs(20));
         let at_2s = Readiness {
@@ -895,13 +961,14 @@ mod tests {
             survey_took: ms(50),
             ..ready
         };
-        assert!(may_claim(at_2s, &slow));
+        assert!(may_claim(at_2s, &slow, O));
         assert!(!may_claim(
             Readiness {
                 age: ms(1999),
                 ..at_2s
             },
-            &slow
+            &slow,
+            O
         ));
         assert_eq!(
             claim_again_in(
@@ -909,7 +976,8 @@ mod tests {
                     age: ms(500),
                     ..at_2s
                 },
-                &slow
+                &slow,
+                O
             ),
             ms(1500)
         );
@@ -919,11 +987,12 @@ mod tests {
                     age: ms(500),
                     ..at_2s
                 },
-                &timing
+                &timing,
+                O
             ),
             ms(1500)
         );
-        assert_eq!(claim_again_in(at_2s, &timing), timing.tick);
+        assert_eq!(claim_again_in(at_2s, &timing, O), timing.tick);
         // At a 250 ms tick: a lease is 500 ms, a survey may take 137 ms.
         let quick = crate::config::LeaseTiming::from_tick(ms(250));
         let r = Readiness {
@@ -931,15 +1000,53 @@ mod tests {
             spare: true,
             survey_took: ms(137),
             vacant_before: true,
+            holding: false,
         };
-        assert!(may_claim(r, &quick));
+        assert!(may_claim(r, &quick, O));
         assert!(!may_claim(
             Readiness {
                 survey_took: ms(140),
                 ..r
             },
-            &quick
+            &quick,
+            O
         ));
+    }
+
+    #[test]
+    fn a_new_holder_leaves_a_second_slot_to_the_standbys_for_overflow_after() {
+        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
+        let overflow_after = timing.lease();
+        let ms = Duration::from_millis;
+        // Its first slot at 2 s; a poke at 2.2 s has it survey, and every other
+        // slot of the starting pool is still vacant.
+        let poked = Readiness {
+            age: ms(2200),
+            spare: true,
+            survey_took: ms(20),
+            vacant_before: true,
+            holding: true,
+        };
+        assert!(!may_claim(poked, &timing, overflow_after));
+        assert_eq!(claim_again_in(poked, &timing, overflow_after), ms(1800));
+        let later = Readiness {
+            age: ms(4000),
+            ..poked
+        };
+        assert!(may_claim(later, &timing, overflow_after), "nobody took it");
+        // A slot released or orphaned since it began is another matter: the
+        // overflow rule's own delay (from its expiry) is all it waits.
+        let orphaned = Readiness {
+            vacant_before: false,
+            ..poked
+        };
+        assert!(may_claim(orphaned, &timing, overflow_after));
+        // A standby is held only its first lease.
+        let standby = Readiness {
+            holding: false,
+            ..poked
+        };
+        assert!(may_claim(standby, &timing, overflow_after));
     }
 
     #[test]
