@@ -23,11 +23,16 @@ pub(super) async fn checkpointed_where(
     );
     // Polled four times a second, not at `wait_for`'s 20 ms: the count reads every
     // robot of the slots, and the figure is the server's own `checkpointed_at`, so
-    // polling faster adds only load to the server being measured.
-    common::wait_for(
-        Duration::from_secs(300),
-        "every robot's first checkpoint on its new holder",
-        || async {
+    // polling faster adds only load to the server being measured. Given up after
+    // 300 s, or a 50th of a second a robot when that is longer (20,000 robots at
+    // once, on this machine's dev server), saying how far it got.
+    let limit = Duration::from_secs(300).max(Duration::from_millis(20) * n as u32);
+    let seen = std::sync::atomic::AtomicU64::new(0);
+    let started = std::time::Instant::now();
+    let what = format!("every robot's first checkpoint ({n}) on its new holder");
+    let waited = tokio::time::timeout(
+        limit,
+        common::wait_for(limit + Duration::from_secs(60), &what, || async {
             tokio::time::sleep(Duration::from_millis(230)).await;
             let count = db
                 .store
@@ -35,6 +40,7 @@ pub(super) async fn checkpointed_where(
                 .count_documents(counted.clone())
                 .await
                 .ok()?;
+            seen.store(count, std::sync::atomic::Ordering::Relaxed);
             if count < n {
                 return None;
             }
@@ -50,9 +56,17 @@ pub(super) async fn checkpointed_where(
                     .ok()?
                     .timestamp_millis(),
             )
-        },
+        }),
     )
-    .await
+    .await;
+    match waited {
+        Ok(at) => at,
+        Err(_) => panic!(
+            "timed out after {:?} waiting for {what}: {} of {n} had checkpointed",
+            started.elapsed(),
+            seen.load(std::sync::atomic::Ordering::Relaxed)
+        ),
+    }
 }
 
 pub(super) async fn holder_of(db: &TestDb, slot: &str, not: Option<&str>) -> String {
