@@ -985,7 +985,7 @@ async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
             .map(|(name, _, _)| name.clone())
             .collect::<Vec<_>>()
     };
-    let by = std::time::Instant::now() + Duration::from_secs(60);
+    let by = std::time::Instant::now() + Duration::from_secs(90);
     let mut left = unready();
     while !left.is_empty() && std::time::Instant::now() < by {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -998,7 +998,7 @@ async fn the_kubernetes_worker_runs_as_its_deployment_declares() {
         .collect();
     assert!(
         left.is_empty(),
-        "not ready by their probe within 60 s: {said:#?}"
+        "not ready by their probe within 90 s: {said:#?}"
     );
     for (name, ip, _) in &workers {
         assert_eq!(

@@ -680,9 +680,18 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
     let cut = rear[0];
     proxies[cut].set(common::proxy::Mode::Cut);
     common::wait_for(
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         "the cut-off standby's /healthz at 503",
         || async { (standbys[cut].http_get("/healthz")?.0 == 503).then_some(()) },
+    )
+    .await;
+    // Back: a failed heartbeat is tried again within a front-paced beat (5 s), not
+    // at the rear's 40 s, and the first that lands makes it ready again.
+    proxies[cut].set(common::proxy::Mode::Pass);
+    common::wait_for(
+        Duration::from_secs(30),
+        "the standby ready again once its heartbeat lands",
+        || async { (standbys[cut].http_get("/healthz")?.0 == 200).then_some(()) },
     )
     .await;
     common::runs_on_once(&db, 2).await;

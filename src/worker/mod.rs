@@ -479,9 +479,13 @@ impl Worker {
     /// not behind the heartbeat's three round trips (on a loaded dev server those
     /// took most of the second that kill -9 takeover has to spare).
     async fn round(&mut self, woken: bool) -> Duration {
+        let began = self.clock.now();
         let wait = self.survey_round(woken).await;
         self.status.lock().expect("status lock").round_done();
-        let moved_up = self.keep_place(woken).await;
+        // A claim this round has read the place already (what it holds changed):
+        // the poke is served.
+        let poked = woken && self.looks.placed_at.is_none_or(|t| t < began);
+        let moved_up = self.keep_place(poked).await;
         let now = self.clock.now();
         if moved_up {
             // Moving up: look at once rather than at the rear's pace.
@@ -689,10 +693,21 @@ impl Worker {
             match beaten {
                 Beaten::Written => self.beaten(ids, pace),
                 Beaten::Failed(why) => {
-                    if self.held.is_empty() {
+                    if self.judged_by_heartbeat() {
                         self.db_failed(&format!("the heartbeat was not written: {why}"));
                     }
-                    self.looks.next_beat = self.clock.now() + pace;
+                    // Tried again within a front-paced beat, not the rear's 40 s:
+                    // the last beat that landed is believed for two of its own
+                    // paces, and a standby behind the watchers is unready until one
+                    // lands (one slow write must not hold it so for 40 s).
+                    let retry = pace.min(standby_line::beat_every(self.tick()));
+                    self.looks.next_beat = self.clock.now() + retry;
+                    // A place read a poke put off goes with the failed beat: kept,
+                    // it would have the round come back at once, and beat again
+                    // at once, for as long as the database fails (what it holds
+                    // changed, so a beat is due every round until one lands). The
+                    // next beat that lands reads the place.
+                    self.looks.place_wanted = false;
                     return false;
                 }
                 Beaten::InUse(e) => {
@@ -1094,9 +1109,17 @@ impl Worker {
     /// heartbeat and its place, and may not survey for minutes: those answers are
     /// what `/healthz` knows of the database. (A holder's renewals speak for it.)
     fn standby_reached_database(&self) {
-        if self.held.is_empty() {
+        if self.judged_by_heartbeat() {
             self.health.ok(&self.metrics, &self.status);
         }
+    }
+
+    /// Whether `/healthz` follows this worker's heartbeat: a standby behind the
+    /// watchers. A holder's renewals and a watcher's surveys (every tick) speak for
+    /// theirs; judged by both, a watcher whose surveys fail while its heartbeats
+    /// land would flip between ready and not.
+    fn judged_by_heartbeat(&self) -> bool {
+        self.held.is_empty() && self.place() == Place::Rear
     }
 
     fn db_failed(&self, why: &str) {

@@ -351,7 +351,7 @@ pub fn hold(
     }
 }
 
-/// When a worker held back by [`may_claim`] looks again: when its first hold is
+/// When a worker held back by [`may_claim`] looks again: when its [`hold`] is
 /// out, if that is what holds it back; otherwise a tick on (a spare connection
 /// that opens wakes it sooner).
 pub fn claim_again_in(
