@@ -784,17 +784,23 @@ impl KubeLike {
         for (volume, path, read_only) in &c.mounts {
             if let Some((secret, mode)) = c.secret_volumes.get(volume) {
                 // The kubelet writes each key of the Secret as a file, with the
-                // volume's mode, group fsGroup.
+                // volume's mode, group fsGroup; and it swaps a Secret's files in
+                // at once. So does this: the directory is shared by every
+                // container declared here, and a file rewritten in place was read
+                // empty by a worker starting meanwhile (CI: "the MongoDB URI file
+                // ... is empty", a worker that never became ready).
                 let dir = self.secrets.join(volume);
                 std::fs::create_dir_all(&dir).unwrap();
                 for (s, key, value) in secrets.iter().filter(|(s, _, _)| s == secret) {
                     let _ = s;
                     use std::os::unix::fs::PermissionsExt;
                     let f = dir.join(key);
-                    std::fs::write(&f, value).unwrap();
-                    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(*mode)).unwrap();
-                    std::os::unix::fs::chown(&f, Some(0), c.fs_group.map(|g| g as u32))
+                    let new = dir.join(format!("..{key}.new"));
+                    std::fs::write(&new, value).unwrap();
+                    std::fs::set_permissions(&new, std::fs::Permissions::from_mode(*mode)).unwrap();
+                    std::os::unix::fs::chown(&new, Some(0), c.fs_group.map(|g| g as u32))
                         .expect("chown the Secret's file (the container tests run as root)");
+                    std::fs::rename(&new, &f).unwrap();
                 }
                 let ro = if *read_only { ":ro" } else { "" };
                 a.extend(["-v".into(), format!("{}:{path}{ro}", dir.display())]);
