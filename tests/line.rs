@@ -679,21 +679,11 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
     // Cut one off: its next heartbeat fails, and it says so.
     let cut = rear[0];
     proxies[cut].set(common::proxy::Mode::Cut);
-    common::wait_for(
-        Duration::from_secs(90),
-        "the cut-off standby's /healthz at 503",
-        || async { (standbys[cut].http_get("/healthz")?.0 == 503).then_some(()) },
-    )
-    .await;
+    healthz_turns(&standbys[cut], 503, Duration::from_secs(90)).await;
     // Back: a failed heartbeat is tried again within a front-paced beat (5 s), not
     // at the rear's 40 s, and the first that lands makes it ready again.
     proxies[cut].set(common::proxy::Mode::Pass);
-    common::wait_for(
-        Duration::from_secs(30),
-        "the standby ready again once its heartbeat lands",
-        || async { (standbys[cut].http_get("/healthz")?.0 == 200).then_some(()) },
-    )
-    .await;
+    healthz_turns(&standbys[cut], 200, Duration::from_secs(30)).await;
     common::runs_on_once(&db, 2).await;
 }
 
@@ -731,4 +721,13 @@ async fn the_slot_is_taken_when_every_watcher_dies_with_the_holder() {
     .await;
     println!("taken by {taken}");
     common::runs_on_once(&db, 3).await;
+}
+
+/// Waits until `worker`'s `/healthz` answers `status`.
+async fn healthz_turns(worker: &WorkerProc, status: u16, within: Duration) {
+    let what = format!("{}'s /healthz at {status}", worker.id);
+    common::wait_for(within, &what, || async {
+        (worker.http_get("/healthz")?.0 == status).then_some(())
+    })
+    .await;
 }

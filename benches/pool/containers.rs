@@ -176,7 +176,7 @@ pub(super) async fn container_pool(
         }
         sum
     };
-    let (mut resumed, mut conflicted) = (Vec::new(), Vec::new());
+    let (mut resumed, mut running, mut conflicted) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..trials {
         tokio::time::sleep(Duration::from_millis(700)).await;
         // Scraped first: it takes seconds, and the holders are read just before the kill.
@@ -224,12 +224,32 @@ pub(super) async fn container_pool(
         .into_iter()
         .map(|t| t - t0)
         .collect();
+        let died = death_times(&names, t0);
+        let new_holders: std::collections::BTreeSet<String> = db
+            .slots()
+            .await
+            .iter()
+            .filter(|s| {
+                s.get_str("_id")
+                    .is_ok_and(|id| slots_hit.iter().any(|h| h == id))
+            })
+            .filter_map(owner)
+            .collect();
+        let back_on = holders_back(&robots_held_by(&db, &new_holders).await, t0).await;
+        running.push(back_on.values().map(|b| b.running).fold(0.0, f64::max));
         // Eager counters checkpoint once per start: any checkpoint since the kill is
         // a robot running again on a new holder.
         let last =
             checkpointed_where(&db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
         resumed.push((last - t0) as f64);
-        eprintln!("cpool round {}: claims +{claims:?} ms", resumed.len());
+        eprintln!(
+            "cpool round {}: containers dead +{died:?} ms; claims +{claims:?} ms; new holders (all their robots running, all checkpointed) +{:?} ms",
+            resumed.len(),
+            back_on
+                .values()
+                .map(|b| (b.running, b.checkpointed))
+                .collect::<Vec<_>>()
+        );
         for slot in &slots_hit {
             eprintln!("  {slot}: {}", restore_detail(&db, slot, t0).await);
         }
@@ -254,21 +274,27 @@ pub(super) async fn container_pool(
             "Container pool: {workers} worker containers started at once over {slots} slots; {robots} robots; {kill} holders' containers killed at once, {trials} times"
         ),
         figures: format!(
-            "cold start: every slot held {:.1} s after `compose up` began, self-fences {cold_fences}, extra epochs {cold_epochs}; all their robots checkpointed again after: {}; CAS conflicts per round: {}; dev server at rest: {before:.0} ops/s with {} standbys, {after:.0} after the kills, {at_few:.0} with {kill}",
+            "cold start: every slot held {:.1} s after `compose up` began, self-fences {cold_fences}, extra epochs {cold_epochs}; all their robots running again (the new holders' robots_running gauges, polled every 50 ms) after: {}; and checkpointed again after: {}; CAS conflicts per round: {}; dev server at rest: {before:.0} ops/s with {} standbys, {after:.0} after the kills, {at_few:.0} with {kill}",
             all_held.as_secs_f64(),
+            dist(&mut running.clone()),
             dist(&mut resumed),
             counts(&mut conflicted),
             workers - slots as usize
         ),
         goal: format!(
-            "{}; {}; {}",
+            "{}; {}; {}; {}",
             judged(
                 "cold start: 0 self-fences, 0 extra epochs",
                 cold_fences == 0 && cold_epochs == 0,
                 format!("{cold_fences} self-fences, {cold_epochs} extra epochs")
             ),
             judged(
-                "resumed within L + 1 s = 3000 ms (issue 20)",
+                "running again within L + 1 s = 3000 ms (issue 20)",
+                p99(&running) <= 3000.0,
+                format!("p99 {:.0} ms", p99(&running))
+            ),
+            judged(
+                "and checkpointed again within L + 1 s",
                 p99(&resumed) <= 3000.0,
                 format!("p99 {:.0} ms", p99(&resumed))
             ),
@@ -282,4 +308,21 @@ pub(super) async fn container_pool(
             )
         ),
     }
+}
+
+/// When each of `containers` died (its `State.FinishedAt`, the daemon's clock on
+/// this machine), ms after `t0`: a late claim can then be told from a late kill.
+fn death_times(containers: &[String], t0: i64) -> Vec<i64> {
+    let mut wait = vec!["wait"];
+    wait.extend(containers.iter().map(String::as_str));
+    docker(&wait);
+    containers
+        .iter()
+        .map(|c| {
+            let o = docker(&["inspect", "-f", "{{.State.FinishedAt}}", c]);
+            let at = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            chrono::DateTime::parse_from_rfc3339(&at)
+                .map_or(i64::MIN, |t| t.timestamp_millis() - t0)
+        })
+        .collect()
 }

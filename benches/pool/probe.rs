@@ -306,3 +306,88 @@ pub(super) async fn logged(w: &WorkerProc, needle: &str, limit: Duration) -> Dur
     }
     panic!("{needle:?} not logged within {limit:?}");
 }
+
+/// When a new holder had its robots back, in ms after `t0` (this machine's clock):
+/// `running` when its `slotpool_robots_running` first reached the robots of every
+/// slot it holds (each started on it, past its adoption), `checkpointed` when its
+/// `slotpool_checkpoints_total` did (each robot's first write landed).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HolderBack {
+    pub(super) running: f64,
+    pub(super) checkpointed: f64,
+}
+
+/// Watches the new holders (`ip:port`, the robots they should run) side by side, each
+/// one's `/metrics` every 50 ms, until each has run and checkpointed as many robots:
+/// see [`HolderBack`]. Their own pages, not the database, so the server being
+/// measured is not loaded by the watching. Gives up after 300 s.
+pub(super) async fn holders_back(
+    holders: &[(String, u64)],
+    t0: i64,
+) -> BTreeMap<String, HolderBack> {
+    let mut running: BTreeMap<String, f64> = BTreeMap::new();
+    let mut checkpointed: BTreeMap<String, f64> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while checkpointed.len() < holders.len() {
+        assert!(
+            Instant::now() < deadline,
+            "the new holders' robots were not all back within 300 s: {} of {} holders ran theirs, {} checkpointed them",
+            running.len(),
+            holders.len(),
+            checkpointed.len()
+        );
+        for (id, want) in holders {
+            if checkpointed.contains_key(id) {
+                continue;
+            }
+            let Some(page) = common::containers::metrics_at(id) else {
+                continue;
+            };
+            let at = (wall_ms() - t0) as f64;
+            if metric(&page, "slotpool_robots_running") >= *want {
+                running.entry(id.clone()).or_insert(at);
+            }
+            if metric(&page, "slotpool_checkpoints_total") >= *want {
+                running.entry(id.clone()).or_insert(at);
+                checkpointed.insert(id.clone(), at);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    holders
+        .iter()
+        .map(|(id, _)| {
+            (
+                id.clone(),
+                HolderBack {
+                    running: running[id],
+                    checkpointed: checkpointed[id],
+                },
+            )
+        })
+        .collect()
+}
+
+/// What each of `holders` should run: the robots of every slot it holds now.
+pub(super) async fn robots_held_by(
+    db: &TestDb,
+    holders: &std::collections::BTreeSet<String>,
+) -> Vec<(String, u64)> {
+    let slots = db.slots().await;
+    let mut out = Vec::new();
+    for h in holders {
+        let theirs: Vec<&str> = slots
+            .iter()
+            .filter(|s| owner(s).as_deref() == Some(h.as_str()))
+            .filter_map(|s| s.get_str("_id").ok())
+            .collect();
+        let n = db
+            .store
+            .robots()
+            .count_documents(doc! {"slot_id": {"$in": &theirs}})
+            .await
+            .unwrap();
+        out.push((h.clone(), n));
+    }
+    out
+}

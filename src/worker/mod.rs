@@ -971,9 +971,9 @@ impl Worker {
     /// in line, in the background: one for each slot it left (they may expire
     /// together: a machine's workers died at once), and `--watchers` more for the
     /// place it leaves at the front. A poked worker surveys at once and re-reads its
-    /// place (at most once a tick), so the rest are claimed within a round trip or two rather than at the
-    /// rear's next look, and the front is whole again. A lost poke costs latency
-    /// only (see [`poke`]).
+    /// place (at most once a tick), so the rest are claimed within a round trip or
+    /// two rather than at the rear's next look, and the front is whole again. A lost
+    /// poke costs latency only (see [`poke`]).
     fn poke_successors(&self, seen: usize) {
         let n = standby_line::successors_to_poke(seen, self.settings.watchers);
         let (line, me, metrics) = (self.line.clone(), self.owner(), self.metrics.clone());
