@@ -578,6 +578,13 @@ async fn one_identity_one_live_process() {
         "{}",
         copy.log_text()
     );
+    // Refused at once: the first answers at the address it advertises.
+    assert!(
+        copy.log_text()
+            .contains("it answers at this worker's address"),
+        "{}",
+        copy.log_text()
+    );
     assert!(!copy.log_text().contains("claimed"), "{}", copy.log_text());
     assert!(
         a.child.try_wait().unwrap().is_none(),
@@ -632,6 +639,69 @@ async fn one_identity_one_live_process() {
     assert!(c.log_text().contains("waiting"), "{}", c.log_text());
     steps_on(&db, "the robots step on under c").await;
 
+    let report = common::invariants::check(&db).await;
+    assert_eq!(report.robots, 2, "{report:?}");
+}
+
+/// A holder killed -9 and a new process started on its address at once (a
+/// restarted container, or a replacement that got a dead container's IP): the new
+/// process answers at the address itself, so the old heartbeat (believed for over a
+/// minute) is not waited out. It takes the identity over as soon as the old lease
+/// has run out, then the slot; the robots run on under it, never beside the old.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_process_on_a_dead_ones_address_takes_its_identity_at_once() {
+    let db = TestDb::new("reuseaddr").await;
+    db.init(1).await;
+    let mut a = db.worker(&[]);
+    held_by(
+        &db,
+        "slot-001",
+        std::slice::from_ref(&a),
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(db.counters("c", 2, 100).status.success());
+    steps_on(&db, "the robots step on").await;
+    let old = heartbeat_instance(&db, &a.id).await.expect("a's heartbeat");
+    // Killed just after a heartbeat: believed for 11 s more at the default tick
+    // (a minute and more behind the watchers), where its lease runs out within 2 s.
+    let beat_at = |db: &TestDb, id: String| {
+        let db = db.store.workers();
+        async move {
+            db.find_one(doc! {"_id": id})
+                .await
+                .ok()??
+                .get_datetime("last_seen")
+                .ok()
+                .copied()
+        }
+    };
+    let last = beat_at(&db, a.id.clone())
+        .await
+        .expect("a's last heartbeat");
+    common::wait_for(Duration::from_secs(30), "a's next heartbeat", || async {
+        (beat_at(&db, a.id.clone()).await? > last).then_some(())
+    })
+    .await;
+    let epoch_a = epoch(&db.slot("slot-001").await);
+    a.kill9();
+    let b = WorkerProc::start_on_port(&db.uri, &db.dir, a.port, &[]);
+    assert_eq!(b.id, a.id);
+    common::wait_for(
+        Duration::from_secs(30),
+        "the new process's claim",
+        || async { (epoch(&db.slot("slot-001").await) > epoch_a).then_some(()) },
+    )
+    .await;
+    let new = heartbeat_instance(&db, &b.id).await.expect("b's heartbeat");
+    assert_ne!(new, old);
+    // Taken over while the old heartbeat was still believed: not waited out.
+    assert!(
+        b.log_text().contains("took over this address's identity"),
+        "{}",
+        b.log_text()
+    );
+    steps_on(&db, "the robots step on under the new process").await;
     let report = common::invariants::check(&db).await;
     assert_eq!(report.robots, 2, "{report:?}");
 }

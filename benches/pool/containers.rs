@@ -213,35 +213,23 @@ pub(super) async fn container_pool(
         let mut args = vec!["kill"];
         args.extend(names.iter().map(String::as_str));
         assert!(docker(&args).status.success());
-        // Watched side by side: a claim's `time` is only its own until the new
-        // holder's first renewal, a tick later.
-        let claims: Vec<i64> = futures::future::join_all(
+        // Watched side by side (a claim's `time` is only its own until the new
+        // holder's first renewal, a tick later); timed by their events below.
+        futures::future::join_all(
             held.iter()
                 .filter(|(s, _)| slots_hit.contains(s))
                 .map(|(slot, old)| claim_time(&db, slot, old)),
         )
-        .await
-        .into_iter()
-        .map(|t| t - t0)
-        .collect();
+        .await;
         let died = death_times(&names, t0);
-        let new_holders: std::collections::BTreeSet<String> = db
-            .slots()
-            .await
-            .iter()
-            .filter(|s| {
-                s.get_str("_id")
-                    .is_ok_and(|id| slots_hit.iter().any(|h| h == id))
-            })
-            .filter_map(owner)
-            .collect();
-        let back_on = holders_back(&robots_held_by(&db, &new_holders).await, t0).await;
+        let back_on = slots_back(&db, &slots_hit, t0).await;
         running.push(back_on.values().map(|b| b.running).fold(0.0, f64::max));
         // Eager counters checkpoint once per start: any checkpoint since the kill is
         // a robot running again on a new holder.
         let last =
             checkpointed_where(&db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
         resumed.push((last - t0) as f64);
+        let claims = first_claims(&db, &slots_hit, t0).await;
         eprintln!(
             "cpool round {}: containers dead +{died:?} ms; claims +{claims:?} ms; new holders (all their robots running, all checkpointed) +{:?} ms",
             resumed.len(),

@@ -1,6 +1,8 @@
 //! What the phases read and wait for: checkpoints, holders and claims, heartbeats,
 //! the dev server, and a worker's own footprint.
 
+use std::collections::BTreeSet;
+
 use super::*;
 
 /// Waits until `n` robots have checkpointed at or after `since` (server ms); returns
@@ -307,87 +309,145 @@ pub(super) async fn logged(w: &WorkerProc, needle: &str, limit: Duration) -> Dur
     panic!("{needle:?} not logged within {limit:?}");
 }
 
-/// When a new holder had its robots back, in ms after `t0` (this machine's clock):
-/// `running` when its `slotpool_robots_running` first reached the robots of every
-/// slot it holds (each started on it, past its adoption), `checkpointed` when its
-/// `slotpool_checkpoints_total` did (each robot's first write landed).
+/// When a slot's robots were back on its new holder, in ms after `t0` (this
+/// machine's clock): `running` when that holder's `slotpool_robots_running` first
+/// reached the robots of every slot it holds (each started on it, past its
+/// adoption), `checkpointed` when its `slotpool_checkpoints_total` did (each robot's
+/// first write landed). Infinite when not seen within [`BACK_WITHIN`].
 #[derive(Debug, Clone, Copy)]
-pub(super) struct HolderBack {
+pub(super) struct SlotBack {
     pub(super) running: f64,
     pub(super) checkpointed: f64,
 }
 
-/// Watches the new holders (`ip:port`, the robots they should run) side by side, each
-/// one's `/metrics` every 50 ms, until each has run and checkpointed as many robots:
-/// see [`HolderBack`]. Their own pages, not the database, so the server being
-/// measured is not loaded by the watching. Gives up after 300 s.
-pub(super) async fn holders_back(
-    holders: &[(String, u64)],
+/// How long [`slots_back`] watches before it gives up on a slot.
+const BACK_WITHIN: Duration = Duration::from_secs(120);
+
+/// Watches `slots`' new holders side by side, each one's `/metrics` every 50 ms
+/// (their own pages: the server being measured is not loaded by the watching),
+/// until every slot's holder has run and checkpointed as many robots as it holds:
+/// see [`SlotBack`]. Who holds what is read again every second and before it ends,
+/// so a slot handed back meanwhile (an overflow holder's) is timed on the holder it
+/// ends on.
+pub(super) async fn slots_back(
+    db: &TestDb,
+    slots: &[String],
     t0: i64,
-) -> BTreeMap<String, HolderBack> {
-    let mut running: BTreeMap<String, f64> = BTreeMap::new();
-    let mut checkpointed: BTreeMap<String, f64> = BTreeMap::new();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while checkpointed.len() < holders.len() {
-        assert!(
-            Instant::now() < deadline,
-            "the new holders' robots were not all back within 300 s: {} of {} holders ran theirs, {} checkpointed them",
-            running.len(),
-            holders.len(),
-            checkpointed.len()
-        );
-        for (id, want) in holders {
-            if checkpointed.contains_key(id) {
-                continue;
+) -> BTreeMap<String, SlotBack> {
+    // (holder, robots it should run) → when it first ran them, first checkpointed them.
+    let mut seen: BTreeMap<(String, u64), (Option<f64>, Option<f64>)> = BTreeMap::new();
+    let mut holding = holding_now(db, slots).await;
+    let mut read_at = Instant::now();
+    let deadline = Instant::now() + BACK_WITHIN;
+    while Instant::now() < deadline {
+        if read_at.elapsed() >= Duration::from_secs(1) {
+            holding = holding_now(db, slots).await;
+            read_at = Instant::now();
+        }
+        let done = |seen: &BTreeMap<_, (Option<f64>, Option<f64>)>,
+                    holding: &BTreeMap<String, (String, u64)>| {
+            holding.len() == slots.len()
+                && holding
+                    .values()
+                    .all(|h| seen.get(h).is_some_and(|s| s.1.is_some()))
+        };
+        if done(&seen, &holding) {
+            holding = holding_now(db, slots).await;
+            read_at = Instant::now();
+            if done(&seen, &holding) {
+                break;
             }
-            let Some(page) = common::containers::metrics_at(id) else {
+        }
+        let pending: BTreeSet<(String, u64)> = holding
+            .values()
+            .filter(|h| seen.get(*h).is_none_or(|s| s.1.is_none()))
+            .cloned()
+            .collect();
+        for (id, want) in pending {
+            let Some(page) = common::containers::metrics_at(&id) else {
                 continue;
             };
             let at = (wall_ms() - t0) as f64;
-            if metric(&page, "slotpool_robots_running") >= *want {
-                running.entry(id.clone()).or_insert(at);
+            let s = seen.entry((id, want)).or_default();
+            if metric(&page, "slotpool_robots_running") >= want {
+                s.0.get_or_insert(at);
             }
-            if metric(&page, "slotpool_checkpoints_total") >= *want {
-                running.entry(id.clone()).or_insert(at);
-                checkpointed.insert(id.clone(), at);
+            if metric(&page, "slotpool_checkpoints_total") >= want {
+                s.0.get_or_insert(at);
+                s.1.get_or_insert(at);
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    holders
+    slots
         .iter()
-        .map(|(id, _)| {
+        .map(|slot| {
+            let s = holding
+                .get(slot)
+                .and_then(|h| seen.get(h))
+                .copied()
+                .unwrap_or_default();
             (
-                id.clone(),
-                HolderBack {
-                    running: running[id],
-                    checkpointed: checkpointed[id],
+                slot.clone(),
+                SlotBack {
+                    running: s.0.unwrap_or(f64::INFINITY),
+                    checkpointed: s.1.unwrap_or(f64::INFINITY),
                 },
             )
         })
         .collect()
 }
 
-/// What each of `holders` should run: the robots of every slot it holds now.
-pub(super) async fn robots_held_by(
-    db: &TestDb,
-    holders: &std::collections::BTreeSet<String>,
-) -> Vec<(String, u64)> {
-    let slots = db.slots().await;
+/// Each of `slots` that has a holder now: that holder, and the robots of every slot
+/// it holds.
+async fn holding_now(db: &TestDb, slots: &[String]) -> BTreeMap<String, (String, u64)> {
+    let all = db.slots().await;
+    let mut robots_of_holder: BTreeMap<String, u64> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for s in &all {
+        let (Ok(id), Some(o)) = (s.get_str("_id"), owner(s)) else {
+            continue;
+        };
+        if !slots.iter().any(|x| x == id) {
+            continue;
+        }
+        if !robots_of_holder.contains_key(&o) {
+            let theirs: Vec<&str> = all
+                .iter()
+                .filter(|t| owner(t).as_deref() == Some(o.as_str()))
+                .filter_map(|t| t.get_str("_id").ok())
+                .collect();
+            let n = db
+                .store
+                .robots()
+                .count_documents(doc! {"slot_id": {"$in": &theirs}})
+                .await
+                .unwrap_or(0);
+            robots_of_holder.insert(o.clone(), n);
+        }
+        let n = robots_of_holder[&o];
+        out.insert(id.to_string(), (o, n));
+    }
+    out
+}
+
+/// Each of `slots`' first claim since `t0`, in ms after it (its `claim` event, the
+/// server's clock): read once the round is over, so the figure does not depend on
+/// how soon a busy server answered the watching.
+pub(super) async fn first_claims(db: &TestDb, slots: &[String], t0: i64) -> Vec<i64> {
+    let since = bson::DateTime::from_millis(t0);
     let mut out = Vec::new();
-    for h in holders {
-        let theirs: Vec<&str> = slots
-            .iter()
-            .filter(|s| owner(s).as_deref() == Some(h.as_str()))
-            .filter_map(|s| s.get_str("_id").ok())
-            .collect();
-        let n = db
+    for slot in slots {
+        let first = db
             .store
-            .robots()
-            .count_documents(doc! {"slot_id": {"$in": &theirs}})
+            .events()
+            .find_one(doc! {"kind": "claim", "slot_id": slot, "at": {"$gte": since}})
+            .sort(doc! {"at": 1})
             .await
-            .unwrap();
-        out.push((h.clone(), n));
+            .ok()
+            .flatten()
+            .and_then(|e| e.get_datetime("at").ok().copied());
+        out.push(first.map_or(i64::MAX, |t| t.timestamp_millis() - t0));
     }
     out
 }

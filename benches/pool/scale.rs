@@ -193,10 +193,10 @@ async fn at_rest(db: &TestDb, tally: &Tally, pool: &[WorkerProc]) -> AtRest {
 }
 
 /// One kill round's figures for one slot, in ms after the kill.
-struct SlotBack {
+struct SlotTimes {
     claim: f64,
     adopted: f64,
-    /// Its new holder running every robot it holds (see [`HolderBack`]).
+    /// Its new holder running every robot it holds (see [`SlotBack`]).
     running: f64,
     last: f64,
 }
@@ -275,7 +275,7 @@ async fn kill_round(
     pool: &mut Vec<WorkerProc>,
     kill: usize,
     round: usize,
-) -> (Vec<SlotBack>, f64, f64) {
+) -> (Vec<SlotTimes>, f64, f64) {
     let held: Vec<(String, String)> = db
         .slots()
         .await
@@ -346,8 +346,8 @@ async fn kill_round(
             }
         }
     }
-    let new_holders: BTreeSet<String> = claims.values().map(|(h, _)| h.clone()).collect();
-    let back_on = holders_back(&robots_held_by(db, &new_holders).await, t0).await;
+    let hit_ids: Vec<String> = slots_hit.iter().map(|s| (*s).clone()).collect();
+    let back_on = slots_back(db, &hit_ids, t0).await;
     let last_all = checkpointed_where(db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
     let took = t.elapsed().as_secs_f64();
     let asked = proxy.tally().since(&asked_before);
@@ -359,11 +359,11 @@ async fn kill_round(
     });
     eprintln!("  asked of the server from the kill to every robot back: {asked:?}{busy}");
     let mut back = Vec::new();
-    for (slot, (holder, claim)) in &claims {
-        back.push(SlotBack {
+    for (slot, (_, claim)) in &claims {
+        back.push(SlotTimes {
             claim: (claim - t0) as f64,
             adopted: (adopted_at(db, slot, t0).await - t0) as f64,
-            running: back_on[holder].running,
+            running: back_on[slot].running,
             last: (last_checkpoint(db, slot).await - t0) as f64,
         });
     }

@@ -354,6 +354,27 @@ impl LeaseProtocol {
         Ok(found.is_some())
     }
 
+    /// Whether a slot is still leased under this worker's identity (owned by it,
+    /// its lease not run out on the server's clock, by `expires_ms` or, for a slot
+    /// an older version renewed, by `time`): whoever holds it may still renew it.
+    /// Asked before a new process takes the identity over from another's heartbeat.
+    pub async fn leased_under_identity(&self) -> Result<bool, LeaseError> {
+        let now = doc! {"$toLong": "$$NOW"};
+        let live = doc! {"$or": [
+            {"$gt": [{"$ifNull": ["$expires_ms", 0_i64]}, &now]},
+            {"$gt": [
+                {"$toLong": {"$ifNull": ["$time", bson::DateTime::from_millis(0)]}},
+                {"$subtract": [&now, self.timing.lease_ms()]},
+            ]},
+        ]};
+        let found = self
+            .slots
+            .find_one(doc! {OWNER: &self.owner, "$expr": live})
+            .projection(doc! {"_id": 1})
+            .await?;
+        Ok(found.is_some())
+    }
+
     /// Gives every slot without an `expires_ms` (inserted by hand or by an older
     /// version, whose holders renew `time` only) the value 0, "unknown: read me", so
     /// the survey's index range sees it. A claim by this version sets the real value;

@@ -12,6 +12,7 @@
 pub mod clock_step;
 pub mod held_slot;
 pub mod http;
+pub mod identity;
 pub mod poke;
 pub mod slot_rules;
 pub mod standby_line;
@@ -82,6 +83,15 @@ enum Beaten {
     /// why, scrubbed of credentials.
     Failed(String),
     InUse(BeatError),
+}
+
+/// The other process's heartbeat under this identity, as this worker first found
+/// it, and when waiting for it is over.
+struct FirstSeen {
+    predecessor: Option<identity::Predecessor>,
+    deadline: Instant,
+    /// Whether the wait was logged.
+    warned: bool,
 }
 
 /// How a pause between two rounds ended.
@@ -209,8 +219,10 @@ impl Worker {
             clock_step::StepWatch::tolerance(timing.margin, timing.stop_grace),
             Instant::now(),
         );
+        let instance = new_instance();
         let status = WorkerStatus {
             worker: settings.identity.to_string(),
+            instance: instance.clone(),
             role: crate::db::heartbeat::WorkerRole::Standby,
             tick_ms: settings.timing.tick.as_millis() as u64,
             max_slots: settings.max_slots,
@@ -227,7 +239,7 @@ impl Worker {
             status: Arc::new(Mutex::new(status)),
             health: Arc::new(Health::default()),
             shutdown: CancellationToken::new(),
-            instance: new_instance(),
+            instance,
             refused: None,
             protocol,
             reported: HashSet::new(),
@@ -330,11 +342,12 @@ impl Worker {
 
     /// Beats once before anything else, so a second process with this worker's
     /// `ip:port` is found before it claims a slot. Another process's heartbeat there
-    /// may be a predecessor's, killed a moment ago (a restarted container): it is
-    /// waited out, as long as it was still believed when first seen. One that was
-    /// renewed meanwhile is a live second worker, and this one refuses to run.
+    /// is judged as [`identity`] says: a predecessor gone from this worker's own
+    /// address, holding no lease, is replaced at once; one that answers there, or
+    /// beats again meanwhile, is a live second worker, and this one refuses to run;
+    /// otherwise it is waited out, as long as it was still believed when first seen.
     async fn take_identity(&mut self) -> Result<(), WorkerError> {
-        let mut waited_out: Option<Instant> = None;
+        let mut first: Option<FirstSeen> = None;
         while !self.shutdown.is_cancelled() {
             let pace = standby_line::beat_pace(self.place(), self.tick());
             let pause = match self.bounded_heartbeat(pace).await {
@@ -346,24 +359,10 @@ impl Worker {
                     self.db_failed(&format!("the first heartbeat was not written: {why}"));
                     self.tick()
                 }
-                Beaten::InUse(e) => {
-                    let left = match &e {
-                        BeatError::IdentityInUse { left_ms, .. } => {
-                            Duration::from_millis((*left_ms).max(0) as u64)
-                        }
-                        BeatError::Db(_) => Duration::ZERO,
-                    };
-                    let now = self.clock.now();
-                    let deadline = *waited_out.get_or_insert_with(|| {
-                        tracing::warn!(worker = %self.owner(), "{e}; waiting {} ms for it to lapse, in case it was this worker's predecessor", left.as_millis());
-                        now + left + self.tick()
-                    });
-                    if now >= deadline {
-                        tracing::error!(worker = %self.owner(), "{e}");
-                        return Err(WorkerError::IdentityInUse(e));
-                    }
-                    (left + Duration::from_millis(50)).min(deadline - now)
-                }
+                Beaten::InUse(e) => match self.judge_predecessor(e, &mut first, pace).await? {
+                    Some(pause) => pause,
+                    None => return Ok(()),
+                },
             };
             self.status.lock().expect("status lock").round_done();
             tokio::select! {
@@ -372,6 +371,103 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// One look at the other process's heartbeat under this identity (`e`, as this
+    /// beat found it): `None` once this worker took the identity over, else how long
+    /// to wait before the next look; an error when it must not run.
+    async fn judge_predecessor(
+        &mut self,
+        e: BeatError,
+        first: &mut Option<FirstSeen>,
+        pace: Duration,
+    ) -> Result<Option<Duration>, WorkerError> {
+        let (left, now_seen) = match &e {
+            BeatError::IdentityInUse {
+                left_ms,
+                predecessor,
+                ..
+            } => (
+                Duration::from_millis((*left_ms).max(0) as u64),
+                predecessor.clone(),
+            ),
+            BeatError::Db(_) => return Ok(Some(self.tick())),
+        };
+        let now = self.clock.now();
+        let seen = first.get_or_insert_with(|| FirstSeen {
+            predecessor: now_seen.clone(),
+            deadline: now + left + self.tick(),
+            warned: false,
+        });
+        let past_deadline = now >= seen.deadline;
+        let until_deadline = seen.deadline.saturating_duration_since(now);
+        let (Some(was), Some(is)) = (seen.predecessor.clone(), now_seen) else {
+            // A heartbeat that names no process: only waiting it out is left.
+            if past_deadline {
+                tracing::error!(worker = %self.owner(), "{e}");
+                return Err(WorkerError::IdentityInUse(e));
+            }
+            tracing::warn!(worker = %self.owner(), "{e}; waiting {} ms for it to lapse", left.as_millis());
+            return Ok(Some((left + Duration::from_millis(50)).min(until_deadline)));
+        };
+        let addr = self.settings.identity.socket_addr();
+        let at = identity::probe(addr, &self.instance, &is.instance).await;
+        let leased = at == identity::AtAddress::Me
+            && self.protocol.leased_under_identity().await.unwrap_or(true);
+        match identity::verdict(&was, &is, &at, leased, past_deadline) {
+            identity::Verdict::TakeOver => {
+                if self.take_over(&is, pace).await {
+                    tracing::info!(worker = %self.owner(), predecessor = %is.instance, "took over this address's identity from a predecessor gone from it: this process answers at the address, and no slot is leased under it");
+                    self.beaten(Vec::new(), pace);
+                    return Ok(None);
+                }
+                // It beat meanwhile (the next look refuses), or the write failed.
+                Ok(Some(Duration::from_millis(50)))
+            }
+            identity::Verdict::Refuse(why) => {
+                tracing::error!(worker = %self.owner(), "{e}: {why}");
+                Err(WorkerError::IdentityInUse(e))
+            }
+            identity::Verdict::Wait => {
+                if !seen.warned {
+                    seen.warned = true;
+                    let about = if at == identity::AtAddress::Me {
+                        "a slot is still leased under it: waiting for that lease to run out or the heartbeat to lapse"
+                    } else {
+                        "its address does not lead back to this process, so it may be alive: waiting for it to lapse, in case it was this worker's predecessor"
+                    };
+                    tracing::warn!(worker = %self.owner(), "{e}; {about} (at most {} ms)", until_deadline.as_millis());
+                }
+                // A lease runs out within one: look again each tick. Otherwise only
+                // the heartbeat's own lapse can change the answer.
+                let next = if at == identity::AtAddress::Me {
+                    self.tick()
+                } else {
+                    left + Duration::from_millis(50)
+                };
+                Ok(Some(
+                    next.min(until_deadline).max(Duration::from_millis(50)),
+                ))
+            }
+        }
+    }
+
+    /// Replaces the predecessor's heartbeat, as read, with this worker's first.
+    async fn take_over(&mut self, predecessor: &identity::Predecessor, pace: Duration) -> bool {
+        let limit = self.bookkeeping_timeout();
+        let me = self.owner();
+        let beat = Beat {
+            me: &me,
+            instance: &self.instance,
+            held: &[],
+            max_slots: self.settings.max_slots,
+            tick: self.tick(),
+            pace,
+        };
+        matches!(
+            tokio::time::timeout(limit, self.line.take_over(&beat, predecessor)).await,
+            Ok(Ok(true))
+        )
     }
 
     /// Waits `wait` for the next round, or less when woken early, by a held slot

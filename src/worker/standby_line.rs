@@ -49,6 +49,7 @@ use crate::db::field::{
 };
 use crate::db::heartbeat::{is_alive, liveness, REAR_TICKS};
 use crate::db::store::int;
+use crate::worker::identity::Predecessor;
 
 /// How many workers at the front of the line watch at full rate, by default
 /// (`--watchers`).
@@ -494,7 +495,12 @@ pub enum BeatError {
         "another live worker process advertises {id} (its heartbeat has {left_ms} ms left): \
          give every worker its own --advertise address (SLOTPOOL_ADVERTISE)"
     )]
-    IdentityInUse { id: String, left_ms: i64 },
+    IdentityInUse {
+        id: String,
+        left_ms: i64,
+        /// The other process's heartbeat as read, when it names its process.
+        predecessor: Option<Predecessor>,
+    },
     #[error(transparent)]
     Db(#[from] mongodb::error::Error),
 }
@@ -509,6 +515,31 @@ fn own_heartbeat(me: &str, instance: &str) -> Document {
         {"$eq": [{"$ifNull": ["$instance", instance]}, instance]},
         {"$lte": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]},
     ]}}
+}
+
+/// The heartbeat itself: who holds what, how long it is believed, and when its
+/// document is forgotten, stamped with the server's `$$NOW`.
+fn heartbeat_update(beat: &Beat<'_>) -> Vec<Document> {
+    let ids: Vec<&String> = beat.held.iter().map(|(s, _)| s).collect();
+    let (slot, epoch) = match beat.held.first() {
+        Some((s, e)) => (Bson::String(s.clone()), Bson::Int64(*e)),
+        None => (Bson::Null, Bson::Null),
+    };
+    let max = beat.max_slots.map_or(Bson::Null, |m| Bson::Int64(m as i64));
+    let every = beat.pace;
+    vec![doc! {"$set": {
+        INSTANCE: beat.instance,
+        SLOT_ID: slot, EPOCH: epoch, SLOTS: {"$literal": ids},
+        HELD: beat.held.len() as i64, ROOM: beat.room(),
+        MAX_SLOTS: max, LAST_SEEN: "$$NOW",
+        TICK_MS: beat.tick.as_millis() as i64,
+        BEAT_MS: every.as_millis() as i64,
+        ALIVE_UNTIL_MS: {"$add": [
+            {"$toLong": "$$NOW"}, believed_for(every).as_millis() as i64,
+        ]},
+        EXPIRE_AT: {"$add": ["$$NOW", forgotten_after(every).as_millis() as i64]},
+        VERSION: env!("CARGO_PKG_VERSION"),
+    }}]
 }
 
 /// The roster: the `workers` collection, where every worker beats and the line is
@@ -536,30 +567,11 @@ impl Roster {
         beat: &Beat<'_>,
         read_clock: bool,
     ) -> Result<Option<ServerClock>, BeatError> {
-        let ids: Vec<&String> = beat.held.iter().map(|(s, _)| s).collect();
-        let (slot, epoch) = match beat.held.first() {
-            Some((s, e)) => (Bson::String(s.clone()), Bson::Int64(*e)),
-            None => (Bson::Null, Bson::Null),
-        };
-        let max = beat.max_slots.map_or(Bson::Null, |m| Bson::Int64(m as i64));
-        let every = beat.pace;
         let written = self
             .workers
             .update_one(
                 own_heartbeat(beat.me, beat.instance),
-                vec![doc! {"$set": {
-                    INSTANCE: beat.instance,
-                    SLOT_ID: slot, EPOCH: epoch, SLOTS: {"$literal": ids},
-                    HELD: beat.held.len() as i64, ROOM: beat.room(),
-                    MAX_SLOTS: max, LAST_SEEN: "$$NOW",
-                    TICK_MS: beat.tick.as_millis() as i64,
-                    BEAT_MS: every.as_millis() as i64,
-                    ALIVE_UNTIL_MS: {"$add": [
-                        {"$toLong": "$$NOW"}, believed_for(every).as_millis() as i64,
-                    ]},
-                    EXPIRE_AT: {"$add": ["$$NOW", forgotten_after(every).as_millis() as i64]},
-                    VERSION: env!("CARGO_PKG_VERSION"),
-                }}],
+                heartbeat_update(beat),
             )
             .upsert(true)
             .await;
@@ -580,6 +592,26 @@ impl Roster {
             .get_datetime("localTime")
             .map_or(0, |t| t.timestamp_millis());
         Ok(Some(ServerClock::observed(server_ms, sent, Instant::now())))
+    }
+
+    /// Replaces another process's heartbeat under this worker's identity with this
+    /// one's, only while it is exactly as read (same process, not beaten since): a
+    /// predecessor judged gone (see [`crate::worker::identity`]) that beat after all
+    /// keeps its identity. True when it was replaced.
+    pub async fn take_over(
+        &self,
+        beat: &Beat<'_>,
+        predecessor: &Predecessor,
+    ) -> Result<bool, mongodb::error::Error> {
+        let as_read = doc! {
+            "_id": beat.me, INSTANCE: &predecessor.instance,
+            ALIVE_UNTIL_MS: predecessor.alive_until_ms,
+        };
+        let r = self
+            .workers
+            .update_one(as_read, heartbeat_update(beat))
+            .await?;
+        Ok(r.matched_count == 1)
     }
 
     /// How many live workers with room stand ahead of this one (counted up to
@@ -693,16 +725,21 @@ impl Roster {
     async fn in_use(&self, me: &str) -> BeatError {
         let mut pipeline = vec![doc! {"$match": {"_id": me}}];
         pipeline.extend(liveness());
-        let left_ms = match self.workers.aggregate(pipeline).await {
-            Ok(mut cursor) => match cursor.try_next().await {
-                Ok(Some(d)) => int(&d, "alive_ms").unwrap_or(0),
-                Ok(None) | Err(_) => 0,
-            },
+        let found = match self.workers.aggregate(pipeline).await {
+            Ok(mut cursor) => cursor.try_next().await.ok().flatten(),
             Err(e) => return e.into(),
         };
+        let left_ms = found.as_ref().and_then(|d| int(d, "alive_ms")).unwrap_or(0);
+        let predecessor = found.as_ref().and_then(|d| {
+            Some(Predecessor {
+                instance: d.get_str(INSTANCE).ok()?.to_string(),
+                alive_until_ms: int(d, ALIVE_UNTIL_MS)?,
+            })
+        });
         BeatError::IdentityInUse {
             id: me.to_string(),
             left_ms,
+            predecessor,
         }
     }
 

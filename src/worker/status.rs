@@ -25,6 +25,9 @@ pub struct HeldStatus {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct WorkerStatus {
     pub worker: String,
+    /// This process's random id, as its heartbeat gives it: a new process asks its
+    /// own address for it to learn whether the address leads back to itself.
+    pub instance: String,
     /// `standby` (holds nothing) or `holder`.
     pub role: WorkerRole,
     /// The first slot held (see `slots` for all of them).

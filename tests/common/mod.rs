@@ -564,6 +564,15 @@ impl WorkerProc {
         Self::spawn_as(cmd, dir, &format!("127.0.0.1:{port}"), port, extra)
     }
 
+    /// A worker on `port`, advertising `127.0.0.1:port`: started where a killed
+    /// one was, it has that one's address (a restarted container, a pod that got a
+    /// dead one's IP).
+    pub fn start_on_port(uri: &str, dir: &Path, port: u16, extra: &[&str]) -> WorkerProc {
+        let mut cmd = Command::new(BIN);
+        cmd.env("MONGODB_URI", uri);
+        Self::spawn_as(cmd, dir, &format!("127.0.0.1:{port}"), port, extra)
+    }
+
     /// A worker that advertises `id` whatever port it serves HTTP on (a copied
     /// `SLOTPOOL_ADVERTISE`); its HTTP port is a fresh one.
     pub fn start_as(uri: &str, dir: &Path, id: &str, extra: &[&str]) -> WorkerProc {

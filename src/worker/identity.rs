@@ -1,0 +1,201 @@
+//! Taking this worker's `ip:port` identity when another process's heartbeat is
+//! still believed there.
+//!
+//! A worker's identity is its advertised `ip:port`: the line, hand-backs, pokes and
+//! the dashboard know it by that, so two live processes must never share one. A
+//! heartbeat found under the identity at start, written by another process, is
+//! either a live second process (a copied `SLOTPOOL_ADVERTISE`, host networking)
+//! or a predecessor that died a moment ago (a restarted container, a pod or
+//! container that got a dead one's address). Its own promise says how long it is
+//! believed: up to [`crate::worker::standby_line::believed_for`] a rear-paced beat,
+//! over a minute. Waiting that long after every restart left a compose pool whose
+//! replacements reused the killed containers' addresses without standbys for a
+//! minute, and its slots were overflowed onto survivors instead.
+//!
+//! So the worker asks its own advertised address who answers there ([`probe`]):
+//! - **itself**: nothing else listens at that address now, so the predecessor is
+//!   gone from it. The identity is taken over at once, unless a slot is still
+//!   leased under it (a holder elsewhere that may still renew: then the wait stays)
+//!   and only with a compare-and-set on the heartbeat exactly as read, so a
+//!   predecessor that beat meanwhile keeps it;
+//! - **the heartbeat's own process**: a live second worker, refused at once;
+//! - **nobody, or another process**: an address that does not lead back here (a
+//!   NAT, a test advertising another's address). The heartbeat is waited out, as
+//!   before; one renewed meanwhile is a live second worker, refused.
+//!
+//! A predecessor frozen rather than dead (SIGSTOP, `docker pause`) keeps its port,
+//! so no new process can answer at its address while it lives there. One on
+//! another host with the same address (two bridge networks with one subnet, a
+//! misconfiguration pokes cannot cross either) is taken over if it holds no lease;
+//! its next heartbeat finds that and it exits with the reason.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+
+/// How long the worker waits for its own address to answer.
+pub const PROBE_WITHIN: Duration = Duration::from_millis(1000);
+
+/// The most of `/status` read from the address: a worker's answer is well under it.
+const STATUS_LIMIT: usize = 64 * 1024;
+
+/// The other process's heartbeat under this worker's identity, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Predecessor {
+    /// Its process's random id.
+    pub instance: String,
+    /// Until when it is believed (server-clock ms): moved on by each of its beats.
+    pub alive_until_ms: i64,
+}
+
+/// Who answered at this worker's own advertised address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AtAddress {
+    /// This process: the address leads here.
+    Me,
+    /// The process whose heartbeat holds the identity: it lives at this address.
+    Predecessor,
+    /// Nobody, or a process that is neither (an address that does not lead here).
+    Elsewhere,
+}
+
+/// What to do about a heartbeat under this identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Replace it (compare-and-set on it as first read).
+    TakeOver,
+    /// Wait for it to lapse.
+    Wait,
+    /// A live second process: refuse to run, for this reason.
+    Refuse(&'static str),
+}
+
+/// Decides about the heartbeat under this identity: `first` as first read, `now` as
+/// read this time, `at` who answers at the address, `leased` whether a slot is still
+/// leased under the identity, `past_deadline` whether the wait is over (the first
+/// read's time left, and a tick).
+pub fn verdict(
+    first: &Predecessor,
+    now: &Predecessor,
+    at: &AtAddress,
+    leased: bool,
+    past_deadline: bool,
+) -> Verdict {
+    if now.instance != first.instance || now.alive_until_ms > first.alive_until_ms {
+        return Verdict::Refuse("its heartbeat was renewed while this one waited");
+    }
+    match at {
+        AtAddress::Predecessor => Verdict::Refuse("it answers at this worker's address"),
+        AtAddress::Me if !leased => Verdict::TakeOver,
+        _ if past_deadline => Verdict::Refuse("its heartbeat is still believed"),
+        _ => Verdict::Wait,
+    }
+}
+
+/// Asks `addr` (this worker's advertised address) for its `/status` and compares the
+/// instance it gives with `mine` and the predecessor's. Anything but a clear answer
+/// within [`PROBE_WITHIN`] is [`AtAddress::Elsewhere`].
+pub async fn probe(addr: SocketAddr, mine: &str, predecessor: &str) -> AtAddress {
+    let answered = tokio::time::timeout(PROBE_WITHIN, instance_at(addr))
+        .await
+        .ok()
+        .flatten();
+    match answered {
+        Some(i) if i == mine => AtAddress::Me,
+        Some(i) if i == predecessor => AtAddress::Predecessor,
+        Some(_) | None => AtAddress::Elsewhere,
+    }
+}
+
+/// The `instance` of the worker answering `GET /status` at `addr`.
+async fn instance_at(addr: SocketAddr) -> Option<String> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .ok()?;
+    let driver = tokio::spawn(connection);
+    let request = hyper::Request::get("/status")
+        .header(hyper::header::HOST, addr.to_string())
+        .body(String::new())
+        .ok()?;
+    let answer = sender.send_request(request).await.ok();
+    let body = match answer {
+        Some(a) if a.status().is_success() => {
+            http_body_util::Limited::new(a.into_body(), STATUS_LIMIT)
+                .collect()
+                .await
+                .ok()
+                .map(|b| b.to_bytes())
+        }
+        _ => None,
+    };
+    driver.abort();
+    let status: serde_json::Value = serde_json::from_slice(&body?).ok()?;
+    status.get("instance")?.as_str().map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(instance: &str, until: i64) -> Predecessor {
+        Predecessor {
+            instance: instance.into(),
+            alive_until_ms: until,
+        }
+    }
+
+    #[test]
+    fn a_predecessor_gone_from_the_address_is_taken_over_at_once() {
+        let p = seen("a1", 80_000);
+        assert_eq!(
+            verdict(&p, &p, &AtAddress::Me, false, false),
+            Verdict::TakeOver
+        );
+    }
+
+    #[test]
+    fn a_lease_still_under_the_identity_keeps_the_wait() {
+        let p = seen("a1", 80_000);
+        assert_eq!(verdict(&p, &p, &AtAddress::Me, true, false), Verdict::Wait);
+        assert!(matches!(
+            verdict(&p, &p, &AtAddress::Me, true, true),
+            Verdict::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn a_predecessor_answering_at_the_address_is_a_live_second_process() {
+        let p = seen("a1", 80_000);
+        assert!(matches!(
+            verdict(&p, &p, &AtAddress::Predecessor, false, false),
+            Verdict::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn a_renewed_or_replaced_heartbeat_is_a_live_second_process() {
+        let first = seen("a1", 80_000);
+        for now in [seen("a1", 85_000), seen("b2", 80_000)] {
+            assert!(matches!(
+                verdict(&first, &now, &AtAddress::Me, false, false),
+                Verdict::Refuse(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn an_address_that_does_not_lead_here_is_waited_out() {
+        let p = seen("a1", 80_000);
+        assert_eq!(
+            verdict(&p, &p, &AtAddress::Elsewhere, false, false),
+            Verdict::Wait
+        );
+        assert!(matches!(
+            verdict(&p, &p, &AtAddress::Elsewhere, false, true),
+            Verdict::Refuse(_)
+        ));
+    }
+}
