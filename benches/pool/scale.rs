@@ -5,7 +5,8 @@
 //!
 //! `SLOTPOOL_BENCH_SCALE_REST=0` leaves out the idle pool's counts (eight minutes of
 //! a quick run), for working on the cold start or the mass failures;
-//! `SLOTPOOL_BENCH_SCALE_ROBOTS=0` leaves out the robots and the mass failures. Each
+//! `SLOTPOOL_BENCH_SCALE_ROBOTS=0` leaves out the robots and the mass failures, and
+//! `SLOTPOOL_BENCH_SCALE_ROBOTS=N` runs them with `N` robots instead. Each
 //! row is printed as it is measured, so a phase cut short keeps what it had.
 
 use std::collections::BTreeSet;
@@ -27,6 +28,17 @@ struct Sizes {
 
 impl Sizes {
     fn new(quick: bool) -> Sizes {
+        let mut z = Sizes::default_for(quick);
+        if let Some(n) = std::env::var("SLOTPOOL_BENCH_SCALE_ROBOTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            z.robots = n;
+        }
+        z
+    }
+
+    fn default_for(quick: bool) -> Sizes {
         if quick {
             Sizes {
                 workers: 50,

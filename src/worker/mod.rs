@@ -728,10 +728,13 @@ impl Worker {
             }
         }
         // A watcher wakes when a lease it read expires: a standby at once, a holder
-        // when it may take the slot over.
-        if let (Place::Front, Some(expiry), Some(delay)) =
-            (self.place(), survey.next_expiry, round.claim_delay())
-        {
+        // when it may take the slot over. So does a worker just poked (see
+        // `standby_line::wakes_at_expiry`).
+        if let (true, Some(expiry), Some(delay)) = (
+            standby_line::wakes_at_expiry(self.place(), woken),
+            survey.next_expiry,
+            round.claim_delay(),
+        ) {
             wait = wait.min(expiry + delay);
         }
         if let Some(soon) = round.next_claimable_in() {
