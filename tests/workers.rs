@@ -578,10 +578,12 @@ async fn one_identity_one_live_process() {
         "{}",
         copy.log_text()
     );
-    // Refused at once: the first answers at the address it advertises.
+    // Refused because the first answers at the address it advertises (at once), or,
+    // should its answer take longer than the copy asks for, because it beat again.
     assert!(
         copy.log_text()
-            .contains("it answers at this worker's address"),
+            .contains("it answers at this worker's address")
+            || copy.log_text().contains("renewed while this one waited"),
         "{}",
         copy.log_text()
     );

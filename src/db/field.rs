@@ -91,6 +91,7 @@ pub const CONTAINMENT: &str = "containment";
 // Workers.
 /// A worker process's random id: two processes with one identity never share it.
 pub const INSTANCE: &str = "instance";
+pub const NETNS: &str = "netns";
 /// Every slot a worker holds.
 pub const SLOTS: &str = "slots";
 /// How many slots a worker holds.

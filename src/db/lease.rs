@@ -356,7 +356,8 @@ impl LeaseProtocol {
 
     /// Whether a slot is still leased under this worker's identity (owned by it,
     /// its lease not run out on the server's clock, by `expires_ms` or, for a slot
-    /// an older version renewed, by `time`): whoever holds it may still renew it.
+    /// an older version renewed, by `time` and the longer of this worker's lease and
+    /// the slot's own `lease_ms`): whoever holds it may still renew it.
     /// Asked before a new process takes the identity over from another's heartbeat.
     pub async fn leased_under_identity(&self) -> Result<bool, LeaseError> {
         let now = doc! {"$toLong": "$$NOW"};
@@ -364,7 +365,9 @@ impl LeaseProtocol {
             {"$gt": [{"$ifNull": ["$expires_ms", 0_i64]}, &now]},
             {"$gt": [
                 {"$toLong": {"$ifNull": ["$time", bson::DateTime::from_millis(0)]}},
-                {"$subtract": [&now, self.timing.lease_ms()]},
+                {"$subtract": [&now, {"$max": [
+                    self.timing.lease_ms(), {"$ifNull": ["$lease_ms", 0_i64]},
+                ]}]},
             ]},
         ]};
         let found = self

@@ -24,10 +24,15 @@
 //!   before; one renewed meanwhile is a live second worker, refused.
 //!
 //! A predecessor frozen rather than dead (SIGSTOP, `docker pause`) keeps its port,
-//! so no new process can answer at its address while it lives there. One on
-//! another host with the same address (two bridge networks with one subnet, a
-//! misconfiguration pokes cannot cross either) is taken over if it holds no lease;
-//! its next heartbeat finds that and it exits with the reason.
+//! so no new process can answer at its address while it lives there. A loopback
+//! address proves nothing of the kind: every container that could not find its own
+//! address advertises `127.0.0.1:7700`, each reaching itself there. So on loopback
+//! the answer counts only when the predecessor's heartbeat was written from this
+//! very network namespace ([`network_namespace`]: the kernel's boot id and the
+//! namespace's inode), where one port has one listener. One on another host with the
+//! same routable address (two bridge networks with one subnet, a misconfiguration
+//! pokes cannot cross either) is taken over if it holds no lease; its next heartbeat
+//! finds that and it exits with the reason.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -45,8 +50,10 @@ const STATUS_LIMIT: usize = 64 * 1024;
 pub struct Predecessor {
     /// Its process's random id.
     pub instance: String,
-    /// Until when it is believed (server-clock ms): moved on by each of its beats.
+    /// Until when it is believed (server-clock ms): rewritten by each of its beats.
     pub alive_until_ms: i64,
+    /// The network namespace it beat from, when it said (see [`network_namespace`]).
+    pub netns: Option<String>,
 }
 
 /// Who answered at this worker's own advertised address.
@@ -72,25 +79,47 @@ pub enum Verdict {
 }
 
 /// Decides about the heartbeat under this identity: `first` as first read, `now` as
-/// read this time, `at` who answers at the address, `leased` whether a slot is still
-/// leased under the identity, `past_deadline` whether the wait is over (the first
-/// read's time left, and a tick).
+/// read this time, `at` who answers at the address, `conclusive` whether this
+/// process answering there proves the predecessor gone from it (see
+/// [`answer_is_conclusive`]), `leased` whether a slot is still leased under the
+/// identity, `past_deadline` whether the wait is over (the first read's time left,
+/// and a tick).
 pub fn verdict(
     first: &Predecessor,
     now: &Predecessor,
     at: &AtAddress,
+    conclusive: bool,
     leased: bool,
     past_deadline: bool,
 ) -> Verdict {
-    if now.instance != first.instance || now.alive_until_ms > first.alive_until_ms {
+    // Any beat rewrites `alive_until_ms`, a slower pace's too (it is believed for
+    // longer) and a faster one's (for less): whichever, the process lives.
+    if now.instance != first.instance || now.alive_until_ms != first.alive_until_ms {
         return Verdict::Refuse("its heartbeat was renewed while this one waited");
     }
     match at {
         AtAddress::Predecessor => Verdict::Refuse("it answers at this worker's address"),
-        AtAddress::Me if !leased => Verdict::TakeOver,
+        AtAddress::Me if conclusive && !leased => Verdict::TakeOver,
         _ if past_deadline => Verdict::Refuse("its heartbeat is still believed"),
         _ => Verdict::Wait,
     }
+}
+
+/// Whether this process answering at its own advertised address proves that no
+/// other process is there: for a routable address, yes (one address, one host on a
+/// network); for a loopback one, only when the predecessor beat from this very
+/// network namespace (`mine` and `theirs` as [`network_namespace`] gives them).
+pub fn answer_is_conclusive(loopback: bool, mine: Option<&str>, theirs: Option<&str>) -> bool {
+    !loopback || matches!((mine, theirs), (Some(a), Some(b)) if a == b)
+}
+
+/// This process's network namespace, told apart across hosts and containers: the
+/// kernel's boot id and the namespace's inode (`/proc/self/ns/net`). None where
+/// either cannot be read.
+pub fn network_namespace() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let ns = std::fs::read_link("/proc/self/ns/net").ok()?;
+    Some(format!("{}/{}", boot.trim(), ns.to_string_lossy()))
 }
 
 /// Asks `addr` (this worker's advertised address) for its `/status` and compares the
@@ -115,7 +144,9 @@ async fn instance_at(addr: SocketAddr) -> Option<String> {
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
             .ok()?;
-    let driver = tokio::spawn(connection);
+    // Aborted however this ends: a probe given up on (a frozen process that took
+    // the connection but never answers) must not leave it open.
+    let _driver = AbortOnDrop(tokio::spawn(connection));
     let request = hyper::Request::get("/status")
         .header(hyper::header::HOST, addr.to_string())
         .body(String::new())
@@ -131,9 +162,17 @@ async fn instance_at(addr: SocketAddr) -> Option<String> {
         }
         _ => None,
     };
-    driver.abort();
     let status: serde_json::Value = serde_json::from_slice(&body?).ok()?;
     status.get("instance")?.as_str().map(str::to_string)
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +183,7 @@ mod tests {
         Predecessor {
             instance: instance.into(),
             alive_until_ms: until,
+            netns: None,
         }
     }
 
@@ -151,7 +191,7 @@ mod tests {
     fn a_predecessor_gone_from_the_address_is_taken_over_at_once() {
         let p = seen("a1", 80_000);
         assert_eq!(
-            verdict(&p, &p, &AtAddress::Me, false, false),
+            verdict(&p, &p, &AtAddress::Me, true, false, false),
             Verdict::TakeOver
         );
     }
@@ -159,9 +199,12 @@ mod tests {
     #[test]
     fn a_lease_still_under_the_identity_keeps_the_wait() {
         let p = seen("a1", 80_000);
-        assert_eq!(verdict(&p, &p, &AtAddress::Me, true, false), Verdict::Wait);
+        assert_eq!(
+            verdict(&p, &p, &AtAddress::Me, true, true, false),
+            Verdict::Wait
+        );
         assert!(matches!(
-            verdict(&p, &p, &AtAddress::Me, true, true),
+            verdict(&p, &p, &AtAddress::Me, true, true, true),
             Verdict::Refuse(_)
         ));
     }
@@ -170,7 +213,7 @@ mod tests {
     fn a_predecessor_answering_at_the_address_is_a_live_second_process() {
         let p = seen("a1", 80_000);
         assert!(matches!(
-            verdict(&p, &p, &AtAddress::Predecessor, false, false),
+            verdict(&p, &p, &AtAddress::Predecessor, true, false, false),
             Verdict::Refuse(_)
         ));
     }
@@ -178,23 +221,45 @@ mod tests {
     #[test]
     fn a_renewed_or_replaced_heartbeat_is_a_live_second_process() {
         let first = seen("a1", 80_000);
-        for now in [seen("a1", 85_000), seen("b2", 80_000)] {
+        for now in [seen("a1", 85_000), seen("a1", 20_000), seen("b2", 80_000)] {
             assert!(matches!(
-                verdict(&first, &now, &AtAddress::Me, false, false),
+                verdict(&first, &now, &AtAddress::Me, true, false, false),
                 Verdict::Refuse(_)
             ));
         }
     }
 
     #[test]
+    fn on_loopback_only_the_same_network_namespace_is_conclusive() {
+        assert!(answer_is_conclusive(false, None, None));
+        assert!(answer_is_conclusive(
+            true,
+            Some("b/net:[1]"),
+            Some("b/net:[1]")
+        ));
+        assert!(!answer_is_conclusive(
+            true,
+            Some("b/net:[1]"),
+            Some("b/net:[2]")
+        ));
+        assert!(!answer_is_conclusive(true, Some("b/net:[1]"), None));
+        assert!(!answer_is_conclusive(true, None, None));
+        let p = seen("a1", 80_000);
+        assert_eq!(
+            verdict(&p, &p, &AtAddress::Me, false, false, false),
+            Verdict::Wait
+        );
+    }
+
+    #[test]
     fn an_address_that_does_not_lead_here_is_waited_out() {
         let p = seen("a1", 80_000);
         assert_eq!(
-            verdict(&p, &p, &AtAddress::Elsewhere, false, false),
+            verdict(&p, &p, &AtAddress::Elsewhere, true, false, false),
             Verdict::Wait
         );
         assert!(matches!(
-            verdict(&p, &p, &AtAddress::Elsewhere, false, true),
+            verdict(&p, &p, &AtAddress::Elsewhere, true, false, true),
             Verdict::Refuse(_)
         ));
     }

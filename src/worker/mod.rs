@@ -127,6 +127,8 @@ pub struct Worker {
     shutdown: CancellationToken,
     /// This process's random id in its heartbeat (see [`Roster::beat`]).
     instance: String,
+    /// The network namespace this process beats from (see [`identity`]).
+    netns: Option<String>,
     /// Set when another process took this worker's identity: the loop stops.
     refused: Option<BeatError>,
     protocol: LeaseProtocol,
@@ -240,6 +242,7 @@ impl Worker {
             health: Arc::new(Health::default()),
             shutdown: CancellationToken::new(),
             instance,
+            netns: identity::network_namespace(),
             refused: None,
             protocol,
             reported: HashSet::new(),
@@ -407,22 +410,39 @@ impl Worker {
                 tracing::error!(worker = %self.owner(), "{e}");
                 return Err(WorkerError::IdentityInUse(e));
             }
-            tracing::warn!(worker = %self.owner(), "{e}; waiting {} ms for it to lapse", left.as_millis());
-            return Ok(Some((left + Duration::from_millis(50)).min(until_deadline)));
+            if !std::mem::replace(&mut seen.warned, true) {
+                tracing::warn!(worker = %self.owner(), "{e}; waiting {} ms for it to lapse", left.as_millis());
+            }
+            let next = (left + Duration::from_millis(50)).min(until_deadline);
+            return Ok(Some(next.max(Duration::from_millis(50))));
         };
         let addr = self.settings.identity.socket_addr();
         let at = identity::probe(addr, &self.instance, &is.instance).await;
+        let conclusive = identity::answer_is_conclusive(
+            addr.ip().is_loopback(),
+            self.netns.as_deref(),
+            is.netns.as_deref(),
+        );
         let leased = at == identity::AtAddress::Me
-            && self.protocol.leased_under_identity().await.unwrap_or(true);
-        match identity::verdict(&was, &is, &at, leased, past_deadline) {
+            && conclusive
+            && !matches!(
+                tokio::time::timeout(
+                    self.bookkeeping_timeout(),
+                    self.protocol.leased_under_identity()
+                )
+                .await,
+                Ok(Ok(false))
+            );
+        match identity::verdict(&was, &is, &at, conclusive, leased, past_deadline) {
             identity::Verdict::TakeOver => {
                 if self.take_over(&is, pace).await {
                     tracing::info!(worker = %self.owner(), predecessor = %is.instance, "took over this address's identity from a predecessor gone from it: this process answers at the address, and no slot is leased under it");
                     self.beaten(Vec::new(), pace);
                     return Ok(None);
                 }
-                // It beat meanwhile (the next look refuses), or the write failed.
-                Ok(Some(Duration::from_millis(50)))
+                // It beat meanwhile (the next look refuses), or the write failed
+                // or was refused: look again a tick on, not at once.
+                Ok(Some(self.tick()))
             }
             identity::Verdict::Refuse(why) => {
                 tracing::error!(worker = %self.owner(), "{e}: {why}");
@@ -431,7 +451,7 @@ impl Worker {
             identity::Verdict::Wait => {
                 if !seen.warned {
                     seen.warned = true;
-                    let about = if at == identity::AtAddress::Me {
+                    let about = if at == identity::AtAddress::Me && conclusive {
                         "a slot is still leased under it: waiting for that lease to run out or the heartbeat to lapse"
                     } else {
                         "its address does not lead back to this process, so it may be alive: waiting for it to lapse, in case it was this worker's predecessor"
@@ -440,7 +460,7 @@ impl Worker {
                 }
                 // A lease runs out within one: look again each tick. Otherwise only
                 // the heartbeat's own lapse can change the answer.
-                let next = if at == identity::AtAddress::Me {
+                let next = if at == identity::AtAddress::Me && conclusive {
                     self.tick()
                 } else {
                     left + Duration::from_millis(50)
@@ -459,6 +479,7 @@ impl Worker {
         let beat = Beat {
             me: &me,
             instance: &self.instance,
+            netns: self.netns.as_deref(),
             held: &[],
             max_slots: self.settings.max_slots,
             tick: self.tick(),
@@ -749,6 +770,12 @@ impl Worker {
             self.give_back_one(standbys);
         } else if !claimable.is_empty() {
             let age = self.clock.since(self.born);
+            let claimable = standby_line::claimable_after_survey(
+                claimable,
+                age,
+                survey_took,
+                &self.settings.timing,
+            );
             let ready = standby_line::Readiness {
                 age,
                 spare: self.spare_lease_connection(),
@@ -1170,6 +1197,7 @@ impl Worker {
         let beat = Beat {
             me: &me,
             instance: &self.instance,
+            netns: self.netns.as_deref(),
             held: &holding,
             max_slots: self.settings.max_slots,
             tick: self.tick(),

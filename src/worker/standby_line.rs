@@ -44,8 +44,8 @@ use mongodb::Collection;
 use tokio::time::Instant;
 
 use crate::db::field::{
-    ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, MAX_SLOTS, ROOM, SLOTS,
-    SLOT_ID, TICK_MS, VERSION,
+    ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, MAX_SLOTS, NETNS, ROOM,
+    SLOTS, SLOT_ID, TICK_MS, VERSION,
 };
 use crate::db::heartbeat::{is_alive, liveness, REAR_TICKS};
 use crate::db::store::int;
@@ -352,6 +352,31 @@ pub fn may_claim(
     r.age >= SETTLE_MOST || (held_out && r.spare && survey_in_time)
 }
 
+/// What a worker may claim of `claimable` after a survey that took `survey_took`,
+/// at `age`: all of them, except that a new worker after a slow survey leaves the
+/// slots vacant since before it began (those [`may_claim`] holds back then) and
+/// takes only those orphaned or released since, when there are any. One such slot
+/// must not lift the slow-survey gate for a starting pool's others.
+pub fn claimable_after_survey(
+    mut claimable: Vec<crate::db::lease::Candidate>,
+    age: Duration,
+    survey_took: Duration,
+    timing: &crate::config::LeaseTiming,
+) -> Vec<crate::db::lease::Candidate> {
+    let in_time = timing.renewal_wait().saturating_sub(timing.tick);
+    if age < SETTLE_MOST && survey_took > in_time {
+        let recent: Vec<_> = claimable
+            .iter()
+            .filter(|c| c.expired_for < age)
+            .cloned()
+            .collect();
+        if !recent.is_empty() {
+            claimable = recent;
+        }
+    }
+    claimable
+}
+
 /// How long a new worker holds off slots vacant since before it began: its first
 /// lease, at most 2 s. Other processes' starts reach the server within that
 /// whatever the tick; a 20 s tick would otherwise hold a pool's first claim 40 s.
@@ -478,6 +503,9 @@ pub struct Beat<'a> {
     /// This process's own random id: two processes advertising the same `ip:port`
     /// (a copied `SLOTPOOL_ADVERTISE`, host networking) are told apart by it.
     pub instance: &'a str,
+    /// The network namespace it beats from (see
+    /// [`crate::worker::identity::network_namespace`]).
+    pub netns: Option<&'a str>,
     /// `(slot, epoch)` of every slot held.
     pub held: &'a [(String, i64)],
     pub max_slots: Option<usize>,
@@ -548,8 +576,11 @@ fn heartbeat_update(beat: &Beat<'_>) -> Vec<Document> {
     };
     let max = beat.max_slots.map_or(Bson::Null, |m| Bson::Int64(m as i64));
     let every = beat.pace;
+    let netns = beat
+        .netns
+        .map_or(Bson::Null, |n| Bson::String(n.to_string()));
     vec![doc! {"$set": {
-        INSTANCE: beat.instance,
+        INSTANCE: beat.instance, NETNS: {"$literal": netns},
         SLOT_ID: slot, EPOCH: epoch, SLOTS: {"$literal": ids},
         HELD: beat.held.len() as i64, ROOM: beat.room(),
         MAX_SLOTS: max, LAST_SEEN: "$$NOW",
@@ -755,6 +786,7 @@ impl Roster {
             Some(Predecessor {
                 instance: d.get_str(INSTANCE).ok()?.to_string(),
                 alive_until_ms: int(d, ALIVE_UNTIL_MS)?,
+                netns: d.get_str(NETNS).ok().map(str::to_string),
             })
         });
         BeatError::IdentityInUse {
@@ -1141,6 +1173,37 @@ mod tests {
     }
 
     #[test]
+    fn after_a_slow_survey_a_new_worker_takes_only_the_orphaned_slots() {
+        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
+        let ms = Duration::from_millis;
+        let slot = |id: &str, expired_for| crate::db::lease::Candidate {
+            id: id.into(),
+            time: None,
+            epoch: 1,
+            expired_for,
+        };
+        let old = slot("slot-001", crate::db::lease::LONG_AGO);
+        let orphaned = slot("slot-002", ms(300));
+        let both = vec![old.clone(), orphaned.clone()];
+        let slow = claimable_after_survey(both.clone(), ms(7000), ms(900), &timing);
+        assert_eq!(slow.len(), 1);
+        assert_eq!(slow[0].id, orphaned.id);
+        assert!(!vacant_before(&slow, ms(7000)), "so may_claim lets it go");
+        // In time, or an old worker: everything.
+        assert_eq!(
+            claimable_after_survey(both.clone(), ms(7000), ms(100), &timing).len(),
+            2
+        );
+        assert_eq!(
+            claimable_after_survey(both, SETTLE_MOST, ms(900), &timing).len(),
+            2
+        );
+        // Only slots vacant since before it began: left to may_claim's gate.
+        let starting = claimable_after_survey(vec![old], ms(7000), ms(900), &timing);
+        assert!(vacant_before(&starting, ms(7000)));
+    }
+
+    #[test]
     fn a_poked_worker_wakes_at_the_expiry_its_survey_read() {
         assert!(wakes_at_expiry(Place::Front, false));
         assert!(wakes_at_expiry(Place::Rear, true));
@@ -1159,6 +1222,7 @@ mod tests {
         let beat = |max| Beat {
             me: "w",
             instance: "i",
+            netns: None,
             held: &held,
             max_slots: max,
             tick: T,

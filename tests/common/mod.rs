@@ -584,7 +584,15 @@ impl WorkerProc {
     fn spawn_as(mut cmd: Command, dir: &Path, id: &str, port: u16, extra: &[&str]) -> WorkerProc {
         let id = id.to_string();
         let listen = format!("127.0.0.1:{port}");
-        let log = dir.join(format!("worker-{port}.log"));
+        // A second process on a port (a restart where a killed one was) keeps the
+        // first one's log.
+        let log = (1..)
+            .map(|n| match n {
+                1 => dir.join(format!("worker-{port}.log")),
+                n => dir.join(format!("worker-{port}-{n}.log")),
+            })
+            .find(|p| !p.exists())
+            .expect("a free log name");
         let file = File::create(&log).unwrap();
         let child = cmd
             .args(["worker", "--advertise", &id, "--listen", &listen])
