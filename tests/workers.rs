@@ -532,6 +532,21 @@ async fn steps_on(db: &TestDb, what: &str) {
     .await;
 }
 
+/// A one-slot pool held by one worker (started with `args`), with two counters.
+async fn holder_with_counters(db: &TestDb, args: &[&str]) -> WorkerProc {
+    db.init(1).await;
+    let a = db.worker(args);
+    held_by(
+        db,
+        "slot-001",
+        std::slice::from_ref(&a),
+        Duration::from_secs(15),
+    )
+    .await;
+    assert!(db.counters("c", 2, 100).status.success());
+    a
+}
+
 async fn heartbeat_instance(db: &TestDb, id: &str) -> Option<String> {
     let d = db.store.workers().find_one(doc! {"_id": id}).await.ok()??;
     d.get_str("instance").ok().map(str::to_string)
@@ -549,17 +564,8 @@ async fn heartbeat_instance(db: &TestDb, id: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn one_identity_one_live_process() {
     let db = TestDb::new("dupid").await;
-    db.init(1).await;
     let tick = ["--tick", "200ms"];
-    let mut a = db.worker(&tick);
-    held_by(
-        &db,
-        "slot-001",
-        std::slice::from_ref(&a),
-        Duration::from_secs(15),
-    )
-    .await;
-    assert!(db.counters("c", 2, 100).status.success());
+    let mut a = holder_with_counters(&db, &tick).await;
     let first = common::wait_for(Duration::from_secs(15), "a's heartbeat", || {
         heartbeat_instance(&db, &a.id)
     })
@@ -653,16 +659,7 @@ async fn one_identity_one_live_process() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_process_on_a_dead_ones_address_takes_its_identity_at_once() {
     let db = TestDb::new("reuseaddr").await;
-    db.init(1).await;
-    let mut a = db.worker(&[]);
-    held_by(
-        &db,
-        "slot-001",
-        std::slice::from_ref(&a),
-        Duration::from_secs(15),
-    )
-    .await;
-    assert!(db.counters("c", 2, 100).status.success());
+    let mut a = holder_with_counters(&db, &[]).await;
     steps_on(&db, "the robots step on").await;
     let old = heartbeat_instance(&db, &a.id).await.expect("a's heartbeat");
     // Killed just after a heartbeat: believed for 11 s more at the default tick
