@@ -194,6 +194,14 @@ async fn holder_and_standby(
         "the standby at the front",
     )
     .await;
+    // Its first survey follows its first read of its place: a release before that
+    // survey would be found by it, not by what each test means to show.
+    common::wait_for(
+        Duration::from_secs(30),
+        "the standby's first survey",
+        || async { (standby.metric("slotpool_surveys_total")? >= 1).then_some(()) },
+    )
+    .await;
     (holder, standby)
 }
 
