@@ -231,14 +231,15 @@ pub(super) async fn container_pool(
         assert!(docker(&args).status.success());
         // Watched side by side (a claim's `time` is only its own until the new
         // holder's first renewal, a tick later); timed by their events below.
-        futures::future::join_all(
+        let dead: BTreeSet<String> = victims.iter().map(|(_, o)| o.clone()).collect();
+        let claims_seen = futures::future::join_all(
             held.iter()
                 .filter(|(s, _)| slots_hit.contains(s))
                 .map(|(slot, old)| claim_time(&db, slot, old)),
-        )
-        .await;
+        );
+        // The new holders' robots are watched from the kill on, beside the claims.
+        let (_, back_on) = tokio::join!(claims_seen, slots_back(&db, &slots_hit, &dead, t0));
         let died = death_times(&names, t0);
-        let back_on = slots_back(&db, &slots_hit, t0).await;
         running.push(back_on.values().map(|b| b.running).fold(0.0, f64::max));
         // Eager counters checkpoint once per start: any checkpoint since the kill is
         // a robot running again on a new holder.

@@ -326,22 +326,30 @@ const BACK_WITHIN: Duration = Duration::from_secs(120);
 /// Watches `slots`' new holders side by side, each one's `/metrics` every 50 ms
 /// (their own pages: the server being measured is not loaded by the watching),
 /// until every slot's holder has run and checkpointed as many robots as it holds:
-/// see [`SlotBack`]. Who holds what is read again every second and before it ends,
-/// so a slot handed back meanwhile (an overflow holder's) is timed on the holder it
-/// ends on.
+/// see [`SlotBack`]. It may start at the kill: a slot still owned by one of `dead`
+/// counts as unheld. Who holds what is read again every 100 ms while a slot is
+/// unheld, then every second and before it ends, so each new holder is watched from
+/// within 100 ms of its claim, and a slot handed back meanwhile (an overflow
+/// holder's) is timed on the holder it ends on.
 pub(super) async fn slots_back(
     db: &TestDb,
     slots: &[String],
+    dead: &BTreeSet<String>,
     t0: i64,
 ) -> BTreeMap<String, SlotBack> {
     // (holder, robots it should run) → when it first ran them, first checkpointed them.
     let mut seen: BTreeMap<(String, u64), (Option<f64>, Option<f64>)> = BTreeMap::new();
-    let mut holding = holding_now(db, slots).await;
+    let mut holding = holding_now(db, slots, dead).await;
     let mut read_at = Instant::now();
     let deadline = Instant::now() + BACK_WITHIN;
     while Instant::now() < deadline {
-        if read_at.elapsed() >= Duration::from_secs(1) {
-            holding = holding_now(db, slots).await;
+        let every = if holding.len() < slots.len() {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(1)
+        };
+        if read_at.elapsed() >= every {
+            holding = holding_now(db, slots, dead).await;
             read_at = Instant::now();
         }
         let done = |seen: &BTreeMap<_, (Option<f64>, Option<f64>)>,
@@ -352,7 +360,7 @@ pub(super) async fn slots_back(
                     .all(|h| seen.get(h).is_some_and(|s| s.1.is_some()))
         };
         if done(&seen, &holding) {
-            holding = holding_now(db, slots).await;
+            holding = holding_now(db, slots, dead).await;
             read_at = Instant::now();
             if done(&seen, &holding) {
                 break;
@@ -398,9 +406,13 @@ pub(super) async fn slots_back(
         .collect()
 }
 
-/// Each of `slots` that has a holder now: that holder, and the robots of every slot
-/// it holds.
-async fn holding_now(db: &TestDb, slots: &[String]) -> BTreeMap<String, (String, u64)> {
+/// Each of `slots` that has a holder now, not one of `dead`: that holder, and the
+/// robots of every slot it holds.
+async fn holding_now(
+    db: &TestDb,
+    slots: &[String],
+    dead: &BTreeSet<String>,
+) -> BTreeMap<String, (String, u64)> {
     let all = db.slots().await;
     let mut robots_of_holder: BTreeMap<String, u64> = BTreeMap::new();
     let mut out = BTreeMap::new();
@@ -408,7 +420,7 @@ async fn holding_now(db: &TestDb, slots: &[String]) -> BTreeMap<String, (String,
         let (Ok(id), Some(o)) = (s.get_str("_id"), owner(s)) else {
             continue;
         };
-        if !slots.iter().any(|x| x == id) {
+        if !slots.iter().any(|x| x == id) || dead.contains(&o) {
             continue;
         }
         if !robots_of_holder.contains_key(&o) {

@@ -321,45 +321,50 @@ async fn kill_round(
     for w in pool.iter_mut().filter(|w| victims.contains(&w.id)) {
         w.kill9();
     }
-    // Watched without loading the server being measured: one indexed read of the
-    // slots every 50 ms until each has a new holder (its `time` is the claim's until
-    // the first renewal, half a tick on), then the new holders' own /metrics until
-    // each has checkpointed as many robots as its slot has (eager counters
-    // checkpoint once per start). The figures are the server's timestamps, read
-    // once at the end.
-    let mut claims: BTreeMap<String, (String, i64)> = BTreeMap::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while claims.len() < hit.len() {
-        assert!(
-            Instant::now() < deadline,
-            "a slot was not claimed again within 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(30)).await;
-        let found: Vec<bson::Document> = {
-            use futures::TryStreamExt;
-            let Ok(cursor) = db
-                .store
-                .slots()
-                .find(doc! {"_id": {"$in": &slots_hit}})
-                .await
-            else {
-                continue;
+    // Watched from the kill on, side by side, loading the server being measured
+    // little: one indexed read of the slots every 30 ms until each has a new holder
+    // (its `time` is the claim's until the first renewal, half a tick on); and the
+    // new holders' own /metrics, each from within 100 ms of its claim, until each
+    // has run and checkpointed as many robots as it holds (eager counters
+    // checkpoint once per start). The checkpoint figures are the server's
+    // timestamps, read once at the end.
+    let hit_ids: Vec<String> = slots_hit.iter().map(|s| (*s).clone()).collect();
+    let dead: BTreeSet<String> = victims.iter().cloned().collect();
+    let claims_seen = async {
+        let mut claims: BTreeMap<String, (String, i64)> = BTreeMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while claims.len() < hit.len() {
+            assert!(
+                Instant::now() < deadline,
+                "a slot was not claimed again within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let found: Vec<bson::Document> = {
+                use futures::TryStreamExt;
+                let Ok(cursor) = db
+                    .store
+                    .slots()
+                    .find(doc! {"_id": {"$in": &slots_hit}})
+                    .await
+                else {
+                    continue;
+                };
+                cursor.try_collect().await.unwrap_or_default()
             };
-            cursor.try_collect().await.unwrap_or_default()
-        };
-        for s in &found {
-            let (Ok(id), Some(o)) = (s.get_str("_id"), owner(s)) else {
-                continue;
-            };
-            let old = hit.iter().find(|(slot, _)| slot == id).map(|(_, o)| o);
-            if Some(&o) != old && !claims.contains_key(id) {
-                let at = s.get_datetime("time").map_or(0, |t| t.timestamp_millis());
-                claims.insert(id.to_string(), (o, at));
+            for s in &found {
+                let (Ok(id), Some(o)) = (s.get_str("_id"), owner(s)) else {
+                    continue;
+                };
+                let old = hit.iter().find(|(slot, _)| slot == id).map(|(_, o)| o);
+                if Some(&o) != old && !claims.contains_key(id) {
+                    let at = s.get_datetime("time").map_or(0, |t| t.timestamp_millis());
+                    claims.insert(id.to_string(), (o, at));
+                }
             }
         }
-    }
-    let hit_ids: Vec<String> = slots_hit.iter().map(|s| (*s).clone()).collect();
-    let back_on = slots_back(db, &hit_ids, t0).await;
+        claims
+    };
+    let (claims, back_on) = tokio::join!(claims_seen, slots_back(db, &hit_ids, &dead, t0));
     let last_all = checkpointed_where(db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
     let took = t.elapsed().as_secs_f64();
     let asked = proxy.tally().since(&asked_before);
