@@ -1,0 +1,72 @@
+#!/bin/bash
+# A first start of many robots a slot on the dev server, without the bench's proxy:
+# SLOTS slots, SLOTS + 2 release workers (one each, two standbys), then
+# `robot create --count ROBOTS` at once. Every 5 s it prints how many robots have
+# checkpointed and how many workers have fenced themselves, for WATCH s (default
+# 60); then the server's profile of the commands slower than 100 ms, by kind, and
+# the slowest of them. Each command's time includes its wait for the collection's
+# write lock. Needs the dev server (scripts/dev-mongo.sh start) and a release build.
+#
+#   scripts/restore-collapse.sh [SLOTS [ROBOTS]]      (default 20 and 20000)
+set -euo pipefail
+SLOTS=${1:-20}
+ROBOTS=${2:-20000}
+WATCH=${WATCH:-60}
+cd "$(dirname "$0")/.."
+B=${BIN:-target/release/slotpool}
+PORT=${SLOTPOOL_DEV_PORT:-27777}
+DB=collapse$RANDOM
+export MONGODB_URI="mongodb://127.0.0.1:$PORT/$DB?directConnection=true&retryWrites=false"
+pidfile=.state/mongo-$PORT.pid
+if ! server=$(cat "$pidfile" 2>/dev/null) || ! kill -0 "$server" 2>/dev/null; then
+  echo "no dev server on port $PORT: start it with scripts/dev-mongo.sh start" >&2
+  exit 1
+fi
+py() { .venv/bin/python -c "$1"; }
+"$B" init --slots "$SLOTS" >/dev/null
+py "from pymongo import MongoClient; MongoClient('$MONGODB_URI')['$DB'].command('profile', 1, slowms=100)"
+logs=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+for i in $(seq 1 $((SLOTS + 2))); do
+  p=$((41000 + i))
+  SLOTPOOL_LOG=info,slotpool=debug "$B" worker --advertise "127.0.0.1:$p" --listen "127.0.0.1:$p" \
+    >"$logs/worker-$p.log" 2>&1 &
+  pids+=($!)
+done
+held=0
+for _ in $(seq 1 60); do
+  held=$(py "from pymongo import MongoClient; print(MongoClient('$MONGODB_URI')['$DB'].slots.count_documents({'owner': {'\$ne': None}}))")
+  [ "$held" = "$SLOTS" ] && break
+  sleep 1
+done
+echo "$held of $SLOTS slots held; creating $ROBOTS robots"
+t0=$(date +%s.%N)
+"$B" robot create --name r --kind counter --count "$ROBOTS" \
+  --spec '{"interval_ms": 600000, "eager": true}' >/dev/null 2>&1
+printf 'created in %.1f s\n' "$(echo "$(date +%s.%N) - $t0" | bc)"
+end=$(( $(date +%s) + WATCH ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  n=$(py "from pymongo import MongoClient; print(MongoClient('$MONGODB_URI')['$DB'].robots.count_documents({'seq': {'\$gte': 1}}))")
+  f=$(cat "$logs"/worker-*.log | grep -c "self-fenced" || true)
+  printf '+%3.0f s: %6d of %d robots checkpointed; self-fences %d\n' \
+    "$(echo "$(date +%s.%N) - $t0" | bc)" "$n" "$ROBOTS" "$f"
+  [ "$n" = "$ROBOTS" ] && break
+  sleep 5
+done
+kill "${pids[@]}" 2>/dev/null || true
+wait 2>/dev/null || true
+.venv/bin/python - "$MONGODB_URI" "$DB" <<'PY'
+import collections, sys
+from pymongo import MongoClient
+db = MongoClient(sys.argv[1])[sys.argv[2]]
+kinds = collections.defaultdict(list)
+for p in db["system.profile"].find():
+    kinds[(p.get("ns", "").split(".", 1)[-1], next(iter(p.get("command") or {}), "?"))].append(p.get("millis", 0))
+print("commands slower than 100 ms, by collection and command: count, median ms, slowest ms")
+for (ns, cmd), ms in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
+    ms.sort()
+    print(f"  {ns:10} {cmd:15} {len(ms):5} {ms[len(ms) // 2]:6} {ms[-1]:6}")
+MongoClient(sys.argv[1]).drop_database(sys.argv[2])
+PY
+echo "worker logs: $logs"
