@@ -225,6 +225,7 @@ pub(super) async fn container_pool(
                 .iter()
                 .filter_map(|(_, o)| instances.get(o).cloned().flatten()),
         );
+        let per_slot = robots_per_slot(&db).await;
         let t0 = wall_ms();
         let mut args = vec!["kill"];
         args.extend(names.iter().map(String::as_str));
@@ -238,7 +239,10 @@ pub(super) async fn container_pool(
                 .map(|(slot, old)| claim_time(&db, slot, old)),
         );
         // The new holders' robots are watched from the kill on, beside the claims.
-        let (_, back_on) = tokio::join!(claims_seen, slots_back(&db, &slots_hit, &dead, t0));
+        let (_, back_on) = tokio::join!(
+            claims_seen,
+            slots_back(&db, &slots_hit, &dead, &per_slot, t0)
+        );
         let died = death_times(&names, t0);
         running.push(back_on.values().map(|b| b.running).fold(0.0, f64::max));
         // Eager counters checkpoint once per start: any checkpoint since the kill is

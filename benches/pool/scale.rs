@@ -314,6 +314,7 @@ async fn kill_round(
         .count_documents(doc! {"slot_id": {"$in": &slots_hit}})
         .await
         .unwrap();
+    let per_slot = robots_per_slot(db).await;
     let asked_before = proxy.tally().snapshot();
     let server_cpu = server_pid().map(|pid| (pid, cpu_s(pid)));
     let t = Instant::now();
@@ -364,7 +365,8 @@ async fn kill_round(
         }
         claims
     };
-    let (claims, back_on) = tokio::join!(claims_seen, slots_back(db, &hit_ids, &dead, t0));
+    let (claims, back_on) =
+        tokio::join!(claims_seen, slots_back(db, &hit_ids, &dead, &per_slot, t0));
     let last_all = checkpointed_where(db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
     let took = t.elapsed().as_secs_f64();
     let asked = proxy.tally().since(&asked_before);
