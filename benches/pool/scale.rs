@@ -287,6 +287,7 @@ async fn kill_round(
     pool: &mut Vec<WorkerProc>,
     kill: usize,
     round: usize,
+    fenced_then_killed: &mut u64,
 ) -> (Vec<SlotTimes>, f64, f64) {
     let held: Vec<(String, String)> = db
         .slots()
@@ -318,6 +319,13 @@ async fn kill_round(
     let asked_before = proxy.tally().snapshot();
     let server_cpu = server_pid().map(|pid| (pid, cpu_s(pid)));
     let t = Instant::now();
+    // A victim's own self-fences (as a survivor of an earlier round) leave the
+    // pool with it: counted now, before its metrics go.
+    *fenced_then_killed += pool
+        .iter()
+        .filter(|w| victims.contains(&w.id))
+        .map(|w| w.metric("slotpool_self_fences_total").unwrap_or(0))
+        .sum::<u64>();
     let t0 = wall_ms();
     for w in pool.iter_mut().filter(|w| victims.contains(&w.id)) {
         w.kill9();
@@ -563,9 +571,18 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
     let (mut claim, mut adopted, mut running, mut last_robot) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut all_running = Vec::new();
+    let mut fenced_then_killed = 0;
     for round in 0..z.rounds {
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let (back, ran, all) = kill_round(&db, &proxy, &mut pool, z.kill, round).await;
+        let (back, ran, all) = kill_round(
+            &db,
+            &proxy,
+            &mut pool,
+            z.kill,
+            round,
+            &mut fenced_then_killed,
+        )
+        .await;
         eprintln!(
             "scale round {}: all running +{ran:.0} ms, all checkpointed +{all:.0} ms; per slot (claim, adopted, running, last checkpoint): {:?}",
             round + 1,
@@ -582,7 +599,7 @@ pub(super) async fn scale_rows(quick: bool) -> Vec<Row> {
             last_robot.push(b.last);
         }
     }
-    let fences_after = self_fences(&pool);
+    let fences_after = self_fences(&pool) + fenced_then_killed;
     let robots_per_slot = z.robots / z.slots;
     measured(&mut rows, Row {
         name: format!(
