@@ -7,9 +7,10 @@ slot's robots over and over, and again while K clients each write 20 robots a
 command over and over, for K = 1, 5, 10, 20. Prints the median and the slowest.
 
 The dev server serves each connection on a thread of its own: writes to one
-collection wait for each other (a lock per collection), while reads, and writes
-to other collections, share the interpreter's lock with everything else. So a
-renewal queues behind no robot write, but is slowed by every read that runs.
+collection wait for each other (a lock per collection), while a read holds the
+server's storage lock as it decodes what an index found, and every command takes
+that lock on its way in. So a renewal queues behind no robot write, but behind
+every read that runs beside it (docs/benchmarks-notes.md).
 
     .venv/bin/python scripts/renewal-contention.py MONGODB_URI
 """

@@ -3,9 +3,11 @@
 # SLOTS slots, SLOTS + 2 release workers (one each, two standbys), then
 # `robot create --count ROBOTS` at once. Every 5 s it prints how many robots have
 # checkpointed and how many workers have fenced themselves, for WATCH s (default
-# 60); then the server's profile of the commands slower than 100 ms, by kind, and
-# the slowest of them. Each command's time includes its wait for the collection's
-# write lock. Needs the dev server (scripts/dev-mongo.sh start) and a release build.
+# 60); then the events the pool recorded, by kind. With PROFILE=1, also the
+# server's profile of the commands slower than 100 ms, by kind (each command's time
+# includes its wait for its collection's write lock). The profile is a capped
+# collection, and the dev server scans a capped collection whole on every insert
+# into it: profiling loads the server it measures, more as it fills. Needs the dev server (scripts/dev-mongo.sh start) and a release build.
 #
 #   scripts/restore-collapse.sh [SLOTS [ROBOTS]]      (default 20 and 20000)
 set -euo pipefail
@@ -24,7 +26,9 @@ if ! server=$(cat "$pidfile" 2>/dev/null) || ! kill -0 "$server" 2>/dev/null; th
 fi
 py() { .venv/bin/python -c "$1"; }
 "$B" init --slots "$SLOTS" >/dev/null
-py "from pymongo import MongoClient; MongoClient('$MONGODB_URI')['$DB'].command('profile', 1, slowms=100)"
+if [ "${PROFILE:-0}" = 1 ]; then
+  py "from pymongo import MongoClient; MongoClient('$MONGODB_URI')['$DB'].command('profile', 1, slowms=100)"
+fi
 logs=$(mktemp -d)
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
@@ -61,12 +65,15 @@ import collections, sys
 from pymongo import MongoClient
 db = MongoClient(sys.argv[1])[sys.argv[2]]
 kinds = collections.defaultdict(list)
-for p in db["system.profile"].find():
+for p in db["system.profile"].find() if "system.profile" in db.list_collection_names() else []:
     kinds[(p.get("ns", "").split(".", 1)[-1], next(iter(p.get("command") or {}), "?"))].append(p.get("millis", 0))
-print("commands slower than 100 ms, by collection and command: count, median ms, slowest ms")
+if kinds:
+    print("commands slower than 100 ms, by collection and command: count, median ms, slowest ms")
 for (ns, cmd), ms in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
     ms.sort()
     print(f"  {ns:10} {cmd:15} {len(ms):5} {ms[len(ms) // 2]:6} {ms[-1]:6}")
+print("events recorded, by kind:", {e["_id"]: e["n"] for e in db.events.aggregate(
+    [{"$group": {"_id": "$kind", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}])})
 MongoClient(sys.argv[1]).drop_database(sys.argv[2])
 PY
 echo "worker logs: $logs"
