@@ -23,25 +23,34 @@ pub(super) async fn checkpointed_where(
         "checkpointed_at",
         doc! {"$gte": bson::DateTime::from_millis(since)},
     );
-    // Polled four times a second, not at `wait_for`'s 20 ms: the count reads every
-    // robot of the slots, and the figure is the server's own `checkpointed_at`, so
-    // polling faster adds only load to the server being measured. Given up after
-    // 300 s, or a 50th of a second a robot when that is longer (20,000 robots at
-    // once, on this machine's dev server), saying how far it got.
+    // The figure is the server's own `checkpointed_at`, so how often the count is
+    // read changes only when it is noticed. The count reads every robot of the
+    // slots, and on the dev server a read holds up every other command, renewals
+    // included (a count over 1,000 robots took 14 ms alone, so one over 20,000
+    // holds it for about a third of a second): it waits 50 times as long as the
+    // last count took (from 230 ms to 15 s), so that the watching takes about a
+    // 50th of the server. Given up after 300 s, or a 50th of a
+    // second a robot when that is longer (20,000 robots at once, on this machine's
+    // dev server), saying how far it got.
     let limit = Duration::from_secs(300).max(Duration::from_millis(20) * n as u32);
     let seen = std::sync::atomic::AtomicU64::new(0);
+    let pause = std::sync::Mutex::new(Duration::from_millis(230));
     let started = std::time::Instant::now();
     let what = format!("every robot's first checkpoint ({n}) on its new holder");
     let waited = tokio::time::timeout(
         limit,
         common::wait_for(limit + Duration::from_secs(60), &what, || async {
-            tokio::time::sleep(Duration::from_millis(230)).await;
+            let wait = *pause.lock().unwrap();
+            tokio::time::sleep(wait).await;
+            let read = Instant::now();
             let count = db
                 .store
                 .robots()
                 .count_documents(counted.clone())
                 .await
                 .ok()?;
+            *pause.lock().unwrap() =
+                (read.elapsed() * 50).clamp(Duration::from_millis(230), Duration::from_secs(15));
             seen.store(count, std::sync::atomic::Ordering::Relaxed);
             if count < n {
                 return None;
@@ -369,6 +378,9 @@ pub(super) async fn slots_back(
 ) -> BTreeMap<String, SlotBack> {
     // (holder, robots it should run) → when it first ran them, first checkpointed them.
     let mut seen: BTreeMap<(String, u64), (Option<f64>, Option<f64>)> = BTreeMap::new();
+    // The pages asked for and not answered yet.
+    let mut pages = tokio::task::JoinSet::new();
+    let mut asking: BTreeSet<(String, u64)> = BTreeSet::new();
     let mut holding = holding_now(db, slots, dead, robots).await;
     let mut read_at = Instant::now();
     let deadline = Instant::now() + BACK_WITHIN;
@@ -396,23 +408,26 @@ pub(super) async fn slots_back(
                 break;
             }
         }
-        let pending: BTreeSet<(String, u64)> = holding
-            .values()
-            .filter(|h| seen.get(*h).is_none_or(|s| s.1.is_none()))
-            .cloned()
-            .collect();
-        // Side by side and off the runtime's threads (the bench's proxy runs on
-        // them): one slow page must neither delay the others' times nor the
-        // traffic of the workers being measured. Each page is timed by when it
+        // Each holder on its own, off the runtime's threads (the bench's proxy
+        // runs on them): a page is asked for every 50 ms unless the last one is
+        // still on its way, so one slow page delays neither the others' reads nor
+        // the traffic of the workers being measured. Each is timed by when it
         // came back.
-        let pages = futures::future::join_all(pending.into_iter().map(|(id, want)| {
-            tokio::task::spawn_blocking(move || {
+        for h in holding.values() {
+            if seen.get(h).is_some_and(|s| s.1.is_some()) || !asking.insert(h.clone()) {
+                continue;
+            }
+            let (id, want) = h.clone();
+            pages.spawn_blocking(move || {
                 let page = common::containers::metrics_at(&id);
                 (id, want, page, (wall_ms() - t0) as f64)
-            })
-        }))
-        .await;
-        for (id, want, page, at) in pages.into_iter().flatten() {
+            });
+        }
+        while let Some(answered) = pages.try_join_next() {
+            let Ok((id, want, page, at)) = answered else {
+                continue;
+            };
+            asking.remove(&(id.clone(), want));
             let Some(page) = page else {
                 continue;
             };

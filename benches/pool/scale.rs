@@ -316,16 +316,26 @@ async fn kill_round(
         .await
         .unwrap();
     let per_slot = robots_per_slot(db).await;
+    assert_eq!(
+        per_slot.values().sum::<u64>(),
+        db.store.robots().count_documents(doc! {}).await.unwrap(),
+        "every robot counted by its slot"
+    );
+    // A victim's own self-fences (as a survivor of an earlier round) leave the
+    // pool with it: counted now, before its metrics go.
+    for w in pool.iter().filter(|w| victims.contains(&w.id)) {
+        let fences = w.metric("slotpool_self_fences_total");
+        if fences.is_none() {
+            eprintln!(
+                "  could not read {}'s self-fences before the kill: not counted",
+                w.id
+            );
+        }
+        *fenced_then_killed += fences.unwrap_or(0);
+    }
     let asked_before = proxy.tally().snapshot();
     let server_cpu = server_pid().map(|pid| (pid, cpu_s(pid)));
     let t = Instant::now();
-    // A victim's own self-fences (as a survivor of an earlier round) leave the
-    // pool with it: counted now, before its metrics go.
-    *fenced_then_killed += pool
-        .iter()
-        .filter(|w| victims.contains(&w.id))
-        .map(|w| w.metric("slotpool_self_fences_total").unwrap_or(0))
-        .sum::<u64>();
     let t0 = wall_ms();
     for w in pool.iter_mut().filter(|w| victims.contains(&w.id)) {
         w.kill9();
