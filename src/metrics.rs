@@ -164,9 +164,56 @@ impl Metrics {
     }
 }
 
+/// One unit of a gauge, held while this value lives and given back when it is
+/// dropped: a task aborted part-way (a robot still running after its stop grace)
+/// gives its unit back too, where a decrement after an `.await` would never run and
+/// leave the gauge counting a robot that is gone.
+#[derive(Debug)]
+pub struct Held(Gauge);
+
+impl Held {
+    pub fn new(gauge: &Gauge) -> Held {
+        gauge.inc();
+        Held(gauge.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_held_unit_is_given_back_when_its_task_is_aborted() {
+        let m = Metrics::default();
+        let gauge = m.robots_running.clone();
+        let (started, running) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let _running = Held::new(&gauge);
+            let _ = started.send(());
+            std::future::pending::<()>().await;
+        });
+        running.await.unwrap();
+        assert_eq!(m.robots_running.get(), 1);
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            m.robots_running.get(),
+            0,
+            "the aborted task's unit came back"
+        );
+        {
+            let _a = Held::new(&m.robots_running);
+            let _b = Held::new(&m.robots_running);
+            assert_eq!(m.robots_running.get(), 2);
+        }
+        assert_eq!(m.robots_running.get(), 0);
+    }
 
     fn sample(page: &str, name: &str) -> Option<String> {
         page.lines()

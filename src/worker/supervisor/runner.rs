@@ -149,12 +149,12 @@ impl Runner {
                     )
                     .await;
             }
-            self.metrics.robots_restarting.inc_by(1);
+            let restarting = crate::metrics::Held::new(&self.metrics.robots_restarting);
             tokio::select! {
                 _ = self.token.cancelled() => {}
                 _ = self.clock.sleep(backoff) => {}
             }
-            self.metrics.robots_restarting.inc_by(-1);
+            drop(restarting);
         }
         self.id
     }
@@ -340,9 +340,8 @@ impl Runner {
             firing: None,
             left: None,
         };
-        self.metrics.robots_running.inc_by(1);
-        let result = kind.run(run).await;
-        self.metrics.robots_running.inc_by(-1);
-        result
+        // Given back however the run ends, an abort after the stop grace included.
+        let _running = crate::metrics::Held::new(&self.metrics.robots_running);
+        kind.run(run).await
     }
 }

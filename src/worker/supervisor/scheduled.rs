@@ -667,15 +667,15 @@ impl Scheduled {
             .firing_lateness
             .observe(Duration::from_millis(lateness as u64));
         self.r.metrics.firings_started.inc();
-        self.r.metrics.robots_running.inc_by(1);
+        let running = crate::metrics::Held::new(&self.r.metrics.robots_running);
         tracing::info!(robot = %self.r.name, firing = %crate::robot::schedule::rfc3339(e.firing), attempt = e.attempt, lateness_ms = lateness, "firing started");
         let id = e.id;
         self.not_before.remove(&id);
-        let metrics = self.r.metrics.clone();
         let asked = token.clone();
         let task = self.runs.spawn(async move {
+            // Given back however the run ends: returned, panicked or aborted.
+            let _running = running;
             let result = kind.run(run).await;
-            metrics.robots_running.inc_by(-1);
             (id, result, asked.is_cancelled())
         });
         self.tasks.insert(task.id(), id);
@@ -714,7 +714,6 @@ impl Scheduled {
                     tracing::error!(robot = %self.r.name, "a run's task failed: {e}");
                     match self.tasks.remove(&e.id()) {
                         Some(id) => {
-                            self.r.metrics.robots_running.inc_by(-1);
                             let failed = Err(RobotError::Crashed(format!("its task failed: {e}")));
                             self.finish(id, failed, false).await
                         }
@@ -1041,7 +1040,6 @@ impl Scheduled {
                 Ok(done) => done,
                 Err(e) => match self.tasks.remove(&e.id()) {
                     Some(id) => {
-                        self.r.metrics.robots_running.inc_by(-1);
                         let failed = Err(RobotError::Crashed(format!("its task failed: {e}")));
                         (id, failed, false)
                     }
