@@ -216,8 +216,10 @@ async fn a_paused_zombie_lands_no_checkpoint_after_takeover() {
             .iter()
             .position(|x| x.1 == new_epoch)
             .expect("the new holder checkpointed");
+        // The new holder may itself fence and claim again on a busy machine (a
+        // later epoch, seen in CI): what must never come is an earlier one.
         assert!(
-            h[first_new..].iter().all(|x| x.1 == new_epoch),
+            h[first_new..].iter().all(|x| x.1 >= new_epoch),
             "old-epoch checkpoint after takeover: {h:?}"
         );
         assert!(h[first_new..].iter().all(|x| x.2 != holder));
