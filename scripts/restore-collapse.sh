@@ -9,7 +9,9 @@
 # slower than 100 ms, by kind (each command's time includes its wait for its
 # collection's write lock). The profile is a capped collection, and the dev server
 # scans a capped collection whole on every insert into it: profiling loads the
-# server it measures, more as it fills. Needs the dev server
+# server it measures, more as it fills. LOG sets the workers' SLOTPOOL_LOG (default
+# info,slotpool=debug; slotpool::db::group_commit=trace adds each robot write's
+# size and time). Needs the dev server
 # (scripts/dev-mongo.sh start) and a release build.
 #
 #   scripts/restore-collapse.sh [SLOTS [ROBOTS]]      (default 20 and 20000)
@@ -41,7 +43,7 @@ cleanup() {
 trap cleanup EXIT
 for i in $(seq 1 $((SLOTS + 2))); do
   p=$((41000 + i))
-  SLOTPOOL_LOG=info,slotpool=debug "$B" worker --advertise "127.0.0.1:$p" --listen "127.0.0.1:$p" \
+  SLOTPOOL_LOG=${LOG:-info,slotpool=debug} "$B" worker --advertise "127.0.0.1:$p" --listen "127.0.0.1:$p" \
     >"$logs/worker-$p.log" 2>&1 &
   pids+=($!)
 done

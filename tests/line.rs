@@ -658,7 +658,23 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
         .iter()
         .map(|i| proxies[*i].tally().snapshot())
         .collect();
+    let whole_reads = |i: usize| {
+        standbys[i]
+            .metric("slotpool_place_reads_whole_line_total")
+            .expect("a standby's /metrics")
+    };
+    let whole_before: Vec<u64> = rear.iter().map(|i| whole_reads(*i)).collect();
     tokio::time::sleep(Duration::from_secs(60)).await;
+    // Its place reads start at the nearest standbys ahead of it: none of the minute's
+    // reads the whole line ahead.
+    for (i, b) in rear.iter().zip(&whole_before) {
+        assert_eq!(
+            whole_reads(*i),
+            *b,
+            "{} read the whole line ahead again with every watcher alive",
+            standbys[*i].id
+        );
+    }
     for (i, b) in rear.iter().zip(&before) {
         let asked = proxies[*i].tally().since(b);
         let id = &standbys[*i].id;
@@ -729,6 +745,69 @@ async fn the_slot_is_taken_when_every_watcher_dies_with_the_holder() {
     .await;
     println!("taken by {taken}");
     common::runs_on_once(&db, 3).await;
+}
+
+/// A rear standby reads its place from the nearest standbys ahead of it on. When
+/// those leave (stopped cleanly, their heartbeats removed), it reads the whole line
+/// again and stays behind the watchers still alive further ahead, rather than take
+/// the front because its usual read found too few.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rear_standby_whose_nearest_standbys_leave_stays_behind_the_live_front() {
+    let db = TestDb::new("line_near").await;
+    db.init(1).await;
+    let holder = db.worker(&[]);
+    common::wait_for(Duration::from_secs(30), "a holder", || async {
+        (db.held_per_worker().await.get(&holder.id) == Some(&1)).then_some(())
+    })
+    .await;
+    let mut standbys: Vec<WorkerProc> = (0..8).map(|_| db.worker(&[])).collect();
+    standbys.sort_by(|a, b| a.id.cmp(&b.id));
+    let watchers = {
+        let all: Vec<&WorkerProc> = standbys.iter().collect();
+        let watchers = first(&all, 3);
+        wait_front(&all, &watchers, "the three first standbys at the front").await;
+        watchers
+    };
+    let mut last = standbys.pop().expect("eight standbys");
+    let metric = |w: &WorkerProc, name: &str| w.metric(name).expect("/metrics");
+    // Its place reads so far: the first read the whole line, the rest from the
+    // nearest on (the five just ahead: three watchers' worth and two spare).
+    common::wait_for(
+        Duration::from_secs(60),
+        "a place read from the nearest on",
+        || async {
+            let reads = metric(&last, "slotpool_place_reads_total");
+            (reads > metric(&last, "slotpool_place_reads_whole_line_total")).then_some(())
+        },
+    )
+    .await;
+    let whole_before = metric(&last, "slotpool_place_reads_whole_line_total");
+    // The four just ahead of it leave; the three watchers stay.
+    for w in &mut standbys[3..] {
+        w.signal(libc::SIGTERM);
+        assert!(
+            w.wait_exit(Duration::from_secs(30)).is_some(),
+            "{} did not stop",
+            w.id
+        );
+    }
+    common::wait_for(
+        Duration::from_secs(60),
+        "a read of the whole line",
+        || async {
+            (metric(&last, "slotpool_place_reads_whole_line_total") > whole_before).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(&last, "slotpool_line_front"),
+        0,
+        "{} took the front with three watchers alive ahead of it",
+        last.id
+    );
+    let line: Vec<&WorkerProc> = standbys[..3].iter().chain([&last]).collect();
+    assert_eq!(front(&line), watchers, "the watchers are still the front");
+    last.kill9();
 }
 
 /// Waits until `worker`'s `/healthz` answers `status`.

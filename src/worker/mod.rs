@@ -878,10 +878,12 @@ impl Worker {
     }
 
     /// Records a heartbeat written for `ids`, promising the next within `pace`.
+    /// A heartbeat that promised `pace` landed: the next comes within it, at a
+    /// random point of its last fifth (see [`standby_line::next_beat_in`]).
     fn beaten(&mut self, ids: Vec<String>, pace: Duration) {
         self.looks.beaten = Some(ids);
         self.looks.pace = pace;
-        self.looks.next_beat = self.clock.now() + pace;
+        self.looks.next_beat = self.clock.now() + standby_line::next_beat_in(pace, random_unit());
     }
 
     /// Reads this worker's place in the line (and the server's clock with it). The
@@ -895,11 +897,19 @@ impl Worker {
         let held = self.held_leases().len();
         let limit = self.bookkeeping_timeout();
         let was = self.place();
-        match tokio::time::timeout(limit, self.line.place(&me, held, self.settings.watchers)).await
-        {
-            Ok(Ok((ahead, clock))) => {
-                self.looks.ahead = ahead;
-                if let Some(c) = clock {
+        let near = self.looks.near.take();
+        let read = self
+            .line
+            .place(&me, held, self.settings.watchers, near.as_deref());
+        match tokio::time::timeout(limit, read).await {
+            Ok(Ok(placed)) => {
+                self.metrics.place_reads.inc();
+                if placed.whole {
+                    self.metrics.place_reads_whole.inc();
+                }
+                self.looks.ahead = placed.ahead.min(self.settings.watchers);
+                self.looks.near = placed.near.filter(|_| held == 0);
+                if let Some(c) = placed.clock {
                     let (server_ms, sent, received) = c.reading();
                     self.server_clock_read(server_ms, sent, received);
                     self.server = Some(c);
@@ -953,8 +963,7 @@ impl Worker {
         if self.place() != Place::Rear || every <= self.tick() * crate::db::heartbeat::REAR_TICKS {
             return every;
         }
-        let random = (random_u64() >> 11) as f64 / (1u64 << 53) as f64;
-        standby_line::rear_survey_in(every, random)
+        standby_line::rear_survey_in(every, random_unit())
     }
 
     /// Where this worker stands in the line.
@@ -1289,4 +1298,9 @@ pub(crate) fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes).expect("the operating system's random source");
     u64::from_le_bytes(bytes)
+}
+
+/// A random number in `[0, 1)` (53 bits, as an `f64` holds them).
+fn random_unit() -> f64 {
+    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
 }

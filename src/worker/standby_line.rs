@@ -249,14 +249,89 @@ pub fn beat_pace(place: Place, tick: Duration) -> Duration {
     }
 }
 
-/// A rear worker's heartbeat period: 40 s. Its heartbeat and the read of its place
-/// with it are then 0.05 requests a second, and the driver's monitors (one `hello` a
-/// minute from each of a worker's two connection pools) 0.033: 0.083 in all, under
+/// A rear worker's heartbeat period: 40 s, each beat at a random point of its last
+/// fifth ([`next_beat_in`]). Its heartbeat and the read of its place with it are then
+/// 0.056 requests a second on average, and the driver's monitors (one `hello` a
+/// minute from each of a worker's two connection pools) 0.033: 0.089 in all, under
 /// the 0.1 a standby may cost. Longer would cost more than it saves where it shows:
 /// a dead rear worker is believed for two beats and a second (81 s), and a worker
 /// restarted under the same `ip:port` waits that long for its predecessor's
 /// heartbeat to lapse before it runs (see `Worker::take_identity`).
 pub const REAR_BEAT: Duration = Duration::from_secs(40);
+
+/// How much earlier than its pace a heartbeat may come: up to a fifth (see
+/// [`next_beat_in`]).
+pub const BEAT_JITTER: f64 = 0.2;
+
+/// How long after a heartbeat that promised `pace` the next one comes, `random` being
+/// a number in `[0, 1)`: at a random point of the pace's last fifth, never later
+/// than the pace itself (the heartbeat is believed for two of them).
+///
+/// A fixed pace keeps workers that beat together beating together for ever: 200
+/// workers started at once (a pool's cold start) beat and read their places within
+/// the same second every 40 s, and at 200 workers a place read is 19 ms of the dev
+/// server's time under its one storage lock. The scale bench's 10-holder mass
+/// failures met that burst once in ten rounds: the whole server answered nothing for
+/// about half a second, two survivors fenced themselves, and that round's robots
+/// were all running again at +5.8 s where the others took 2.6–3.2 s (190 heartbeats
+/// and 212 place reads in that round's 8.7 s, about 20 and 40 in the others'). A
+/// random fifth spreads such a burst over 8 s at the next beat and wider at each
+/// one after, as the draws add up; a fifth rather than more keeps a rear worker's
+/// beats at least 32 s apart.
+pub fn next_beat_in(pace: Duration, random: f64) -> Duration {
+    pace.mul_f64(1.0 - BEAT_JITTER * random.clamp(0.0, 1.0))
+}
+
+/// How many live standbys beyond `--watchers` a place read keeps in sight (see
+/// [`Placed::near`]): up to this many of those just ahead may die before a rear
+/// standby's next place read has to read the whole line ahead of it again.
+pub const NEAR_SPARE: u64 = 2;
+
+/// What one read of a worker's place in the line found.
+#[derive(Debug, Default)]
+pub struct Placed {
+    /// Live workers with room ahead of this one, counted up to `--watchers` +
+    /// [`NEAR_SPARE`] (only whether they are `--watchers` or more decides anything).
+    pub ahead: u64,
+    /// For a standby: the id of the farthest of the nearest live standbys ahead of it
+    /// that the read counted; its next place read starts there.
+    pub near: Option<String>,
+    /// The server's clock as of the read.
+    pub clock: Option<ServerClock>,
+    /// Whether it read the whole line ahead, not only from [`Placed::near`] on.
+    pub whole: bool,
+}
+
+/// The aggregation that reads a worker's place in the line: the live workers with
+/// room ahead of `me` (see [`Line::place`]), nearest first, at most `watchers` +
+/// [`NEAR_SPARE`] of them, counted, with the farthest of them and the server's clock.
+/// For a standby, `from` bounds the read to the standbys from that id on: the same
+/// filter with one more condition, so it counts a subset of what the whole read
+/// would. At 200 workers the whole read took the dev server 6 ms at the end of the
+/// line when idle (19 ms under load), under the storage lock that every command
+/// waits for; from the 5th standby ahead, 0.7 ms.
+pub fn place_pipeline(me: &str, held: usize, watchers: u64, from: Option<&str>) -> Vec<Document> {
+    let alive = doc! {"$gt": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]};
+    let filter = match (held, from) {
+        (0, None) => doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}},
+        (0, Some(from)) => doc! {ROOM: true, HELD: 0_i64, "_id": {"$gte": from, "$lt": me}},
+        _ => doc! {ROOM: true, HELD: {"$lt": held as i64}},
+    };
+    // Liveness in a stage of its own: a `$match` with a top-level `$expr` is read by
+    // scanning the collection on the dev server, where the line's index serves the
+    // rest. At 200 workers that was 19 ms of the server's time a read; split, 2 ms
+    // at the front of the line and 18 ms at its end.
+    vec![
+        doc! {"$match": filter},
+        doc! {"$match": {"$expr": alive}},
+        doc! {"$sort": {"_id": -1}},
+        doc! {"$limit": (watchers.max(1) + NEAR_SPARE) as i64},
+        doc! {"$facet": {"ahead": [
+            {"$group": {"_id": Bson::Null, "n": {"$sum": 1_i64}, "near": {"$min": "$_id"}}},
+        ]}},
+        doc! {"$project": {"ahead": 1, "now": {"$toLong": "$$NOW"}}},
+    ]
+}
 
 /// How many times [`crate::worker::Worker`]'s usual bound a standby waits for its
 /// heartbeat and the read of its place.
@@ -675,6 +750,12 @@ impl Roster {
     /// by id too put a survivor behind dead holders whose heartbeats still counted,
     /// and the other survivor took both orphans.)
     ///
+    /// A standby that read its place before passes `near`, the farthest of the
+    /// nearest live standbys that read found ahead of it ([`Placed::near`]): the
+    /// line's index then reads only the standbys from there to this one, and only
+    /// when that finds fewer than `watchers` alive is the whole line ahead read (see
+    /// [`place_pipeline`]).
+    ///
     /// Liveness is judged on the server's `$$NOW`, and the one answer (a `$facet`,
     /// which always gives one document) carries that `$$NOW` back: a rear worker,
     /// which surveys seldom, reads the server's clock here rather than with a
@@ -684,41 +765,50 @@ impl Roster {
         me: &str,
         held: usize,
         watchers: u64,
-    ) -> Result<(u64, Option<ServerClock>), mongodb::error::Error> {
-        let alive = doc! {"$gt": [{"$ifNull": ["$alive_until_ms", 0_i64]}, {"$toLong": "$$NOW"}]};
-        let filter = if held == 0 {
-            doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}}
-        } else {
-            doc! {ROOM: true, HELD: {"$lt": held as i64}}
-        };
-        // Liveness in a stage of its own: a `$match` with a top-level `$expr` is
-        // read by scanning the collection on the dev server, where the line's
-        // index serves the rest. At 200 workers that was 19 ms of the server's
-        // time a read; split, 2 ms at the front of the line and 18 ms at its end.
-        let pipeline = vec![
-            doc! {"$match": filter},
-            doc! {"$match": {"$expr": alive}},
-            doc! {"$limit": watchers.max(1) as i64},
-            doc! {"$facet": {"ahead": [{"$count": "n"}]}},
-            doc! {"$project": {"ahead": 1, "now": {"$toLong": "$$NOW"}}},
-        ];
+        near: Option<&str>,
+    ) -> Result<Placed, mongodb::error::Error> {
+        if held == 0 {
+            if let Some(from) = near {
+                let placed = self
+                    .read_place(place_pipeline(me, held, watchers, Some(from)))
+                    .await?;
+                if placed.ahead >= watchers.max(1) {
+                    return Ok(placed);
+                }
+            }
+        }
+        let placed = self.read_place(place_pipeline(me, held, watchers, None));
+        Ok(Placed {
+            whole: true,
+            ..placed.await?
+        })
+    }
+
+    /// Runs one place read (see [`place_pipeline`]).
+    async fn read_place(&self, pipeline: Vec<Document>) -> Result<Placed, mongodb::error::Error> {
         let sent = Instant::now();
         let mut cursor = self.workers.aggregate(pipeline).await?;
         let answer = cursor.try_next().await?;
         let received = Instant::now();
         let Some(d) = answer else {
-            return Ok((0, None));
+            return Ok(Placed::default());
         };
-        let ahead = d
+        let found = d
             .get_array("ahead")
             .ok()
             .and_then(|a| a.first())
-            .and_then(Bson::as_document)
-            .and_then(|c| int(c, "n"))
-            .unwrap_or(0)
-            .max(0) as u64;
+            .and_then(Bson::as_document);
+        let ahead = found.and_then(|c| int(c, "n")).unwrap_or(0).max(0) as u64;
+        let near = found
+            .and_then(|c| c.get_str("near").ok())
+            .map(str::to_string);
         let clock = int(&d, "now").map(|ms| ServerClock::observed(ms, sent, received));
-        Ok((ahead, clock))
+        Ok(Placed {
+            ahead,
+            near,
+            clock,
+            whole: false,
+        })
     }
 
     /// The first live standbys in line after `me` (by id, as the line orders them),
@@ -820,6 +910,8 @@ pub struct Looks {
     pub indexes_ensured: bool,
     /// When this worker last read its place in line (see [`place_due`]).
     pub placed_at: Option<Instant>,
+    /// Where its next place read starts, as a standby (see [`Placed::near`]).
+    pub near: Option<String>,
     /// A poke asked for a place read too soon after the last one: it is read when
     /// that is a tick old (see [`poked_place_in`]).
     pub place_wanted: bool,
@@ -846,6 +938,7 @@ impl Looks {
             marked_at: None,
             indexes_ensured: false,
             placed_at: None,
+            near: None,
             place_wanted: false,
             beaten: None,
             pace: Duration::ZERO,
@@ -958,12 +1051,66 @@ mod tests {
         assert!(rear_survey_in(every, 0.999_999) <= every);
         assert_eq!(rear_survey_in(every, 7.0), every, "clamped");
         // What an idle rear standby asks, per second: its heartbeat and place every
-        // REAR_BEAT, the driver's two monitors once a minute each, and a survey per
-        // 3/4 of the safety period on average.
-        let per_s = 2.0 / REAR_BEAT.as_secs_f64()
+        // 0.9 REAR_BEAT on average, the driver's two monitors once a minute each, and
+        // a survey per 3/4 of the safety period on average.
+        let per_s = 2.0 / (0.9 * REAR_BEAT.as_secs_f64())
             + 2.0 / crate::db::store::MONITOR_EVERY.as_secs_f64()
             + 1.0 / (0.75 * every.as_secs_f64());
         assert!(per_s <= 0.1, "{per_s:.3} requests a second");
+    }
+
+    #[test]
+    fn a_place_read_from_the_near_standbys_counts_a_subset_of_the_whole_line() {
+        let whole = place_pipeline("10.0.0.9:7700", 0, 3, None);
+        let near = place_pipeline("10.0.0.9:7700", 0, 3, Some("10.0.0.4:7700"));
+        assert_eq!(whole.len(), near.len());
+        for (w, n) in whole.iter().zip(&near).skip(1) {
+            assert_eq!(w, n, "every stage but the first is the same");
+        }
+        // The same filter, with one more bound.
+        let filter = |p: &[Document]| p[0].get_document("$match").unwrap().clone();
+        let (mut w, n) = (filter(&whole), filter(&near));
+        w.get_document_mut("_id")
+            .unwrap()
+            .insert("$gte", "10.0.0.4:7700");
+        assert_eq!(w, n);
+        // Nearest first, and as many as the watchers and the spare.
+        assert_eq!(whole[2], doc! {"$sort": {"_id": -1}});
+        assert_eq!(whole[3], doc! {"$limit": 5_i64});
+        // A holder's place has no bound to start from.
+        assert_eq!(
+            place_pipeline("h", 2, 3, Some("x"))[0],
+            place_pipeline("h", 2, 3, None)[0]
+        );
+    }
+
+    #[test]
+    fn heartbeats_come_at_a_random_point_of_their_paces_last_fifth_never_later() {
+        assert_eq!(next_beat_in(REAR_BEAT, 0.0), REAR_BEAT);
+        assert_eq!(next_beat_in(REAR_BEAT, 0.5), Duration::from_secs(36));
+        assert_eq!(next_beat_in(REAR_BEAT, 1.0), Duration::from_secs(32));
+        assert_eq!(
+            next_beat_in(REAR_BEAT, 7.0),
+            Duration::from_secs(32),
+            "clamped"
+        );
+        assert_eq!(next_beat_in(REAR_BEAT, -1.0), REAR_BEAT, "clamped");
+        // Never later than promised, whatever the pace.
+        for pace in [T, T * REAR_TICKS, REAR_BEAT, Duration::from_secs(500)] {
+            for r in [0.0, 0.3, 0.999_999] {
+                let next = next_beat_in(pace, r);
+                assert!(
+                    next <= pace && next >= pace.mul_f64(0.8),
+                    "{pace:?} {r}: {next:?}"
+                );
+            }
+        }
+        // A burst of workers that beat together is spread over the last fifth.
+        let at: Vec<Duration> = (0..200)
+            .map(|i| next_beat_in(REAR_BEAT, i as f64 / 200.0))
+            .collect();
+        let widest = *at.iter().max().unwrap() - *at.iter().min().unwrap();
+        assert!(widest >= Duration::from_millis(7_900), "{widest:?}");
     }
 
     #[test]
