@@ -654,6 +654,29 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
             standbys[*i].id
         );
     }
+    // From its first heartbeat at the rear's pace on: the first after its move
+    // comes anywhere in that pace's second half, and each one after at least 32 s
+    // on, so a minute holds at most two.
+    let rear_ids: Vec<&str> = rear.iter().map(|i| standbys[*i].id.as_str()).collect();
+    common::wait_for(
+        Duration::from_secs(30),
+        "heartbeats at the rear's pace",
+        || async {
+            use futures::TryStreamExt;
+            let rear_paced = doc! {"_id": {"$in": &rear_ids}, "beat_ms": 40_000_i64};
+            let found: Vec<bson::Document> = db
+                .store
+                .workers()
+                .find(rear_paced)
+                .await
+                .ok()?
+                .try_collect()
+                .await
+                .ok()?;
+            (found.len() == rear_ids.len()).then_some(())
+        },
+    )
+    .await;
     let before: Vec<_> = rear
         .iter()
         .map(|i| proxies[*i].tally().snapshot())
@@ -687,8 +710,8 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
                 "{id} asked {what:?}: a standby behind the watchers sends only its heartbeat, its place and the driver's monitoring"
             );
         }
-        // A heartbeat and a place every 40 s; one `hello` a minute from each of its
-        // two clients' monitors (a window may catch two of one).
+        // A heartbeat and a place every 32–40 s; one `hello` a minute from each of
+        // its two clients' monitors (a window may catch two of one).
         assert!(requests("update workers") <= 2, "{id}: {asked:?}");
         assert!(requests("aggregate workers") <= 2, "{id}: {asked:?}");
         assert!(requests("hello") <= 4, "{id}: {asked:?}");

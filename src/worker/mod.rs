@@ -879,11 +879,14 @@ impl Worker {
 
     /// Records a heartbeat written for `ids`, promising the next within `pace`.
     /// A heartbeat that promised `pace` landed: the next comes within it, at a
-    /// random point of its last fifth (see [`standby_line::next_beat_in`]).
+    /// random point of its last fifth, or of its second half when the pace grew
+    /// (see [`standby_line::next_beat_in`]).
     fn beaten(&mut self, ids: Vec<String>, pace: Duration) {
+        let grew = pace > self.looks.pace;
         self.looks.beaten = Some(ids);
         self.looks.pace = pace;
-        self.looks.next_beat = self.clock.now() + standby_line::next_beat_in(pace, random_unit());
+        let next = standby_line::next_beat_in(pace, grew, random_unit());
+        self.looks.next_beat = self.clock.now() + next;
     }
 
     /// Reads this worker's place in the line (and the server's clock with it). The

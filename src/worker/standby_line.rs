@@ -259,27 +259,34 @@ pub fn beat_pace(place: Place, tick: Duration) -> Duration {
 /// heartbeat to lapse before it runs (see `Worker::take_identity`).
 pub const REAR_BEAT: Duration = Duration::from_secs(40);
 
-/// How much earlier than its pace a heartbeat may come: up to a fifth (see
-/// [`next_beat_in`]).
+/// How much earlier than its pace a heartbeat may come: up to a fifth, or half
+/// when the pace just grew (see [`next_beat_in`]).
 pub const BEAT_JITTER: f64 = 0.2;
 
+/// See [`BEAT_JITTER`].
+pub const BEAT_JITTER_GROWN: f64 = 0.5;
+
 /// How long after a heartbeat that promised `pace` the next one comes, `random` being
-/// a number in `[0, 1)`: at a random point of the pace's last fifth, never later
-/// than the pace itself (the heartbeat is believed for two of them).
+/// a number in `[0, 1)`: at a random point of the pace's last fifth, or of its
+/// second half when the pace just `grew` (a worker's first beat, or its first at the
+/// rear's pace after it moved back); never later than the pace itself (the
+/// heartbeat is believed for two of them).
 ///
 /// A fixed pace keeps workers that beat together beating together for ever: 200
 /// workers started at once (a pool's cold start) beat and read their places within
-/// the same second every 40 s, and at 200 workers a place read is 19 ms of the dev
+/// the same second every 40 s, and at 200 workers a place read was 19 ms of the dev
 /// server's time under its one storage lock. The scale bench's 10-holder mass
 /// failures met that burst once in ten rounds: the whole server answered nothing for
 /// about half a second, two survivors fenced themselves, and that round's robots
 /// were all running again at +5.8 s where the others took 2.6–3.2 s (190 heartbeats
-/// and 212 place reads in that round's 8.7 s, about 20 and 40 in the others'). A
-/// random fifth spreads such a burst over 8 s at the next beat and wider at each
-/// one after, as the draws add up; a fifth rather than more keeps a rear worker's
-/// beats at least 32 s apart.
-pub fn next_beat_in(pace: Duration, random: f64) -> Duration {
-    pace.mul_f64(1.0 - BEAT_JITTER * random.clamp(0.0, 1.0))
+/// and 212 place reads in that round's 8.7 s, about 20 and 40 in the others').
+/// Workers that move to the rear together (a cold start) spread their first rear
+/// beats over 20 s, and every beat after adds a random fifth, so the burst keeps
+/// spreading; a fifth rather than more keeps a rear worker's beats at least 32 s
+/// apart once it settled (the goal is at most 0.1 requests a second a standby).
+pub fn next_beat_in(pace: Duration, grew: bool, random: f64) -> Duration {
+    let jitter = if grew { BEAT_JITTER_GROWN } else { BEAT_JITTER };
+    pace.mul_f64(1.0 - jitter * random.clamp(0.0, 1.0))
 }
 
 /// How many live standbys beyond `--watchers` a place read keeps in sight (see
@@ -1086,31 +1093,42 @@ mod tests {
 
     #[test]
     fn heartbeats_come_at_a_random_point_of_their_paces_last_fifth_never_later() {
-        assert_eq!(next_beat_in(REAR_BEAT, 0.0), REAR_BEAT);
-        assert_eq!(next_beat_in(REAR_BEAT, 0.5), Duration::from_secs(36));
-        assert_eq!(next_beat_in(REAR_BEAT, 1.0), Duration::from_secs(32));
+        assert_eq!(next_beat_in(REAR_BEAT, false, 0.0), REAR_BEAT);
+        assert_eq!(next_beat_in(REAR_BEAT, false, 0.5), Duration::from_secs(36));
+        assert_eq!(next_beat_in(REAR_BEAT, false, 1.0), Duration::from_secs(32));
         assert_eq!(
-            next_beat_in(REAR_BEAT, 7.0),
+            next_beat_in(REAR_BEAT, false, 7.0),
             Duration::from_secs(32),
             "clamped"
         );
-        assert_eq!(next_beat_in(REAR_BEAT, -1.0), REAR_BEAT, "clamped");
+        assert_eq!(next_beat_in(REAR_BEAT, false, -1.0), REAR_BEAT, "clamped");
+        // The first at a longer pace: anywhere in its second half.
+        assert_eq!(next_beat_in(REAR_BEAT, true, 0.0), REAR_BEAT);
+        assert_eq!(next_beat_in(REAR_BEAT, true, 1.0), Duration::from_secs(20));
         // Never later than promised, whatever the pace.
         for pace in [T, T * REAR_TICKS, REAR_BEAT, Duration::from_secs(500)] {
-            for r in [0.0, 0.3, 0.999_999] {
-                let next = next_beat_in(pace, r);
-                assert!(
-                    next <= pace && next >= pace.mul_f64(0.8),
-                    "{pace:?} {r}: {next:?}"
-                );
+            for (grew, least) in [(false, 0.8), (true, 0.5)] {
+                for r in [0.0, 0.3, 0.999_999] {
+                    let next = next_beat_in(pace, grew, r);
+                    assert!(
+                        next <= pace && next >= pace.mul_f64(least),
+                        "{pace:?} {r}: {next:?}"
+                    );
+                }
             }
         }
-        // A burst of workers that beat together is spread over the last fifth.
-        let at: Vec<Duration> = (0..200)
-            .map(|i| next_beat_in(REAR_BEAT, i as f64 / 200.0))
-            .collect();
-        let widest = *at.iter().max().unwrap() - *at.iter().min().unwrap();
-        assert!(widest >= Duration::from_millis(7_900), "{widest:?}");
+        // Workers that moved back together spread over 20 s, and then at least 32 s
+        // apart: no 60 s holds more than two of one worker's beats after its first
+        // at the rear's pace.
+        let spread = |grew| {
+            let at: Vec<Duration> = (0..200)
+                .map(|i| next_beat_in(REAR_BEAT, grew, i as f64 / 200.0))
+                .collect();
+            *at.iter().max().unwrap() - *at.iter().min().unwrap()
+        };
+        assert!(spread(true) >= Duration::from_millis(19_800));
+        assert!(spread(false) >= Duration::from_millis(7_900));
+        assert!(next_beat_in(REAR_BEAT, false, 1.0) * 2 > Duration::from_secs(60));
     }
 
     #[test]
