@@ -95,6 +95,18 @@ if kinds:
 for (ns, cmd), ms in sorted(kinds.items(), key=lambda kv: -sum(kv[1])):
     ms.sort()
     print(f"  {ns:10} {cmd:15} {len(ms):5} {ms[len(ms) // 2]:6} {ms[-1]:6}")
+shapes = collections.defaultdict(list)
+for p in db["system.profile"].find({"ns": {"$regex": r"\.robots$"}, "command.update": {"$exists": True}}) if kinds else []:
+    ups = p["command"].get("updates") or [{}]
+    first = ups[0]
+    u = first.get("u")
+    u_keys = sorted((u[0] if isinstance(u, list) and u else u or {}).keys())
+    shapes[(len(ups), tuple(sorted(first.get("q", {}).keys())), tuple(u_keys), bool(first.get("multi")))].append(p.get("millis", 0))
+if shapes:
+    print("robot updates slower than 100 ms, by shape (statements, filter fields, update, multi): count, median ms, slowest ms")
+for shape, ms in sorted(shapes.items(), key=lambda kv: -len(kv[1]))[:12]:
+    ms.sort()
+    print(f"  {len(ms):5} {ms[len(ms) // 2]:6} {ms[-1]:6}  {shape}")
 print("events recorded, by kind:", {e["_id"]: e["n"] for e in db.events.aggregate(
     [{"$group": {"_id": "$kind", "n": {"$sum": 1}}}, {"$sort": {"n": -1}}])})
 PY

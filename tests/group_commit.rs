@@ -681,8 +681,10 @@ async fn an_adoption_never_answered_is_given_up_on_while_the_lease_holds() {
     for r in [by_id.map(|_| ()), by_slot.map(|_| ())] {
         match r {
             Err(ContextError::Db(e)) => assert!(
-                e.to_string()
-                    .contains("no answer to an adoption write within 10 s"),
+                e.to_string().contains(&format!(
+                    "no answer to an adoption write within {} s",
+                    IN_DOUBT_AFTER.as_secs()
+                )),
                 "{e}"
             ),
             other => panic!("expected the adoption given up on: {other:?}"),
