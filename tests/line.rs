@@ -677,6 +677,17 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
         },
     )
     .await;
+    // And the place read that follows that heartbeat (a standby's second).
+    common::wait_for(
+        Duration::from_secs(10),
+        "the place reads with them",
+        || async {
+            rear.iter()
+                .all(|i| standbys[*i].metric("slotpool_place_reads_total") >= Some(2))
+                .then_some(())
+        },
+    )
+    .await;
     let before: Vec<_> = rear
         .iter()
         .map(|i| proxies[*i].tally().snapshot())
@@ -793,15 +804,17 @@ async fn a_rear_standby_whose_nearest_standbys_leave_stays_behind_the_live_front
     };
     let mut last = standbys.pop().expect("eight standbys");
     let metric = |w: &WorkerProc, name: &str| w.metric(name).expect("/metrics");
-    // Its place reads so far: the first read the whole line, the rest from the
-    // nearest on (the five just ahead: three watchers' worth and two spare).
+    let from_nearest = |w: &WorkerProc| {
+        metric(w, "slotpool_place_reads_total") - metric(w, "slotpool_place_reads_whole_line_total")
+    };
+    // A place read from the nearest on after every standby was up (the front says
+    // so): it found the five just ahead alive (three watchers' worth and two spare)
+    // and starts the next read at the farthest of them, the third in line.
+    let before = from_nearest(&last);
     common::wait_for(
         Duration::from_secs(60),
         "a place read from the nearest on",
-        || async {
-            let reads = metric(&last, "slotpool_place_reads_total");
-            (reads > metric(&last, "slotpool_place_reads_whole_line_total")).then_some(())
-        },
+        || async { (from_nearest(&last) > before).then_some(()) },
     )
     .await;
     let whole_before = metric(&last, "slotpool_place_reads_whole_line_total");

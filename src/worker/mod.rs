@@ -900,18 +900,22 @@ impl Worker {
         let held = self.held_leases().len();
         let limit = self.bookkeeping_timeout();
         let was = self.place();
-        let near = self.looks.near.take();
-        let read = self
-            .line
-            .place(&me, held, self.settings.watchers, near.as_deref());
+        let watchers = self.settings.watchers;
+        // Kept through a failed read: any standby ahead is a sound place to start.
+        let near = self.looks.near.clone();
+        let read = self.line.place(&me, held, watchers, near.as_deref());
         match tokio::time::timeout(limit, read).await {
             Ok(Ok(placed)) => {
                 self.metrics.place_reads.inc();
                 if placed.whole {
                     self.metrics.place_reads_whole.inc();
                 }
-                self.looks.ahead = placed.ahead.min(self.settings.watchers);
-                self.looks.near = placed.near.filter(|_| held == 0);
+                // Only a standby behind the front starts its next read at its
+                // nearest: at the front a read from there finds too few by
+                // definition, and would only come before the whole one.
+                let behind = held == 0 && placed.ahead >= watchers;
+                self.looks.ahead = placed.ahead.min(watchers);
+                self.looks.near = placed.near.filter(|_| behind);
                 if let Some(c) = placed.clock {
                     let (server_ms, sent, received) = c.reading();
                     self.server_clock_read(server_ms, sent, received);

@@ -32,8 +32,11 @@
 //! standbys as there are further slots. Operators set `--watchers` to what can fail
 //! together.
 //!
-//! A worker's place costs one read of at most `--watchers` index entries, so the line
-//! costs O(1) per worker per look, whatever the pool's size. The decisions here are
+//! A standby's place costs one read of the index entries from the nearest few live
+//! standbys ahead of it (`--watchers` and [`NEAR_SPARE`] more, as its last read found
+//! them) to itself: O(1) per worker per look, whatever the pool's size. Only when
+//! fewer than `--watchers` of those are alive does it read the whole line ahead (a
+//! standby's first read, a watcher's, and after deaths ahead). The decisions here are
 //! pure; the three small queries (heartbeat, place, live workers) sit at the bottom.
 
 use std::time::Duration;
@@ -328,16 +331,21 @@ pub fn place_pipeline(me: &str, held: usize, watchers: u64, from: Option<&str>) 
     // scanning the collection on the dev server, where the line's index serves the
     // rest. At 200 workers that was 19 ms of the server's time a read; split, 2 ms
     // at the front of the line and 18 ms at its end.
-    vec![
-        doc! {"$match": filter},
-        doc! {"$match": {"$expr": alive}},
-        doc! {"$sort": {"_id": -1}},
+    let mut pipeline = vec![doc! {"$match": filter}, doc! {"$match": {"$expr": alive}}];
+    // A standby's nearest are those with the largest ids below its own: the line's
+    // index gives them in that order. A holder needs no nearest (its filter ranges
+    // over `held`, where the index could not give that order).
+    if held == 0 {
+        pipeline.push(doc! {"$sort": {"_id": -1}});
+    }
+    pipeline.extend([
         doc! {"$limit": (watchers.max(1) + NEAR_SPARE) as i64},
         doc! {"$facet": {"ahead": [
             {"$group": {"_id": Bson::Null, "n": {"$sum": 1_i64}, "near": {"$min": "$_id"}}},
         ]}},
         doc! {"$project": {"ahead": 1, "now": {"$toLong": "$$NOW"}}},
-    ]
+    ]);
+    pipeline
 }
 
 /// How many times [`crate::worker::Worker`]'s usual bound a standby waits for its
@@ -749,7 +757,7 @@ impl Roster {
     }
 
     /// How many live workers with room stand ahead of this one (counted up to
-    /// `watchers`), and the server's clock as of the read. For a standby: the
+    /// `watchers` + [`NEAR_SPARE`]), and the server's clock as of the read. For a standby: the
     /// standbys with a smaller id. For a holder: the workers holding fewer slots,
     /// standbys included. Holders holding as many do not count: which of them
     /// overflows onto an orphan first is decided by [`crate::worker::slot_rules`]'s
@@ -1084,11 +1092,14 @@ mod tests {
         // Nearest first, and as many as the watchers and the spare.
         assert_eq!(whole[2], doc! {"$sort": {"_id": -1}});
         assert_eq!(whole[3], doc! {"$limit": 5_i64});
-        // A holder's place has no bound to start from.
+        // A holder's place has no bound to start from, nor an order.
         assert_eq!(
-            place_pipeline("h", 2, 3, Some("x"))[0],
-            place_pipeline("h", 2, 3, None)[0]
+            place_pipeline("h", 2, 3, Some("x")),
+            place_pipeline("h", 2, 3, None)
         );
+        assert!(!place_pipeline("h", 2, 3, None)
+            .iter()
+            .any(|s| s.contains_key("$sort")));
     }
 
     #[test]
