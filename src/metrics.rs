@@ -153,7 +153,7 @@ metrics! {
     robots_restarting: Gauge = "robots_restarting", "robots waiting in restart backoff";
     robot_write_limit: Gauge = "robot_write_limit", "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)";
     renew_latency: Latency = "renew_latency_seconds", "round trip of lease renewals";
-    slot_read: Latency = "slot_read_seconds", "time to read a held slot's robots (one query per sync); on a server that answers one command at a time, a renewal waits behind it";
+    slot_read: Latency = "slot_read_seconds", "time to read a held slot's robots (one query per sync); on a server where a read holds up every command (the dev server), a renewal waits behind it";
 }
 
 impl Metrics {

@@ -28,9 +28,10 @@ pub const ADOPT_CHUNK_MIN: usize = 10;
 
 /// Robots in the next adoption write, from how long the last one took: as many as
 /// fit in `budget` at the measured cost per robot, from [`ADOPT_CHUNK_MIN`] to
-/// [`ADOPT_CHUNK`]. The dev server answers one command at a time, so a renewal sent
+/// [`ADOPT_CHUNK`]. On a server that answers one command at a time a renewal sent
 /// meanwhile waits behind the whole chunk: the budget (half the fence margin) keeps
-/// that wait well inside the margin, at any tick. At the default tick every chunk is
+/// that wait well inside the margin, at any tick. (The dev server's robot writes
+/// wait only for each other; see [`crate::db::pacing::WritePacer::command_budget`].) At the default tick every chunk is
 /// [`ADOPT_CHUNK`]; at 100 ms (a 45 ms margin) about twenty robots.
 pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
     crate::db::pacing::statements_within(budget, took, robots, ADOPT_CHUNK_MIN, ADOPT_CHUNK)

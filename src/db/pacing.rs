@@ -128,9 +128,12 @@ impl WritePacer {
     }
 
     /// How long one robot write command may keep the database busy: half the fence
-    /// margin. The dev server answers one command at a time, so a renewal sent while
-    /// such a command runs waits behind all of it; this keeps that wait well inside
-    /// the margin at any tick.
+    /// margin, so that a renewal that had to wait behind all of it (on a server that
+    /// answers one command at a time) would still come back well inside the margin
+    /// at any tick. The dev server today is not quite that server: robot writes wait
+    /// for each other on the `robots` collection's lock, not a renewal
+    /// (`scripts/restore-write-cost.py`: renewals at 3–4 ms beside 20 slots adopting
+    /// at once); its reads are what a renewal waits behind.
     pub fn command_budget(&self) -> Duration {
         self.slow * 2
     }

@@ -55,7 +55,8 @@ const FULL_RESYNC: Duration = Duration::from_secs(60);
 /// Each full re-read comes up to this much later than [`FULL_RESYNC`], at random.
 /// Holders whose slots all changed at once (a `robot create --count` spread over
 /// them) read their robots at once, and without it would read them all again at
-/// once every minute: on a server that answers one command at a time, ten holders
+/// once every minute: on a server where a read holds up every command (the dev server's
+/// storage lock), ten holders
 /// of 1,000 robots listing together (about 0.3 s each on the dev server) held a
 /// renewal back past the fence margin, and five holders fenced themselves.
 const RESYNC_SPREAD: Duration = Duration::from_secs(30);
@@ -506,7 +507,7 @@ impl Supervisor {
         if read_threatens_lease(took, &self.timing) && self.warned.insert("slow-read".into()) {
             tracing::warn!(
                 slot = %self.ctx.slot_id(), robots = listed.len(), listed_ms = took.as_millis() as u64,
-                "reading the slot's robots took over half the {} ms a renewal may wait before this holder fences itself; on a database that answers one command at a time (the dev server does) a renewal waits behind that read: use a longer --tick or fewer robots per slot (docs/running.md: the sub-second profile)",
+                "reading the slot's robots took over half the {} ms a renewal may wait before this holder fences itself; on a database where a read holds up every command (the dev server does) a renewal waits behind that read: use a longer --tick or fewer robots per slot (docs/running.md: the sub-second profile)",
                 self.timing.renewal_wait().as_millis()
             );
         }
