@@ -117,7 +117,7 @@ metrics! {
     slot_unheld: Gauge<f64, AtomicU64> = "slot_unheld_seconds", "longest time any of those slots had been expired at that survey (a slot never held: one year)";
     line_front: Gauge = "line_front", "1 while this worker is at the front of the line (watches the leases), 0 behind it";
     place_reads: Counter = "place_reads", "reads of this worker's place in the line";
-    place_reads_whole: Counter = "place_reads_whole_line", "place reads that read the whole line ahead of this worker: a holder's, a watcher's, a standby's first or after a failed read, and a standby's when fewer than --watchers of the nearest standbys it knew were found alive";
+    place_reads_whole: Counter = "place_reads_whole_line", "place reads that read the whole line ahead of this worker: a holder's, a watcher's, a standby's first, and a standby's when fewer than --watchers of the nearest standbys it knew were found alive";
     server_clock_steps: Counter = "server_clock_steps", "forward steps of the database server's clock this worker saw; each held back claims of stamped slots for one lease";
     losses: Counter = "losses", "leases lost to another worker or removal";
     self_fences: Counter = "self_fences", "leases dropped because the local deadline passed";

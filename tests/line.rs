@@ -697,11 +697,23 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
             .metric("slotpool_place_reads_whole_line_total")
             .expect("a standby's /metrics")
     };
+    let reads = |i: usize| {
+        standbys[i]
+            .metric("slotpool_place_reads_total")
+            .expect("a standby's /metrics")
+    };
     let whole_before: Vec<u64> = rear.iter().map(|i| whole_reads(*i)).collect();
+    let reads_before: Vec<u64> = rear.iter().map(|i| reads(*i)).collect();
     tokio::time::sleep(Duration::from_secs(60)).await;
-    // Its place reads start at the nearest standbys ahead of it: none of the minute's
-    // reads the whole line ahead.
-    for (i, b) in rear.iter().zip(&whole_before) {
+    // Its place reads start at the nearest standbys ahead of it: it read its place in
+    // the minute (a beat comes every 32–40 s), and none of those reads was of the
+    // whole line ahead.
+    for ((i, b), r) in rear.iter().zip(&whole_before).zip(&reads_before) {
+        assert!(
+            reads(*i) > *r,
+            "{} read no place in a minute",
+            standbys[*i].id
+        );
         assert_eq!(
             whole_reads(*i),
             *b,
@@ -803,21 +815,28 @@ async fn a_rear_standby_whose_nearest_standbys_leave_stays_behind_the_live_front
         watchers
     };
     let mut last = standbys.pop().expect("eight standbys");
-    let metric = |w: &WorkerProc, name: &str| w.metric(name).expect("/metrics");
-    let from_nearest = |w: &WorkerProc| {
-        metric(w, "slotpool_place_reads_total") - metric(w, "slotpool_place_reads_whole_line_total")
+    // Its place reads (all, and those of the whole line) and whether it stands at the
+    // front, from one page of its /metrics.
+    let place = |w: &WorkerProc| {
+        let (_, page) = w.http_get("/metrics").expect("/metrics");
+        let reads = common::metric(&page, "slotpool_place_reads_total");
+        let whole = common::metric(&page, "slotpool_place_reads_whole_line_total");
+        (
+            reads.saturating_sub(whole),
+            whole,
+            common::metric(&page, "slotpool_line_front"),
+        )
     };
-    // A place read from the nearest on after every standby was up (the front says
-    // so): it found the five just ahead alive (three watchers' worth and two spare)
-    // and starts the next read at the farthest of them, the third in line.
-    let before = from_nearest(&last);
+    // A place read from the nearest on, now that the line is settled: it finds the
+    // nearest live standbys ahead and starts the next read at the farthest of them.
+    let (nearest_before, _, _) = place(&last);
     common::wait_for(
         Duration::from_secs(60),
         "a place read from the nearest on",
-        || async { (from_nearest(&last) > before).then_some(()) },
+        || async { (place(&last).0 > nearest_before).then_some(()) },
     )
     .await;
-    let whole_before = metric(&last, "slotpool_place_reads_whole_line_total");
+    let (_, whole_before, _) = place(&last);
     // The four just ahead of it leave; the three watchers stay.
     for w in &mut standbys[3..] {
         w.signal(libc::SIGTERM);
@@ -827,20 +846,23 @@ async fn a_rear_standby_whose_nearest_standbys_leave_stays_behind_the_live_front
             w.id
         );
     }
+    // Its next read from the nearest finds one alive: it must read the whole line,
+    // and never stand at the front meanwhile.
     common::wait_for(
         Duration::from_secs(60),
         "a read of the whole line",
         || async {
-            (metric(&last, "slotpool_place_reads_whole_line_total") > whole_before).then_some(())
+            let (_, whole, front) = place(&last);
+            assert_eq!(
+                front, 0,
+                "{} took the front with three watchers alive ahead of it",
+                last.id
+            );
+            (whole > whole_before).then_some(())
         },
     )
     .await;
-    assert_eq!(
-        metric(&last, "slotpool_line_front"),
-        0,
-        "{} took the front with three watchers alive ahead of it",
-        last.id
-    );
+    assert_eq!(place(&last).2, 0, "{} at the front", last.id);
     let line: Vec<&WorkerProc> = standbys[..3].iter().chain([&last]).collect();
     assert_eq!(front(&line), watchers, "the watchers are still the front");
     last.kill9();

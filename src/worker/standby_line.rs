@@ -279,10 +279,11 @@ pub const BEAT_JITTER_GROWN: f64 = 0.5;
 /// workers started at once (a pool's cold start) beat and read their places within
 /// the same second every 40 s, and at 200 workers a place read was 19 ms of the dev
 /// server's time under its one storage lock. The scale bench's 10-holder mass
-/// failures met that burst once in ten rounds: the whole server answered nothing for
-/// about half a second, two survivors fenced themselves, and that round's robots
-/// were all running again at +5.8 s where the others took 2.6–3.2 s (190 heartbeats
-/// and 212 place reads in that round's 8.7 s, about 20 and 40 in the others').
+/// failures met that burst in two rounds of ten; in one the whole server answered
+/// nothing for about half a second, two survivors fenced themselves, and that round's
+/// robots were all running again at +5.8 s where the others took 2.6–3.2 s (190
+/// heartbeats and 212 place reads in that round's 8.7 s, about 20 and 40 in the
+/// rounds without the burst).
 /// Workers that move to the rear together (a cold start) spread their first rear
 /// beats over 20 s, and every beat after adds a random fifth, so the burst keeps
 /// spreading; a fifth rather than more keeps a rear worker's beats at least 32 s
@@ -313,7 +314,7 @@ pub struct Placed {
 }
 
 /// The aggregation that reads a worker's place in the line: the live workers with
-/// room ahead of `me` (see [`Line::place`]), nearest first, at most `watchers` +
+/// room ahead of `me` (see [`Line::place`]), for a standby nearest first, at most `watchers` +
 /// [`NEAR_SPARE`] of them, counted, with the farthest of them and the server's clock.
 /// For a standby, `from` bounds the read to the standbys from that id on: the same
 /// filter with one more condition, so it counts a subset of what the whole read
