@@ -654,9 +654,8 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
             standbys[*i].id
         );
     }
-    // From its first heartbeat at the rear's pace on: the first after its move
-    // comes anywhere in that pace's second half, and each one after at least 32 s
-    // on, so a minute holds at most two.
+    // From its first heartbeat at the rear's pace on: the next comes anywhere in that
+    // pace's second half, and each one after 40 s on, so a minute holds at most two.
     let rear_ids: Vec<&str> = rear.iter().map(|i| standbys[*i].id.as_str()).collect();
     common::wait_for(
         Duration::from_secs(30),
@@ -706,7 +705,7 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
     let reads_before: Vec<u64> = rear.iter().map(|i| reads(*i)).collect();
     tokio::time::sleep(Duration::from_secs(60)).await;
     // Its place reads start at the nearest standbys ahead of it: it read its place in
-    // the minute (a beat comes every 32–40 s), and none of those reads was of the
+    // the minute (a beat comes every 20–40 s), and none of those reads was of the
     // whole line ahead.
     for ((i, b), r) in rear.iter().zip(&whole_before).zip(&reads_before) {
         assert!(
@@ -733,7 +732,7 @@ async fn a_standby_behind_the_watchers_sends_only_its_heartbeat() {
                 "{id} asked {what:?}: a standby behind the watchers sends only its heartbeat, its place and the driver's monitoring"
             );
         }
-        // A heartbeat and a place every 32–40 s; one `hello` a minute from each of
+        // A heartbeat and a place every 20–40 s, then 40 s; one `hello` a minute from each of
         // its two clients' monitors (a window may catch two of one).
         assert!(requests("update workers") <= 2, "{id}: {asked:?}");
         assert!(requests("aggregate workers") <= 2, "{id}: {asked:?}");

@@ -828,6 +828,7 @@ impl Worker {
                     // lands (one slow write must not hold it so for 40 s).
                     let retry = pace.min(standby_line::beat_every(self.tick()));
                     self.looks.next_beat = self.clock.now() + retry;
+                    self.looks.beat_failed = true;
                     // A place read a poke put off goes with the failed beat: kept,
                     // it would have the round come back at once, and beat again
                     // at once, for as long as the database fails (what it holds
@@ -878,14 +879,14 @@ impl Worker {
     }
 
     /// Records a heartbeat written for `ids`, promising the next within `pace`.
-    /// A heartbeat that promised `pace` landed: the next comes within it, at a
-    /// random point of its last fifth, or of its second half when the pace grew
-    /// (see [`standby_line::next_beat_in`]).
+    /// A heartbeat that promised `pace` landed: the next comes at that pace, or, after
+    /// the first at a pace (a new one, or the first since a beat failed), at a random
+    /// point of its second half (see [`standby_line::next_beat_in`]).
     fn beaten(&mut self, ids: Vec<String>, pace: Duration) {
-        let grew = pace > self.looks.pace;
+        let first = pace != self.looks.pace || std::mem::take(&mut self.looks.beat_failed);
         self.looks.beaten = Some(ids);
         self.looks.pace = pace;
-        let next = standby_line::next_beat_in(pace, grew, random_unit());
+        let next = standby_line::next_beat_in(pace, first, random_unit());
         self.looks.next_beat = self.clock.now() + next;
     }
 

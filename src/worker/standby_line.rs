@@ -252,30 +252,27 @@ pub fn beat_pace(place: Place, tick: Duration) -> Duration {
     }
 }
 
-/// A rear worker's heartbeat period: 40 s, each beat at a random point of its last
-/// fifth ([`next_beat_in`]). Its heartbeat and the read of its place with it are then
-/// 0.056 requests a second on average, and the driver's monitors (one `hello` a
-/// minute from each of a worker's two connection pools) 0.033: 0.089 in all, under
-/// the 0.1 a standby may cost. Longer would cost more than it saves where it shows:
+/// A rear worker's heartbeat period: 40 s (the first at it at a random point of its
+/// second half, [`next_beat_in`]). Its heartbeat and the read of its place with it
+/// are then 0.05 requests a second, and the driver's monitors (one `hello` a minute
+/// from each of a worker's two connection pools) 0.033: 0.083 in all, under the 0.1
+/// a standby may cost. Longer would cost more than it saves where it shows:
 /// a dead rear worker is believed for two beats and a second (81 s), and a worker
 /// restarted under the same `ip:port` waits that long for its predecessor's
 /// heartbeat to lapse before it runs (see `Worker::take_identity`).
 pub const REAR_BEAT: Duration = Duration::from_secs(40);
 
-/// How much earlier than its pace a heartbeat may come: up to a fifth, or half
-/// when the pace just grew (see [`next_beat_in`]).
-pub const BEAT_JITTER: f64 = 0.2;
-
-/// See [`BEAT_JITTER`].
-pub const BEAT_JITTER_GROWN: f64 = 0.5;
+/// How much earlier than its pace the first heartbeat at a pace may come: up to half
+/// of it (see [`next_beat_in`]).
+pub const FIRST_BEAT_SPREAD: f64 = 0.5;
 
 /// How long after a heartbeat that promised `pace` the next one comes, `random` being
-/// a number in `[0, 1)`: at a random point of the pace's last fifth, or of its
-/// second half when the pace just `grew` (a worker's first beat, or its first at the
-/// rear's pace after it moved back); never later than the pace itself (the
+/// a number in `[0, 1)`: the pace itself, except after the `first` beat at a pace (a
+/// worker's first, its first after it moved, its first after a failed beat), when it
+/// comes at a random point of the pace's second half. Never later than the pace (the
 /// heartbeat is believed for two of them).
 ///
-/// A fixed pace keeps workers that beat together beating together for ever: 200
+/// A fixed pace alone keeps workers that beat together beating together for ever: 200
 /// workers started at once (a pool's cold start) beat and read their places within
 /// the same second every 40 s, and at 200 workers a place read was 19 ms of the dev
 /// server's time under its one storage lock. The scale bench's 10-holder mass
@@ -283,14 +280,19 @@ pub const BEAT_JITTER_GROWN: f64 = 0.5;
 /// nothing for about half a second, two survivors fenced themselves, and that round's
 /// robots were all running again at +5.8 s where the others took 2.6–3.2 s (190
 /// heartbeats and 212 place reads in that round's 8.7 s, about 20 and 40 in the
-/// rounds without the burst).
-/// Workers that move to the rear together (a cold start) spread their first rear
-/// beats over 20 s, and every beat after adds a random fifth, so the burst keeps
-/// spreading; a fifth rather than more keeps a rear worker's beats at least 32 s
-/// apart once it settled (the goal is at most 0.1 requests a second a standby).
-pub fn next_beat_in(pace: Duration, grew: bool, random: f64) -> Duration {
-    let jitter = if grew { BEAT_JITTER_GROWN } else { BEAT_JITTER };
-    pace.mul_f64(1.0 - jitter * random.clamp(0.0, 1.0))
+/// rounds without the burst). Workers that move to the rear together spread their
+/// first rear beats over 20 s, and a fixed pace keeps that spread. Every beat after
+/// the first at its pace comes at the pace itself, not earlier, so a settled standby
+/// costs what its pace says: an idle pool of 200 workers over 20 slots asked 43.00
+/// requests a second against a goal of 43, and a random fifth on every beat would
+/// have added about one. A failed beat makes the next that lands a first: retried at
+/// the front's pace through an outage, a pool's beats would come back bunched.
+pub fn next_beat_in(pace: Duration, first: bool, random: f64) -> Duration {
+    if first {
+        pace.mul_f64(1.0 - FIRST_BEAT_SPREAD * random.clamp(0.0, 1.0))
+    } else {
+        pace
+    }
 }
 
 /// How many live standbys beyond `--watchers` a place read keeps in sight (see
@@ -935,6 +937,9 @@ pub struct Looks {
     pub beaten: Option<Vec<String>>,
     /// The pace the last heartbeat promised (see [`beat_pace`]).
     pub pace: Duration,
+    /// A heartbeat failed since the last that landed: the next that lands is a first
+    /// at its pace (see [`next_beat_in`]).
+    pub beat_failed: bool,
     pub next_beat: Instant,
     pub next_survey: Instant,
     /// The release poll found a free slot: the next survey is its.
@@ -958,6 +963,7 @@ impl Looks {
             place_wanted: false,
             beaten: None,
             pace: Duration::ZERO,
+            beat_failed: false,
             next_beat: now,
             next_survey: now,
             polled_free: false,
@@ -1067,9 +1073,9 @@ mod tests {
         assert!(rear_survey_in(every, 0.999_999) <= every);
         assert_eq!(rear_survey_in(every, 7.0), every, "clamped");
         // What an idle rear standby asks, per second: its heartbeat and place every
-        // 0.9 REAR_BEAT on average, the driver's two monitors once a minute each, and
-        // a survey per 3/4 of the safety period on average.
-        let per_s = 2.0 / (0.9 * REAR_BEAT.as_secs_f64())
+        // REAR_BEAT, the driver's two monitors once a minute each, and a survey per
+        // 3/4 of the safety period on average.
+        let per_s = 2.0 / REAR_BEAT.as_secs_f64()
             + 2.0 / crate::db::store::MONITOR_EVERY.as_secs_f64()
             + 1.0 / (0.75 * every.as_secs_f64());
         assert!(per_s <= 0.1, "{per_s:.3} requests a second");
@@ -1104,43 +1110,34 @@ mod tests {
     }
 
     #[test]
-    fn heartbeats_come_at_a_random_point_of_their_paces_last_fifth_never_later() {
+    fn the_first_heartbeat_at_a_pace_comes_in_its_second_half_the_rest_at_the_pace() {
         assert_eq!(next_beat_in(REAR_BEAT, false, 0.0), REAR_BEAT);
-        assert_eq!(next_beat_in(REAR_BEAT, false, 0.5), Duration::from_secs(36));
-        assert_eq!(next_beat_in(REAR_BEAT, false, 1.0), Duration::from_secs(32));
+        assert_eq!(next_beat_in(REAR_BEAT, false, 0.7), REAR_BEAT);
+        assert_eq!(next_beat_in(REAR_BEAT, true, 0.0), REAR_BEAT);
+        assert_eq!(next_beat_in(REAR_BEAT, true, 0.5), Duration::from_secs(30));
+        assert_eq!(next_beat_in(REAR_BEAT, true, 1.0), Duration::from_secs(20));
         assert_eq!(
-            next_beat_in(REAR_BEAT, false, 7.0),
-            Duration::from_secs(32),
+            next_beat_in(REAR_BEAT, true, 7.0),
+            Duration::from_secs(20),
             "clamped"
         );
-        assert_eq!(next_beat_in(REAR_BEAT, false, -1.0), REAR_BEAT, "clamped");
-        // The first at a longer pace: anywhere in its second half.
-        assert_eq!(next_beat_in(REAR_BEAT, true, 0.0), REAR_BEAT);
-        assert_eq!(next_beat_in(REAR_BEAT, true, 1.0), Duration::from_secs(20));
+        assert_eq!(next_beat_in(REAR_BEAT, true, -1.0), REAR_BEAT, "clamped");
         // Never later than promised, whatever the pace.
         for pace in [T, T * REAR_TICKS, REAR_BEAT, Duration::from_secs(500)] {
-            for (grew, least) in [(false, 0.8), (true, 0.5)] {
-                for r in [0.0, 0.3, 0.999_999] {
-                    let next = next_beat_in(pace, grew, r);
-                    assert!(
-                        next <= pace && next >= pace.mul_f64(least),
-                        "{pace:?} {r}: {next:?}"
-                    );
-                }
+            for r in [0.0, 0.3, 0.999_999] {
+                let next = next_beat_in(pace, true, r);
+                assert!(next <= pace && next >= pace / 2, "{pace:?} {r}: {next:?}");
             }
         }
-        // Workers that moved back together spread over 20 s, and then at least 32 s
-        // apart: no 60 s holds more than two of one worker's beats after its first
-        // at the rear's pace.
-        let spread = |grew| {
-            let at: Vec<Duration> = (0..200)
-                .map(|i| next_beat_in(REAR_BEAT, grew, i as f64 / 200.0))
-                .collect();
-            *at.iter().max().unwrap() - *at.iter().min().unwrap()
-        };
-        assert!(spread(true) >= Duration::from_millis(19_800));
-        assert!(spread(false) >= Duration::from_millis(7_900));
-        assert!(next_beat_in(REAR_BEAT, false, 1.0) * 2 > Duration::from_secs(60));
+        // Workers that moved back together spread over 20 s; after that, 40 s apart:
+        // no 60 s holds more than two of one worker's beats after its first at the
+        // rear's pace, and a settled worker beats no more often than its pace.
+        let at: Vec<Duration> = (0..200)
+            .map(|i| next_beat_in(REAR_BEAT, true, i as f64 / 200.0))
+            .collect();
+        let spread = *at.iter().max().unwrap() - *at.iter().min().unwrap();
+        assert!(spread >= Duration::from_millis(19_800), "{spread:?}");
+        assert!(next_beat_in(REAR_BEAT, false, 0.999) * 2 > Duration::from_secs(60));
     }
 
     #[test]
