@@ -32,9 +32,10 @@ pub const ADOPT_CHUNK_MIN: usize = 10;
 /// meanwhile waits behind the whole chunk: the budget (half the fence margin) keeps
 /// that wait well inside the margin, at any tick. (The dev server's robot writes
 /// wait only for each other; see [`crate::db::pacing::WritePacer::command_budget`].)
-/// Measured from a chunk's round trip, the size shrinks when chunks wait for each
-/// other: holders restoring together used 10–29 robots a chunk at the default tick. At the default tick every chunk is
-/// [`ADOPT_CHUNK`]; at 100 ms (a 45 ms margin) about twenty robots.
+/// For a holder alone, at the default tick every chunk is [`ADOPT_CHUNK`]; at 100 ms
+/// (a 45 ms margin) about twenty robots. Measured from a chunk's round trip, the size
+/// also shrinks when chunks wait for each other: holders restoring together used
+/// 10–29 robots a chunk at the default tick.
 pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
     crate::db::pacing::statements_within(budget, took, robots, ADOPT_CHUNK_MIN, ADOPT_CHUNK)
 }

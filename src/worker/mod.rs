@@ -878,10 +878,10 @@ impl Worker {
         place == Place::Front && was != Place::Front
     }
 
-    /// Records a heartbeat written for `ids`, promising the next within `pace`.
-    /// A heartbeat that promised `pace` landed: the next comes at that pace, or, after
-    /// the first at a pace (a new one, or the first since a beat failed), at a random
-    /// point of its second half (see [`standby_line::next_beat_in`]).
+    /// Records a heartbeat written for `ids` that promised `pace`: the next comes at
+    /// that pace, or, after the first at a pace (a new one, or the first since a beat
+    /// failed), at a random point of its second half (see
+    /// [`standby_line::next_beat_in`]).
     fn beaten(&mut self, ids: Vec<String>, pace: Duration) {
         let first = pace != self.looks.pace || std::mem::take(&mut self.looks.beat_failed);
         self.looks.beaten = Some(ids);
