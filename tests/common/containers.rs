@@ -41,7 +41,14 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// `docker-compose` on this pool's project. Every container's log is kept first
+    /// (see [`Pool::keep_logs`]): the command may remove containers.
     pub fn compose(&self, args: &[&str]) -> Output {
+        self.keep_logs();
+        self.compose_only(args)
+    }
+
+    fn compose_only(&self, args: &[&str]) -> Output {
         Command::new("docker-compose")
             .current_dir(ROOT)
             .args([
@@ -84,7 +91,7 @@ impl Pool {
             extra: Default::default(),
         };
         let scale = format!("worker={workers}");
-        let o = pool.compose(&["up", "-d", "--scale", &scale]);
+        let o = pool.compose_only(&["up", "-d", "--scale", &scale]);
         assert!(o.status.success(), "compose up: {}", text(&o));
         pool
     }
@@ -126,12 +133,62 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Where this pool's container logs are kept: under the test target's temporary
+    /// directory, by project name.
+    fn logs_dir(&self) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("container-logs")
+            .join(&self.project)
+    }
+
+    /// Writes every container's log (name and id, so that a container removed by a
+    /// scale-down and one re-created under its name are both kept) into
+    /// [`Pool::logs_dir`]: what a failed test leaves to read. Taken before each
+    /// [`Pool::compose`] (which may remove containers) and on a failure; removed when
+    /// the pool ends without one.
+    fn keep_logs(&self) {
+        let dir = self.logs_dir();
+        if std::fs::create_dir_all(&dir).is_err() {
+            return;
+        }
+        let o = docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=com.docker.compose.project={}", self.project),
+            "--format",
+            "{{.Names}} {{.ID}}",
+        ]);
+        // (file name, what `docker logs` is given)
+        let mut which: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(name, id)| (format!("{name}-{id}"), id.to_string()))
+            .collect();
+        let extra = self.extra.lock().unwrap().clone();
+        which.extend(extra.into_iter().map(|name| (name.clone(), name)));
+        for (file, container) in which {
+            let log = docker(&["logs", "-t", &container]);
+            if log.status.success() {
+                let _ = std::fs::write(dir.join(format!("{file}.log")), text(&log));
+            }
+        }
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.keep_logs();
+            eprintln!("container logs kept in {}", self.logs_dir().display());
+        } else {
+            let _ = std::fs::remove_dir_all(self.logs_dir());
+        }
         for c in self.extra.lock().unwrap().iter() {
             let _ = docker(&["rm", "-f", "-v", c]);
         }
-        let _ = self.compose(&["down", "-v", "-t", "2"]);
+        let _ = self.compose_only(&["down", "-v", "-t", "2"]);
     }
 }
 

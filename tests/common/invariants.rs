@@ -148,9 +148,15 @@ pub async fn check(db: &TestDb) -> Report {
             );
             let (claimant, claimed_at) =
                 claims.get(&(e.slot.clone(), e.epoch)).unwrap_or_else(|| {
+                    let known: Vec<_> = claims
+                        .iter()
+                        .filter(|((slot, _), _)| slot == &e.slot)
+                        .map(|((_, epoch), (worker, at))| (epoch, worker, at))
+                        .collect();
                     panic!(
-                        "{name}: checkpoint under {} epoch {} with no claim of that epoch",
-                        e.slot, e.epoch
+                        "{name}: checkpoint under {} epoch {} with no claim of that epoch \
+                         (seq {} by {} at {}; the slot's claims, as (epoch, worker, at): {known:?})",
+                        e.slot, e.epoch, e.seq, e.worker, e.at
                     )
                 });
             assert_eq!(
