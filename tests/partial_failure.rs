@@ -771,3 +771,120 @@ async fn an_event_outlives_the_pooled_connections_dying_under_it() {
         "the event went out on a new connection: {opened:?}"
     );
 }
+
+/// A claim's event is sent again, never given up, when the connection it went out on
+/// never answers (one left open across a cut, whose far end forgot it): no robot of
+/// the new epoch may write before its claim is on record. Given up after 2 s, as
+/// other events are, it let robots checkpoint under an epoch nobody had claimed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claims_event_outwaits_a_connection_that_never_answers() {
+    let db = TestDb::new("event_stranded").await;
+    db.init(1).await;
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let store = slotpool::db::store::Store::connect(&proxy.uri(&db.uri))
+        .await
+        .unwrap();
+    // One connection in the pool, open when the link strands it.
+    let pooled = store.dedicated(1, 1, "events").unwrap();
+    assert!(pooled.warm(1, Duration::from_secs(10)).await);
+    let before = proxy.tally().snapshot();
+    proxy.strand_open();
+    let write = pooled.record_event_patiently(
+        slotpool::db::event::EventKind::Claim,
+        doc! {"worker": "w:1", "slot_id": "slot-001", "epoch": 9_i64},
+    );
+    tokio::time::timeout(Duration::from_secs(60), write)
+        .await
+        .expect("the claim's event written on a new connection");
+    let events: Vec<Document> = {
+        use futures::TryStreamExt;
+        db.store
+            .events()
+            .find(doc! {"kind": "claim", "epoch": 9_i64})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap()
+    };
+    assert_eq!(events.len(), 1, "the claim is recorded once: {events:?}");
+    let opened = proxy.tally().since(&before);
+    assert!(
+        opened.get("(connection)").copied().unwrap_or(0) >= 1,
+        "the event went out again on a new connection: {opened:?}"
+    );
+}
+
+/// Every robot's `seq` has moved past `before` (a [`TestDb::seqs`]).
+async fn all_past(db: &TestDb, before: &[(String, i64)]) -> bool {
+    let now: BTreeMap<String, i64> = db.seqs().await.into_iter().collect();
+    before
+        .iter()
+        .all(|(name, seq)| now.get(name).is_some_and(|s| s > seq))
+}
+
+/// A worker back from a cut long enough to fence itself claims its slot again and
+/// runs its robots, though every connection it had open across the cut is dead when
+/// the link returns (as for a container reconnected under a new address: nothing on
+/// them is ever answered or refused). The containers test found it: the claim's
+/// event was given up after 2 s on such a connection, and the robots' first read
+/// waited 30 s on another; a robot then checkpointed under an epoch with no claim on
+/// record, and all of them stood still for half a minute.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
+    let db = TestDb::new("stranded_links").await;
+    db.init(1).await;
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let worker = db.worker_via(&proxy, &[]);
+    wait_for(Duration::from_secs(15), "the slot held", || async {
+        (common::owner(&db.slot("slot-001").await)? == worker.id).then_some(())
+    })
+    .await;
+    db.create_counters(3);
+    let created = db.seqs().await;
+    wait_for(Duration::from_secs(15), "every robot stepping", || async {
+        all_past(&db, &created).await.then_some(())
+    })
+    .await;
+    let epoch = common::epoch(&db.slot("slot-001").await);
+    // The link goes silent until the worker fences itself; then every connection
+    // open across it stays dead, and new ones pass.
+    proxy.set(common::proxy::Mode::Blackhole);
+    wait_for(
+        Duration::from_secs(30),
+        "the worker to fence itself",
+        || async { worker.log_text().contains("self-fenced").then_some(()) },
+    )
+    .await;
+    proxy.strand_open();
+    proxy.set(common::proxy::Mode::Pass);
+    let reclaimed = wait_for(
+        Duration::from_secs(60),
+        "the slot claimed again",
+        || async {
+            let slot = db.slot("slot-001").await;
+            (common::owner(&slot)? == worker.id && common::epoch(&slot) > epoch)
+                .then(|| common::epoch(&slot))
+        },
+    )
+    .await;
+    // Its robots step again at once, not after the 30 s a read on a dead
+    // connection waits for its answer.
+    let before = db.seqs().await;
+    wait_for(
+        Duration::from_secs(20),
+        "every robot stepping after the claim",
+        || async { all_past(&db, &before).await.then_some(()) },
+    )
+    .await;
+    // No robot wrote under the new epoch before its claim was on record.
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 3, "{report:?}");
+    assert!(
+        db.robots()
+            .await
+            .iter()
+            .all(|r| r.get_i64("epoch").ok() == Some(reclaimed)),
+        "every robot adopted under epoch {reclaimed}"
+    );
+}

@@ -224,6 +224,29 @@ impl Store {
         })
     }
 
+    /// The same database through a new client: a pool of no connections yet, and
+    /// its own monitor. For a worker back from an outage: a connection that sat idle
+    /// in the pool through it may be dead without knowing it (a container
+    /// reconnected under a new address, a link whose far end forgot it). Nothing on
+    /// it is ever answered or refused, and the driver, which clears its pool on an
+    /// error, never saw one there: each request sent on it waits out its own bound
+    /// (the claim's event, 2 s; a read of the slot's robots, 30 s). The driver has
+    /// no way to empty a pool from outside, so the client is replaced; its clones
+    /// keep the old one until they end.
+    pub fn reopened(&self) -> Result<Store, StoreError> {
+        let client =
+            Client::with_options(self.options.clone()).map_err(|e| StoreError::BadUri {
+                uri: self.shown_uri(),
+                why: scrub(&e.to_string()),
+            })?;
+        Ok(Store {
+            db: client.database(self.db.name()),
+            client,
+            options: self.options.clone(),
+            shown_uri: self.shown_uri.clone(),
+        })
+    }
+
     /// Opens connections until `n` are open (never more than the pool's size), by
     /// sending `n` pings at once: each holds a connection while it waits for its
     /// answer, and every connection stays open in the pool afterwards. Bounded by
@@ -309,6 +332,65 @@ impl Store {
     /// one most likely to meet a dead connection. The retry is an upsert on the same
     /// `_id` keeping the first `at`, so a write that landed unanswered is not doubled.
     pub async fn record_event(&self, kind: EventKind, fields: Document) {
+        let event = self.event(kind, fields);
+        match tokio::time::timeout(EVENT_WRITE_BUDGET, event.answered()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(kind = event.kind, "could not record event: {}", brief(&e))
+            }
+            Err(_) => tracing::warn!(
+                kind = event.kind,
+                "could not record event: no answer within {}s",
+                EVENT_WRITE_BUDGET.as_secs()
+            ),
+        }
+    }
+
+    /// Appends to `events` as [`Store::record_event`] does, but never gives the write
+    /// up for want of an answer: for an event that must be on record before what
+    /// follows it (a claim, before its epoch's first write). Each send waits for its
+    /// answer twice as long as the last, from [`EVENT_WRITE_BUDGET`] up to
+    /// [`EVENT_WAIT_MOST`], and is then sent again (on another connection: the one
+    /// given up on is closed). Returns when the event is written, or when the server
+    /// refused it (named at WARN: a hand-made `events` that refuses writes must not
+    /// stop the pool). The caller drops it once the event no longer matters.
+    pub async fn record_event_patiently(&self, kind: EventKind, fields: Document) {
+        let event = self.event(kind, fields);
+        let mut wait = EVENT_WRITE_BUDGET;
+        let mut waited = Duration::ZERO;
+        loop {
+            match tokio::time::timeout(wait, event.answered()).await {
+                Ok(Ok(())) => {
+                    if !waited.is_zero() {
+                        tracing::info!(
+                            kind = event.kind,
+                            waited_ms = waited.as_millis() as u64,
+                            "recorded the event after all"
+                        );
+                    }
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(kind = event.kind, "could not record event: {}", brief(&e));
+                    return;
+                }
+                Err(_) => {
+                    if waited.is_zero() {
+                        tracing::warn!(
+                            kind = event.kind,
+                            "no answer to the event's write within {}s: sending it again until one comes, and what waits for it waits",
+                            wait.as_secs()
+                        );
+                    }
+                    waited += wait;
+                    wait = (wait * 2).min(EVENT_WAIT_MOST);
+                }
+            }
+        }
+    }
+
+    /// One event's write, the same document however often it is sent.
+    fn event(&self, kind: EventKind, fields: Document) -> EventWrite {
         let kind = kind.as_str();
         let mut set = doc! {AT: {"$ifNull": ["$at", "$$NOW"]}, KIND: kind};
         // $literal: a robot name or error text starting with `$` is not a field
@@ -320,38 +402,54 @@ impl Store {
             };
             (k, Bson::Document(doc! {"$literal": v}))
         }));
-        let events = self.events();
-        let id = bson::oid::ObjectId::new();
-        let attempts = async {
-            let mut pause = Duration::from_millis(25);
-            loop {
-                let write = events
-                    .update_one(doc! {"_id": id}, vec![doc! {"$set": set.clone()}])
-                    .upsert(true);
-                match write.await {
-                    Err(e) if is_network(&e) => {
-                        tracing::debug!(kind, "recording the event again: {}", brief(&e));
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_millis(400));
-                    }
-                    done => return done,
-                }
-            }
-        };
-        match tokio::time::timeout(EVENT_WRITE_BUDGET, attempts).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(kind, "could not record event: {}", brief(&e)),
-            Err(_) => tracing::warn!(
-                kind,
-                "could not record event: no answer within {}s",
-                EVENT_WRITE_BUDGET.as_secs()
-            ),
+        EventWrite {
+            events: self.events(),
+            id: bson::oid::ObjectId::new(),
+            set,
+            kind,
         }
     }
 }
 
-/// How long [`Store::record_event`] keeps trying before it gives the event up.
+/// An event's document as written to `events`: an upsert on its own `_id` that keeps
+/// the first `at`, so that sending it again never doubles it.
+struct EventWrite {
+    events: Collection<Document>,
+    id: bson::oid::ObjectId,
+    set: Document,
+    kind: &'static str,
+}
+
+impl EventWrite {
+    /// Sends the event until the server answers: after a failure on the connection,
+    /// again on a fresh one (the driver clears its pool on such an error).
+    async fn answered(&self) -> Result<(), mongodb::error::Error> {
+        let mut pause = Duration::from_millis(25);
+        loop {
+            let write = self
+                .events
+                .update_one(doc! {"_id": self.id}, vec![doc! {"$set": self.set.clone()}])
+                .upsert(true);
+            match write.await {
+                Err(e) if is_network(&e) => {
+                    tracing::debug!(kind = self.kind, "recording the event again: {}", brief(&e));
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(400));
+                }
+                done => return done.map(|_| ()),
+            }
+        }
+    }
+}
+
+/// How long [`Store::record_event`] keeps trying before it gives the event up, and
+/// how long [`Store::record_event_patiently`] first waits for an answer.
 pub const EVENT_WRITE_BUDGET: Duration = Duration::from_secs(2);
+
+/// The longest [`Store::record_event_patiently`] waits for one answer before it
+/// sends the event again: as long as a robot's write may wait before it is in doubt
+/// ([`crate::db::group_commit::IN_DOUBT_AFTER`]).
+pub const EVENT_WAIT_MOST: Duration = Duration::from_secs(30);
 
 /// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order. For a
 /// pool of more than 999 slots, see [`slot_name`].

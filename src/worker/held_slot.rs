@@ -281,9 +281,10 @@ async fn release_slot(cx: &HoldContext, lease: &mut Lease) -> bool {
 #[derive(Debug)]
 enum SlotEvent {
     /// The claim landed; `overflow` when the worker already held a slot.
-    /// `recorded` is told when the claim's event is written (or given up on): the
-    /// supervisor lets no robot write before that, so each epoch's claim comes
-    /// first in `events`, yet the event's write overlaps the slot's listing.
+    /// `recorded` is told when the claim's event is written (or refused by the
+    /// server): the supervisor lets no robot write before that, so each epoch's
+    /// claim comes first in `events`, yet the event's write overlaps the slot's
+    /// listing.
     Claimed {
         overflow: bool,
         recorded: tokio::sync::oneshot::Sender<()>,
@@ -327,12 +328,20 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             m.epoch.set(epoch);
             cx.status.lock().expect("status lock").held(lease, overflow);
             // Written beside the supervisor's first reads, not before them; the
-            // supervisor waits for it before any robot writes.
+            // supervisor waits for it before any robot writes, for as long as the
+            // slot is held: the write is never given up for want of an answer, and
+            // ends when the supervisor does (the hold ended first).
             let store = cx.store.clone();
             let fields = doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow};
+            let mut recorded = recorded;
             tokio::spawn(async move {
-                store.record_event(EventKind::Claim, fields).await;
-                let _ = recorded.send(());
+                let written = tokio::select! {
+                    _ = store.record_event_patiently(EventKind::Claim, fields) => true,
+                    _ = recorded.closed() => false,
+                };
+                if written {
+                    let _ = recorded.send(());
+                }
             });
         }
         SlotEvent::Renewed { latency, rev } => {

@@ -156,6 +156,8 @@ pub struct Worker {
     lease_store: Store,
     /// Whether the robots' pool was warmed (see [`ROBOT_POOL_WARM`]).
     robots_warmed: bool,
+    /// The outages (see [`Health::outages`]) begun when `store`'s client was made.
+    store_outages: u64,
     /// The lease pool's spare connection (see [`standby_line::may_claim`]):
     /// [`SPARE_NONE`], [`SPARE_OPENING`] or [`SPARE_OPEN`].
     lease_spare: Arc<std::sync::atomic::AtomicU8>,
@@ -256,6 +258,7 @@ impl Worker {
             looks: Looks::new(now),
             lease_store,
             robots_warmed: false,
+            store_outages: 0,
             lease_spare: Arc::new(std::sync::atomic::AtomicU8::new(SPARE_NONE)),
             born: now,
         }
@@ -1079,6 +1082,7 @@ impl Worker {
                     .inc_by(outcome.conflicts as u64);
                 match outcome.lease {
                     Some(lease) => {
+                        self.reopen_after_outage();
                         let held = HeldSlot::spawn(lease, self.hold_context(), overflow);
                         self.held.push(held);
                         // Tell the others who holds what right away (and move back
@@ -1107,6 +1111,32 @@ impl Worker {
                 }
             }
             Ok(Err(e)) => self.db_failed(&e.to_string()),
+        }
+    }
+
+    /// Replaces the robots' client (and with it every connection in its pool) when
+    /// an outage began since it was made, before a new slot's robots use it: see
+    /// [`Store::reopened`] for why. A container cut off from the database long
+    /// enough to fence itself, and reconnected, claimed again at once; its first
+    /// read of the slot's robots went out on a connection pooled before the cut and
+    /// waited 30 s for an answer that never came, its robots standing still. The
+    /// lease's client is left as it is: every claim, renewal and heartbeat on it is
+    /// given up within a tick or two, which closes the connection it waited on.
+    fn reopen_after_outage(&mut self) {
+        let outages = self.health.outages();
+        if outages == self.store_outages {
+            return;
+        }
+        match self.store.reopened() {
+            Ok(store) => {
+                tracing::info!(
+                    "the database was out of reach since the robots' connections were opened: opening new ones"
+                );
+                self.store = store;
+                self.store_outages = outages;
+                self.robots_warmed = false;
+            }
+            Err(e) => tracing::warn!("could not open a new client for the robots: {e}"),
         }
     }
 

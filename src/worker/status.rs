@@ -135,9 +135,18 @@ pub type SharedStatus = Arc<Mutex<WorkerStatus>>;
 #[derive(Debug, Default)]
 pub struct Health {
     down_since: Mutex<Option<Instant>>,
+    /// Outages begun so far (see [`Health::outages`]).
+    outages: std::sync::atomic::AtomicU64,
 }
 
 impl Health {
+    /// How many outages have begun since the worker started: a change tells the
+    /// worker that its connections may have died under it (see
+    /// `Worker::reopen_after_outage`).
+    pub fn outages(&self) -> u64 {
+        self.outages.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
         if let Some(since) = self.down_since.lock().expect("health lock").take() {
             tracing::info!(
@@ -156,6 +165,8 @@ impl Health {
         let mut down = self.down_since.lock().expect("health lock");
         if down.is_none() {
             *down = Some(Instant::now());
+            self.outages
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tracing::error!("database unreachable: {why}");
         }
     }

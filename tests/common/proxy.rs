@@ -1,10 +1,11 @@
 //! A TCP proxy between one worker and the database that can pass, delay, blackhole
 //! (hold every byte, connections stay open) or cut (close everything, refuse new)
-//! its traffic, and counts the requests it passes by command. Loopback only.
+//! its traffic, strand the connections open at a moment (their bytes held for good,
+//! new ones passing), and counts the requests it passes by command. Loopback only.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +28,21 @@ pub struct Proxy {
     tally: Tally,
     /// Pumps still moving bytes, two per connection.
     pumps: Arc<AtomicUsize>,
+    /// Connections are numbered as accepted; those numbered below this are stranded.
+    stranded: Stranded,
+}
+
+/// The connections numbered below the count are stranded (see [`Proxy::strand_open`]).
+#[derive(Clone, Default)]
+struct Stranded {
+    accepted: Arc<AtomicU64>,
+    below: Arc<AtomicU64>,
+}
+
+impl Stranded {
+    fn is(&self, connection: u64) -> bool {
+        connection < self.below.load(Ordering::SeqCst)
+    }
 }
 
 /// Counts a pump as running until it ends.
@@ -151,6 +167,8 @@ impl Proxy {
         let counted = tally.clone();
         let pumps = Arc::new(AtomicUsize::new(0));
         let running = pumps.clone();
+        let stranded = Stranded::default();
+        let numbered = stranded.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -163,6 +181,8 @@ impl Proxy {
                 let rx = rx.clone();
                 let counted = counted.clone();
                 let running = running.clone();
+                let stranded = numbered.clone();
+                let n = stranded.accepted.fetch_add(1, Ordering::SeqCst);
                 counted.count("(connection)".into());
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -175,8 +195,18 @@ impl Proxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     let (up, down) = (Running::new(&running), Running::new(&running));
-                    tokio::spawn(pump(cr, sw, rx.clone(), Some(counted), up));
-                    tokio::spawn(pump(sr, cw, rx, None, down));
+                    let up_link = Link {
+                        n,
+                        stranded: stranded.clone(),
+                        tally: Some(counted),
+                    };
+                    let down_link = Link {
+                        n,
+                        stranded,
+                        tally: None,
+                    };
+                    tokio::spawn(pump(cr, sw, rx.clone(), up_link, up));
+                    tokio::spawn(pump(sr, cw, rx, down_link, down));
                 });
             }
         });
@@ -186,7 +216,17 @@ impl Proxy {
             task,
             tally,
             pumps,
+            stranded,
         }
+    }
+
+    /// Strands every connection open now: whatever either end sends on one is held
+    /// for good, and nothing on it is answered or refused, as on a connection whose
+    /// far end forgot it (a client reconnected under a new address). Connections
+    /// opened from now on pass as the mode says.
+    pub fn strand_open(&self) {
+        let open = self.stranded.accepted.load(Ordering::SeqCst);
+        self.stranded.below.store(open, Ordering::SeqCst);
     }
 
     /// True while any connection through the proxy still moves bytes.
@@ -245,15 +285,25 @@ impl Drop for Proxy {
     }
 }
 
+/// One direction of a connection, as a pump sees it.
+struct Link {
+    /// The connection's number, in the order accepted.
+    n: u64,
+    stranded: Stranded,
+    /// Counts the requests (the client's direction only).
+    tally: Option<Tally>,
+}
+
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     mut rx: watch::Receiver<(Mode, Duration)>,
-    tally: Option<Tally>,
+    link: Link,
     _running: Running,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut frames = Frames::default();
+    let tally = link.tally.clone();
     loop {
         // Hold while blackholed; end on cut.
         loop {
@@ -278,6 +328,15 @@ async fn pump(
                 continue;
             }
         };
+        if link.stranded.is(link.n) {
+            // Held for good: the connection stays open until the proxy cuts it.
+            while rx.borrow().0 != Mode::Cut {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+            return;
+        }
         let (mode, delay) = *rx.borrow();
         match mode {
             Mode::Cut => return,

@@ -367,9 +367,11 @@ impl Supervisor {
     }
 
     /// No robot starts (or writes) before `recorded` is told that the claim's
-    /// event was written (or given up on): each epoch's claim comes first in
-    /// `events`, which the timeline and the invariant checker rely on. The event's
-    /// write overlaps the first read of the slot's robots.
+    /// event was written (or refused by the server): each epoch's claim comes first
+    /// in `events`, which the timeline and the invariant checker rely on. The
+    /// event's write overlaps the first read of the slot's robots, and is never
+    /// given up for want of an answer while the slot is held (see
+    /// [`crate::db::store::Store::record_event_patiently`]).
     pub fn after_claim_recorded(&mut self, recorded: tokio::sync::oneshot::Receiver<()>) {
         self.claim_recorded = Some(recorded);
     }
