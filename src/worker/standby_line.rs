@@ -1073,7 +1073,7 @@ mod tests {
         assert!(rear_survey_in(every, 0.999_999) <= every);
         assert_eq!(rear_survey_in(every, 7.0), every, "clamped");
         // What an idle rear standby asks, per second: its heartbeat and place every
-        // REAR_BEAT, the driver's two monitors once a minute each, and a survey per
+        // REAR_BEAT, the driver's two monitors every MONITOR_EVERY, and a survey per
         // 3/4 of the safety period on average.
         let per_s = 2.0 / REAR_BEAT.as_secs_f64()
             + 2.0 / crate::db::store::MONITOR_EVERY.as_secs_f64()
