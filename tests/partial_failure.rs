@@ -793,9 +793,14 @@ async fn a_claims_event_outwaits_a_connection_that_never_answers() {
         slotpool::db::event::EventKind::Claim,
         doc! {"worker": "w:1", "slot_id": "slot-001", "epoch": 9_i64},
     );
+    let sent = Instant::now();
     tokio::time::timeout(Duration::from_secs(60), write)
         .await
         .expect("the claim's event written on a new connection");
+    assert!(
+        sent.elapsed() >= slotpool::db::store::EVENT_WRITE_BUDGET,
+        "the first send, on the stranded connection, was waited out"
+    );
     let events: Vec<Document> = {
         use futures::TryStreamExt;
         db.store
@@ -877,6 +882,10 @@ async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
         || async { all_past(&db, &before).await.then_some(()) },
     )
     .await;
+    assert!(
+        worker.log_text().contains("opening new ones"),
+        "the worker opened a new client for its robots"
+    );
     // No robot wrote under the new epoch before its claim was on record.
     let report = invariants::check(&db).await;
     assert_eq!(report.robots, 3, "{report:?}");

@@ -114,18 +114,31 @@ impl SlotDoc {
     }
 }
 
-/// How often the driver's server monitor checks each server, unless the URI says
-/// (`heartbeatFrequencyMS`, `serverMonitoringMode`): every 5 minutes rather than the
-/// driver's 10 s, by polling on one connection per client. Nothing waits on the
-/// monitor: an error (a stepped-down primary answering "not writable primary", a cut
+/// How often the driver's server monitor checks each server for the robots' client
+/// (and the CLI's and the dashboard's), unless the URI says (`heartbeatFrequencyMS`,
+/// `serverMonitoringMode`): every 5 minutes rather than the driver's 10 s, by
+/// polling on one connection per client. Nothing waits on it where the server
+/// answers: an error (a stepped-down primary answering "not writable primary", a cut
 /// connection) marks the server unknown and has the driver check at once, and while
-/// no server is selectable it checks every 500 ms; a member added to a replica set
-/// is found at the next check. A worker has two clients (see [`Store::dedicated`]),
-/// so their checks are what every worker asks besides its own work: at once a
-/// minute, two `hello`s a minute were 40 % of what an idle standby behind the
-/// watchers asked (0.033 of its 0.083 requests a second), and 7 of the 43 a second
-/// an idle pool of 200 workers asked.
+/// no server is selectable it checks every 500 ms. What does wait on it is a primary
+/// that stops answering without an error (hung, or behind a blackholed route) while
+/// the replica set elects another: the driver goes on choosing it until a check
+/// fails. That is why the lease's client checks more often
+/// ([`LEASE_MONITOR_EVERY`]): a holder whose lease moved to the new primary has
+/// fenced itself and claims anew, and a worker that saw such an outage opens a new
+/// robots' client before its next slot's robots use it.
+///
+/// A worker has two clients (see [`Store::dedicated`]), and their checks are what
+/// every worker asks besides its own work: at one a minute each, they were 40 % of
+/// what an idle standby behind the watchers asked (0.033 of its 0.083 requests a
+/// second), and 7 of the 43 a second an idle pool of 200 workers asked.
 pub const MONITOR_EVERY: Duration = Duration::from_secs(300);
+
+/// How often the lease's client's monitor checks, unless the URI says: once a
+/// minute, as before the robots' client went to [`MONITOR_EVERY`]. A primary that
+/// hangs without an error is left within a minute and 3 s (the check's own wait);
+/// set `heartbeatFrequencyMS` lower in the URI to leave it sooner.
+pub const LEASE_MONITOR_EVERY: Duration = Duration::from_secs(60);
 
 /// The connection and the database every component works in.
 #[derive(Clone)]
@@ -136,6 +149,9 @@ pub struct Store {
     /// The connection string with its secrets hidden: the only form kept (the
     /// secrets themselves are remembered by [`crate::secrets`] to scrub messages).
     shown_uri: String,
+    /// Whether the URI set how often the driver's monitor checks
+    /// (`heartbeatFrequencyMS`): then every client made from this one keeps it.
+    monitor_from_uri: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -170,6 +186,7 @@ impl Store {
             .connect_timeout
             .get_or_insert(Duration::from_secs(3));
         options.app_name.get_or_insert_with(|| "slotpool".into());
+        let monitor_from_uri = options.heartbeat_freq.is_some();
         options.heartbeat_freq.get_or_insert(MONITOR_EVERY);
         // Polled, not streamed: a streaming monitor opens a second connection per
         // client for its round-trip measurements, and asks as often.
@@ -196,6 +213,7 @@ impl Store {
             db,
             options,
             shown_uri: shown,
+            monitor_from_uri,
         })
     }
 
@@ -212,7 +230,27 @@ impl Store {
     /// start, every worker's minimum opened at once (11 connections each) was most of
     /// what kept the server from answering the first holders' renewals.
     pub fn dedicated(&self, pool: u32, open: u32, name: &str) -> Result<Store, StoreError> {
+        self.dedicated_monitored(pool, open, name, None)
+    }
+
+    /// A [`Store::dedicated`] pool for the lease's traffic (claims, renewals,
+    /// heartbeats, the line), whose monitor checks every [`LEASE_MONITOR_EVERY`]
+    /// unless the URI says otherwise: see there why more often than the robots'.
+    pub fn for_leases(&self, pool: u32, open: u32) -> Result<Store, StoreError> {
+        self.dedicated_monitored(pool, open, "lease", Some(LEASE_MONITOR_EVERY))
+    }
+
+    fn dedicated_monitored(
+        &self,
+        pool: u32,
+        open: u32,
+        name: &str,
+        monitor: Option<Duration>,
+    ) -> Result<Store, StoreError> {
         let mut options = self.options.clone();
+        if let (Some(every), false) = (monitor, self.monitor_from_uri) {
+            options.heartbeat_freq = Some(every);
+        }
         options.max_pool_size = Some(pool);
         options.min_pool_size = Some(open.min(pool));
         options.app_name = Some(format!("slotpool-{name}"));
@@ -225,14 +263,15 @@ impl Store {
             client,
             options,
             shown_uri: self.shown_uri.clone(),
+            monitor_from_uri: self.monitor_from_uri,
         })
     }
 
     /// The same database through a new client: a pool of no connections yet, and
     /// its own monitor. For a worker back from an outage: a connection that sat idle
     /// in the pool through it may be dead without knowing it (a container
-    /// reconnected under a new address, a link whose far end forgot it). Nothing on
-    /// it is ever answered or refused, and the driver, which clears its pool on an
+    /// reconnected under a new address, a NAT that lost its state). Nothing on it is
+    /// ever answered or refused, and the driver, which clears its pool on an
     /// error, never saw one there: each request sent on it waits out its own bound
     /// (a read of the slot's robots, 30 s). The driver has
     /// no way to empty a pool from outside, so the client is replaced; its clones
@@ -248,6 +287,7 @@ impl Store {
             client,
             options: self.options.clone(),
             shown_uri: self.shown_uri.clone(),
+            monitor_from_uri: self.monitor_from_uri,
         })
     }
 
@@ -352,17 +392,20 @@ impl Store {
 
     /// Appends to `events` as [`Store::record_event`] does, but never gives the write
     /// up for want of an answer: for an event that must be on record before what
-    /// follows it (a claim, before its epoch's first write). Each send waits for its
-    /// answer twice as long as the last, from [`EVENT_WRITE_BUDGET`] up to
-    /// [`EVENT_WAIT_MOST`], and is then sent again (on another connection: the one
-    /// given up on is closed). Returns when the event is written, or when the server
+    /// follows it (a claim, before its epoch's first write). The first three sends
+    /// each wait [`EVENT_WRITE_BUDGET`] for an answer (several pooled connections may
+    /// be dead at once, and each is closed when a send on it is given up), and each
+    /// send after waits twice as long as the last, up to [`EVENT_WAIT_MOST`] (a
+    /// server that is only slow). Returns when the event is written, or when the server
     /// refused it (named at WARN: a hand-made `events` that refuses writes must not
     /// stop the pool). The caller drops it once the event no longer matters.
     pub async fn record_event_patiently(&self, kind: EventKind, fields: Document) {
         let event = self.event(kind, fields);
         let mut wait = EVENT_WRITE_BUDGET;
         let mut waited = Duration::ZERO;
+        let mut sends = 0;
         loop {
+            sends += 1;
             match tokio::time::timeout(wait, event.answered()).await {
                 Ok(Ok(())) => {
                     if !waited.is_zero() {
@@ -387,7 +430,9 @@ impl Store {
                         );
                     }
                     waited += wait;
-                    wait = (wait * 2).min(EVENT_WAIT_MOST);
+                    if sends >= PATIENT_SENDS_AT_FIRST {
+                        wait = (wait * 2).min(EVENT_WAIT_MOST);
+                    }
                 }
             }
         }
@@ -449,6 +494,10 @@ impl EventWrite {
 /// How long [`Store::record_event`] keeps trying before it gives the event up, and
 /// how long [`Store::record_event_patiently`] first waits for an answer.
 pub const EVENT_WRITE_BUDGET: Duration = Duration::from_secs(2);
+
+/// How many sends [`Store::record_event_patiently`] gives [`EVENT_WRITE_BUDGET`]
+/// each before it waits longer.
+const PATIENT_SENDS_AT_FIRST: u32 = 3;
 
 /// The longest [`Store::record_event_patiently`] waits for one answer before it
 /// sends the event again: as long as a robot's write may wait before it is in doubt

@@ -203,7 +203,7 @@ impl Worker {
         // Lease traffic (survey, claim, renew, release, heartbeat) has a pool of its
         // own: robots' checkpoints must never delay a renewal. Each held slot renews
         // once a tick; a few connections serve several held slots at once.
-        let lease_store = store.dedicated(LEASE_POOL, 1, "lease").unwrap_or_else(|e| {
+        let lease_store = store.for_leases(LEASE_POOL, 1).unwrap_or_else(|e| {
             tracing::warn!("no dedicated lease connection pool ({e}); sharing the robots' pool");
             store.clone()
         });
@@ -1120,8 +1120,10 @@ impl Worker {
     /// enough to fence itself, and reconnected, claimed again at once; its first
     /// read of the slot's robots went out on a connection pooled before the cut and
     /// waited 30 s for an answer that never came, its robots standing still. The
-    /// lease's client is left as it is: every claim, renewal and heartbeat on it is
-    /// given up within a tick or two, which closes the connection it waited on.
+    /// lease's client is left as it is: a claim, renewal or heartbeat that meets such
+    /// a connection is given up at its own bound, which closes the connection (a
+    /// renewal's bound is the lease's deadline: a holder that meets one fences
+    /// itself, as it would on any renewal left unanswered).
     fn reopen_after_outage(&mut self) {
         let outages = self.health.outages();
         if outages == self.store_outages {

@@ -255,8 +255,8 @@ pub fn beat_pace(place: Place, tick: Duration) -> Duration {
 /// A rear worker's heartbeat period: 40 s (the first at it at a random point of its
 /// second half, [`next_beat_in`]). Its heartbeat and the read of its place with it
 /// are then 0.05 requests a second, and the driver's monitors (one `hello` a minute
-/// from each of a worker's two connection pools) 0.033: 0.083 in all, under the 0.1
-/// a standby may cost. Longer would cost more than it saves where it shows:
+/// from the lease's client, one every 5 minutes from the robots') 0.02: 0.07 in all,
+/// under the 0.1 a standby may cost. Longer would cost more than it saves where it shows:
 /// a dead rear worker is believed for two beats and a second (81 s), and a worker
 /// restarted under the same `ip:port` waits that long for its predecessor's
 /// heartbeat to lapse before it runs (see `Worker::take_identity`).
@@ -1073,10 +1073,11 @@ mod tests {
         assert!(rear_survey_in(every, 0.999_999) <= every);
         assert_eq!(rear_survey_in(every, 7.0), every, "clamped");
         // What an idle rear standby asks, per second: its heartbeat and place every
-        // REAR_BEAT, the driver's two monitors every MONITOR_EVERY, and a survey per
-        // 3/4 of the safety period on average.
+        // REAR_BEAT, the driver's two monitors (the lease's and the robots'), and a
+        // survey per 3/4 of the safety period on average.
         let per_s = 2.0 / REAR_BEAT.as_secs_f64()
-            + 2.0 / crate::db::store::MONITOR_EVERY.as_secs_f64()
+            + 1.0 / crate::db::store::LEASE_MONITOR_EVERY.as_secs_f64()
+            + 1.0 / crate::db::store::MONITOR_EVERY.as_secs_f64()
             + 1.0 / (0.75 * every.as_secs_f64());
         assert!(per_s <= 0.1, "{per_s:.3} requests a second");
     }

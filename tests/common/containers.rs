@@ -41,10 +41,14 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// `docker-compose` on this pool's project. Every container's log is kept first
-    /// (see [`Pool::keep_logs`]): the command may remove containers.
+    /// `docker-compose` on this pool's project. In a test, every container's log is
+    /// kept first (see [`Pool::keep_logs`]): the command may remove containers. (A
+    /// benchmark's rounds scale its 50 containers back up; it keeps logs only on a
+    /// failure.)
     pub fn compose(&self, args: &[&str]) -> Output {
-        self.keep_logs();
+        if cfg!(test) {
+            self.keep_logs();
+        }
         self.compose_only(args)
     }
 
@@ -145,8 +149,8 @@ impl Pool {
     /// Writes every container's log (name and id, so that a container removed by a
     /// scale-down and one re-created under its name are both kept) into
     /// [`Pool::logs_dir`]: what a failed test leaves to read. Taken before each
-    /// [`Pool::compose`] (which may remove containers) and on a failure; removed when
-    /// the pool ends without one.
+    /// [`Pool::compose`] of a test (which may remove containers) and on a failure;
+    /// removed when the pool ends without one.
     fn keep_logs(&self) {
         let dir = self.logs_dir();
         if std::fs::create_dir_all(&dir).is_err() {

@@ -222,8 +222,9 @@ impl Proxy {
 
     /// Strands every connection open now: whatever either end sends on one is held
     /// for good, and nothing on it is answered or refused, as on a connection whose
-    /// far end forgot it (a client reconnected under a new address). Connections
-    /// opened from now on pass as the mode says.
+    /// packets go nowhere (a client reconnected under a new address, a NAT that lost
+    /// its state, a blackholed route). Connections opened from now on pass as the
+    /// mode says.
     pub fn strand_open(&self) {
         let open = self.stranded.accepted.load(Ordering::SeqCst);
         self.stranded.below.store(open, Ordering::SeqCst);

@@ -411,7 +411,17 @@ impl Supervisor {
         let began = Instant::now();
         let mut listed = self.read_slot().await?;
         if let Some(recorded) = self.claim_recorded.take() {
+            let asked = self.clock.now();
             let _ = recorded.await;
+            if self.clock.since(asked) > self.timing.tick / 4 {
+                // The claim's event took its time: the listing is older than a sync
+                // acts on (a move, pause or delete may have come meanwhile), so the
+                // next renewal's sync reads the slot again.
+                if let Some(r) = reading {
+                    let _ = r.await;
+                }
+                return Ok(0);
+            }
         }
         if let Some(r) = reading {
             let _ = r.await;
