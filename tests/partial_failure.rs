@@ -724,6 +724,19 @@ async fn a_slot_is_handed_to_a_frozen_standby_once_not_bounced() {
     .await;
 }
 
+/// The `claim` events of `epoch`.
+async fn claim_events(db: &TestDb, epoch: i64) -> Vec<Document> {
+    use futures::TryStreamExt;
+    db.store
+        .events()
+        .find(doc! {"kind": "claim", "epoch": epoch})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap()
+}
+
 /// A claim's event is written on a fresh connection when every pooled one died
 /// under it (a database restart, a cut link): the first claim after a restart met
 /// a dead connection, and its event was lost, so the invariant checker found
@@ -753,17 +766,7 @@ async fn an_event_outlives_the_pooled_connections_dying_under_it() {
             doc! {"worker": "w:1", "slot_id": "slot-001", "epoch": 7_i64},
         )
         .await;
-    let events: Vec<Document> = {
-        use futures::TryStreamExt;
-        db.store
-            .events()
-            .find(doc! {"kind": "claim", "epoch": 7_i64})
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap()
-    };
+    let events = claim_events(&db, 7).await;
     assert_eq!(events.len(), 1, "the claim is recorded once: {events:?}");
     let opened = proxy.tally().since(&before);
     assert!(
@@ -801,17 +804,7 @@ async fn a_claims_event_outwaits_a_connection_that_never_answers() {
         sent.elapsed() >= slotpool::db::store::EVENT_WRITE_BUDGET,
         "the first send, on the stranded connection, was waited out"
     );
-    let events: Vec<Document> = {
-        use futures::TryStreamExt;
-        db.store
-            .events()
-            .find(doc! {"kind": "claim", "epoch": 9_i64})
-            .await
-            .unwrap()
-            .try_collect()
-            .await
-            .unwrap()
-    };
+    let events = claim_events(&db, 9).await;
     assert_eq!(events.len(), 1, "the claim is recorded once: {events:?}");
     let opened = proxy.tally().since(&before);
     assert!(

@@ -254,6 +254,11 @@ impl Store {
         options.max_pool_size = Some(pool);
         options.min_pool_size = Some(open.min(pool));
         options.app_name = Some(format!("slotpool-{name}"));
+        self.client_with(options)
+    }
+
+    /// A new client on this store's database and URI, with `options`.
+    fn client_with(&self, options: ClientOptions) -> Result<Store, StoreError> {
         let client = Client::with_options(options.clone()).map_err(|e| StoreError::BadUri {
             uri: self.shown_uri(),
             why: scrub(&e.to_string()),
@@ -273,22 +278,11 @@ impl Store {
     /// reconnected under a new address, a NAT that lost its state). Nothing on it is
     /// ever answered or refused, and the driver, which clears its pool on an
     /// error, never saw one there: each request sent on it waits out its own bound
-    /// (a read of the slot's robots, 30 s). The driver has
-    /// no way to empty a pool from outside, so the client is replaced; its clones
-    /// keep the old one until they end.
+    /// (a read of the slot's robots, 30 s). The driver has no way to empty a pool
+    /// from outside, so the client is replaced; its clones keep the old one until
+    /// they end.
     pub fn reopened(&self) -> Result<Store, StoreError> {
-        let client =
-            Client::with_options(self.options.clone()).map_err(|e| StoreError::BadUri {
-                uri: self.shown_uri(),
-                why: scrub(&e.to_string()),
-            })?;
-        Ok(Store {
-            db: client.database(self.db.name()),
-            client,
-            options: self.options.clone(),
-            shown_uri: self.shown_uri.clone(),
-            monitor_from_uri: self.monitor_from_uri,
-        })
+        self.client_with(self.options.clone())
     }
 
     /// Opens connections until `n` are open (never more than the pool's size), by
