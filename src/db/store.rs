@@ -395,11 +395,9 @@ impl Store {
     /// stop the pool). The caller drops it once the event no longer matters.
     pub async fn record_event_patiently(&self, kind: EventKind, fields: Document) {
         let event = self.event(kind, fields);
-        let mut wait = EVENT_WRITE_BUDGET;
         let mut waited = Duration::ZERO;
-        let mut sends = 0;
-        loop {
-            sends += 1;
+        for sent in 0.. {
+            let wait = patient_wait(sent);
             match tokio::time::timeout(wait, event.answered()).await {
                 Ok(Ok(())) => {
                     if !waited.is_zero() {
@@ -424,9 +422,6 @@ impl Store {
                         );
                     }
                     waited += wait;
-                    if sends >= PATIENT_SENDS_AT_FIRST {
-                        wait = (wait * 2).min(EVENT_WAIT_MOST);
-                    }
                 }
             }
         }
@@ -492,6 +487,17 @@ pub const EVENT_WRITE_BUDGET: Duration = Duration::from_secs(2);
 /// How many sends [`Store::record_event_patiently`] gives [`EVENT_WRITE_BUDGET`]
 /// each before it waits longer.
 const PATIENT_SENDS_AT_FIRST: u32 = 3;
+
+/// How long [`Store::record_event_patiently`] waits for the answer to its send
+/// after `sent` earlier ones: [`EVENT_WRITE_BUDGET`] for the first
+/// [`PATIENT_SENDS_AT_FIRST`], then twice the last wait, up to [`EVENT_WAIT_MOST`].
+fn patient_wait(sent: u32) -> Duration {
+    let doublings = sent
+        .saturating_add(1)
+        .saturating_sub(PATIENT_SENDS_AT_FIRST)
+        .min(8);
+    (EVENT_WRITE_BUDGET * 2u32.pow(doublings)).min(EVENT_WAIT_MOST)
+}
 
 /// The longest [`Store::record_event_patiently`] waits for one answer before it
 /// sends the event again: as long as a robot's write may wait before it is in doubt
@@ -589,6 +595,13 @@ fn first_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_patient_event_gives_three_sends_two_seconds_then_doubles_up_to_thirty() {
+        let waits: Vec<u64> = (0..8).map(|n| patient_wait(n).as_secs()).collect();
+        assert_eq!(waits, [2, 2, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(patient_wait(u32::MAX), EVENT_WAIT_MOST);
+    }
 
     #[test]
     fn whole_numbers_read_by_one_rule() {

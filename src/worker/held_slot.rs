@@ -321,7 +321,10 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
     let owner = cx.protocol.owner();
     let m = &cx.metrics;
     match event {
-        SlotEvent::Claimed { overflow, recorded } => {
+        SlotEvent::Claimed {
+            overflow,
+            mut recorded,
+        } => {
             tracing::info!(slot = %slot, epoch, worker = %owner, overflow, "claimed slot");
             m.claims.inc();
             m.slot_held.inc_by(1);
@@ -333,7 +336,6 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             // ends when the supervisor does (the hold ended first).
             let store = cx.store.clone();
             let fields = doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow};
-            let mut recorded = recorded;
             tokio::spawn(async move {
                 let written = tokio::select! {
                     _ = store.record_event_patiently(EventKind::Claim, fields) => true,

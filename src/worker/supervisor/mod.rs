@@ -410,21 +410,20 @@ impl Supervisor {
         }
         let began = Instant::now();
         let mut listed = self.read_slot().await?;
+        let mut outwaited = false;
         if let Some(recorded) = self.claim_recorded.take() {
             let asked = self.clock.now();
             let _ = recorded.await;
-            if self.clock.since(asked) > self.timing.tick / 4 {
-                // The claim's event took its time: the listing is older than a sync
-                // acts on (a move, pause or delete may have come meanwhile), so the
-                // next renewal's sync reads the slot again.
-                if let Some(r) = reading {
-                    let _ = r.await;
-                }
-                return Ok(0);
-            }
+            outwaited = self.clock.since(asked) > self.timing.tick / 4;
         }
         if let Some(r) = reading {
             let _ = r.await;
+        }
+        if outwaited {
+            // The claim's event took its time: the listing is older than a sync acts
+            // on (a move, pause or delete may have come meanwhile), so the next
+            // renewal's sync reads the slot again.
+            return Ok(0);
         }
         self.wake_scheduled(&listed);
         let listed_ms = began.elapsed().as_millis() as u64;
