@@ -213,12 +213,6 @@ pub(super) async fn container_pool(
             .filter(|(_, o)| victims.iter().any(|(_, v)| v == o))
             .map(|(s, _)| s.clone())
             .collect();
-        let on_them = db
-            .store
-            .robots()
-            .count_documents(doc! {"slot_id": {"$in": &slots_hit}})
-            .await
-            .unwrap();
         let instances = container_instances(&db, &pool).await;
         killed.extend(
             victims
@@ -226,6 +220,11 @@ pub(super) async fn container_pool(
                 .filter_map(|(_, o)| instances.get(o).cloned().flatten()),
         );
         let per_slot = robots_per_slot(&db).await;
+        let on_hit: BTreeMap<String, u64> = per_slot
+            .iter()
+            .filter(|(slot, _)| slots_hit.contains(slot))
+            .map(|(slot, n)| (slot.clone(), *n))
+            .collect();
         let t0 = wall_ms();
         let mut args = vec!["kill"];
         args.extend(names.iter().map(String::as_str));
@@ -247,8 +246,7 @@ pub(super) async fn container_pool(
         running.push(back_on.values().map(|b| b.running).fold(0.0, f64::max));
         // Eager counters checkpoint once per start: any checkpoint since the kill is
         // a robot running again on a new holder.
-        let last =
-            checkpointed_where(&db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
+        let last = checkpointed_on(&db, &on_hit, t0).await;
         resumed.push((last - t0) as f64);
         let claims = first_claims(&db, &slots_hit, t0).await;
         eprintln!(

@@ -6,78 +6,89 @@ use std::collections::BTreeSet;
 use super::*;
 
 /// Waits until `n` robots have checkpointed at or after `since` (server ms); returns
-/// the latest such checkpoint time.
+/// the latest such checkpoint time. Counted slot by slot: see [`checkpointed_on`].
 pub(super) async fn checkpointed_since(db: &TestDb, since: i64, n: u64) -> i64 {
-    checkpointed_where(db, doc! {}, since, n).await
+    let robots = robots_per_slot(db).await;
+    assert_eq!(
+        robots.values().sum::<u64>(),
+        n,
+        "the robots awaited are every robot, counted by its slot"
+    );
+    checkpointed_on(db, &robots, since).await
 }
 
-/// Like [`checkpointed_since`], counting only the robots that match `filter`.
-pub(super) async fn checkpointed_where(
+/// Waits until every robot of each slot in `robots` (slot → how many it has) has
+/// checkpointed at or after `since` (server ms); returns the latest such checkpoint
+/// time, the server's own `checkpointed_at`, so how often the counts are read
+/// changes only when it is noticed.
+///
+/// Why slot by slot: the dev server answers one command at a time, and a count reads
+/// every robot it matches. One count over 20,000 robots took 0.5–0.75 s while a pool
+/// restored them, and every holder's renewal waited behind it: the watching itself
+/// fenced holders, about every 15 s, each fence throwing a slot's restore away. One
+/// slot's count (1,000 robots) holds the server for tens of milliseconds. Each count
+/// is followed by a pause 20 times as long as it took (at least 20 ms, at most 5 s),
+/// so the watching takes about a 20th of the server; a slot found complete is not
+/// read again. Given up after 300 s, or a 50th of a second a robot when that is
+/// longer, saying how far it got.
+pub(super) async fn checkpointed_on(
     db: &TestDb,
-    filter: bson::Document,
+    robots: &BTreeMap<String, u64>,
     since: i64,
-    n: u64,
 ) -> i64 {
-    let mut counted = filter;
-    counted.insert(
-        "checkpointed_at",
-        doc! {"$gte": bson::DateTime::from_millis(since)},
-    );
-    // The figure is the server's own `checkpointed_at`, so how often the count is
-    // read changes only when it is noticed. The count reads every robot of the
-    // slots, and on the dev server a read holds up every other command, renewals
-    // included (a count over 1,000 robots took 14 ms alone, so one over 20,000
-    // holds it for about a third of a second): it waits 50 times as long as the
-    // last count took (from 230 ms to 15 s), so that the watching takes about a
-    // 50th of the server. Given up after 300 s, or a 50th of a
-    // second a robot when that is longer (20,000 robots at once, on this machine's
-    // dev server), saying how far it got.
+    let n: u64 = robots.values().sum();
+    let at_or_after = bson::DateTime::from_millis(since);
     let limit = Duration::from_secs(300).max(Duration::from_millis(20) * n as u32);
-    let seen = std::sync::atomic::AtomicU64::new(0);
-    let pause = std::sync::Mutex::new(Duration::from_millis(230));
-    let started = std::time::Instant::now();
-    let what = format!("every robot's first checkpoint ({n}) on its new holder");
-    let waited = tokio::time::timeout(
-        limit,
-        common::wait_for(limit + Duration::from_secs(60), &what, || async {
-            let wait = *pause.lock().unwrap();
-            tokio::time::sleep(wait).await;
-            let read = Instant::now();
-            let count = db
-                .store
-                .robots()
-                .count_documents(counted.clone())
-                .await
-                .ok()?;
-            *pause.lock().unwrap() =
-                (read.elapsed() * 50).clamp(Duration::from_millis(230), Duration::from_secs(15));
-            seen.store(count, std::sync::atomic::Ordering::Relaxed);
-            if count < n {
-                return None;
+    let started = Instant::now();
+    let mut seen: BTreeMap<&String, u64> = BTreeMap::new();
+    loop {
+        for (slot, want) in robots {
+            if seen.get(slot) >= Some(want) {
+                continue;
             }
-            let last = db
+            let read = Instant::now();
+            let counted = db
                 .store
                 .robots()
-                .find_one(doc! {})
-                .sort(doc! {"checkpointed_at": -1})
-                .await
-                .ok()??;
-            Some(
-                last.get_datetime("checkpointed_at")
-                    .ok()?
-                    .timestamp_millis(),
-            )
-        }),
-    )
-    .await;
-    match waited {
-        Ok(at) => at,
-        Err(_) => panic!(
-            "timed out after {:?} waiting for {what}: {} of {n} had checkpointed",
-            started.elapsed(),
-            seen.load(std::sync::atomic::Ordering::Relaxed)
-        ),
+                .count_documents(doc! {"slot_id": slot, "checkpointed_at": {"$gte": at_or_after}})
+                .await;
+            if let Ok(count) = counted {
+                seen.insert(slot, count);
+            }
+            let pause =
+                (read.elapsed() * 20).clamp(Duration::from_millis(20), Duration::from_secs(5));
+            tokio::time::sleep(pause).await;
+        }
+        let done: u64 = robots
+            .iter()
+            .map(|(slot, want)| seen.get(slot).copied().unwrap_or(0).min(*want))
+            .sum();
+        if done >= n {
+            break;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {:?} waiting for every robot's first checkpoint ({n}) on its new holder: {done} of {n} had checkpointed",
+            started.elapsed()
+        );
     }
+    let mut last = 0;
+    for slot in robots.keys() {
+        last = last.max(last_checkpoint(db, slot).await);
+    }
+    last
+}
+
+/// The latest checkpoint of `slot`'s robots (server ms; 0 when none has one).
+pub(super) async fn last_checkpoint(db: &TestDb, slot: &str) -> i64 {
+    db.store
+        .robots()
+        .find_one(doc! {"slot_id": slot})
+        .sort(doc! {"checkpointed_at": -1})
+        .await
+        .unwrap()
+        .and_then(|r| r.get_datetime("checkpointed_at").ok().copied())
+        .map_or(0, |t| t.timestamp_millis())
 }
 
 pub(super) async fn holder_of(db: &TestDb, slot: &str, not: Option<&str>) -> String {
@@ -332,28 +343,25 @@ pub(super) struct SlotBack {
 /// How many robots each slot has, read before a kill: [`slots_back`] sums them
 /// for each new holder instead of counting on the server it is measuring.
 pub(super) async fn robots_per_slot(db: &TestDb) -> BTreeMap<String, u64> {
-    use futures::TryStreamExt;
-    let groups: Vec<bson::Document> = db
-        .store
-        .robots()
-        .aggregate([doc! {"$group": {"_id": "$slot_id", "n": {"$sum": 1}}}])
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    groups
-        .iter()
-        .filter_map(|g| {
-            let slot = g.get_str("_id").ok()?.to_string();
-            let n = match g.get("n")? {
-                Bson::Int32(n) => *n as u64,
-                Bson::Int64(n) => *n as u64,
-                _ => return None,
-            };
-            Some((slot, n))
-        })
-        .collect()
+    // Slot by slot, each count on the `slot_id` index: one `$group` over every robot
+    // holds the dev server (one command at a time) for as long as it reads them all,
+    // and holders' renewals wait behind it (see [`checkpointed_on`]).
+    let mut per = BTreeMap::new();
+    for slot in db.slots().await {
+        let Ok(id) = slot.get_str("_id") else {
+            continue;
+        };
+        let n = db
+            .store
+            .robots()
+            .count_documents(doc! {"slot_id": id})
+            .await
+            .unwrap();
+        if n > 0 {
+            per.insert(id.to_string(), n);
+        }
+    }
+    per
 }
 
 /// How long [`slots_back`] watches before it gives up on a slot.

@@ -228,46 +228,39 @@ async fn adopted_at(db: &TestDb, slot: &str, t0: i64) -> i64 {
     event.get_datetime("at").unwrap().timestamp_millis()
 }
 
-/// The latest checkpoint of `slot`'s robots (server ms).
-async fn last_checkpoint(db: &TestDb, slot: &str) -> i64 {
-    db.store
-        .robots()
-        .find_one(doc! {"slot_id": slot})
-        .sort(doc! {"checkpointed_at": -1})
-        .await
-        .unwrap()
-        .and_then(|r| r.get_datetime("checkpointed_at").ok().copied())
-        .map_or(0, |t| t.timestamp_millis())
-}
-
 /// The robots of `slots` that ran again later than `after_ms` past `t0`: what their
 /// documents say of their restarts and errors, for the round's printout (at most
-/// `n` of them, the latest first).
+/// `n` of them, the latest first). Read slot by slot (see `checkpointed_on`).
 async fn laggards(db: &TestDb, slots: &[&String], t0: i64, after_ms: i64, n: i64) -> Vec<String> {
     use futures::TryStreamExt;
     let late = bson::DateTime::from_millis(t0 + after_ms);
-    let found: Vec<bson::Document> = db
-        .store
-        .robots()
-        .find(doc! {"slot_id": {"$in": slots}, "checkpointed_at": {"$gt": late}})
-        .projection(doc! {"name": 1, "slot_id": 1, "restarts": 1, "status": 1, "error": 1, "checkpointed_at": 1, "seq": 1})
-        .sort(doc! {"checkpointed_at": -1})
-        .limit(n)
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let mut found: Vec<bson::Document> = Vec::new();
+    for slot in slots {
+        let cursor = db
+            .store
+            .robots()
+            .find(doc! {"slot_id": slot, "checkpointed_at": {"$gt": late}})
+            .projection(doc! {"name": 1, "slot_id": 1, "restarts": 1, "status": 1, "error": 1, "checkpointed_at": 1, "seq": 1})
+            .sort(doc! {"checkpointed_at": -1})
+            .limit(n)
+            .await
+            .unwrap();
+        found.extend(cursor.try_collect::<Vec<_>>().await.unwrap());
+    }
+    let at = |r: &bson::Document| {
+        r.get_datetime("checkpointed_at")
+            .map_or(0, |t| t.timestamp_millis())
+    };
+    found.sort_by_key(|r| std::cmp::Reverse(at(r)));
+    found.truncate(n as usize);
     found
         .iter()
         .map(|r| {
-            let at = r
-                .get_datetime("checkpointed_at")
-                .map_or(0, |t| t.timestamp_millis() - t0);
             format!(
-                "{} on {} +{at} ms: seq {}, restarts {}, status {}, error {}",
+                "{} on {} +{} ms: seq {}, restarts {}, status {}, error {}",
                 r.get_str("name").unwrap_or("?"),
                 r.get_str("slot_id").unwrap_or("?"),
+                at(r) - t0,
                 r.get_i64("seq").unwrap_or(-1),
                 r.get_i64("restarts").unwrap_or(0),
                 r.get_str("status").unwrap_or("?"),
@@ -309,18 +302,20 @@ async fn kill_round(
         .cloned()
         .collect();
     let slots_hit: Vec<&String> = hit.iter().map(|(s, _)| s).collect();
-    let on_them = db
-        .store
-        .robots()
-        .count_documents(doc! {"slot_id": {"$in": &slots_hit}})
-        .await
-        .unwrap();
+    // Read slot by slot, like every count here (see `checkpointed_on`): one count over
+    // every robot would hold the dev server, and the survivors' renewals, just
+    // before the kill.
     let per_slot = robots_per_slot(db).await;
     assert_eq!(
         per_slot.values().sum::<u64>(),
-        db.store.robots().count_documents(doc! {}).await.unwrap(),
+        db.store.robots().estimated_document_count().await.unwrap(),
         "every robot counted by its slot"
     );
+    let on_hit: BTreeMap<String, u64> = per_slot
+        .iter()
+        .filter(|(slot, _)| slots_hit.contains(slot))
+        .map(|(slot, n)| (slot.clone(), *n))
+        .collect();
     // A victim's own self-fences (as a survivor of an earlier round) leave the
     // pool with it: counted now, before its metrics go.
     for w in pool.iter().filter(|w| victims.contains(&w.id)) {
@@ -385,7 +380,7 @@ async fn kill_round(
     };
     let (claims, back_on) =
         tokio::join!(claims_seen, slots_back(db, &hit_ids, &dead, &per_slot, t0));
-    let last_all = checkpointed_where(db, doc! {"slot_id": {"$in": &slots_hit}}, t0, on_them).await;
+    let last_all = checkpointed_on(db, &on_hit, t0).await;
     let took = t.elapsed().as_secs_f64();
     let asked = proxy.tally().since(&asked_before);
     let busy = server_cpu.map_or(String::new(), |(pid, c0)| {
