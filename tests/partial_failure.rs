@@ -890,3 +890,62 @@ async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
         "every robot adopted under epoch {reclaimed}"
     );
 }
+
+/// A holder whose renewal came back slow lets it go by before it reads a changed
+/// slot's robots, and reads after a fast one: other holders are reading, and on a
+/// server that answers one command at a time its read would add to the queue every
+/// renewal waits in (20 holders reading a create of 20,000 robots at once fenced 9 of
+/// them). Tried to break: every round trip made slow for good, so no renewal ever
+/// comes back fast; a robot created then must still run, the read going after its
+/// most of five renewals, with no self-fence and no write out of order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_changed_slots_read_waits_for_a_fast_renewal_but_never_for_ever() {
+    let db = TestDb::new("read_admission").await;
+    db.init(1).await;
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let worker = db.worker_via(&proxy, &[]);
+    wait_for(Duration::from_secs(15), "the slot held", || async {
+        (common::owner(&db.slot("slot-001").await)? == worker.id).then_some(())
+    })
+    .await;
+    // A change read at once while renewals are fast.
+    db.create_counters(2);
+    let created = db.seqs().await;
+    wait_for(Duration::from_secs(15), "every robot stepping", || async {
+        all_past(&db, &created).await.then_some(())
+    })
+    .await;
+    assert!(
+        !worker.log_text().contains("waits for a faster one"),
+        "no read waited while renewals were fast"
+    );
+    // 75 ms each way: every renewal takes over 150 ms, slow against the 112 ms
+    // threshold (a quarter of the 450 ms margin at tick 1 s), yet inside the 550 ms
+    // it may take, even the one that sees the change (two round trips: its update
+    // matches nothing once `rev` moved, and a `findAndModify` reads the new one).
+    proxy.delay(Duration::from_millis(75));
+    let out = db.counters("late", 1, 200);
+    assert!(out.status.success(), "{out:?}");
+    wait_for(
+        Duration::from_secs(30),
+        "the late robot stepping",
+        || async { (seq(&db.robot("late").await) >= 1).then_some(()) },
+    )
+    .await;
+    let log = worker.log_text();
+    assert!(
+        log.contains("waits for a faster one"),
+        "the changed slot's read waited for a fast renewal"
+    );
+    assert!(!log.contains("self-fenced"), "no self-fence");
+    proxy.delay(Duration::ZERO);
+    let before = db.seqs().await;
+    wait_for(
+        Duration::from_secs(15),
+        "every robot stepping on",
+        || async { all_past(&db, &before).await.then_some(()) },
+    )
+    .await;
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 3, "{report:?}");
+}

@@ -85,7 +85,7 @@ impl WritePacer {
                 inflight: 0,
             }),
             freed: Notify::new(),
-            slow: margin / 4,
+            slow: slow_renewal(margin),
             fast: margin / 10,
         }
     }
@@ -149,6 +149,39 @@ impl WritePacer {
     }
 }
 
+/// How many renewals in a row a changed slot's read waits out, at most, while they
+/// come back slow (see [`read_admitted`]): five ticks, so that a robot created, moved,
+/// paused or deleted is acted on a few seconds late at worst, never starved.
+pub const READ_WAITS_MOST: u32 = 5;
+
+/// A renewal at least this slow says the database is busy: it halves the robot
+/// writes in flight ([`WritePacer::observe`]) and holds a changed slot's read back
+/// ([`read_admitted`]). A quarter of the fence margin.
+pub fn slow_renewal(margin: Duration) -> Duration {
+    margin / 4
+}
+
+/// Whether a holder reads its slot's robots right after a renewal that took
+/// `renewal`, or waits for the next one; `waited` is how many renewals in a row it
+/// has already let go by for that read.
+///
+/// A read of a slot's robots is the one big command a holder sends unasked: one
+/// `robot create --count 20000` into a running pool changes every slot at once, and
+/// every holder's next renewal sees it. On a server that answers one command at a
+/// time (the dev server; a real MongoDB under a lock) the 20 reads of 1,000 robots
+/// that followed took over three quarters of a second each, and renewals queued behind them past the
+/// 0.55 tick they may take: 9 holders fenced themselves within a second, each
+/// throwing its slot's robots away. A renewal that came back slow is the holder's
+/// own sign that others are reading: it lets that renewal go by, and reads after
+/// the first one that comes back fast, so that the holders' reads take turns.
+///
+/// Always admitted: the first read after a claim (a takeover's robots wait for it,
+/// and its timing is what a takeover is measured by), and a read that has waited
+/// [`READ_WAITS_MOST`] renewals.
+pub fn read_admitted(renewal: Duration, slow: Duration, first: bool, waited: u32) -> bool {
+    first || renewal < slow || waited >= READ_WAITS_MOST
+}
+
 /// How many statements one command may carry so that it keeps the database busy
 /// for at most `budget`, at the cost per statement the last command showed (`took`
 /// for `done` statements), from `min` to `max`; `max` before anything was measured.
@@ -188,6 +221,31 @@ mod tests {
         tokio::spawn(async move {
             let _c = p.acquire().await;
         })
+    }
+
+    #[test]
+    fn a_changed_slots_read_waits_for_a_fast_renewal_but_not_for_ever() {
+        let slow = slow_renewal(MARGIN);
+        assert_eq!(slow, Duration::from_millis(100));
+        assert!(read_admitted(Duration::from_millis(99), slow, false, 0));
+        assert!(
+            !read_admitted(slow, slow, false, 0),
+            "as slow as the threshold waits"
+        );
+        assert!(!read_admitted(
+            Duration::from_secs(1),
+            slow,
+            false,
+            READ_WAITS_MOST - 1
+        ));
+        assert!(
+            read_admitted(Duration::from_secs(1), slow, false, READ_WAITS_MOST),
+            "a read that waited its most goes"
+        );
+        assert!(
+            read_admitted(Duration::from_secs(1), slow, true, 0),
+            "a claim's first read never waits"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::db::event::EventKind;
 use crate::db::field::{DETAIL, EPOCH, OVERFLOW, SLOT_ID, WORKER};
 use crate::db::guard::WriteGuard;
 use crate::db::lease::{Lease, LeaseError, LeaseProtocol};
-use crate::db::pacing::WritePacer;
+use crate::db::pacing::{read_admitted, slow_renewal, WritePacer};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::Registry;
@@ -195,6 +195,7 @@ async fn hold(
                 robots.beats.send_replace(Renewal {
                     rev: renewed.rev,
                     at: cx.clock.now(),
+                    latency,
                 });
             }
             Err(LeaseError::Db(e)) => {
@@ -435,6 +436,7 @@ fn start_supervisor(
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,
         at: cx.clock.now(),
+        latency: Duration::ZERO,
     });
     let stop = CancellationToken::new();
     let running = Arc::new(AtomicUsize::new(0));
@@ -442,7 +444,7 @@ fn start_supervisor(
         supervisor,
         rx,
         stop.clone(),
-        cx.timing.tick,
+        cx.timing,
         cx.clock.clone(),
         running.clone(),
     ));
@@ -464,6 +466,9 @@ struct Renewal {
     rev: i64,
     /// When the renewal came back: the next one is about a tick later.
     at: Instant,
+    /// Its round trip (zero for the claim): a slow one holds a changed slot's read
+    /// back ([`read_admitted`]).
+    latency: Duration,
 }
 
 /// The slot's side of its running supervisor task.
@@ -509,19 +514,38 @@ impl SupervisorHandle {
 /// collection while other requests wait. Started just after a renewal came back, that
 /// stall has most of a tick to finish before the next renewal is even sent. A beat
 /// that is already stale (the previous sync ran long) is not used for such a read;
-/// the next fresh one is.
+/// the next fresh one is. Nor is one whose renewal came back slow, unless the read
+/// is the claim's first or has waited long enough ([`read_admitted`]): other holders
+/// are reading, and this one's read would add to the queue every renewal waits in.
 async fn supervise(
     mut supervisor: Supervisor,
     mut beats: watch::Receiver<Renewal>,
     stop: CancellationToken,
-    tick: Duration,
+    timing: LeaseTiming,
     clock: SharedClock,
     running: Arc<AtomicUsize>,
 ) {
+    let slow = slow_renewal(timing.margin);
     let mut failing = false;
+    // Fresh renewals let go by, in a row, for a read that was due.
+    let mut waited = 0;
     loop {
         let beat = *beats.borrow_and_update();
-        if clock.since(beat.at) <= tick / 4 || !supervisor.will_read(beat.rev) {
+        let reads = supervisor.will_read(beat.rev);
+        let fresh = clock.since(beat.at) <= timing.tick / 4;
+        let admitted = read_admitted(beat.latency, slow, supervisor.first_read_pending(), waited);
+        if reads && fresh && !admitted {
+            if waited == 0 {
+                tracing::debug!(
+                    slot = %supervisor.slot_id(),
+                    renewal_ms = beat.latency.as_millis() as u64,
+                    "the slot's robots changed; the renewal came back slow, so their read waits for a faster one"
+                );
+            }
+            waited += 1;
+        }
+        if !reads || (fresh && admitted) {
+            waited = 0;
             let synced = tokio::select! {
                 _ = stop.cancelled() => break,
                 r = supervisor.sync(beat.rev) => r,

@@ -386,6 +386,17 @@ impl Supervisor {
         self.running.len()
     }
 
+    /// Whether this lease's first read of the slot's robots is still to come (see
+    /// `early`): a takeover's read, which never waits for a fast renewal.
+    pub fn first_read_pending(&self) -> bool {
+        self.early
+    }
+
+    /// The slot this supervisor runs the robots of.
+    pub fn slot_id(&self) -> &str {
+        self.ctx.slot_id()
+    }
+
     /// Whether a sync at `rev` would read the slot's robots, rather than only tidy up.
     pub fn will_read(&self, rev: i64) -> bool {
         self.synced_rev != Some(rev) || self.clock.now() >= self.next_full
