@@ -897,7 +897,9 @@ async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
 /// renewal waits in (20 holders reading a create of 20,000 robots at once fenced 9 of
 /// them). Tried to break: every round trip made slow for good, so no renewal ever
 /// comes back fast; a robot created then must still run, the read going after its
-/// most of five renewals, with no self-fence and no write out of order.
+/// most of five renewals, with no self-fence and no write out of order. (The
+/// worker's debug log says when a read waits: a `SLOTPOOL_TEST_LOG` without
+/// `slotpool=debug` hides it.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changed_slots_read_waits_for_a_fast_renewal_but_never_for_ever() {
     let db = TestDb::new("read_admission").await;
@@ -915,10 +917,6 @@ async fn a_changed_slots_read_waits_for_a_fast_renewal_but_never_for_ever() {
         all_past(&db, &created).await.then_some(())
     })
     .await;
-    assert!(
-        !worker.log_text().contains("waits for a faster one"),
-        "no read waited while renewals were fast"
-    );
     // 75 ms each way: every renewal takes over 150 ms, slow against the 112 ms
     // threshold (a quarter of the 450 ms margin at tick 1 s), yet inside the 550 ms
     // it may take, even the one that sees the change (two round trips: its update
@@ -926,8 +924,10 @@ async fn a_changed_slots_read_waits_for_a_fast_renewal_but_never_for_ever() {
     proxy.delay(Duration::from_millis(75));
     let out = db.counters("late", 1, 200);
     assert!(out.status.success(), "{out:?}");
+    // Five renewals waited out, then the read, the adoption and a first step: a few
+    // seconds; a read starved for want of a fast renewal would never come.
     wait_for(
-        Duration::from_secs(30),
+        Duration::from_secs(20),
         "the late robot stepping",
         || async { (seq(&db.robot("late").await) >= 1).then_some(()) },
     )

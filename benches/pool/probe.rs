@@ -37,6 +37,7 @@ pub(super) async fn checkpointed_on(
     since: i64,
 ) -> i64 {
     let n: u64 = robots.values().sum();
+    assert!(n > 0, "no robot to wait for");
     let at_or_after = bson::DateTime::from_millis(since);
     let limit = Duration::from_secs(300).max(Duration::from_millis(20) * n as u32);
     let started = Instant::now();
@@ -55,9 +56,13 @@ pub(super) async fn checkpointed_on(
             if let Ok(count) = counted {
                 seen.insert(slot, count);
             }
-            let pause =
-                (read.elapsed() * 20).clamp(Duration::from_millis(20), Duration::from_secs(5));
-            tokio::time::sleep(pause).await;
+            gently(read.elapsed()).await;
+            assert!(
+                started.elapsed() < limit,
+                "timed out after {:?} waiting for every robot's first checkpoint ({n}) on its new holder: {} of {n} had checkpointed",
+                started.elapsed(),
+                seen.values().sum::<u64>()
+            );
         }
         let done: u64 = robots
             .iter()
@@ -66,17 +71,21 @@ pub(super) async fn checkpointed_on(
         if done >= n {
             break;
         }
-        assert!(
-            started.elapsed() < limit,
-            "timed out after {:?} waiting for every robot's first checkpoint ({n}) on its new holder: {done} of {n} had checkpointed",
-            started.elapsed()
-        );
     }
     let mut last = 0;
     for slot in robots.keys() {
+        let read = Instant::now();
         last = last.max(last_checkpoint(db, slot).await);
+        gently(read.elapsed()).await;
     }
     last
+}
+
+/// The pause after a read of one slot's robots that took `took`: 20 times as long
+/// (at least 20 ms, at most 5 s), so that reading slot after slot takes about a
+/// 20th of the server.
+async fn gently(took: Duration) {
+    tokio::time::sleep((took * 20).clamp(Duration::from_millis(20), Duration::from_secs(5))).await;
 }
 
 /// The latest checkpoint of `slot`'s robots (server ms; 0 when none has one).
@@ -351,12 +360,14 @@ pub(super) async fn robots_per_slot(db: &TestDb) -> BTreeMap<String, u64> {
         let Ok(id) = slot.get_str("_id") else {
             continue;
         };
+        let read = Instant::now();
         let n = db
             .store
             .robots()
             .count_documents(doc! {"slot_id": id})
             .await
             .unwrap();
+        gently(read.elapsed()).await;
         if n > 0 {
             per.insert(id.to_string(), n);
         }

@@ -79,7 +79,8 @@ pub enum RobotCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a robot; its holder stops it within a tick. Its context is gone.
+    /// Delete a robot; its holder stops it within a tick (a few more while the
+    /// database is busy). Its context is gone.
     Delete {
         /// The robot's name.
         name: String,
@@ -394,7 +395,7 @@ async fn restart(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()>
     done(
         as_json,
         json!({"restarted": name, "slot": d.slot}),
-        format!("restarting {name}: its holder on {slot} stops it after a last checkpoint and starts it again within a tick or two"),
+        format!("restarting {name}: its holder on {slot} stops it after a last checkpoint and starts it again within a tick or two (a few more while the database is busy)"),
     );
     Ok(())
 }

@@ -135,6 +135,9 @@ pub struct Renewed {
     pub rev: i64,
     /// An operator asked for the slot back (`slotpool slots drain`).
     pub draining: bool,
+    /// Commands the renewal took: 1, or 2 when the slot had changed (see
+    /// [`LeaseProtocol::renew`]), so that a round trip can be judged per command.
+    pub commands: u32,
 }
 
 /// What a claim attempt did.
@@ -465,6 +468,7 @@ impl LeaseProtocol {
             return Ok(Some(Renewed {
                 rev,
                 draining: false,
+                commands: 1,
             }));
         }
         let d = self
@@ -476,6 +480,7 @@ impl LeaseProtocol {
         Ok(d.map(|d| Renewed {
             rev: int64(&d, REV).unwrap_or(rev),
             draining: matches!(d.get(DRAINING), Some(Bson::Boolean(true))),
+            commands: 2,
         }))
     }
 

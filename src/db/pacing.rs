@@ -161,15 +161,23 @@ pub fn slow_renewal(margin: Duration) -> Duration {
     margin / 4
 }
 
+/// How slow a renewal (per command) must be to say the database is busy, for
+/// [`read_admitted`]: [`slow_renewal`], or twice the fastest renewal this lease has
+/// seen (`floor`) when that is more, so that a link slow by distance alone (a
+/// database 60 ms away) is not taken for a busy one.
+pub fn busy_renewal(margin: Duration, floor: Option<Duration>) -> Duration {
+    slow_renewal(margin).max(floor.unwrap_or_default() * 2)
+}
+
 /// Whether a holder reads its slot's robots right after a renewal that took
-/// `renewal`, or waits for the next one; `waited` is how many renewals in a row it
-/// has already let go by for that read.
+/// `renewal` per command, or waits for the next one; `waited` is how many renewals
+/// in a row it has already let go by for that read.
 ///
 /// A read of a slot's robots is the one big command a holder sends unasked: one
 /// `robot create --count 20000` into a running pool changes every slot at once, and
 /// every holder's next renewal sees it. On a server that answers one command at a
 /// time (the dev server; a real MongoDB under a lock) the 20 reads of 1,000 robots
-/// that followed took over three quarters of a second each, and renewals queued behind them past the
+/// that followed took up to and over three quarters of a second each, and renewals queued behind them past the
 /// 0.55 tick they may take: 9 holders fenced themselves within a second, each
 /// throwing its slot's robots away. A renewal that came back slow is the holder's
 /// own sign that others are reading: it lets that renewal go by, and reads after
@@ -246,6 +254,21 @@ mod tests {
             read_admitted(Duration::from_secs(1), slow, true, 0),
             "a claim's first read never waits"
         );
+    }
+
+    #[test]
+    fn a_link_slow_by_distance_is_not_taken_for_a_busy_database() {
+        let margin = MARGIN;
+        assert_eq!(busy_renewal(margin, None), Duration::from_millis(100));
+        assert_eq!(
+            busy_renewal(margin, Some(Duration::from_millis(20))),
+            Duration::from_millis(100),
+            "a fast link keeps the margin's quarter"
+        );
+        let far = busy_renewal(margin, Some(Duration::from_millis(60)));
+        assert_eq!(far, Duration::from_millis(120));
+        assert!(read_admitted(Duration::from_millis(70), far, false, 0));
+        assert!(!read_admitted(Duration::from_millis(130), far, false, 0));
     }
 
     #[test]

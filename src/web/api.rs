@@ -597,7 +597,7 @@ pub async fn robot_action(
     }
 }
 
-/// Deletes a robot; its holder stops it within a tick.
+/// Deletes a robot; its holder stops it within a tick (a few more while the database is busy).
 #[utoipa::path(delete, path = "/api/v1/robots/{name}", operation_id = "delete_robot", tag = "actions",
     params(("name" = String, Path, description = "the robot's name")),
     security(("token" = [])),

@@ -25,7 +25,7 @@ use crate::db::event::EventKind;
 use crate::db::field::{DETAIL, EPOCH, OVERFLOW, SLOT_ID, WORKER};
 use crate::db::guard::WriteGuard;
 use crate::db::lease::{Lease, LeaseError, LeaseProtocol};
-use crate::db::pacing::{read_admitted, slow_renewal, WritePacer};
+use crate::db::pacing::{busy_renewal, read_admitted, WritePacer, READ_WAITS_MOST};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::Registry;
@@ -195,7 +195,7 @@ async fn hold(
                 robots.beats.send_replace(Renewal {
                     rev: renewed.rev,
                     at: cx.clock.now(),
-                    latency,
+                    per_command: latency / renewed.commands.max(1),
                 });
             }
             Err(LeaseError::Db(e)) => {
@@ -436,7 +436,7 @@ fn start_supervisor(
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,
         at: cx.clock.now(),
-        latency: Duration::ZERO,
+        per_command: Duration::ZERO,
     });
     let stop = CancellationToken::new();
     let running = Arc::new(AtomicUsize::new(0));
@@ -466,9 +466,10 @@ struct Renewal {
     rev: i64,
     /// When the renewal came back: the next one is about a tick later.
     at: Instant,
-    /// Its round trip (zero for the claim): a slow one holds a changed slot's read
-    /// back ([`read_admitted`]).
-    latency: Duration,
+    /// Its round trip per command (zero for the claim): a slow one holds a changed
+    /// slot's read back ([`read_admitted`]). A renewal that finds the slot changed
+    /// takes two commands.
+    per_command: Duration,
 }
 
 /// The slot's side of its running supervisor task.
@@ -515,8 +516,10 @@ impl SupervisorHandle {
 /// stall has most of a tick to finish before the next renewal is even sent. A beat
 /// that is already stale (the previous sync ran long) is not used for such a read;
 /// the next fresh one is. Nor is one whose renewal came back slow, unless the read
-/// is the claim's first or has waited long enough ([`read_admitted`]): other holders
-/// are reading, and this one's read would add to the queue every renewal waits in.
+/// has waited long enough ([`read_admitted`]): other holders are reading, and this
+/// one's read would add to the queue every renewal waits in. A read still due after
+/// a sync (it failed, or left robots to start once others stopped) goes at the next
+/// fresh beat: it has had its turn.
 async fn supervise(
     mut supervisor: Supervisor,
     mut beats: watch::Receiver<Renewal>,
@@ -525,31 +528,49 @@ async fn supervise(
     clock: SharedClock,
     running: Arc<AtomicUsize>,
 ) {
-    let slow = slow_renewal(timing.margin);
     let mut failing = false;
-    // Fresh renewals let go by, in a row, for a read that was due.
+    // Fresh renewals let go by, in a row, for a read that was due; READ_WAITS_MOST
+    // once a read had its turn and is still due.
     let mut waited = 0;
+    // The fastest renewal of this lease, per command: what this link does when the
+    // database is idle.
+    let mut floor: Option<Duration> = None;
     loop {
         let beat = *beats.borrow_and_update();
+        if !beat.per_command.is_zero() {
+            floor = Some(floor.map_or(beat.per_command, |f| f.min(beat.per_command)));
+        }
         let reads = supervisor.will_read(beat.rev);
         let fresh = clock.since(beat.at) <= timing.tick / 4;
-        let admitted = read_admitted(beat.latency, slow, supervisor.first_read_pending(), waited);
+        let slow = busy_renewal(timing.margin, floor);
+        let admitted = fresh
+            && read_admitted(
+                beat.per_command,
+                slow,
+                supervisor.first_read_pending(),
+                waited,
+            );
         if reads && fresh && !admitted {
             if waited == 0 {
                 tracing::debug!(
                     slot = %supervisor.slot_id(),
-                    renewal_ms = beat.latency.as_millis() as u64,
+                    renewal_ms = beat.per_command.as_millis() as u64,
+                    slow_ms = slow.as_millis() as u64,
                     "the slot's robots changed; the renewal came back slow, so their read waits for a faster one"
                 );
             }
             waited += 1;
         }
-        if !reads || (fresh && admitted) {
-            waited = 0;
+        if !reads || admitted {
             let synced = tokio::select! {
                 _ = stop.cancelled() => break,
-                r = supervisor.sync(beat.rev) => r,
+                r = supervisor.sync(beat.rev, admitted) => r,
             };
+            if !supervisor.will_read(beat.rev) {
+                waited = 0;
+            } else if admitted {
+                waited = READ_WAITS_MOST;
+            }
             match synced {
                 Ok(_) => failing = false,
                 Err(e) if !failing => {

@@ -405,19 +405,31 @@ impl Supervisor {
     /// Brings the running set in line with the slot's robots when `rev` changed (or a
     /// previous sync is unfinished). Returns how many robots were started.
     ///
+    /// `may_read`: whether this renewal lets a read go (see
+    /// [`crate::db::pacing::read_admitted`]). When the `rev` is unchanged and the
+    /// probe finds the robots changed anyway, a read not let go is left to the next
+    /// renewal's sync, which takes its turn like any changed slot's.
+    ///
     /// One read of the slot's robots serves adoption and start alike: on a server
     /// that answers such a query by scanning the whole collection, every extra read
     /// is a stall that this holder's renewals must wait out.
-    pub async fn sync(&mut self, rev: i64) -> Result<usize, mongodb::error::Error> {
+    pub async fn sync(&mut self, rev: i64, may_read: bool) -> Result<usize, mongodb::error::Error> {
         self.reap();
         // The server's clock is read beside the slot's robots, not before them: a
         // takeover's scheduled robots need both before they plan.
         let reading = self.read_server_time();
-        if !self.will_read(rev) && !self.probe_finds_changes().await? {
-            if let Some(r) = reading {
-                let _ = r.await;
+        if !self.will_read(rev) {
+            let changed = self.probe_finds_changes().await?;
+            if !changed || !may_read {
+                if changed {
+                    // Read at the next renewal that lets a read go.
+                    self.synced_rev = None;
+                }
+                if let Some(r) = reading {
+                    let _ = r.await;
+                }
+                return Ok(0);
             }
-            return Ok(0);
         }
         let began = Instant::now();
         let mut listed = self.read_slot().await?;
