@@ -821,6 +821,29 @@ async fn all_past(db: &TestDb, before: &[(String, i64)]) -> bool {
         .all(|(name, seq)| now.get(name).is_some_and(|s| s > seq))
 }
 
+/// One slot held by a worker whose database traffic goes through a test proxy, with
+/// `robots` counters stepping on it.
+async fn proxied_holder(
+    label: &str,
+    robots: u32,
+) -> (TestDb, common::proxy::Proxy, common::WorkerProc) {
+    let db = TestDb::new(label).await;
+    db.init(1).await;
+    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
+    let worker = db.worker_via(&proxy, &[]);
+    wait_for(Duration::from_secs(15), "the slot held", || async {
+        (common::owner(&db.slot("slot-001").await)? == worker.id).then_some(())
+    })
+    .await;
+    db.create_counters(robots);
+    let created = db.seqs().await;
+    wait_for(Duration::from_secs(15), "every robot stepping", || async {
+        all_past(&db, &created).await.then_some(())
+    })
+    .await;
+    (db, proxy, worker)
+}
+
 /// A worker back from a cut long enough to fence itself claims its slot again and
 /// runs its robots, though every connection it had open across the cut is dead when
 /// the link returns (as for a container reconnected under a new address: nothing on
@@ -830,20 +853,7 @@ async fn all_past(db: &TestDb, before: &[(String, i64)]) -> bool {
 /// record, and all of them stood still for half a minute.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
-    let db = TestDb::new("stranded_links").await;
-    db.init(1).await;
-    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
-    let worker = db.worker_via(&proxy, &[]);
-    wait_for(Duration::from_secs(15), "the slot held", || async {
-        (common::owner(&db.slot("slot-001").await)? == worker.id).then_some(())
-    })
-    .await;
-    db.create_counters(3);
-    let created = db.seqs().await;
-    wait_for(Duration::from_secs(15), "every robot stepping", || async {
-        all_past(&db, &created).await.then_some(())
-    })
-    .await;
+    let (db, proxy, worker) = proxied_holder("stranded_links", 3).await;
     let epoch = common::epoch(&db.slot("slot-001").await);
     // The link goes silent until the worker fences itself; then every connection
     // open across it stays dead, and new ones pass.
@@ -902,21 +912,7 @@ async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
 /// `slotpool=debug` hides it.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changed_slots_read_waits_for_a_fast_renewal_but_never_for_ever() {
-    let db = TestDb::new("read_admission").await;
-    db.init(1).await;
-    let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
-    let worker = db.worker_via(&proxy, &[]);
-    wait_for(Duration::from_secs(15), "the slot held", || async {
-        (common::owner(&db.slot("slot-001").await)? == worker.id).then_some(())
-    })
-    .await;
-    // A change read at once while renewals are fast.
-    db.create_counters(2);
-    let created = db.seqs().await;
-    wait_for(Duration::from_secs(15), "every robot stepping", || async {
-        all_past(&db, &created).await.then_some(())
-    })
-    .await;
+    let (db, proxy, worker) = proxied_holder("read_admission", 2).await;
     // 75 ms each way: every renewal takes over 150 ms, slow against the 112 ms
     // threshold (a quarter of the 450 ms margin at tick 1 s), yet inside the 550 ms
     // it may take, even the one that sees the change (two round trips: its update
