@@ -164,9 +164,12 @@ pub fn slow_renewal(margin: Duration) -> Duration {
 /// How slow a renewal (per command) must be to say the database is busy, for
 /// [`read_admitted`]: [`slow_renewal`], or twice the fastest renewal this lease has
 /// seen (`floor`) when that is more, so that a link slow by distance alone (a
-/// database 60 ms away) is not taken for a busy one.
+/// database 60 ms away) is not taken for a busy one. Never more than half the
+/// margin: a lease claimed in a storm has a slow fastest renewal until the storm
+/// passes, and its own reads must still take turns meanwhile.
 pub fn busy_renewal(margin: Duration, floor: Option<Duration>) -> Duration {
-    slow_renewal(margin).max(floor.unwrap_or_default() * 2)
+    let by_floor = (floor.unwrap_or_default() * 2).min(margin / 2);
+    slow_renewal(margin).max(by_floor)
 }
 
 /// Whether a holder reads its slot's robots right after a renewal that took
@@ -269,6 +272,11 @@ mod tests {
         assert_eq!(far, Duration::from_millis(120));
         assert!(read_admitted(Duration::from_millis(70), far, false, 0));
         assert!(!read_admitted(Duration::from_millis(130), far, false, 0));
+        assert_eq!(
+            busy_renewal(margin, Some(Duration::from_millis(400))),
+            margin / 2,
+            "a lease whose fastest renewal came in a storm still judges by half the margin"
+        );
     }
 
     #[test]
