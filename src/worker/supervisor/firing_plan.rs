@@ -2,33 +2,43 @@
 //! what its instance knows (the server's time, which of its runs have started, whose
 //! leases are over). No I/O: the runner carries each step out, one write at a time.
 //!
-//! The rules, in the order they are applied:
+//! The rules, in the order they are applied (each is a function below):
 //! 1. **A run of another instance** (an earlier holder's, or one a move or an update
 //!    replaced). If its lease is over, its process was stopped with it: a firing
 //!    that could not have started before that lease ended is taken over as claimed;
 //!    any other run was *lost*, and is retried as the next attempt or recorded
 //!    skipped, as `on_lost` says. If its lease may still hold, nothing starts until
 //!    that instance records its run's end (no firing twice at once).
-//! 2. **Runs a stop cut off** (`lost`): retried or skipped, the same way.
-//! 3. **A pause**: the firings that fell while the robot was paused are recorded
+//! 2. **The schedule**: a first one is written with the first write; a changed one
+//!    owes firings from the change on.
+//! 3. **Runs a stop cut off** (`lost`): retried or skipped, the same way.
+//! 4. **A pause**: the firings that fell while the robot was paused are recorded
 //!    skipped, in one record.
-//! 4. **Missed**: firings older than the catch-up window are recorded missed, in
-//!    one record with their count.
-//! 5. **A claimed firing whose time came** starts, unless a run is still in flight:
+//! 5. **A claimed run too late to start** (well past its catch-up window) is
+//!    recorded missed.
+//! 6. **A claimed firing whose time came** starts, unless a run is still in flight:
 //!    then the overlap policy decides (skip it, keep it waiting, stop the run, or
 //!    start beside it).
-//! 6. **Run-now requests**, then **firings due** (late: after a takeover, a pause or
-//!    a catch-up), under the overlap policy.
-//! 7. **The next firing is claimed ahead**, up to [`LEAD_MS`] before it, when no run is
-//!    in flight: its start then waits only on a local timer, and the claim goes
-//!    out with other robots' writes in a group commit rather than at the edge.
+//! 7. **Run-now requests**, under the overlap policy.
+//! 8. **Catch-up**: firings older than the catch-up window are recorded missed, in
+//!    one record with their count, with (9) **the firings due** (late: after a
+//!    takeover, a pause or a catch-up) claimed in the same write.
+//! 10. **The next firing is claimed ahead**, up to [`LEAD_MS`] before it, when no run
+//!     is in flight: its start then waits only on a local timer, and the claim goes
+//!     out with other robots' writes in a group commit rather than at the edge.
+//!
+//! Claimed runs start (6) before anything missed is recorded (8), and missed
+//! firings go with the next claim: a holder whose steps are slower than the
+//! schedule's period would otherwise find a firing missed at every step and never
+//! start one.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use bson::oid::ObjectId;
 
 use crate::db::firing::{FiringState, Outcome, RunEntry, RunRecord, Trigger};
-use crate::robot::schedule::{OnLost, Overlap, Schedule};
+use crate::robot::schedule::{Missed, OnLost, Overlap, Owed, Schedule};
 
 /// How far ahead of its time a firing is claimed: a minute, so that even 10,000
 /// robots firing at one minute's edge are claimed over the minute before it.
@@ -46,6 +56,10 @@ pub const DRIFT_MS: i64 = 1000;
 /// Why a write claims the next firing ahead of its time (the runner merges it with
 /// a run's end).
 pub const CLAIM_AHEAD: &str = "the next firing, claimed ahead";
+
+/// How far past its catch-up window a claimed run may still start (see
+/// [`too_late_to_start`]).
+const START_SLACK_MS: i64 = 60_000;
 
 /// Due firings looked at in one step.
 const DUE_LIMIT: usize = 1000;
@@ -147,6 +161,16 @@ impl Me {
         }
     }
 
+    /// One record for a span of firings.
+    fn record_span(&self, m: &Missed, outcome: Outcome, reason: &str) -> RunRecord {
+        let mut r = self.record(m.first, outcome, reason);
+        if m.count > 1 {
+            r.count = Some(m.count as i64);
+            r.last = Some(m.last);
+        }
+        r
+    }
+
     /// One record for firings `first ..= last` (`count` of them).
     fn records_many(&self, firings: &[i64], outcome: Outcome, reason: &str) -> RunRecord {
         let mut r = self.record(firings[0], outcome, reason);
@@ -190,442 +214,535 @@ fn judge(e: &RunEntry, me: &Me, f: &Facts) -> Theirs {
     }
 }
 
-/// The next step for `me`, with `st` as stored.
+/// The next step for `me`, with `st` as stored: the first rule, in the order the
+/// module's documentation gives, that has something to do.
 pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
-    let now = f.now_ms;
     if f.paused {
-        return Step::Wait {
-            until_ms: None,
-            poll: false,
-        };
+        return idle();
     }
-    let mut next = st.clone();
-
-    // 1. Runs of other instances.
-    if let Some((i, e)) = st.running.iter().enumerate().find(|(_, e)| !me.owns(e)) {
-        match judge(e, me, f) {
-            Theirs::Live => {
-                return Step::Wait {
-                    until_ms: None,
-                    poll: true,
-                }
-            }
-            Theirs::NeverStarted => {
-                next.running[i] = me.entry(e.firing, e.attempt, None);
-                next.running[i].trigger = e.trigger;
-                next.running[i].by = e.by.clone();
-                return Step::Write {
-                    next,
-                    records: vec![],
-                    claiming: None,
-                    why: "took over a firing an earlier holder claimed and never started",
-                };
-            }
-            Theirs::Lost => {
-                next.running.remove(i);
-                let mut lost = me.record(
-                    e.firing,
-                    Outcome::Lost,
-                    &format!(
-                        "in flight on {} (slot {}, epoch {}) when that lease ended",
-                        e.worker, e.slot, e.epoch
-                    ),
-                );
-                lost.attempt = e.attempt;
-                lost.worker = e.worker.clone();
-                lost.slot = e.slot.clone();
-                lost.epoch = e.epoch;
-                lost.by = e.by.clone();
-                let mut records = vec![lost];
-                if let Some(r) = not_retried(s, e, me, f, "its run was lost and on_lost is skip") {
-                    next.missed += i64::from(r.outcome == Some(Outcome::Missed));
-                    records.push(r);
-                } else {
-                    next.running.push(retry_of(e, me));
-                }
-                return Step::Write {
-                    next,
-                    records,
-                    claiming: None,
-                    why: "a run lost with its lease",
-                };
-            }
-        }
+    if let Some(step) = others_run(s, st, me, f) {
+        return step;
     }
-
-    // 1b. The schedule this state follows: a new one owes firings from now on.
-    let words = s.describe();
-    // Where a first schedule's firings start: the robot's creation, or the update
-    // that gave it this schedule.
-    let origin = match (f.created_ms, f.updated_ms) {
-        (Some(c), Some(u)) => Some(c.max(u)),
-        (c, u) => c.or(u),
-    };
-    if st.schedule.is_none() {
-        if let Some(since) = st.since.or(origin) {
-            // A robot's first schedule owes firings from its creation, which does
-            // not move: it is written with the first step that writes anything (the
-            // first claim, as a rule), not in a write of its own. That halves what
-            // adopting many new scheduled robots costs the database.
-            let mut first = st.clone();
-            first.since = Some(since);
-            first.schedule = Some(words);
-            first.schedule_spec = Some(s.source.clone());
-            return plan(s, &first, me, f);
-        }
+    let st = with_first_schedule(s, st, f);
+    if let Some(step) = schedule_changed(s, &st, me, f) {
+        return step;
     }
-    if st.schedule.as_deref() != Some(words.as_str()) {
-        let mut records = vec![];
-        next.since = match &st.schedule {
-            None => st.since.or(origin).or(Some(now)),
-            Some(old) => {
-                // The old schedule's firings that were due and had not run (the
-                // robot behind, or waiting on a run) are recorded, not dropped.
-                let from = st.settled_until().unwrap_or(now);
-                let old_schedule = st.schedule_spec.as_ref().and_then(|spec| {
-                    Schedule::from_spec(&bson::doc! {"schedule": spec.clone()}, now)
-                        .ok()
-                        .flatten()
-                });
-                if let Some(m) = old_schedule.and_then(|o| o.span(from, now)) {
-                    let mut r = me.record(
-                        m.first,
-                        Outcome::Skipped,
-                        &format!("the schedule changed from {old} before it ran"),
-                    );
-                    if m.count > 1 {
-                        r.count = Some(m.count as i64);
-                        r.last = Some(m.last);
-                    }
-                    records.push(r);
-                }
-                Some(now)
-            }
-        };
-        next.schedule = Some(words);
-        next.schedule_spec = Some(s.source.clone());
-        return Step::Write {
-            next,
-            records,
-            claiming: None,
-            why: "the schedule these firings follow",
-        };
-    }
-
-    let mine_started: Vec<&RunEntry> = st
-        .running
+    let p = Plan::new(s, &st, me, f);
+    let rules: [fn(&Plan) -> Option<Step>; 6] = [
+        |p| p.cut_off_run(),
+        |p| p.pause(),
+        |p| p.stale_claims(),
+        |p| p.claimed_due(),
+        |p| p.run_now(),
+        |p| p.catch_up(),
+    ];
+    rules
         .iter()
-        .filter(|e| f.started.contains(&e.id))
-        .collect();
-    let busy = !mine_started.is_empty();
-    let cancel = |runs: &[&RunEntry]| {
-        let ids: Vec<ObjectId> = runs
-            .iter()
-            .map(|e| e.id)
-            .filter(|id| !f.stopping.contains(id))
-            .collect();
-        if ids.is_empty() {
-            Step::Wait {
-                until_ms: None,
-                poll: false,
-            }
-        } else {
-            Step::Cancel(ids)
-        }
-    };
+        .find_map(|rule| rule(&p))
+        .unwrap_or_else(|| p.ahead_or_wait())
+}
 
-    // 2. Runs a stop cut off (a pause's are skipped with it, below).
-    if let Some(e) = st.lost.first().filter(|_| st.paused_at.is_none()) {
-        if busy && s.overlap != Overlap::Allow {
-            // Retried or skipped once the run in flight ends.
-        } else {
-            next.lost.remove(0);
-            let mut records = vec![];
-            if let Some(r) = not_retried(
+/// Nothing to do until a run ends or the robot's document changes.
+fn idle() -> Step {
+    Step::Wait {
+        until_ms: None,
+        poll: false,
+    }
+}
+
+/// A write that claims no scheduled firing.
+fn write(next: FiringState, records: Vec<RunRecord>, why: &'static str) -> Step {
+    Step::Write {
+        next,
+        records,
+        claiming: None,
+        why,
+    }
+}
+
+/// Rule 1: a run of another instance is waited for, taken over, or settled lost.
+fn others_run(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Option<Step> {
+    let (i, e) = st.running.iter().enumerate().find(|(_, e)| !me.owns(e))?;
+    let mut next = st.clone();
+    match judge(e, me, f) {
+        Theirs::Live => Some(Step::Wait {
+            until_ms: None,
+            poll: true,
+        }),
+        Theirs::NeverStarted => {
+            next.running[i] = me.entry(e.firing, e.attempt, None);
+            next.running[i].trigger = e.trigger;
+            next.running[i].by = e.by.clone();
+            Some(write(
+                next,
+                vec![],
+                "took over a firing an earlier holder claimed and never started",
+            ))
+        }
+        Theirs::Lost => {
+            next.running.remove(i);
+            let mut lost = me.record(
+                e.firing,
+                Outcome::Lost,
+                &format!(
+                    "in flight on {} (slot {}, epoch {}) when that lease ended",
+                    e.worker, e.slot, e.epoch
+                ),
+            );
+            lost.attempt = e.attempt;
+            lost.worker = e.worker.clone();
+            lost.slot = e.slot.clone();
+            lost.epoch = e.epoch;
+            lost.by = e.by.clone();
+            let mut records = vec![lost];
+            retry_or_settle(
                 s,
                 e,
                 me,
                 f,
-                "its run was cut off by a stop and on_lost is skip",
-            ) {
-                records.push(r);
-            } else {
-                next.running.push(retry_of(e, me));
+                "its run was lost and on_lost is skip",
+                &mut next,
+                &mut records,
+            );
+            Some(write(next, records, "a run lost with its lease"))
+        }
+    }
+}
+
+/// Rule 2a: a robot's first schedule owes firings from its creation (or the update
+/// that gave it one). That does not move, so it is written with the first step that
+/// writes anything (the first claim, as a rule) rather than in a write of its own:
+/// adopting many new scheduled robots then costs half the writes.
+fn with_first_schedule<'a>(s: &Schedule, st: &'a FiringState, f: &Facts) -> Cow<'a, FiringState> {
+    let Some(since) = st.since.or(origin(f)).filter(|_| st.schedule.is_none()) else {
+        return Cow::Borrowed(st);
+    };
+    let mut first = st.clone();
+    first.since = Some(since);
+    first.schedule = Some(s.describe());
+    first.schedule_spec = Some(s.source.clone());
+    Cow::Owned(first)
+}
+
+/// Where a first schedule's firings start: the robot's creation, or the update that
+/// gave it this schedule, whichever came last.
+fn origin(f: &Facts) -> Option<i64> {
+    match (f.created_ms, f.updated_ms) {
+        (Some(c), Some(u)) => Some(c.max(u)),
+        (c, u) => c.or(u),
+    }
+}
+
+/// Rule 2b: a schedule that changed owes firings from the change on; the old one's
+/// firings that were due and had not run are recorded, not dropped.
+fn schedule_changed(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Option<Step> {
+    let words = s.describe();
+    if st.schedule.as_deref() == Some(words.as_str()) {
+        return None;
+    }
+    let now = f.now_ms;
+    let mut next = st.clone();
+    let mut records = vec![];
+    next.since = match &st.schedule {
+        None => st.since.or(origin(f)).or(Some(now)),
+        Some(old) => {
+            let from = st.settled_until().unwrap_or(now);
+            let old_schedule = st.schedule_spec.as_ref().and_then(|spec| {
+                Schedule::from_spec(&bson::doc! {"schedule": spec.clone()}, now)
+                    .ok()
+                    .flatten()
+            });
+            if let Some(m) = old_schedule.and_then(|o| o.span(from, now)) {
+                let why = format!("the schedule changed from {old} before it ran");
+                records.push(me.record_span(&m, Outcome::Skipped, &why));
             }
-            return Step::Write {
-                next,
-                records,
-                claiming: None,
-                why: "a run a stop cut off",
-            };
+            Some(now)
+        }
+    };
+    next.schedule = Some(words);
+    next.schedule_spec = Some(s.source.clone());
+    Some(write(next, records, "the schedule these firings follow"))
+}
+
+/// What every later rule looks at: the state, and what follows from it at `now`.
+struct Plan<'a> {
+    s: &'a Schedule,
+    st: &'a FiringState,
+    me: &'a Me,
+    f: &'a Facts,
+    now: i64,
+    /// This instance's runs whose process started.
+    started: Vec<&'a RunEntry>,
+    /// Runs claimed and not started yet (every run is this instance's by now).
+    pending: Vec<&'a RunEntry>,
+    /// Where firings owed start.
+    from: i64,
+    owed: Owed,
+}
+
+impl<'a> Plan<'a> {
+    fn new(s: &'a Schedule, st: &'a FiringState, me: &'a Me, f: &'a Facts) -> Plan<'a> {
+        let now = f.now_ms;
+        let (started, pending) = st.running.iter().partition(|e| f.started.contains(&e.id));
+        let from = st.settled_until().or(f.created_ms).unwrap_or(now);
+        Plan {
+            owed: s.owed(from, now, DUE_LIMIT),
+            s,
+            st,
+            me,
+            f,
+            now,
+            started,
+            pending,
+            from,
         }
     }
 
-    let from = st.settled_until().or(f.created_ms).unwrap_or(now);
+    fn busy(&self) -> bool {
+        !self.started.is_empty()
+    }
 
-    // 3. A pause: the firings that fell during it, or still waited when it came,
-    // and the runs it cut off, are skipped.
-    if st.paused_at.is_some() {
+    /// When a claimed run may start: its firing, or the end of its restart backoff.
+    fn due_at(&self, e: &RunEntry) -> i64 {
+        e.firing
+            .max(self.f.not_before.get(&e.id).copied().unwrap_or(i64::MIN))
+    }
+
+    /// Stop this instance's runs in flight (`cancel_other`), those not asked already.
+    fn cancel_started(&self) -> Step {
+        let ids: Vec<ObjectId> = self
+            .started
+            .iter()
+            .map(|e| e.id)
+            .filter(|id| !self.f.stopping.contains(id))
+            .collect();
+        if ids.is_empty() {
+            idle()
+        } else {
+            Step::Cancel(ids)
+        }
+    }
+
+    /// Rule 3: a run a stop cut off is retried or skipped, once no run is in flight
+    /// (a pause's are skipped with it, by rule 4).
+    fn cut_off_run(&self) -> Option<Step> {
+        let e = self
+            .st
+            .lost
+            .first()
+            .filter(|_| self.st.paused_at.is_none())?;
+        if self.busy() && self.s.overlap != Overlap::Allow {
+            return None;
+        }
+        let mut next = self.st.clone();
+        next.lost.remove(0);
+        let mut records = vec![];
+        let why = "its run was cut off by a stop and on_lost is skip";
+        retry_or_settle(self.s, e, self.me, self.f, why, &mut next, &mut records);
+        Some(write(next, records, "a run a stop cut off"))
+    }
+
+    /// Rule 4: the firings that fell during a pause, or still waited when it came,
+    /// and the runs it cut off, are skipped.
+    fn pause(&self) -> Option<Step> {
+        self.st.paused_at?;
+        let mut next = self.st.clone();
         next.paused_at = None;
         let mut records = vec![];
         for e in std::mem::take(&mut next.lost) {
-            let mut r = me.record(e.firing, Outcome::Skipped, "paused while it ran");
+            let mut r = self
+                .me
+                .record(e.firing, Outcome::Skipped, "paused while it ran");
             r.attempt = e.attempt;
             r.by = e.by.clone();
             records.push(r);
         }
-        if let Some(m) = s.span(from, now) {
+        if let Some(m) = self.s.span(self.from, self.now) {
             next.claimed = Some(m.last);
-            let mut r = me.record(m.first, Outcome::Skipped, "paused");
-            if m.count > 1 {
-                r.count = Some(m.count as i64);
-                r.last = Some(m.last);
-            }
-            records.push(r);
+            records.push(self.me.record_span(&m, Outcome::Skipped, "paused"));
         }
-        return Step::Write {
-            next,
-            records,
-            claiming: None,
-            why: "the firings of a pause",
-        };
+        Some(write(next, records, "the firings of a pause"))
     }
 
-    // 4. Missed.
-    let owed = s.owed(from, now, DUE_LIMIT);
-    if let Some(m) = owed.missed {
-        next.claimed = Some(m.last);
-        next.missed += m.count as i64;
-        let mut r = me.record(
-            m.first,
-            Outcome::Missed,
-            &format!(
-                "due outside the catch-up window ({}){}",
-                humantime::format_duration(s.catchup),
-                if m.at_least {
-                    "; at least this many"
-                } else {
-                    ""
-                }
-            ),
+    /// Rule 5: a claimed run that can no longer start near its catch-up window (its
+    /// holder was held up, or the server's clock stepped forward) is recorded
+    /// missed, never started late.
+    fn stale_claims(&self) -> Option<Step> {
+        let stale: Vec<&RunEntry> = self
+            .pending
+            .iter()
+            .copied()
+            .filter(|e| too_late_to_start(self.s, e, self.now))
+            .collect();
+        if stale.is_empty() {
+            return None;
+        }
+        let mut next = self.st.clone();
+        next.running.retain(|r| !stale.iter().any(|e| e.id == r.id));
+        next.missed += stale.len() as i64;
+        let why = format!(
+            "claimed, but never started: too late for the catch-up window ({})",
+            humantime::format_duration(self.s.catchup)
         );
-        if m.count > 1 {
-            r.count = Some(m.count as i64);
-            r.last = Some(m.last);
-        }
-        return Step::Write {
-            next,
-            records: vec![r],
-            claiming: None,
-            why: "firings missed",
-        };
+        let records = stale
+            .iter()
+            .map(|e| {
+                let mut r = self.me.record(e.firing, Outcome::Missed, &why);
+                r.attempt = e.attempt;
+                r.by = e.by.clone();
+                r
+            })
+            .collect();
+        Some(write(next, records, "claimed firings past their window"))
     }
 
-    // 5. Claimed runs whose time came.
-    let due_at = |e: &RunEntry| {
-        e.firing
-            .max(f.not_before.get(&e.id).copied().unwrap_or(i64::MIN))
-    };
-    let ready: Vec<RunEntry> = st
-        .running
-        .iter()
-        .filter(|e| !f.started.contains(&e.id) && due_at(e) <= now)
-        .cloned()
-        .collect();
-    if !ready.is_empty() {
-        if s.overlap == Overlap::Allow {
-            return Step::Start(ready);
+    /// Rule 6: a claimed run whose time came starts, unless a run is in flight:
+    /// then the overlap policy decides. It goes before the missed firings are
+    /// recorded, so that firings falling out of the window one after another never
+    /// keep a claimed run from starting.
+    fn claimed_due(&self) -> Option<Step> {
+        let ready: Vec<RunEntry> = self
+            .pending
+            .iter()
+            .filter(|e| self.due_at(e) <= self.now)
+            .map(|e| (*e).clone())
+            .collect();
+        let first = ready.first()?;
+        if self.s.overlap == Overlap::Allow {
+            return Some(Step::Start(ready));
         }
-        if !busy {
+        if !self.busy() {
             // One at a time: the next one meets this one's overlap policy.
-            return Step::Start(vec![ready[0].clone()]);
+            return Some(Step::Start(vec![first.clone()]));
         }
-        match s.overlap {
+        match self.s.overlap {
             Overlap::Skip => {
-                let e = &ready[0];
-                next.running.retain(|r| r.id != e.id);
-                let mut r = me.record(
-                    e.firing,
+                let mut next = self.st.clone();
+                next.running.retain(|r| r.id != first.id);
+                let mut r = self.me.record(
+                    first.firing,
                     Outcome::Skipped,
                     "overlap: a run was still in flight",
                 );
-                r.attempt = e.attempt;
-                r.by = e.by.clone();
-                return Step::Write {
-                    next,
-                    records: vec![r],
-                    claiming: None,
-                    why: "a firing that overlapped",
-                };
+                r.attempt = first.attempt;
+                r.by = first.by.clone();
+                Some(write(next, vec![r], "a firing that overlapped"))
             }
-            Overlap::CancelOther => return cancel(&mine_started),
+            Overlap::CancelOther => Some(self.cancel_started()),
             // Waits for the run in flight to end.
-            Overlap::BufferOne | Overlap::BufferAll | Overlap::Allow => {}
+            Overlap::BufferOne | Overlap::BufferAll | Overlap::Allow => None,
         }
     }
-    let pending = st.running.iter().any(|e| !f.started.contains(&e.id));
 
-    // 6. Run-now requests, then late firings.
-    if let Some(t) = st.triggers.first() {
-        // A firing claimed ahead and not due yet is no run in flight.
-        if !busy || s.overlap == Overlap::Allow {
+    /// Rule 7: a run-now request, under the overlap policy (a firing claimed ahead
+    /// and not due yet is no run in flight).
+    fn run_now(&self) -> Option<Step> {
+        let t = self.st.triggers.first()?;
+        let mut next = self.st.clone();
+        if !self.busy() || self.s.overlap == Overlap::Allow {
             next.triggers.remove(0);
-            next.running.push(me.entry(now, 1, Some(t)));
-            return Step::Write {
-                next,
-                records: vec![],
-                claiming: None,
-                why: "a run-now request",
-            };
+            next.running.push(self.me.entry(self.now, 1, Some(t)));
+            return Some(write(next, vec![], "a run-now request"));
         }
-        match s.overlap {
+        match self.s.overlap {
             Overlap::Skip => {
                 next.triggers.remove(0);
-                let mut r = me.record(now, Outcome::Skipped, "overlap: a run was still in flight");
+                let mut r = self.me.record(
+                    self.now,
+                    Outcome::Skipped,
+                    "overlap: a run was still in flight",
+                );
                 r.by = Some(t.by.clone());
-                return Step::Write {
-                    next,
-                    records: vec![r],
-                    claiming: None,
-                    why: "a run-now request that overlapped",
-                };
+                Some(write(next, vec![r], "a run-now request that overlapped"))
             }
-            Overlap::CancelOther if busy => return cancel(&mine_started),
-            _ => {}
+            Overlap::CancelOther => Some(self.cancel_started()),
+            _ => None,
         }
     }
-    if !owed.due.is_empty() {
-        let due = &owed.due;
-        let last = *due.last().expect("not empty");
-        let in_flight = busy || pending;
-        match (in_flight, s.overlap) {
-            (_, Overlap::Allow) => {
-                for &t in due {
-                    next.running.push(me.entry(t, 1, None));
-                }
-                next.claimed = Some(last);
-                return Step::Write {
-                    next,
-                    records: vec![],
-                    claiming: Some(due[0]),
-                    why: "firings due",
-                };
+
+    /// Rule 8: firings older than the catch-up window are recorded missed, in one
+    /// record with their count, in the same write as the late firings' claim
+    /// (rule 9). Written apart, a step slower than the schedule's period would find
+    /// another firing missed every time, and never claim one.
+    fn catch_up(&self) -> Option<Step> {
+        let late = self.late_firings();
+        let Some(m) = self.owed.missed else {
+            return late;
+        };
+        let why = format!(
+            "due outside the catch-up window ({}){}",
+            humantime::format_duration(self.s.catchup),
+            if m.at_least {
+                "; at least this many"
+            } else {
+                ""
             }
-            (false, Overlap::Skip) | (false, Overlap::BufferAll) | (false, Overlap::BufferOne) => {
-                next.running.push(me.entry(due[0], 1, None));
-                next.claimed = Some(due[0]);
-                let mut records = vec![];
-                let skipped: &[i64] = match s.overlap {
+        );
+        let record = self.me.record_span(&m, Outcome::Missed, &why);
+        match late {
+            Some(Step::Write {
+                mut next,
+                mut records,
+                claiming,
+                why,
+            }) => {
+                next.missed += m.count as i64;
+                records.insert(0, record);
+                Some(Step::Write {
+                    next,
+                    records,
+                    claiming,
+                    why,
+                })
+            }
+            // A cancel first: the run it stops ends, and the claim then goes with
+            // the record.
+            Some(other) => Some(other),
+            None => {
+                let mut next = self.st.clone();
+                next.claimed = Some(m.last);
+                next.missed += m.count as i64;
+                Some(write(next, vec![record], "firings missed"))
+            }
+        }
+    }
+
+    /// Rule 9: firings due now, late (after a takeover, a pause or a catch-up), run
+    /// as if each overlapped the one before. Called by rule 8.
+    fn late_firings(&self) -> Option<Step> {
+        let due = self.owed.due.as_slice();
+        if due.is_empty() {
+            return None;
+        }
+        let in_flight = self.busy() || !self.pending.is_empty();
+        match (in_flight, self.s.overlap) {
+            (_, Overlap::Allow) => Some(self.claim_late(due, due, &[], "")),
+            (false, Overlap::CancelOther) => {
+                let (older, newest) = due.split_at(due.len() - 1);
+                let why = "overlap: a newer firing was due too";
+                Some(self.claim_late(due, newest, older, why))
+            }
+            (false, overlap) => {
+                // The oldest runs; under `buffer_one` the newest waits, and those
+                // between are skipped; under `skip`, every other one is.
+                let skipped: &[i64] = match overlap {
                     Overlap::Skip => &due[1..],
-                    // The newest waits; those between it and the first are skipped.
                     Overlap::BufferOne if due.len() > 2 => &due[1..due.len() - 1],
                     _ => &[],
                 };
-                if !skipped.is_empty() {
-                    next.claimed = skipped.last().copied();
-                    records.push(me.records_many(
-                        skipped,
-                        Outcome::Skipped,
-                        "overlap: caught up after another firing",
-                    ));
-                }
-                return Step::Write {
-                    next,
-                    records,
-                    claiming: Some(due[0]),
-                    why: "a firing due",
-                };
-            }
-            (false, Overlap::CancelOther) => {
-                next.running.push(me.entry(last, 1, None));
-                next.claimed = Some(last);
-                let mut records = vec![];
-                if due.len() > 1 {
-                    records.push(me.records_many(
-                        &due[..due.len() - 1],
-                        Outcome::Skipped,
-                        "overlap: a newer firing was due too",
-                    ));
-                }
-                return Step::Write {
-                    next,
-                    records,
-                    claiming: Some(due[0]),
-                    why: "a firing due",
-                };
+                let why = "overlap: caught up after another firing";
+                Some(self.claim_late(due, &due[..1], skipped, why))
             }
             (true, Overlap::Skip) => {
-                next.claimed = Some(last);
-                return Step::Write {
-                    next,
-                    records: vec![me.records_many(
-                        due,
-                        Outcome::Skipped,
-                        "overlap: a run was still in flight",
-                    )],
-                    claiming: Some(due[0]),
-                    why: "firings that overlapped",
-                };
+                let why = "overlap: a run was still in flight";
+                Some(self.claim_late(due, &[], due, why))
             }
             (true, Overlap::BufferOne) if due.len() > 1 => {
-                let skipped = &due[..due.len() - 1];
-                next.claimed = skipped.last().copied();
-                return Step::Write {
-                    next,
-                    records: vec![me.records_many(
-                        skipped,
-                        Outcome::Skipped,
-                        "overlap: a newer firing waits in its place",
-                    )],
-                    claiming: Some(due[0]),
-                    why: "firings that overlapped",
-                };
+                let why = "overlap: a newer firing waits in its place";
+                Some(self.claim_late(due, &[], &due[..due.len() - 1], why))
             }
-            (true, Overlap::CancelOther) if busy => return cancel(&mine_started),
+            (true, Overlap::CancelOther) if self.busy() => Some(self.cancel_started()),
             // Waiting for the run in flight to end.
-            (true, _) => {}
+            (true, _) => None,
         }
     }
 
-    // 7. Claim the next firing ahead of its time.
-    let first_pending = st
-        .running
-        .iter()
-        .filter(|e| !f.started.contains(&e.id))
-        .map(due_at)
-        .min();
-    if let Some(n) = owed.next {
-        let free = (!busy && !pending) || s.overlap == Overlap::Allow;
-        let claimed_already = st.claimed.is_some_and(|c| c >= n);
-        if free && !claimed_already && owed.due.is_empty() {
-            if n - now <= LEAD_MS {
-                next.running.push(me.entry(n, 1, None));
-                next.claimed = Some(n);
-                next.next = s.next_after(n);
-                return Step::Write {
-                    next,
-                    records: vec![],
-                    claiming: Some(n),
-                    why: CLAIM_AHEAD,
-                };
-            }
+    /// The write for late firings: `runs` are claimed to run, `skipped` are recorded
+    /// skipped for `why`, and `claimed` moves past the last firing settled.
+    fn claim_late(&self, due: &[i64], runs: &[i64], skipped: &[i64], why: &str) -> Step {
+        let mut next = self.st.clone();
+        for &t in runs {
+            next.running.push(self.me.entry(t, 1, None));
+        }
+        let settled = runs.iter().chain(skipped).copied().max();
+        next.claimed = settled.or(next.claimed);
+        let mut records = vec![];
+        if !skipped.is_empty() {
+            records.push(self.me.records_many(skipped, Outcome::Skipped, why));
+        }
+        let why = match (runs.len(), skipped.is_empty()) {
+            (0, _) => "firings that overlapped",
+            (1, _) => "a firing due",
+            _ => "firings due",
+        };
+        Step::Write {
+            next,
+            records,
+            claiming: Some(due[0]),
+            why,
+        }
+    }
+
+    /// Rule 10: the next firing is claimed ahead of its time when no run is in
+    /// flight; otherwise, wait for the first thing that can change the plan.
+    fn ahead_or_wait(&self) -> Step {
+        let first_pending = self.pending.iter().map(|e| self.due_at(e)).min();
+        let Some(n) = self.owed.next else {
+            return Step::Wait {
+                until_ms: first_pending,
+                poll: false,
+            };
+        };
+        let free = (!self.busy() && self.pending.is_empty()) || self.s.overlap == Overlap::Allow;
+        let claimed_already = self.st.claimed.is_some_and(|c| c >= n);
+        if !free || claimed_already || !self.owed.due.is_empty() {
+            return Step::Wait {
+                until_ms: Some(first_pending.map_or(n, |p| p.min(n))),
+                poll: false,
+            };
+        }
+        if n - self.now > LEAD_MS {
             return Step::Wait {
                 until_ms: Some(n - LEAD_MS),
                 poll: false,
             };
         }
-        let until = match first_pending {
-            Some(p) => p.min(n),
-            None => n,
-        };
-        return Step::Wait {
-            until_ms: Some(until),
-            poll: false,
-        };
+        let mut next = self.st.clone();
+        next.running.push(self.me.entry(n, 1, None));
+        next.claimed = Some(n);
+        next.next = self.s.next_after(n);
+        Step::Write {
+            next,
+            records: vec![],
+            claiming: Some(n),
+            why: CLAIM_AHEAD,
+        }
     }
-    Step::Wait {
-        until_ms: first_pending,
-        poll: false,
+}
+
+/// Whether a run's firing is older than the catch-up window (a run-now request has
+/// no window).
+fn outside_window(s: &Schedule, e: &RunEntry, now: i64) -> bool {
+    e.trigger.is_none() && e.firing < now - s.catchup.as_millis() as i64
+}
+
+/// Whether a claimed run is too late to start: its window is judged when it is
+/// claimed, and its own claim's write may take it a little past it. A minute of
+/// slack (less for a shorter window) outlasts any write in doubt, so a slow write
+/// never makes the run it claimed miss, while a claim held up for longer (a run in
+/// flight, a forward step of the server's clock) does not start late.
+fn too_late_to_start(s: &Schedule, e: &RunEntry, now: i64) -> bool {
+    let window = s.catchup.as_millis() as i64;
+    e.trigger.is_none() && e.firing < now - window - window.min(START_SLACK_MS)
+}
+
+/// A run that did not finish: its retry goes into `next`, or its record (skipped,
+/// or missed past the window) into `records`.
+fn retry_or_settle(
+    s: &Schedule,
+    e: &RunEntry,
+    me: &Me,
+    f: &Facts,
+    skip_why: &str,
+    next: &mut FiringState,
+    records: &mut Vec<RunRecord>,
+) {
+    match not_retried(s, e, me, f, skip_why) {
+        Some(r) => {
+            next.missed += i64::from(r.outcome == Some(Outcome::Missed));
+            records.push(r);
+        }
+        None => next.running.push(retry_of(e, me)),
     }
 }
 
@@ -647,7 +764,7 @@ fn not_retried(
     f: &Facts,
     skip_why: &str,
 ) -> Option<RunRecord> {
-    let late = e.trigger.is_none() && e.firing < f.now_ms - s.catchup.as_millis() as i64;
+    let late = outside_window(s, e, f.now_ms);
     let (outcome, why) = match (s.on_lost, late) {
         (OnLost::Skip, _) => (Outcome::Skipped, skip_why.to_string()),
         (OnLost::Retry, true) => (
@@ -968,17 +1085,34 @@ mod tests {
         let s = Schedule::from_spec(&doc! {"schedule": {"every": "1m", "catchup": "5m"}}, T0)
             .unwrap()
             .unwrap();
-        let (next, records, _) = written(planned(&s, &state(T0), &me(), &facts(T0 + 60 * MIN + 1)));
+        // One write: the 55 older than the window are missed, and of the five
+        // within it the first runs and the rest overlap it.
+        let (next, records, claiming) =
+            written(planned(&s, &state(T0), &me(), &facts(T0 + 60 * MIN + 1)));
         assert_eq!(records[0].outcome, Some(Outcome::Missed));
         assert_eq!(records[0].count, Some(55));
         assert_eq!(next.missed, 55);
-        assert_eq!(next.claimed, Some(T0 + 55 * MIN));
-        // Then the five within the window: the first runs, the rest overlap it.
-        let (next, records, claiming) =
-            written(planned(&s, &next, &me(), &facts(T0 + 60 * MIN + 1)));
         assert_eq!(claiming, Some(T0 + 56 * MIN));
-        assert_eq!(records[0].count, Some(4));
+        assert_eq!(records[1].outcome, Some(Outcome::Skipped));
+        assert_eq!(records[1].count, Some(4));
         assert_eq!(next.claimed, Some(T0 + 60 * MIN));
+        assert_eq!(next.running[0].firing, T0 + 56 * MIN);
+        // Missed with nothing to claim: written alone.
+        let mut busy = state(T0);
+        let run = me().entry(T0, 1, None);
+        busy.running.push(run.clone());
+        let mut f = facts(T0 + 60 * MIN + 1);
+        f.started.insert(run.id);
+        let buffered = Schedule::from_spec(
+            &doc! {"schedule": {"every": "1m", "catchup": "5m", "overlap": "buffer_all"}},
+            T0,
+        )
+        .unwrap()
+        .unwrap();
+        let (next, records, claiming) = written(planned(&buffered, &busy, &me(), &f));
+        assert_eq!(claiming, None);
+        assert_eq!(records.len(), 1);
+        assert_eq!(next.claimed, Some(T0 + 55 * MIN));
         // A pause from T0 + 30s to now: those firings were skipped as paused.
         let mut paused = state(T0);
         paused.paused_at = Some(T0 + 30_000);
@@ -1203,5 +1337,94 @@ mod tests {
         );
         f.now_ms = T0 + 5_000;
         assert_eq!(planned(&s, &st, &me(), &f), Step::Start(vec![retry]));
+    }
+    trait TapPush {
+        fn tap_push(self, e: RunEntry) -> Self;
+    }
+
+    impl TapPush for FiringState {
+        fn tap_push(mut self, e: RunEntry) -> Self {
+            self.running.push(e);
+            self
+        }
+    }
+
+    /// Carries out the planner's steps as a runner would (a write is applied, a
+    /// start is noted) while the server's clock moves `step_ms` a step: the firings
+    /// started, in order.
+    fn drive(s: &Schedule, st: FiringState, mut f: Facts, step_ms: i64, steps: usize) -> Vec<i64> {
+        let mut st = st;
+        st.schedule = Some(s.describe());
+        let mut started = vec![];
+        for _ in 0..steps {
+            match plan(s, &st, &me(), &f) {
+                Step::Write { next, .. } => st = next,
+                Step::Start(runs) => {
+                    for e in runs {
+                        started.push(e.firing);
+                        f.started.insert(e.id);
+                    }
+                }
+                Step::Cancel(_) | Step::Wait { .. } => {}
+            }
+            f.now_ms += step_ms;
+        }
+        started
+    }
+
+    #[test]
+    fn a_flood_of_firings_falling_out_of_the_window_never_starves_the_runs() {
+        // A holder back from a flood: a firing it claimed never started and is now
+        // too late to, and each of the holder's steps is slow enough (1.2 s) that
+        // another firing falls out of the catch-up window before the next one. Runs
+        // must still start, each claimed within its window.
+        let s = Schedule::from_spec(
+            &doc! {"schedule": {"every": "1s", "catchup": "1m", "overlap": "buffer_all"}},
+            T0,
+        )
+        .unwrap()
+        .unwrap();
+        let mut st = state(T0 - 150_000);
+        st.running.push(me().entry(T0 - 150_000, 1, None));
+        let started = drive(&s, st, facts(T0), 1_200, 20);
+        assert!(!started.is_empty(), "no run started");
+        assert!(
+            started.iter().all(|t| *t >= T0 - 60_000),
+            "a firing started past its window: {started:?}"
+        );
+    }
+
+    #[test]
+    fn a_claimed_run_is_missed_not_started_once_its_window_has_passed() {
+        // Claimed ahead, then the server's clock stepped ten minutes forward: the
+        // claim is older than the one-minute window, so it is recorded missed.
+        let s = Schedule::from_spec(&doc! {"schedule": {"every": "2s", "catchup": "1m"}}, T0)
+            .unwrap()
+            .unwrap();
+        let mut st = state(T0);
+        st.running.push(me().entry(T0, 1, None));
+        let f = facts(T0 + 10 * MIN);
+        let (next, records, _) = written(planned(&s, &st, &me(), &f));
+        assert!(next.running.is_empty(), "{next:?}");
+        assert_eq!(records[0].firing, T0);
+        assert_eq!(records[0].outcome, Some(Outcome::Missed));
+        assert!(records[0]
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("never started"));
+        // A claim its own slow write took a little past the window still starts.
+        let f_late = facts(T0 + MIN + 5_000);
+        assert_eq!(
+            planned(&s, &st, &me(), &f_late),
+            Step::Start(vec![st.running[0].clone()])
+        );
+        // Then it goes on with firings inside the window, and never starts the old one.
+        let started = drive(&s, state(T0).tap_push(me().entry(T0, 1, None)), f, 500, 40);
+        assert!(!started.is_empty(), "nothing started after the step");
+        assert!(
+            started.iter().all(|t| *t >= T0 + 9 * MIN),
+            "a firing started past its window: {started:?}"
+        );
     }
 }
