@@ -733,6 +733,81 @@ async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none
     assert_eq!(report.robots, 1, "{report:?}");
 }
 
+/// A firing claimed ahead of its time, then the server's clock stepped ten minutes
+/// forward (as a new primary's clock might be): that firing is now far outside its
+/// one-minute catch-up window, so it is recorded missed, never started ten minutes
+/// late, and the schedule goes on from the stepped clock.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_firing_claimed_before_a_ten_minute_clock_step_is_missed_not_started_late() {
+    assert!(
+        std::path::Path::new(common::LIBFAKETIME).exists(),
+        "this test steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
+    );
+    let server = common::PrivateServer::start_with(&[
+        ("LD_PRELOAD", common::LIBFAKETIME),
+        ("FAKETIME", "+600s"),
+        ("FAKETIME_START_AFTER_SECONDS", "40"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ]);
+    let db = TestDb::on(&server.uri, "sched_bigstep").await;
+    db.init(1).await;
+    // Every 20 s: when the clock steps, the next firing has almost always been
+    // claimed ahead and not started yet.
+    let spec =
+        r#"{"schedule": {"every": "20s", "catchup": "1m", "keep_runs": 1000}, "history": 1000}"#;
+    db.cli_ok(&[
+        "robot", "create", "--name", "tick", "--kind", "counter", "--spec", spec,
+    ]);
+    let _worker = db.worker(&["--tick", "3s"]);
+    wait_for(
+        Duration::from_secs(60),
+        "the next firing claimed ahead",
+        || async {
+            let r = db.robot("tick").await;
+            let claimed = r
+                .get_document("firings")
+                .ok()
+                .and_then(|f| f.get_array("running").ok())
+                .is_some_and(|a| !a.is_empty());
+            claimed.then_some(())
+        },
+    )
+    .await;
+    let stepped_at = common::server_clock_step(&db).await;
+    let r = wait_for(
+        Duration::from_secs(90),
+        "two runs after the step",
+        || async {
+            let r = db.robot("tick").await;
+            let after = runs(&r)
+                .iter()
+                .filter(|x| {
+                    x.get_str("outcome") == Ok("succeeded")
+                        && x.get_i64("firing").unwrap_or(0) > stepped_at
+                })
+                .count();
+            (after >= 2).then_some(r)
+        },
+    )
+    .await;
+    for run in runs(&r) {
+        let lateness = run.get_i64("lateness_ms").unwrap_or(0);
+        assert!(
+            lateness <= 120_000,
+            "a firing started {} s late, past its one-minute window: {run}",
+            lateness / 1000
+        );
+    }
+    assert!(
+        runs(&r)
+            .iter()
+            .any(|x| x.get_str("outcome") == Ok("missed")),
+        "the firings the step jumped over were not recorded missed: {:?}",
+        runs(&r)
+    );
+    invariants::check_firings(&db, false).await;
+}
+
 /// A robot whose `runs` was written around the validator as something other than a
 /// list: the firing-state write appends to `runs`, which the server refuses, so
 /// the holder replaces it with an empty list (fenced, said in its log) and the
