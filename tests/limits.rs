@@ -624,3 +624,70 @@ fn the_shim_refuses_cgroup_only_limits_where_it_cannot_make_a_cgroup() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, Some(0), "rlimits, and the command ran: {said}");
 }
+
+/// The shim is sent a lease deadline that has already passed (a busy host: the
+/// worker read it just before a renewal): it does not refuse the run, it waits for
+/// the next deadline and starts the command then. Stopped before a live deadline
+/// came, it starts nothing and says so with its own exit code (125), which the
+/// worker takes for a run that never started rather than one that failed.
+#[test]
+fn the_shim_waits_for_a_live_deadline_and_starts_nothing_without_one() {
+    use std::io::Write;
+    let monotonic_ns = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into the timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    let dir = std::env::temp_dir().join(format!("slotpool-deadline-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shim = |mark: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_slotpool"))
+            .args(["__robot-shim", "100", "rlimit", "-", "-", "/bin/sh", "-c"])
+            .arg(format!("echo ran > {}", mark.display()))
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let said = |child: &mut std::process::Child| {
+        let mut said = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut said).unwrap();
+        said
+    };
+
+    // A stale deadline, then a live one: the command runs.
+    let ran = dir.join("ran");
+    let mut child = shim(&ran);
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "D {}", monotonic_ns() - 1).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        !ran.exists(),
+        "the command started on a deadline already past"
+    );
+    writeln!(stdin, "D {}", monotonic_ns() + 30_000_000_000).unwrap();
+    let status = child.wait().unwrap();
+    drop(stdin);
+    assert_eq!(status.code(), Some(0), "{}", said(&mut child));
+    assert!(ran.exists(), "the command never ran");
+
+    // A stale deadline, then a stop (or the worker gone): nothing starts.
+    for stop in ["K\n", ""] {
+        let never = dir.join("never");
+        let mut child = shim(&never);
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "D {}", monotonic_ns() - 1).unwrap();
+        stdin.write_all(stop.as_bytes()).unwrap();
+        drop(stdin);
+        let status = child.wait().unwrap();
+        let said = said(&mut child);
+        assert_eq!(status.code(), Some(125), "{said}");
+        assert!(said.contains("not started"), "{said}");
+        assert!(!never.exists(), "the command ran without a live deadline");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

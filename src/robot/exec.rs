@@ -692,6 +692,11 @@ impl Robot<'_> {
                 ));
             }
         }
+        if status.code() == Some(shim::NOT_STARTED) {
+            return RobotError::NotStarted(
+                "the lease ended before the robot's shim had a live deadline".into(),
+            );
+        }
         if status.code() == Some(shim::CANNOT_START) {
             if let Some(task) = self.stderr.take() {
                 let waited = tokio::time::timeout(Duration::from_millis(500), task).await;

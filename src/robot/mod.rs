@@ -84,6 +84,11 @@ pub enum RobotError {
     Finished,
     #[error("database error: {0}")]
     Db(String),
+    /// Nothing of the run started: the lease ended before its process could start
+    /// (the shim is given a live deadline first, and waits for one). Not a run
+    /// that failed: a scheduled firing stays claimed, to start again.
+    #[error("not started: {0}")]
+    NotStarted(String),
 }
 
 impl From<ContextError> for RobotError {

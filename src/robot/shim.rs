@@ -69,6 +69,31 @@ pub const ERROR_PREFIX: &str = "slotpool robot shim: ";
 /// The shim's exit code when it could not start the robot (as shells use 127).
 pub const CANNOT_START: i32 = 127;
 
+/// The shim's exit code when the lease ended (a stop, or the worker gone) before it
+/// had a live deadline: nothing of the robot started.
+pub const NOT_STARTED: i32 = 125;
+
+/// Why the shim did not run the robot.
+#[derive(Debug)]
+enum Refused {
+    /// The lease ended before the robot could start.
+    NotStarted(String),
+    /// It cannot start (bad arguments, limits, the command).
+    Cannot(String),
+}
+
+impl From<String> for Refused {
+    fn from(e: String) -> Self {
+        Refused::Cannot(e)
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(e: &str) -> Self {
+        Refused::Cannot(e.to_string())
+    }
+}
+
 /// The descriptor on which the shim reports to the worker ([`Report`] lines).
 pub const REPORT_FD: i32 = 4;
 
@@ -460,6 +485,33 @@ fn give_up_ptrace() {
     }
 }
 
+/// The first live deadline: none, no robot. A deadline that passed on its way here
+/// (a busy host: the worker sent it just before a renewal) is followed by the next
+/// renewal's, so it is waited for. A stop, or the worker gone, first: the robot
+/// never starts, and the worker is told so by [`NOT_STARTED`].
+fn first_live_deadline(control: &mut impl std::io::BufRead) -> Result<u64, Refused> {
+    loop {
+        let mut line = String::new();
+        match control.read_line(&mut line) {
+            Ok(0) | Err(_) => {
+                return Err(Refused::NotStarted(
+                    "the worker went away before the lease gave a live deadline; not started"
+                        .into(),
+                ))
+            }
+            Ok(_) => match Control::parse(&line) {
+                Some(Control::Deadline(ns)) if ns > monotonic_ns() => return Ok(ns),
+                Some(Control::Deadline(_)) => {}
+                Some(Control::Term | Control::Kill) | None => {
+                    return Err(Refused::NotStarted(
+                        "stopped before the lease gave a live deadline; not started".into(),
+                    ))
+                }
+            },
+        }
+    }
+}
+
 /// If this process was started as a shim, runs it and never returns. Call first
 /// thing in `main` of any binary that runs workers.
 pub fn run_if_requested() {
@@ -469,7 +521,11 @@ pub fn run_if_requested() {
     }
     let code = match run(&args[2..]) {
         Ok(status) => exit_like(status),
-        Err(e) => {
+        Err(Refused::NotStarted(e)) => {
+            let _ = writeln!(std::io::stderr(), "{ERROR_PREFIX}{e}");
+            NOT_STARTED
+        }
+        Err(Refused::Cannot(e)) => {
             let _ = writeln!(std::io::stderr(), "{ERROR_PREFIX}{e}");
             CANNOT_START
         }
@@ -477,11 +533,11 @@ pub fn run_if_requested() {
     std::process::exit(code);
 }
 
-fn run(args: &[String]) -> Result<ExitStatus, String> {
+fn run(args: &[String]) -> Result<ExitStatus, Refused> {
     let [grace_ms, via, limits, user, command, rest @ ..] = args else {
-        return Err(format!(
+        return Err(Refused::Cannot(format!(
             "usage: slotpool {SHIM_ARG} GRACE_MS auto|cgroup|rlimit LIMITS UID:GID|- COMMAND [ARGS…]"
-        ));
+        )));
     };
     let run_as = super::run_as::RunAs::from_arg(user)?;
     let grace = Duration::from_millis(grace_ms.parse().map_err(|_| "bad grace")?);
@@ -498,18 +554,7 @@ fn run(args: &[String]) -> Result<ExitStatus, String> {
     let limits = super::limits::Limits::from_arg(limits)?;
     let mut reporter = Reporter::take();
     let (tx, rx) = mpsc::channel();
-    // The first deadline comes before the robot starts; no deadline, no robot.
-    let mut stdin = std::io::stdin().lock();
-    let mut first = String::new();
-    let deadline = match stdin
-        .read_line(&mut first)
-        .ok()
-        .and_then(|_| Control::parse(&first))
-    {
-        Some(Control::Deadline(ns)) if ns > monotonic_ns() => ns,
-        _ => return Err("no live lease deadline before start; not starting".into()),
-    };
-    drop(stdin);
+    let deadline = first_live_deadline(&mut std::io::stdin().lock())?;
     // Orphans of the robot's tree come to us, not to init (see the module docs).
     // SAFETY: prctl on this process.
     unsafe {
@@ -670,6 +715,20 @@ mod tests {
         }
         assert_eq!(Control::parse("D x"), None);
         assert_eq!(Control::parse(""), None);
+    }
+
+    #[test]
+    fn a_deadline_past_on_its_way_is_waited_out_and_a_stop_first_starts_nothing() {
+        let live = monotonic_ns() + 10_000_000_000;
+        let mut control = std::io::Cursor::new(format!("D 1\nD {live}\n"));
+        assert_eq!(first_live_deadline(&mut control).unwrap(), live);
+        for then in ["K\n", "T\n", "", "garbage\n"] {
+            let mut control = std::io::Cursor::new(format!("D 1\n{then}"));
+            assert!(matches!(
+                first_live_deadline(&mut control),
+                Err(Refused::NotStarted(_))
+            ));
+        }
     }
 
     #[test]

@@ -76,6 +76,11 @@ impl Runner {
             }
             let error = match outcome {
                 Ok(()) if self.token.is_cancelled() => break,
+                // Nothing of it ran: the lease ended first, and the stop follows.
+                Err(RobotError::NotStarted(why)) if !self.ctx.lease_open() => {
+                    tracing::debug!(robot = %self.name, "{why}");
+                    break;
+                }
                 Ok(()) => RobotError::Crashed("returned without being asked to stop".into()),
                 Err(RobotError::Fenced(why)) if !self.ctx.lease_open() => {
                     // The whole holder stopped writing (its lease lapsed): the worker

@@ -732,6 +732,10 @@ impl Scheduled {
         let Some(s) = self.started.remove(&id) else {
             return true;
         };
+        if let Err(RobotError::NotStarted(why)) = &result {
+            self.not_started(id, s, why);
+            return true;
+        }
         let by_overlap = self.stopping.remove(&id);
         let (mut outcome, mut reason, ended_ms) = self.ended_as(&s, &result, asked, by_overlap);
         self.carried = (s.alone && self.starts == s.start_no && self.started.is_empty())
@@ -811,6 +815,25 @@ impl Scheduled {
             }
         }
         go_on
+    }
+
+    /// Run `id` never started (its lease ended before its process could): it is no
+    /// run that ended. It stays claimed, to start again after a pause (or be
+    /// recorded missed once too late), or to be handed on if the instance stops.
+    fn not_started(&mut self, id: ObjectId, s: Started, why: &str) {
+        tracing::warn!(robot = %self.r.name, "a firing's run did not start ({why}); it stays claimed");
+        self.stopping.remove(&id);
+        self.ran.remove(&id);
+        if self.started.is_empty() {
+            // Nothing ran: the robot is as the run was to start from.
+            self.carried = Some(s.from);
+        }
+        let now_ms = self
+            .shared
+            .time
+            .now_ms(self.clock())
+            .unwrap_or(s.started_ms);
+        self.not_before.insert(id, now_ms + POLL.as_millis() as i64);
     }
 
     /// What became of run `s` ([`outcome_of`]), and when it ended on the server's
@@ -1047,6 +1070,11 @@ impl Scheduled {
                 },
             };
             if let Some(s) = self.started.remove(&id) {
+                if let Err(RobotError::NotStarted(why)) = &result {
+                    // Given back or handed on below, as a claim that never started.
+                    self.not_started(id, s, why);
+                    continue;
+                }
                 let by_overlap = self.stopping.remove(&id);
                 let (mut outcome, mut reason, ended_ms) =
                     self.ended_as(&s, &result, asked, by_overlap);
