@@ -461,6 +461,75 @@ async fn a_run_cut_off_by_kill_9_or_a_partition_is_retried_never_run_beside_itse
     third.kill9();
 }
 
+/// The documented pattern for work a cut-off run may already have done: the run
+/// keys its side effect by `SLOTPOOL_FIRING`, and a retry (`SLOTPOOL_ATTEMPT` above
+/// 1) first looks whether it is done. The holder is killed with -9 after a run did
+/// its effect and before it ended: the successor records the run lost and retries
+/// it as attempt 2, which finds the effect done and does not repeat it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retried_run_sees_its_attempt_and_does_its_keyed_work_once() {
+    let db = TestDb::new("sched_attempt").await;
+    db.init(1).await;
+    let log = db.dir.join("runs.log");
+    let ledger = db.dir.join("ledger");
+    let cmd = common::script(
+        &db,
+        "job.sh",
+        &format!(
+            r#"echo "start $SLOTPOOL_FIRING $SLOTPOOL_ATTEMPT" >> '{log}'
+if [ "$SLOTPOOL_ATTEMPT" -gt 1 ] && grep -qx "$SLOTPOOL_FIRING" '{ledger}'; then
+  echo "already $SLOTPOOL_FIRING $SLOTPOOL_ATTEMPT" >> '{log}'
+  exit 0
+fi
+echo "$SLOTPOOL_FIRING" >> '{ledger}'
+sleep 3
+echo "end $SLOTPOOL_FIRING $SLOTPOOL_ATTEMPT" >> '{log}'
+"#,
+            log = log.display(),
+            ledger = ledger.display()
+        ),
+    );
+    db.scheduled_exec("job", &cmd, r#"{"every": "5s", "keep_runs": 1000}"#);
+    let mut workers = [db.exec_worker(&[]), db.exec_worker(&[])];
+    // A run in flight whose effect is done: its firing is the ledger's last line.
+    let done = wait_for(Duration::from_secs(40), "a run past its effect", || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let last = text.lines().last()?.to_string();
+        let firing = last.strip_prefix("start ")?.split(' ').next()?.to_string();
+        let ledger = std::fs::read_to_string(&ledger).unwrap_or_default();
+        (ledger.lines().last() == Some(firing.as_str())).then_some(firing)
+    })
+    .await;
+    let held_by = holder(&db).await;
+    workers
+        .iter_mut()
+        .find(|w| w.id == held_by)
+        .expect("the holder is ours")
+        .kill9();
+    wait_for(
+        Duration::from_secs(30),
+        "the retry of the lost run",
+        || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains(&format!("already {done} 2")).then_some(())
+        },
+    )
+    .await;
+    let ledger = std::fs::read_to_string(&ledger).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for firing in ledger.lines() {
+        assert!(
+            seen.insert(firing),
+            "work done twice for {firing}: {ledger}"
+        );
+    }
+    let report = invariants::check_firings(&db, false).await;
+    assert!(
+        report.lost >= 1,
+        "the cut-off run was recorded lost: {report:?}"
+    );
+}
+
 /// `robot update` of the schedule while a run is in flight: the instance stops (the
 /// run is recorded stopped and handed on), the new schedule holds from the change
 /// on, and nothing runs twice at once or goes without a record.

@@ -307,6 +307,9 @@ impl RobotKind for Exec {
         if let Some(firing) = run.firing() {
             cmd.env("SLOTPOOL_FIRING", super::schedule::rfc3339(firing));
         }
+        if let Some(attempt) = run.attempt() {
+            cmd.env("SLOTPOOL_ATTEMPT", attempt.to_string());
+        }
         let fd = context_fd.as_raw_fd();
         let report_fd = report_tx.as_raw_fd();
         // SAFETY: dup2 is async-signal-safe; it runs in the child between fork and

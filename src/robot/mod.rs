@@ -158,6 +158,9 @@ pub struct RobotRun {
     pub(crate) backstop: Duration,
     /// For a scheduled robot, the firing this run answers (server milliseconds).
     pub(crate) firing: Option<i64>,
+    /// For a scheduled robot, this run's attempt at its firing (1, then 2, … for a
+    /// retry).
+    pub(crate) attempt: Option<i64>,
     /// For a scheduled robot, what this run's checkpoints leave for the next run.
     pub(crate) left: Option<Arc<std::sync::Mutex<Left>>>,
 }
@@ -223,6 +226,14 @@ impl RobotRun {
     /// that firing and returns. None for a daemon.
     pub fn firing(&self) -> Option<i64> {
         self.firing
+    }
+    /// For a robot on a schedule, which attempt at its firing this run is: 1, then
+    /// 2, 3, … when a run cut off by its holder's loss or a stop is retried, or a
+    /// failed one restarted. A run that may repeat work an earlier attempt already
+    /// did uses it (with the firing) to do that work effectively once. None for a
+    /// daemon.
+    pub fn attempt(&self) -> Option<i64> {
+        self.attempt
     }
 
     /// The worker (`ip:port`) running this robot.

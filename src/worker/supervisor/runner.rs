@@ -343,6 +343,7 @@ impl Runner {
             grace: self.grace,
             backstop: self.backstop,
             firing: None,
+            attempt: None,
             left: None,
         };
         // Given back however the run ends, an abort after the stop grace included.

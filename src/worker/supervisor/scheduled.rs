@@ -658,6 +658,7 @@ impl Scheduled {
             grace: self.r.grace,
             backstop: self.r.backstop,
             firing: Some(e.firing),
+            attempt: Some(e.attempt),
             left: Some(left.clone()),
         };
         let started_ms = self.shared.time.now_ms(self.clock()).unwrap_or(now_ms);
