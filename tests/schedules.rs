@@ -1017,6 +1017,40 @@ async fn a_counters_step_lands_with_its_runs_end_in_one_write() {
     );
 }
 
+/// An exec robot's firing costs one robot write, too: its shim's containment report
+/// (the same at every run) is written once for the instance, not at every start.
+/// Counted at a proxy, as the server sees it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exec_robots_firing_costs_one_robot_write() {
+    use common::proxy::Proxy;
+    let db = TestDb::new("sched_exec_one_write").await;
+    db.init(1).await;
+    let cmd = common::script(&db, "quick.sh", "exit 0\n");
+    db.scheduled_exec("quick", &cmd, r#"{"every": "1s", "keep_runs": 100}"#);
+    let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
+    let w = {
+        let allow = db.exec_allow();
+        db.worker_via(&proxy, &["--exec-allow", &allow])
+    };
+    wait_succeeded(&db, "quick", 2).await;
+    let metric = |name: &str| w.metric(name).expect("the worker's /metrics");
+    let asked0 = proxy.tally().snapshot();
+    let started0 = metric("slotpool_firings_started_total");
+    wait_succeeded(&db, "quick", 9).await;
+    let started = metric("slotpool_firings_started_total") - started0;
+    let asked = proxy.tally().since(&asked0);
+    let writes = asked.get("update robots").copied().unwrap_or(0);
+    assert!(started >= 6, "{started} firings started");
+    // The tally and /metrics are read apart, so one firing's write may fall on
+    // either side.
+    assert!(
+        writes <= started + 1,
+        "{writes} robot writes for {started} firings: {asked:?}"
+    );
+    let r = db.robot("quick").await;
+    assert!(r.get_str("containment").is_ok(), "recorded once: {r:?}");
+}
+
 /// A run's last step goes with its end in one statement; when the server refuses
 /// that statement because of the step (here a `history` edited into no list, which
 /// the step's history record cannot be appended to), the run is recorded failed

@@ -21,11 +21,14 @@
 //!
 //! Spec: `{"command": "/path/or/name", "args": ["..."], "env": {"K": "V"}, "history": 0}`.
 
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bson::oid::ObjectId;
 use bson::{Bson, Document};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -47,12 +50,48 @@ pub struct Exec {
     /// The program started as each robot's shim: this very binary, which must call
     /// [`shim::run_if_requested`] first thing in `main`.
     shim: std::path::PathBuf,
+    /// What containment this worker last recorded for each robot instance.
+    recorded: Recorded,
+}
+
+/// The containment report each robot instance (id, generation) last had recorded:
+/// a scheduled robot's runs all report the same, so it is written once per
+/// instance, not once per firing.
+#[derive(Debug, Clone, Default)]
+struct Recorded(Arc<std::sync::Mutex<HashMap<ObjectId, (i64, Option<Document>)>>>);
+
+/// Instances remembered before the memory is cleared (each is then written once more).
+const RECORDED_MAX: usize = 100_000;
+
+impl Recorded {
+    fn is_current(&self, id: &ObjectId, gen: i64, applied: &Option<Document>) -> bool {
+        let map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(id).is_some_and(|(g, a)| *g == gen && a == applied)
+    }
+
+    fn note(&self, id: ObjectId, gen: i64, applied: Option<Document>) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.len() >= RECORDED_MAX {
+            map.clear();
+        }
+        map.insert(id, (gen, applied));
+    }
 }
 
 impl Exec {
     pub fn new(policy: ExecPolicy) -> Self {
         let shim = std::env::current_exe().unwrap_or_else(|_| "slotpool".into());
-        Exec { policy, shim }
+        Exec {
+            policy,
+            shim,
+            recorded: Recorded::default(),
+        }
     }
 
     /// Uses another program as the shim (one that calls
@@ -343,6 +382,7 @@ impl RobotKind for Exec {
             lines: tokio::io::AsyncBufReadExt::lines(BufReader::new(report_rx)),
             limits,
             seen: Reported::default(),
+            recorded: self.recorded.clone(),
         };
         let first = tokio::time::timeout(Duration::from_secs(5), reports.next(&run)).await;
         let reports = match first {
@@ -420,6 +460,7 @@ struct Reports {
     lines: tokio::io::Lines<BufReader<tokio::net::unix::pipe::Receiver>>,
     limits: Limits,
     seen: Reported,
+    recorded: Recorded,
 }
 
 impl Reports {
@@ -431,11 +472,16 @@ impl Reports {
         match serde_json::from_str::<shim::Report>(&line) {
             Ok(shim::Report::Limits(applied)) => {
                 let applied = applied.and_then(|a| bson::to_document(&a).ok());
-                // A failure here is the next checkpoint's to report.
-                let _ = run
-                    .store
-                    .set_containment(&run.id, run.gen, shim::CONTAINMENT, applied)
-                    .await;
+                if !self.recorded.is_current(&run.id, run.gen, &applied) {
+                    // A failure here is the next checkpoint's to report.
+                    let written = run
+                        .store
+                        .set_containment(&run.id, run.gen, shim::CONTAINMENT, applied.clone())
+                        .await;
+                    if matches!(written, Ok(true)) {
+                        self.recorded.note(run.id, run.gen, applied);
+                    }
+                }
             }
             Ok(shim::Report::PidsLimitHit) => {
                 run.metrics().pids_limit_hits.inc();
