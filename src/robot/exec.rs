@@ -58,7 +58,10 @@ pub struct Exec {
 /// a scheduled robot's runs all report the same, so it is written once per
 /// instance, not once per firing.
 #[derive(Debug, Clone, Default)]
-struct Recorded(Arc<std::sync::Mutex<HashMap<ObjectId, (i64, Option<Document>)>>>);
+struct Recorded(Arc<std::sync::Mutex<HashMap<ObjectId, Instance>>>);
+
+/// An instance's generation, and the applied limits recorded for it.
+type Instance = (i64, Option<Document>);
 
 /// Instances remembered before the memory is cleared (each is then written once more).
 const RECORDED_MAX: usize = 100_000;
