@@ -290,15 +290,34 @@ async fn run_now_and_pause_are_recorded_and_shown() {
     ]);
     let _w = db.worker(&[]);
     wait_succeeded(&db, "tick", 2).await;
-    // A run-now request for a robot whose next firing is an hour away.
-    db.cli_ok(&["robot", "trigger", "hourly"]);
+    // A run-now request for a robot whose next firing is an hour away, asked with
+    // no `$USER` (a cron job, a container): the system's name for the user.
+    let asked = std::process::Command::new(env!("CARGO_BIN_EXE_slotpool"))
+        .args(["robot", "trigger", "hourly"])
+        .env("MONGODB_URI", &db.uri)
+        .env_remove("USER")
+        .output()
+        .unwrap();
+    assert!(asked.status.success(), "{asked:?}");
+    let me = String::from_utf8(
+        std::process::Command::new("id")
+            .arg("-un")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
     let r = wait_for(Duration::from_secs(30), "the triggered run", || async {
         let r = db.robot("hourly").await;
         (succeeded(&r) == 1).then_some(r)
     })
     .await;
     let run = &runs(&r)[0];
-    assert!(run.get_str("by").unwrap().starts_with("cli:"), "{run}");
+    assert_eq!(
+        run.get_str("by").unwrap(),
+        format!("cli:{}", me.trim()),
+        "{run}"
+    );
     assert_eq!(r.get_document("context").unwrap().get_i64("n"), Ok(1));
     // Run-now requests racing every-second firings: each is a run of its own or
     // recorded skipped (overlap), never lost.
@@ -357,6 +376,12 @@ async fn run_now_and_pause_are_recorded_and_shown() {
         serde_json::from_str(&db.cli_ok(&["robot", "runs", "hourly", "--json"])).unwrap();
     assert_eq!(json["runs"][0]["outcome"], "succeeded");
     assert!(json["next"].is_string(), "{json}");
+    // Its next firing is an hour away: neither in flight nor claimed yet.
+    assert_eq!(json["running"], serde_json::json!([]), "{json}");
+    assert_eq!(json["claimed"], serde_json::json!([]), "{json}");
+    // An every-second robot has its next firing claimed ahead, and says so.
+    let shown = db.cli_ok(&["robot", "runs", "tick", "--limit", "1"]);
+    assert!(shown.contains("claimed ahead: "), "{shown}");
     // Bad requests say why.
     let daemon = db.cli(&["robot", "create", "--name", "d", "--kind", "counter"]);
     assert!(daemon.status.success());

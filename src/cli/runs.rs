@@ -42,8 +42,10 @@ struct Runs {
     schedule: Option<String>,
     /// The next firing, from the schedule (a firing claimed ahead included).
     next: Option<String>,
-    /// Firings in flight now.
+    /// Firings whose time came, in flight (or starting).
     running: Vec<String>,
+    /// Firings claimed ahead of their time: not started yet.
+    claimed: Vec<String>,
     /// Run-now requests waiting for the holder.
     triggers: usize,
     /// Firings missed outside the catch-up window, in all.
@@ -93,6 +95,7 @@ pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> any
         Ok(s) => s.map(|s| s.describe()),
         Err(e) => Some(format!("invalid: {e}")),
     };
+    let (due, claimed) = st.due_and_claimed(now);
     let mut records = runs_of(&d);
     // Newest first, at most `limit`.
     records.reverse();
@@ -101,7 +104,8 @@ pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> any
         name: name.to_string(),
         schedule,
         next: next.map(rfc3339),
-        running: st.running.iter().map(|e| rfc3339(e.firing)).collect(),
+        running: due.into_iter().map(rfc3339).collect(),
+        claimed: claimed.into_iter().map(rfc3339).collect(),
         triggers: st.triggers.len(),
         missed: st.missed,
         runs: records.iter().map(RunRow::from).collect(),
@@ -116,13 +120,10 @@ pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> any
     };
     say!("{name}: {schedule}");
     say!(
-        "next firing: {}; in flight: {}; run-now requests waiting: {}; missed in all: {}",
+        "next firing: {}; in flight: {}; claimed ahead: {}; run-now requests waiting: {}; missed in all: {}",
         out.next.as_deref().unwrap_or("-"),
-        if out.running.is_empty() {
-            "none".to_string()
-        } else {
-            out.running.join(", ")
-        },
+        listed(&out.running),
+        listed(&out.claimed),
         out.triggers,
         out.missed
     );
@@ -211,5 +212,14 @@ mod tests {
             keys(serde_json::to_value(&all).unwrap()),
             ["missed", "name", "next", "running", "runs", "schedule", "triggers"]
         );
+    }
+}
+
+/// Firings as a list in a sentence.
+fn listed(firings: &[String]) -> String {
+    if firings.is_empty() {
+        "none".to_string()
+    } else {
+        firings.join(", ")
     }
 }

@@ -269,6 +269,15 @@ impl FiringState {
         }
     }
 
+    /// The firings in `running` whose time came by `now_ms` (in flight, or about to
+    /// start), and those claimed ahead of their time, which cannot have started.
+    pub fn due_and_claimed(&self, now_ms: i64) -> (Vec<i64>, Vec<i64>) {
+        self.running
+            .iter()
+            .map(|e| e.firing)
+            .partition(|firing| *firing <= now_ms)
+    }
+
     /// Where firings owed start: after the last settled one, and never before the
     /// robot (or its schedule) was made.
     pub fn settled_until(&self) -> Option<i64> {

@@ -37,7 +37,7 @@ impl Actor {
     pub fn cli() -> Actor {
         Actor {
             by: "cli",
-            who: std::env::var("USER").unwrap_or_else(|_| "unknown".into()),
+            who: login_name(),
             from: None,
         }
     }
@@ -49,6 +49,18 @@ impl Actor {
         }
         d
     }
+}
+
+/// Who runs this process: `$USER` as a login shell sets it, else the name of the
+/// process's user id (a cron job, a container or `env -i` has no `$USER`), else
+/// that id itself.
+fn login_name() -> String {
+    if let Some(user) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
+        return user;
+    }
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    crate::robot::run_as::user_name(uid).unwrap_or_else(|| format!("uid {uid}"))
 }
 
 #[derive(Debug, thiserror::Error)]

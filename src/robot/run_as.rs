@@ -147,13 +147,30 @@ fn lookup_user(name: &str) -> Option<(u32, u32)> {
 }
 
 fn lookup_user_by_id(uid: u32) -> Option<u32> {
+    account_by_id(uid).map(|(_, gid)| gid)
+}
+
+/// The name of the account with user id `uid`, from the system's user database.
+pub(crate) fn user_name(uid: u32) -> Option<String> {
+    account_by_id(uid).map(|(name, _)| name)
+}
+
+/// The account with user id `uid`: its name and primary group.
+fn account_by_id(uid: u32) -> Option<(String, u32)> {
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    // SAFETY: getpwuid_r writes into the passwd and buffer we own.
+    // SAFETY: getpwuid_r writes into the passwd and buffer we own; pw_name points
+    // into that buffer, which outlives the copy made of it.
     unsafe {
         let mut pw: libc::passwd = std::mem::zeroed();
         let mut out = std::ptr::null_mut();
         let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out);
-        (rc == 0 && !out.is_null()).then_some(pw.pw_gid)
+        if rc != 0 || out.is_null() || pw.pw_name.is_null() {
+            return None;
+        }
+        let name = std::ffi::CStr::from_ptr(pw.pw_name)
+            .to_string_lossy()
+            .into_owned();
+        Some((name, pw.pw_gid))
     }
 }
 

@@ -570,6 +570,7 @@ fn runs_section(doc: &bson::Document, now_ms: i64) -> Option<Markup> {
         Ok(None) => return None,
         Err(e) => (format!("invalid: {e}"), None),
     };
+    let (due, claimed) = st.due_and_claimed(now_ms);
     let mut runs = runs_of(doc);
     runs.reverse();
     runs.truncate(20);
@@ -578,7 +579,8 @@ fn runs_section(doc: &bson::Document, now_ms: i64) -> Option<Markup> {
         p #schedule {
             span #schedule-words { (words) }
             " · next firing " span #next-firing { (next.map_or("-".into(), rfc3339)) }
-            " · in flight " (st.running.len())
+            " · in flight " (due.len())
+            " · claimed ahead " (claimed.len())
             " · run-now requests waiting " (st.triggers.len())
             " · missed in all " (st.missed)
         }
