@@ -168,6 +168,15 @@ pub async fn trigger(store: &Store, name: &str, as_json: bool) -> anyhow::Result
     Ok(())
 }
 
+/// Firings as a list in a sentence.
+fn listed(firings: &[String]) -> String {
+    if firings.is_empty() {
+        "none".to_string()
+    } else {
+        firings.join(", ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,22 +213,14 @@ mod tests {
             schedule: None,
             next: None,
             running: vec![],
+            claimed: vec![],
             triggers: 0,
             missed: 0,
             runs: vec![],
         };
         assert_eq!(
             keys(serde_json::to_value(&all).unwrap()),
-            ["missed", "name", "next", "running", "runs", "schedule", "triggers"]
+            ["claimed", "missed", "name", "next", "running", "runs", "schedule", "triggers"]
         );
-    }
-}
-
-/// Firings as a list in a sentence.
-fn listed(firings: &[String]) -> String {
-    if firings.is_empty() {
-        "none".to_string()
-    } else {
-        firings.join(", ")
     }
 }
