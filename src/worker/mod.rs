@@ -789,6 +789,15 @@ impl Worker {
             let (timing, overflow_after) = (&self.settings.timing, self.settings.overflow_after);
             if standby_line::may_claim(ready, timing, overflow_after) {
                 self.claim(&claimable, !self.held.is_empty()).await;
+                // What it holds now sets how soon it looks again: a holder of two
+                // surveys every tick, to see a new standby and hand one back.
+                wait = wait.min(standby_line::survey_every(
+                    self.place(),
+                    self.held.len(),
+                    narrow,
+                    self.tick(),
+                    overflow_after,
+                ));
             } else {
                 tracing::debug!(
                     slots = claimable.len(),
