@@ -1,20 +1,20 @@
 //! The worker: decides which slots to hold, and gives them back.
 //!
 //! Each round it heartbeats and re-reads its place in the line when those are due
-//! ([`crate::worker::standby_line`]), surveys the expired slots, reads who else is alive when that
-//! matters, and acts on what [`crate::worker::slot_rules`] decides: claim an expired slot (at
-//! once as a standby; as overflow when standbys had their chance), or hand one back
-//! to a standby. At the front of the line rounds come every tick, at the earliest
+//! ([`crate::worker::standby_line`]), surveys the expired slots, reads who else is
+//! alive when that matters, and acts on what [`crate::worker::claim_policy`] decides:
+//! claim an expired slot (at once as a standby; as overflow when standbys had their
+//! chance), hand one back to a standby, or wait, and when to look again. At the front of the line rounds come every tick, at the earliest
 //! expiry, or within a release poll (`--release-poll`) of a release; behind it,
 //! every few ticks. Everything that lives as long as one held lease, renewals and
 //! robots included, is a [`HeldSlot`]; a worker may hold several.
 
+pub mod claim_policy;
 pub mod clock_step;
 pub mod held_slot;
 pub mod http;
 pub mod identity;
 pub mod poke;
-pub mod slot_rules;
 pub mod standby_line;
 pub mod status;
 pub mod supervisor;
@@ -34,8 +34,9 @@ use crate::db::lease::{LeaseProtocol, Survey};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::Registry;
+use crate::worker::claim_policy::{peers, ClaimDecision, HandBack, Round, Seen};
 use crate::worker::held_slot::{Ended, HeldSlot, HoldContext};
-use crate::worker::slot_rules::{peers, HandBack, Round};
+use crate::worker::standby_line::LiveWorker;
 use crate::worker::standby_line::{Beat, BeatError, Looks, Place, Roster, ServerClock};
 use crate::worker::status::{Health, SharedStatus, WorkerStatus};
 
@@ -139,7 +140,7 @@ pub struct Worker {
     /// unheld.
     handed_back: Option<HandedBack>,
     /// Standbys that left a slot handed to them untaken, with the heartbeat they had
-    /// then: passed over until they beat again (see [`crate::worker::slot_rules::HandBack`]).
+    /// then: passed over until they beat again (see [`crate::worker::claim_policy::HandBack`]).
     passed_over: HashMap<String, Option<i64>>,
     /// Wakes the loop: a held slot that ended.
     wake: Arc<Notify>,
@@ -158,10 +159,10 @@ pub struct Worker {
     robots_warmed: bool,
     /// The outages (see [`Health::outages`]) begun when `store`'s client was made.
     store_outages: u64,
-    /// The lease pool's spare connection (see [`standby_line::may_claim`]):
+    /// The lease pool's spare connection (see [`claim_policy::may_claim`]):
     /// [`SPARE_NONE`], [`SPARE_OPENING`] or [`SPARE_OPEN`].
     lease_spare: Arc<std::sync::atomic::AtomicU8>,
-    /// When this worker began (see [`standby_line::may_claim`]).
+    /// When this worker began (see [`claim_policy::may_claim`]).
     born: Instant,
 }
 
@@ -175,7 +176,7 @@ const SPARE_OPEN: u8 = 2;
 /// The most connections the lease's own pool opens: renewals of several held slots
 /// and the loop's survey, heartbeat or place read may overlap. A standby keeps one
 /// open until it first stands at the front, then two (see
-/// [`standby_line::may_claim`]); a holder of `n > 1` slots, `n + 1` (see
+/// [`claim_policy::may_claim`]); a holder of `n > 1` slots, `n + 1` (see
 /// [`Store::dedicated`]).
 const LEASE_POOL: u32 = 4;
 
@@ -545,9 +546,15 @@ impl Worker {
     }
 
     /// Whether the lease pool's spare connection is open (see
-    /// [`standby_line::may_claim`]). The first call opens it, in the background, and
+    /// [`claim_policy::may_claim`]). The first call opens it, in the background, and
     /// the loop is woken when it opened or failed to; a failure (no answer within
-    /// [`standby_line::SETTLE_MOST`]) lets the next call try again.
+    /// [`claim_policy::SETTLE_MOST`]) lets the next call try again.
+    fn spare_open(&self) -> bool {
+        self.lease_spare.load(std::sync::atomic::Ordering::Acquire) == SPARE_OPEN
+    }
+
+    /// Opens the lease pool's spare connection if it is not open or opening (see
+    /// [`claim_policy::may_claim`]).
     fn spare_lease_connection(&mut self) -> bool {
         use std::sync::atomic::Ordering;
         let state = &self.lease_spare;
@@ -562,7 +569,7 @@ impl Worker {
         {
             let (store, state, wake) = (self.lease_store.clone(), state.clone(), self.wake.clone());
             tokio::spawn(async move {
-                let opened = store.warm(2, standby_line::SETTLE_MOST).await;
+                let opened = store.warm(2, claim_policy::SETTLE_MOST).await;
                 if !opened {
                     tracing::debug!(
                         "the lease's spare connection did not open; trying again at the next claim"
@@ -637,14 +644,16 @@ impl Worker {
         wait
     }
 
+    /// Surveys when due (or `woken`), then claims, gives a slot back or waits, as
+    /// [`claim_policy::decide`] says; returns how long until the next survey.
     async fn survey_and_claim(&mut self, woken: bool) -> Duration {
         let now = self.clock.now();
         let narrow = self.looks.narrow(now);
-        let horizon =
-            standby_line::survey_horizon(self.place(), self.held.len(), narrow, self.tick());
-        let every = standby_line::survey_every(
-            self.place(),
-            self.held.len(),
+        let (place, held) = (self.place(), self.held.len());
+        let horizon = claim_policy::survey_horizon(place, held, narrow, self.tick());
+        let every = claim_policy::survey_every(
+            place,
+            held,
             narrow,
             self.tick(),
             self.settings.overflow_after,
@@ -654,16 +663,85 @@ impl Worker {
         }
         let every = self.spread(every);
         self.looks.next_survey = now + every;
+        let Some((survey, survey_took)) = self.survey(horizon).await else {
+            return self.tick();
+        };
+        let Some(alive) = self.live_if_needed(&survey).await else {
+            return self.tick();
+        };
+        let me = self.owner();
+        // First what became of the last hand-back: it may pass standbys over.
+        let ready_to_give_back = self.ready_to_give_back(&survey);
+        let workers = peers(
+            &alive,
+            &me,
+            self.held.len(),
+            self.settings.max_slots,
+            &self.passed_over,
+        );
+        let seen = Seen {
+            round: Round {
+                me: &me,
+                workers: &workers,
+                expired: &survey.expired,
+                overflow_after: self.settings.overflow_after,
+                tick: self.tick(),
+            },
+            place,
+            woken,
+            narrow,
+            every,
+            next_expiry: survey.next_expiry,
+            ready_to_give_back,
+            step_hold: self.steps.holding(Instant::now()),
+            age: self.clock.since(self.born),
+            spare: self.spare_open(),
+            survey_took,
+            timing: &self.settings.timing,
+        };
+        let decision = claim_policy::decide(&seen);
+        let wait = decision.wake_in();
+        match decision {
+            ClaimDecision::GiveBack { .. } => {
+                let standbys = alive
+                    .iter()
+                    .filter(|w| w.held == 0)
+                    .map(|w| (w.id.clone(), w.seen_at_ms))
+                    .collect();
+                self.give_back_one(standbys);
+            }
+            ClaimDecision::Claim { slots, .. } => {
+                self.spare_lease_connection();
+                self.claim(&slots, !self.held.is_empty()).await;
+            }
+            ClaimDecision::Wait {
+                held_back: Some(ready),
+                ..
+            } => {
+                self.spare_lease_connection();
+                tracing::debug!(
+                    age_ms = ready.age.as_millis() as u64,
+                    spare = ready.spare,
+                    survey_ms = ready.survey_took.as_millis() as u64,
+                    "not claiming yet: this new worker waits out its first lease, its lease's spare connection and a survey in time for a renewal"
+                );
+            }
+            ClaimDecision::Wait {
+                held_back: None, ..
+            } => {}
+        }
+        self.looks.next_survey = self.clock.now() + wait;
+        wait
+    }
+
+    /// One survey of the slots, reading what expires within `horizon` too (it tells
+    /// a watcher when to wake), with how long it took; None when it failed (said).
+    async fn survey(&mut self, horizon: Duration) -> Option<(Survey, Duration)> {
         // A standby has no lease for a slow survey to hold back: it waits longer
         // for one. Bounded by op_timeout, a survey of 10,000 expired slots (a pool
         // just made) took longer than that on a 2-core machine, was abandoned and
         // sent again at once, for good, and the worker never claimed.
-        let limit = if self.held.is_empty() {
-            self.op_timeout() * 5
-        } else {
-            self.op_timeout()
-        };
-        // Read what expires within the horizon too: it tells a watcher when to wake.
+        let limit = self.survey_limit();
         let until = self
             .server
             .map(|c| c.latest_ms() + horizon.as_millis() as i64);
@@ -672,13 +750,13 @@ impl Worker {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
                 self.db_failed(&e.to_string());
-                return self.tick();
+                return None;
             }
             Err(_) => {
-                self.db_failed(&format!("no answer within {} ms", limit.as_millis()));
                 // Not at once: a survey that did not finish in time would not the
                 // next time either, and each one sent keeps the server busy.
-                return self.tick();
+                self.db_failed(&format!("no answer within {} ms", limit.as_millis()));
+                return None;
             }
         };
         let survey_took = sent.elapsed();
@@ -690,8 +768,8 @@ impl Worker {
             // step, an older one would leave them reading too little.
             self.server = Some(ServerClock::observed(server_ms, sent, received));
         }
-        if horizon > self.tick() && survey.read > standby_line::WIDE_MOST {
-            self.looks.narrow_until = Some(self.clock.now() + standby_line::NARROW_FOR);
+        if horizon > self.tick() && survey.read > claim_policy::WIDE_MOST {
+            self.looks.narrow_until = Some(self.clock.now() + claim_policy::NARROW_FOR);
         }
         self.metrics.slots_unheld.set(survey.expired.len() as i64);
         let longest = survey.expired.iter().map(|c| c.expired_for).max();
@@ -701,116 +779,39 @@ impl Worker {
         self.metrics.survey_docs.inc_by(survey.read as u64);
         self.health.ok(&self.metrics, &self.status);
         self.report_invalid(&survey.invalid);
-        // Who else is alive matters only to order overflow claims (some slot is
-        // expired) and to hand back (this worker holds more than one): a standby
-        // claims at expiry regardless, and a quiet holder of one slot reads nothing.
-        let needed = !self.held.is_empty() && (!survey.expired.is_empty() || self.held.len() > 1);
-        let alive = if !needed {
-            Vec::new()
+        Some((survey, survey_took))
+    }
+
+    /// How long a survey or the live workers' read may take.
+    fn survey_limit(&self) -> Duration {
+        if self.held.is_empty() {
+            self.op_timeout() * 5
         } else {
-            match tokio::time::timeout(limit, self.line.live()).await {
-                Ok(Ok(a)) => a,
-                Ok(Err(e)) => {
-                    self.db_failed(&crate::db::store::brief(&e));
-                    return self.tick();
-                }
-                Err(_) => return self.tick(),
+            self.op_timeout()
+        }
+    }
+
+    /// The live workers, when the round needs them: to order overflow claims (some
+    /// slot is expired) and to hand back (this worker holds more than one). A standby
+    /// claims at expiry regardless, and a quiet holder of one slot reads nothing.
+    /// None when the read failed (said).
+    async fn live_if_needed(&mut self, survey: &Survey) -> Option<Vec<LiveWorker>> {
+        let needed = !self.held.is_empty() && (!survey.expired.is_empty() || self.held.len() > 1);
+        if !needed {
+            return Some(Vec::new());
+        }
+        let alive = match tokio::time::timeout(self.survey_limit(), self.line.live()).await {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => {
+                self.db_failed(&crate::db::store::brief(&e));
+                return None;
             }
+            Err(_) => return None,
         };
-        let me = self.owner();
-        // First what became of the last hand-back: it may pass standbys over.
-        let ready = self.ready_to_give_back(&survey);
-        if needed {
-            // Forget the passed-over once they are no longer believed alive.
-            self.passed_over
-                .retain(|id, _| alive.iter().any(|w| &w.id == id));
-        }
-        let workers = peers(
-            &alive,
-            &me,
-            self.held.len(),
-            self.settings.max_slots,
-            &self.passed_over,
-        );
-        let round = Round {
-            me: &me,
-            workers: &workers,
-            expired: &survey.expired,
-            overflow_after: self.settings.overflow_after,
-            tick: self.tick(),
-        };
-        let mut claimable = round.claimable();
-        let give_back = ready && round.should_give_back();
-        let mut wait = every;
-        // After a forward step of the server's clock (or before this worker has
-        // watched it for a lease), a stamped slot's holder may still be running.
-        if let Some(left) = self.steps.holding(Instant::now()) {
-            let before = claimable.len();
-            claimable.retain(|c| c.time.is_none());
-            if claimable.len() < before {
-                wait = wait.min(left + Duration::from_millis(1));
-            }
-        }
-        // A watcher wakes when a lease it read expires: a standby at once, a holder
-        // when it may take the slot over. So does a worker just poked (see
-        // `standby_line::wakes_at_expiry`).
-        if let (true, Some(expiry), Some(delay)) = (
-            standby_line::wakes_at_expiry(self.place(), woken),
-            survey.next_expiry,
-            round.claim_delay(),
-        ) {
-            wait = wait.min(expiry + delay);
-        }
-        if let Some(soon) = round.next_claimable_in() {
-            wait = wait.min(soon + Duration::from_millis(1));
-        }
-        if give_back {
-            let standbys = alive
-                .iter()
-                .filter(|w| w.held == 0)
-                .map(|w| (w.id.clone(), w.seen_at_ms))
-                .collect();
-            self.give_back_one(standbys);
-        } else if !claimable.is_empty() {
-            let age = self.clock.since(self.born);
-            let claimable = standby_line::claimable_after_survey(
-                claimable,
-                age,
-                survey_took,
-                &self.settings.timing,
-            );
-            let ready = standby_line::Readiness {
-                age,
-                spare: self.spare_lease_connection(),
-                survey_took,
-                vacant_before: standby_line::vacant_before(&claimable, age),
-                holding: !self.held.is_empty(),
-            };
-            let (timing, overflow_after) = (&self.settings.timing, self.settings.overflow_after);
-            if standby_line::may_claim(ready, timing, overflow_after) {
-                self.claim(&claimable, !self.held.is_empty()).await;
-                // What it holds now sets how soon it looks again: a holder of two
-                // surveys every tick, to see a new standby and hand one back.
-                wait = wait.min(standby_line::survey_every(
-                    self.place(),
-                    self.held.len(),
-                    narrow,
-                    self.tick(),
-                    overflow_after,
-                ));
-            } else {
-                tracing::debug!(
-                    slots = claimable.len(),
-                    age_ms = ready.age.as_millis() as u64,
-                    spare = ready.spare,
-                    survey_ms = survey_took.as_millis() as u64,
-                    "not claiming yet: this new worker waits out its first lease, its lease's spare connection and a survey in time for a renewal"
-                );
-                wait = wait.min(standby_line::claim_again_in(ready, timing, overflow_after));
-            }
-        }
-        self.looks.next_survey = self.clock.now() + wait;
-        wait
+        // Forget the passed-over once they are no longer believed alive.
+        self.passed_over
+            .retain(|id, _| alive.iter().any(|w| &w.id == id));
+        Some(alive)
     }
 
     /// Heartbeats when one is due or what this worker holds changed, and then
@@ -943,7 +944,7 @@ impl Worker {
             tracing::debug!(?place, ahead = self.looks.ahead, "moved in the line");
         }
         if place == Place::Rear && (was == Place::Front || !settled) {
-            let every = standby_line::survey_every(
+            let every = claim_policy::survey_every(
                 place,
                 held,
                 true,
@@ -977,13 +978,13 @@ impl Worker {
     }
 
     /// A survey period at the rear, spread to a random point of its second half
-    /// (see [`standby_line::rear_survey_in`]); anything shorter than a tick's few
+    /// (see [`claim_policy::rear_survey_in`]); anything shorter than a tick's few
     /// multiples is kept as it is.
     fn spread(&self, every: Duration) -> Duration {
         if self.place() != Place::Rear || every <= self.tick() * crate::db::heartbeat::REAR_TICKS {
             return every;
         }
-        standby_line::rear_survey_in(every, random_unit())
+        claim_policy::rear_survey_in(every, random_unit())
     }
 
     /// Where this worker stands in the line.
@@ -1181,7 +1182,7 @@ impl Worker {
             .iter()
             .any(|h| &h.slot_id == slot && !h.giving_back());
         let expired = survey.expired.iter().any(|c| &c.id == slot);
-        let outcome = crate::worker::slot_rules::hand_back_outcome(
+        let outcome = crate::worker::claim_policy::hand_back_outcome(
             releasing,
             expired,
             mine_again,

@@ -1,5 +1,5 @@
-//! Standbys in line, not in a herd: who is alive, where each worker stands, and how
-//! often it looks at the slots.
+//! Standbys in line, not in a herd: who is alive, and where each worker stands (how
+//! often it looks at the slots from there is [`crate::worker::claim_policy`]'s).
 //!
 //! Every live worker with room for another slot stands in one line, ordered by how
 //! many slots it holds: standbys first (by id), then the emptiest holders (those
@@ -18,7 +18,7 @@
 //! - **its place moving to the front**, read with its heartbeat (a watcher that died
 //!   without a word is no longer believed after [`believed_for`] its front-paced
 //!   beat);
-//! - **a safety survey**, every [`SAFETY_SURVEY`] at most, at a random point of it:
+//! - **a safety survey**, every [`SAFETY_SURVEY`](crate::worker::claim_policy::SAFETY_SURVEY) at most, at a random point of it:
 //!   for whatever the line got wrong (every watcher killed with the holder, say).
 //!
 //! This is the herd-effect fix of ZooKeeper's lock recipe: each waiter learns from
@@ -64,7 +64,7 @@ pub enum Place {
     /// Among the first [`FRONT`]: watches every tick, wakes at the earliest expiry.
     Front,
     /// Behind them: beats and reads its place every [`REAR_BEAT`], surveys every
-    /// [`SAFETY_SURVEY`] at most.
+    /// [`SAFETY_SURVEY`](crate::worker::claim_policy::SAFETY_SURVEY) at most.
     Rear,
 }
 
@@ -77,96 +77,6 @@ impl Place {
         } else {
             Place::Rear
         }
-    }
-}
-
-/// How often a worker surveys the slots when the last survey found nothing it will
-/// be able to claim sooner (`narrow` as for [`survey_horizon`]):
-/// - a wide survey's worker, once per horizon: it saw every lease that ends before;
-/// - a standby at the front, every tick: it claims at a lease's expiry, and a survey
-///   reads what expires within the next tick;
-/// - a worker holding more than one slot, every tick: it must see a new standby
-///   within a tick to hand one back;
-/// - a holder of one slot at the front, every tick plus `overflow_after`: it may
-///   claim a slot only that long past its expiry, and no slot the last survey did
-///   not read expires within a tick of it, so an earlier look could find nothing it
-///   may take (at the default, one survey in 3 ticks instead of each tick; never
-///   rarer than the rear's);
-/// - everyone else, once per [`safety_survey_every`], at a random point of it (see
-///   [`rear_survey_in`]).
-pub fn survey_every(
-    place: Place,
-    held: usize,
-    narrow: bool,
-    tick: Duration,
-    overflow_after: Duration,
-) -> Duration {
-    let horizon = survey_horizon(place, held, narrow, tick);
-    if horizon > tick {
-        return horizon;
-    }
-    match (place, held) {
-        (_, h) if h > 1 => tick,
-        (Place::Front, 0) => tick,
-        (Place::Front, _) => (tick + overflow_after).min(tick * REAR_TICKS),
-        (Place::Rear, _) => safety_survey_every(tick),
-    }
-}
-
-/// How often a worker behind the watchers surveys, at most: every [`SAFETY_SURVEY`],
-/// or every [`REAR_TICKS`] ticks at a tick so long that those are longer.
-///
-/// Why so seldom is safe: the watchers claim a dead holder's slot at its expiry, and
-/// poke the rear when there is more to claim than they can; a watcher that dies
-/// without a word stops being believed within [`believed_for`] its front-paced beat,
-/// and the next in line moves up at its next heartbeat. The safety survey is for
-/// what that misses (every watcher killed with the holder, a watcher frozen with its
-/// heartbeat still believed): one standby alone finds the slot within this; `n` of
-/// them, surveying at random points, every `this / n` on average.
-pub fn safety_survey_every(tick: Duration) -> Duration {
-    SAFETY_SURVEY.max(tick * REAR_TICKS)
-}
-
-/// See [`safety_survey_every`]: five minutes. An idle rear standby then costs the
-/// database about a survey every 3.75 minutes (0.004 requests a second).
-pub const SAFETY_SURVEY: Duration = Duration::from_secs(300);
-
-/// When a rear worker's next survey comes, `every` being its period and `random` a
-/// number in `[0, 1)`: somewhere in the second half of the period. Workers that went
-/// to the rear together (a pool's cold start) would otherwise survey together, a
-/// burst of hundreds at once every period; spread, they come one at a time, and a
-/// rear worker never goes more than a period without one.
-pub fn rear_survey_in(every: Duration, random: f64) -> Duration {
-    every.mul_f64(0.5 + random.clamp(0.0, 1.0) / 2.0)
-}
-
-/// The most slots a standby's wide survey may read before it goes back to narrow
-/// ones (see [`survey_horizon`]).
-pub const WIDE_MOST: usize = 16;
-
-/// How long a standby whose wide survey read more than [`WIDE_MOST`] slots keeps to
-/// narrow ones before it tries a wide one again (the pool may have shrunk).
-pub const NARROW_FOR: Duration = Duration::from_secs(60);
-
-/// How far ahead a survey reads, on the server's clock: which leases it sees before
-/// they expire, and so how long its worker may sleep after it.
-///
-/// - **Wide**, one lease (`L`), for a standby at the front of a small pool: a held
-///   slot's lease always ends within `L`, so the survey reads every slot and the
-///   standby sleeps until the earliest expiry it read (or `L` when it read none).
-///   A holder renews every tick, so that sleep is one to two ticks: about a third
-///   fewer surveys than one a tick, with the wake-up still right at the expiry.
-/// - **Narrow**, one tick, for everyone else and for a pool with more than
-///   [`WIDE_MOST`] slots: a renewed lease ends a tick to `L` ahead, so the survey
-///   reads only the late ones (O(expired), whatever the pool's size), and the
-///   worker looks again within a tick.
-///
-/// `narrow` says the last wide survey read too many slots a short while ago.
-pub fn survey_horizon(place: Place, held: usize, narrow: bool, tick: Duration) -> Duration {
-    if place == Place::Front && held == 0 && !narrow {
-        tick * 2
-    } else {
-        tick
     }
 }
 
@@ -200,20 +110,6 @@ pub fn place_due(
 /// what the line read from the database then.
 pub fn poked_place_in(since_read: Option<Duration>, tick: Duration) -> Duration {
     since_read.map_or(Duration::ZERO, |age| tick.saturating_sub(age))
-}
-
-/// Whether a survey's worker wakes when the first lease it read (one ending within
-/// its horizon) expires: a watcher always; a worker behind them when the survey was
-/// woken (a poke). A claimer pokes the standbys behind it because its holder's
-/// neighbours may have died with it, and their leases end up to a tick apart: the
-/// poked survey, sent at the first claim, finds the later ones not yet expired. Woken
-/// at their expiry, the poked take them then. Without it, with 10 holders of 200
-/// killed at once, the poked went back to their rear pace, learned that they stood
-/// at the front only with their next read of their place (deferred to a tick), and
-/// half the slots were claimed 2 to 3 s after the first, two by holders
-/// overflowing.
-pub fn wakes_at_expiry(place: Place, woken: bool) -> bool {
-    place == Place::Front || woken
 }
 
 /// How many standbys a standby that just claimed one of `seen` claimable slots
@@ -365,147 +261,6 @@ pub fn place_pipeline(me: &str, held: usize, watchers: u64, from: Option<&str>) 
 /// waits between two is a pause and a survey (five times the bound), within the
 /// `status::stuck_after` of every tick.
 pub const STANDBY_PATIENCE: u32 = 3;
-
-/// How long a new worker may hold off claiming (see [`may_claim`]): a worker older
-/// than this claims whatever its connections and the database's answers.
-pub const SETTLE_MOST: Duration = Duration::from_secs(20);
-
-/// What [`may_claim`] weighs.
-#[derive(Debug, Clone, Copy)]
-pub struct Readiness {
-    /// How long the worker has run.
-    pub age: Duration,
-    /// Whether its lease pool's spare connection is open.
-    pub spare: bool,
-    /// How long the survey that found the slot took to come back.
-    pub survey_took: Duration,
-    /// Whether every slot it found was vacant before the worker began: none was
-    /// released or orphaned since (see [`vacant_before`]).
-    pub vacant_before: bool,
-    /// Whether it holds a slot already: the claim would be an overflow.
-    pub holding: bool,
-}
-
-/// Whether every one of `claimable` has been vacant for at least `age` (how long the
-/// worker has run): nobody was there to take them, so the whole pool is starting.
-/// A slot released or left by a dead holder since the worker began is a hand-back
-/// or a takeover, which it takes at once.
-pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -> bool {
-    claimable.iter().all(|c| c.expired_for >= age)
-}
-
-/// Whether a worker may claim the slots its survey found: always once it is older
-/// than [`SETTLE_MOST`]; before that, once its lease pool holds a spare connection,
-/// the survey came back within the time a renewal may take (`L − margin − T`,
-/// 0.55 T), and, when every slot it found was vacant before it began (a pool
-/// starting), once it has run its first lease (`2 T`, at most 2 s: [`first_hold`]).
-///
-/// A new holder's renewals must come back in time from its first, and at a pool's
-/// cold start the first seconds are the worst for it. 200 processes started at once
-/// on a 2-core machine filled the dev server's accept queue (128) for 4.5 s, and its
-/// hundreds of runnable threads (handshakes, heartbeats, reads of the line) slowed
-/// every write to the slots for seconds, though a ping on an open connection came
-/// back in 2–25 ms. The first workers' requests went before that and were answered
-/// at once: they claimed, and then could not renew: 5 to 26 of 20 new holders
-/// fenced themselves a run. So:
-/// - a worker takes no slot that was vacant before it began during its own first
-///   lease, by which time the starts of every process started with it have reached
-///   the server; a slot released or orphaned since (a hand-back to it, a takeover)
-///   it takes at once;
-/// - a renewal must never wait for a connection to be opened: the loop's heartbeat
-///   or survey holds the lease pool's one connection now and then, so a worker opens
-///   a second when it first stands at the front, and claims once it is open;
-/// - while every slot it found was vacant before it began (a pool starting), a
-///   survey slower than a renewal may be says a holder could not keep the slot
-///   now; the worker surveys again a tick later.
-///
-/// A worker running for a while is never held back, so a takeover is as fast as
-/// before; nor is a new one by a slow survey when a slot was orphaned or released
-/// since it began (a takeover, a hand-back): there an older standby would claim
-/// whatever the survey took, and a mass failure slows every survey. With 200
-/// workers and 10 holders killed at once, the replacements of the round before
-/// stood at the front of the line and each declined its claim for a survey of 0.6
-/// s or more, until holders overflowed onto the slots 2L after their expiry. A new worker that is the only one able to take a slot vacant since before
-/// it began takes it a lease later. On a database slower than a renewal may be, nobody could keep a slot, and
-/// the first claim waits [`SETTLE_MOST`], no longer.
-///
-/// A new worker that took its first slot holds off a second one vacant since before
-/// it began for `overflow_after` more ([`hold`]): the overflow rule gives the
-/// standbys that long to take a slot first, and at a pool's start they were held
-/// back too. Without it, a poke that reached a worker just after its first claim
-/// had it survey and take a second slot at once, from standbys about to claim it.
-pub fn may_claim(
-    r: Readiness,
-    timing: &crate::config::LeaseTiming,
-    overflow_after: Duration,
-) -> bool {
-    let in_time = timing.renewal_wait().saturating_sub(timing.tick);
-    let held_out = r.age >= hold(r, timing, overflow_after) || !r.vacant_before;
-    let survey_in_time = r.survey_took <= in_time || !r.vacant_before;
-    r.age >= SETTLE_MOST || (held_out && r.spare && survey_in_time)
-}
-
-/// What a worker may claim of `claimable` after a survey that took `survey_took`,
-/// at `age`: all of them, except that a new worker after a slow survey leaves the
-/// slots vacant since before it began (those [`may_claim`] holds back then) and
-/// takes only those orphaned or released since, when there are any. One such slot
-/// must not lift the slow-survey gate for a starting pool's others.
-pub fn claimable_after_survey(
-    mut claimable: Vec<crate::db::lease::Candidate>,
-    age: Duration,
-    survey_took: Duration,
-    timing: &crate::config::LeaseTiming,
-) -> Vec<crate::db::lease::Candidate> {
-    let in_time = timing.renewal_wait().saturating_sub(timing.tick);
-    if age < SETTLE_MOST && survey_took > in_time {
-        let recent: Vec<_> = claimable
-            .iter()
-            .filter(|c| c.expired_for < age)
-            .cloned()
-            .collect();
-        if !recent.is_empty() {
-            claimable = recent;
-        }
-    }
-    claimable
-}
-
-/// How long a new worker holds off slots vacant since before it began: its first
-/// lease, at most 2 s. Other processes' starts reach the server within that
-/// whatever the tick; a 20 s tick would otherwise hold a pool's first claim 40 s.
-pub fn first_hold(timing: &crate::config::LeaseTiming) -> Duration {
-    timing.lease().min(Duration::from_secs(2))
-}
-
-/// How long from its start a worker holds off slots vacant since before it began:
-/// [`first_hold`], and `overflow_after` more for a second slot (see [`may_claim`]).
-pub fn hold(
-    r: Readiness,
-    timing: &crate::config::LeaseTiming,
-    overflow_after: Duration,
-) -> Duration {
-    if r.holding {
-        first_hold(timing) + overflow_after
-    } else {
-        first_hold(timing)
-    }
-}
-
-/// When a worker held back by [`may_claim`] looks again: when its [`hold`] is
-/// out, if that is what holds it back; otherwise a tick on (a spare connection
-/// that opens wakes it sooner).
-pub fn claim_again_in(
-    r: Readiness,
-    timing: &crate::config::LeaseTiming,
-    overflow_after: Duration,
-) -> Duration {
-    let hold = hold(r, timing, overflow_after);
-    if r.vacant_before && r.age < hold {
-        hold - r.age
-    } else {
-        timing.tick
-    }
-}
 
 /// How long after its last beat a worker's heartbeat document is removed (by the
 /// TTL index on `expire_at`): ten minutes, or three times as long as a beat is
@@ -763,7 +518,7 @@ impl Roster {
     /// `watchers` + [`NEAR_SPARE`]), and the server's clock as of the read. For a standby: the
     /// standbys with a smaller id. For a holder: the workers holding fewer slots,
     /// standbys included. Holders holding as many do not count: which of them
-    /// overflows onto an orphan first is decided by [`crate::worker::slot_rules`]'s
+    /// overflows onto an orphan first is decided by [`crate::worker::claim_policy`]'s
     /// claim delays, and that needs each of them to look every tick. (Ranking them
     /// by id too put a survivor behind dead holders whose heartbeats still counted,
     /// and the other survivor took both orphans.)
@@ -947,7 +702,7 @@ pub struct Looks {
     /// No release poll before this (see `Worker::survey_round`).
     pub poll_muted_until: Instant,
     /// Narrow surveys only until then: a wide one read too many slots (see
-    /// [`survey_horizon`]).
+    /// [`survey_horizon`](crate::worker::claim_policy::survey_horizon)).
     pub narrow_until: Option<Instant>,
 }
 
@@ -972,7 +727,8 @@ impl Looks {
         }
     }
 
-    /// Whether surveys stay narrow at `now` (see [`NARROW_FOR`]).
+    /// Whether surveys stay narrow at `now` (see
+    /// [`NARROW_FOR`](crate::worker::claim_policy::NARROW_FOR)).
     pub fn narrow(&self, now: Instant) -> bool {
         self.narrow_until.is_some_and(|t| now < t)
     }
@@ -991,38 +747,6 @@ mod tests {
         assert_eq!(Place::behind(FRONT, FRONT), Place::Rear);
         assert_eq!(Place::behind(0, 1), Place::Front);
         assert_eq!(Place::behind(1, 1), Place::Rear);
-        const O: Duration = Duration::from_secs(2);
-        assert_eq!(survey_every(Place::Front, 0, true, T, O), T);
-        assert_eq!(survey_every(Place::Rear, 0, true, T, O), SAFETY_SURVEY);
-        assert_eq!(survey_every(Place::Rear, 1, true, T, O), SAFETY_SURVEY);
-        assert_eq!(
-            survey_every(Place::Rear, 2, true, T, O),
-            T,
-            "an overflowing holder looks for standbys every tick"
-        );
-        assert_eq!(
-            survey_every(Place::Front, 1, true, T, O),
-            T + O,
-            "a holder of one slot may take another only `overflow_after` past its expiry"
-        );
-        assert_eq!(
-            survey_every(Place::Front, 1, true, T, Duration::from_secs(60)),
-            T * REAR_TICKS,
-            "never rarer than the rear"
-        );
-    }
-
-    #[test]
-    fn only_a_standby_at_the_front_of_a_small_pool_reads_a_lease_ahead() {
-        assert_eq!(survey_horizon(Place::Front, 0, false, T), T * 2);
-        assert_eq!(
-            survey_every(Place::Front, 0, false, T, Duration::from_secs(2)),
-            T * 2,
-            "a wide survey saw every lease that ends within its horizon"
-        );
-        assert_eq!(survey_horizon(Place::Front, 0, true, T), T, "a large pool");
-        assert_eq!(survey_horizon(Place::Front, 1, false, T), T, "a holder");
-        assert_eq!(survey_horizon(Place::Rear, 0, false, T), T);
     }
 
     #[test]
@@ -1057,7 +781,7 @@ mod tests {
     }
 
     #[test]
-    fn the_rear_beats_slowly_and_surveys_seldom_at_a_random_point() {
+    fn the_rear_beats_slowly_and_costs_under_a_tenth_of_a_request_a_second() {
         assert_eq!(beat_pace(Place::Front, T), T * REAR_TICKS);
         assert_eq!(beat_pace(Place::Rear, T), REAR_BEAT);
         let long = Duration::from_secs(100);
@@ -1066,12 +790,7 @@ mod tests {
             long * REAR_TICKS,
             "never faster than the front"
         );
-        assert_eq!(safety_survey_every(long), long * REAR_TICKS);
-        let every = safety_survey_every(T);
-        assert_eq!(rear_survey_in(every, 0.0), every / 2);
-        assert_eq!(rear_survey_in(every, 0.5), every.mul_f64(0.75));
-        assert!(rear_survey_in(every, 0.999_999) <= every);
-        assert_eq!(rear_survey_in(every, 7.0), every, "clamped");
+        let every = crate::worker::claim_policy::safety_survey_every(T);
         // What an idle rear standby asks, per second: its heartbeat and place every
         // REAR_BEAT, the driver's two monitors (the lease's and the robots'), and a
         // survey per 3/4 of the safety period on average.
@@ -1146,243 +865,6 @@ mod tests {
         assert_eq!(successors_to_poke(1, 3), 3);
         assert_eq!(successors_to_poke(10, 3), 12);
         assert_eq!(successors_to_poke(0, 1), 1);
-    }
-
-    #[test]
-    fn vacancies_older_than_the_worker_mean_a_pool_starting() {
-        let slot = |secs: u64| crate::db::lease::Candidate {
-            id: "slot-001".into(),
-            time: None,
-            epoch: 1,
-            expired_for: Duration::from_secs(secs),
-        };
-        let age = Duration::from_secs(5);
-        assert!(vacant_before(&[slot(5), slot(60)], age));
-        assert!(
-            !vacant_before(&[slot(60), slot(4)], age),
-            "one since: take it"
-        );
-        assert!(vacant_before(
-            &[crate::db::lease::Candidate {
-                expired_for: crate::db::lease::LONG_AGO,
-                ..slot(0)
-            }],
-            age
-        ));
-    }
-
-    #[test]
-    fn a_new_worker_claims_once_settled_an_old_one_at_once() {
-        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
-        let ms = Duration::from_millis;
-        // The default `--overflow-after`, a lease.
-        const O: Duration = Duration::from_secs(2);
-        let ready = Readiness {
-            age: ms(2000),
-            spare: true,
-            survey_took: ms(550),
-            vacant_before: true,
-            holding: false,
-        };
-        assert!(may_claim(ready, &timing, O));
-        // Within its first lease; without its spare; after a slow survey.
-        assert!(!may_claim(
-            Readiness {
-                age: ms(1999),
-                ..ready
-            },
-            &timing,
-            O
-        ));
-        assert!(!may_claim(
-            Readiness {
-                spare: false,
-                ..ready
-            },
-            &timing,
-            O
-        ));
-        assert!(!may_claim(
-            Readiness {
-                survey_took: ms(551),
-                ..ready
-            },
-            &timing,
-            O
-        ));
-        // Past SETTLE_MOST, nothing holds it back.
-        let old = Readiness {
-            age: SETTLE_MOST,
-            spare: false,
-            survey_took: ms(5000),
-            vacant_before: true,
-            holding: false,
-        };
-        assert!(may_claim(old, &timing, O));
-        // At a 20 s tick the hold is 2 s, not a lease.
-        let slow = crate::config::LeaseTiming::from_tick(Duration::from_secs(20));
-        let at_2s = Readiness {
-            age: ms(2000),
-            survey_took: ms(50),
-            ..ready
-        };
-        assert!(may_claim(at_2s, &slow, O));
-        assert!(!may_claim(
-            Readiness {
-                age: ms(1999),
-                ..at_2s
-            },
-            &slow,
-            O
-        ));
-        assert_eq!(
-            claim_again_in(
-                Readiness {
-                    age: ms(500),
-                    ..at_2s
-                },
-                &slow,
-                O
-            ),
-            ms(1500)
-        );
-        assert_eq!(
-            claim_again_in(
-                Readiness {
-                    age: ms(500),
-                    ..at_2s
-                },
-                &timing,
-                O
-            ),
-            ms(1500)
-        );
-        assert_eq!(claim_again_in(at_2s, &timing, O), timing.tick);
-        // At a 250 ms tick: a lease is 500 ms, a survey may take 137 ms.
-        let quick = crate::config::LeaseTiming::from_tick(ms(250));
-        let r = Readiness {
-            age: ms(500),
-            spare: true,
-            survey_took: ms(137),
-            vacant_before: true,
-            holding: false,
-        };
-        assert!(may_claim(r, &quick, O));
-        assert!(!may_claim(
-            Readiness {
-                survey_took: ms(140),
-                ..r
-            },
-            &quick,
-            O
-        ));
-    }
-
-    #[test]
-    fn a_new_holder_leaves_a_second_slot_to_the_standbys_for_overflow_after() {
-        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
-        let overflow_after = timing.lease();
-        let ms = Duration::from_millis;
-        // Its first slot at 2 s; a poke at 2.2 s has it survey, and every other
-        // slot of the starting pool is still vacant.
-        let poked = Readiness {
-            age: ms(2200),
-            spare: true,
-            survey_took: ms(20),
-            vacant_before: true,
-            holding: true,
-        };
-        assert!(!may_claim(poked, &timing, overflow_after));
-        assert_eq!(claim_again_in(poked, &timing, overflow_after), ms(1800));
-        let later = Readiness {
-            age: ms(4000),
-            ..poked
-        };
-        assert!(may_claim(later, &timing, overflow_after), "nobody took it");
-        // A slot released or orphaned since it began is another matter: the
-        // overflow rule's own delay (from its expiry) is all it waits.
-        let orphaned = Readiness {
-            vacant_before: false,
-            ..poked
-        };
-        assert!(may_claim(orphaned, &timing, overflow_after));
-        // A standby is held only its first lease.
-        let standby = Readiness {
-            holding: false,
-            ..poked
-        };
-        assert!(may_claim(standby, &timing, overflow_after));
-    }
-
-    #[test]
-    fn a_new_worker_takes_an_orphaned_slot_whatever_its_survey_took() {
-        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
-        let ms = Duration::from_millis;
-        let slow = Readiness {
-            age: ms(7000),
-            spare: true,
-            survey_took: ms(900),
-            vacant_before: false,
-            holding: false,
-        };
-        assert!(may_claim(slow, &timing, timing.lease()), "a takeover");
-        // A pool starting: the same survey holds it back a tick.
-        let starting = Readiness {
-            vacant_before: true,
-            ..slow
-        };
-        assert!(!may_claim(starting, &timing, timing.lease()));
-        assert_eq!(
-            claim_again_in(starting, &timing, timing.lease()),
-            timing.tick
-        );
-        // Without its spare connection, not even a takeover.
-        assert!(!may_claim(
-            Readiness {
-                spare: false,
-                ..slow
-            },
-            &timing,
-            timing.lease()
-        ));
-    }
-
-    #[test]
-    fn after_a_slow_survey_a_new_worker_takes_only_the_orphaned_slots() {
-        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
-        let ms = Duration::from_millis;
-        let slot = |id: &str, expired_for| crate::db::lease::Candidate {
-            id: id.into(),
-            time: None,
-            epoch: 1,
-            expired_for,
-        };
-        let old = slot("slot-001", crate::db::lease::LONG_AGO);
-        let orphaned = slot("slot-002", ms(300));
-        let both = vec![old.clone(), orphaned.clone()];
-        let slow = claimable_after_survey(both.clone(), ms(7000), ms(900), &timing);
-        assert_eq!(slow.len(), 1);
-        assert_eq!(slow[0].id, orphaned.id);
-        assert!(!vacant_before(&slow, ms(7000)), "so may_claim lets it go");
-        // In time, or an old worker: everything.
-        assert_eq!(
-            claimable_after_survey(both.clone(), ms(7000), ms(100), &timing).len(),
-            2
-        );
-        assert_eq!(
-            claimable_after_survey(both, SETTLE_MOST, ms(900), &timing).len(),
-            2
-        );
-        // Only slots vacant since before it began: left to may_claim's gate.
-        let starting = claimable_after_survey(vec![old], ms(7000), ms(900), &timing);
-        assert!(vacant_before(&starting, ms(7000)));
-    }
-
-    #[test]
-    fn a_poked_worker_wakes_at_the_expiry_its_survey_read() {
-        assert!(wakes_at_expiry(Place::Front, false));
-        assert!(wakes_at_expiry(Place::Rear, true));
-        assert!(!wakes_at_expiry(Place::Rear, false));
     }
 
     #[test]

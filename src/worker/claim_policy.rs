@@ -1,0 +1,1212 @@
+//! When a worker claims a slot, gives one back, and looks again: every decision of
+//! the claim, made in one place from what one survey saw. [`decide`] applies the
+//! rules in this order and returns one [`ClaimDecision`]; the worker loop only does
+//! the I/O around it (the survey, the live workers' read, the claim or release).
+//!
+//! 1. **Who may take what** ([`Round`]): a standby claims an expired slot at once; a
+//!    holder with room only `overflow_after` past its expiry, one more tick per slot
+//!    it holds above the emptiest holder (overflow spreads over the survivors).
+//! 2. **After a forward step of the server's clock** ([`after_clock_step`]): for a
+//!    lease, a slot stamped by a holder that may still run is not claimed.
+//! 3. **Hand-back** ([`Round::should_give_back`]): a holder of more than one slot
+//!    gives one back while a live standby waits, once its last hand-back was taken
+//!    ([`hand_back_outcome`]).
+//! 4. **A new worker's holds** ([`claimable_after_survey`], [`may_claim`]): at a
+//!    pool's cold start a new worker waits out its first lease, its lease pool's spare
+//!    connection and a survey in time for a renewal before it claims a slot that was
+//!    vacant before it began; a hand-back or a takeover it takes at once.
+//! 5. **When to look again** ([`survey_every`], [`wake_at_expiry`],
+//!    [`claim_again_in`]): at the next survey's pace, at the first expiry a watcher
+//!    read, when an expired slot becomes claimable, when a hold ends, and, after a
+//!    claim, at the pace of a holder of one more slot.
+//!
+//! Nothing here does I/O; every rule has its unit test.
+//! Who may take what, in detail:
+//!
+//! - **Standby.** A worker holding nothing claims any expired slot at once.
+//! - **Overflow.** A slot still expired `overflow_after` past its expiry (standbys had
+//!   their chance) is claimed by a holder with room (below `--max-slots`). Holders with
+//!   fewer slots go first: each slot a holder has above the emptiest holder with room
+//!   delays it by one more tick, so orphans spread over the survivors instead of
+//!   piling onto whoever polls first, yet one is always taken if anyone has room.
+//! - **Hand-back.** While a live standby exists, a worker holding more than one slot
+//!   gives one back (robots stop and checkpoint, the slot is released, the first
+//!   standby's release poll finds it). One slot per standby: the donors, ranked by most slots
+//!   then by id, give back only as many as there are standbys, and a donor waits
+//!   until its previous hand-back is held by someone before giving another, so no
+//!   slot is left unheld. A standby that did not take a handed slot (frozen, say:
+//!   its heartbeat is still believed for two beats) is *passed over* until it beats
+//!   again ([`HandBack::NotTaken`]), so a slot is handed to it once, not bounced
+//!   back and forth until its heartbeat runs out.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::config::LeaseTiming;
+use crate::db::heartbeat::REAR_TICKS;
+use crate::db::lease::Candidate;
+use crate::worker::standby_line::{LiveWorker, Place};
+
+// === The decision ===
+
+/// What one survey saw, and what the worker knows of itself then.
+#[derive(Debug, Clone)]
+pub struct Seen<'a> {
+    /// This worker, the live workers and the expired slots.
+    pub round: Round<'a>,
+    /// Where this worker stands in the line.
+    pub place: Place,
+    /// The survey was woken (a poke, a release, a slot that ended) rather than due.
+    pub woken: bool,
+    /// The survey read only what expires within a tick (see [`survey_horizon`]).
+    pub narrow: bool,
+    /// How long until the next survey at this worker's pace.
+    pub every: Duration,
+    /// How long until the first lease the survey read (and did not find expired)
+    /// expires.
+    pub next_expiry: Option<Duration>,
+    /// The last slot this worker handed back was taken, or there was none.
+    pub ready_to_give_back: bool,
+    /// How long slots stamped by a holder must still wait after a forward step of
+    /// the server's clock (see [`crate::worker::clock_step`]).
+    pub step_hold: Option<Duration>,
+    /// How long the worker has run.
+    pub age: Duration,
+    /// Its lease pool's spare connection is open.
+    pub spare: bool,
+    /// How long the survey took to come back.
+    pub survey_took: Duration,
+    pub timing: &'a LeaseTiming,
+}
+
+/// What a worker does after a survey.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimDecision {
+    /// Give the most recently claimed slot back to a live standby; look again within
+    /// `wake_in`.
+    GiveBack { wake_in: Duration },
+    /// Claim one of `slots` (tried in turn, from this worker's place by hash); look
+    /// again within `wake_in`, at the pace of a holder of one more slot.
+    Claim {
+        slots: Vec<Candidate>,
+        wake_in: Duration,
+    },
+    /// Claim nothing now; look again within `wake_in`. `held_back` says why a new
+    /// worker did not claim what it found (see [`may_claim`]).
+    Wait {
+        wake_in: Duration,
+        held_back: Option<Readiness>,
+    },
+}
+
+impl ClaimDecision {
+    /// How long until the worker looks again.
+    pub fn wake_in(&self) -> Duration {
+        match self {
+            ClaimDecision::GiveBack { wake_in }
+            | ClaimDecision::Claim { wake_in, .. }
+            | ClaimDecision::Wait { wake_in, .. } => *wake_in,
+        }
+    }
+}
+
+/// The decision after a survey: the rules of the module's documentation, in order.
+pub fn decide(seen: &Seen) -> ClaimDecision {
+    let round = &seen.round;
+    let (claimable, held_for) = after_clock_step(round.claimable(), seen.step_hold);
+    let wake_in = [
+        Some(seen.every),
+        held_for.map(|left| left + Duration::from_millis(1)),
+        wake_at_expiry(seen),
+        round
+            .next_claimable_in()
+            .map(|soon| soon + Duration::from_millis(1)),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .expect("the pace is always there");
+    if seen.ready_to_give_back && round.should_give_back() {
+        return ClaimDecision::GiveBack { wake_in };
+    }
+    if claimable.is_empty() {
+        return ClaimDecision::Wait {
+            wake_in,
+            held_back: None,
+        };
+    }
+    let claimable = claimable_after_survey(claimable, seen.age, seen.survey_took, seen.timing);
+    let held = round.mine().held;
+    let ready = Readiness {
+        age: seen.age,
+        spare: seen.spare,
+        survey_took: seen.survey_took,
+        vacant_before: vacant_before(&claimable, seen.age),
+        holding: held > 0,
+    };
+    let overflow_after = round.overflow_after;
+    if !may_claim(ready, seen.timing, overflow_after) {
+        return ClaimDecision::Wait {
+            wake_in: wake_in.min(claim_again_in(ready, seen.timing, overflow_after)),
+            held_back: Some(ready),
+        };
+    }
+    // What it will hold sets how soon it looks again: a holder of two surveys every
+    // tick, to see a new standby and hand one back.
+    let then = survey_every(
+        seen.place,
+        held + 1,
+        seen.narrow,
+        round.tick,
+        overflow_after,
+    );
+    ClaimDecision::Claim {
+        slots: claimable,
+        wake_in: wake_in.min(then),
+    }
+}
+
+/// After a forward step of the server's clock (or before this worker has watched it
+/// for a lease), a stamped slot's holder may still run its robots: only unstamped
+/// slots (released, or never held) may be claimed, and the worker looks again when
+/// the hold ends (the second value) if that held a slot back.
+pub fn after_clock_step(
+    mut claimable: Vec<Candidate>,
+    hold: Option<Duration>,
+) -> (Vec<Candidate>, Option<Duration>) {
+    let Some(left) = hold else {
+        return (claimable, None);
+    };
+    let before = claimable.len();
+    claimable.retain(|c| c.time.is_none());
+    let held_back = claimable.len() < before;
+    (claimable, held_back.then_some(left))
+}
+
+/// A watcher, or a poked worker, wakes when the first lease its survey read expires
+/// (plus its own claim delay): that is when it may take the slot.
+pub fn wake_at_expiry(seen: &Seen) -> Option<Duration> {
+    if !wakes_at_expiry(seen.place, seen.woken) {
+        return None;
+    }
+    Some(seen.next_expiry? + seen.round.claim_delay()?)
+}
+
+// === Who may take what ===
+
+/// A live worker as the round sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub id: String,
+    /// Slots it holds now (from its heartbeat; its own count for this worker).
+    pub held: usize,
+    /// Its `--max-slots`, None for no cap.
+    pub max_slots: Option<usize>,
+    /// A standby that left a slot handed to it untaken and has not beaten since:
+    /// no slot is handed back for it.
+    pub passed_over: bool,
+}
+
+impl Peer {
+    fn has_room(&self) -> bool {
+        self.max_slots.is_none_or(|m| self.held < m)
+    }
+}
+
+/// Everything one round decides from.
+#[derive(Debug, Clone)]
+pub struct Round<'a> {
+    /// This worker; it is also among `workers`.
+    pub me: &'a str,
+    /// Every live worker, this one included, with what it holds.
+    pub workers: &'a [Peer],
+    pub expired: &'a [Candidate],
+    pub overflow_after: Duration,
+    pub tick: Duration,
+}
+
+impl Round<'_> {
+    fn mine(&self) -> Peer {
+        self.workers
+            .iter()
+            .find(|p| p.id == self.me)
+            .cloned()
+            .unwrap_or_else(|| Peer {
+                id: self.me.to_string(),
+                held: 0,
+                max_slots: None,
+                passed_over: false,
+            })
+    }
+
+    /// How long past its expiry a slot must stand before this worker may claim it:
+    /// zero for a standby, `overflow_after` plus one tick per slot above the
+    /// emptiest holder with room for a holder, never for a worker at its cap.
+    pub fn claim_delay(&self) -> Option<Duration> {
+        let me = self.mine();
+        if !me.has_room() {
+            return None;
+        }
+        if me.held == 0 {
+            return Some(Duration::ZERO);
+        }
+        let fewest = self
+            .workers
+            .iter()
+            .filter(|p| p.held > 0 && p.has_room())
+            .map(|p| p.held)
+            .min()
+            .unwrap_or(me.held)
+            .min(me.held);
+        Some(self.overflow_after + self.tick * (me.held - fewest) as u32)
+    }
+
+    /// The expired slots this worker may claim now, sorted by id (the claim starts at
+    /// this worker's hash position among them).
+    pub fn claimable(&self) -> Vec<Candidate> {
+        let Some(delay) = self.claim_delay() else {
+            return Vec::new();
+        };
+        let mut out: Vec<Candidate> = self
+            .expired
+            .iter()
+            .filter(|o| o.expired_for >= delay)
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// How long until an expired slot becomes claimable by this worker, if one will.
+    pub fn next_claimable_in(&self) -> Option<Duration> {
+        let delay = self.claim_delay()?;
+        self.expired
+            .iter()
+            .filter(|o| o.expired_for < delay)
+            .map(|o| delay - o.expired_for)
+            .min()
+    }
+
+    /// True when this worker should give one slot back now: it holds more than one,
+    /// and its rank among the donors is below the number of live standbys.
+    pub fn should_give_back(&self) -> bool {
+        let standbys = self
+            .workers
+            .iter()
+            .filter(|p| p.held == 0 && !p.passed_over)
+            .count();
+        if standbys == 0 {
+            return false;
+        }
+        let mut donors: Vec<&Peer> = self.workers.iter().filter(|p| p.held > 1).collect();
+        donors.sort_by(|a, b| b.held.cmp(&a.held).then_with(|| a.id.cmp(&b.id)));
+        donors
+            .iter()
+            .position(|p| p.id == self.me)
+            .is_some_and(|rank| rank < standbys)
+    }
+}
+
+/// Live workers with the number of slots each holds: their heartbeats say who is
+/// alive and what others hold (each sends one at once when that changes); this
+/// worker knows its own. `passed_over` maps standbys that left a handed slot
+/// untaken to the heartbeat they had then; one that has not beaten since is passed
+/// over.
+pub fn peers(
+    alive: &[LiveWorker],
+    me: &str,
+    my_held: usize,
+    my_max: Option<usize>,
+    passed_over: &HashMap<String, Option<i64>>,
+) -> Vec<Peer> {
+    let mut out: Vec<Peer> = alive
+        .iter()
+        .filter(|w| w.id != me)
+        .map(|w| Peer {
+            id: w.id.clone(),
+            held: w.held,
+            max_slots: w.max_slots,
+            passed_over: passed_over.get(&w.id) == Some(&w.seen_at_ms),
+        })
+        .collect();
+    out.push(Peer {
+        id: me.to_string(),
+        held: my_held,
+        max_slots: my_max,
+        passed_over: false,
+    });
+    out
+}
+
+/// What became of a slot this worker handed back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandBack {
+    /// Still being released, or unheld for less than two leases.
+    Pending,
+    /// Someone else holds it.
+    Taken,
+    /// Nobody took it: it stayed unheld two leases, or this worker holds it again
+    /// (claimed back as overflow). The standbys of the moment are passed over.
+    NotTaken,
+}
+
+/// Decides [`HandBack`] from what the round sees of the handed slot.
+pub fn hand_back_outcome(
+    releasing: bool,
+    expired: bool,
+    mine_again: bool,
+    waited: Duration,
+    lease: Duration,
+) -> HandBack {
+    if releasing {
+        HandBack::Pending
+    } else if mine_again {
+        HandBack::NotTaken
+    } else if expired {
+        if waited < lease * 2 {
+            HandBack::Pending
+        } else {
+            HandBack::NotTaken
+        }
+    } else {
+        HandBack::Taken
+    }
+}
+
+// === A new worker's holds, and how often to look ===
+
+/// How often a worker surveys the slots when the last survey found nothing it will
+/// be able to claim sooner (`narrow` as for [`survey_horizon`]):
+/// - a wide survey's worker, once per horizon: it saw every lease that ends before;
+/// - a standby at the front, every tick: it claims at a lease's expiry, and a survey
+///   reads what expires within the next tick;
+/// - a worker holding more than one slot, every tick: it must see a new standby
+///   within a tick to hand one back;
+/// - a holder of one slot at the front, every tick plus `overflow_after`: it may
+///   claim a slot only that long past its expiry, and no slot the last survey did
+///   not read expires within a tick of it, so an earlier look could find nothing it
+///   may take (at the default, one survey in 3 ticks instead of each tick; never
+///   rarer than the rear's);
+/// - everyone else, once per [`safety_survey_every`], at a random point of it (see
+///   [`rear_survey_in`]).
+pub fn survey_every(
+    place: Place,
+    held: usize,
+    narrow: bool,
+    tick: Duration,
+    overflow_after: Duration,
+) -> Duration {
+    let horizon = survey_horizon(place, held, narrow, tick);
+    if horizon > tick {
+        return horizon;
+    }
+    match (place, held) {
+        (_, h) if h > 1 => tick,
+        (Place::Front, 0) => tick,
+        (Place::Front, _) => (tick + overflow_after).min(tick * REAR_TICKS),
+        (Place::Rear, _) => safety_survey_every(tick),
+    }
+}
+
+/// How often a worker behind the watchers surveys, at most: every [`SAFETY_SURVEY`],
+/// or every [`REAR_TICKS`] ticks at a tick so long that those are longer.
+///
+/// Why so seldom is safe: the watchers claim a dead holder's slot at its expiry, and
+/// poke the rear when there is more to claim than they can; a watcher that dies
+/// without a word stops being believed within [`believed_for`](crate::worker::standby_line::believed_for) its front-paced beat,
+/// and the next in line moves up at its next heartbeat. The safety survey is for
+/// what that misses (every watcher killed with the holder, a watcher frozen with its
+/// heartbeat still believed): one standby alone finds the slot within this; `n` of
+/// them, surveying at random points, every `this / n` on average.
+pub fn safety_survey_every(tick: Duration) -> Duration {
+    SAFETY_SURVEY.max(tick * REAR_TICKS)
+}
+
+/// See [`safety_survey_every`]: five minutes. An idle rear standby then costs the
+/// database about a survey every 3.75 minutes (0.004 requests a second).
+pub const SAFETY_SURVEY: Duration = Duration::from_secs(300);
+
+/// When a rear worker's next survey comes, `every` being its period and `random` a
+/// number in `[0, 1)`: somewhere in the second half of the period. Workers that went
+/// to the rear together (a pool's cold start) would otherwise survey together, a
+/// burst of hundreds at once every period; spread, they come one at a time, and a
+/// rear worker never goes more than a period without one.
+pub fn rear_survey_in(every: Duration, random: f64) -> Duration {
+    every.mul_f64(0.5 + random.clamp(0.0, 1.0) / 2.0)
+}
+
+/// The most slots a standby's wide survey may read before it goes back to narrow
+/// ones (see [`survey_horizon`]).
+pub const WIDE_MOST: usize = 16;
+
+/// How long a standby whose wide survey read more than [`WIDE_MOST`] slots keeps to
+/// narrow ones before it tries a wide one again (the pool may have shrunk).
+pub const NARROW_FOR: Duration = Duration::from_secs(60);
+
+/// How far ahead a survey reads, on the server's clock: which leases it sees before
+/// they expire, and so how long its worker may sleep after it.
+///
+/// - **Wide**, one lease (`L`), for a standby at the front of a small pool: a held
+///   slot's lease always ends within `L`, so the survey reads every slot and the
+///   standby sleeps until the earliest expiry it read (or `L` when it read none).
+///   A holder renews every tick, so that sleep is one to two ticks: about a third
+///   fewer surveys than one a tick, with the wake-up still right at the expiry.
+/// - **Narrow**, one tick, for everyone else and for a pool with more than
+///   [`WIDE_MOST`] slots: a renewed lease ends a tick to `L` ahead, so the survey
+///   reads only the late ones (O(expired), whatever the pool's size), and the
+///   worker looks again within a tick.
+///
+/// `narrow` says the last wide survey read too many slots a short while ago.
+pub fn survey_horizon(place: Place, held: usize, narrow: bool, tick: Duration) -> Duration {
+    if place == Place::Front && held == 0 && !narrow {
+        tick * 2
+    } else {
+        tick
+    }
+}
+
+/// Whether a survey's worker wakes when the first lease it read (one ending within
+/// its horizon) expires: a watcher always; a worker behind them when the survey was
+/// woken (a poke). A claimer pokes the standbys behind it because its holder's
+/// neighbours may have died with it, and their leases end up to a tick apart: the
+/// poked survey, sent at the first claim, finds the later ones not yet expired. Woken
+/// at their expiry, the poked take them then. Without it, with 10 holders of 200
+/// killed at once, the poked went back to their rear pace, learned that they stood
+/// at the front only with their next read of their place (deferred to a tick), and
+/// half the slots were claimed 2 to 3 s after the first, two by holders
+/// overflowing.
+pub fn wakes_at_expiry(place: Place, woken: bool) -> bool {
+    place == Place::Front || woken
+}
+
+/// How long a new worker may hold off claiming (see [`may_claim`]): a worker older
+/// than this claims whatever its connections and the database's answers.
+pub const SETTLE_MOST: Duration = Duration::from_secs(20);
+
+/// What [`may_claim`] weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    /// How long the worker has run.
+    pub age: Duration,
+    /// Whether its lease pool's spare connection is open.
+    pub spare: bool,
+    /// How long the survey that found the slot took to come back.
+    pub survey_took: Duration,
+    /// Whether every slot it found was vacant before the worker began: none was
+    /// released or orphaned since (see [`vacant_before`]).
+    pub vacant_before: bool,
+    /// Whether it holds a slot already: the claim would be an overflow.
+    pub holding: bool,
+}
+
+/// Whether every one of `claimable` has been vacant for at least `age` (how long the
+/// worker has run): nobody was there to take them, so the whole pool is starting.
+/// A slot released or left by a dead holder since the worker began is a hand-back
+/// or a takeover, which it takes at once.
+pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -> bool {
+    claimable.iter().all(|c| c.expired_for >= age)
+}
+
+/// Whether a worker may claim the slots its survey found: always once it is older
+/// than [`SETTLE_MOST`]; before that, once its lease pool holds a spare connection,
+/// the survey came back within the time a renewal may take (`L − margin − T`,
+/// 0.55 T), and, when every slot it found was vacant before it began (a pool
+/// starting), once it has run its first lease (`2 T`, at most 2 s: [`first_hold`]).
+///
+/// A new holder's renewals must come back in time from its first, and at a pool's
+/// cold start the first seconds are the worst for it. 200 processes started at once
+/// on a 2-core machine filled the dev server's accept queue (128) for 4.5 s, and its
+/// hundreds of runnable threads (handshakes, heartbeats, reads of the line) slowed
+/// every write to the slots for seconds, though a ping on an open connection came
+/// back in 2–25 ms. The first workers' requests went before that and were answered
+/// at once: they claimed, and then could not renew: 5 to 26 of 20 new holders
+/// fenced themselves a run. So:
+/// - a worker takes no slot that was vacant before it began during its own first
+///   lease, by which time the starts of every process started with it have reached
+///   the server; a slot released or orphaned since (a hand-back to it, a takeover)
+///   it takes at once;
+/// - a renewal must never wait for a connection to be opened: the loop's heartbeat
+///   or survey holds the lease pool's one connection now and then, so a worker opens
+///   a second when it first stands at the front, and claims once it is open;
+/// - while every slot it found was vacant before it began (a pool starting), a
+///   survey slower than a renewal may be says a holder could not keep the slot
+///   now; the worker surveys again a tick later.
+///
+/// A worker running for a while is never held back, so a takeover is as fast as
+/// before; nor is a new one by a slow survey when a slot was orphaned or released
+/// since it began (a takeover, a hand-back): there an older standby would claim
+/// whatever the survey took, and a mass failure slows every survey. With 200
+/// workers and 10 holders killed at once, the replacements of the round before
+/// stood at the front of the line and each declined its claim for a survey of 0.6
+/// s or more, until holders overflowed onto the slots 2L after their expiry. A new worker that is the only one able to take a slot vacant since before
+/// it began takes it a lease later. On a database slower than a renewal may be, nobody could keep a slot, and
+/// the first claim waits [`SETTLE_MOST`], no longer.
+///
+/// A new worker that took its first slot holds off a second one vacant since before
+/// it began for `overflow_after` more ([`hold`]): the overflow rule gives the
+/// standbys that long to take a slot first, and at a pool's start they were held
+/// back too. Without it, a poke that reached a worker just after its first claim
+/// had it survey and take a second slot at once, from standbys about to claim it.
+pub fn may_claim(
+    r: Readiness,
+    timing: &crate::config::LeaseTiming,
+    overflow_after: Duration,
+) -> bool {
+    let in_time = timing.renewal_wait().saturating_sub(timing.tick);
+    let held_out = r.age >= hold(r, timing, overflow_after) || !r.vacant_before;
+    let survey_in_time = r.survey_took <= in_time || !r.vacant_before;
+    r.age >= SETTLE_MOST || (held_out && r.spare && survey_in_time)
+}
+
+/// What a worker may claim of `claimable` after a survey that took `survey_took`,
+/// at `age`: all of them, except that a new worker after a slow survey leaves the
+/// slots vacant since before it began (those [`may_claim`] holds back then) and
+/// takes only those orphaned or released since, when there are any. One such slot
+/// must not lift the slow-survey gate for a starting pool's others.
+pub fn claimable_after_survey(
+    mut claimable: Vec<crate::db::lease::Candidate>,
+    age: Duration,
+    survey_took: Duration,
+    timing: &crate::config::LeaseTiming,
+) -> Vec<crate::db::lease::Candidate> {
+    let in_time = timing.renewal_wait().saturating_sub(timing.tick);
+    if age < SETTLE_MOST && survey_took > in_time {
+        let recent: Vec<_> = claimable
+            .iter()
+            .filter(|c| c.expired_for < age)
+            .cloned()
+            .collect();
+        if !recent.is_empty() {
+            claimable = recent;
+        }
+    }
+    claimable
+}
+
+/// How long a new worker holds off slots vacant since before it began: its first
+/// lease, at most 2 s. Other processes' starts reach the server within that
+/// whatever the tick; a 20 s tick would otherwise hold a pool's first claim 40 s.
+pub fn first_hold(timing: &crate::config::LeaseTiming) -> Duration {
+    timing.lease().min(Duration::from_secs(2))
+}
+
+/// How long from its start a worker holds off slots vacant since before it began:
+/// [`first_hold`], and `overflow_after` more for a second slot (see [`may_claim`]).
+pub fn hold(
+    r: Readiness,
+    timing: &crate::config::LeaseTiming,
+    overflow_after: Duration,
+) -> Duration {
+    if r.holding {
+        first_hold(timing) + overflow_after
+    } else {
+        first_hold(timing)
+    }
+}
+
+/// When a worker held back by [`may_claim`] looks again: when its [`hold`] is
+/// out, if that is what holds it back; otherwise a tick on (a spare connection
+/// that opens wakes it sooner).
+pub fn claim_again_in(
+    r: Readiness,
+    timing: &crate::config::LeaseTiming,
+    overflow_after: Duration,
+) -> Duration {
+    let hold = hold(r, timing, overflow_after);
+    if r.vacant_before && r.age < hold {
+        hold - r.age
+    } else {
+        timing.tick
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(1);
+    const L: Duration = Duration::from_secs(2);
+
+    fn peer(id: &str, held: usize) -> Peer {
+        Peer {
+            id: id.into(),
+            held,
+            max_slots: None,
+            passed_over: false,
+        }
+    }
+
+    fn orphan(id: &str, ms: u64) -> Candidate {
+        Candidate {
+            id: id.into(),
+            time: None,
+            epoch: 1,
+            expired_for: Duration::from_millis(ms),
+        }
+    }
+
+    fn round<'a>(me: &'a str, workers: &'a [Peer], expired: &'a [Candidate]) -> Round<'a> {
+        Round {
+            me,
+            workers,
+            expired,
+            overflow_after: L,
+            tick: T,
+        }
+    }
+
+    fn ids(c: Vec<Candidate>) -> Vec<String> {
+        c.into_iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn a_standby_claims_at_expiry() {
+        let w = [peer("a", 0), peer("b", 1)];
+        let e = [orphan("s2", 0), orphan("s1", 5)];
+        assert_eq!(ids(round("a", &w, &e).claimable()), ["s1", "s2"]);
+    }
+
+    #[test]
+    fn a_holder_waits_for_the_standbys_then_overflows() {
+        let w = [peer("a", 1), peer("b", 0)];
+        let e = [orphan("s1", 1999)];
+        let r = round("a", &w, &e);
+        assert!(r.claimable().is_empty(), "the standby's turn");
+        assert_eq!(r.next_claimable_in(), Some(Duration::from_millis(1)));
+        let e = [orphan("s1", 2000)];
+        assert_eq!(ids(round("a", &w, &e).claimable()), ["s1"]);
+    }
+
+    #[test]
+    fn holders_with_fewer_slots_go_first() {
+        let w = [peer("a", 2), peer("b", 1), peer("c", 1)];
+        let e = [orphan("s4", 2500)];
+        assert_eq!(ids(round("b", &w, &e).claimable()), ["s4"]);
+        assert_eq!(ids(round("c", &w, &e).claimable()), ["s4"]);
+        assert!(round("a", &w, &e).claimable().is_empty());
+        assert_eq!(
+            round("a", &w, &e).next_claimable_in(),
+            Some(Duration::from_millis(500)),
+            "one tick later, in case b and c cannot"
+        );
+    }
+
+    #[test]
+    fn a_full_holder_does_not_count_as_the_emptiest() {
+        let mut b = peer("b", 1);
+        b.max_slots = Some(1);
+        let w = [peer("a", 2), b];
+        let e = [orphan("s3", 2000)];
+        assert_eq!(ids(round("a", &w, &e).claimable()), ["s3"]);
+        assert!(round("b", &w, &e).claimable().is_empty(), "at its cap");
+        assert_eq!(round("b", &w, &e).claim_delay(), None);
+    }
+
+    #[test]
+    fn one_slot_back_per_standby_from_the_most_loaded() {
+        let w = [peer("a", 3), peer("b", 2), peer("c", 0)];
+        assert!(round("a", &w, &[]).should_give_back());
+        assert!(
+            !round("b", &w, &[]).should_give_back(),
+            "one standby, one donor"
+        );
+        let w = [peer("a", 3), peer("b", 2), peer("c", 0), peer("d", 0)];
+        assert!(round("b", &w, &[]).should_give_back());
+        let w = [peer("a", 2), peer("b", 2), peer("c", 0)];
+        assert!(round("a", &w, &[]).should_give_back(), "ties by id");
+        assert!(!round("b", &w, &[]).should_give_back());
+        let w = [peer("a", 1), peer("c", 0)];
+        assert!(
+            !round("a", &w, &[]).should_give_back(),
+            "never below one slot"
+        );
+        let w = [peer("a", 3), peer("b", 1)];
+        assert!(!round("a", &w, &[]).should_give_back(), "no standby");
+    }
+
+    #[test]
+    fn peers_from_heartbeats_and_my_own_count() {
+        let live = |id: &str, held, max| LiveWorker {
+            id: id.into(),
+            held,
+            max_slots: max,
+            seen_at_ms: Some(100),
+        };
+        let alive = [live("a", 1, None), live("b", 0, Some(2))];
+        let none = HashMap::new();
+        let p = peers(&alive, "a", 2, Some(3), &none);
+        assert_eq!(p.len(), 2);
+        assert!(p.contains(&Peer {
+            id: "a".into(),
+            held: 2,
+            max_slots: Some(3),
+            passed_over: false,
+        }));
+        assert!(p.contains(&Peer {
+            id: "b".into(),
+            held: 0,
+            max_slots: Some(2),
+            passed_over: false,
+        }));
+        // A worker whose heartbeat is not in yet still counts itself.
+        assert_eq!(peers(&[], "me", 0, None, &none), [peer("me", 0)]);
+    }
+
+    #[test]
+    fn a_standby_that_left_a_handed_slot_is_passed_over_until_it_beats_again() {
+        let live = |seen| LiveWorker {
+            id: "s".into(),
+            held: 0,
+            max_slots: None,
+            seen_at_ms: Some(seen),
+        };
+        let passed: HashMap<String, Option<i64>> = [("s".to_string(), Some(100))].into();
+        let w = peers(&[live(100)], "a", 2, None, &passed);
+        assert!(!round("a", &w, &[]).should_give_back(), "still frozen");
+        let w = peers(&[live(5100)], "a", 2, None, &passed);
+        assert!(round("a", &w, &[]).should_give_back(), "it beat again");
+    }
+
+    #[test]
+    fn a_hand_back_is_taken_pending_or_not_taken() {
+        use HandBack::*;
+        let l = L;
+        assert_eq!(hand_back_outcome(true, false, false, 10 * l, l), Pending);
+        assert_eq!(hand_back_outcome(false, true, false, l, l), Pending);
+        assert_eq!(hand_back_outcome(false, true, false, 2 * l, l), NotTaken);
+        assert_eq!(hand_back_outcome(false, false, true, l / 2, l), NotTaken);
+        assert_eq!(hand_back_outcome(false, false, false, l / 2, l), Taken);
+    }
+
+    #[test]
+    fn only_a_standby_at_the_front_of_a_small_pool_reads_a_lease_ahead() {
+        assert_eq!(survey_horizon(Place::Front, 0, false, T), T * 2);
+        assert_eq!(
+            survey_every(Place::Front, 0, false, T, Duration::from_secs(2)),
+            T * 2,
+            "a wide survey saw every lease that ends within its horizon"
+        );
+        assert_eq!(survey_horizon(Place::Front, 0, true, T), T, "a large pool");
+        assert_eq!(survey_horizon(Place::Front, 1, false, T), T, "a holder");
+        assert_eq!(survey_horizon(Place::Rear, 0, false, T), T);
+    }
+
+    #[test]
+    fn vacancies_older_than_the_worker_mean_a_pool_starting() {
+        let slot = |secs: u64| crate::db::lease::Candidate {
+            id: "slot-001".into(),
+            time: None,
+            epoch: 1,
+            expired_for: Duration::from_secs(secs),
+        };
+        let age = Duration::from_secs(5);
+        assert!(vacant_before(&[slot(5), slot(60)], age));
+        assert!(
+            !vacant_before(&[slot(60), slot(4)], age),
+            "one since: take it"
+        );
+        assert!(vacant_before(
+            &[crate::db::lease::Candidate {
+                expired_for: crate::db::lease::LONG_AGO,
+                ..slot(0)
+            }],
+            age
+        ));
+    }
+
+    #[test]
+    fn a_new_worker_claims_once_settled_an_old_one_at_once() {
+        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
+        let ms = Duration::from_millis;
+        // The default `--overflow-after`, a lease.
+        const O: Duration = Duration::from_secs(2);
+        let ready = Readiness {
+            age: ms(2000),
+            spare: true,
+            survey_took: ms(550),
+            vacant_before: true,
+            holding: false,
+        };
+        assert!(may_claim(ready, &timing, O));
+        // Within its first lease; without its spare; after a slow survey.
+        assert!(!may_claim(
+            Readiness {
+                age: ms(1999),
+                ..ready
+            },
+            &timing,
+            O
+        ));
+        assert!(!may_claim(
+            Readiness {
+                spare: false,
+                ..ready
+            },
+            &timing,
+            O
+        ));
+        assert!(!may_claim(
+            Readiness {
+                survey_took: ms(551),
+                ..ready
+            },
+            &timing,
+            O
+        ));
+        // Past SETTLE_MOST, nothing holds it back.
+        let old = Readiness {
+            age: SETTLE_MOST,
+            spare: false,
+            survey_took: ms(5000),
+            vacant_before: true,
+            holding: false,
+        };
+        assert!(may_claim(old, &timing, O));
+        // At a 20 s tick the hold is 2 s, not a lease.
+        let slow = crate::config::LeaseTiming::from_tick(Duration::from_secs(20));
+        let at_2s = Readiness {
+            age: ms(2000),
+            survey_took: ms(50),
+            ..ready
+        };
+        assert!(may_claim(at_2s, &slow, O));
+        assert!(!may_claim(
+            Readiness {
+                age: ms(1999),
+                ..at_2s
+            },
+            &slow,
+            O
+        ));
+        assert_eq!(
+            claim_again_in(
+                Readiness {
+                    age: ms(500),
+                    ..at_2s
+                },
+                &slow,
+                O
+            ),
+            ms(1500)
+        );
+        assert_eq!(
+            claim_again_in(
+                Readiness {
+                    age: ms(500),
+                    ..at_2s
+                },
+                &timing,
+                O
+            ),
+            ms(1500)
+        );
+        assert_eq!(claim_again_in(at_2s, &timing, O), timing.tick);
+        // At a 250 ms tick: a lease is 500 ms, a survey may take 137 ms.
+        let quick = crate::config::LeaseTiming::from_tick(ms(250));
+        let r = Readiness {
+            age: ms(500),
+            spare: true,
+            survey_took: ms(137),
+            vacant_before: true,
+            holding: false,
+        };
+        assert!(may_claim(r, &quick, O));
+        assert!(!may_claim(
+            Readiness {
+                survey_took: ms(140),
+                ..r
+            },
+            &quick,
+            O
+        ));
+    }
+
+    #[test]
+    fn a_new_holder_leaves_a_second_slot_to_the_standbys_for_overflow_after() {
+        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
+        let overflow_after = timing.lease();
+        let ms = Duration::from_millis;
+        // Its first slot at 2 s; a poke at 2.2 s has it survey, and every other
+        // slot of the starting pool is still vacant.
+        let poked = Readiness {
+            age: ms(2200),
+            spare: true,
+            survey_took: ms(20),
+            vacant_before: true,
+            holding: true,
+        };
+        assert!(!may_claim(poked, &timing, overflow_after));
+        assert_eq!(claim_again_in(poked, &timing, overflow_after), ms(1800));
+        let later = Readiness {
+            age: ms(4000),
+            ..poked
+        };
+        assert!(may_claim(later, &timing, overflow_after), "nobody took it");
+        // A slot released or orphaned since it began is another matter: the
+        // overflow rule's own delay (from its expiry) is all it waits.
+        let orphaned = Readiness {
+            vacant_before: false,
+            ..poked
+        };
+        assert!(may_claim(orphaned, &timing, overflow_after));
+        // A standby is held only its first lease.
+        let standby = Readiness {
+            holding: false,
+            ..poked
+        };
+        assert!(may_claim(standby, &timing, overflow_after));
+    }
+
+    #[test]
+    fn a_new_worker_takes_an_orphaned_slot_whatever_its_survey_took() {
+        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
+        let ms = Duration::from_millis;
+        let slow = Readiness {
+            age: ms(7000),
+            spare: true,
+            survey_took: ms(900),
+            vacant_before: false,
+            holding: false,
+        };
+        assert!(may_claim(slow, &timing, timing.lease()), "a takeover");
+        // A pool starting: the same survey holds it back a tick.
+        let starting = Readiness {
+            vacant_before: true,
+            ..slow
+        };
+        assert!(!may_claim(starting, &timing, timing.lease()));
+        assert_eq!(
+            claim_again_in(starting, &timing, timing.lease()),
+            timing.tick
+        );
+        // Without its spare connection, not even a takeover.
+        assert!(!may_claim(
+            Readiness {
+                spare: false,
+                ..slow
+            },
+            &timing,
+            timing.lease()
+        ));
+    }
+
+    #[test]
+    fn after_a_slow_survey_a_new_worker_takes_only_the_orphaned_slots() {
+        let timing = crate::config::LeaseTiming::from_tick(Duration::from_secs(1));
+        let ms = Duration::from_millis;
+        let slot = |id: &str, expired_for| crate::db::lease::Candidate {
+            id: id.into(),
+            time: None,
+            epoch: 1,
+            expired_for,
+        };
+        let old = slot("slot-001", crate::db::lease::LONG_AGO);
+        let orphaned = slot("slot-002", ms(300));
+        let both = vec![old.clone(), orphaned.clone()];
+        let slow = claimable_after_survey(both.clone(), ms(7000), ms(900), &timing);
+        assert_eq!(slow.len(), 1);
+        assert_eq!(slow[0].id, orphaned.id);
+        assert!(!vacant_before(&slow, ms(7000)), "so may_claim lets it go");
+        // In time, or an old worker: everything.
+        assert_eq!(
+            claimable_after_survey(both.clone(), ms(7000), ms(100), &timing).len(),
+            2
+        );
+        assert_eq!(
+            claimable_after_survey(both, SETTLE_MOST, ms(900), &timing).len(),
+            2
+        );
+        // Only slots vacant since before it began: left to may_claim's gate.
+        let starting = claimable_after_survey(vec![old], ms(7000), ms(900), &timing);
+        assert!(vacant_before(&starting, ms(7000)));
+    }
+
+    #[test]
+    fn a_poked_worker_wakes_at_the_expiry_its_survey_read() {
+        assert!(wakes_at_expiry(Place::Front, false));
+        assert!(wakes_at_expiry(Place::Rear, true));
+        assert!(!wakes_at_expiry(Place::Rear, false));
+    }
+
+    /// What a settled worker (a minute old, its spare connection open) saw after a
+    /// quick survey.
+    fn seen<'a>(
+        workers: &'a [Peer],
+        expired: &'a [Candidate],
+        timing: &'a LeaseTiming,
+    ) -> Seen<'a> {
+        Seen {
+            round: Round {
+                me: "me",
+                workers,
+                expired,
+                overflow_after: L,
+                tick: T,
+            },
+            place: Place::Front,
+            woken: false,
+            narrow: true,
+            every: T,
+            next_expiry: None,
+            ready_to_give_back: true,
+            step_hold: None,
+            age: Duration::from_secs(60),
+            spare: true,
+            survey_took: Duration::from_millis(5),
+            timing,
+        }
+    }
+
+    fn stamped(id: &str, ms: u64) -> Candidate {
+        Candidate {
+            time: Some(bson::DateTime::from_millis(1_000)),
+            ..orphan(id, ms)
+        }
+    }
+
+    #[test]
+    fn a_standby_claims_what_it_found_expired() {
+        let timing = LeaseTiming::from_tick(T);
+        let workers = [peer("me", 0), peer("b", 1)];
+        let expired = [stamped("s2", 10), orphan("s1", 10)];
+        let d = decide(&seen(&workers, &expired, &timing));
+        let ClaimDecision::Claim { slots, wake_in } = d else {
+            panic!("{d:?}")
+        };
+        assert_eq!(
+            slots.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+            ["s1", "s2"]
+        );
+        assert_eq!(wake_in, T);
+    }
+
+    #[test]
+    fn after_a_clock_step_only_unstamped_slots_are_claimed_and_the_hold_wakes_it() {
+        let timing = LeaseTiming::from_tick(T);
+        let workers = [peer("me", 0)];
+        let expired = [stamped("s1", 10)];
+        let mut s = seen(&workers, &expired, &timing);
+        s.step_hold = Some(Duration::from_millis(300));
+        assert_eq!(
+            decide(&s),
+            ClaimDecision::Wait {
+                wake_in: Duration::from_millis(301),
+                held_back: None
+            }
+        );
+        // A released slot has no holder to wait for.
+        let expired = [stamped("s1", 10), orphan("s2", 10)];
+        let mut s = seen(&workers, &expired, &timing);
+        s.step_hold = Some(Duration::from_millis(300));
+        let ClaimDecision::Claim { slots, .. } = decide(&s) else {
+            panic!()
+        };
+        assert_eq!(slots.len(), 1);
+        assert_eq!(slots[0].id, "s2");
+    }
+
+    #[test]
+    fn a_holder_of_two_gives_one_back_once_its_last_hand_back_was_taken() {
+        let timing = LeaseTiming::from_tick(T);
+        let workers = [peer("me", 2), peer("new", 0)];
+        let s = seen(&workers, &[], &timing);
+        assert_eq!(decide(&s), ClaimDecision::GiveBack { wake_in: T });
+        let mut pending = s.clone();
+        pending.ready_to_give_back = false;
+        assert!(matches!(decide(&pending), ClaimDecision::Wait { .. }));
+    }
+
+    #[test]
+    fn a_new_worker_at_a_cold_start_waits_out_its_first_lease() {
+        let timing = LeaseTiming::from_tick(T);
+        let workers = [peer("me", 0)];
+        // Vacant since long before it began: a pool starting.
+        let expired = [orphan("s1", 60_000)];
+        let mut s = seen(&workers, &expired, &timing);
+        s.age = Duration::from_millis(500);
+        s.every = Duration::from_secs(10);
+        let d = decide(&s);
+        let ClaimDecision::Wait {
+            wake_in,
+            held_back: Some(ready),
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        assert!(ready.vacant_before);
+        assert_eq!(
+            wake_in,
+            Duration::from_millis(1_500),
+            "at its first lease's end"
+        );
+        // A slot released since it began (a hand-back to it) is taken at once.
+        let expired = [orphan("s1", 100)];
+        let mut s = seen(&workers, &expired, &timing);
+        s.age = Duration::from_millis(500);
+        assert!(matches!(decide(&s), ClaimDecision::Claim { .. }));
+    }
+
+    #[test]
+    fn a_holder_that_overflows_looks_again_within_a_tick_to_hand_back() {
+        let timing = LeaseTiming::from_tick(T);
+        let workers = [peer("me", 1)];
+        let expired = [orphan("s2", 5_000)];
+        let mut s = seen(&workers, &expired, &timing);
+        // The pace of a holder of one slot: a look every tick + overflow_after.
+        s.every = survey_every(Place::Front, 1, true, T, L);
+        assert_eq!(s.every, T + L);
+        let ClaimDecision::Claim { wake_in, .. } = decide(&s) else {
+            panic!()
+        };
+        assert_eq!(wake_in, T, "a holder of two looks every tick");
+    }
+
+    #[test]
+    fn a_watcher_wakes_at_the_first_expiry_it_read_plus_its_claim_delay() {
+        let timing = LeaseTiming::from_tick(T);
+        let workers = [peer("me", 1), peer("b", 1)];
+        let mut s = seen(&workers, &[], &timing);
+        s.every = Duration::from_secs(10);
+        s.next_expiry = Some(Duration::from_millis(400));
+        assert_eq!(decide(&s).wake_in(), Duration::from_millis(400) + L);
+        // Behind the watchers, only when poked.
+        s.place = Place::Rear;
+        assert_eq!(decide(&s).wake_in(), Duration::from_secs(10));
+        s.woken = true;
+        assert_eq!(decide(&s).wake_in(), Duration::from_millis(400) + L);
+    }
+
+    #[test]
+    fn how_often_a_worker_surveys_follows_what_it_may_claim() {
+        const O: Duration = Duration::from_secs(2);
+        assert_eq!(survey_every(Place::Front, 0, true, T, O), T);
+        assert_eq!(survey_every(Place::Rear, 0, true, T, O), SAFETY_SURVEY);
+        assert_eq!(survey_every(Place::Rear, 1, true, T, O), SAFETY_SURVEY);
+        assert_eq!(
+            survey_every(Place::Rear, 2, true, T, O),
+            T,
+            "an overflowing holder looks for standbys every tick"
+        );
+        assert_eq!(
+            survey_every(Place::Front, 1, true, T, O),
+            T + O,
+            "a holder of one slot may take another only `overflow_after` past its expiry"
+        );
+        assert_eq!(
+            survey_every(Place::Front, 1, true, T, Duration::from_secs(60)),
+            T * REAR_TICKS,
+            "never rarer than the rear"
+        );
+    }
+
+    #[test]
+    fn the_rear_surveys_seldom_at_a_random_point() {
+        let long = Duration::from_secs(100);
+        assert_eq!(safety_survey_every(long), long * REAR_TICKS);
+        let every = safety_survey_every(T);
+        assert_eq!(rear_survey_in(every, 0.0), every / 2);
+        assert_eq!(rear_survey_in(every, 0.5), every.mul_f64(0.75));
+        assert!(rear_survey_in(every, 0.999_999) <= every);
+        assert_eq!(rear_survey_in(every, 7.0), every, "clamped");
+    }
+}
