@@ -62,6 +62,16 @@ pub struct WorkerSettings {
     pub watchers: u64,
 }
 
+/// How a survey goes: where the worker stands, how far it reads, and when the next
+/// one is due at this pace.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    place: Place,
+    narrow: bool,
+    every: Duration,
+    horizon: Duration,
+}
+
 /// A standby as a hand-back saw it: its id and the heartbeat it had then.
 type Standby = (String, Option<i64>);
 
@@ -647,23 +657,11 @@ impl Worker {
     /// Surveys when due (or `woken`), then claims, gives a slot back or waits, as
     /// [`claim_policy::decide`] says; returns how long until the next survey.
     async fn survey_and_claim(&mut self, woken: bool) -> Duration {
-        let now = self.clock.now();
-        let narrow = self.looks.narrow(now);
-        let (place, held) = (self.place(), self.held.len());
-        let horizon = claim_policy::survey_horizon(place, held, narrow, self.tick());
-        let every = claim_policy::survey_every(
-            place,
-            held,
-            narrow,
-            self.tick(),
-            self.settings.overflow_after,
-        );
-        if !woken && now < self.looks.next_survey {
-            return self.looks.next_survey - now;
-        }
-        let every = self.spread(every);
-        self.looks.next_survey = now + every;
-        let Some((survey, survey_took)) = self.survey(horizon).await else {
+        let pace = match self.survey_due(woken) {
+            Ok(pace) => pace,
+            Err(not_yet) => return not_yet,
+        };
+        let Some((survey, survey_took)) = self.survey(pace.horizon).await else {
             return self.tick();
         };
         let Some(alive) = self.live_if_needed(&survey).await else {
@@ -687,10 +685,10 @@ impl Worker {
                 overflow_after: self.settings.overflow_after,
                 tick: self.tick(),
             },
-            place,
+            place: pace.place,
             woken,
-            narrow,
-            every,
+            narrow: pace.narrow,
+            every: pace.every,
             next_expiry: survey.next_expiry,
             ready_to_give_back,
             step_hold: self.steps.holding(Instant::now()),
@@ -701,6 +699,34 @@ impl Worker {
         };
         let decision = claim_policy::decide(&seen);
         let wait = decision.wake_in();
+        self.act(decision, &alive).await;
+        self.looks.next_survey = self.clock.now() + wait;
+        wait
+    }
+
+    /// Whether a survey is due now (or `woken`): its pace if so, else how long
+    /// until it is.
+    fn survey_due(&mut self, woken: bool) -> Result<Pace, Duration> {
+        let now = self.clock.now();
+        let narrow = self.looks.narrow(now);
+        let (place, held, tick) = (self.place(), self.held.len(), self.tick());
+        if !woken && now < self.looks.next_survey {
+            return Err(self.looks.next_survey - now);
+        }
+        let every =
+            claim_policy::survey_every(place, held, narrow, tick, self.settings.overflow_after);
+        let every = self.spread(every);
+        self.looks.next_survey = now + every;
+        Ok(Pace {
+            place,
+            narrow,
+            every,
+            horizon: claim_policy::survey_horizon(place, held, narrow, tick),
+        })
+    }
+
+    /// Carries out what the claim policy decided.
+    async fn act(&mut self, decision: ClaimDecision, alive: &[LiveWorker]) {
         match decision {
             ClaimDecision::GiveBack { .. } => {
                 let standbys = alive
@@ -730,8 +756,6 @@ impl Worker {
                 held_back: None, ..
             } => {}
         }
-        self.looks.next_survey = self.clock.now() + wait;
-        wait
     }
 
     /// One survey of the slots, reading what expires within `horizon` too (it tells
