@@ -31,7 +31,7 @@ cargo fmt --all -- --check
 phase "cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
 
-phase "cargo test: build"
+phase "cargo test: build (the examples too: tests/custom_kind.rs runs one)"
 cargo test --all-targets --no-run --quiet
 
 phase "container images (scripts/images.sh: the engine, the base, slotpool:local from the tests' binary, the dev database)"
