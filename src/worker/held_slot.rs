@@ -477,7 +477,7 @@ struct SupervisorHandle {
     beats: watch::Sender<Renewal>,
     /// Moves the renewals to just after the tick's edges while the slot runs
     /// scheduled robots.
-    renewals: crate::worker::supervisor::firing_clock::RenewalTiming,
+    renewals: crate::worker::renewal_timing::RenewalTiming,
     pacer: Arc<WritePacer>,
     /// The pacer's limit as last added to the worker-wide gauge.
     limit: AtomicUsize,

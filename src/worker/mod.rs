@@ -15,6 +15,7 @@ pub mod held_slot;
 pub mod http;
 pub mod identity;
 pub mod poke;
+pub mod renewal_timing;
 pub mod standby_line;
 pub mod status;
 pub mod supervisor;
@@ -28,6 +29,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::ServerClock;
 use crate::clock::{MonotonicClock, SharedClock};
 use crate::config::{Identity, LeaseTiming};
 use crate::db::lease::{LeaseProtocol, Survey};
@@ -37,7 +39,7 @@ use crate::robot::Registry;
 use crate::worker::claim_policy::{peers, ClaimDecision, HandBack, Round, Seen};
 use crate::worker::held_slot::{Ended, HeldSlot, HoldContext};
 use crate::worker::standby_line::LiveWorker;
-use crate::worker::standby_line::{Beat, BeatError, Looks, Place, Roster, ServerClock};
+use crate::worker::standby_line::{Beat, BeatError, Looks, Place, Roster};
 use crate::worker::status::{Health, SharedStatus, WorkerStatus};
 
 /// Everything a worker is configured with.

@@ -46,6 +46,7 @@ use futures::TryStreamExt;
 use mongodb::Collection;
 use tokio::time::Instant;
 
+use crate::clock::ServerClock;
 use crate::db::field::{
     ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, MAX_SLOTS, NETNS, ROOM,
     SLOTS, SLOT_ID, TICK_MS, VERSION,
@@ -289,60 +290,6 @@ pub const CLOCK_REFRESH: Duration = Duration::from_secs(60);
 /// or by an older version) so the survey's index sees them: at its start, and then
 /// this often rather than with every heartbeat.
 pub const MARK_EVERY: Duration = Duration::from_secs(30);
-
-/// The server's clock as last observed (from a heartbeat's reply), carried forward
-/// on the local monotonic clock. Only used to narrow what a survey reads, never to
-/// judge a lease.
-#[derive(Debug, Clone, Copy)]
-pub struct ServerClock {
-    server_ms: i64,
-    at: Instant,
-    /// The request's round trip: the server read its clock somewhere within it.
-    spread_ms: i64,
-}
-
-impl ServerClock {
-    /// `server_ms` was read by the server between the local instants `sent` and
-    /// `received`.
-    pub fn observed(server_ms: i64, sent: Instant, received: Instant) -> Self {
-        let spread_ms = received.saturating_duration_since(sent).as_millis() as i64;
-        ServerClock {
-            server_ms,
-            at: sent,
-            spread_ms,
-        }
-    }
-
-    /// The latest the server's now can be: what a survey must read up to so a
-    /// lease expiring before the next survey is not missed, however slow the
-    /// observing round trip was.
-    pub fn latest_ms(&self) -> i64 {
-        self.now_ms() + self.spread_ms
-    }
-
-    /// The reading itself: the server's clock, and the local instants between which
-    /// the server read it.
-    pub fn reading(&self) -> (i64, Instant, Instant) {
-        let spread = Duration::from_millis(self.spread_ms.max(0) as u64);
-        (self.server_ms, self.at, self.at + spread)
-    }
-
-    /// How long ago the observation was made.
-    pub fn age(&self) -> Duration {
-        self.at.elapsed()
-    }
-
-    /// The server's now, estimated: never ahead of it by more than the local
-    /// clock's drift since the observation, behind it by up to the reply's way back.
-    pub fn now_ms(&self) -> i64 {
-        self.at_ms(Instant::now())
-    }
-
-    /// The server's clock at local instant `t` (not before the observation).
-    pub fn at_ms(&self, t: Instant) -> i64 {
-        self.server_ms + t.saturating_duration_since(self.at).as_millis() as i64
-    }
-}
 
 /// One worker's heartbeat, as written to `workers`.
 #[derive(Debug, Clone)]
@@ -888,16 +835,5 @@ mod tests {
         assert!(beat(None).room());
         assert!(beat(Some(2)).room());
         assert!(!beat(Some(1)).room());
-    }
-
-    #[test]
-    fn the_server_clock_is_carried_forward() {
-        let t = Instant::now();
-        let c = ServerClock::observed(1_000, t, t + Duration::from_millis(40));
-        // Carried forward from the send: never ahead of the server...
-        assert_eq!(c.at_ms(t + Duration::from_millis(250)), 1_250);
-        assert_eq!(c.at_ms(t), 1_000);
-        // ...and its latest possible value covers the whole round trip.
-        assert!(c.latest_ms() >= c.now_ms() + 40);
     }
 }

@@ -301,11 +301,11 @@ pub struct Supervisor {
     /// Robots in the next adoption write (see [`next_adopt_chunk`]).
     adopt_chunk: usize,
     /// The server's clock as last read, for scheduled robots.
-    time: firing_clock::ServerTime,
+    time: crate::clock::ServerTime,
     /// The slot's one timer for its scheduled robots.
     alarm: firing_clock::Alarm,
     /// When the slot's renewals go, for its scheduled robots.
-    renewals: firing_clock::RenewalTiming,
+    renewals: crate::worker::renewal_timing::RenewalTiming,
     /// The first steps of the robots started before their adoption write.
     first_steps: firing_clock::FirstSteps,
     /// Told when the claim's event is written: no robot writes before it.
@@ -335,8 +335,9 @@ impl Supervisor {
         let now = clock.now();
         let root = CancellationToken::new();
         let alarm = firing_clock::Alarm::spawn(clock.clone(), root.clone());
-        let time = firing_clock::ServerTime::default();
-        let renewals = firing_clock::RenewalTiming::new(time.clone(), ctx.slot_id());
+        let time = crate::clock::ServerTime::default();
+        let renewals =
+            crate::worker::renewal_timing::RenewalTiming::new(time.clone(), ctx.slot_id());
         Supervisor {
             store,
             ctx,
@@ -377,7 +378,7 @@ impl Supervisor {
     }
 
     /// When the slot's renewals should go (the held slot's loop asks it each tick).
-    pub fn renewal_timing(&self) -> firing_clock::RenewalTiming {
+    pub fn renewal_timing(&self) -> crate::worker::renewal_timing::RenewalTiming {
         self.renewals.clone()
     }
 
@@ -502,7 +503,13 @@ impl Supervisor {
         let (time, store, clock) = (self.time.clone(), self.store.clone(), self.clock.clone());
         let slot = self.ctx.slot_id().to_string();
         Some(tokio::spawn(async move {
-            if let Err(e) = time.refresh(&store, &clock).await {
+            let sent = clock.now();
+            let read = store.server_now().await;
+            let received = clock.now();
+            let taken = read
+                .map_err(|e| crate::db::store::brief(&e))
+                .and_then(|server| time.observe(server.timestamp_millis(), sent, received));
+            if let Err(e) = taken {
                 tracing::debug!(slot = %slot, "could not read the server's clock ({e})");
             }
         }))
