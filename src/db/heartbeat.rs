@@ -1,12 +1,28 @@
-//! What a heartbeat in `workers` means: how often one is written, and whether the
-//! worker that wrote it is alive, judged on the server's clock. The standby line
-//! and the pool's view (the CLI and the dashboard) read it by the same rule.
+//! Heartbeats in `workers`: how one is written, whether the worker that wrote it is
+//! alive (judged on the server's clock), and the queries the standby line reads
+//! through [`Roster`]: a worker's place, the live workers, the first standbys. The
+//! standby line and the pool's view (the CLI and the dashboard) read them by the
+//! same rule.
+
+use std::time::Duration;
 
 use bson::{doc, Bson, Document};
+use futures::TryStreamExt;
+use mongodb::Collection;
+use tokio::time::Instant;
 
-use crate::db::field::{LAST_SEEN, TICK_MS};
+use crate::clock::ServerClock;
+use crate::db::field::{
+    ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, MAX_SLOTS, NETNS, ROOM,
+    SLOTS, SLOT_ID, TICK_MS, VERSION,
+};
 use crate::db::store::int;
 use crate::db::words::words;
+
+/// A field as an aggregation expression reads it: `$name`.
+fn field(name: &str) -> String {
+    format!("${name}")
+}
 
 words! {
     /// A live worker's role (judged by [`crate::pool::view::worker_role`]).
@@ -49,19 +65,429 @@ pub fn liveness() -> Vec<Document> {
     vec![
         doc! {"$match": {LAST_SEEN: {"$type": "date"}}},
         doc! {"$addFields": {
-            "seen_ms": {"$subtract": [&now, {"$toLong": "$last_seen"}]},
+            "seen_ms": {"$subtract": [&now, {"$toLong": field(LAST_SEEN)}]},
             "alive_ms": {"$cond": [
-                {"$in": [{"$type": "$alive_until_ms"}, ["int", "long"]]},
-                {"$subtract": ["$alive_until_ms", &now]},
+                {"$in": [{"$type": field(ALIVE_UNTIL_MS)}, ["int", "long"]]},
+                {"$subtract": [field(ALIVE_UNTIL_MS), &now]},
                 Bson::Null,
             ]},
         }},
     ]
 }
 
+/// The other process's heartbeat under this worker's identity, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Predecessor {
+    /// Its process's random id.
+    pub instance: String,
+    /// Until when it is believed (server-clock ms): rewritten by each of its beats.
+    pub alive_until_ms: i64,
+    /// The network namespace it beat from, when it said (see [`crate::worker::identity::network_namespace`]).
+    pub netns: Option<String>,
+}
+
+/// How many live standbys beyond `--watchers` a place read keeps in sight (see
+/// [`Placed::near`]): up to this many of those just ahead may die before a rear
+/// standby's next place read has to read the whole line ahead of it again.
+pub const NEAR_SPARE: u64 = 2;
+
+/// What one read of a worker's place in the line found.
+#[derive(Debug, Default)]
+pub struct Placed {
+    /// Live workers with room ahead of this one, counted up to `--watchers` +
+    /// [`NEAR_SPARE`] (only whether they are `--watchers` or more decides anything).
+    pub ahead: u64,
+    /// For a standby: the id of the farthest of the nearest live standbys ahead of it
+    /// that the read counted; its next place read starts there.
+    pub near: Option<String>,
+    /// The server's clock as of the read.
+    pub clock: Option<ServerClock>,
+    /// Whether it read the whole line ahead, not only from [`Placed::near`] on.
+    pub whole: bool,
+}
+
+/// The aggregation that reads a worker's place in the line: the live workers with
+/// room ahead of `me` (see [`Line::place`]), for a standby nearest first, at most `watchers` +
+/// [`NEAR_SPARE`] of them, counted, with the farthest of them and the server's clock.
+/// For a standby, `from` bounds the read to the standbys from that id on: the same
+/// filter with one more condition, so it counts a subset of what the whole read
+/// would. At 200 workers the whole read took the dev server 6 ms at the end of the
+/// line when idle (19 ms under load), under the storage lock that every command
+/// waits for; from the 5th standby ahead, 0.7 ms.
+pub fn place_pipeline(me: &str, held: usize, watchers: u64, from: Option<&str>) -> Vec<Document> {
+    let alive = doc! {"$gt": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]};
+    let filter = match (held, from) {
+        (0, None) => doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}},
+        (0, Some(from)) => doc! {ROOM: true, HELD: 0_i64, "_id": {"$gte": from, "$lt": me}},
+        _ => doc! {ROOM: true, HELD: {"$lt": held as i64}},
+    };
+    // Liveness in a stage of its own: a `$match` with a top-level `$expr` is read by
+    // scanning the collection on the dev server, where the line's index serves the
+    // rest. At 200 workers that was 19 ms of the server's time a read; split, 2 ms
+    // at the front of the line and 18 ms at its end.
+    let mut pipeline = vec![doc! {"$match": filter}, doc! {"$match": {"$expr": alive}}];
+    // A standby's nearest are those with the largest ids below its own: the line's
+    // index gives them in that order. A holder needs no nearest (its filter ranges
+    // over `held`, where the index could not give that order).
+    if held == 0 {
+        pipeline.push(doc! {"$sort": {"_id": -1}});
+    }
+    pipeline.extend([
+        doc! {"$limit": (watchers.max(1) + NEAR_SPARE) as i64},
+        doc! {"$facet": {"ahead": [
+            {"$group": {"_id": Bson::Null, "n": {"$sum": 1_i64}, "near": {"$min": "$_id"}}},
+        ]}},
+        doc! {"$project": {"ahead": 1, "now": {"$toLong": "$$NOW"}}},
+    ]);
+    pipeline
+}
+
+/// How long after its last beat a worker's heartbeat document is removed (by the
+/// TTL index on `expire_at`): ten minutes, or three times as long as a beat is
+/// believed when that is longer, so a live worker's document never goes. A killed
+/// worker shows as overdue meanwhile, then leaves; churn no longer piles up.
+pub fn forgotten_after(beat: Duration) -> Duration {
+    (believed_for(beat) * 3).max(Duration::from_secs(600))
+}
+
+/// How long a heartbeat is believed: two beats and a second, so one lost or late
+/// heartbeat never makes a live worker look dead.
+pub fn believed_for(beat: Duration) -> Duration {
+    beat * 2 + Duration::from_secs(1)
+}
+
+/// One worker's heartbeat, as written to `workers`.
+#[derive(Debug, Clone)]
+pub struct Beat<'a> {
+    pub me: &'a str,
+    /// This process's own random id: two processes advertising the same `ip:port`
+    /// (a copied `SLOTPOOL_ADVERTISE`, host networking) are told apart by it.
+    pub instance: &'a str,
+    /// The network namespace it beats from (see
+    /// [`crate::worker::identity::network_namespace`]).
+    pub netns: Option<&'a str>,
+    /// `(slot, epoch)` of every slot held.
+    pub held: &'a [(String, i64)],
+    pub max_slots: Option<usize>,
+    pub tick: Duration,
+    /// How soon the next heartbeat comes (see [`beat_pace`]): the heartbeat is
+    /// believed for [`believed_for`] this.
+    pub pace: Duration,
+}
+
+/// A live worker as its heartbeat says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveWorker {
+    pub id: String,
+    pub max_slots: Option<usize>,
+    /// Slots it held at its last heartbeat.
+    pub held: usize,
+    /// When that heartbeat was written (server-clock ms): a worker that beat again
+    /// since is alive, not merely still believed.
+    pub seen_at_ms: Option<i64>,
+}
+
+/// Why a heartbeat was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum BeatError {
+    /// Another process beats under this worker's `ip:port`, and its heartbeat is
+    /// still believed: the two would share one identity in the line, in hand-backs
+    /// and on the dashboard.
+    #[error(
+        "another live worker process advertises {id} (its heartbeat has {left_ms} ms left): \
+         give every worker its own --advertise address (SLOTPOOL_ADVERTISE)"
+    )]
+    IdentityInUse {
+        id: String,
+        left_ms: i64,
+        /// The other process's heartbeat as read, when it names its process.
+        predecessor: Option<Predecessor>,
+    },
+    #[error(transparent)]
+    Db(#[from] mongodb::error::Error),
+}
+
+/// The heartbeat's filter: this worker's document, unless another process's
+/// heartbeat there is still believed. A document without an instance (an older
+/// version) or whose time ran out (a predecessor that was killed) is taken over.
+/// No match makes the upsert collide with the existing `_id`: that duplicate key
+/// is how a second live process learns of the first.
+fn own_heartbeat(me: &str, instance: &str) -> Document {
+    doc! {"_id": me, "$expr": {"$or": [
+        {"$eq": [{"$ifNull": [field(INSTANCE), instance]}, instance]},
+        {"$lte": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]},
+    ]}}
+}
+
+/// The heartbeat itself: who holds what, how long it is believed, and when its
+/// document is forgotten, stamped with the server's `$$NOW`.
+fn heartbeat_update(beat: &Beat<'_>) -> Vec<Document> {
+    let ids: Vec<&String> = beat.held.iter().map(|(s, _)| s).collect();
+    let (slot, epoch) = match beat.held.first() {
+        Some((s, e)) => (Bson::String(s.clone()), Bson::Int64(*e)),
+        None => (Bson::Null, Bson::Null),
+    };
+    let max = beat.max_slots.map_or(Bson::Null, |m| Bson::Int64(m as i64));
+    let every = beat.pace;
+    let netns = beat
+        .netns
+        .map_or(Bson::Null, |n| Bson::String(n.to_string()));
+    vec![doc! {"$set": {
+        INSTANCE: beat.instance, NETNS: {"$literal": netns},
+        SLOT_ID: slot, EPOCH: epoch, SLOTS: {"$literal": ids},
+        HELD: beat.held.len() as i64, ROOM: beat.room(),
+        MAX_SLOTS: max, LAST_SEEN: "$$NOW",
+        TICK_MS: beat.tick.as_millis() as i64,
+        BEAT_MS: every.as_millis() as i64,
+        ALIVE_UNTIL_MS: {"$add": [
+            {"$toLong": "$$NOW"}, believed_for(every).as_millis() as i64,
+        ]},
+        EXPIRE_AT: {"$add": ["$$NOW", forgotten_after(every).as_millis() as i64]},
+        VERSION: env!("CARGO_PKG_VERSION"),
+    }}]
+}
+
+/// The roster: the `workers` collection, where every worker beats and the line is
+/// read from.
+#[derive(Debug, Clone)]
+pub struct Roster {
+    workers: Collection<Document>,
+}
+
+impl Beat<'_> {
+    /// Below `--max-slots` (or uncapped): stands in the line.
+    pub fn room(&self) -> bool {
+        self.max_slots.is_none_or(|m| self.held.len() < m)
+    }
+}
+
+impl Roster {
+    pub fn new(workers: Collection<Document>) -> Self {
+        Roster { workers }
+    }
+
+    /// Writes this worker's heartbeat and, when `read_clock`, returns the server's
+    /// clock as of it; refuses with [`BeatError::IdentityInUse`] while another
+    /// process's heartbeat under the same `ip:port` is believed.
+    ///
+    /// An `updateOne` and a `hello` (whose `localTime` is the clock `$$NOW` reads)
+    /// rather than one `findAndModify`: the dev server answers `findAndModify` by
+    /// scanning the collection, and the two cost it less than half as much. The
+    /// `hello` only when asked: see [`CLOCK_REFRESH`].
+    pub async fn beat(
+        &self,
+        beat: &Beat<'_>,
+        read_clock: bool,
+    ) -> Result<Option<ServerClock>, BeatError> {
+        let written = self
+            .workers
+            .update_one(
+                own_heartbeat(beat.me, beat.instance),
+                heartbeat_update(beat),
+            )
+            .upsert(true)
+            .await;
+        match written {
+            Ok(_) => {}
+            Err(e) if crate::db::store::is_duplicate_key(&e) => {
+                return Err(self.in_use(beat.me).await);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if !read_clock {
+            return Ok(None);
+        }
+        let sent = Instant::now();
+        let db = self.workers.client().database(&self.workers.namespace().db);
+        let hello = db.run_command(doc! {"hello": 1}).await?;
+        let server_ms = hello
+            .get_datetime("localTime")
+            .map_or(0, |t| t.timestamp_millis());
+        Ok(Some(ServerClock::observed(server_ms, sent, Instant::now())))
+    }
+
+    /// Replaces another process's heartbeat under this worker's identity with this
+    /// one's, only while it is exactly as read (same process, not beaten since): a
+    /// predecessor judged gone (see [`crate::worker::identity`]) that beat after all
+    /// keeps its identity. True when it was replaced.
+    pub async fn take_over(
+        &self,
+        beat: &Beat<'_>,
+        predecessor: &Predecessor,
+    ) -> Result<bool, mongodb::error::Error> {
+        let as_read = doc! {
+            "_id": beat.me, INSTANCE: &predecessor.instance,
+            ALIVE_UNTIL_MS: predecessor.alive_until_ms,
+        };
+        let r = self
+            .workers
+            .update_one(as_read, heartbeat_update(beat))
+            .await?;
+        Ok(r.matched_count == 1)
+    }
+
+    /// How many live workers with room stand ahead of this one (counted up to
+    /// `watchers` + [`NEAR_SPARE`]), and the server's clock as of the read. For a standby: the
+    /// standbys with a smaller id. For a holder: the workers holding fewer slots,
+    /// standbys included. Holders holding as many do not count: which of them
+    /// overflows onto an orphan first is decided by [`crate::worker::claim_policy`]'s
+    /// claim delays, and that needs each of them to look every tick. (Ranking them
+    /// by id too put a survivor behind dead holders whose heartbeats still counted,
+    /// and the other survivor took both orphans.)
+    ///
+    /// A standby that read its place before passes `near`, the farthest of the
+    /// nearest live standbys that read found ahead of it ([`Placed::near`]): the
+    /// line's index then reads only the standbys from there to this one, and only
+    /// when that finds fewer than `watchers` alive is the whole line ahead read (see
+    /// [`place_pipeline`]).
+    ///
+    /// Liveness is judged on the server's `$$NOW`, and the one answer (a `$facet`,
+    /// which always gives one document) carries that `$$NOW` back: a rear worker,
+    /// which surveys seldom, reads the server's clock here rather than with a
+    /// `hello` of its own.
+    pub async fn place(
+        &self,
+        me: &str,
+        held: usize,
+        watchers: u64,
+        near: Option<&str>,
+    ) -> Result<Placed, mongodb::error::Error> {
+        if held == 0 {
+            if let Some(from) = near {
+                let placed = self
+                    .read_place(place_pipeline(me, held, watchers, Some(from)))
+                    .await?;
+                if placed.ahead >= watchers.max(1) {
+                    return Ok(placed);
+                }
+            }
+        }
+        let placed = self.read_place(place_pipeline(me, held, watchers, None));
+        Ok(Placed {
+            whole: true,
+            ..placed.await?
+        })
+    }
+
+    /// Runs one place read (see [`place_pipeline`]).
+    async fn read_place(&self, pipeline: Vec<Document>) -> Result<Placed, mongodb::error::Error> {
+        let sent = Instant::now();
+        let mut cursor = self.workers.aggregate(pipeline).await?;
+        let answer = cursor.try_next().await?;
+        let received = Instant::now();
+        let Some(d) = answer else {
+            return Ok(Placed::default());
+        };
+        let found = d
+            .get_array("ahead")
+            .ok()
+            .and_then(|a| a.first())
+            .and_then(Bson::as_document);
+        let ahead = found.and_then(|c| int(c, "n")).unwrap_or(0).max(0) as u64;
+        let near = found
+            .and_then(|c| c.get_str("near").ok())
+            .map(str::to_string);
+        let clock = int(&d, "now").map(|ms| ServerClock::observed(ms, sent, received));
+        Ok(Placed {
+            ahead,
+            near,
+            clock,
+            whole: false,
+        })
+    }
+
+    /// The first live standbys in line after `me` (by id, as the line orders them),
+    /// at most `n`: their addresses as their heartbeats give them, for the pokes a
+    /// releasing holder sends (see [`crate::worker::poke`]). Judged on the server's
+    /// clock; read through the line's index on `(room, held, _id)`.
+    pub async fn front_standbys(
+        &self,
+        me: &str,
+        n: u64,
+    ) -> Result<Vec<String>, mongodb::error::Error> {
+        let found: Vec<Document> = self
+            .workers
+            .find(doc! {
+                ROOM: true, HELD: 0_i64, "_id": {"$ne": me},
+                "$expr": {"$gt": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]},
+            })
+            .sort(doc! {ROOM: 1, HELD: 1, "_id": 1})
+            .projection(doc! {"_id": 1})
+            .limit(n as i64)
+            .await?
+            .try_collect()
+            .await?;
+        Ok(found
+            .iter()
+            .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
+            .collect())
+    }
+
+    /// Every live worker, with its `--max-slots` and what it held at its last
+    /// heartbeat (judged on the server's clock).
+    pub async fn live(&self) -> Result<Vec<LiveWorker>, mongodb::error::Error> {
+        let mut pipeline = liveness();
+        pipeline.push(doc! {"$project": {
+            MAX_SLOTS: 1, TICK_MS: 1, "seen_ms": 1, "alive_ms": 1,
+            "seen_at_ms": {"$toLong": field(LAST_SEEN)},
+            HELD: {"$cond": [{"$isArray": field(SLOTS)}, {"$size": field(SLOTS)}, 0]},
+        }});
+        let mut cursor = self.workers.aggregate(pipeline).await?;
+        let mut out = Vec::new();
+        while let Some(d) = cursor.try_next().await? {
+            if let (true, Ok(id)) = (is_alive(&d), d.get_str("_id")) {
+                out.push(LiveWorker {
+                    id: id.to_string(),
+                    max_slots: int(&d, MAX_SLOTS).filter(|m| *m > 0).map(|m| m as usize),
+                    held: int(&d, HELD).unwrap_or(0).max(0) as usize,
+                    seen_at_ms: int(&d, "seen_at_ms"),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The refusal for a heartbeat that collided with another process's: how long
+    /// that one's heartbeat is still believed.
+    async fn in_use(&self, me: &str) -> BeatError {
+        let mut pipeline = vec![doc! {"$match": {"_id": me}}];
+        pipeline.extend(liveness());
+        let found = match self.workers.aggregate(pipeline).await {
+            Ok(mut cursor) => cursor.try_next().await.ok().flatten(),
+            Err(e) => return e.into(),
+        };
+        let left_ms = found.as_ref().and_then(|d| int(d, "alive_ms")).unwrap_or(0);
+        let predecessor = found.as_ref().and_then(|d| {
+            Some(Predecessor {
+                instance: d.get_str(INSTANCE).ok()?.to_string(),
+                alive_until_ms: int(d, ALIVE_UNTIL_MS)?,
+                netns: d.get_str(NETNS).ok().map(str::to_string),
+            })
+        });
+        BeatError::IdentityInUse {
+            id: me.to_string(),
+            left_ms,
+            predecessor,
+        }
+    }
+
+    /// Leaves the line on a clean exit, so standbys are counted honestly; never
+    /// removes another process's heartbeat under the same `ip:port`.
+    pub async fn leave(&self, me: &str, instance: &str) -> Result<(), mongodb::error::Error> {
+        self.workers
+            .delete_one(doc! {"_id": me, INSTANCE: instance})
+            .await
+            .map(|_| ())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const T: Duration = Duration::from_secs(1);
+    /// A front-paced beat at a 1 s tick.
+    const BEAT: Duration = Duration::from_secs(5);
 
     #[test]
     fn liveness_from_its_own_deadline_or_the_legacy_rule() {
@@ -72,5 +498,56 @@ mod tests {
         assert!(is_alive(&doc! {"seen_ms": 3000_i64, "tick_ms": 1000_i64}));
         assert!(!is_alive(&doc! {"seen_ms": 3001_i64, "tick_ms": 1000_i64}));
         assert!(!is_alive(&doc! {"tick_ms": 1000_i64}), "never seen");
+    }
+
+    #[test]
+    fn a_place_read_from_the_near_standbys_counts_a_subset_of_the_whole_line() {
+        let whole = place_pipeline("10.0.0.9:7700", 0, 3, None);
+        let near = place_pipeline("10.0.0.9:7700", 0, 3, Some("10.0.0.4:7700"));
+        assert_eq!(whole.len(), near.len());
+        for (w, n) in whole.iter().zip(&near).skip(1) {
+            assert_eq!(w, n, "every stage but the first is the same");
+        }
+        // The same filter, with one more bound.
+        let filter = |p: &[Document]| p[0].get_document("$match").unwrap().clone();
+        let (mut w, n) = (filter(&whole), filter(&near));
+        w.get_document_mut("_id")
+            .unwrap()
+            .insert("$gte", "10.0.0.4:7700");
+        assert_eq!(w, n);
+        // Nearest first, and as many as the watchers and the spare.
+        assert_eq!(whole[2], doc! {"$sort": {"_id": -1}});
+        assert_eq!(whole[3], doc! {"$limit": 5_i64});
+        // A holder's place has no bound to start from, nor an order.
+        assert_eq!(
+            place_pipeline("h", 2, 3, Some("x")),
+            place_pipeline("h", 2, 3, None)
+        );
+        assert!(!place_pipeline("h", 2, 3, None)
+            .iter()
+            .any(|s| s.contains_key("$sort")));
+    }
+
+    #[test]
+    fn a_heartbeat_outlives_one_lost_beat() {
+        let beat = BEAT;
+        assert!(believed_for(beat) > beat * 2);
+    }
+
+    #[test]
+    fn room_follows_the_cap() {
+        let held = [("s1".to_string(), 1_i64)];
+        let beat = |max| Beat {
+            me: "w",
+            instance: "i",
+            netns: None,
+            held: &held,
+            max_slots: max,
+            tick: T,
+            pace: BEAT,
+        };
+        assert!(beat(None).room());
+        assert!(beat(Some(2)).room());
+        assert!(!beat(Some(1)).room());
     }
 }

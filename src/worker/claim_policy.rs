@@ -43,9 +43,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::config::LeaseTiming;
+use crate::db::heartbeat::LiveWorker;
 use crate::db::heartbeat::REAR_TICKS;
 use crate::db::lease::Candidate;
-use crate::worker::standby_line::{LiveWorker, Place};
+use crate::worker::standby_line::Place;
 
 // === The decision ===
 

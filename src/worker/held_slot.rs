@@ -48,7 +48,7 @@ pub struct HoldContext {
     /// Notified when a held slot ends, so the worker looks at the pool at once.
     pub ended: Arc<Notify>,
     /// The standby line, on the lease's pool: who to poke after a release.
-    pub line: crate::worker::standby_line::Roster,
+    pub line: crate::db::heartbeat::Roster,
     /// How many of the first standbys in line to poke (`--watchers`).
     pub watchers: u64,
 }

@@ -34,6 +34,7 @@
 //! pokes cannot cross either) is taken over if it holds no lease; its next heartbeat
 //! finds that and it exits with the reason.
 
+use crate::db::heartbeat::Predecessor;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -44,17 +45,6 @@ pub const PROBE_WITHIN: Duration = Duration::from_millis(1000);
 
 /// The most of `/status` read from the address: a worker's answer is well under it.
 const STATUS_LIMIT: usize = 64 * 1024;
-
-/// The other process's heartbeat under this worker's identity, as read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Predecessor {
-    /// Its process's random id.
-    pub instance: String,
-    /// Until when it is believed (server-clock ms): rewritten by each of its beats.
-    pub alive_until_ms: i64,
-    /// The network namespace it beat from, when it said (see [`network_namespace`]).
-    pub netns: Option<String>,
-}
 
 /// Who answered at this worker's own advertised address.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -32,14 +32,14 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::ServerClock;
 use crate::clock::{MonotonicClock, SharedClock};
 use crate::config::{Identity, LeaseTiming};
+use crate::db::heartbeat::{Beat, BeatError, LiveWorker, Roster};
 use crate::db::lease::{LeaseProtocol, Survey};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
 use crate::robot::Registry;
 use crate::worker::claim_policy::{peers, ClaimDecision, HandBack, Round, Seen};
 use crate::worker::held_slot::{Ended, HeldSlot, HoldContext};
-use crate::worker::standby_line::LiveWorker;
-use crate::worker::standby_line::{Beat, BeatError, Looks, Place, Roster};
+use crate::worker::standby_line::{Looks, Place};
 use crate::worker::status::{Health, SharedStatus, WorkerStatus};
 
 /// Everything a worker is configured with.
@@ -101,7 +101,7 @@ enum Beaten {
 /// The other process's heartbeat under this identity, as this worker first found
 /// it, and when waiting for it is over.
 struct FirstSeen {
-    predecessor: Option<identity::Predecessor>,
+    predecessor: Option<crate::db::heartbeat::Predecessor>,
     deadline: Instant,
     /// Whether the wait was logged.
     warned: bool,
@@ -489,7 +489,11 @@ impl Worker {
     }
 
     /// Replaces the predecessor's heartbeat, as read, with this worker's first.
-    async fn take_over(&mut self, predecessor: &identity::Predecessor, pace: Duration) -> bool {
+    async fn take_over(
+        &mut self,
+        predecessor: &crate::db::heartbeat::Predecessor,
+        pace: Duration,
+    ) -> bool {
         let limit = self.bookkeeping_timeout();
         let me = self.owner();
         let beat = Beat {

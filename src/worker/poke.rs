@@ -28,8 +28,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::db::heartbeat::Roster;
 use crate::metrics::Metrics;
-use crate::worker::standby_line::Roster;
 
 /// Where a worker takes pokes.
 pub const PATH: &str = "/v1/poke";
