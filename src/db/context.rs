@@ -606,50 +606,19 @@ impl ContextStore {
 
     /// A scheduled robot's firing state becomes `next`, with `records` appended to
     /// its runs: one compare-and-set on `firings.rev`, fenced like a checkpoint and
-    /// sent in the slot's group commit (see [`crate::db::firing::compare_and_set`]).
+    /// sent in the slot's group commit (see [`crate::db::firing::FiringWrite`]).
     /// `Fenced` when it matched nothing: another writer raised `rev`, or this
     /// instance is no longer current; a read tells which.
-    #[allow(clippy::too_many_arguments)]
     pub async fn write_firings(
         &self,
         id: &ObjectId,
         gen: i64,
-        prev: &crate::db::firing::FiringState,
-        next: &crate::db::firing::FiringState,
-        records: &[crate::db::firing::RunRecord],
-        keep: u32,
-        claiming: Option<i64>,
-        last_step: Option<&crate::db::firing::LastStep>,
+        write: crate::db::firing::FiringWrite<'_>,
     ) -> Result<Written, ContextError> {
         if !self.guard.is_open() {
             return Ok(Written::Lapsed);
         }
-        let fence = self.fence_match(id, gen);
-        let (filter, update) = match last_step {
-            Some(step) if !step.operators_suffice() => {
-                let step = crate::db::firing::LastStep {
-                    history: step.history.min(MAX_HISTORY),
-                    ..step.clone()
-                };
-                let (filter, pipeline) = crate::db::firing::compare_and_set_pipeline(
-                    fence,
-                    prev,
-                    next,
-                    records,
-                    keep,
-                    claiming,
-                    &step,
-                    self.history_record(gen),
-                );
-                (filter, Update::Pipeline(pipeline))
-            }
-            _ => {
-                let (filter, update) = crate::db::firing::compare_and_set(
-                    fence, prev, next, records, keep, claiming, last_step,
-                );
-                (filter, Update::Operators(update))
-            }
-        };
+        let (filter, update) = write.statement(self.fence_match(id, gen), self.history_record(gen));
         Ok(self
             .commit
             .write(Statement {

@@ -26,7 +26,9 @@
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 
+use crate::db::context::MAX_HISTORY;
 use crate::db::field::{CHECKPOINTED_AT, CONTEXT, EPOCH, GEN, HISTORY, SEQ, SLOT, WORKER};
+use crate::db::group_commit::Update;
 use crate::db::store::int;
 use crate::db::words::words;
 
@@ -376,51 +378,135 @@ fn storable(d: &Document) -> bool {
     })
 }
 
-/// The compare-and-set write of an instance: `firings` becomes `next` (with `rev`
-/// one past `prev`'s), `records` are appended to `runs` (the last `keep` kept).
-/// `fence` is the instance's checkpoint fence; `claiming` the firing this write
-/// claims, if any (then it also requires `claimed` to be before it).
-///
-/// Update operators, not a pipeline: nothing here is computed from the document or
-/// the server's clock, operators take every value as it is (a `$` in a trigger's
-/// `by` is text), and the dev server applies them about three times faster (see
-/// [`crate::db::group_commit::Update`]). `runs` is an array by the validator; one
-/// that is not (written around it) makes the server refuse the write, and the
-/// instance replaces it with an empty one ([`crate::db::context::ContextStore::heal_runs`]).
-pub fn compare_and_set(
-    mut fence: Document,
-    prev: &FiringState,
-    next: &FiringState,
-    records: &[RunRecord],
-    keep: u32,
-    claiming: Option<i64>,
-    last_step: Option<&LastStep>,
-) -> (Document, Document) {
-    let rev_key = format!("{FIRINGS}.{REV}");
-    fence.insert(rev_key, prev.rev.map_or(Bson::Null, Bson::Int64));
-    if let Some(t) = claiming {
-        fence.insert(format!("{FIRINGS}.{CLAIMED}"), doc! {"$not": {"$gte": t}});
-    }
-    let mut written = next.clone();
-    written.rev = Some(prev.rev.unwrap_or(0) + 1);
-    let mut update = doc! {"$set": {FIRINGS: written.to_doc()}};
-    if let Some(step) = last_step {
-        // A checkpoint in the same statement, fenced as one: over `after_seq`.
-        fence.insert(SEQ, step.after_seq);
-        if let Ok(set) = update.get_document_mut("$set") {
-            set.insert(CONTEXT, step.context.clone());
+/// One compare-and-set write of an instance's firing state: `firings` becomes
+/// `next` (with `rev` one past `prev`'s), `records` are appended to `runs` (the
+/// last `keep` kept); `claiming` is the firing this write claims, if any (then it
+/// also requires `claimed` to be before it), and `last_step` a run's last context,
+/// written with its end.
+#[derive(Debug, Clone, Copy)]
+pub struct FiringWrite<'a> {
+    /// The state as the instance knows it: the compare-and-set's expectation.
+    pub prev: &'a FiringState,
+    pub next: &'a FiringState,
+    pub records: &'a [RunRecord],
+    pub keep: u32,
+    pub claiming: Option<i64>,
+    pub last_step: Option<&'a LastStep>,
+}
+
+impl FiringWrite<'_> {
+    /// The statement, under `fence` (the instance's checkpoint fence). Its form is
+    /// chosen here: update operators, unless a last step needs a pipeline
+    /// ([`LastStep::operators_suffice`]), which also appends `history_record` (the
+    /// checkpoint's record, with the server's time) to `history`.
+    ///
+    /// Operators when they can: nothing here is computed from the document or the
+    /// server's clock, operators take every value as it is (a `$` in a trigger's
+    /// `by` is text), and the dev server applies them about three times faster (see
+    /// [`Update`]). `runs` is an array by the validator; one that is not (written
+    /// around it) makes the server refuse the write, and the instance replaces it
+    /// with an empty one ([`crate::db::context::ContextStore::heal_runs`]).
+    pub fn statement(&self, fence: Document, history_record: Document) -> (Document, Update) {
+        match self.last_step {
+            Some(step) if !step.operators_suffice() => {
+                let step = LastStep {
+                    history: step.history.min(MAX_HISTORY),
+                    ..step.clone()
+                };
+                let (filter, pipeline) = self.as_pipeline(fence, &step, history_record);
+                (filter, Update::Pipeline(pipeline))
+            }
+            _ => {
+                let (filter, update) = self.as_operators(fence);
+                (filter, Update::Operators(update))
+            }
         }
-        update.insert("$inc", doc! {SEQ: 1_i64});
-        update.insert("$currentDate", doc! {CHECKPOINTED_AT: true});
     }
-    if !records.is_empty() {
-        let records: Vec<Bson> = records.iter().map(|r| Bson::Document(r.to_doc())).collect();
-        update.insert(
-            "$push",
-            doc! {RUNS: {"$each": records, "$slice": -(keep.max(1) as i64)}},
-        );
+
+    /// The filter: the fence, `rev` as the instance knows it, the claim's firing
+    /// not claimed yet, and a last step's `seq`.
+    fn filter(&self, mut fence: Document) -> Document {
+        let rev_key = format!("{FIRINGS}.{REV}");
+        fence.insert(rev_key, self.prev.rev.map_or(Bson::Null, Bson::Int64));
+        if let Some(t) = self.claiming {
+            fence.insert(format!("{FIRINGS}.{CLAIMED}"), doc! {"$not": {"$gte": t}});
+        }
+        if let Some(step) = self.last_step {
+            // A checkpoint in the same statement, fenced as one: over `after_seq`.
+            fence.insert(SEQ, step.after_seq);
+        }
+        fence
     }
-    (fence, update)
+
+    /// `next` as written: `rev` one past `prev`'s.
+    fn written(&self) -> FiringState {
+        let mut written = self.next.clone();
+        written.rev = Some(self.prev.rev.unwrap_or(0) + 1);
+        written
+    }
+
+    fn records(&self) -> Vec<Bson> {
+        self.records
+            .iter()
+            .map(|r| Bson::Document(r.to_doc()))
+            .collect()
+    }
+
+    /// The write as update operators.
+    fn as_operators(&self, fence: Document) -> (Document, Document) {
+        let mut update = doc! {"$set": {FIRINGS: self.written().to_doc()}};
+        if let Some(step) = self.last_step {
+            if let Ok(set) = update.get_document_mut("$set") {
+                set.insert(CONTEXT, step.context.clone());
+            }
+            update.insert("$inc", doc! {SEQ: 1_i64});
+            update.insert("$currentDate", doc! {CHECKPOINTED_AT: true});
+        }
+        if !self.records.is_empty() {
+            update.insert(
+                "$push",
+                doc! {RUNS: {"$each": self.records(), "$slice": -(self.keep.max(1) as i64)}},
+            );
+        }
+        (self.filter(fence), update)
+    }
+
+    /// The write with `step` as an update pipeline: the same filter and changes,
+    /// every value taken as it is (`$literal`), and `history_record` appended to
+    /// `history`, the last `step.history` kept. Costlier for the server.
+    fn as_pipeline(
+        &self,
+        fence: Document,
+        step: &LastStep,
+        history_record: Document,
+    ) -> (Document, Vec<Document>) {
+        let mut set = doc! {
+            FIRINGS: {"$literal": self.written().to_doc()},
+            CONTEXT: {"$literal": &step.context},
+            SEQ: {"$add": ["$seq", 1_i64]},
+            CHECKPOINTED_AT: "$$NOW",
+        };
+        if !self.records.is_empty() {
+            // `runs` that is not an array makes the server refuse this, as `$push` does.
+            set.insert(
+                RUNS,
+                doc! {"$slice": [
+                    {"$concatArrays": [{"$ifNull": ["$runs", []]}, {"$literal": self.records()}]},
+                    -(self.keep.max(1) as i64),
+                ]},
+            );
+        }
+        if step.history > 0 {
+            set.insert(
+                HISTORY,
+                doc! {"$slice": [
+                    {"$concatArrays": [{"$ifNull": ["$history", []]}, [history_record]]},
+                    -step.history,
+                ]},
+            );
+        }
+        (self.filter(fence), vec![doc! {"$set": set}])
+    }
 }
 
 /// A scheduled run's last context ([`crate::robot::RobotRun::end_with`]), written
@@ -434,7 +520,7 @@ pub struct LastStep {
     pub after_seq: i64,
     /// The robot's `spec.history`: above 0, a checkpoint record goes to its
     /// `history` too, stamped with the server's time, which only an update
-    /// pipeline can write ([`compare_and_set_pipeline`]).
+    /// pipeline can write ([`FiringWrite::statement`]).
     pub history: i64,
 }
 
@@ -455,55 +541,6 @@ impl LastStep {
         }
         self.history == 0 && doc_ok(&self.context)
     }
-}
-
-/// [`compare_and_set`] as an update pipeline, for a run's last step that operators
-/// cannot write ([`LastStep::operators_suffice`]): the same filter and the same
-/// changes, every value taken as it is (`$literal`), and `history_record` (the
-/// checkpoint's record, with the server's time) appended to `history`, the last
-/// `step.history` kept. Costlier for the server than operators.
-#[allow(clippy::too_many_arguments)]
-pub fn compare_and_set_pipeline(
-    fence: Document,
-    prev: &FiringState,
-    next: &FiringState,
-    records: &[RunRecord],
-    keep: u32,
-    claiming: Option<i64>,
-    step: &LastStep,
-    history_record: Document,
-) -> (Document, Vec<Document>) {
-    let (mut filter, _) = compare_and_set(fence, prev, next, records, keep, claiming, None);
-    filter.insert(SEQ, step.after_seq);
-    let mut written = next.clone();
-    written.rev = Some(prev.rev.unwrap_or(0) + 1);
-    let mut set = doc! {
-        FIRINGS: {"$literal": written.to_doc()},
-        CONTEXT: {"$literal": &step.context},
-        SEQ: {"$add": ["$seq", 1_i64]},
-        CHECKPOINTED_AT: "$$NOW",
-    };
-    if !records.is_empty() {
-        let records: Vec<Bson> = records.iter().map(|r| Bson::Document(r.to_doc())).collect();
-        // `runs` that is not an array makes the server refuse this, as `$push` does.
-        set.insert(
-            RUNS,
-            doc! {"$slice": [
-                {"$concatArrays": [{"$ifNull": ["$runs", []]}, {"$literal": records}]},
-                -(keep.max(1) as i64),
-            ]},
-        );
-    }
-    if step.history > 0 {
-        set.insert(
-            HISTORY,
-            doc! {"$slice": [
-                {"$concatArrays": [{"$ifNull": ["$history", []]}, [history_record]]},
-                -step.history,
-            ]},
-        );
-    }
-    (filter, vec![doc! {"$set": set}])
 }
 
 /// The write of an instance that is no longer the robot's current one (moved,
@@ -542,6 +579,24 @@ pub fn end_by_id(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A write of `next` over `prev`, keeping 50 records.
+    fn write<'a>(
+        prev: &'a FiringState,
+        next: &'a FiringState,
+        records: &'a [RunRecord],
+        claiming: Option<i64>,
+        last_step: Option<&'a LastStep>,
+    ) -> FiringWrite<'a> {
+        FiringWrite {
+            prev,
+            next,
+            records,
+            keep: 50,
+            claiming,
+            last_step,
+        }
+    }
 
     fn entry(firing: i64) -> RunEntry {
         RunEntry {
@@ -605,7 +660,7 @@ mod tests {
         let mut next = prev.clone();
         next.claimed = Some(60_000);
         next.running.push(entry(60_000));
-        let (filter, update) = compare_and_set(fence, &prev, &next, &[], 50, Some(60_000), None);
+        let (filter, update) = write(&prev, &next, &[], Some(60_000), None).as_operators(fence);
         assert_eq!(filter.get("firings.rev"), Some(&Bson::Null));
         assert_eq!(
             filter.get_document("firings.claimed").unwrap(),
@@ -637,7 +692,7 @@ mod tests {
         };
         assert!(step.operators_suffice());
         let (filter, update) =
-            compare_and_set(fence.clone(), &prev, &next, &[], 50, None, Some(&step));
+            write(&prev, &next, &[], None, Some(&step)).as_operators(fence.clone());
         assert_eq!(filter.get("seq"), Some(&Bson::Int64(11)), "{filter}");
         assert_eq!(filter.get("firings.rev"), Some(&Bson::Int64(7)));
         let set = update.get_document("$set").unwrap();
@@ -665,8 +720,11 @@ mod tests {
         ] {
             assert!(!step.operators_suffice(), "{step:?}");
             let record = doc! {"seq": {"$add": ["$seq", 1_i64]}, "at": "$$NOW"};
-            let (f, pipeline) =
-                compare_and_set_pipeline(fence.clone(), &prev, &next, &[], 50, None, &step, record);
+            let (f, pipeline) = write(&prev, &next, &[], None, Some(&step)).as_pipeline(
+                fence.clone(),
+                &step,
+                record,
+            );
             assert_eq!(f, filter);
             let set = pipeline[0].get_document("$set").unwrap();
             assert_eq!(
@@ -676,7 +734,7 @@ mod tests {
             assert_eq!(set.contains_key(HISTORY), step.history > 0);
         }
         // Without one, the context is not touched.
-        let (filter, update) = compare_and_set(fence, &prev, &next, &[], 50, None, None);
+        let (filter, update) = write(&prev, &next, &[], None, None).as_operators(fence);
         assert!(!filter.contains_key("seq"));
         assert!(!update.get_document("$set").unwrap().contains_key(CONTEXT));
         assert!(!update.contains_key("$inc"));
@@ -719,7 +777,7 @@ mod tests {
             count: None,
             last: None,
         };
-        let (filter, update) = compare_and_set(fence, &prev, &next, &[record], 50, None, None);
+        let (filter, update) = write(&prev, &next, &[record], None, None).as_operators(fence);
         assert_eq!(filter.get("firings.rev"), Some(&Bson::Int64(7)));
         assert!(!filter.contains_key("firings.claimed"), "claims nothing");
         let written = update

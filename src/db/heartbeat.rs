@@ -107,7 +107,7 @@ pub struct Placed {
 }
 
 /// The aggregation that reads a worker's place in the line: the live workers with
-/// room ahead of `me` (see [`Line::place`]), for a standby nearest first, at most `watchers` +
+/// room ahead of `me` (see [`Roster::place`]), for a standby nearest first, at most `watchers` +
 /// [`NEAR_SPARE`] of them, counted, with the farthest of them and the server's clock.
 /// For a standby, `from` bounds the read to the standbys from that id on: the same
 /// filter with one more condition, so it counts a subset of what the whole read
@@ -170,7 +170,7 @@ pub struct Beat<'a> {
     pub held: &'a [(String, i64)],
     pub max_slots: Option<usize>,
     pub tick: Duration,
-    /// How soon the next heartbeat comes (see [`beat_pace`]): the heartbeat is
+    /// How soon the next heartbeat comes (see [`beat_pace`](crate::worker::standby_line::beat_pace)): the heartbeat is
     /// believed for [`believed_for`] this.
     pub pace: Duration,
 }
@@ -273,7 +273,8 @@ impl Roster {
     /// An `updateOne` and a `hello` (whose `localTime` is the clock `$$NOW` reads)
     /// rather than one `findAndModify`: the dev server answers `findAndModify` by
     /// scanning the collection, and the two cost it less than half as much. The
-    /// `hello` only when asked: see [`CLOCK_REFRESH`].
+    /// `hello` only when asked: see
+    /// [`CLOCK_REFRESH`](crate::worker::standby_line::CLOCK_REFRESH).
     pub async fn beat(
         &self,
         beat: &Beat<'_>,

@@ -414,7 +414,7 @@ pub fn survey_every(
 ///
 /// Why so seldom is safe: the watchers claim a dead holder's slot at its expiry, and
 /// poke the rear when there is more to claim than they can; a watcher that dies
-/// without a word stops being believed within [`believed_for`](crate::worker::standby_line::believed_for) its front-paced beat,
+/// without a word stops being believed within [`believed_for`](crate::db::heartbeat::believed_for) its front-paced beat,
 /// and the next in line moves up at its next heartbeat. The safety survey is for
 /// what that misses (every watcher killed with the holder, a watcher frozen with its
 /// heartbeat still believed): one standby alone finds the slot within this; `n` of

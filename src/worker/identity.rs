@@ -7,7 +7,7 @@
 //! either a live second process (a copied `SLOTPOOL_ADVERTISE`, host networking)
 //! or a predecessor that died a moment ago (a restarted container, a pod or
 //! container that got a dead one's address). Its own promise says how long it is
-//! believed: up to [`crate::worker::standby_line::believed_for`] a rear-paced beat,
+//! believed: up to [`crate::db::heartbeat::believed_for`] a rear-paced beat,
 //! over a minute. Waiting that long after every restart left a compose pool whose
 //! replacements reused the killed containers' addresses without standbys for a
 //! minute, and its slots were overflowed onto survivors instead.

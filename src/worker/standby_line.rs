@@ -3,7 +3,7 @@
 //!
 //! Every live worker with room for another slot stands in one line, ordered by how
 //! many slots it holds: standbys first (by id), then the emptiest holders (those
-//! holding as many stand side by side, see [`Roster::place`]). Only the first
+//! holding as many stand side by side, see [`Roster::place`](crate::db::heartbeat::Roster::place)). Only the first
 //! [`FRONT`] *watch*: they survey every tick and wake at the earliest expiry, so a
 //! slot whose holder died is claimed at its expiry; the very first, if it holds
 //! nothing, also polls for a released slot every `--release-poll`, so a released
@@ -16,7 +16,7 @@
 //!   one it took) plus `--watchers` (the front it leaves). A poked worker surveys at
 //!   once and re-reads its place;
 //! - **its place moving to the front**, read with its heartbeat (a watcher that died
-//!   without a word is no longer believed after [`believed_for`] its front-paced
+//!   without a word is no longer believed after [`believed_for`](crate::db::heartbeat::believed_for) its front-paced
 //!   beat);
 //! - **a safety survey**, every [`SAFETY_SURVEY`](crate::worker::claim_policy::SAFETY_SURVEY) at most, at a random point of it:
 //!   for whatever the line got wrong (every watcher killed with the holder, say).
@@ -33,7 +33,7 @@
 //! together.
 //!
 //! A standby's place costs one read of the index entries from the nearest few live
-//! standbys ahead of it (`--watchers` and [`NEAR_SPARE`] more, as its last read found
+//! standbys ahead of it (`--watchers` and [`NEAR_SPARE`](crate::db::heartbeat::NEAR_SPARE) more, as its last read found
 //! them) to itself: O(1) per worker per look, whatever the pool's size. Only when
 //! fewer than `--watchers` of those are alive does it read the whole line ahead (a
 //! standby's first read, a watcher's, and after deaths ahead). The decisions here are
@@ -117,7 +117,7 @@ pub const FRONT_PLACE_BEATS: u32 = 6;
 /// How far apart heartbeats are at the front of the line (besides the one sent at
 /// once whenever what a worker holds changes): every [`REAR_TICKS`] ticks, so a
 /// watcher that dies without a word is no longer believed (and the next in line
-/// moves up) within [`believed_for`] this, 11 s at the default tick.
+/// moves up) within [`believed_for`](crate::db::heartbeat::believed_for) this, 11 s at the default tick.
 pub fn beat_every(tick: Duration) -> Duration {
     tick * REAR_TICKS
 }
@@ -127,9 +127,9 @@ pub fn beat_every(tick: Duration) -> Duration {
 /// longer).
 ///
 /// The rule that ties them together: a heartbeat says itself how long it is
-/// believed (`alive_until_ms` = the server's now + [`believed_for`] its own pace),
+/// believed (`alive_until_ms` = the server's now + [`believed_for`](crate::db::heartbeat::believed_for) its own pace),
 /// so each worker's liveness is judged by the pace it promised; and its document
-/// leaves by itself [`forgotten_after`] that. A worker that moves up beats again at
+/// leaves by itself [`forgotten_after`](crate::db::heartbeat::forgotten_after) that. A worker that moves up beats again at
 /// once at the front's pace, so a watcher is never believed for a rear worker's
 /// two beats; one that moves back keeps the front's pace for one more beat (it
 /// promised it), then slows down.
@@ -226,7 +226,7 @@ pub struct Looks {
     pub indexes_ensured: bool,
     /// When this worker last read its place in line (see [`place_due`]).
     pub placed_at: Option<Instant>,
-    /// Where its next place read starts, as a standby (see [`Placed::near`]).
+    /// Where its next place read starts, as a standby (see [`Placed::near`](crate::db::heartbeat::Placed::near)).
     pub near: Option<String>,
     /// A poke asked for a place read too soon after the last one: it is read when
     /// that is a tick old (see [`poked_place_in`]).

@@ -20,7 +20,7 @@ use super::firing_plan::{ended, plan, Facts, Me, RunEnd, Step, CLAIM_AHEAD};
 use super::runner::Runner;
 use crate::clock::SharedClock;
 use crate::db::context::{ContextError, Loaded};
-use crate::db::firing::{FiringState, LastStep, Outcome, RunEntry, RunRecord};
+use crate::db::firing::{FiringState, FiringWrite, LastStep, Outcome, RunEntry, RunRecord};
 use crate::db::group_commit::Written;
 use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
 use crate::robot::schedule::{OnLost, Schedule};
@@ -1036,12 +1036,14 @@ impl Scheduled {
             .write_firings(
                 &self.r.id,
                 self.r.gen,
-                &self.st,
-                next,
-                records,
-                self.schedule.keep_runs,
-                claiming,
-                last_step,
+                FiringWrite {
+                    prev: &self.st,
+                    next,
+                    records,
+                    keep: self.schedule.keep_runs,
+                    claiming,
+                    last_step,
+                },
             )
             .await
     }
