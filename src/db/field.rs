@@ -47,6 +47,8 @@ pub const NAME: &str = "name";
 pub const KIND: &str = "kind";
 /// A robot's configuration, as its kind reads it.
 pub const SPEC: &str = "spec";
+/// The schedule in a robot's spec (`spec.schedule`; see `robot::schedule`).
+pub const SPEC_SCHEDULE: &str = "spec.schedule";
 /// A robot's persisted state: the last checkpoint.
 pub const CONTEXT: &str = "context";
 /// `pending`, `running`, `restarting`, `failed`, `paused`.

@@ -13,7 +13,7 @@ use crate::db::event::text;
 use crate::db::field::UPDATE_RESULT;
 use crate::db::field::{
     CHECKPOINTED_AT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RECENT_ENDS,
-    RESTARTS, SEQ, SLOT_ID, SPEC, START_REV, STATUS, UPDATE, WORKER,
+    RESTARTS, SEQ, SLOT_ID, SPEC, SPEC_SCHEDULE, START_REV, STATUS, UPDATE, WORKER,
 };
 use crate::db::store::int;
 use crate::db::words::words;
@@ -212,6 +212,31 @@ fn fence_as_stored(d: &Document) -> Option<(Option<i64>, i64)> {
         Some(b) => Some(whole(b)?),
     };
     Some((gen, epoch))
+}
+
+/// What the dashboard's robot list reads of each robot: what a row shows
+/// ([`RobotDoc`] decodes it), and no more (not its context or history).
+pub fn list_row_projection() -> Document {
+    let mut p = Document::new();
+    for f in [
+        NAME,
+        KIND,
+        SLOT_ID,
+        STATUS,
+        ERROR,
+        PAUSED,
+        WORKER,
+        SEQ,
+        EPOCH,
+        RESTARTS,
+        CHECKPOINTED_AT,
+        crate::db::firing::FIRINGS,
+    ] {
+        p.insert(f, 1);
+    }
+    // Only whether it has a schedule, and which: the rest of the spec may be large.
+    p.insert(SPEC_SCHEDULE, 1);
+    p
 }
 
 /// The generation an adoption gives a robot read as `d` (the rule of

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::timeline::{self, Moment};
 use crate::db::event::Event;
-use crate::db::field::KIND;
+use crate::db::field::{KIND, SLOT_ID};
 use crate::db::robot_doc::{RobotDoc, RobotStatus};
 use crate::db::store::Store;
 use crate::pool::view::{self, int, text, RobotState, SlotRow, SlotState, SlotView, WorkerRole};
@@ -133,7 +133,7 @@ impl RobotRow {
     /// A row with only a name, for tests.
     #[cfg(test)]
     pub fn named(name: &str) -> RobotRow {
-        robot_row(&doc! {"name": name})
+        robot_row(&doc! {crate::db::field::NAME: name})
     }
 }
 
@@ -496,12 +496,8 @@ impl Snapshotter {
             let docs: Vec<Document> = self
                 .store
                 .robots()
-                .find(doc! {"slot_id": id})
-                .projection(doc! {
-                    "name": 1, "kind": 1, "slot_id": 1, "status": 1, "error": 1,
-                    "paused": 1, "worker": 1, "seq": 1, "epoch": 1, "restarts": 1,
-                    "checkpointed_at": 1, "spec.schedule": 1, "firings": 1,
-                })
+                .find(doc! {SLOT_ID: id})
+                .projection(crate::db::robot_doc::list_row_projection())
                 .await?
                 .try_collect()
                 .await?;
