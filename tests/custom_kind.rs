@@ -25,6 +25,16 @@ fn example_binary() -> PathBuf {
     bin
 }
 
+/// The example's process, killed if the test ends before it exits.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_library_users_own_kind_runs_on_its_own_worker_build() {
     let db = TestDb::new("custom_kind").await;
@@ -58,13 +68,15 @@ async fn a_library_users_own_kind_runs_on_its_own_worker_build() {
     ]);
     let port = common::free_port();
     let log = db.dir.join("custom-kind.log");
-    let mut worker = Command::new(example_binary())
-        .arg(format!("127.0.0.1:{port}"))
-        .env("MONGODB_URI", &db.uri)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut worker = Running(
+        Command::new(example_binary())
+            .arg(format!("127.0.0.1:{port}"))
+            .env("MONGODB_URI", &db.uri)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let count = |r: &bson::Document| {
         r.get_document("context")
             .ok()
@@ -79,8 +91,18 @@ async fn a_library_users_own_kind_runs_on_its_own_worker_build() {
     assert_eq!(r.get_document("context").unwrap().get_str("last"), Ok("hi"));
     // SIGTERM: the robot stops, the slot is released, the worker exits cleanly.
     // SAFETY: kill with a pid we spawned and have not reaped.
-    unsafe { libc::kill(worker.id() as i32, libc::SIGTERM) };
-    let status = worker.wait().unwrap();
+    unsafe { libc::kill(worker.0.id() as i32, libc::SIGTERM) };
+    let asked = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = worker.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "the worker did not exit within 30 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(
         status.success(),
         "{status}: {}",

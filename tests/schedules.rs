@@ -1076,6 +1076,55 @@ async fn an_exec_robots_firing_costs_one_robot_write() {
     assert!(r.get_str("containment").is_ok(), "recorded once: {r:?}");
 }
 
+/// A robot that exits with 125, the code the shim uses for a run that never started:
+/// its run did start, so it is recorded `failed`, once per firing, and never taken
+/// for a start that did not happen (which would run the firing again and again).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_robot_exiting_125_failed_its_run_once() {
+    let db = TestDb::new("sched_exit125").await;
+    db.init(1).await;
+    let log = db.dir.join("starts.log");
+    let cmd = common::script(
+        &db,
+        "exit125.sh",
+        &format!(
+            "echo \"$SLOTPOOL_FIRING $SLOTPOOL_ATTEMPT\" >> '{}'\nexit 125\n",
+            log.display()
+        ),
+    );
+    db.scheduled_exec("quits", &cmd, r#"{"every": "2s", "keep_runs": 100}"#);
+    let _w = db.exec_worker(&[]);
+    let r = wait_for(Duration::from_secs(30), "two failed runs", || async {
+        let r = db.robot("quits").await;
+        let failed = runs(&r)
+            .iter()
+            .filter(|x| x.get_str("outcome") == Ok("failed"))
+            .count();
+        (failed >= 2).then_some(r)
+    })
+    .await;
+    let failed: Vec<Document> = runs(&r)
+        .into_iter()
+        .filter(|x| x.get_str("outcome") == Ok("failed"))
+        .collect();
+    assert!(failed.len() >= 2, "{:?}", runs(&r));
+    for run in &failed {
+        assert!(run.get_str("reason").unwrap_or("").contains("125"), "{run}");
+    }
+    assert!(
+        runs(&r)
+            .iter()
+            .all(|x| x.get_str("outcome") != Ok("succeeded")),
+        "{:?}",
+        runs(&r)
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for line in text.lines() {
+        assert!(seen.insert(line), "a firing started twice: {text}");
+    }
+}
+
 /// A run's last step goes with its end in one statement; when the server refuses
 /// that statement because of the step (here a `history` edited into no list, which
 /// the step's history record cannot be appended to), the run is recorded failed

@@ -305,8 +305,8 @@ impl RobotKind for Exec {
         let deadlines = run.lease_deadline();
         let deadline = *deadlines.borrow();
         if deadline <= Instant::now() {
-            return Err(RobotError::Fenced(format!(
-                "robot {}: not started, this worker's lease lapsed",
+            return Err(RobotError::NotStarted(format!(
+                "robot {}: not started, this worker's lease deadline had passed",
                 run.name()
             )));
         }
@@ -454,6 +454,9 @@ fn above_4(fd: std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
 struct Reported {
     /// The kernel killed the robot at its memory limit (this many bytes).
     memory_killed: Option<u64>,
+    /// The shim reported the limits it applied, which it does only once it has a
+    /// live deadline, before it starts the command: the command may have run.
+    applied: bool,
 }
 
 /// The shim's reports, read as they come: records the limits it applied in the
@@ -474,6 +477,7 @@ impl Reports {
         };
         match serde_json::from_str::<shim::Report>(&line) {
             Ok(shim::Report::Limits(applied)) => {
+                self.seen.applied = true;
                 let applied = applied.and_then(|a| bson::to_document(&a).ok());
                 if !self.recorded.is_current(&run.id, run.gen, &applied) {
                     // A failure here is the next checkpoint's to report.
@@ -694,6 +698,19 @@ fn shim_stopped(pid: i32) -> bool {
 }
 
 impl Robot<'_> {
+    /// After a stop: `NotStarted` when the shim was stopped before it had a live
+    /// deadline, so the command never ran; Ok otherwise.
+    async fn stopped_before_start(&mut self) -> Result<(), RobotError> {
+        let Ok(Some(status)) = self.child.try_wait() else {
+            return Ok(());
+        };
+        let reported = self.reported().await;
+        match self.refused(status, &reported).await {
+            Some(not_started) => Err(not_started),
+            None => Ok(()),
+        }
+    }
+
     /// The robot's shim is stopped: nothing else stops a robot's processes and the
     /// shim is out of reach of everyone but the worker and the robot itself (which
     /// shares the worker's user unless `--exec-user` says otherwise), so the robot
@@ -725,36 +742,58 @@ impl Robot<'_> {
         RobotError::Crashed(why)
     }
 
+    /// What the shim reported once it is gone (None: not within half a second).
+    /// Nothing at all when it was gone before its first report.
+    async fn reported(&mut self) -> Option<Reported> {
+        match self.reports.take() {
+            // The shim wrote its reports before it exited; the pipe ends with it.
+            Some(task) => tokio::time::timeout(Duration::from_millis(500), task)
+                .await
+                .ok()
+                .and_then(Result::ok),
+            None => Some(Reported::default()),
+        }
+    }
+
+    /// The shim's own error line, when it said one (it could not start the command).
+    async fn shim_error(&mut self) -> Option<String> {
+        let task = self.stderr.take()?;
+        let waited = tokio::time::timeout(Duration::from_millis(500), task).await;
+        waited.ok().and_then(Result::ok).flatten()
+    }
+
+    /// Whether an exit with `status` is the shim's refusal to start: its own code,
+    /// its own word for it, and no sign that it got as far as the command (a robot
+    /// may exit 125 too).
+    async fn refused(
+        &mut self,
+        status: std::process::ExitStatus,
+        reported: &Option<Reported>,
+    ) -> Option<RobotError> {
+        if status.code() != Some(shim::NOT_STARTED) || reported.as_ref().is_none_or(|r| r.applied) {
+            return None;
+        }
+        let said = self.shim_error().await?;
+        said.contains("not started")
+            .then_some(RobotError::NotStarted(said))
+    }
+
     /// Why the command ended by itself.
     async fn exited(&mut self, status: std::io::Result<std::process::ExitStatus>) -> RobotError {
         let status = match status {
             Ok(s) => s,
             Err(e) => return RobotError::Crashed(format!("command lost: {e}")),
         };
-        // The shim wrote its reports before it exited; the pipe ends with it.
-        if let Some(task) = self.reports.take() {
-            let said = tokio::time::timeout(Duration::from_millis(500), task).await;
-            if let Ok(Ok(Reported {
-                memory_killed: Some(bytes),
-            })) = said
-            {
-                return RobotError::Crashed(format!(
-                    "killed: memory limit ({})",
-                    limits::bytes(bytes)
-                ));
-            }
+        let reported = self.reported().await;
+        if let Some(bytes) = reported.as_ref().and_then(|r| r.memory_killed) {
+            return RobotError::Crashed(format!("killed: memory limit ({})", limits::bytes(bytes)));
         }
-        if status.code() == Some(shim::NOT_STARTED) {
-            return RobotError::NotStarted(
-                "the lease ended before the robot's shim had a live deadline".into(),
-            );
+        if let Some(refused) = self.refused(status, &reported).await {
+            return refused;
         }
         if status.code() == Some(shim::CANNOT_START) {
-            if let Some(task) = self.stderr.take() {
-                let waited = tokio::time::timeout(Duration::from_millis(500), task).await;
-                if let Ok(Ok(Some(why))) = waited {
-                    return RobotError::Crashed(why);
-                }
+            if let Some(why) = self.shim_error().await {
+                return RobotError::Crashed(why);
             }
         }
         if status.success() {
@@ -896,7 +935,7 @@ async fn stop_child(
         let _ = tokio::time::timeout(Duration::from_secs(5), robot.child.wait()).await;
         // Its writes are refused now; what it printed is still logged.
         drain(out, lines).await;
-        return Ok(());
+        return robot.stopped_before_start().await;
     }
     let deadline = Instant::now() + run.grace();
     robot.control.send(Control::Term).await;
@@ -926,7 +965,7 @@ async fn stop_child(
     if !ended && !fenced {
         drain(out, lines).await;
     }
-    Ok(())
+    robot.stopped_before_start().await
 }
 
 #[cfg(test)]

@@ -66,6 +66,7 @@ use crate::db::context::{ContextError, ContextStore};
 
 /// Why a robot run ended other than by being asked to stop.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RobotError {
     /// A checkpoint was refused by the epoch fence: stop, never write again.
     #[error("{0}")]
@@ -86,7 +87,8 @@ pub enum RobotError {
     Db(String),
     /// Nothing of the run started: the lease ended before its process could start
     /// (the shim is given a live deadline first, and waits for one). Not a run
-    /// that failed: a scheduled firing stays claimed, to start again.
+    /// that failed: a scheduled firing stays claimed, to start again. A kind of
+    /// your own returns it only when nothing of its run happened.
     #[error("not started: {0}")]
     NotStarted(String),
 }

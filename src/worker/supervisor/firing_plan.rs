@@ -14,8 +14,8 @@
 //! 3. **Runs a stop cut off** (`lost`): retried or skipped, the same way.
 //! 4. **A pause**: the firings that fell while the robot was paused are recorded
 //!    skipped, in one record.
-//! 5. **A claimed run too late to start** (well past its catch-up window) is
-//!    recorded missed.
+//! 5. **A claimed run too late to start** (past its catch-up window, and not just
+//!    claimed within it) is recorded missed.
 //! 6. **A claimed firing whose time came** starts, unless a run is still in flight:
 //!    then the overlap policy decides (skip it, keep it waiting, stop the run, or
 //!    start beside it).
@@ -57,8 +57,8 @@ pub const DRIFT_MS: i64 = 1000;
 /// a run's end).
 pub const CLAIM_AHEAD: &str = "the next firing, claimed ahead";
 
-/// How far past its catch-up window a claimed run may still start (see
-/// [`too_late_to_start`]).
+/// How long after its claim landed a run claimed within its window may still
+/// start (see [`too_late_to_start`]): longer than a write may stay in doubt (30 s).
 const START_SLACK_MS: i64 = 60_000;
 
 /// Due firings looked at in one step.
@@ -104,6 +104,10 @@ pub struct Facts {
     pub stopping: HashSet<ObjectId>,
     /// Runs that wait out a restart backoff: not started before these times.
     pub not_before: HashMap<ObjectId, i64>,
+    /// When this instance's write that put each run in flight landed (the server's
+    /// time, estimated): a run claimed within its window may start a little past it
+    /// (see [`too_late_to_start`]).
+    pub claimed_at: HashMap<ObjectId, i64>,
 }
 
 /// What to do next.
@@ -464,15 +468,15 @@ impl<'a> Plan<'a> {
         Some(write(next, records, "the firings of a pause"))
     }
 
-    /// Rule 5: a claimed run that can no longer start near its catch-up window (its
-    /// holder was held up, or the server's clock stepped forward) is recorded
-    /// missed, never started late.
+    /// Rule 5: a claimed run too late to start (see [`too_late_to_start`]: it
+    /// waited, or the server's clock stepped forward) is recorded missed, never
+    /// started late.
     fn stale_claims(&self) -> Option<Step> {
         let stale: Vec<&RunEntry> = self
             .pending
             .iter()
             .copied()
-            .filter(|e| too_late_to_start(self.s, e, self.now))
+            .filter(|e| too_late_to_start(self.s, e, self.f))
             .collect();
         if stale.is_empty() {
             return None;
@@ -716,14 +720,26 @@ fn outside_window(s: &Schedule, e: &RunEntry, now: i64) -> bool {
     e.trigger.is_none() && e.firing < now - s.catchup.as_millis() as i64
 }
 
-/// Whether a claimed run is too late to start: its window is judged when it is
-/// claimed, and its own claim's write may take it a little past it. A minute of
-/// slack (less for a shorter window) outlasts any write in doubt, so a slow write
-/// never makes the run it claimed miss, while a claim held up for longer (a run in
-/// flight, a forward step of the server's clock) does not start late.
-fn too_late_to_start(s: &Schedule, e: &RunEntry, now: i64) -> bool {
+/// Whether a claimed run is too late to start. A firing's window is judged when it
+/// is claimed: a run this instance claimed within its window (or a restart after a
+/// failure) may still start for [`START_SLACK_MS`] after its claim landed (or its
+/// backoff ended), so that a slow write never makes the run it claimed miss,
+/// whatever the window. Any other run (one that waited for a run in flight, one
+/// taken over, one claimed ahead before a forward step of the server's clock) is
+/// held to its window.
+fn too_late_to_start(s: &Schedule, e: &RunEntry, f: &Facts) -> bool {
+    if !outside_window(s, e, f.now_ms) {
+        return false;
+    }
     let window = s.catchup.as_millis() as i64;
-    e.trigger.is_none() && e.firing < now - window - window.min(START_SLACK_MS)
+    let backoff = f.not_before.get(&e.id).copied();
+    let Some(claimed) = f.claimed_at.get(&e.id).copied() else {
+        return true;
+    };
+    // Its write may have landed up to the slack after the claim was made.
+    let claimed_in_time = e.firing >= claimed - window - START_SLACK_MS || backoff.is_some();
+    let since = f.now_ms - claimed.max(backoff.unwrap_or(i64::MIN));
+    !(claimed_in_time && since <= START_SLACK_MS)
 }
 
 /// A run that did not finish: its retry goes into `next`, or its record (skipped,
@@ -1350,19 +1366,35 @@ mod tests {
     }
 
     /// Carries out the planner's steps as a runner would (a write is applied, a
-    /// start is noted) while the server's clock moves `step_ms` a step: the firings
-    /// started, in order.
+    /// run starts and ends at once) while the server's clock moves `step_ms` a step:
+    /// the firings started, in order.
     fn drive(s: &Schedule, st: FiringState, mut f: Facts, step_ms: i64, steps: usize) -> Vec<i64> {
         let mut st = st;
         st.schedule = Some(s.describe());
         let mut started = vec![];
         for _ in 0..steps {
             match plan(s, &st, &me(), &f) {
-                Step::Write { next, .. } => st = next,
+                Step::Write { next, .. } => {
+                    for e in &next.running {
+                        if !st.running.iter().any(|r| r.id == e.id) {
+                            f.claimed_at.insert(e.id, f.now_ms);
+                        }
+                    }
+                    st = next;
+                }
                 Step::Start(runs) => {
+                    // Each run ends at once, and its end is written.
                     for e in runs {
                         started.push(e.firing);
-                        f.started.insert(e.id);
+                        let end = RunEnd {
+                            id: e.id,
+                            outcome: Outcome::Succeeded,
+                            reason: None,
+                            started_ms: Some(f.now_ms),
+                            ended_ms: f.now_ms,
+                            retry: false,
+                        };
+                        st = ended(&st, &me(), end).expect("in flight").0;
                     }
                 }
                 Step::Cancel(_) | Step::Wait { .. } => {}
@@ -1370,6 +1402,43 @@ mod tests {
             f.now_ms += step_ms;
         }
         started
+    }
+
+    #[test]
+    fn a_short_window_behind_slow_writes_still_starts_its_runs() {
+        // Every step takes 3 s, longer than the 2 s window: each claim lands outside
+        // the window it was made in, and its run must still start.
+        let s = Schedule::from_spec(
+            &doc! {"schedule": {"every": "1s", "catchup": "2s", "overlap": "buffer_all"}},
+            T0,
+        )
+        .unwrap()
+        .unwrap();
+        let started = drive(&s, state(T0 - 60_000), facts(T0), 3_000, 12);
+        assert!(started.len() >= 3, "runs started: {started:?}");
+    }
+
+    #[test]
+    fn a_restart_after_failure_starts_however_old_its_firing_and_a_late_takeover_does_not() {
+        let s = every("1h", "skip");
+        // A 15-minute run failed; its restart waits out a backoff, then starts.
+        let mut st = state(T0);
+        let retry = me().entry(T0, 2, None);
+        st.running.push(retry.clone());
+        let mut f = facts(T0 + 15 * MIN + 5_000);
+        f.not_before.insert(retry.id, T0 + 15 * MIN + 5_000);
+        f.claimed_at.insert(retry.id, T0 + 15 * MIN);
+        assert_eq!(
+            planned(&s, &st, &me(), &f),
+            Step::Start(vec![retry.clone()])
+        );
+        // A claim taken over from a holder long gone, its firing far past the
+        // window: written just now, but not claimed within its window.
+        let mut f = facts(T0 + 15 * MIN);
+        f.claimed_at.insert(retry.id, T0 + 15 * MIN - 10);
+        let (next, records, _) = written(planned(&s, &st, &me(), &f));
+        assert!(next.running.is_empty());
+        assert_eq!(records[0].outcome, Some(Outcome::Missed));
     }
 
     #[test]
@@ -1414,7 +1483,8 @@ mod tests {
             .unwrap()
             .contains("never started"));
         // A claim its own slow write took a little past the window still starts.
-        let f_late = facts(T0 + MIN + 5_000);
+        let mut f_late = facts(T0 + MIN + 5_000);
+        f_late.claimed_at.insert(st.running[0].id, T0 + MIN + 1_000);
         assert_eq!(
             planned(&s, &st, &me(), &f_late),
             Step::Start(vec![st.running[0].clone()])

@@ -81,6 +81,13 @@ impl Runner {
                     tracing::debug!(robot = %self.name, "{why}");
                     break;
                 }
+                // Nothing of it ran, and the lease holds again (renewed just after
+                // its deadline passed): started again, as no restart.
+                Err(RobotError::NotStarted(why)) => {
+                    tracing::debug!(robot = %self.name, "{why}; starting it again");
+                    self.clock.sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
                 Ok(()) => RobotError::Crashed("returned without being asked to stop".into()),
                 Err(RobotError::Fenced(why)) if !self.ctx.lease_open() => {
                     // The whole holder stopped writing (its lease lapsed): the worker

@@ -173,6 +173,9 @@ pub(super) struct Scheduled {
     gone_since: HashMap<String, Instant>,
     /// Retries (restart.on failure) not to start before these server times.
     not_before: HashMap<ObjectId, i64>,
+    /// When this instance's write that put each run in flight landed (server ms,
+    /// estimated).
+    claimed_at: HashMap<ObjectId, i64>,
     /// The robot as the next run starts from: read at adoption, then carried from
     /// run to run (only the robot's own runs write its context), so that a firing
     /// costs no read. None when a run's last checkpoint may or may not have landed.
@@ -216,6 +219,7 @@ impl Scheduled {
             carried: Some(loaded.clone()),
             stored_seq: Some(loaded.seq),
             not_before: HashMap::new(),
+            claimed_at: HashMap::new(),
             budget: Budget::new(policy),
             r,
         }
@@ -322,6 +326,7 @@ impl Scheduled {
             started: self.started.keys().copied().collect(),
             stopping: self.stopping.clone(),
             not_before: self.not_before.clone(),
+            claimed_at: self.claimed_at.clone(),
             ..Facts::default()
         };
         let others: HashSet<String> = self
@@ -825,8 +830,9 @@ impl Scheduled {
         tracing::warn!(robot = %self.r.name, "a firing's run did not start ({why}); it stays claimed");
         self.stopping.remove(&id);
         self.ran.remove(&id);
-        if self.started.is_empty() {
-            // Nothing ran: the robot is as the run was to start from.
+        if s.alone && self.starts == s.start_no && self.started.is_empty() {
+            // Nothing ran, and no other run of this instance overlapped it: the robot
+            // is as the run was to start from.
             self.carried = Some(s.from);
         }
         let now_ms = self
@@ -1048,8 +1054,18 @@ impl Scheduled {
             .await
     }
 
-    /// `next` landed: it is the state now, one `rev` on.
+    /// `next` landed: it is the state now, one `rev` on; the runs it put in flight
+    /// were claimed now.
     fn written(&mut self, next: FiringState) {
+        if let Some(now_ms) = self.shared.time.now_ms(self.clock()) {
+            for e in &next.running {
+                if !self.st.running.iter().any(|r| r.id == e.id) {
+                    self.claimed_at.insert(e.id, now_ms);
+                }
+            }
+        }
+        self.claimed_at
+            .retain(|id, _| next.running.iter().any(|e| &e.id == id));
         self.st = next;
         self.st.rev = Some(self.st.rev.unwrap_or(0) + 1);
     }
