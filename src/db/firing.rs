@@ -509,6 +509,44 @@ impl FiringWrite<'_> {
     }
 }
 
+/// Asks the holder of robot `id`, bound to `slot`, for a run now (a run-now
+/// request `by` someone): it waits in `firings.triggers` until the holder takes it,
+/// and `rev` goes up so the holder's instance sees it at once. False when the robot
+/// is no longer there or on that slot.
+pub async fn request_run_now(
+    store: &crate::db::store::Store,
+    id: &Bson,
+    slot: &str,
+    by: &str,
+) -> Result<bool, mongodb::error::Error> {
+    let r = store
+        .robots()
+        .update_one(
+            doc! {"_id": id, crate::db::field::SLOT_ID: slot},
+            doc! {
+                "$push": {format!("{FIRINGS}.{TRIGGERS}"): {ID: ObjectId::new(), BY: by}},
+                "$inc": {format!("{FIRINGS}.{REV}"): 1_i64},
+            },
+        )
+        .await?;
+    Ok(r.matched_count == 1)
+}
+
+/// What a pause adds to a scheduled robot's update: `firings.paused_at` (the
+/// server's time) and a new `rev`, so the instance that runs it after the resume
+/// records the firings of the pause as skipped.
+pub fn mark_paused(update: &mut Document) {
+    let mut current = update
+        .get_document("$currentDate")
+        .cloned()
+        .unwrap_or_default();
+    current.insert(format!("{FIRINGS}.{PAUSED_AT}"), true);
+    update.insert("$currentDate", current);
+    let mut inc = update.get_document("$inc").cloned().unwrap_or_default();
+    inc.insert(format!("{FIRINGS}.{REV}"), 1_i64);
+    update.insert("$inc", inc);
+}
+
 /// A scheduled run's last context ([`crate::robot::RobotRun::end_with`]), written
 /// with its end: the robot's `context`, `seq` one past `after_seq` (which the write
 /// requires) and `checkpointed_at` the server's time, as a checkpoint writes them.
@@ -649,6 +687,20 @@ mod tests {
         assert_eq!(
             FiringState::from_robot(&doc! {FIRINGS: 5}),
             FiringState::default()
+        );
+    }
+
+    #[test]
+    fn a_pause_marks_the_firing_state_beside_what_the_update_sets() {
+        let mut update = doc! {"$set": {"paused": true}};
+        mark_paused(&mut update);
+        assert_eq!(
+            update,
+            doc! {
+                "$set": {"paused": true},
+                "$currentDate": {"firings.paused_at": true},
+                "$inc": {"firings.rev": 1_i64},
+            }
         );
     }
 

@@ -182,18 +182,8 @@ pub async fn trigger(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
         )));
     }
     let who = format!("{}:{}", actor.by, actor.who);
-    let id = bson::oid::ObjectId::new();
-    let r = store
-        .robots()
-        .update_one(
-            doc! {"_id": d.get("_id"), SLOT_ID: &slot},
-            doc! {
-                "$push": {"firings.triggers": {"id": id, BY: &who}},
-                "$inc": {"firings.rev": 1_i64},
-            },
-        )
-        .await?;
-    if r.matched_count == 0 {
+    let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+    if !crate::db::firing::request_run_now(store, &id, &slot, &who).await? {
         return Err(ActionError::Changed(name.to_string()));
     }
     told(store, name, slot, EventKind::Trigger, actor).await
@@ -469,14 +459,12 @@ pub async fn set_paused(
             Some(Bson::Document(_))
         )
     });
-    let update = if paused && scheduled {
-        doc! {
-            "$set": {PAUSED: true, STATUS: status},
-            "$currentDate": {"firings.paused_at": true},
-            "$inc": {"firings.rev": 1_i64},
+    let update = if paused {
+        let mut update = doc! {"$set": {PAUSED: true, STATUS: status}};
+        if scheduled {
+            crate::db::firing::mark_paused(&mut update);
         }
-    } else if paused {
-        doc! {"$set": {PAUSED: true, STATUS: status}}
+        update
     } else {
         doc! {"$set": {PAUSED: false, STATUS: status}, "$unset": {RECENT_ENDS: ""}}
     };

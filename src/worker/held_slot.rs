@@ -51,6 +51,8 @@ pub struct HoldContext {
     pub line: crate::db::heartbeat::Roster,
     /// How many of the first standbys in line to poke (`--watchers`).
     pub watchers: u64,
+    /// How many forward steps of the server's clock the worker has seen.
+    pub clock_steps: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How a held slot ended.
@@ -432,6 +434,7 @@ fn start_supervisor(
         cx.clock.clone(),
     );
     supervisor.after_claim_recorded(claim_recorded);
+    supervisor.follow_clock_steps(cx.clock_steps.clone());
     let renewals = supervisor.renewal_timing();
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,

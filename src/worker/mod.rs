@@ -163,6 +163,9 @@ pub struct Worker {
     /// Forward steps of the server's clock, and the claims they hold back (see
     /// [`clock_step`]).
     steps: clock_step::StepWatch,
+    /// How many forward steps of the server's clock this worker has seen: each held
+    /// slot reads the server's clock again for its scheduled robots when it changes.
+    clock_steps: Arc<std::sync::atomic::AtomicU64>,
     /// When to look next, and what the last looks found.
     looks: Looks,
     /// The lease's own connection pool (see [`Store::dedicated`]).
@@ -268,6 +271,7 @@ impl Worker {
             line: Roster::new(lease_store.workers()),
             server: None,
             steps,
+            clock_steps: Arc::default(),
             looks: Looks::new(now),
             lease_store,
             robots_warmed: false,
@@ -321,6 +325,7 @@ impl Worker {
             ended: self.wake.clone(),
             line: self.line.clone(),
             watchers: self.settings.watchers,
+            clock_steps: self.clock_steps.clone(),
         }
     }
 
@@ -1083,6 +1088,9 @@ impl Worker {
             return;
         };
         self.metrics.server_clock_steps.inc();
+        // Held slots read the server's clock again for their scheduled robots.
+        self.clock_steps
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let lease_ms = self.settings.timing.lease_ms();
         tracing::warn!(
             step_ms,

@@ -321,6 +321,10 @@ pub struct Supervisor {
     /// follows in chunks, as ever. Robots new to the slot (epoch 0: created, or moved
     /// in from a slot whose holder may not have stopped them yet) are adopted first.
     early: bool,
+    /// The worker's count of forward steps of the server's clock, and the count as
+    /// of the slot's last reading.
+    clock_steps: Option<Arc<std::sync::atomic::AtomicU64>>,
+    steps_seen: u64,
 }
 
 impl Supervisor {
@@ -364,6 +368,8 @@ impl Supervisor {
             // The first write measures the server; the next ones fit its pace.
             adopt_chunk: ADOPT_CHUNK_MIN,
             early: true,
+            clock_steps: None,
+            steps_seen: 0,
         }
     }
 
@@ -375,6 +381,15 @@ impl Supervisor {
     /// [`crate::db::store::Store::record_event_patiently`]).
     pub fn after_claim_recorded(&mut self, recorded: tokio::sync::oneshot::Receiver<()>) {
         self.claim_recorded = Some(recorded);
+    }
+
+    /// Counts the forward steps of the server's clock its worker sees: after one,
+    /// the slot's reading is taken again at once rather than within
+    /// [`firing_clock::SERVER_TIME_EVERY`], so that claimed firings are judged on the
+    /// stepped clock.
+    pub fn follow_clock_steps(&mut self, steps: Arc<std::sync::atomic::AtomicU64>) {
+        self.steps_seen = steps.load(std::sync::atomic::Ordering::Relaxed);
+        self.clock_steps = Some(steps);
     }
 
     /// When the slot's renewals should go (the held slot's loop asks it each tick).
@@ -492,14 +507,20 @@ impl Supervisor {
     ///
     /// The reading runs as a task of its own, so that it overlaps the sync's first
     /// read; None when none is due.
-    fn read_server_time(&self) -> Option<tokio::task::JoinHandle<()>> {
-        let due = self
-            .time
-            .age(&self.clock)
-            .is_none_or(|a| a >= firing_clock::SERVER_TIME_EVERY);
+    fn read_server_time(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let steps = self
+            .clock_steps
+            .as_ref()
+            .map_or(0, |s| s.load(std::sync::atomic::Ordering::Relaxed));
+        let due = steps != self.steps_seen
+            || self
+                .time
+                .age(&self.clock)
+                .is_none_or(|a| a >= firing_clock::SERVER_TIME_EVERY);
         if !due || !self.ctx.lease_open() {
             return None;
         }
+        self.steps_seen = steps;
         let (time, store, clock) = (self.time.clone(), self.store.clone(), self.clock.clone());
         let slot = self.ctx.slot_id().to_string();
         Some(tokio::spawn(async move {
