@@ -5,7 +5,6 @@
 use anyhow::{bail, Context as _};
 use bson::Document;
 use clap::Args;
-use serde_json::json;
 
 use super::output::print_json;
 use crate::db::store::Store;
@@ -251,12 +250,12 @@ pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
 
 fn report_created(names: &[String], slots: &[String], as_json: bool) {
     if as_json {
-        let v: Vec<_> = names
+        let created = names
             .iter()
             .zip(slots)
-            .map(|(n, s)| json!({"name": n, "slot": s}))
+            .map(|(name, slot)| super::replies::CreatedRobot { name, slot })
             .collect();
-        print_json(&json!({"created": v}));
+        print_json(&super::replies::Created { created });
         return;
     }
     if names.len() <= 10 {

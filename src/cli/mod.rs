@@ -15,6 +15,7 @@ mod init;
 mod logs;
 pub mod manual;
 mod rebalance;
+mod replies;
 mod robots;
 mod runs;
 mod slots;

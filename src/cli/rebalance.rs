@@ -1,13 +1,12 @@
 //! `slotpool rebalance`: even out robots over the non-draining slots with fenced
 //! moves, e.g. after `init --slots` grew the pool or robots piled onto a few slots.
 
-use anyhow::bail;
-use clap::Args;
-use serde_json::json;
-
 use super::output::print_json;
+use super::replies;
 use crate::db::store::Store;
 use crate::pool::actions::{self, Actor, Rebalance};
+use anyhow::bail;
+use clap::Args;
 
 #[derive(Debug, Args)]
 pub struct RebalanceArgs {
@@ -48,23 +47,23 @@ fn report(args: &RebalanceArgs, r: &Rebalance) {
             .join(", ")
     };
     if args.json {
-        let moves: Vec<_> = plan
+        let moves = plan
             .iter()
-            .map(|p| {
-                json!({
-                    "from": p.from, "to": p.to,
-                    "robots": p.robots.iter().map(|(_, n)| n).collect::<Vec<_>>(),
-                    "moved": p.moved, "refused": p.refused,
-                })
+            .map(|p| replies::RebalanceMove {
+                from: &p.from,
+                to: &p.to,
+                robots: p.robots.iter().map(|(_, n)| n.as_str()).collect(),
+                moved: p.moved,
+                refused: p.refused.as_deref(),
             })
             .collect();
-        let counts = |c: &[(String, i64)]| -> serde_json::Map<String, serde_json::Value> {
-            c.iter().map(|(s, n)| (s.clone(), json!(n))).collect()
-        };
-        print_json(&json!({
-            "dry_run": args.dry_run, "moves": moves,
-            "before": counts(before), "after": counts(&after),
-        }));
+        let counts = |c: &[(String, i64)]| c.iter().map(|(s, n)| (s.clone(), *n)).collect();
+        print_json(&replies::Rebalanced {
+            dry_run: args.dry_run,
+            moves,
+            before: counts(before),
+            after: counts(&after),
+        });
         return;
     }
     if plan.is_empty() {

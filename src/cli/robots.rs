@@ -5,6 +5,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::output::{age, int, print_json, print_table};
+use super::replies;
 use crate::db::field::{
     EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, STATUS, WORKER,
 };
@@ -354,7 +355,10 @@ async fn delete(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> 
     let d = actions::delete(store, name, &Actor::cli()).await?;
     done(
         as_json,
-        json!({"deleted": name, "slot": d.slot}),
+        &replies::Deleted {
+            deleted: name,
+            slot: d.slot,
+        },
         format!("deleted {name}"),
     );
     Ok(())
@@ -372,7 +376,13 @@ async fn move_to(store: &Store, name: &str, to: &str, as_json: bool) -> anyhow::
     };
     done(
         as_json,
-        json!({"moved": name, "from": from, "to": to, "changed": d.changed, "repaired": d.repaired}),
+        &replies::Moved {
+            moved: name,
+            from: from.clone(),
+            to,
+            changed: d.changed,
+            repaired: d.repaired,
+        },
         line,
     );
     Ok(())
@@ -381,11 +391,20 @@ async fn move_to(store: &Store, name: &str, to: &str, as_json: bool) -> anyhow::
 async fn set_paused(store: &Store, name: &str, paused: bool, as_json: bool) -> anyhow::Result<()> {
     let d = actions::set_paused(store, name, paused, &Actor::cli()).await?;
     let word = if paused { "paused" } else { "resumed" };
-    done(
-        as_json,
-        json!({word: name, "slot": d.slot}),
-        format!("{word} {name}"),
-    );
+    let line = format!("{word} {name}");
+    if paused {
+        let reply = replies::Paused {
+            paused: name,
+            slot: d.slot,
+        };
+        done(as_json, &reply, line);
+    } else {
+        let reply = replies::Resumed {
+            resumed: name,
+            slot: d.slot,
+        };
+        done(as_json, &reply, line);
+    }
     Ok(())
 }
 
@@ -394,7 +413,10 @@ async fn restart(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()>
     let slot = d.slot.clone().unwrap_or_default();
     done(
         as_json,
-        json!({"restarted": name, "slot": d.slot}),
+        &replies::Restarted {
+            restarted: name,
+            slot: d.slot,
+        },
         format!("restarting {name}: its holder on {slot} stops it after a last checkpoint and starts it again within a tick or two (a few more while the database is busy)"),
     );
     Ok(())
@@ -428,14 +450,23 @@ async fn update(store: &Store, args: UpdateArgs) -> anyhow::Result<()> {
     if asked.changes.is_empty() {
         done(
             args.json,
-            json!({"updated": name, "changes": [], "applied": false}),
+            &replies::Updated {
+                updated: name,
+                changes: &[],
+                applied: false,
+                worker: None,
+            },
             format!("{name}: nothing would change"),
         );
         return Ok(());
     }
     let Some(id) = asked.id else {
         if args.json {
-            print_json(&json!({"dry_run": true, "robot": name, "changes": asked.changes}));
+            print_json(&replies::DryRun {
+                dry_run: true,
+                robot: name,
+                changes: &asked.changes,
+            });
         } else {
             say!("{name} (dry run; nothing changed):");
             for c in &asked.changes {
@@ -457,7 +488,12 @@ async fn update(store: &Store, args: UpdateArgs) -> anyhow::Result<()> {
     match answer {
         Some(a) if a.applied => done(
             args.json,
-            json!({"updated": name, "changes": asked.changes, "applied": true, "worker": a.worker}),
+            &replies::Updated {
+                updated: name,
+                changes: &asked.changes,
+                applied: true,
+                worker: Some(a.worker.clone()),
+            },
             format!(
                 "updated {name} ({}); {} restarts it with the new spec after a last checkpoint",
                 asked.changes.join("; "),
@@ -479,9 +515,9 @@ async fn update(store: &Store, args: UpdateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn done(as_json: bool, v: serde_json::Value, line: String) {
+fn done(as_json: bool, v: &impl serde::Serialize, line: String) {
     if as_json {
-        print_json(&v);
+        print_json(v);
     } else {
         say!("{line}");
     }

@@ -3,7 +3,6 @@
 
 use bson::doc;
 use serde::Serialize;
-use serde_json::json;
 
 use super::output::{print_json, print_table};
 use crate::db::field::{NAME, SPEC};
@@ -158,7 +157,10 @@ pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> any
 pub async fn trigger(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
     let d = actions::trigger(store, name, &Actor::cli()).await?;
     if as_json {
-        print_json(&json!({"triggered": name, "slot": d.slot}));
+        print_json(&super::replies::Triggered {
+            triggered: name,
+            slot: d.slot,
+        });
     } else {
         say!(
             "asked {name}'s holder on {} for one run now (under its overlap policy); `slotpool robot runs {name}` shows it",
