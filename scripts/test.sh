@@ -31,8 +31,9 @@ cargo fmt --all -- --check
 phase "cargo clippy"
 cargo clippy --all-targets --quiet -- -D warnings
 
-phase "cargo test: build (the examples too: tests/custom_kind.rs runs one)"
+phase "cargo test: build, and the examples as programs (tests/custom_kind.rs runs one)"
 cargo test --all-targets --no-run --quiet
+cargo build --examples --quiet
 
 phase "container images (scripts/images.sh: the engine, the base, slotpool:local from the tests' binary, the dev database)"
 # tests/containers.rs runs five worker containers on them; it fails without them. The

@@ -11,15 +11,15 @@ use std::time::Duration;
 
 use common::{invariants, TestDb};
 
-/// `target/<profile>/examples/custom_kind`, which `cargo test` builds beside the
-/// tests (`target/<profile>/deps/`).
+/// `target/<profile>/examples/custom_kind`, beside the tests (`target/<profile>/deps/`):
+/// `cargo build --examples` builds it (`cargo test` builds examples only as tests).
 fn example_binary() -> PathBuf {
     let deps = std::env::current_exe().unwrap();
     let profile = deps.parent().and_then(|d| d.parent()).unwrap();
     let bin = profile.join("examples").join("custom_kind");
     assert!(
         bin.exists(),
-        "{} is missing: `cargo test` (or `cargo build --examples`) builds it",
+        "{} is missing: `cargo build --examples` builds it (scripts/test.sh does)",
         bin.display()
     );
     bin

@@ -39,6 +39,31 @@ fn every_second(db: &TestDb, name: &str, extra: &str) {
     ]);
 }
 
+/// A private dev server whose clock steps by `step` (libfaketime's `+10s`) 40 s
+/// after it starts, as a new primary's clock might differ.
+fn stepping_server(step: &str) -> common::PrivateServer {
+    assert!(
+        std::path::Path::new(common::LIBFAKETIME).exists(),
+        "this test steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
+    );
+    common::PrivateServer::start_with(&[
+        ("LD_PRELOAD", common::LIBFAKETIME),
+        ("FAKETIME", step),
+        ("FAKETIME_START_AFTER_SECONDS", "40"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ])
+}
+
+/// How many of `r`'s runs for firings after `after_ms` succeeded.
+fn succeeded_after(r: &Document, after_ms: i64) -> usize {
+    runs(r)
+        .iter()
+        .filter(|x| {
+            x.get_str("outcome") == Ok("succeeded") && x.get_i64("firing").unwrap_or(0) > after_ms
+        })
+        .count()
+}
+
 async fn wait_succeeded(db: &TestDb, name: &str, at_least: usize) {
     wait_for(
         Duration::from_secs(60),
@@ -769,16 +794,7 @@ async fn a_holder_frozen_mid_run_and_thawed_runs_nothing_beside_its_successor() 
 /// once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none() {
-    assert!(
-        std::path::Path::new(common::LIBFAKETIME).exists(),
-        "this test steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
-    );
-    let server = common::PrivateServer::start_with(&[
-        ("LD_PRELOAD", common::LIBFAKETIME),
-        ("FAKETIME", "+10s"),
-        ("FAKETIME_START_AFTER_SECONDS", "40"),
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-    ]);
+    let server = stepping_server("+10s");
     let db = TestDb::on(&server.uri, "sched_clockstep").await;
     db.init(1).await;
     every_second(&db, "tick", "");
@@ -795,14 +811,7 @@ async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none
         "five runs after the step",
         || async {
             let r = db.robot("tick").await;
-            let after = runs(&r)
-                .iter()
-                .filter(|x| {
-                    x.get_str("outcome") == Ok("succeeded")
-                        && x.get_i64("firing").unwrap_or(0) > stepped_at
-                })
-                .count();
-            (after >= 5).then_some(())
+            (succeeded_after(&r, stepped_at) >= 5).then_some(())
         },
     )
     .await;
@@ -833,16 +842,7 @@ async fn a_forward_step_of_the_servers_clock_runs_no_firing_twice_and_loses_none
 /// late, and the schedule goes on from the stepped clock.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_firing_claimed_before_a_ten_minute_clock_step_is_missed_not_started_late() {
-    assert!(
-        std::path::Path::new(common::LIBFAKETIME).exists(),
-        "this test steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
-    );
-    let server = common::PrivateServer::start_with(&[
-        ("LD_PRELOAD", common::LIBFAKETIME),
-        ("FAKETIME", "+600s"),
-        ("FAKETIME_START_AFTER_SECONDS", "40"),
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-    ]);
+    let server = stepping_server("+600s");
     let db = TestDb::on(&server.uri, "sched_bigstep").await;
     db.init(1).await;
     // Every 20 s: when the clock steps, the next firing has almost always been
@@ -873,14 +873,7 @@ async fn a_firing_claimed_before_a_ten_minute_clock_step_is_missed_not_started_l
         "two runs after the step",
         || async {
             let r = db.robot("tick").await;
-            let after = runs(&r)
-                .iter()
-                .filter(|x| {
-                    x.get_str("outcome") == Ok("succeeded")
-                        && x.get_i64("firing").unwrap_or(0) > stepped_at
-                })
-                .count();
-            (after >= 2).then_some(r)
+            (succeeded_after(&r, stepped_at) >= 2).then_some(r)
         },
     )
     .await;
