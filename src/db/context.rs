@@ -618,6 +618,21 @@ impl ContextStore {
         if !self.guard.is_open() {
             return Ok(Written::Lapsed);
         }
+        // The history kept is bounded however the spec was edited.
+        let bounded;
+        let write = match write.last_step {
+            Some(step) if step.history > MAX_HISTORY => {
+                bounded = crate::db::firing::LastStep {
+                    history: MAX_HISTORY,
+                    ..step.clone()
+                };
+                crate::db::firing::FiringWrite {
+                    last_step: Some(&bounded),
+                    ..write
+                }
+            }
+            _ => write,
+        };
         let (filter, update) = write.statement(self.fence_match(id, gen), self.history_record(gen));
         Ok(self
             .commit

@@ -26,7 +26,6 @@
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 
-use crate::db::context::MAX_HISTORY;
 use crate::db::field::{CHECKPOINTED_AT, CONTEXT, EPOCH, GEN, HISTORY, SEQ, SLOT, WORKER};
 use crate::db::group_commit::Update;
 use crate::db::store::int;
@@ -409,11 +408,7 @@ impl FiringWrite<'_> {
     pub fn statement(&self, fence: Document, history_record: Document) -> (Document, Update) {
         match self.last_step {
             Some(step) if !step.operators_suffice() => {
-                let step = LastStep {
-                    history: step.history.min(MAX_HISTORY),
-                    ..step.clone()
-                };
-                let (filter, pipeline) = self.as_pipeline(fence, &step, history_record);
+                let (filter, pipeline) = self.as_pipeline(fence, step, history_record);
                 (filter, Update::Pipeline(pipeline))
             }
             _ => {
