@@ -2,10 +2,9 @@
 //! robot lookups every command shares.
 
 use anyhow::Context as _;
-use bson::{doc, Document};
+use bson::Document;
 
 use super::Cli;
-use crate::db::field::NAME;
 use crate::db::store::Store;
 
 const DEFAULT_URI: &str = "mongodb://127.0.0.1:27017/slotpool";
@@ -50,17 +49,17 @@ pub fn read_uri_file(path: &std::path::Path) -> Result<String, String> {
     Ok(uri.to_string())
 }
 
-/// The robot named `name`, with `projection` (empty: the whole document), or an
-/// error that says where to look.
+/// The robot named `name`, with only `only` of its fields (none: the whole
+/// document), or an error that says where to look.
 pub(super) async fn find_robot(
     store: &Store,
     name: &str,
-    projection: Document,
+    only: &[&str],
 ) -> anyhow::Result<Document> {
-    store
-        .robots()
-        .find_one(doc! {NAME: name})
-        .projection(projection)
-        .await?
-        .with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))
+    let found = if only.is_empty() {
+        crate::db::robots::whole(store, name).await?
+    } else {
+        crate::db::robots::by_name(store, name, only).await?
+    };
+    found.with_context(|| format!("no robot named {name:?}: see `slotpool robot list`"))
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use bson::{doc, Bson, Document};
+use bson::{Bson, Document};
 
 use crate::db::field::{AT, GEN, LINES, STREAM, TEXT};
 use crate::db::store::Store;
@@ -51,10 +51,7 @@ pub async fn run(
     }
     loop {
         tokio::time::sleep(FOLLOW_EVERY).await;
-        if store
-            .robots()
-            .find_one(doc! {"_id": &id})
-            .projection(doc! {"_id": 1})
+        if crate::db::robots::by_id(store, &id, &["_id"])
             .await?
             .is_none()
         {
@@ -71,14 +68,14 @@ pub async fn run(
 }
 
 async fn robot_id(store: &Store, name: &str) -> anyhow::Result<Bson> {
-    let d = super::connect::find_robot(store, name, doc! {"_id": 1}).await?;
+    let d = super::connect::find_robot(store, name, &["_id"]).await?;
     d.get("_id").cloned().context("the robot has no _id")
 }
 
 /// The robot's kept lines, oldest first; a malformed entry (the document is hand
 /// editable) is skipped.
 async fn read(store: &Store, id: &Bson) -> anyhow::Result<Vec<Kept>> {
-    let Some(d) = store.outputs().find_one(doc! {"_id": id}).await? else {
+    let Some(d) = crate::db::output_log::kept(store, id).await? else {
         return Ok(Vec::new());
     };
     Ok(parse(&d))
@@ -125,6 +122,7 @@ fn print(k: &Kept, as_json: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bson::doc;
 
     #[test]
     fn kept_lines_parse_and_order_by_instance_then_number() {

@@ -1,14 +1,10 @@
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson};
 use clap::Subcommand;
-use futures::TryStreamExt;
 use serde::Serialize;
 use serde_json::json;
 
 use super::output::{age, int, print_json, print_table};
 use super::replies;
-use crate::db::field::{
-    EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, STATUS, WORKER,
-};
 use crate::db::robot_doc::RobotDoc;
 use crate::db::store::Store;
 use crate::pool::actions::{self, Actor};
@@ -247,30 +243,8 @@ impl ListedRobot {
 }
 
 async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Result<()> {
-    let filter = match &slot {
-        Some(s) => doc! {SLOT_ID: s},
-        None => doc! {},
-    };
-    let pipeline = vec![
-        doc! {"$match": filter},
-        doc! {"$sort": {NAME: 1}},
-        doc! {"$project": {
-            NAME: 1, KIND: 1, SLOT_ID: 1, STATUS: 1, ERROR: 1, SEQ: 1, PAUSED: 1,
-            EPOCH: 1, GEN: 1, RESTARTS: 1, WORKER: 1,
-            "checkpoint_age_ms": {"$cond": [
-                {"$eq": [{"$type": "$checkpointed_at"}, "date"]},
-                {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$checkpointed_at"}]},
-                Bson::Null,
-            ]},
-        }},
-    ];
     let slots = state::slot_views(&slot_rows(store).await?);
-    let docs: Vec<Document> = store
-        .robots()
-        .aggregate(pipeline)
-        .await?
-        .try_collect()
-        .await?;
+    let docs = crate::db::listing::robots_listed(store, slot.as_deref()).await?;
     let robots: Vec<ListedRobot> = docs
         .iter()
         .map(|d| {
@@ -307,7 +281,7 @@ async fn list(store: &Store, slot: Option<String>, as_json: bool) -> anyhow::Res
 }
 
 async fn show(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
-    let full = super::connect::find_robot(store, name, doc! {}).await?;
+    let full = super::connect::find_robot(store, name, &[]).await?;
     let slots = state::slot_views(&slot_rows(store).await?);
     let st = RobotNow::of(&RobotDoc::from_doc(&full), &slots);
     let limits = crate::robot::limits::describe_stored(&full);
@@ -426,10 +400,7 @@ async fn update(store: &Store, args: UpdateArgs) -> anyhow::Result<()> {
     if !args.spec.any() && args.kind.is_none() {
         anyhow::bail!("nothing to change: give --spec JSON, a shorthand (--interval-ms, --command, --arg, --history) or --kind");
     }
-    let current = store
-        .robots()
-        .find_one(doc! {NAME: &args.name})
-        .projection(doc! {crate::db::field::SPEC: 1})
+    let current = crate::db::robots::by_name(store, &args.name, &[crate::db::field::SPEC])
         .await?
         .ok_or_else(|| actions::ActionError::NoRobot(args.name.clone()))?;
     let base = current

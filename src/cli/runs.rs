@@ -73,10 +73,7 @@ impl From<&RunRecord> for RunRow {
 }
 
 pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> anyhow::Result<()> {
-    let d = store
-        .robots()
-        .find_one(doc! {NAME: name})
-        .projection(doc! {NAME: 1, SPEC: 1, FIRINGS: 1, RUNS: 1})
+    let d = crate::db::robots::by_name(store, name, &[NAME, SPEC, FIRINGS, RUNS])
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
     let spec = d.get_document(SPEC).cloned().unwrap_or_default();

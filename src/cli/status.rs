@@ -2,7 +2,6 @@ use std::time::Duration;
 
 use bson::doc;
 use clap::Args;
-use futures::TryStreamExt;
 use serde::Serialize;
 
 use std::collections::BTreeMap;
@@ -77,18 +76,8 @@ fn brief(error: &str) -> String {
 /// query, so it stays cheap at thousands of robots.
 async fn count_robots(store: &Store, slots: &[SlotRow]) -> anyhow::Result<RobotCounts> {
     let views = state::slot_views(slots);
-    let mut cursor = store
-        .robots()
-        .aggregate(vec![doc! {"$group": {
-            // A failed robot's error is its reason (exec disabled, a refused
-            // variable, a bad checkpoint): few distinct texts, each worth reading.
-            "_id": {"slot": "$slot_id", "status": "$status", "paused": "$paused", "worker": "$worker",
-                    "error": {"$cond": [{"$eq": ["$status", "failed"]}, "$error", null]}},
-            "n": {"$sum": 1},
-        }}])
-        .await?;
     let mut counts = RobotCounts::default();
-    while let Some(d) = cursor.try_next().await? {
+    for d in crate::db::listing::robots_by_state(store).await? {
         let key = d.get_document("_id").cloned().unwrap_or_default();
         let n = int(&d, "n").unwrap_or(0);
         let slot = text(&key, "slot").unwrap_or_default();

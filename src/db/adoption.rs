@@ -312,6 +312,67 @@ impl ContextStore {
     }
 }
 
+/// Every robot bound to `slot`, of any epoch, in one query (batches of
+/// [`BATCH`]). Without the checkpoint history and a scheduled robot's run records:
+/// the holder reads neither here, and up to a thousand records a robot would be
+/// shipped in a command that holds its renewal behind it.
+pub async fn slot_robots(
+    store: &crate::db::store::Store,
+    slot: &str,
+) -> Result<mongodb::Cursor<Document>, mongodb::error::Error> {
+    store
+        .robots()
+        .find(doc! {SLOT_ID: slot})
+        .projection(doc! {crate::db::field::HISTORY: 0, crate::db::firing::RUNS: 0})
+        .batch_size(BATCH)
+        .await
+}
+
+/// What one grouped query counts of a slot's robots, to tell whether they changed
+/// since the holder last read them all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub total: i64,
+    /// Not paused, and of an epoch other than `mine`.
+    pub unadopted: i64,
+    pub paused: i64,
+    /// With an `update` waiting.
+    pub updates: i64,
+}
+
+/// Counts `slot`'s robots (those with an ObjectId `_id`) for [`Tally`], judging
+/// adoption against epoch `mine`.
+pub async fn tally(
+    store: &crate::db::store::Store,
+    slot: &str,
+    mine: i64,
+) -> Result<Tally, mongodb::error::Error> {
+    use futures::TryStreamExt;
+    let pipeline = vec![
+        doc! {"$match": {SLOT_ID: slot, "_id": {"$type": "objectId"}}},
+        doc! {"$group": {
+            "_id": Bson::Null,
+            "total": {"$sum": 1_i64},
+            PAUSED: {"$sum": {"$cond": [{"$eq": ["$paused", true]}, 1_i64, 0_i64]}},
+            "updates": {"$sum": {"$cond": [{"$eq": [{"$type": "$update"}, "object"]}, 1_i64, 0_i64]}},
+            "unadopted": {"$sum": {"$cond": [
+                {"$and": [{"$ne": ["$paused", true]}, {"$ne": ["$epoch", mine]}]},
+                1_i64, 0_i64,
+            ]}},
+        }},
+    ];
+    let mut cursor = store.robots().aggregate(pipeline).await?;
+    Ok(match cursor.try_next().await? {
+        Some(d) => Tally {
+            total: long_or_zero(&d, "total"),
+            unadopted: long_or_zero(&d, "unadopted"),
+            paused: long_or_zero(&d, PAUSED),
+            updates: long_or_zero(&d, "updates"),
+        },
+        None => Tally::default(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,6 +75,23 @@ pub fn liveness() -> Vec<Document> {
     ]
 }
 
+/// Every worker whose heartbeat still counts ([`is_alive`]), by id, as read
+/// through [`liveness`].
+pub async fn live_workers(
+    store: &crate::db::store::Store,
+) -> Result<Vec<Document>, mongodb::error::Error> {
+    let mut pipeline = liveness();
+    pipeline.push(doc! {"$sort": {"_id": 1}});
+    let mut cursor = store.workers().aggregate(pipeline).await?;
+    let mut out = Vec::new();
+    while let Some(d) = cursor.try_next().await? {
+        if is_alive(&d) {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
 /// The other process's heartbeat under this worker's identity, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Predecessor {

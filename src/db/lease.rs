@@ -628,6 +628,25 @@ pub async fn ensure_indexes(store: &Store) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The epochs of those of `slots` that exist, by slot.
+pub async fn epochs(
+    store: &crate::db::store::Store,
+    slots: &[String],
+) -> Result<std::collections::HashMap<String, i64>, mongodb::error::Error> {
+    let mut cursor = store
+        .slots()
+        .find(doc! {"_id": {"$in": slots}})
+        .projection(doc! {EPOCH: 1})
+        .await?;
+    let mut out = std::collections::HashMap::new();
+    while let Some(d) = cursor.try_next().await? {
+        if let (Ok(id), Some(e)) = (d.get_str("_id"), crate::db::store::int(&d, EPOCH)) {
+            out.insert(id.to_string(), e);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

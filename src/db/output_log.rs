@@ -223,6 +223,11 @@ pub async fn remove_orphaned(store: &Store) -> Result<u64, mongodb::error::Error
     Ok(removed)
 }
 
+/// Robot `id`'s kept output document, if it has one.
+pub async fn kept(store: &Store, id: &Bson) -> Result<Option<Document>, mongodb::error::Error> {
+    store.outputs().find_one(doc! {"_id": id}).await
+}
+
 /// Marks a deleted robot's output as deleted, for an hour: a holder still
 /// stopping the robot may flush a last line, and its upsert (fenced by
 /// generation) now collides with the tombstone instead of re-creating the

@@ -9,14 +9,14 @@
 //! [`crate::pool::placement::move_robots`], a drain sets `draining` for the holder to act on.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
-use futures::TryStreamExt;
 
 use crate::db::event::EventKind;
 use crate::db::field::{
-    ACTOR, BY, CONTEXT, DETAIL, DRAINING, FROM, KIND, NAME, PAUSED, RECENT_ENDS, ROBOT, SLOT_ID,
-    SPEC, START_REV, STATUS, UPDATE, UPDATE_RESULT, WORKER,
+    ACTOR, BY, CONTEXT, DETAIL, FROM, KIND, PAUSED, ROBOT, SLOT_ID, SPEC, STATUS, UPDATE,
+    UPDATE_RESULT, WORKER,
 };
 use crate::db::robot_doc::RobotStatus;
+use crate::db::robots;
 use crate::db::store::Store;
 use crate::pool::placement::{self, MoveError};
 use crate::pool::view::text;
@@ -109,10 +109,7 @@ pub struct Done {
 }
 
 async fn robot(store: &Store, name: &str) -> Result<Document, ActionError> {
-    store
-        .robots()
-        .find_one(doc! {NAME: name})
-        .projection(doc! {"_id": 1, SLOT_ID: 1, STATUS: 1, PAUSED: 1, SPEC: 1})
+    robots::by_name(store, name, &[SLOT_ID, STATUS, PAUSED, SPEC])
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))
 }
@@ -138,17 +135,7 @@ pub(crate) async fn record(store: &Store, kind: EventKind, actor: &Actor, mut fi
 pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
     let d = robot(store, name).await?;
     let slot = slot_of(&d)?;
-    store
-        .robots()
-        .update_one(
-            doc! {"_id": d.get("_id")},
-            doc! {
-                "$set": {PAUSED: false, STATUS: RobotStatus::Pending},
-                "$inc": {START_REV: 1_i64},
-                "$unset": {RECENT_ENDS: ""},
-            },
-        )
-        .await?;
+    robots::restart(store, d.get("_id").unwrap_or(&Bson::Null)).await?;
     told(store, name, slot, EventKind::Restart, actor).await
 }
 
@@ -158,10 +145,7 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
 /// goes up, so the holder's instance sees it at once. A robot without a schedule is
 /// refused: `robot restart` starts a daemon again.
 pub async fn trigger(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
-    let d = store
-        .robots()
-        .find_one(doc! {NAME: name})
-        .projection(doc! {"_id": 1, SLOT_ID: 1, SPEC: 1, crate::db::firing::FIRINGS: 1})
+    let d = robots::by_name(store, name, &[SLOT_ID, SPEC, crate::db::firing::FIRINGS])
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
     let slot = slot_of(&d)?;
@@ -257,10 +241,7 @@ pub async fn update(
     dry_run: bool,
     actor: &Actor,
 ) -> Result<UpdateAsked, ActionError> {
-    let d = store
-        .robots()
-        .find_one(doc! {NAME: name})
-        .projection(doc! {"_id": 1, SLOT_ID: 1, KIND: 1, SPEC: 1, CONTEXT: 1, UPDATE: 1})
+    let d = robots::by_name(store, name, &robots::UPDATE_FIELDS)
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
     let slot = slot_of(&d)?;
@@ -306,22 +287,17 @@ pub async fn update(
     let id = ObjectId::new();
     // Only over no waiting update: two asked at once, one waits and the other is
     // refused, never silently replaced.
-    let asked = store
-        .robots()
-        .update_one(
-            doc! {
-                "_id": d.get("_id"), KIND: &old_kind, SPEC: old_spec.clone(),
-                "$nor": [{"update.id": {"$type": "objectId"}, "update.kind": {"$type": "string"}, "update.spec": {"$type": "object"}}],
-            },
-            doc! {"$set": {UPDATE: {"id": id, KIND: &new_kind, SPEC: spec}}},
-        )
-        .await?;
-    if asked.matched_count == 0 {
-        let now = store
-            .robots()
-            .find_one(doc! {"_id": d.get("_id")})
-            .projection(doc! {KIND: 1, SPEC: 1, UPDATE: 1})
-            .await?;
+    let robot_id = d.get("_id").unwrap_or(&Bson::Null);
+    let asked = robots::ask_update(
+        store,
+        robot_id,
+        (&old_kind, old_spec),
+        id,
+        (&new_kind, spec),
+    )
+    .await?;
+    if !asked {
+        let now = robots::by_id(store, robot_id, &[KIND, SPEC, UPDATE]).await?;
         return Err(match now {
             Some(now) if waiting_update(&now).is_some() => {
                 pending(name, &slot, &old_kind, old_spec, &now)
@@ -384,10 +360,7 @@ pub async fn update_answer(
     name: &str,
     id: ObjectId,
 ) -> Result<Option<UpdateAnswer>, ActionError> {
-    let d = store
-        .robots()
-        .find_one(doc! {NAME: name})
-        .projection(doc! {UPDATE_RESULT: 1})
+    let d = robots::by_name(store, name, &robots::ANSWER_FIELDS)
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
     let Ok(r) = d.get_document(UPDATE_RESULT) else {
@@ -445,11 +418,6 @@ pub async fn set_paused(
 ) -> Result<Done, ActionError> {
     let d = robot(store, name).await?;
     let slot = slot_of(&d)?;
-    let status = if paused {
-        RobotStatus::Paused
-    } else {
-        RobotStatus::Pending
-    };
     // A resumed robot gets a fresh restart budget: its recorded ends go. A
     // scheduled robot's pause is marked in its firing state, so the instance that
     // runs it after the resume records the firings of the pause as skipped.
@@ -459,19 +427,13 @@ pub async fn set_paused(
             Some(Bson::Document(_))
         )
     });
-    let update = if paused {
-        let mut update = doc! {"$set": {PAUSED: true, STATUS: status}};
-        if scheduled {
-            crate::db::firing::mark_paused(&mut update);
-        }
-        update
-    } else {
-        doc! {"$set": {PAUSED: false, STATUS: status}, "$unset": {RECENT_ENDS: ""}}
-    };
-    store
-        .robots()
-        .update_one(doc! {"_id": d.get("_id")}, update)
-        .await?;
+    robots::set_paused(
+        store,
+        d.get("_id").unwrap_or(&Bson::Null),
+        paused,
+        scheduled,
+    )
+    .await?;
     placement::adjust(store, &slot, 0, true).await?;
     let kind = if paused {
         EventKind::Pause
@@ -491,11 +453,8 @@ pub async fn set_paused(
 pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
     let d = robot(store, name).await?;
     let slot = text(&d, SLOT_ID);
-    let r = store
-        .robots()
-        .delete_one(doc! {"_id": d.get("_id")})
-        .await?;
-    if r.deleted_count == 1 {
+    let deleted = robots::delete(store, d.get("_id").unwrap_or(&Bson::Null)).await?;
+    if deleted {
         if let Some(s) = &slot {
             placement::adjust(store, s, -1, true).await?;
         }
@@ -515,7 +474,7 @@ pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, Ac
     Ok(Done {
         name: name.to_string(),
         slot,
-        changed: r.deleted_count == 1,
+        changed: deleted,
         repaired: false,
     })
 }
@@ -588,13 +547,9 @@ pub async fn set_draining(
     on: bool,
     actor: &Actor,
 ) -> Result<Done, ActionError> {
-    let r = store
-        .slots()
-        .update_one(doc! {"_id": slot}, doc! {"$set": {DRAINING: on}})
-        .await?;
-    if r.matched_count == 0 {
+    let Some(changed) = crate::db::placement::set_draining(store, slot, on).await? else {
         return Err(ActionError::NoSlot(slot.to_string()));
-    }
+    };
     let kind = if on {
         EventKind::Drain
     } else {
@@ -604,7 +559,7 @@ pub async fn set_draining(
     Ok(Done {
         name: slot.to_string(),
         slot: Some(slot.to_string()),
-        changed: r.modified_count == 1,
+        changed,
         repaired: false,
     })
 }
@@ -684,7 +639,7 @@ pub async fn rebalance(
             .filter(|p| p.from == from)
             .flat_map(|p| p.robots.iter().map(|(id, _)| *id))
             .collect();
-        let robots = pick(store, &from, k, &taken).await?;
+        let robots = crate::db::placement::pick(store, &from, k, &taken).await?;
         moves.push(PlannedMove {
             from,
             to,
@@ -716,31 +671,6 @@ pub async fn rebalance(
         before,
         moves,
     })
-}
-
-/// `k` robots of `from` not among `taken`, by name (so a plan reads the same twice).
-async fn pick(
-    store: &Store,
-    from: &str,
-    k: usize,
-    taken: &[ObjectId],
-) -> Result<Vec<(ObjectId, String)>, mongodb::error::Error> {
-    let docs: Vec<Document> = store
-        .robots()
-        .find(doc! {SLOT_ID: from, "_id": {"$nin": taken}})
-        .projection(doc! {"_id": 1, NAME: 1})
-        .sort(doc! {NAME: -1})
-        .limit(k as i64)
-        .await?
-        .try_collect()
-        .await?;
-    Ok(docs
-        .iter()
-        .filter_map(|d| {
-            let id = d.get_object_id("_id").ok()?;
-            Some((id, d.get_str(NAME).unwrap_or_default().to_string()))
-        })
-        .collect())
 }
 
 #[cfg(test)]

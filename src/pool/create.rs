@@ -10,7 +10,6 @@
 //! client-given names is idempotent.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
-use futures::TryStreamExt;
 
 use crate::db::field::{
     CHECKPOINTED_AT, CONTEXT, CREATED_AT, DETAIL, EPOCH, ERROR, KIND, NAME, PAUSED, RESTARTS,
@@ -131,7 +130,7 @@ pub async fn create(store: &Store, req: &NewRobots, actor: &Actor) -> Result<Cre
     // A rerun after an interrupted create finishes it: robots that exist with the
     // same kind and spec are kept, the rest are created. Any other robot of one
     // of these names is a conflict.
-    let existing = existing_robots(store, &req.names).await?;
+    let existing = crate::db::robots::named(store, &req.names).await?;
     let mut conflicts = Vec::new();
     for d in existing.values() {
         if text(d, KIND).as_deref() != Some(req.kind.as_str())
@@ -173,7 +172,7 @@ pub async fn create(store: &Store, req: &NewRobots, actor: &Actor) -> Result<Cre
             }
         })
         .collect();
-    let error = insert_all(store, &docs).await.err();
+    let error = crate::db::robots::insert(store, &docs).await.err();
     let ids: Vec<ObjectId> = docs
         .iter()
         .filter_map(|d| d.get_object_id("_id").ok())
@@ -267,21 +266,8 @@ async fn settle(
     let landed: std::collections::HashSet<ObjectId> = if all_landed {
         ids.iter().copied().collect()
     } else {
-        patiently("counting the robots created", || async {
-            let mut found = std::collections::HashSet::new();
-            for chunk in ids.chunks(crate::db::store::CHUNK) {
-                let mut cursor = store
-                    .robots()
-                    .find(doc! {"_id": {"$in": chunk}})
-                    .projection(doc! {"_id": 1})
-                    .await?;
-                while let Some(d) = cursor.try_next().await? {
-                    if let Ok(id) = d.get_object_id("_id") {
-                        found.insert(id);
-                    }
-                }
-            }
-            Ok(found)
+        patiently("counting the robots created", || {
+            crate::db::robots::existing_ids(store, ids)
         })
         .await?
     };
@@ -309,37 +295,4 @@ async fn settle(
         .await?;
     }
     Ok(used.len())
-}
-
-/// The robots of these names that exist, by name.
-async fn existing_robots(
-    store: &Store,
-    names: &[String],
-) -> Result<std::collections::HashMap<String, Document>, mongodb::error::Error> {
-    let mut found = std::collections::HashMap::new();
-    for chunk in names.chunks(crate::db::store::CHUNK) {
-        let mut cursor = store
-            .robots()
-            .find(doc! {NAME: {"$in": chunk}})
-            .projection(doc! {NAME: 1, KIND: 1, SPEC: 1})
-            .await?;
-        while let Some(d) = cursor.try_next().await? {
-            if let Some(n) = text(&d, NAME) {
-                found.insert(n, d);
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// Inserts in order, [`CHUNK`](crate::db::store::CHUNK) at a time; stops at the first failure.
-async fn insert_all(store: &Store, docs: &[Document]) -> Result<(), mongodb::error::Error> {
-    for chunk in docs.chunks(crate::db::store::CHUNK) {
-        store
-            .robots()
-            .insert_many(chunk.to_vec())
-            .ordered(true)
-            .await?;
-    }
-    Ok(())
 }

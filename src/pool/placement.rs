@@ -19,22 +19,9 @@
 //! its own write, so one of them always sees the other: no robot is ever left bound
 //! to a slot that does not exist.
 
-use bson::{doc, Bson, Document};
-use futures::TryStreamExt;
-
-use crate::db::field::{DRAINING, EPOCH, RETIRING, REV, ROBOT_COUNT, SLOT_ID, STATUS, WORKER};
-use crate::db::robot_count::reservation;
-use crate::db::robot_doc::RobotStatus;
-use crate::db::store::{int, Store};
-
-/// A slot as placement sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SlotLoad {
-    pub id: String,
-    pub robots: i64,
-    /// The `robot_count` value as read, None when the field is missing.
-    seen: Option<i64>,
-}
+use crate::db::placement as stored;
+pub use crate::db::placement::{adjust, bump_revs, SlotLoad};
+use crate::db::store::Store;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlacementError {
@@ -55,27 +42,7 @@ pub struct Placement {
 
 /// Reads every non-draining slot's load.
 pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
-    let pipeline = vec![
-        doc! {"$match": {DRAINING: {"$ne": true}, RETIRING: {"$ne": true}, "_id": {"$type": "string"}}},
-        doc! {"$sort": {"_id": 1}},
-        doc! {"$project": {ROBOT_COUNT: 1}},
-    ];
-    let mut cursor = store.slots().aggregate(pipeline).await?;
-    let mut out = Vec::new();
-    while let Some(d) = cursor.try_next().await? {
-        let seen = int(&d, ROBOT_COUNT);
-        out.push(SlotLoad {
-            id: d.get_str("_id").unwrap_or_default().to_string(),
-            robots: seen.unwrap_or(0).max(0),
-            seen,
-        });
-    }
-    Ok(out)
-}
-
-/// The part of a slot filter that admits only slots robots may be placed on.
-fn open_for_robots() -> Document {
-    doc! {DRAINING: {"$ne": true}, RETIRING: {"$ne": true}}
+    Ok(stored::loads(store).await?)
 }
 
 /// Spreads `n` robots over `slots`, filling the emptiest first (ties by id).
@@ -106,17 +73,7 @@ pub async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementErro
         let mut reserved: Vec<(usize, usize)> = Vec::new();
         let mut lost_race = false;
         for (i, k) in take.iter().enumerate().filter(|(_, k)| **k > 0) {
-            let s = &pool[i];
-            let mut filter = match s.seen {
-                Some(c) => doc! {"_id": &s.id, ROBOT_COUNT: c},
-                None => doc! {"_id": &s.id, ROBOT_COUNT: {"$exists": false}},
-            };
-            filter.extend(open_for_robots());
-            let r = store
-                .slots()
-                .update_one(filter, reservation(*k as i64))
-                .await?;
-            if r.modified_count == 1 {
+            if stored::reserve_as_seen(store, &pool[i], *k as i64).await? {
                 reserved.push((i, *k));
             } else {
                 lost_race = true;
@@ -196,25 +153,12 @@ pub async fn move_robots(
     // Reserve room first, atomically with the check that `to` takes robots: a
     // drain or a retirement after this point sees the reservation.
     let k = ids.len() as i64;
-    let mut filter = doc! {"_id": to};
-    filter.extend(open_for_robots());
-    let reserved = store.slots().update_one(filter, reservation(k)).await?;
-    if reserved.matched_count == 0 {
-        let dest = store
-            .slots()
-            .find_one(doc! {"_id": to})
-            .projection(doc! {DRAINING: 1})
-            .await?;
-        return Err(match dest {
-            None => MoveError::NoSuchSlot(to.to_string()),
-            Some(_) => MoveError::Draining(to.to_string()),
-        });
+    match stored::reserve(store, to, k).await? {
+        Ok(()) => {}
+        Err(stored::Refused::NoSuchSlot) => return Err(MoveError::NoSuchSlot(to.to_string())),
+        Err(stored::Refused::Closed) => return Err(MoveError::Draining(to.to_string())),
     }
-    let r = store
-        .robots()
-        .update_many(doc! {"_id": {"$in": ids}, SLOT_ID: from}, rebind(to))
-        .await?;
-    let moved = r.modified_count as i64;
+    let moved = stored::rebind(store, ids, from, to).await? as i64;
     adjust(store, to, moved - k, moved > 0).await?;
     if moved > 0 {
         adjust(store, from, -moved, true).await?;
@@ -239,28 +183,12 @@ pub async fn rescue(
     for _round in 0..10 {
         slots.sort();
         slots.dedup();
-        let fine = slot_ids(
-            store,
-            doc! {"_id": {"$in": &slots}, RETIRING: {"$ne": true}},
-        )
-        .await?;
+        let fine = stored::standing(store, &slots).await?;
         let gone: Vec<&String> = slots.iter().filter(|s| !fine.contains(s)).collect();
         if gone.is_empty() {
             return Ok(rescued);
         }
-        let mut lost: Vec<(bson::oid::ObjectId, String)> = Vec::new();
-        for chunk in ids.chunks(crate::db::store::CHUNK) {
-            let mut cursor = store
-                .robots()
-                .find(doc! {"_id": {"$in": chunk}, SLOT_ID: {"$in": &gone}})
-                .projection(doc! {SLOT_ID: 1})
-                .await?;
-            while let Some(d) = cursor.try_next().await? {
-                if let (Ok(id), Ok(slot)) = (d.get_object_id("_id"), d.get_str(SLOT_ID)) {
-                    lost.push((id, slot.to_string()));
-                }
-            }
-        }
+        let lost = stored::bound_to(store, &ids, &gone).await?;
         if lost.is_empty() {
             return Ok(rescued);
         }
@@ -271,11 +199,7 @@ pub async fn rescue(
         };
         let mut moved = Vec::new();
         for ((id, old), new) in lost.iter().zip(&placement.slots) {
-            let r = store
-                .robots()
-                .update_one(doc! {"_id": id, SLOT_ID: old}, rebind(new))
-                .await?;
-            if r.modified_count == 1 {
+            if stored::rebind(store, &[*id], old, new).await? == 1 {
                 rescued += 1;
                 moved.push(*id);
                 adjust(store, old, -1, true).await?;
@@ -292,86 +216,20 @@ pub async fn rescue(
     Ok(rescued)
 }
 
-/// The update that binds robots to slot `to`: epoch back to 0 so `to`'s holder
-/// adopts them (raising their generation), no worker, and `pending` unless paused.
-fn rebind(to: &str) -> Vec<Document> {
-    vec![doc! {"$set": {
-        SLOT_ID: {"$literal": to}, EPOCH: 0_i64, WORKER: Bson::Null,
-        STATUS: {"$cond": [{"$eq": ["$paused", true]}, RobotStatus::Paused, RobotStatus::Pending]},
-    }}]
-}
-
-/// The ids of the slots matching `filter`.
-async fn slot_ids(store: &Store, filter: Document) -> Result<Vec<String>, mongodb::error::Error> {
-    Ok(store
-        .slots()
-        .find(filter)
-        .projection(doc! {"_id": 1})
-        .await?
-        .try_collect::<Vec<Document>>()
-        .await?
-        .iter()
-        .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
-        .collect())
-}
-
 /// Re-places every robot bound to a slot that does not exist or is retiring.
 pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
-    let existing = slot_ids(store, doc! {RETIRING: {"$ne": true}}).await?;
-    let stranded: Vec<Document> = store
-        .robots()
-        .find(doc! {SLOT_ID: {"$nin": &existing}})
-        .projection(doc! {"_id": 1, SLOT_ID: 1})
-        .await?
-        .try_collect()
-        .await?;
+    let existing = stored::all_standing(store).await?;
+    let stranded = stored::stranded(store, &existing).await?;
     if stranded.is_empty() {
         return Ok(0);
     }
-    let ids: Vec<bson::oid::ObjectId> = stranded
-        .iter()
-        .filter_map(|d| d.get_object_id("_id").ok())
-        .collect();
+    let ids: Vec<bson::oid::ObjectId> = stranded.iter().map(|(id, _)| *id).collect();
     let slots: Vec<String> = stranded
-        .iter()
-        .filter_map(|d| d.get_str(SLOT_ID).ok().map(str::to_string))
+        .into_iter()
+        .map(|(_, slot)| slot)
+        .filter(|slot| !slot.is_empty())
         .collect();
     rescue(store, &ids, &slots).await
-}
-
-/// Changes a slot's `robot_count` by `delta`, bumping `rev` when `bump`.
-pub async fn adjust(
-    store: &Store,
-    slot: &str,
-    delta: i64,
-    bump: bool,
-) -> Result<(), mongodb::error::Error> {
-    let mut inc = Document::new();
-    if delta != 0 {
-        inc.insert(ROBOT_COUNT, delta);
-    }
-    if bump {
-        inc.insert(REV, 1_i64);
-    }
-    if !inc.is_empty() {
-        store
-            .slots()
-            .update_one(doc! {"_id": slot}, doc! {"$inc": inc})
-            .await?;
-    }
-    Ok(())
-}
-
-/// Tells each slot's holder that its robots changed.
-pub async fn bump_revs(store: &Store, slots: &[String]) -> Result<(), mongodb::error::Error> {
-    let mut unique: Vec<&String> = slots.iter().collect();
-    unique.sort();
-    unique.dedup();
-    store
-        .slots()
-        .update_many(doc! {"_id": {"$in": unique}}, doc! {"$inc": {REV: 1_i64}})
-        .await?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ use crate::db::field::{BEAT_MS, HELD, TICK_MS};
 use std::collections::HashMap;
 
 use bson::{doc, Bson, Document};
-use futures::TryStreamExt;
 
 pub use crate::db::heartbeat::WorkerRole;
 use crate::db::robot_doc::{RobotDoc, RobotStatus};
@@ -94,19 +93,8 @@ pub fn judge_slot(slot: &SlotDoc, epoch_whole: bool, lease_age_ms: Option<i64>) 
 
 /// Reads every slot with its lease age and state judged on the server's clock.
 pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
-    let pipeline = vec![
-        doc! {"$sort": {"_id": 1}},
-        doc! {"$addFields": {
-            "_age_ms": {"$cond": [
-                {"$eq": [{"$type": "$time"}, "date"]},
-                {"$subtract": [{"$toLong": "$$NOW"}, {"$toLong": "$time"}]},
-                Bson::Null,
-            ]},
-        }},
-    ];
-    let mut cursor = store.slots().aggregate(pipeline).await?;
     let mut out = Vec::new();
-    while let Some(d) = cursor.try_next().await? {
+    for d in crate::db::listing::slots_aged(store).await? {
         let lease_age_ms = int(&d, "_age_ms");
         // An epoch the claim's compare-and-set can match: an int or a long.
         let epoch_whole = matches!(
@@ -125,16 +113,7 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
 
 /// Workers whose heartbeat still counts (see [`crate::db::heartbeat::is_alive`]).
 pub async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error::Error> {
-    let mut pipeline = crate::db::heartbeat::liveness();
-    pipeline.push(doc! {"$sort": {"_id": 1}});
-    let mut cursor = store.workers().aggregate(pipeline).await?;
-    let mut out = Vec::new();
-    while let Some(d) = cursor.try_next().await? {
-        if crate::db::heartbeat::is_alive(&d) {
-            out.push(d);
-        }
-    }
-    Ok(out)
+    crate::db::heartbeat::live_workers(store).await
 }
 
 /// A live worker's role: the one rule the CLI and the dashboard share.

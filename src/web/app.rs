@@ -8,12 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use bson::{doc, Document};
+use bson::Document;
 use tokio::sync::{watch, Semaphore};
 
 use super::auth::{self, Auth};
 use super::snapshot::{Demand, Snapshot};
-use crate::db::field::NAME;
 use crate::db::robot_doc::RobotDoc;
 use crate::db::store::Store;
 use crate::pool::actions::Actor;
@@ -138,21 +137,12 @@ impl App {
         if let Some(d) = fresh(&self.details.recent.lock().expect("details lock")) {
             return Ok(d);
         }
-        let found = self
-            .store
-            .robots()
-            .find_one(doc! {NAME: name})
+        let found = crate::db::listing::robot_with_output(&self.store, name)
             .await
-            .context("reading the robot")?;
+            .context("reading the robot and its output")?;
         let detail = match found {
             None => None,
-            Some(doc) => {
-                let output = self
-                    .store
-                    .outputs()
-                    .find_one(doc! {"_id": doc.get("_id")})
-                    .await
-                    .context("reading the robot's output")?;
+            Some((doc, output)) => {
                 // The page shows the spec and the context from the document
                 // itself: the decoded copy keeps neither.
                 let mut robot = RobotDoc::from_doc(&doc);

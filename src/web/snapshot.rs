@@ -23,14 +23,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bson::{doc, oid::ObjectId, Document};
-use futures::TryStreamExt;
 use serde::Serialize;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::timeline::{self, Moment};
 use crate::db::event::Event;
-use crate::db::field::{KIND, SLOT_ID};
+use crate::db::listing;
 use crate::db::robot_doc::{RobotDoc, RobotStatus};
 use crate::db::store::Store;
 use crate::pool::view::{self, int, text, RobotState, SlotRow, SlotState, SlotView, WorkerRole};
@@ -351,15 +350,14 @@ impl Snapshotter {
         .min(now_ms / 1000 - EVENTS_OVERLAP.as_secs() as i64);
         let mut bound = [0u8; 12];
         bound[..4].copy_from_slice(&(since_s.clamp(0, u32::MAX as i64) as u32).to_be_bytes());
-        let fresh: Vec<Document> = self
-            .store
-            .events()
-            .find(doc! {"_id": {"$gt": ObjectId::from_bytes(bound)}, KIND: {"$in": timeline::KINDS.to_vec()}})
-            .sort(doc! {"_id": 1})
-            .limit(MOMENTS_PER_READ)
-            .await?
-            .try_collect()
-            .await?;
+        let fresh = listing::events_after(
+            &self.store,
+            ObjectId::from_bytes(bound),
+            Some(&timeline::KINDS),
+            false,
+            MOMENTS_PER_READ,
+        )
+        .await?;
         let known: std::collections::HashSet<ObjectId> = kept.iter().map(|(id, _)| *id).collect();
         for e in fresh.iter().map(Event::from_doc) {
             let (Some(id), Some(m)) = (e.id, moment(&e)) else {
@@ -394,15 +392,14 @@ impl Snapshotter {
         );
         let mut bound = [0u8; 12];
         bound[..4].copy_from_slice(&(since_s.clamp(0, u32::MAX as i64) as u32).to_be_bytes());
-        let fresh: Vec<Document> = self
-            .store
-            .events()
-            .find(doc! {"_id": {"$gt": ObjectId::from_bytes(bound)}})
-            .sort(doc! {"_id": -1})
-            .limit(EVENTS_KEPT * 4)
-            .await?
-            .try_collect()
-            .await?;
+        let fresh = listing::events_after(
+            &self.store,
+            ObjectId::from_bytes(bound),
+            None,
+            true,
+            EVENTS_KEPT * 4,
+        )
+        .await?;
         for e in fresh.iter().map(Event::from_doc) {
             let Some(id) = e.id else {
                 continue;
@@ -479,32 +476,15 @@ impl Snapshotter {
     /// no slot. The table is replaced only when the pass is complete.
     async fn read_robots(&self) -> anyhow::Result<()> {
         let at_ms = self.store.server_now().await?.timestamp_millis();
-        let slot_ids: Vec<String> = self
-            .store
-            .slots()
-            .find(doc! {})
-            .projection(doc! {"_id": 1})
-            .await?
-            .try_collect::<Vec<Document>>()
-            .await?
-            .iter()
-            .filter_map(|d| text(d, "_id"))
-            .collect();
+        let slot_ids = crate::db::schema::slot_ids(&self.store).await?;
         let mut rows = Vec::new();
         for id in &slot_ids {
             let t = Instant::now();
-            let docs: Vec<Document> = self
-                .store
-                .robots()
-                .find(doc! {SLOT_ID: id})
-                .projection(crate::db::robot_doc::list_row_projection())
-                .await?
-                .try_collect()
-                .await?;
+            let docs = listing::rows_on(&self.store, id).await?;
             rows.extend(docs.iter().map(robot_row));
             tokio::time::sleep((t.elapsed() * 4).max(Duration::from_millis(5))).await;
         }
-        let total = self.store.robots().estimated_document_count().await? as i64;
+        let total = listing::robots_about(&self.store).await? as i64;
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         let mut table = self.table.lock().expect("table lock");
         table.unplaced = (total - rows.len() as i64).max(0);

@@ -40,9 +40,9 @@ use runner::Runner;
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
 use crate::db::adoption::{adopt_rest_at_once, next_adopt_chunk, ADOPT_CHUNK_MIN};
-use crate::db::context::{long_or_zero, ContextError, ContextStore, Loaded, BATCH};
+use crate::db::context::{ContextError, ContextStore, Loaded};
 use crate::db::event::EventKind;
-use crate::db::field::{DETAIL, EPOCH, HISTORY, PAUSED, SLOT_ID, WORKER, WRITES};
+use crate::db::field::{DETAIL, EPOCH, SLOT_ID, WORKER, WRITES};
 use crate::db::robot_doc::{PendingUpdate, RobotDoc, UpdateField};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
@@ -787,34 +787,15 @@ impl Supervisor {
         }
         self.last_probe = self.clock.now();
         let mine = self.ctx.epoch();
-        let pipeline = vec![
-            doc! {"$match": {SLOT_ID: self.ctx.slot_id(), "_id": {"$type": "objectId"}}},
-            doc! {"$group": {
-                "_id": Bson::Null,
-                "total": {"$sum": 1_i64},
-                PAUSED: {"$sum": {"$cond": [{"$eq": ["$paused", true]}, 1_i64, 0_i64]}},
-                "updates": {"$sum": {"$cond": [{"$eq": [{"$type": "$update"}, "object"]}, 1_i64, 0_i64]}},
-                "unadopted": {"$sum": {"$cond": [
-                    {"$and": [{"$ne": ["$paused", true]}, {"$ne": ["$epoch", mine]}]},
-                    1_i64, 0_i64,
-                ]}},
-            }},
-        ];
-        let read = async {
-            let mut cursor = self.store.robots().aggregate(pipeline).await?;
-            cursor.try_next().await
-        };
+        let read = crate::db::adoption::tally(&self.store, self.ctx.slot_id(), mine);
         let began = Instant::now();
-        let found = answered(self.ctx.answered("the slot's probe", read).await)?;
+        let t = answered(self.ctx.answered("the slot's probe", read).await)?;
         self.probe_gap = probe_gap(began.elapsed());
-        let found = match found {
-            Some(d) => Fingerprint {
-                total: long_or_zero(&d, "total"),
-                unadopted: long_or_zero(&d, "unadopted"),
-                paused: long_or_zero(&d, PAUSED),
-                updates: long_or_zero(&d, "updates"),
-            },
-            None => Fingerprint::default(),
+        let found = Fingerprint {
+            total: t.total,
+            unadopted: t.unadopted,
+            paused: t.paused,
+            updates: t.updates,
         };
         if found != expected {
             tracing::info!(slot = %self.ctx.slot_id(), ?expected, ?found, "the slot's robots changed without a rev bump (an interrupted move?); reading them again");
@@ -928,18 +909,10 @@ impl Supervisor {
         self.store.record_event(EventKind::Adopt, event).await;
     }
 
-    /// Every robot bound to the slot, of any epoch, in one query (batches of
-    /// [`BATCH`]). Without the checkpoint history and a scheduled robot's run
-    /// records: nothing here reads them, and up to a thousand records a robot would
-    /// be shipped in a command that holds this holder's renewal behind it.
+    /// Every robot bound to the slot, of any epoch (see
+    /// [`crate::db::adoption::slot_robots`]).
     async fn list(&mut self) -> Result<Vec<Listed>, mongodb::error::Error> {
-        let mut cursor = self
-            .store
-            .robots()
-            .find(doc! {SLOT_ID: self.ctx.slot_id()})
-            .projection(doc! {HISTORY: 0, crate::db::firing::RUNS: 0})
-            .batch_size(BATCH)
-            .await?;
+        let mut cursor = crate::db::adoption::slot_robots(&self.store, self.ctx.slot_id()).await?;
         let mut out = Vec::new();
         self.listed_total = 0;
         while let Some(d) = cursor.try_next().await? {

@@ -339,28 +339,8 @@ impl Scheduled {
         if others.is_empty() {
             return f;
         }
-        let ids: Vec<&String> = others.iter().collect();
-        let found = async {
-            use futures::TryStreamExt;
-            let mut c = self
-                .r
-                .store
-                .slots()
-                .find(doc! {"_id": {"$in": &ids}})
-                .projection(doc! {crate::db::field::EPOCH: 1})
-                .await?;
-            let mut out = HashMap::new();
-            while let Some(d) = c.try_next().await? {
-                if let (Ok(id), Some(e)) = (
-                    d.get_str("_id"),
-                    crate::db::store::int(&d, crate::db::field::EPOCH),
-                ) {
-                    out.insert(id.to_string(), e);
-                }
-            }
-            Ok::<_, mongodb::error::Error>(out)
-        }
-        .await;
+        let ids: Vec<String> = others.iter().cloned().collect();
+        let found = crate::db::lease::epochs(&self.r.store, &ids).await;
         match found {
             Ok(epochs) => {
                 let lease = self.shared.lease;
