@@ -1,20 +1,11 @@
 //! Monotonic time, injectable.
 //!
-//! The lease protocol never trusts a wall clock: expiry is judged on the database
-//! server, and the holder's self-fence deadline is measured on a *monotonic* clock.
-//! Every decision about time in the worker (when to renew, survey, heartbeat, hand
-//! back, restart a robot, and whether a deadline has passed) reads the one clock it
-//! was given and waits on it. Tests swap in a [`ManualClock`] to step past a deadline
-//! exactly, without sleeping.
-//!
-//! What stays on real time: bounds on an answer from another party (a database
-//! reply, a robot process's exit within its stop grace). The database and the robots'
-//! processes do not follow a test's clock, so a bound on them that did would wait
-//! forever under a clock that stands still.
-//!
-//! The database server's clock, which judges every lease and sets every firing, is
-//! known here only by readings of it: a [`ServerClock`] is one reading carried
-//! forward on the monotonic clock, and a [`ServerTime`] the latest reading a held
+//! The lease protocol never trusts a wall clock. Every time decision in the worker
+//! reads the one clock it was given, so tests can swap in a [`ManualClock`] and step
+//! past a deadline without sleeping. Bounds on another party's answer (a database
+//! reply, a robot's exit) stay on real time, since those parties do not follow a
+//! test's clock. The server's clock is known only by readings: a [`ServerClock`] is
+//! one carried forward on the monotonic clock, and a [`ServerTime`] the latest a held
 //! slot shares with its scheduled robots.
 
 use std::future::Future;

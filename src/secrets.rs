@@ -1,22 +1,12 @@
 //! Keeping the database's credentials out of everything slotpool prints.
 //!
-//! A MongoDB URI carries secrets in two places: the userinfo (`user:password@`) and
-//! options such as `authMechanismProperties=AWS_SESSION_TOKEN:…` or
-//! `tlsCertificateKeyFilePassword=…`. A URI that does not even parse (a password
-//! with an unencoded `/`) still carries them, and the driver's errors can echo any
-//! part of it. So redaction works on text, not on a parsed URI, and errs on the side
-//! of hiding too much:
-//!
-//! - [`redact_uri`] hides the whole userinfo (everything between `://` and the
-//!   *last* `@`) and the value of every credential-bearing option;
-//! - [`remember`] records the secret parts of the URI this process connects with
-//!   (raw and percent-decoded), and [`scrub`] replaces them, and any
-//!   `mongodb://` URI, in arbitrary text. Every sink (log records, CLI output and
-//!   errors, robot status, `/status`) goes through [`scrub`], via
-//!   [`crate::printable::escape`].
-//!
-//! Fragments shorter than [`MIN_FRAGMENT`] characters are not remembered (hiding
-//! every `a` would garble everything); URIs inside text are still redacted whole.
+//! A MongoDB URI carries secrets in its userinfo and in options such as
+//! `authMechanismProperties`, and even a URI that does not parse can be echoed in a
+//! driver error. So redaction works on text and errs on hiding too much: [`redact_uri`]
+//! hides the userinfo and credential options; [`remember`] records this process's
+//! secret fragments (at least [`MIN_FRAGMENT`] long), and [`scrub`] removes them and
+//! any `mongodb://` URI from text. Every sink goes through [`scrub`], via
+//! [`crate::printable::escape`].
 
 use std::borrow::Cow;
 use std::sync::RwLock;
@@ -166,17 +156,11 @@ fn redact_uris_in(text: &str) -> String {
 }
 
 /// Keeps the connection string away from other processes of the same user, the
-/// worker's robots first of all:
-///
-/// - the process becomes non-dumpable, so its `/proc/PID/environ`, `/proc/PID/mem`
-///   and `/proc/PID/fd` are closed to every process without `CAP_SYS_PTRACE` (robots
-///   never have it, see [`crate::robot::shim`]);
-/// - `/proc/PID/cmdline` stays world-readable, so every copy of `uri` in the
-///   process's original argument and environment blocks (`--mongodb-uri URI`,
-///   `MONGODB_URI=URI`) is overwritten in place with `*`.
-///
-/// The URI stays in this process's heap, where nothing but a debugger reaches it.
-/// Returns how many copies were overwritten.
+/// worker's robots first of all: the process becomes non-dumpable (closing its
+/// `/proc/PID/environ`, `mem` and `fd` to anyone without `CAP_SYS_PTRACE`, which
+/// robots never have), and every copy of `uri` in the world-readable original
+/// argument and environment blocks is overwritten in place with `*`. The URI stays
+/// only in this process's heap. Returns how many copies were overwritten.
 pub fn hide_from_other_processes(uri: &str) -> usize {
     // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
     unsafe {

@@ -1,19 +1,12 @@
 //! Serving HTTP with bounded cost, for the worker's port and the dashboard alike:
 //! axum routes on hyper connections that this module admits and closes.
 //!
-//! A port is open to whoever can reach it, so serving it must not cost what the
-//! robots need. What hyper does not bound, this module does:
-//! - at most [`MAX_CONNECTIONS`] connections are open at once (about 1,500 idle ones
-//!   would otherwise take every descriptor at the common limit of 1,024, and robots
-//!   could not start). When all are taken, a new connection evicts the one idle
-//!   longest: only a request in flight protects a connection, so neither silent
-//!   connections nor kept-alive ones between their requests can lock out a health
-//!   probe; when every connection is answering a request, the newcomer is closed
-//!   at once ([`Connections`]);
-//! - a request head must arrive within [`HEAD_TIMEOUT`] and fit in [`MAX_REQUEST`]
-//!   bytes (hyper answers `431` past it);
-//! - a connection is closed after the caller's connection timeout in any case, kept
-//!   alive or not.
+//! Whoever can reach a port must not take what the robots need (descriptors, above
+//! all). So at most [`MAX_CONNECTIONS`] are open; a newcomer evicts the longest-idle
+//! one, and only a request in flight protects a connection, so idle ones cannot lock
+//! out a health probe ([`Connections`]). A request head must arrive within
+//! [`HEAD_TIMEOUT`] and fit in [`MAX_REQUEST`] bytes, and every connection is closed
+//! after the connection timeout.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

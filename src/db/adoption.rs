@@ -17,9 +17,9 @@ use crate::db::field::{EPOCH, ERROR, GEN, PAUSED, SLOT_ID, STATUS, STATUS_AT, WO
 use crate::db::group_commit::{Statement, Update, Written};
 use crate::db::robot_doc::RobotStatus;
 
-/// Robots per adoption write. Measured on the dev server with 10,000 robots in the
-/// collection: 100 ids take about 150 ms, 500 take 1.3 s (the cost grows faster than
-/// the count), so small chunks are both gentler and faster overall.
+/// Robots per adoption write: a write's cost grows faster than its count, so small
+/// chunks are both gentler on renewals and faster overall (see
+/// docs/bench/2026-11-22-restoring-10000-robots.md).
 pub const ADOPT_CHUNK: usize = 100;
 
 /// The fewest robots per adoption write, however slow the server: below this the
@@ -28,28 +28,19 @@ pub const ADOPT_CHUNK_MIN: usize = 10;
 
 /// Robots in the next adoption write, from how long the last one took: as many as
 /// fit in `budget` at the measured cost per robot, from [`ADOPT_CHUNK_MIN`] to
-/// [`ADOPT_CHUNK`]. On a server that answers one command at a time a renewal sent
-/// meanwhile waits behind the whole chunk: the budget (half the fence margin) keeps
-/// that wait well inside the margin, at any tick. (The dev server's robot writes
-/// wait only for each other; see [`crate::db::pacing::WritePacer::command_budget`].)
-/// For a holder alone, at the default tick every chunk is [`ADOPT_CHUNK`]; at 100 ms
-/// (a 45 ms margin) about twenty robots. Measured from a chunk's round trip, the size
-/// also shrinks when chunks wait for each other: holders restoring together used
-/// 10–29 robots a chunk at the default tick.
+/// [`ADOPT_CHUNK`]. A renewal sent meanwhile may wait behind the whole chunk, so the
+/// budget (half the fence margin) keeps that wait inside the margin at any tick
+/// (see docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
 pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
     crate::db::pacing::statements_within(budget, took, robots, ADOPT_CHUNK_MIN, ADOPT_CHUNK)
 }
 
 /// Whether the robots left to adopt can go as one statement over the slot
 /// ([`ContextStore::adopt_slot`]) rather than in more chunks: when the last chunk's
-/// cost per robot (`took` for `done`) puts `slot` robots within `budget`. `slot` is
-/// every robot bound to the slot, not just those left: the statement examines each
-/// of them, and on the dev server examining 1,000 robots that keep a 30-record
-/// history costs about 35 ms whatever it then writes (measured: 38 ms for the last
-/// 10 robots of such a slot, where `$in` by `_id` took 7 ms; 450 ms for all 1,000,
-/// where `$in` took 1.5 s). Examining a robot costs no more than writing it, so the
-/// slot's count at the written cost bounds the statement. Nothing measured yet
-/// means no.
+/// cost per robot (`took` for `done`) puts `slot` robots within `budget`. `slot`
+/// counts every robot bound to the slot, since the statement examines each of them
+/// and examining costs no more than writing. Nothing measured yet means no
+/// (see docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
 pub fn adopt_rest_at_once(took: Duration, done: usize, slot: usize, budget: Duration) -> bool {
     done > 0
         && !took.is_zero()
@@ -74,24 +65,14 @@ pub struct AdoptRefused {
 // === impl ContextStore: adoption ===
 
 impl ContextStore {
-    /// Adopts these robots (read from this slot) for a new running instance each: the
-    /// robot's epoch becomes ours, its generation goes up by one, and it is marked
-    /// running here, all in one write. From then on every earlier instance, on this
-    /// holder or any other, is fenced. Returns each adopted robot with its new
-    /// generation; a robot moved, deleted or adopted by a newer holder of this slot
-    /// since it was read is left out.
-    ///
-    /// Each robot comes with the generation this adoption gives it if it is still
-    /// as it was read ([`crate::db::robot_doc::gen_after_adoption`] of that read). When the write matched
-    /// every robot, those are the generations returned, without reading them back:
-    /// that read was a seventh of a takeover's adoption time. A robot adopted
-    /// elsewhere between the read and this write (moved away and back) then has a
-    /// higher generation than the one returned, so the instance started under it is
-    /// fenced at its first write and the next sync starts it again: a wrong guess
-    /// fails closed. A short count reads every generation back.
-    ///
-    /// Callers pass at most [`ADOPT_CHUNK`] robots: one write over thousands of
-    /// documents holds some servers long enough to starve this holder's renewals.
+    /// Adopts these robots (read from this slot) for a new running instance each, in
+    /// one write: the robot's epoch becomes ours and its generation goes up by one, so
+    /// every earlier instance, here or elsewhere, is fenced. Returns each adopted
+    /// robot with its new generation; one moved, deleted or adopted by a newer holder
+    /// since it was read is left out. The generations are computed, not read back,
+    /// when the write matched every robot: a wrong guess fails closed (fenced at its
+    /// first write, restarted by the next sync). Callers pass at most [`ADOPT_CHUNK`]
+    /// robots, so one write cannot starve this holder's renewals.
     pub async fn adopt(&self, robots: &[(ObjectId, i64)]) -> Result<Adopted, ContextError> {
         let ids: Vec<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
         let ids = &ids[..];
@@ -167,24 +148,15 @@ impl ContextStore {
         Ok(Adopted { ours, refused })
     }
 
-    /// Adopts, in one statement over the slot, every robot bound to it that is not
-    /// paused and whose epoch is older than this holder's (or hand-broken): the same
-    /// write as [`ContextStore::adopt`], filtered by `slot_id` instead of by `_id`.
-    /// `robots` must be all of those the caller listed, each with the generation
-    /// this gives it; the caller checks that no other listed robot matches (one still
-    /// stopping under an older epoch would be fenced before its last checkpoint).
-    ///
-    /// This is the O(1) adoption: on the dev server one statement over 1,000 robots
-    /// costs about a fifth less server time than the chunks together (390 ms against
-    /// 480–520 ms, `scripts/restore-write-cost.py`), but holds the collection as long,
-    /// so the caller sends it only when its measured cost fits the budget that holds a chunk (see
-    /// [`adopt_rest_at_once`]). A robot created or moved in since the listing is
-    /// adopted too, with no instance: the change bumped the slot's `rev`, so the next
-    /// sync starts it, adopting it again; if it was moved in, adopting it is what
-    /// fences the instance its old slot's holder may still run. A hand-edited
-    /// document failing the validator stops the statement part-way; the robots it
-    /// did not reach are adopted by `_id` ([`ContextStore::adopt`]), which skips the
-    /// refused one alone.
+    /// Adopts, in one statement over the slot, every unpaused robot bound to it whose
+    /// epoch is older than this holder's (or hand-broken): [`ContextStore::adopt`]'s
+    /// write, filtered by `slot_id`. `robots` must be all those the caller listed, with
+    /// the generation this gives each; the caller checks no other listed robot matches
+    /// (one still stopping under an older epoch would be fenced before its last
+    /// checkpoint). Sent only when its cost fits ([`adopt_rest_at_once`]). A robot moved
+    /// in since the listing is adopted with no instance, which fences its old holder's
+    /// copy, and the next sync starts it. A validator refusal stops the statement
+    /// part-way; the rest are then adopted by `_id`.
     pub async fn adopt_slot(&self, robots: &[(ObjectId, i64)]) -> Result<Adopted, ContextError> {
         if !self.guard.is_open() {
             return Err(self.lapsed("(adoption)"));

@@ -1,29 +1,12 @@
 //! Fenced context reads and checkpoints.
 //!
-//! Every write proves three things: the robot is still bound to this slot, this
-//! holder's epoch is the robot's epoch, and the writing instance is the robot's
-//! current *generation*. Zero matched means *fenced*: a newer holder adopted the
-//! robot, it was moved, re-adopted or deleted. The caller must stop that instance and
-//! never write again.
-//!
-//! Why a generation as well as the epoch: epochs belong to slots, and epochs of
-//! different slots are not comparable. A robot moved X → Y → X inside one tick is
-//! adopted again by X's holder under X's *same* epoch, while X's first instance of it
-//! may still be running. Every adoption raises the robot's `gen`, and each running
-//! instance writes only under the `gen` its own adoption produced, so whatever
-//! sequence of moves and takeovers happened, only the newest instance can write.
-//!
-//! An instance may start before its adoption write lands (the first sync after a
-//! claim, see [`ContextStore::start_early`]): until then it writes under the robot's
-//! state as listed, `(gen g0, epoch e0)`, as well as the state its adoption gives,
-//! `(g0 + 1, this epoch)`. That opens no gap that adopting first closes. The instances
-//! that held `(g0, e0)` stopped before the lease could be claimed (the self-fence);
-//! what may still come from them is a write the network held, and that write could
-//! land before the adoption write either way. Every checkpoint is a compare-and-set
-//! on `seq`, so of such a write and the new instance's first checkpoint only one
-//! lands: the other matches nothing, and a new instance that loses is stopped as
-//! fenced, exactly as an instance started after its adoption from the same listed
-//! context would be.
+//! Every write is filtered on the robot's slot, the holder's epoch and the instance's
+//! generation (raised by every adoption, since epochs of different slots are not
+//! comparable), so only the newest instance can write. Zero matched means *fenced*:
+//! the caller must stop that instance and never write again. An instance started
+//! before its adoption lands ([`ContextStore::start_early`]) opens no gap, because
+//! every checkpoint is also a compare-and-set on `seq`. See docs/internals.md,
+//! "Fencing: epoch and generation".
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 use mongodb::Collection;
@@ -235,14 +218,10 @@ impl ContextStore {
 
     /// Awaits one command of an adoption (or a read of the slot's robots) while the
     /// lease holds, for at most [`IN_DOUBT_AFTER`]; the command's own result inside.
-    /// The driver has no socket timeout, and an adoption waiting for an answer that
-    /// never comes would hold the slot's sync, and with it every move, pause and
-    /// delete of its robots, for good.
-    /// The dev server once left a chunk of a takeover's adoption unanswered while it
-    /// answered the holder's renewals and most of its checkpoints. Given up on, the
-    /// adoption counts as cut off part-way: the robots it did not reach start again
-    /// the usual way at the next sync, and a write that lands after all only raised a
-    /// generation that the next adoption raises again.
+    /// Without a bound, an unanswered adoption would hold the slot's sync (and every
+    /// move, pause and delete of its robots) for good. Given up on, the adoption is cut
+    /// off part-way: the robots it missed start at the next sync, and a late write only
+    /// raised a generation that the next adoption raises again.
     pub(crate) async fn answered<T>(
         &self,
         what: &str,

@@ -1,6 +1,4 @@
-//! A scheduled robot's firings as stored in its document: the last firing settled,
-//! the runs in flight, the runs a stop cut off, run-now requests, and the record of
-//! its last runs.
+//! A scheduled robot's firings as stored in its document:
 //!
 //! ```text
 //! firings: {rev, since, claimed, missed, next, paused_at,
@@ -11,18 +9,8 @@
 //!         epoch, by, count, last}]        (the last `keep_runs`)
 //! ```
 //!
-//! Firings are milliseconds since the epoch on the server's clock. `claimed` is the
-//! last scheduled firing *settled*: claimed to run, skipped or missed. Nothing at or
-//! before `max(claimed, since)` is owed.
-//!
-//! **Who writes.** The robot's current instance rewrites `firings` whole, in one
-//! statement fenced like a checkpoint (slot, epoch, generation) and conditioned on
-//! `firings.rev`, which every write raises: a compare-and-set, so two writers can
-//! never both act on the same state. That one write is how a firing is claimed: its
-//! run is in `running` before anything starts, and the write also requires `claimed`
-//! to be before the firing. Whoever else writes here raises `rev` too: `robot trigger`
-//! (appends to `triggers`), `robot pause` (sets `paused_at`), and an instance that a
-//! move or an update replaced, which records its own run's end by the run's id.
+//! Every writer raises `firings.rev` in a compare-and-set, so two writers never act
+//! on the same state. See docs/internals.md, "Who writes a scheduled robot's firings".
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 
@@ -399,12 +387,9 @@ impl FiringWrite<'_> {
     /// ([`LastStep::operators_suffice`]), which also appends `history_record` (the
     /// checkpoint's record, with the server's time) to `history`.
     ///
-    /// Operators when they can: nothing here is computed from the document or the
-    /// server's clock, operators take every value as it is (a `$` in a trigger's
-    /// `by` is text), and the dev server applies them about three times faster (see
-    /// [`Update`]). `runs` is an array by the validator; one that is not (written
-    /// around it) makes the server refuse the write, and the instance replaces it
-    /// with an empty one ([`crate::db::context::ContextStore::heal_runs`]).
+    /// Operators are preferred: they take every value literally and are cheaper for the
+    /// server (see [`Update`]). A `runs` that is not an array makes the server refuse
+    /// the write ([`crate::db::context::ContextStore::heal_runs`] then replaces it).
     pub fn statement(&self, fence: Document, history_record: Document) -> (Document, Update) {
         match self.last_step {
             Some(step) if !step.operators_suffice() => {

@@ -1,29 +1,12 @@
 //! Group commit: a holder's concurrent robot writes go to the database together, as
 //! one multi-statement `update` command, each statement with its own fence filter.
 //!
-//! Why: a checkpoint is one small update, and its cost is the round trip. When a
-//! standby takes over a slot of thousands of robots, each of them writes its first
-//! checkpoint at once; one round trip per robot made the restore rate the inverse of
-//! the database's latency. Now the writes that arrive while one batch is being
-//! gathered (at most [`WINDOW`]), while the previous batch is in flight, or while the
-//! pacer holds them back go out in one command of up to [`MAX_STATEMENTS`]
-//! statements.
-//!
-//! What stays as before:
-//! - Each statement is an ordinary single-document update whose filter is the
-//!   robot's fence (`_id`, `slot_id`, `epoch`, `gen`), so a fenced write changes
-//!   nothing, exactly as it did alone. `ordered: false`: one refused statement (a
-//!   hand-edited document failing the validator) does not hold back the others.
-//! - The server reports only how many statements matched in all. Each statement also
-//!   stamps a token of its own (`write_id`); when the count is short, the documents
-//!   are read back by `_id`, and each write whose token is not there is reported
-//!   fenced, and its robot is stopped as before. (Reading the fence back instead would
-//!   be wrong: a robot moved X → Y → X between the write and the read-back holds its
-//!   fence again without this write having landed.)
-//! - The [`WritePacer`] still paces robot writes by the lease's renewal latency: a
-//!   batch takes one permit, and writes queue (and batch up) while none is free.
-//! - The lease's write guard is checked when a batch is sent, not only when a write
-//!   was queued, so a paused process still never writes after its deadline.
+//! A restore of thousands of robots would otherwise pay one round trip per checkpoint.
+//! Writes gather for at most [`WINDOW`] (or while a batch is in flight or the
+//! [`WritePacer`] holds them) into up to [`MAX_STATEMENTS`] statements. Each stays
+//! fenced on its own, a per-statement token (`write_id`) tells which landed, and the
+//! lease's write guard is checked when a batch is sent. See docs/internals.md,
+//! "Group commit".
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,10 +28,9 @@ use crate::metrics::Metrics;
 /// checkpoint may be delayed.
 pub const WINDOW: Duration = Duration::from_millis(2);
 
-/// Statements per command at most. Measured on the dev server with 10,000 robots in
-/// the collection: 100 point updates by `_id` take about the time of 10 single ones.
-/// Fewer go when the last command showed that 100 would keep the server busy past
-/// the pacer's [`WritePacer::command_budget`] (see [`next_batch_limit`]).
+/// Statements per command at most: 100 point updates cost about as much as 10 single
+/// ones (see docs/bench/2026-11-23-scale.md). Fewer go when 100 would keep the server
+/// busy past the pacer's [`WritePacer::command_budget`] ([`next_batch_limit`]).
 pub const MAX_STATEMENTS: usize = 100;
 
 /// Statements per command at least, however slow the last one was: below this the
@@ -57,10 +39,9 @@ pub const MIN_STATEMENTS: usize = 10;
 
 /// Statements in the next command, from how long the last one took: as many as fit
 /// in `budget` at the measured cost per statement, from [`MIN_STATEMENTS`] to
-/// [`MAX_STATEMENTS`]. A checkpoint that appends to a 30-record `history` costs the
-/// dev server 1.3 ms where a plain one costs 0.7 ms, so 100 of them (128 ms) would
-/// hold a renewal back for longer than the whole fence margin at `--tick 250ms`
-/// (112 ms); sized to half of it, about 43 go together.
+/// [`MAX_STATEMENTS`], so a renewal queued behind a command never waits past the
+/// fence margin at short ticks (see
+/// docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
 pub fn next_batch_limit(took: Duration, statements: usize, budget: Duration) -> usize {
     crate::db::pacing::statements_within(budget, took, statements, MIN_STATEMENTS, MAX_STATEMENTS)
 }
@@ -70,9 +51,8 @@ pub const MEASURE_HOLDS: Duration = Duration::from_secs(1);
 
 /// The limit of the next command: `limit` while it was measured within
 /// [`MEASURE_HOLDS`], else [`MIN_STATEMENTS`] (a slow start). After a quiet spell,
-/// or a command that went unanswered, nothing says what the server can take now:
-/// at a minute's edge, ten holders each sending 100 firings' writes at once queued a
-/// second and more of work ahead of every renewal.
+/// or a command that went unanswered, nothing says what the server can take now,
+/// and many holders sending full commands at once would queue ahead of renewals.
 pub fn limit_after(limit: usize, since_measured: Option<Duration>) -> usize {
     match since_measured {
         Some(d) if d <= MEASURE_HOLDS => limit,
@@ -86,21 +66,9 @@ pub const MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// How long a batch may go unanswered while the lease stays renewed before its writes
 /// count as in doubt (each robot then reloads its context and goes on). The driver
-/// has no socket timeout, so something must end a command stuck on a dead
-/// connection; a slow server is not that. This bound was the lease deadline as read
-/// when the batch was sent, at most `L - margin` away, and a 50-worker pool on the
-/// dev server went past it: when five holders died at once, their successors'
-/// first batches of 100 took longer than that, every robot of the batch restarted
-/// with backoff, the restarts loaded the server further, and the five slots' robots
-/// took 34–87 s to all run again (`scripts/bench.sh --only cpool`). It was then 10 s,
-/// and 20 holders restoring 1,000 robots each at once on the dev server went past
-/// that too (`scripts/restore-collapse.sh`): batches of 10 checkpoints waited longer
-/// for their turn, 480 robots restarted within a minute (each reloading its context
-/// and writing its checkpoint again), and 1,440 checkpoints landed in that minute;
-/// at 30 s, no robot restarted and 3,614 landed. A command stuck on a dead
-/// connection while the lease is renewed (which needs a connection of its own pool
-/// to fail alone) holds its robots for that long; an overloaded server is the
-/// commoner case.
+/// has no socket timeout, so something must end a command stuck on a dead connection,
+/// but a bound too short restarts robots whenever an overloaded server is merely slow
+/// (see docs/bench/2026-11-24-a-pool-of-50-containers.md).
 pub const IN_DOUBT_AFTER: Duration = Duration::from_secs(30);
 
 /// One fenced single-document update.
@@ -114,11 +82,8 @@ pub struct Statement {
 
 /// What a statement changes: update operators, or an update pipeline where the
 /// change is computed from the document's own fields or the server's clock
-/// (`$$NOW`). Operators cost the server less: on the dev server a scheduled robot's
-/// run end with its record appended (`scripts/bench.sh --statements`, 10 statements a
-/// command over 1,000 robots) took 2.5–2.8 ms a statement as operators and
-/// 7.9–9.6 ms as a pipeline (`$concatArrays` and `$slice`) with 50 runs kept, and
-/// 1.5–1.8 against 2.5–2.8 ms with 5.
+/// (`$$NOW`). Operators cost the server several times less than a pipeline
+/// (see docs/bench/2026-11-25-scheduled-robots.md).
 #[derive(Debug, Clone)]
 pub enum Update {
     Operators(Document),
@@ -183,15 +148,10 @@ pub enum Written {
 /// Sends `statements` as one unordered multi-statement `update` on `robots`, and
 /// says which applied. Used by the batcher and by adoption alike.
 ///
-/// A server that fails the whole command for one bad statement (the dev server does,
-/// e.g. for `$concatArrays` on a hand-edited `history`, where MongoDB reports that
-/// statement alone) may already have applied the statements before it. So the
-/// documents are read back by `_id` first: a statement whose token landed is
-/// reported applied and never sent again, and only the others go again, one by one
-/// with their own tokens, so one broken robot holds back no other. (Each checkpoint
-/// is also conditioned on the `seq` it follows, so even a resend of one that landed
-/// would match nothing; the read-back keeps it from being reported fenced.)
-/// Network errors are the caller's.
+/// A server may fail the whole command for one bad statement after applying those
+/// before it, so the documents are read back by `_id` first: a statement whose token
+/// landed is never sent again, and only the others are resent one by one. See
+/// docs/internals.md, "Group commit". Network errors are the caller's.
 pub async fn send(
     robots: &Collection<Document>,
     statements: &[Statement],
@@ -462,9 +422,9 @@ async fn batcher(
         let batch = batch.writes;
         metrics.write_batches.inc();
         metrics.batched_writes.inc_by(batch.len() as u64);
-        // One batch in flight: what queues meanwhile is the next batch. Measured on
-        // the dev server, eight batches of 100 in flight at once took 0.5–2.5 s each
-        // (about 570 writes/s in all); one at a time, 40 ms each (2,500 writes/s).
+        // One batch in flight: what queues meanwhile is the next batch. Batches in
+        // flight together were several times slower in all than one at a time (see
+        // docs/bench/2026-11-23-scale.md).
         let statements = batch.len();
         match commit(batch, &robots, &guard, permit).await {
             Some(took) => {
@@ -543,13 +503,10 @@ pub(crate) enum Answer<T> {
 /// Awaits `command` while `guard` stays open, following its deadline as renewals move
 /// it on, for at most `limit`.
 ///
-/// Dropped the moment the guard closes: a command the driver still holds (waiting
-/// for a server that went away, say) can then never reach a restarted server after
-/// this holder fenced itself. (The chaos suite's database restart failed once
-/// without that: a counter's `n` one ahead of its `seq`, as when a batch held through
-/// the outage lands on a server that lost the write before it.) A command already on
-/// the wire that lands later anyway is harmless: every statement is fenced, and the
-/// next holder's adoption raised the fence first.
+/// Dropped the moment the guard closes, so a command the driver still holds can never
+/// reach a restarted server after this holder fenced itself. One already on the wire
+/// that lands later is harmless: every statement is fenced, and the next holder's
+/// adoption raised the fence first.
 pub(crate) async fn while_open<F: std::future::Future>(
     guard: &WriteGuard,
     limit: Duration,

@@ -1,24 +1,16 @@
 //! The slot lease protocol: survey, claim, renew, release, and the expiry predicate.
 //!
-//! Every timestamp is the database server's `$$NOW`, and expiry is judged by the
-//! server, so no worker's wall clock matters. A slot is *expired* when
+//! Expiry is judged by the server on its own `$$NOW`, so no worker's clock matters:
 //!
 //! ```text
 //! time == null  OR  toLong(time) < toLong($$NOW) - L          (L = 2 × tick)
 //! ```
 //!
-//! compared as milliseconds (`$toLong`): the dev server mis-compares two dates inside
-//! `$expr`, and the millisecond form is also right on MongoDB.
-//!
-//! Claims and renewals also write `expires_ms`, the server-clock millisecond at which
-//! the holder's own lease runs out, so the survey can ask an index for just the
-//! expired and soon-expiring slots instead of reading every slot (see
-//! [`LeaseProtocol::survey`]). The judgement itself stays the expression above.
-//!
-//! The holder additionally keeps a *local monotonic* deadline, `instant the last
-//! successful renew was sent + L - margin`. Past it, the lease is self-fenced: the
-//! holder stops its robots and can only come back through a fresh claim, which bumps
-//! the slot's `epoch` (the fencing token robots' checkpoints must carry).
+//! in milliseconds, because the dev server mis-compares two dates inside `$expr`.
+//! Claims and renewals also write `expires_ms`, so [`LeaseProtocol::survey`] can use an
+//! index. The holder self-fences at `last renew sent + L - margin` on its monotonic
+//! clock and comes back only by a fresh claim, which bumps the slot's `epoch` (the
+//! fencing token robots' checkpoints carry).
 
 use std::time::Duration;
 
@@ -199,21 +191,12 @@ impl LeaseProtocol {
     /// Lets the server say which non-draining slots are expired, for how long, and
     /// how long until the next one expires.
     ///
-    /// With `until` (server-clock milliseconds, e.g. an estimate of the server's now
-    /// plus a tick), only slots whose `expires_ms` is before it are read: one index
-    /// range, O(expired), not O(slots). A free slot has `expires_ms` 0, and so has
-    /// one from before `expires_ms` existed (see [`LeaseProtocol::mark_unknown`]):
-    /// both are always read, and judged by `time` as ever. `until` only narrows what
-    /// is read; whether a slot is expired is still judged on the server's own
-    /// `$$NOW`, so an estimate that is late only delays a claim, and one that is
-    /// early reads a little more. Without `until`, every slot is read.
-    ///
-    /// (One range, not `$or` with a null test: the dev server answers an `$or` by
-    /// scanning the collection.)
-    ///
-    /// A slot's lease is the longer of this worker's `L` and the `lease_ms` its
-    /// holder wrote at claim time: a worker with a short tick never takes a slot from
-    /// a holder with a long one before that holder's lease is really over.
+    /// With `until` (server-clock ms), only slots whose `expires_ms` is before it are
+    /// read: one index range, O(expired); free and unmarked slots have `expires_ms` 0
+    /// ([`LeaseProtocol::mark_unknown`]). Expiry is still judged on `$$NOW`, so a wrong
+    /// `until` costs only a delay or a larger read. A slot's lease is the longer of this
+    /// worker's `L` and its holder's `lease_ms`, so a short-tick worker never takes a
+    /// slot before a long-tick holder's lease is over.
     pub async fn survey(&self, until: Option<i64>) -> Result<Survey, LeaseError> {
         let lease_ms = self.timing.lease_ms();
         let now = doc! {"$toLong": "$$NOW"};
@@ -450,8 +433,8 @@ impl LeaseProtocol {
     /// longer ours) does a `findAndModify` renew and read `rev` and `draining`. None:
     /// the slot is not ours.
     ///
-    /// Why not `findAndModify` every tick: the dev server answers it by scanning the
-    /// collection (80 ms at 10,000 slots, measured), against 1.7 ms for the update.
+    /// Why not `findAndModify` every tick: the dev server answers it with a collection
+    /// scan, where the update uses the index.
     async fn renew_once(
         &self,
         slot: String,

@@ -1,20 +1,12 @@
-//! Robot output kept per robot: the last [`KEEP_LINES`] lines an `exec` robot wrote
-//! (stdout lines that are not checkpoints, and stderr), in the `robot_output`
-//! collection, one document per robot: `{_id: robot, gen, lines: [{n, at, stream,
-//! text}]}`. `slotpool robot logs NAME [--follow]` reads it.
+//! Robot output kept per robot: the last [`KEEP_LINES`] lines an `exec` robot wrote,
+//! in the `robot_output` collection as `{_id: robot, gen, lines: [{n, at, stream,
+//! text}]}`, read by `slotpool robot logs`.
 //!
-//! Output must never cost a robot its lease or a checkpoint its turn:
-//! - only lines the robot's log budget admitted get here (the same rate limit as the
-//!   worker's log, see [`crate::robot::output`]), each cut to [`LINE_BYTES`];
-//! - one task per held slot gathers them and writes every [`FLUSH_EVERY`], all
-//!   robots' new lines in one multi-statement `update`, under one permit of the
-//!   slot's [`WritePacer`], so renewals keep their priority as with checkpoints;
-//! - at most [`MAX_QUEUED`] lines wait; beyond that a line is dropped (it would be
-//!   shown in the worker's log all the same);
-//! - nothing is written once the lease's write guard has closed;
-//! - each write is fenced by generation: `{_id, gen: {$lte: mine}}`, upserted, so an
-//!   instance older than the one that last wrote (a robot moved or taken over)
-//!   cannot add lines: its upsert collides with the existing `_id` and is dropped.
+//! Output must never cost a robot its lease or a checkpoint its turn: lines are
+//! rate-limited ([`crate::robot::output`]) and cut to [`LINE_BYTES`], flushed per slot
+//! every [`FLUSH_EVERY`] in one command under the slot's [`WritePacer`], capped at
+//! [`MAX_QUEUED`], and never written once the write guard closed. Writes upsert on
+//! `{_id, gen: {$lte: mine}}`, so an older instance's upsert collides and is dropped.
 
 use std::collections::HashMap;
 use std::sync::Arc;

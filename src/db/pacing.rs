@@ -1,19 +1,10 @@
 //! How hard a holder's robots may press on the database, paced by its own lease.
 //!
-//! The lease renewal is the one write a holder cannot afford to lose: a renewal that
-//! comes back later than the fence margin stops every robot. Robot writes
-//! (checkpoints, status) share the database with it, and a restore of thousands of
-//! robots can keep a slow server busy enough to starve it. So robot writes pass
-//! through a [`WritePacer`], and every renewal's round trip feeds back into it:
-//!
-//! - a renewal slower than a quarter of the margin halves the number of robot
-//!   writes allowed in flight (never below one);
-//! - a renewal faster than a tenth of the margin allows one more (up to
-//!   [`MAX_INFLIGHT_WRITES`]).
-//!
-//! That is additive increase, multiplicative decrease, as in TCP congestion control:
-//! robots get the database's spare capacity, and give it back as soon as the lease
-//! feels the pressure.
+//! A renewal later than the fence margin stops every robot, and a restore of
+//! thousands of robots can starve it. So robot writes pass through a [`WritePacer`]
+//! fed by every renewal's round trip, as in TCP congestion control: a renewal slower
+//! than a quarter of the margin halves the writes allowed in flight (never below
+//! one), and one faster than a tenth allows one more (up to [`MAX_INFLIGHT_WRITES`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -130,10 +121,7 @@ impl WritePacer {
     /// How long one robot write command may keep the database busy: half the fence
     /// margin, so that a renewal that had to wait behind all of it (on a server that
     /// answers one command at a time) would still come back well inside the margin
-    /// at any tick. The dev server today is not quite that server: robot writes wait
-    /// for each other on the `robots` collection's lock, not a renewal
-    /// (`scripts/restore-write-cost.py`: renewals at 3–4 ms beside 20 slots adopting
-    /// at once); its reads are what a renewal waits behind.
+    /// at any tick.
     pub fn command_budget(&self) -> Duration {
         self.slow * 2
     }
@@ -176,19 +164,11 @@ pub fn busy_renewal(margin: Duration, floor: Option<Duration>) -> Duration {
 /// `renewal` per command, or waits for the next one; `waited` is how many renewals
 /// in a row it has already let go by for that read.
 ///
-/// A read of a slot's robots is the one big command a holder sends unasked: one
-/// `robot create --count 20000` into a running pool changes every slot at once, and
-/// every holder's next renewal sees it. On a server that answers one command at a
-/// time (the dev server; a real MongoDB under a lock) the 20 reads of 1,000 robots
-/// that followed took up to and over three quarters of a second each, and renewals queued behind them past the
-/// 0.55 tick they may take: 9 holders fenced themselves within a second, each
-/// throwing its slot's robots away. A renewal that came back slow is the holder's
-/// own sign that others are reading: it lets that renewal go by, and reads after
-/// the first one that comes back fast, so that the holders' reads take turns.
-///
-/// Always admitted: the first read after a claim (a takeover's robots wait for it,
-/// and its timing is what a takeover is measured by), and a read that has waited
-/// [`READ_WAITS_MOST`] renewals.
+/// A slot's read is the one big command a holder sends unasked, and after a mass
+/// create every holder reads at once, queuing renewals past their margin. A slow
+/// renewal says others are reading, so the holder waits for a fast one and the reads
+/// take turns. Always admitted: the first read after a claim (a takeover waits on
+/// it), and a read that has waited [`READ_WAITS_MOST`] renewals.
 pub fn read_admitted(renewal: Duration, slow: Duration, first: bool, waited: u32) -> bool {
     first || renewal < slow || waited >= READ_WAITS_MOST
 }

@@ -18,12 +18,9 @@ pub const OUTPUTS: &str = "robot_output";
 pub const DEFAULT_DATABASE: &str = "slotpool";
 
 /// Documents per command when a tool inserts, looks up or deletes many at once
-/// (`robot create --count`, `init`, the output sweep). The dev server answers one
-/// command at a time, so each command holds every holder's renewal behind it, and
-/// its cost grows faster than its size: measured there with 10,000 robots stored,
-/// an `$in` over 1,000 names took 1.3 s and one over 250 took 0.1 s; inserting
-/// 1,000 robots took 0.3–0.5 s and 250 took 0.1 s. A `robot create --count 10000`
-/// in chunks of 1,000 made four holders fence themselves.
+/// (`robot create --count`, `init`, the output sweep): a command's cost grows faster
+/// than its size, and a server that answers one command at a time holds every
+/// renewal behind it (see docs/bench/2026-11-25-scheduled-robots.md).
 pub const CHUNK: usize = 250;
 /// The most slots `init` will create; slot ids are zero-padded to sort by `_id`.
 /// The most slots `init` makes: far past what one database's renewals can carry (see
@@ -116,22 +113,11 @@ impl SlotDoc {
 
 /// How often the driver's server monitor checks each server for the robots' client
 /// (and the CLI's and the dashboard's), unless the URI says (`heartbeatFrequencyMS`,
-/// `serverMonitoringMode`): every 5 minutes rather than the driver's 10 s, by
-/// polling on one connection per client. Nothing waits on it where the server
-/// answers: an error (a stepped-down primary answering "not writable primary", a cut
-/// connection) marks the server unknown and has the driver check at once, and while
-/// no server is selectable it checks every 500 ms. What does wait on it is a primary
-/// that stops answering without an error (hung, or behind a blackholed route) while
-/// the replica set elects another: the driver goes on choosing it until a check
-/// fails. That is why the lease's client checks more often
-/// ([`LEASE_MONITOR_EVERY`]): a holder whose lease moved to the new primary has
-/// fenced itself and claims anew, and a worker that saw such an outage opens a new
-/// robots' client before its next slot's robots use it.
-///
-/// A worker has two clients (see [`Store::dedicated`]), and their checks are what
-/// every worker asks besides its own work: at one a minute each, they were 40 % of
-/// what an idle standby behind the watchers asked (0.033 of its 0.083 requests a
-/// second), and 7 of the 43 a second an idle pool of 200 workers asked.
+/// `serverMonitoringMode`): every 5 minutes rather than the driver's 10 s, since these
+/// checks were a large share of an idle pool's requests. Errors make the driver check
+/// at once anyway; only a primary that hangs silently is noticed late, which is why
+/// the lease's client checks more often ([`LEASE_MONITOR_EVERY`]). A worker has two
+/// clients ([`Store::dedicated`]); see docs/bench/2026-11-26-a-pool-of-200-workers.md.
 pub const MONITOR_EVERY: Duration = Duration::from_secs(300);
 
 /// How often the lease's client's monitor checks, unless the URI says: once a
@@ -222,13 +208,9 @@ impl Store {
     /// its lease through one, so robots' traffic (a restore burst of thousands of
     /// checkpoints) can never queue a renewal behind it in the driver.
     ///
-    /// Kept open, a connection spares a request the handshake's round trips when the
-    /// link slows: at 300 ms of added latency, a holder of three slots whose
-    /// renewals overlapped missed a renewal's window waiting for a new one (the
-    /// first seconds of tests/containers.rs's latency phase). A holder opens more
-    /// with [`Store::warm`] as it takes slots; a standby keeps one: at a pool's cold
-    /// start, every worker's minimum opened at once (11 connections each) was most of
-    /// what kept the server from answering the first holders' renewals.
+    /// Kept-open connections spare a renewal the handshake on a slow link. A holder
+    /// opens more with [`Store::warm`] as it takes slots; a standby keeps one, since
+    /// every worker opening many at a cold start swamps the server.
     pub fn dedicated(&self, pool: u32, open: u32, name: &str) -> Result<Store, StoreError> {
         self.dedicated_monitored(pool, open, name, None)
     }

@@ -1,23 +1,12 @@
-//! Least-loaded slot choice for new robots, safe under concurrent creates, and the
-//! rebalance plan that evens existing robots out.
+//! Least-loaded slot choice for new robots (every non-draining slot counts, held or
+//! not), safe under concurrent creates, and the rebalance plan that evens robots out.
 //!
-//! Every non-draining slot counts, held or not: every slot is held while one worker
-//! lives (standbys claim, survivors overflow), so preferring the slots that happen to
-//! be held right now would only pile robots up while workers are still claiming.
-//!
-//! Each slot keeps `robot_count` beside `rev`. A create *reserves* room with a
-//! compare-and-set on the count it saw (`{_id, robot_count: seen} → $inc`), so two
-//! CLIs that both saw slot A as emptiest cannot both land there: the loser re-reads
-//! and picks again. Only after the robot documents exist is `rev` bumped, so the
-//! holder that notices the bump finds them.
-//!
-//! A reservation, and so every create and move, requires the slot to be neither
-//! draining nor `retiring`. `init` shrinks the pool by retiring a slot first, then
-//! checking that no robot is bound to it, then deleting it; a create or move checks
-//! *after* its own write that its slots still exist and are not retiring, and
-//! re-places ([`rescue`]) any robot that landed on one that is. Each side checks after
-//! its own write, so one of them always sees the other: no robot is ever left bound
-//! to a slot that does not exist.
+//! A create reserves room with a compare-and-set on the slot's `robot_count` as seen,
+//! so two creates cannot both take the emptiest slot; `rev` is bumped only once the
+//! robots exist. `init` retires a slot, checks it is empty, then deletes it; a create
+//! or move checks after its own write that its slot is not retiring, else re-places
+//! ([`rescue`]). Each side checks after its own write, so one of them always sees the
+//! other: no robot is left bound to a missing slot.
 
 use crate::db::placement as stored;
 pub use crate::db::placement::{adjust, bump_revs, SlotLoad};

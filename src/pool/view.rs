@@ -118,18 +118,13 @@ pub async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error
 
 /// A live worker's role: the one rule the CLI and the dashboard share.
 ///
-/// - `holder`: a live lease names it (`holds_live_slot`), whatever its own document
-///   says: a killed worker cannot take back the slot it still names there;
-/// - `standby`: it holds nothing, its heartbeat is fresh, and that heartbeat says it
-///   holds nothing;
-/// - `overdue`: it holds nothing and has missed a heartbeat, or its last heartbeat
-///   names slots that no live lease gives it any more. Heartbeats are at most
-///   [`REAR_TICKS`](crate::db::heartbeat::REAR_TICKS) ticks apart (`beat_ms`), and
-///   the line believes one for two beats, so a worker killed a moment ago still
-///   counts as live there; past one beat and a second of slack it is no standby to
-///   count on. A holder killed a moment ago, whose slot a standby just took, is
-///   caught sooner: its last word was that it held the slot, and a live worker that
-///   loses a slot beats again at once to say it holds nothing.
+/// - `holder`: a live lease names it, whatever its own document says (a killed
+///   worker cannot take back the slot it still names there);
+/// - `standby`: it holds nothing, and its fresh heartbeat says so;
+/// - `overdue`: it holds nothing and missed a heartbeat (beats are at most
+///   [`REAR_TICKS`](crate::db::heartbeat::REAR_TICKS) ticks apart), or its heartbeat
+///   names slots no live lease gives it: the line may still believe it, but it is no
+///   standby to count on.
 pub fn worker_role(worker: &Document, holds_live_slot: bool) -> WorkerRole {
     let tick = int(worker, TICK_MS).unwrap_or(1000).clamp(1, 3_600_000);
     let every = int(worker, BEAT_MS)

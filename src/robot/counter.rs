@@ -1,17 +1,11 @@
-//! `counter`: checkpoints `n + 1` every interval. Because every step is a checkpoint,
-//! a lost or doubled step shows up directly in `context.n` against `seq`, which is
-//! what tests and demos use it for.
+//! `counter`: checkpoints `n + 1` every interval, so a lost or doubled step shows up
+//! directly in `context.n` against `seq`; tests and demos rely on it.
 //!
-//! Spec: `{"interval_ms": 1000, "history": 0, "eager": false}` (all optional). With
-//! `eager`, the first step is taken at once on every (re)start, so a restored robot
-//! proves it runs without waiting an interval.
-//!
-//! On a schedule (`spec.schedule`) a counter takes one step per firing and ends:
-//! `{"n": n + 1, "firing": T}`, written with the run's end in one statement
-//! ([`super::RobotRun::end_with`]), and skipped when its context already records
-//! firing `T` (a retry after its first run's step landed), so `n` counts the firings
-//! that ran, each once. Runs may come out of firing order (a run-now request before a late
-//! firing), so only that exact firing counts as done.
+//! Spec: `{"interval_ms": 1000, "history": 0, "eager": false}` (all optional); with
+//! `eager` the first step comes at once on every (re)start. On a schedule it takes one
+//! step per firing, `{"n": n + 1, "firing": T}`, written with the run's end
+//! ([`super::RobotRun::end_with`]), and skips a firing `T` its context already records,
+//! so `n` counts each firing that ran once, even if runs come out of order.
 
 use std::time::Duration;
 

@@ -1,25 +1,12 @@
 //! `exec`: an external command as a robot.
 //!
-//! The command gets its context as JSON in `SLOTPOOL_CONTEXT`, with `SLOTPOOL_ROBOT`
-//! (its name) and `SLOTPOOL_EPOCH`, and on a schedule `SLOTPOOL_FIRING` (the firing it
-//! runs for, RFC 3339 in UTC). A stdout line `{"checkpoint": {...}}` persists a
-//! new context; every other stdout or stderr line is logged, tagged with the robot.
-//! To stop it the worker sends SIGTERM to its whole process tree (through the shim,
-//! which finds descendants that left the group too), keeps persisting
-//! checkpoints it prints, and sends SIGKILL when the grace runs out. When it exits by
-//! itself the supervisor restarts it with backoff.
-//!
-//! The command runs under a [`shim`](super::shim) that holds the holder's lease
-//! deadline: the command never outlives the lease, even when the worker is killed
-//! with -9 or stopped with SIGSTOP. Signals to the command go through the shim.
-//!
-//! A robot gets its context, not the database's credentials: its environment is
-//! built from scratch ([`policy::INHERITED`], then the spec's allowed variables),
-//! and which commands and variables a spec may use is the worker's
-//! [`ExecPolicy`] (`--exec-allow`, `--exec-env-allow`; no `exec` robot runs without
-//! the first).
-//!
-//! Spec: `{"command": "/path/or/name", "args": ["..."], "env": {"K": "V"}, "history": 0}`.
+//! The command gets its context as JSON in `SLOTPOOL_CONTEXT` (with `SLOTPOOL_ROBOT`,
+//! `SLOTPOOL_EPOCH` and, on a schedule, `SLOTPOOL_FIRING`); a stdout line
+//! `{"checkpoint": {...}}` persists a new context, other output is logged. It runs under
+//! a [`shim`](super::shim), so it never outlives the lease, with an environment built
+//! from scratch ([`policy::INHERITED`]) as the worker's [`ExecPolicy`] allows: never the
+//! database's credentials. Stops are SIGTERM to its whole tree, then SIGKILL after the
+//! grace. Spec: `{"command": "/path/or/name", "args": ["..."], "env": {"K": "V"}, "history": 0}`.
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;

@@ -1,28 +1,11 @@
 //! Resource limits for an `exec` robot's processes: what a spec asks
 //! (`spec.limits: {memory, pids, cpu}`), the worker's default
-//! (`--exec-default-limits`), how they travel to the shim, and what the shim
-//! reports it applied. Pure: parsing, merging and describing, unit-tested. The I/O
-//! (cgroups, rlimits) is [`super::cgroup`]; the shim applies them before it starts
-//! the command.
-//!
-//! One robot that leaks memory or forks without end must not take the worker down,
-//! and with it every robot of its slots (each would then fail over). So the bound
-//! is set on the robot's own processes, before its command runs:
-//!
-//! - **cgroups** where the worker may create them (root on a host whose cgroup
-//!   hierarchy is writable: v1, as this project's CI machine mounts, or v2): one
-//!   cgroup per robot run, a child of the worker's own, so the worker's own bound
-//!   (a container's, a systemd unit's) stays the outer one. Memory and pids bound the
-//!   robot's whole tree; cpu is a rate (`cpu: 0.5` = half a core). A robot over its
-//!   memory is killed whole, and its status says `killed: memory limit`.
-//! - **rlimits** otherwise (a container, where the cgroup tree is read-only, or a
-//!   worker that is not root): `RLIMIT_AS` per process for memory (an allocation past
-//!   it fails inside the robot, which usually exits with an out-of-memory error);
-//!   `RLIMIT_NPROC` for pids, which counts every process *of the robot's user*, the
-//!   worker's own threads included, and which the kernel never applies to root; no
-//!   rate for cpu (`RLIMIT_CPU` bounds total CPU seconds, which would kill a robot
-//!   meant to run for weeks). What a mechanism cannot enforce is said, with why, in
-//!   the robot's document (`applied_limits.unenforced`).
+//! (`--exec-default-limits`), how they travel to the shim, and what the shim reports
+//! it applied. Pure and unit-tested; the I/O (cgroups, else rlimits) is
+//! [`super::cgroup`]. They exist so one leaking or fork-bombing robot cannot take down
+//! its worker and every robot of its slots. What each mechanism enforces, and what it
+//! cannot (`applied_limits.unenforced`), is in docs/robots.md, "Bounding an exec
+//! robot's resources".
 
 use std::collections::BTreeMap;
 

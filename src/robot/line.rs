@@ -2,13 +2,9 @@
 //! cannot be stored, or output to log. Pure, unit-tested.
 //!
 //! `{"checkpoint": {...}}` and nothing else is a checkpoint. A line that begins
-//! `{"checkpoint"` is *meant* as one, so when it cannot become BSON exactly, or
-//! carries a key beside `checkpoint` (`{"checkpoint": {...}, "at": 1700000000}`), it
-//! is refused (the robot fails with the reason) instead of being logged as output
-//! and silently losing the robot's state.
-//!
-//! `{"heartbeat": true}` (exactly that, spaces aside) is a sign of life for a robot
-//! with `heartbeat_timeout`, and is neither stored nor logged.
+//! `{"checkpoint"` but is not exactly that (bad BSON, an extra key) fails the robot
+//! rather than silently losing its state as a log line. `{"heartbeat": true}` is a
+//! sign of life for a robot with `heartbeat_timeout`, neither stored nor logged.
 
 use bson::Document;
 

@@ -281,19 +281,13 @@ impl RobotRun {
 
 impl RobotRun {
     /// Ends a scheduled run that did its work: `context` is its last checkpoint,
-    /// written in the same statement as the run's end (and the next firing's claim),
-    /// so a firing costs the database one write where a checkpoint and then the end
-    /// cost two. Return what this gives (`Finished` when all is well).
+    /// written in the same statement as the run's end, so a firing costs one write.
+    /// Return what this gives (`Finished` when all is well).
     ///
-    /// What stays as with [`RobotRun::checkpoint`]: the write is fenced by slot,
-    /// epoch, generation and the `seq` this run follows. What differs: the context is
-    /// not written when this returns, but when the end lands, and only if it does.
-    /// An end that does not land (the lease lost first) is recorded as a run cut off,
-    /// retried or skipped as `on_lost` says, exactly as a run whose checkpoint did
-    /// not land. So a step and its run's end land together or not at all.
-    ///
-    /// A daemon's run (with no end to write) gets an ordinary checkpoint instead,
-    /// and so does a context too large to store, which that refuses.
+    /// The write is fenced like [`RobotRun::checkpoint`]. An end that does not land
+    /// is a run cut off, handled as `on_lost` says, so a step and its run's end land
+    /// together or not at all. A daemon's run, or a context too large to store, gets
+    /// an ordinary checkpoint instead.
     pub async fn end_with(&self, context: Document) -> RobotError {
         use std::sync::atomic::Ordering;
         let bytes = bson::to_vec(&context).map_or(usize::MAX, |v| v.len());

@@ -1,20 +1,11 @@
 //! A robot's output, bounded: no line, and no flood of lines, can exhaust the
-//! worker.
+//! worker's memory or disk.
 //!
-//! An `exec` robot's stdout and stderr are read line by line. A command that writes
-//! 800 MB without a newline, or `yes` at full speed, must cost the worker neither
-//! its memory nor its disk. So:
-//!
-//! - [`BoundedLines`] keeps at most `max` bytes of one line and skips the rest up to
-//!   the next newline, counting what it skipped;
-//! - [`LogBudget`] lets a robot log [`LOG_LINES_PER_SEC`] lines a second on average
-//!   (bursts up to [`LOG_BURST`]); lines over it are counted, not logged, and the
-//!   count is logged with the next line admitted: the first time at once, then at
-//!   most every [`DROP_REPORT_EVERY`], and when the robot ends;
-//! - [`shown`] cuts a logged line to [`LOGGED_LINE_BYTES`].
-//!
-//! Checkpoint lines are not log lines: they are never dropped by the budget, and
-//! one longer than the stdout bound is refused as a checkpoint.
+//! [`BoundedLines`] keeps at most `max` bytes of a line and skips the rest; a
+//! [`LogBudget`] admits [`LOG_LINES_PER_SEC`] lines a second (bursts of [`LOG_BURST`])
+//! and reports what it dropped at most every [`DROP_REPORT_EVERY`]; [`shown`] cuts a
+//! logged line to [`LOGGED_LINE_BYTES`]. Checkpoint lines are never dropped by the
+//! budget, and one longer than the stdout bound is refused as a checkpoint.
 
 use std::time::{Duration, Instant};
 

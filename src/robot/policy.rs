@@ -2,18 +2,11 @@
 //! (`--exec-allow`) and which environment variables its spec may set
 //! (`--exec-env-allow`). Pure decisions, unit-tested.
 //!
-//! A robot's spec is written by whoever can write to the database, so it is hostile
-//! input. Secure by default, as Nomad keeps `raw_exec` off until an operator turns it
-//! on: with no `--exec-allow`, no `exec` robot runs. And an allowed command is only
-//! as safe as its environment: `BASH_ENV`, `BASH_FUNC_*`, `LD_PRELOAD`, `PATH`,
-//! `NODE_OPTIONS`, `PYTHON*` and their kind make an allowed program load or run other
-//! code. So the worker names which variables a spec may set, and the variables that
-//! change how programs load or interpret code are refused always, whatever the
-//! allow-list says (see [`loads_code`]).
-//!
-//! The command's environment is built from scratch: the few variables in
-//! [`INHERITED`] from the worker's own environment (never its credentials), then the
-//! spec's allowed ones, then the worker's `SLOTPOOL_*` variables.
+//! A spec is hostile input (anyone who can write to the database writes it), so with
+//! no `--exec-allow` no `exec` robot runs, and variables that change how programs load
+//! or interpret code (`LD_PRELOAD`, `BASH_ENV`, `PATH`, …) are always refused
+//! ([`loads_code`]). The environment is built from scratch: [`INHERITED`] (never the
+//! credentials), then the spec's allowed variables, then `SLOTPOOL_*`.
 
 use super::limits::{Limits, Via};
 

@@ -1,20 +1,12 @@
 //! What happens when a robot's run ends without being asked to: start it again after
 //! a backoff, or give up and mark it `failed`.
 //!
-//! The policy is the robot's own, `spec.restart: {attempts, within, max_backoff}`
-//! (each optional, durations as text such as `"10m"`): a robot that ends `attempts`
-//! times within `within` is not started again. Between runs the backoff starts at
-//! [`FIRST_BACKOFF`], doubles after every end, and is capped at `max_backoff`; a run
-//! that lasted [`HEALTHY_RUN`] was healthy, so the next end starts the backoff over.
-//!
-//! The defaults ([`RestartPolicy::default`]: 10 ends within 10 minutes, backoff capped
-//! at 1 minute) let a robot ride out a dependency's outage of several minutes, and
-//! still stop a crash loop: a robot that exits at once reaches 10 ends in about a
-//! minute and a half of backoff (0.2 + 0.4 + … + 51.2 s). A robot that ends once a
-//! minute, healthy or not, also gives up: ten ends in ten minutes is a robot that
-//! does not work.
-//!
-//! [`Budget`] is the decision alone, on instants it is given, so its tests are exact.
+//! The policy is the robot's own, `spec.restart: {attempts, within, max_backoff}`: a
+//! robot that ends `attempts` times within `within` is not started again. The backoff
+//! starts at [`FIRST_BACKOFF`] and doubles up to `max_backoff`, and starts over after
+//! a [`HEALTHY_RUN`]. The defaults ([`RestartPolicy::default`]) ride out an outage of
+//! several minutes yet stop a crash loop within about a minute and a half. [`Budget`]
+//! is the decision alone, on instants it is given, so its tests are exact.
 
 use std::collections::VecDeque;
 use std::time::Duration;

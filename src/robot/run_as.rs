@@ -1,14 +1,10 @@
 //! `--exec-user`: the user `exec` robots run as, when it is not the worker's own.
 //!
-//! A robot that runs as the worker's own user can signal, trace or freeze what
-//! guards it: `kill -STOP $PPID` stops its shim, and a SIGSTOP of the worker then
-//! leaves nothing to end it when the lease lapses. Under another user, without
-//! capabilities, the kernel refuses it all: a signal needs the sender's user to be
-//! the target's (or `CAP_KILL`), ptrace the same, and the cgroup files are the
-//! worker's. A worker may switch users when it runs as root (or holds `CAP_SETUID`
-//! and `CAP_SETGID`); the shim does it in the robot's process, after it joined the
-//! robot's cgroup and set its rlimits and before the command starts, with no
-//! supplementary groups.
+//! A robot running as the worker's user can signal, trace or freeze its guards (stop
+//! its shim, then the worker, and nothing ends it at the lease's end). Under another
+//! user without capabilities the kernel refuses all of that. The worker needs root
+//! (or `CAP_SETUID` and `CAP_SETGID`); the shim switches user in the robot's process,
+//! after joining its cgroup and setting rlimits, with no supplementary groups.
 
 use std::ffi::CString;
 

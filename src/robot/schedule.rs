@@ -1,37 +1,11 @@
 //! A robot's schedule, `spec.schedule`: when its firings fall, and what becomes of a
 //! firing that would overlap a run, comes late, or was cut off with its holder's
-//! lease.
+//! lease. The fields and the daylight-saving rules are in docs/schedules.md.
 //!
-//! ```json
-//! {"cron": "0 3 * * *", "timezone": "Europe/Berlin", "overlap": "skip",
-//!  "catchup": "10m", "on_lost": "retry", "keep_runs": 50}
-//! {"every": "30s"}
-//! ```
-//!
-//! - `cron`: 5 fields (minute granularity), 6 (seconds first) or 7 (a year last), or
-//!   a name: `@yearly`, `@monthly`, `@weekly`, `@daily`, `@hourly`. Parsed by the
-//!   `croner` crate (POSIX/Vixie rules, plus `L`, `#` and `W`).
-//! - `every`: a period from 1 s to a year, aligned to the Unix epoch as Temporal's
-//!   intervals are: `"every": "30s"` fires at :00 and :30 of every minute whichever
-//!   worker computes it, so a takeover does not shift the grid.
-//! - `timezone`: an IANA zone for `cron` (default `UTC`); `every` has no zone.
-//!
-//! Daylight saving time, for `cron` in a zone that observes it (croner's rules, which
-//! follow Vixie cron; pinned by the tests below at fixed instants):
-//! - **A firing in a skipped hour runs once, at the jump.** `30 2 * * *` in
-//!   Europe/Berlin on the last Sunday of March (02:00 → 03:00) fires at 03:00 local.
-//!   A pattern with a wildcard or a step in its time fields (`*/15 * * * *`) skips
-//!   what does not exist: its next firing is its next wall-clock match after the jump.
-//! - **A firing in a repeated hour runs once.** `30 2 * * *` on the last Sunday of
-//!   October (03:00 → 02:00) fires at the first 02:30 only. A wildcard or stepped
-//!   pattern fires for every real instant that matches, so `*/15 * * * *` keeps
-//!   firing every 15 minutes of real time through both passes of the hour.
-//!
-//! Firings are instants: whole seconds of real (UTC) time, stored as milliseconds
-//! since the epoch. Each is found after the previous one on the real time line, so a
-//! schedule never goes back and never returns one instant twice.
-//!
-//! Everything here is pure: instants in, instants out.
+//! `every` is aligned to the Unix epoch, so a takeover does not shift the grid.
+//! Firings are whole seconds of real (UTC) time, each found after the previous one,
+//! so a schedule never goes back and never returns one instant twice. Everything
+//! here is pure: instants in, instants out.
 
 use std::str::FromStr;
 use std::time::Duration;

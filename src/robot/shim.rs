@@ -1,56 +1,12 @@
 //! The per-robot shim: a robot's process never outlives its holder's lease.
 //!
-//! The worker cannot enforce its own lease on an `exec` robot by itself: after a
-//! kill -9 or an OOM kill of the worker, or while it is SIGSTOPped, nothing in the
-//! worker runs, and the robot would go on beside the new holder's copy. So every
-//! `exec` robot runs under a shim, `slotpool` itself started in a hidden mode
-//! (`slotpool __robot-shim GRACE_MS COMMAND ARGS…`), in a process group of its own:
-//!
-//! - the worker writes the lease's deadline (an absolute `CLOCK_MONOTONIC` instant,
-//!   so a message delayed in the pipe cannot stretch it) on the shim's stdin, first
-//!   before the robot starts and again after every renewal: `D <nanoseconds>`;
-//! - the deadline passes with no extension (the worker is stopped or stuck): the shim
-//!   sends SIGTERM to the robot's process group, then SIGKILL after its grace. That
-//!   grace is the worker's stop grace plus half the room left before the fence
-//!   margin, so it is still below the margin: the deadline is the holder's
-//!   self-fence instant, so the robot is gone before the lease can expire on the
-//!   server and anyone else start it. (After a `T` from a live worker, the worker's
-//!   own SIGKILL at the stop grace comes first; the shim's is the backstop.)
-//! - the pipe closes (the worker died, however): SIGKILL to the group at once;
-//! - the worker stops the robot the normal way with `T` (SIGTERM) and `K` (SIGKILL);
-//! - the robot runs with `PR_SET_PDEATHSIG`, so if the shim itself is killed the
-//!   robot dies too;
-//! - the robot never holds `CAP_SYS_PTRACE`, so even as root it cannot read the
-//!   non-dumpable worker's memory or environment (see [`crate::secrets`]).
-//!
-//! **Containment: the whole process tree.** A robot that daemonizes (`setsid`, a
-//! double fork) leaves its process group, so a signal to the group alone would miss
-//! it, and PDEATHSIG reaches only the direct child. The shim therefore makes itself
-//! a *child subreaper* (`PR_SET_CHILD_SUBREAPER`): every orphaned descendant of the
-//! robot is re-parented to the shim, never to init, so the robot's whole tree stays
-//! below the shim whatever it does to its session or group. Each signal goes to the
-//! group *and* to every descendant found under the shim in `/proc` ([`descendants`]);
-//! a kill repeats until none is left, so a child forked meanwhile is caught in the
-//! next round (its parent was killed, so it was re-parented to the shim). The shim
-//! exits only once its tree is empty: when the worker sees the shim gone, so is
-//! every process the robot started. Which containment applies is stored in the
-//! robot's document (`containment: "subreaper"`).
-//!
-//! **Resource limits.** Before it starts the command, the shim bounds it as
-//! `spec.limits` (or the worker's `--exec-default-limits`) asks: a cgroup of its
-//! own where the worker may create one, rlimits otherwise (see
-//! [`super::limits`], [`super::cgroup`]). It tells the worker what it applied, and
-//! later that the kernel killed the robot for its memory, on descriptor 4: a pipe
-//! the robot never gets, so a robot cannot speak for its shim. A robot over its
-//! memory limit is killed whole (what the OOM killer left of it too), and the
-//! worker reports `killed: memory limit`.
-//!
-//! The shim exits as its robot did (same code, or the same signal), after killing
-//! whatever is left of the robot's tree. Plain PDEATHSIG on the robot alone would
-//! not cover a SIGSTOPped worker; this does.
-//!
-//! A program embedding the worker as a library must call [`run_if_requested`] first
-//! thing in `main`, so that its own binary can serve as the shim.
+//! A killed or SIGSTOPped worker cannot stop its robots, so every `exec` robot runs
+//! under `slotpool __robot-shim GRACE_MS COMMAND ARGS…`. The worker sends the shim its
+//! self-fence deadline after every renewal; when that passes unextended, or the pipe
+//! closes, the shim kills the robot's whole tree before the lease can expire on the
+//! server. It also applies the robot's limits ([`super::limits`], [`super::cgroup`]).
+//! See docs/internals.md, "The exec robot's shim". An embedding program must call
+//! [`run_if_requested`] first thing in `main`, so its own binary can serve as the shim.
 
 use std::io::{BufRead, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -190,13 +146,9 @@ impl Control {
 /// The longest a deadline may have passed, when it is first noticed, for the robot
 /// still to get its stop grace: at most half the grace, and never more than 50 ms.
 ///
-/// A deadline is noticed late only when the process that should notice it did not
-/// run: it was frozen (SIGSTOP, the cgroup freezer, `docker pause`) or starved. A
-/// deadline noticed that late may be long past, and a standby may already run the
-/// robot: the grace belongs to stops asked for before the deadline, so a late one
-/// is a SIGKILL at once. 50 ms is far above the timer's own lateness on a busy
-/// machine (a few ms) and far below a lease; half the grace keeps the rule
-/// meaningful at the shortest ticks.
+/// A deadline noticed later than that means the shim was frozen or starved, and a
+/// standby may already run the robot, so the stop is a SIGKILL at once. 50 ms is far
+/// above a busy machine's timer lateness and far below a lease.
 pub fn late_slack(grace: Duration) -> Duration {
     (grace / 2).min(Duration::from_millis(50))
 }

@@ -1,15 +1,11 @@
 //! Who may act through `slotpool web`: nobody, unless it runs with `--allow-actions`
 //! and a token in `SLOTPOOL_WEB_TOKEN`.
 //!
-//! - **The API** takes `Authorization: Bearer TOKEN` on every write. It never reads
-//!   cookies, so another site cannot make a browser call it with its credentials.
-//! - **The browser** logs in once with the token and gets a session cookie
-//!   (`HttpOnly`, `SameSite=Strict`). Every form that acts carries the session's own
-//!   CSRF token, and a request whose `Origin` is not this server is refused, so a
-//!   page elsewhere cannot submit a form here in the user's name.
-//!
-//! Sessions live in this process only (a restart logs everyone out), for at most
-//! [`SESSION_TTL`], and at most [`MAX_SESSIONS`] at once (the oldest goes first).
+//! The API takes `Authorization: Bearer TOKEN` and never reads cookies, so another
+//! site cannot call it with a browser's credentials. A browser logs in with the token
+//! for a `SameSite=Strict` session cookie, and every acting form carries the session's
+//! CSRF token and must come from this server's `Origin`. Sessions live in this process
+//! only, for at most [`SESSION_TTL`], at most [`MAX_SESSIONS`] at once (oldest first).
 
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -1,20 +1,12 @@
 //! `slotpool web`: the pool in a browser, and the same data as JSON under `/api/v1`.
 //!
-//! A separate process from the workers, read-only unless started with
-//! `--allow-actions` and `SLOTPOOL_WEB_TOKEN` ([`auth`]). Every page and API call
-//! reads one shared [`snapshot`], refreshed by two background loops only while
-//! someone is looking, so viewers never add database queries; only a robot's own
-//! page reads that robot (by its unique name, cached for one refresh interval).
-//!
-//! - [`snapshot`]: what is read from the database, and how often;
-//! - [`query`]: the robot table's search, filters, sort and pages;
-//! - [`pages`]: the HTML (maud escapes every value; scripts and styles are files, so
-//!   the content security policy forbids inline ones);
-//! - [`app`]: the state every handler shares, and robot pages' reads;
-//! - [`api`]: the JSON API; [`answers`]: its typed answers; [`action`]: what a
-//!   person may do, through the API or a form ([`forms`]);
-//! - [`auth`]: the token, browser sessions and CSRF;
-//! - [`writes`]: writes refused from their head, and their bodies bounded.
+//! A separate process, read-only unless started with `--allow-actions` and
+//! `SLOTPOOL_WEB_TOKEN` ([`auth`]). Every page and API call reads one shared
+//! [`snapshot`], refreshed only while someone looks, so viewers add no database
+//! queries; a robot's own page reads that robot, cached for one refresh interval.
+//! Modules: [`snapshot`], [`query`] (search, sort, pages), [`pages`] (HTML, no inline
+//! scripts or styles), [`app`], [`api`] with [`answers`], [`action`] with [`forms`],
+//! [`auth`] (token, sessions, CSRF), [`writes`] (write bodies bounded).
 
 pub mod action;
 pub mod answers;

@@ -2,21 +2,11 @@
 //! sees the same few queries per interval whether one browser is open or fifty, and
 //! none at all while nobody looks.
 //!
-//! Two parts, read at two rates, because they cost the database very differently:
-//! - the **lease view** (slots judged on the server's clock, live workers, the latest
-//!   events) is a handful of small reads, refreshed every `refresh` (1 s by default),
-//!   so a takeover shows within about a second; in a pool of thousands of slots,
-//!   where the read itself is slow, it rests at least four times as long as it read;
-//! - the **robot table** (every robot's name, kind, slot, stored status, seq,
-//!   restarts, error, last checkpoint) is read slot by slot through the `slot_id`
-//!   index, resting between slots at least four times as long as each read took, and
-//!   at most once per `robots_every` (10 s by default). Measured on the dev server:
-//!   reading 10,000 robots in one query takes it about 650 ms of work, during which a
-//!   renewal would wait; per slot it is 1,000 robots at a time, with room between.
-//!
-//! A robot's *state* (running, waiting, …) is derived at every lease refresh from the
-//! table and the fresh slots ([`crate::pool::view::derive`]), so a dead holder's robots show
-//! `waiting` within a second even though their rows are older.
+//! The cheap **lease view** is refreshed every `refresh` (1 s), so a takeover shows
+//! within a second; the costly **robot table** is read slot by slot, at most once per
+//! `robots_every` (10 s), resting four times as long as each read took so renewals
+//! never wait behind it. Robot states are derived from both at every lease refresh
+//! ([`crate::pool::view::derive`]), so a dead holder's robots show `waiting` at once.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -1,14 +1,11 @@
 //! The pool's last hour, drawn: one lane per slot showing who held it and when, the
 //! gaps with no holder, overflow claims, self-fences and losses, and a lane of robot
-//! restarts and failures on the same time axis. Built from `events` alone by
-//! [`Timeline::build`] (pure, unit-tested) and drawn as SVG on the server
-//! ([`Timeline::svg`]), with no script.
+//! restarts and failures. Built from `events` alone by [`Timeline::build`] (pure) and
+//! drawn as SVG on the server ([`Timeline::svg`]), with no script.
 //!
-//! What the log cannot say is drawn as such. A holder killed with -9 writes nothing:
-//! its span is drawn up to the latest moment it can have renewed (the next claim
-//! minus the lease), and the rest up to that claim is a gap. Before the first event
-//! of a slot in the window the holder is unknown, unless the slot saw no event at all
-//! and is held now (then its holder held it throughout).
+//! What the log cannot say is drawn as such: a holder killed with -9 wrote nothing, so
+//! its span ends at the latest moment it can have renewed (the next claim minus the
+//! lease), and a slot's holder before its first event in the window is unknown.
 
 use std::collections::BTreeMap;
 

@@ -1,21 +1,12 @@
-//! Writes (every method but `GET` and `HEAD`) before their handlers: refused from
-//! the request head when the route or its credentials say no, their bodies bounded
-//! in time, and only a few at once, so slow bodies cannot take the connections that
-//! reads and probes need.
+//! Writes (every method but `GET` and `HEAD`) before their handlers, so slow bodies
+//! cannot take the connections that reads and probes need: the serving layer never
+//! evicts a connection with a request in flight ([`crate::serve`]).
 //!
-//! A connection with a request in flight is never evicted by the serving layer
-//! ([`crate::serve`]): it is doing work. A `POST` whose body comes a byte a second
-//! looked like that, so 64 of them held every connection and the dashboard answered
-//! no read, even with actions off. Now:
-//! - a write the head alone can refuse is refused before a byte of its body is read
-//!   ([`super::auth::Auth::before_body`]): actions off, a wrong or missing token, no
-//!   session;
-//! - at most [`MAX_BODIES`] bodies of writes whose head carried good credentials
-//!   are being received at once, and at most [`MAX_LOGIN_BODIES`] of `/login` and
-//!   `/logout` (whose credentials are in the body); a write beyond them is answered
-//!   `503` at once. So clients without a token can hold up logins, never the
-//!   operators' authenticated writes, and never reads;
-//! - a body must arrive whole within [`BODY_TIMEOUT`], else `408`.
+//! A write the head alone can refuse is refused before its body is read
+//! ([`super::auth::Auth::before_body`]); at most [`MAX_BODIES`] authenticated bodies
+//! and [`MAX_LOGIN_BODIES`] login bodies are received at once (beyond that, `503`), so
+//! clients without a token can hold up logins but never operators' writes or reads;
+//! and a body must arrive whole within [`BODY_TIMEOUT`], else `408`.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,43 +1,12 @@
-//! When a worker claims a slot, gives one back, and looks again: every decision of
-//! the claim, made in one place from what one survey saw. [`decide`] applies the
-//! rules in this order and returns one [`ClaimDecision`]; the worker loop only does
-//! the I/O around it (the survey, the live workers' read, the claim or release).
+//! When a worker claims a slot, gives one back, and looks again, decided without I/O
+//! from what one survey saw: [`decide`] applies these rules in order and returns one
+//! [`ClaimDecision`]. See docs/internals.md, "Claim rules".
 //!
-//! 1. **Who may take what** ([`Round`]): a standby claims an expired slot at once; a
-//!    holder with room only `overflow_after` past its expiry, one more tick per slot
-//!    it holds above the emptiest holder (overflow spreads over the survivors).
-//! 2. **After a forward step of the server's clock** ([`after_clock_step`]): for a
-//!    lease, a slot stamped by a holder that may still run is not claimed.
-//! 3. **Hand-back** ([`Round::should_give_back`]): a holder of more than one slot
-//!    gives one back while a live standby waits, once its last hand-back was taken
-//!    ([`hand_back_outcome`]).
-//! 4. **A new worker's holds** ([`claimable_after_survey`], [`may_claim`]): at a
-//!    pool's cold start a new worker waits out its first lease, its lease pool's spare
-//!    connection and a survey in time for a renewal before it claims a slot that was
-//!    vacant before it began; a hand-back or a takeover it takes at once.
-//! 5. **When to look again** ([`survey_every`], [`wake_at_expiry`],
-//!    [`claim_again_in`]): at the next survey's pace, at the first expiry a watcher
-//!    read, when an expired slot becomes claimable, when a hold ends, and, after a
-//!    claim, at the pace of a holder of one more slot.
-//!
-//! Nothing here does I/O; every rule has its unit test.
-//! Who may take what, in detail:
-//!
-//! - **Standby.** A worker holding nothing claims any expired slot at once.
-//! - **Overflow.** A slot still expired `overflow_after` past its expiry (standbys had
-//!   their chance) is claimed by a holder with room (below `--max-slots`). Holders with
-//!   fewer slots go first: each slot a holder has above the emptiest holder with room
-//!   delays it by one more tick, so orphans spread over the survivors instead of
-//!   piling onto whoever polls first, yet one is always taken if anyone has room.
-//! - **Hand-back.** While a live standby exists, a worker holding more than one slot
-//!   gives one back (robots stop and checkpoint, the slot is released, the first
-//!   standby's release poll finds it). One slot per standby: the donors, ranked by most slots
-//!   then by id, give back only as many as there are standbys, and a donor waits
-//!   until its previous hand-back is held by someone before giving another, so no
-//!   slot is left unheld. A standby that did not take a handed slot (frozen, say:
-//!   its heartbeat is still believed for two beats) is *passed over* until it beats
-//!   again ([`HandBack::NotTaken`]), so a slot is handed to it once, not bounced
-//!   back and forth until its heartbeat runs out.
+//! 1. Who may take what ([`Round`]): a standby at once, a holder by overflow.
+//! 2. After a forward step of the server's clock ([`after_clock_step`]).
+//! 3. Hand-back ([`Round::should_give_back`], [`hand_back_outcome`]).
+//! 4. A new worker's holds at a cold start ([`claimable_after_survey`], [`may_claim`]).
+//! 5. When to look again ([`survey_every`], [`wake_at_expiry`], [`claim_again_in`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -377,19 +346,10 @@ pub fn hand_back_outcome(
 // === A new worker's holds, and how often to look ===
 
 /// How often a worker surveys the slots when the last survey found nothing it will
-/// be able to claim sooner (`narrow` as for [`survey_horizon`]):
-/// - a wide survey's worker, once per horizon: it saw every lease that ends before;
-/// - a standby at the front, every tick: it claims at a lease's expiry, and a survey
-///   reads what expires within the next tick;
-/// - a worker holding more than one slot, every tick: it must see a new standby
-///   within a tick to hand one back;
-/// - a holder of one slot at the front, every tick plus `overflow_after`: it may
-///   claim a slot only that long past its expiry, and no slot the last survey did
-///   not read expires within a tick of it, so an earlier look could find nothing it
-///   may take (at the default, one survey in 3 ticks instead of each tick; never
-///   rarer than the rear's);
-/// - everyone else, once per [`safety_survey_every`], at a random point of it (see
-///   [`rear_survey_in`]).
+/// be able to claim sooner (`narrow` as for [`survey_horizon`]): after a wide survey,
+/// once per horizon; a front standby or a holder of several slots, every tick; a
+/// front holder of one slot, every tick plus `overflow_after` (it can take nothing
+/// sooner); everyone else, once per [`safety_survey_every`] ([`rear_survey_in`]).
 pub fn survey_every(
     place: Place,
     held: usize,
@@ -412,13 +372,9 @@ pub fn survey_every(
 /// How often a worker behind the watchers surveys, at most: every [`SAFETY_SURVEY`],
 /// or every [`REAR_TICKS`] ticks at a tick so long that those are longer.
 ///
-/// Why so seldom is safe: the watchers claim a dead holder's slot at its expiry, and
-/// poke the rear when there is more to claim than they can; a watcher that dies
-/// without a word stops being believed within [`believed_for`](crate::db::heartbeat::believed_for) its front-paced beat,
-/// and the next in line moves up at its next heartbeat. The safety survey is for
-/// what that misses (every watcher killed with the holder, a watcher frozen with its
-/// heartbeat still believed): one standby alone finds the slot within this; `n` of
-/// them, surveying at random points, every `this / n` on average.
+/// So seldom is safe because the watchers claim at expiry and poke the rear; this
+/// survey only catches what the line missed (every watcher killed with the holder).
+/// See docs/internals.md, "Claim rules".
 pub fn safety_survey_every(tick: Duration) -> Duration {
     SAFETY_SURVEY.max(tick * REAR_TICKS)
 }
@@ -447,15 +403,10 @@ pub const NARROW_FOR: Duration = Duration::from_secs(60);
 /// How far ahead a survey reads, on the server's clock: which leases it sees before
 /// they expire, and so how long its worker may sleep after it.
 ///
-/// - **Wide**, one lease (`L`), for a standby at the front of a small pool: a held
-///   slot's lease always ends within `L`, so the survey reads every slot and the
-///   standby sleeps until the earliest expiry it read (or `L` when it read none).
-///   A holder renews every tick, so that sleep is one to two ticks: about a third
-///   fewer surveys than one a tick, with the wake-up still right at the expiry.
-/// - **Narrow**, one tick, for everyone else and for a pool with more than
-///   [`WIDE_MOST`] slots: a renewed lease ends a tick to `L` ahead, so the survey
-///   reads only the late ones (O(expired), whatever the pool's size), and the
-///   worker looks again within a tick.
+/// - **Wide**, one lease (`L`), for a front standby of a small pool: it reads every
+///   slot and sleeps until the earliest expiry it read, about a third fewer surveys.
+/// - **Narrow**, one tick, otherwise and past [`WIDE_MOST`] slots: it reads only the
+///   late leases (O(expired)), and the worker looks again within a tick.
 ///
 /// `narrow` says the last wide survey read too many slots a short while ago.
 pub fn survey_horizon(place: Place, held: usize, narrow: bool, tick: Duration) -> Duration {
@@ -469,13 +420,8 @@ pub fn survey_horizon(place: Place, held: usize, narrow: bool, tick: Duration) -
 /// Whether a survey's worker wakes when the first lease it read (one ending within
 /// its horizon) expires: a watcher always; a worker behind them when the survey was
 /// woken (a poke). A claimer pokes the standbys behind it because its holder's
-/// neighbours may have died with it, and their leases end up to a tick apart: the
-/// poked survey, sent at the first claim, finds the later ones not yet expired. Woken
-/// at their expiry, the poked take them then. Without it, with 10 holders of 200
-/// killed at once, the poked went back to their rear pace, learned that they stood
-/// at the front only with their next read of their place (deferred to a tick), and
-/// half the slots were claimed 2 to 3 s after the first, two by holders
-/// overflowing.
+/// neighbours may have died with it, and their leases end up to a tick apart: woken
+/// at their expiry, the poked take them then instead of at their rear pace.
 pub fn wakes_at_expiry(place: Place, woken: bool) -> bool {
     place == Place::Front || woken
 }
@@ -514,40 +460,9 @@ pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -
 /// 0.55 T), and, when every slot it found was vacant before it began (a pool
 /// starting), once it has run its first lease (`2 T`, at most 2 s: [`first_hold`]).
 ///
-/// A new holder's renewals must come back in time from its first, and at a pool's
-/// cold start the first seconds are the worst for it. 200 processes started at once
-/// on a 2-core machine filled the dev server's accept queue (128) for 4.5 s, and its
-/// hundreds of runnable threads (handshakes, heartbeats, reads of the line) slowed
-/// every write to the slots for seconds, though a ping on an open connection came
-/// back in 2–25 ms. The first workers' requests went before that and were answered
-/// at once: they claimed, and then could not renew: 5 to 26 of 20 new holders
-/// fenced themselves a run. So:
-/// - a worker takes no slot that was vacant before it began during its own first
-///   lease, by which time the starts of every process started with it have reached
-///   the server; a slot released or orphaned since (a hand-back to it, a takeover)
-///   it takes at once;
-/// - a renewal must never wait for a connection to be opened: the loop's heartbeat
-///   or survey holds the lease pool's one connection now and then, so a worker opens
-///   a second when it first stands at the front, and claims once it is open;
-/// - while every slot it found was vacant before it began (a pool starting), a
-///   survey slower than a renewal may be says a holder could not keep the slot
-///   now; the worker surveys again a tick later.
-///
-/// A worker running for a while is never held back, so a takeover is as fast as
-/// before; nor is a new one by a slow survey when a slot was orphaned or released
-/// since it began (a takeover, a hand-back): there an older standby would claim
-/// whatever the survey took, and a mass failure slows every survey. With 200
-/// workers and 10 holders killed at once, the replacements of the round before
-/// stood at the front of the line and each declined its claim for a survey of 0.6
-/// s or more, until holders overflowed onto the slots 2L after their expiry. A new worker that is the only one able to take a slot vacant since before
-/// it began takes it a lease later. On a database slower than a renewal may be, nobody could keep a slot, and
-/// the first claim waits [`SETTLE_MOST`], no longer.
-///
-/// A new worker that took its first slot holds off a second one vacant since before
-/// it began for `overflow_after` more ([`hold`]): the overflow rule gives the
-/// standbys that long to take a slot first, and at a pool's start they were held
-/// back too. Without it, a poke that reached a worker just after its first claim
-/// had it survey and take a second slot at once, from standbys about to claim it.
+/// At a cold start the first claimers could not renew in time; a takeover or a
+/// hand-back is never held back. See docs/internals.md, "Claim rules", and
+/// docs/bench/2026-11-26-a-pool-of-200-workers.md.
 pub fn may_claim(
     r: Readiness,
     timing: &crate::config::LeaseTiming,

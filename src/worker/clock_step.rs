@@ -1,27 +1,12 @@
 //! A forward step of the database server's clock, caught before it lets this worker
 //! claim a slot whose holder may still run its robots.
 //!
-//! Expiry is judged on the server's clock; a holder stops its robots on its own
-//! monotonic clock, at `last renewal sent + L − margin`. When the server's clock
-//! steps forward by more than about `(margin − grace) / 2`, a lease stamped before
-//! the step looks expired before its holder's deadline: a standby could claim the
-//! slot and start the robots while the old copies still run.
-//!
-//! Every reading of the server's clock (a heartbeat's `hello`, a survey's `$$NOW`)
-//! is compared with the last one on the local monotonic clock. The server read its
-//! clock somewhere within each request's round trip, so each reading bounds the
-//! offset `server − local` to a range; when the new range lies wholly above the last
-//! one by more than [`StepWatch`]'s tolerance (and more than the clocks can drift
-//! apart meanwhile), the server's clock stepped. For one lease `L` after that, this
-//! worker claims no slot that was ever stamped (a `time` that is not null): a live
-//! holder renews within a tick of the step, which makes its slot fresh again, and a
-//! dead one's robots stopped before `its last renewal + L`, which was before
-//! `step + L`. A released slot, or one never held, has no `time` and no holder to
-//! wait for: it is claimed at once.
-//!
-//! A worker cannot know of a step before its first reading, so it also waits one
-//! `L` from its first reading before it claims a stamped slot. A pool's cold start
-//! (no slot stamped yet) and graceful hand-overs (released slots) are not delayed.
+//! Expiry is judged on the server's clock but a holder fences on its own, so a forward
+//! step can make a live lease look expired. Each server-clock reading bounds the offset
+//! `server − local`; a new range wholly above the last by more than [`StepWatch`]'s
+//! tolerance is a step. For one `L` after a step (and after the first reading), no
+//! stamped slot is claimed: by then a live holder renewed and a dead one's robots
+//! stopped. See docs/internals.md, "Steps of the server's clock".
 
 use std::time::Duration;
 

@@ -1,13 +1,11 @@
 //! One held slot: everything that lives exactly as long as one lease.
 //!
-//! [`HeldSlot::spawn`] takes a freshly claimed [`Lease`] and starts, in one task of
-//! its own, the lease's renewals, its [`WriteGuard`] and [`WritePacer`], the
-//! [`ContextStore`] its robots write through, and the [`Supervisor`] task that runs
-//! them. The task has one way out: on loss or self-fence it stops the robots at once;
-//! on hand-back, drain or shutdown it stops them (each may write a last checkpoint)
-//! and then releases the slot. A worker holds several of these when it overflows;
-//! each renews on its own schedule, with its own deadline and epoch, on the lease's
-//! own connection pool, so no robot work and no other slot delays its renewals.
+//! [`HeldSlot::spawn`] takes a freshly claimed [`Lease`] and starts, in one task, its
+//! renewals, [`WriteGuard`], [`WritePacer`], [`ContextStore`] and [`Supervisor`]. On
+//! loss or self-fence the task stops the robots at once; on hand-back, drain or
+//! shutdown it stops them (each may checkpoint) and then releases the slot. Each held
+//! slot renews on its own schedule and deadline over the lease's own connection pool,
+//! so no robot work and no other slot delays its renewals.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -118,22 +116,17 @@ impl HeldSlot {
     }
 }
 
-/// Holds one lease until it is lost, fenced, drained or given back.
 /// How long after its claim a new holder sends its first renewal: half a tick,
 /// where every later one follows the last by a tick.
 ///
-/// The claim's deadline is `claim sent + L − margin`, as every renewal's is. Renewed
-/// a tick later, the first renewal would have `L − margin − T` (0.55 T) to come
-/// back; renewed half a tick later, 1.05 T. A claim comes when the database is at its
-/// busiest (a pool's cold start, a mass failure's takeovers, a new holder's first
-/// listing and adoption of its robots): fifty workers started at once on a 2-core
-/// machine kept the dev server's answers half a second late, and four of ten new
-/// holders fenced themselves on their first renewal. One renewal more per claim is
-/// the price.
+/// A claim comes when the database is busiest, and renewing half a tick in gives
+/// the first renewal 1.05 T to come back instead of 0.55 T, at the price of one more
+/// renewal per claim (see docs/bench/2026-11-26-a-pool-of-200-workers.md).
 pub fn first_renewal_after(tick: Duration) -> Duration {
     tick / 2
 }
 
+/// Holds one lease until it is lost, fenced, drained or given back.
 async fn hold(
     mut lease: Lease,
     cx: HoldContext,
@@ -513,16 +506,11 @@ impl SupervisorHandle {
 /// The supervisor task: sync after every renewal until told to stop; then stop
 /// every robot.
 ///
-/// Syncing right after a renewal matters on a slow server: a sync may begin with a
-/// read of all the slot's robots, which some servers answer by scanning the whole
-/// collection while other requests wait. Started just after a renewal came back, that
-/// stall has most of a tick to finish before the next renewal is even sent. A beat
-/// that is already stale (the previous sync ran long) is not used for such a read;
-/// the next fresh one is. Nor is one whose renewal came back slow, unless the read
-/// has waited long enough ([`read_admitted`]): other holders are reading, and this
-/// one's read would add to the queue every renewal waits in. A read still due after
-/// a sync (it failed, or left robots to start once others stopped) goes at the next
-/// fresh beat: it has had its turn.
+/// Syncing right after a renewal gives a sync's read of the slot's robots (possibly a
+/// collection scan on some servers) most of a tick before the next renewal is sent.
+/// So a stale beat is not used for such a read, nor one whose renewal came back slow
+/// unless the read has waited long enough ([`read_admitted`]); a read still due after
+/// a sync goes at the next fresh beat.
 async fn supervise(
     mut supervisor: Supervisor,
     mut beats: watch::Receiver<Renewal>,

@@ -1,38 +1,12 @@
 //! Taking this worker's `ip:port` identity when another process's heartbeat is
 //! still believed there.
 //!
-//! A worker's identity is its advertised `ip:port`: the line, hand-backs, pokes and
-//! the dashboard know it by that, so two live processes must never share one. A
-//! heartbeat found under the identity at start, written by another process, is
-//! either a live second process (a copied `SLOTPOOL_ADVERTISE`, host networking)
-//! or a predecessor that died a moment ago (a restarted container, a pod or
-//! container that got a dead one's address). Its own promise says how long it is
-//! believed: up to [`crate::db::heartbeat::believed_for`] a rear-paced beat,
-//! over a minute. Waiting that long after every restart left a compose pool whose
-//! replacements reused the killed containers' addresses without standbys for a
-//! minute, and its slots were overflowed onto survivors instead.
-//!
-//! So the worker asks its own advertised address who answers there ([`probe`]):
-//! - **itself**: nothing else listens at that address now, so the predecessor is
-//!   gone from it. The identity is taken over at once, unless a slot is still
-//!   leased under it (a holder elsewhere that may still renew: then the wait stays)
-//!   and only with a compare-and-set on the heartbeat exactly as read, so a
-//!   predecessor that beat meanwhile keeps it;
-//! - **the heartbeat's own process**: a live second worker, refused at once;
-//! - **nobody, or another process**: an address that does not lead back here (a
-//!   NAT, a test advertising another's address). The heartbeat is waited out, as
-//!   before; one renewed meanwhile is a live second worker, refused.
-//!
-//! A predecessor frozen rather than dead (SIGSTOP, `docker pause`) keeps its port,
-//! so no new process can answer at its address while it lives there. A loopback
-//! address proves nothing of the kind: every container that could not find its own
-//! address advertises `127.0.0.1:7700`, each reaching itself there. So on loopback
-//! the answer counts only when the predecessor's heartbeat was written from this
-//! very network namespace ([`network_namespace`]: the kernel's boot id and the
-//! namespace's inode), where one port has one listener. One on another host with the
-//! same routable address (two bridge networks with one subnet, a misconfiguration
-//! pokes cannot cross either) is taken over if it holds no lease; its next heartbeat
-//! finds that and it exits with the reason.
+//! Two live processes must never share an identity, yet waiting out a dead
+//! predecessor's heartbeat would delay every restart by a minute. So the worker
+//! [`probe`]s its own address: if it answers itself, the predecessor is gone and the
+//! identity is taken with a compare-and-set on the heartbeat as read (unless a slot
+//! is still leased under it); else it waits or refuses. Loopback counts only within
+//! one [`network_namespace`]. See docs/internals.md, "Taking over a worker's identity".
 
 use crate::db::heartbeat::Predecessor;
 use std::net::SocketAddr;

@@ -520,10 +520,9 @@ impl Worker {
     /// that ended or (first standby in line only) by the release poll finding a free
     /// slot.
     ///
-    /// The release poll replaces a change stream on `slots`: on the dev server every
-    /// write wakes every open stream for a `getMore`, so a stream's cost grew with
-    /// the pool's renewals and checkpoints (about 0.03 of a core at 100 renewals/s),
-    /// while the poll costs one indexed read per period whatever the pool does.
+    /// The release poll replaces a change stream on `slots`, whose cost grows with
+    /// every renewal and checkpoint in the pool; the poll costs one indexed read per
+    /// period whatever the pool does.
     async fn pause(&mut self, wait: Duration) -> Pause {
         let until = self.clock.now() + wait;
         loop {
@@ -624,8 +623,8 @@ impl Worker {
     /// Returns how long to wait before the next.
     ///
     /// The survey goes first: a standby woken at a lease's expiry claims at once,
-    /// not behind the heartbeat's three round trips (on a loaded dev server those
-    /// took most of the second that kill -9 takeover has to spare).
+    /// not behind the heartbeat's round trips, which on a loaded server can take most
+    /// of the time a takeover has to spare.
     async fn round(&mut self, woken: bool) -> Duration {
         let began = self.clock.now();
         let wait = self.survey_round(woken).await;
@@ -1163,15 +1162,10 @@ impl Worker {
     }
 
     /// Replaces the robots' client (and with it every connection in its pool) when
-    /// an outage began since it was made, before a new slot's robots use it: see
-    /// [`Store::reopened`] for why. A container cut off from the database long
-    /// enough to fence itself, and reconnected, claimed again at once; its first
-    /// read of the slot's robots went out on a connection pooled before the cut and
-    /// waited 30 s for an answer that never came, its robots standing still. The
-    /// lease's client is left as it is: a claim, renewal or heartbeat that meets such
-    /// a connection is given up at its own bound, which closes the connection (a
-    /// renewal's bound is the lease's deadline: a holder that meets one fences
-    /// itself, as it would on any renewal left unanswered).
+    /// an outage began since it was made, before a new slot's robots use it (see
+    /// [`Store::reopened`]): a connection pooled before the outage may never answer.
+    /// The lease's client is left as it is: a claim, renewal or heartbeat that meets
+    /// such a connection is given up at its own bound, which closes the connection.
     fn reopen_after_outage(&mut self) {
         let outages = self.health.outages();
         if outages == self.store_outages {
@@ -1280,13 +1274,9 @@ impl Worker {
     /// Sends a heartbeat, bounded like every bookkeeping call; on success,
     /// remembers and returns the server's clock.
     ///
-    /// A standby waits longer (see [`Worker::bookkeeping_timeout`]).
-    ///
-    /// Not bounded by less: a heartbeat is two round trips, and one abandoned in
-    /// flight costs the lease's pool its connection. Bounded by half a tick, every
-    /// heartbeat over a link with 300 ms of latency was abandoned, and a renewal
-    /// waiting for the replacement connection missed its window: the holder fenced
-    /// itself within seconds (tests/containers.rs, the latency phase).
+    /// A standby waits longer (see [`Worker::bookkeeping_timeout`]). Not bounded by
+    /// less: a heartbeat is two round trips, and one abandoned in flight costs the
+    /// lease's pool a connection that a renewal may then have to wait for.
     async fn bounded_heartbeat(&mut self, pace: Duration) -> Beaten {
         let limit = self.bookkeeping_timeout();
         let holding = self.held_leases();

@@ -1,25 +1,12 @@
 //! Waking the first standbys when a slot is released: a poke over HTTP instead of a
 //! poll of the database.
 //!
-//! A released slot is free at once, but a standby learns of it only at its next
-//! survey (a tick away at the front of the line). Polling for releases found them
-//! within 100 ms, at the price of ten reads a second from the first standby,
-//! whatever the pool did: most of what an idle pool asked of its database. The
-//! releasing holder knows better: the standbys' heartbeats carry their `ip:port`,
-//! so once its release has landed it sends the first standbys in line (up to
-//! `--watchers`) `POST /v1/poke` on their worker ports ([`poke_front`]).
-//!
-//! A poke can do one thing only: make the worker survey the slots, at once when its
-//! last poke-driven survey is at least [`spacing`] old (100 ms, or the tick when
-//! that is shorter), else as soon as it is ([`PokeGate`]). A poke is never dropped:
-//! one that arrives too soon is merged into the one survey already due, so a second
-//! vacancy a moment after the first still leads to a claim within tens of
-//! milliseconds, whatever the tick. The database stays the only truth (the survey
-//! reads it; the claim is the usual compare-and-set), so a poke needs no secret,
-//! and a flood of forged ones costs at most one survey per spacing (ten a second).
-//! A poke that is lost (the standby's port filtered, the standby dead or stopped)
-//! costs latency only: the standby finds the slot at its next survey, as before
-//! pokes.
+//! A releasing holder sends the first standbys in line `POST /v1/poke` once its
+//! release has landed ([`poke_front`]); polling for releases cost most of an idle
+//! pool's requests. A poke only makes the worker survey, at most once per [`spacing`]
+//! ([`PokeGate`] merges early ones, never drops them). The database stays the only
+//! truth, so a poke needs no secret: a forged flood costs a survey per spacing, and a
+//! lost poke costs latency only.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -20,18 +20,11 @@ pub const EDGE_WINDOW: Duration = Duration::from_millis(10);
 pub const EDGE_SPREAD: Duration = Duration::from_millis(50);
 
 /// When a held slot's renewals go. A slot that runs scheduled robots renews just
-/// after each edge of the tick on the server's clock (a multiple of the tick since
-/// the epoch: every whole second at a 1 s tick), where firings fall: in a window
-/// that begins up to [`EDGE_SPREAD`] past the edge, by the slot.
-///
-/// Why: a successor can claim the slot only a lease `L` after the last renewal
-/// before its holder died. Renewing just after the edges, the last renewal before
-/// any death in the tick before a firing came a tick before that firing, so the
-/// successor claims one tick (plus the window) after the firing, not anywhere up to
-/// `L` after it. Renewals are only ever moved earlier, never later: the self-fence
-/// deadline is counted from each renewal's sending, so an earlier one is always
-/// safe. Slots without scheduled robots keep their phase (no reason to make every
-/// holder renew at the same instant).
+/// after each edge of the tick on the server's clock, where firings fall, within
+/// [`EDGE_SPREAD`] of it by slot. Then a successor claims one tick after a firing its
+/// dead holder missed, not up to `L` after it. Renewals only ever move earlier, which
+/// is always safe since the self-fence counts from each renewal's sending. Other
+/// slots keep their phase, so holders do not all renew at once.
 #[derive(Debug, Clone, Default)]
 pub struct RenewalTiming {
     time: ServerTime,

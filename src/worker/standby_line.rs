@@ -1,44 +1,12 @@
 //! Standbys in line, not in a herd: who is alive, and where each worker stands (how
 //! often it looks at the slots from there is [`crate::worker::claim_policy`]'s).
 //!
-//! Every live worker with room for another slot stands in one line, ordered by how
-//! many slots it holds: standbys first (by id), then the emptiest holders (those
-//! holding as many stand side by side, see [`Roster::place`](crate::db::heartbeat::Roster::place)). Only the first
-//! [`FRONT`] *watch*: they survey every tick and wake at the earliest expiry, so a
-//! slot whose holder died is claimed at its expiry; the very first, if it holds
-//! nothing, also polls for a released slot every `--release-poll`, so a released
-//! slot is claimed within that.
-//!
-//! Everyone else asks the database for nothing but its heartbeat, every
-//! [`REAR_BEAT`], and its place, read with it. It learns of a vacancy three ways:
-//! - **a poke**: a releasing holder pokes the front; a watcher that claims a slot
-//!   pokes the next standbys in line, as many as the slots it saw expired (less the
-//!   one it took) plus `--watchers` (the front it leaves). A poked worker surveys at
-//!   once and re-reads its place;
-//! - **its place moving to the front**, read with its heartbeat (a watcher that died
-//!   without a word is no longer believed after [`believed_for`](crate::db::heartbeat::believed_for) its front-paced
-//!   beat);
-//! - **a safety survey**, every [`SAFETY_SURVEY`](crate::worker::claim_policy::SAFETY_SURVEY) at most, at a random point of it:
-//!   for whatever the line got wrong (every watcher killed with the holder, say).
-//!
-//! This is the herd-effect fix of ZooKeeper's lock recipe: each waiter learns from
-//! what is just ahead of it, not from the whole pool. In a pool of hundreds, the
-//! rear's safety surveys alone come every second or so, spread over the pool.
-//!
-//! Why three watchers by default ([`FRONT`], `--watchers`) and not one: a front
-//! watcher may have died a moment ago (its heartbeat is believed for two beats), and
-//! several slots expire at once when a machine with several workers dies. Three
-//! watchers claim three such slots in parallel at once, and poke as many more
-//! standbys as there are further slots. Operators set `--watchers` to what can fail
-//! together.
-//!
-//! A standby's place costs one read of the index entries from the nearest few live
-//! standbys ahead of it (`--watchers` and [`NEAR_SPARE`](crate::db::heartbeat::NEAR_SPARE) more, as its last read found
-//! them) to itself: O(1) per worker per look, whatever the pool's size. Only when
-//! fewer than `--watchers` of those are alive does it read the whole line ahead (a
-//! standby's first read, a watcher's, and after deaths ahead). The decisions here are
-//! pure; the queries they read through (heartbeat, place, live workers) are
-//! [`crate::db::heartbeat::Roster`]'s.
+//! Live workers with room for another slot stand in one line, standbys first. Only
+//! the first [`FRONT`] (`--watchers`) watch the slots every tick; everyone behind
+//! only beats every [`REAR_BEAT`] and reads its place, and learns of a vacancy by a
+//! poke, by moving up to the front, or by a rare safety survey. This is the herd-effect
+//! fix of ZooKeeper's lock recipe. The decisions here are pure; the queries are
+//! [`crate::db::heartbeat::Roster`]'s. See docs/internals.md, "The standby line".
 
 use std::time::Duration;
 
@@ -126,13 +94,9 @@ pub fn beat_every(tick: Duration) -> Duration {
 /// [`beat_every`]; behind it, every [`REAR_BEAT`] (or the front's pace, when that is
 /// longer).
 ///
-/// The rule that ties them together: a heartbeat says itself how long it is
-/// believed (`alive_until_ms` = the server's now + [`believed_for`](crate::db::heartbeat::believed_for) its own pace),
-/// so each worker's liveness is judged by the pace it promised; and its document
-/// leaves by itself [`forgotten_after`](crate::db::heartbeat::forgotten_after) that. A worker that moves up beats again at
-/// once at the front's pace, so a watcher is never believed for a rear worker's
-/// two beats; one that moves back keeps the front's pace for one more beat (it
-/// promised it), then slows down.
+/// Each heartbeat is believed for [`believed_for`](crate::db::heartbeat::believed_for)
+/// the pace it promised, so a worker that moves up beats again at once at the front's
+/// pace. See docs/internals.md, "The standby line".
 pub fn beat_pace(place: Place, tick: Duration) -> Duration {
     match place {
         Place::Front => beat_every(tick),
@@ -160,21 +124,9 @@ pub const FIRST_BEAT_SPREAD: f64 = 0.5;
 /// comes at a random point of the pace's second half. Never later than the pace (the
 /// heartbeat is believed for two of them).
 ///
-/// A fixed pace alone keeps workers that beat together beating together for ever: 200
-/// workers started at once (a pool's cold start) beat and read their places within
-/// the same second every 40 s, and at 200 workers a place read was 19 ms of the dev
-/// server's time under its one storage lock. The scale bench's 10-holder mass
-/// failures met that burst in two rounds of ten; in one the whole server answered
-/// nothing for about half a second, two survivors fenced themselves, and that round's
-/// robots were all running again at +5.8 s where the others took 2.6–3.2 s (190
-/// heartbeats and 212 place reads in that round's 8.7 s, about 20 and 40 in the
-/// rounds without the burst). Workers that move to the rear together spread their
-/// first rear beats over 20 s, and a fixed pace keeps that spread. Every beat after
-/// the first at its pace comes at the pace itself, not earlier, so a settled standby
-/// costs what its pace says: an idle pool of 200 workers over 20 slots asked 43.00
-/// requests a second against a goal of 43, and a random fifth on every beat would
-/// have added about one. A failed beat makes the next that lands a first: retried at
-/// the front's pace through an outage, a pool's beats would come back bunched.
+/// The random first beat keeps workers that started or moved together from beating
+/// together for ever; later beats keep the pace exactly, so a settled standby costs
+/// what its pace says (see docs/bench/2026-11-26-a-pool-of-200-workers.md).
 pub fn next_beat_in(pace: Duration, first: bool, random: f64) -> Duration {
     if first {
         pace.mul_f64(1.0 - FIRST_BEAT_SPREAD * random.clamp(0.0, 1.0))
@@ -186,16 +138,10 @@ pub fn next_beat_in(pace: Duration, first: bool, random: f64) -> Duration {
 /// How many times [`crate::worker::Worker`]'s usual bound a standby waits for its
 /// heartbeat and the read of its place.
 ///
-/// A standby has no lease for a slow answer to hold back, and a request abandoned
-/// in flight is not taken back from the server: it is answered all the same, its
-/// connection is closed, and the next one pays a handshake in the same queue. At a
-/// cold start of 200 processes on a 2-core machine the dev server answered seconds
-/// late; bounded by 2 s, 579 heartbeats were abandoned in the first 15 s, the lease
-/// pools opened 897 connections, and a place read given up on put its worker at the
-/// front, surveying. Three times is 6 s at the default tick. `/livez` counts a
-/// survey, a heartbeat or a place read as the loop going on, so the longest it
-/// waits between two is a pause and a survey (five times the bound), within the
-/// `status::stuck_after` of every tick.
+/// A standby has no lease for a slow answer to hold back, and an abandoned request
+/// still loads the server and costs a new connection's handshake; `/livez` still sees
+/// the loop within `status::stuck_after` (see
+/// docs/bench/2026-11-26-a-pool-of-200-workers.md).
 pub const STANDBY_PATIENCE: u32 = 3;
 
 /// How old an observation of the server's clock may grow before a heartbeat reads

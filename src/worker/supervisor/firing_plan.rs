@@ -2,35 +2,10 @@
 //! what its instance knows (the server's time, which of its runs have started, whose
 //! leases are over). No I/O: the runner carries each step out, one write at a time.
 //!
-//! The rules, in the order they are applied (each is a function below):
-//! 1. **A run of another instance** (an earlier holder's, or one a move or an update
-//!    replaced). If its lease is over, its process was stopped with it: a firing
-//!    that could not have started before that lease ended is taken over as claimed;
-//!    any other run was *lost*, and is retried as the next attempt or recorded
-//!    skipped, as `on_lost` says. If its lease may still hold, nothing starts until
-//!    that instance records its run's end (no firing twice at once).
-//! 2. **The schedule**: a first one is written with the first write; a changed one
-//!    owes firings from the change on.
-//! 3. **Runs a stop cut off** (`lost`): retried or skipped, the same way.
-//! 4. **A pause**: the firings that fell while the robot was paused are recorded
-//!    skipped, in one record.
-//! 5. **A claimed run too late to start** (past its catch-up window, and not just
-//!    claimed within it) is recorded missed.
-//! 6. **A claimed firing whose time came** starts, unless a run is still in flight:
-//!    then the overlap policy decides (skip it, keep it waiting, stop the run, or
-//!    start beside it).
-//! 7. **Run-now requests**, under the overlap policy.
-//! 8. **Catch-up**: firings older than the catch-up window are recorded missed, in
-//!    one record with their count, with (9) **the firings due** (late: after a
-//!    takeover, a pause or a catch-up) claimed in the same write.
-//! 10. **The next firing is claimed ahead**, up to [`LEAD_MS`] before it, when no run
-//!     is in flight: its start then waits only on a local timer, and the claim goes
-//!     out with other robots' writes in a group commit rather than at the edge.
-//!
-//! Claimed runs start (6) before anything missed is recorded (8), and missed
-//! firings go with the next claim: a holder whose steps are slower than the
-//! schedule's period would otherwise find a firing missed at every step and never
-//! start one.
+//! The rules apply in a fixed order, each a function below. Nothing starts while
+//! another instance's run may still hold its lease (no firing twice at once), and
+//! claimed runs start before missed firings are recorded, so a slow holder still
+//! starts runs. See docs/internals.md, "A scheduled robot's next step".
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};

@@ -1,21 +1,11 @@
 //! The robots of the held slot: adopt, start, restart with backoff, stop, fence.
 //!
-//! One `Supervisor` lives exactly as long as one lease (slot + epoch). The worker calls
-//! [`Supervisor::sync`] after every renewal with the slot's `rev`; only when `rev`
-//! moved (a robot was created, deleted, moved, paused or resumed) does it read the
-//! slot's robots again, so a quiet slot costs no robot queries per tick.
-//!
-//! A write that bumps `rev` can be cut off before the bump (a CLI killed or its
-//! link cut between moving a robot and bumping the slots): so every
-//! [`PROBE_EVERY`] a quiet slot is also *probed*, one aggregation that counts its
-//! robots, the unpaused ones not adopted under this epoch, and the paused ones
-//! ([`Fingerprint`]). Any difference from what the last read left means the
-//! robots changed without a bump, and the slot is read again at once. A robot moved
-//! in (unadopted), moved out or deleted (fewer), paused or resumed all show.
-//!
-//! Each robot runs in its own task under a child [`CancellationToken`]. A crash or
-//! exit restarts it with exponential backoff (recorded in its `status`); a fenced
-//! checkpoint ends it for good on this holder.
+//! One `Supervisor` lives exactly as long as one lease (slot + epoch). The worker
+//! calls [`Supervisor::sync`] after every renewal with the slot's `rev`, and the
+//! slot's robots are read again only when `rev` moved. Since a writer can die before
+//! its bump, a quiet slot is also probed every [`PROBE_EVERY`] ([`Fingerprint`]).
+//! Each robot runs in its own task under a child [`CancellationToken`]: a crash
+//! restarts it with backoff, a fenced checkpoint ends it for good on this holder.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -52,13 +42,9 @@ use crate::robot::Registry;
 /// Even without a `rev` change, re-read the slot's robots at least this often: a
 /// safety net for documents edited by hand without bumping `rev`.
 const FULL_RESYNC: Duration = Duration::from_secs(60);
-/// Each full re-read comes up to this much later than [`FULL_RESYNC`], at random.
-/// Holders whose slots all changed at once (a `robot create --count` spread over
-/// them) read their robots at once, and without it would read them all again at
-/// once every minute: on a server where a read holds up every command (the dev server's
-/// storage lock), ten holders
-/// of 1,000 robots listing together (about 0.3 s each on the dev server) held a
-/// renewal back past the fence margin, and five holders fenced themselves.
+/// Each full re-read comes up to this much later than [`FULL_RESYNC`], at random, so
+/// holders whose slots all changed at once do not all re-read together every minute
+/// and hold renewals back (see docs/bench/2026-11-25-scheduled-robots.md).
 const RESYNC_SPREAD: Duration = Duration::from_secs(30);
 
 /// The longest wait between full re-reads, however slow they are.
@@ -67,10 +53,8 @@ const FULL_RESYNC_MAX: Duration = Duration::from_secs(600);
 /// When the next full re-read is due after one that began at `began` and took
 /// `took`: [`FULL_RESYNC`], or, for a read so slow that it would take more than
 /// 1/[`PROBE_SHARE`] of the time, that much later (at most [`FULL_RESYNC_MAX`]);
-/// then `random` spreads it over [`RESYNC_SPREAD`]. Ten slots of 1,000 robots read
-/// in full every 60–90 s were about a tenth of the dev server's work at a minute's
-/// edge, where each read took up to a second. The probes ([`probe_gap`]) still come
-/// at least every minute.
+/// then `random` spreads it over [`RESYNC_SPREAD`]. The probes ([`probe_gap`]) still
+/// come at least every minute.
 fn next_full_read(began: Instant, took: Duration, random: u64) -> Instant {
     let spread = RESYNC_SPREAD.as_millis() as u64;
     let wait = took
@@ -80,10 +64,9 @@ fn next_full_read(began: Instant, took: Duration, random: u64) -> Instant {
 }
 
 /// How often a quiet slot is probed for robot changes that came without a `rev`
-/// bump (an interrupted move): one aggregation over the slot's robots. Every 10 s,
-/// not 5: a move cut off between its two writes is rare and a rerun repairs it at
-/// once, while the probe runs on every held slot all the time (it was 5 % of an
-/// idle pool's requests, and a scan of the slot's robots each time).
+/// bump (an interrupted move): one aggregation over the slot's robots. It trades how
+/// soon such a rare change is noticed against a scan of every held slot, all the
+/// time (see docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
 pub const PROBE_EVERY: Duration = Duration::from_secs(10);
 
 /// A probe keeps at most one part in this many of the time between probes: a slow
@@ -92,10 +75,8 @@ const PROBE_SHARE: u32 = 200;
 
 /// How long after a probe that took `took` the next one comes: [`PROBE_EVERY`], or
 /// longer when the probe is costly, so that it takes at most 1/[`PROBE_SHARE`] of
-/// the time; never longer than [`FULL_RESYNC`], which reads every robot anyway.
-/// Measured on the dev server with ten slots of 1,000 scheduled robots firing each
-/// minute: a probe took 100–150 ms of the server's time, and the ten slots' probes
-/// were 15 % of all it did, while the firings' writes fell behind.
+/// the time; never longer than [`FULL_RESYNC`], which reads every robot anyway
+/// (see docs/bench/2026-11-25-scheduled-robots.md).
 pub fn probe_gap(took: Duration) -> Duration {
     took.saturating_mul(PROBE_SHARE)
         .clamp(PROBE_EVERY, FULL_RESYNC)
@@ -310,16 +291,12 @@ pub struct Supervisor {
     first_steps: firing_clock::FirstSteps,
     /// Told when the claim's event is written: no robot writes before it.
     claim_recorded: Option<tokio::sync::oneshot::Receiver<()>>,
-    /// True until the first sync after the claim (a supervisor lives as long as one
-    /// lease): that sync starts each robot an earlier holder of this slot adopted
-    /// (`0 < epoch <` this one) as soon as it is listed, before its adoption write
-    /// lands. Their instances stopped before the slot could be claimed (the
-    /// self-fence), so the new one is the only live instance; until its adoption
-    /// raises the robot's generation it writes under the state it was listed with,
-    /// and the checkpoint's compare-and-set on `seq` orders it against any write of
-    /// theirs still in flight (see [`ContextStore::start_early`]). The adoption then
-    /// follows in chunks, as ever. Robots new to the slot (epoch 0: created, or moved
-    /// in from a slot whose holder may not have stopped them yet) are adopted first.
+    /// True until the first sync after the claim: that sync starts each robot an
+    /// earlier holder of this slot adopted (`0 < epoch <` this one) before its
+    /// adoption write lands. Their old instances self-fenced before the claim, and the
+    /// `seq` compare-and-set orders any write of theirs still in flight (see
+    /// [`ContextStore::start_early`]). Robots new to the slot (epoch 0, whose previous
+    /// holder may still run them) are adopted first.
     early: bool,
     /// The worker's count of forward steps of the server's clock, and the count as
     /// of the slot's last reading.
@@ -422,13 +399,9 @@ impl Supervisor {
     /// previous sync is unfinished). Returns how many robots were started.
     ///
     /// `may_read`: whether this renewal lets a read go (see
-    /// [`crate::db::pacing::read_admitted`]). When the `rev` is unchanged and the
-    /// probe finds the robots changed anyway, a read not let go is left to the next
-    /// renewal's sync, which takes its turn like any changed slot's.
-    ///
-    /// One read of the slot's robots serves adoption and start alike: on a server
-    /// that answers such a query by scanning the whole collection, every extra read
-    /// is a stall that this holder's renewals must wait out.
+    /// [`crate::db::pacing::read_admitted`]); a read not let go waits for the next
+    /// renewal's sync. One read of the slot's robots serves adoption and start alike,
+    /// since every extra read may be a scan that this holder's renewals wait out.
     pub async fn sync(&mut self, rev: i64, may_read: bool) -> Result<usize, mongodb::error::Error> {
         self.reap();
         // The server's clock is read beside the slot's robots, not before them: a

@@ -76,10 +76,9 @@ pub(super) struct SyncPlan {
 }
 
 /// Whether a read of the slot's robots that took `took` leaves a renewal queued behind
-/// it too little room: over half of [`LeaseTiming::renewal_wait`]. On the dev server a
-/// robot keeping a 30-record history costs 0.5–0.9 ms to read, and a renewal sent
-/// during a read of 1,000 of them waited up to 550 ms (pymongo, 2026-11-25): at
-/// `--tick 250ms` (388 ms of room) the new holder fenced itself at every takeover.
+/// it too little room: over half of [`LeaseTiming::renewal_wait`], since a renewal
+/// sent during such a read waits behind it at short ticks (see
+/// docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
 pub(super) fn read_threatens_lease(took: Duration, timing: &LeaseTiming) -> bool {
     took > timing.renewal_wait() / 2
 }
