@@ -1,6 +1,7 @@
 //! slotpool benchmarks against the dev server (or MONGODB_URI): real worker
-//! processes, real kill -9 and SIGTERM, figures printed as one table and written to
-//! BENCHMARKS.md with the machine's description.
+//! processes, real kill -9 and SIGTERM, figures printed as one table and recorded
+//! (see record.rs): a file of its own under docs/bench/runs/ and a line in
+//! BENCHMARKS.md.
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
@@ -247,14 +248,11 @@ async fn main() {
     } else {
         "full run".to_string()
     };
+    let when = chrono::Utc::now().format("%Y-%m-%d %H:%M").to_string();
+    let commit = commit();
     let mut table = String::new();
     let _ = writeln!(table, "- Machine: {}", machine());
-    let _ = writeln!(
-        table,
-        "- Run: {}, {run}, commit {}\n",
-        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
-        commit()
-    );
+    let _ = writeln!(table, "- Run: {when} UTC, {run}, commit {commit}\n");
     let _ = writeln!(table, "| benchmark | measured | goal |\n|---|---|---|");
     for r in &rows {
         let _ = writeln!(table, "| {} | {} | {} |", r.name, r.figures, r.goal);
@@ -263,9 +261,43 @@ async fn main() {
     let path = std::env::var("SLOTPOOL_BENCH_OUT")
         .unwrap_or_else(|_| format!("{}/BENCHMARKS.md", env!("CARGO_MANIFEST_DIR")));
     if !rows.is_empty() {
+        let run = Run {
+            when: &when,
+            kind: &run,
+            commit: &commit,
+            table: &table,
+            full: !quick && only.is_none(),
+        };
+        // The run's own file sits beside BENCHMARKS.md's docs/bench/runs/.
+        let runs = std::path::Path::new(&path)
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("docs/bench/runs");
+        std::fs::create_dir_all(&runs).unwrap();
+        let file = run.file_name();
+        std::fs::write(runs.join(&file), run.file()).unwrap();
         let old = std::fs::read_to_string(&path).unwrap_or_default();
-        let full = !quick && only.is_none();
-        std::fs::write(&path, record(&old, &table, full)).unwrap();
-        println!("written to {path}");
+        std::fs::write(&path, record(&old, &run, &file)).unwrap();
+        println!("written to {path} and {}", runs.join(&file).display());
+    }
+}
+/// The commit the bench was built from, `+dirty` with uncommitted changes.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let hash = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{hash}+dirty")
+    } else {
+        hash
     }
 }
