@@ -79,7 +79,7 @@ impl RobotKind for Greeter {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Exec robots run under a shim that is this very binary: first thing in main.
-    slotpool::robot::shim::run_if_requested();
+    slotpool::run_if_requested();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLOTPOOL_LOG")

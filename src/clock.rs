@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// A wait on a [`Clock`].
-pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+pub(crate) type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// A source of monotonic instants, and waits measured on them.
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
@@ -100,7 +100,7 @@ impl Clock for ManualClock {
 }
 
 /// Shared handle to whichever clock a component was given.
-pub type SharedClock = Arc<dyn Clock>;
+pub(crate) type SharedClock = Arc<dyn Clock>;
 
 // === The server's clock ===
 
@@ -108,7 +108,7 @@ pub type SharedClock = Arc<dyn Clock>;
 /// the server read `server_ms` somewhere between the local instants `sent` and
 /// `received`.
 #[derive(Debug, Clone, Copy)]
-pub struct ServerClock {
+pub(crate) struct ServerClock {
     server_ms: i64,
     at: Instant,
     /// The request's round trip: the server read its clock somewhere within it.
@@ -118,7 +118,7 @@ pub struct ServerClock {
 impl ServerClock {
     /// `server_ms` was read by the server between the local instants `sent` and
     /// `received`.
-    pub fn observed(server_ms: i64, sent: Instant, received: Instant) -> Self {
+    pub(crate) fn observed(server_ms: i64, sent: Instant, received: Instant) -> Self {
         let spread_ms = received.saturating_duration_since(sent).as_millis() as i64;
         ServerClock {
             server_ms,
@@ -130,13 +130,13 @@ impl ServerClock {
     /// The latest the server's now can be: what a survey must read up to so a
     /// lease expiring before the next survey is not missed, however slow the
     /// observing round trip was.
-    pub fn latest_ms(&self) -> i64 {
+    pub(crate) fn latest_ms(&self) -> i64 {
         self.now_ms() + self.spread_ms
     }
 
     /// The reading itself: the server's clock, and the local instants between which
     /// the server read it.
-    pub fn reading(&self) -> (i64, Instant, Instant) {
+    pub(crate) fn reading(&self) -> (i64, Instant, Instant) {
         (self.server_ms, self.at, self.received())
     }
 
@@ -150,25 +150,25 @@ impl ServerClock {
     }
 
     /// How long ago the observation was made.
-    pub fn age(&self) -> Duration {
+    pub(crate) fn age(&self) -> Duration {
         self.at.elapsed()
     }
 
     /// The server's now, estimated: never ahead of it by more than the local
     /// clock's drift since the observation, behind it by up to the reply's way back.
-    pub fn now_ms(&self) -> i64 {
+    pub(crate) fn now_ms(&self) -> i64 {
         self.at_ms(Instant::now())
     }
 
     /// The server's clock at local instant `t` (not before the observation), from
     /// the send: never ahead of the server.
-    pub fn at_ms(&self, t: Instant) -> i64 {
+    pub(crate) fn at_ms(&self, t: Instant) -> i64 {
         self.server_ms + t.saturating_duration_since(self.at).as_millis() as i64
     }
 
     /// The server's clock at local instant `t`, taken from the middle of the round
     /// trip: off by half of it at most, either way.
-    pub fn mid_at_ms(&self, t: Instant) -> i64 {
+    pub(crate) fn mid_at_ms(&self, t: Instant) -> i64 {
         self.server_ms + t.saturating_duration_since(self.mid()).as_millis() as i64
     }
 }
@@ -177,12 +177,12 @@ impl ServerClock {
 /// clock somewhere within the round trip, so a reading is off by up to half of it:
 /// at most half a second, within the firing planner's
 /// [`crate::worker::supervisor::firing_plan::DRIFT_MS`].
-pub const MAX_READING_ROUND_TRIP: Duration = Duration::from_secs(1);
+pub(crate) const MAX_READING_ROUND_TRIP: Duration = Duration::from_secs(1);
 
 /// The server's clock as a held slot last read it, shared with its scheduled
 /// robots, and the first reading after the claim.
 #[derive(Debug, Clone, Default)]
-pub struct ServerTime {
+pub(crate) struct ServerTime {
     reading: Arc<Mutex<Option<ServerClock>>>,
     began: Arc<OnceLock<i64>>,
 }
@@ -191,7 +191,12 @@ impl ServerTime {
     /// Takes a reading (see [`ServerClock::observed`]): refused when its round trip
     /// was slower than [`MAX_READING_ROUND_TRIP`]. The first reading of a lease
     /// also fixes [`ServerTime::lease_began`].
-    pub fn observe(&self, server_ms: i64, sent: Instant, received: Instant) -> Result<(), String> {
+    pub(crate) fn observe(
+        &self,
+        server_ms: i64,
+        sent: Instant,
+        received: Instant,
+    ) -> Result<(), String> {
         let round_trip = received.saturating_duration_since(sent);
         if round_trip > MAX_READING_ROUND_TRIP {
             return Err(format!(
@@ -210,18 +215,18 @@ impl ServerTime {
     }
 
     /// How long ago the last reading was taken (None: never).
-    pub fn age(&self, clock: &SharedClock) -> Option<Duration> {
+    pub(crate) fn age(&self, clock: &SharedClock) -> Option<Duration> {
         self.last().map(|r| clock.since(r.mid()))
     }
 
     /// The server's now, estimated from the middle of the last reading's round
     /// trip; None before the first reading.
-    pub fn now_ms(&self, clock: &SharedClock) -> Option<i64> {
+    pub(crate) fn now_ms(&self, clock: &SharedClock) -> Option<i64> {
         Some(self.last()?.mid_at_ms(clock.now()))
     }
 
     /// The local instant at which the server's clock reads `ms`, estimated.
-    pub fn instant_at(&self, ms: i64, clock: &SharedClock) -> Option<Instant> {
+    pub(crate) fn instant_at(&self, ms: i64, clock: &SharedClock) -> Option<Instant> {
         let now_ms = self.now_ms(clock)?;
         let ahead = Duration::from_millis(ms.saturating_sub(now_ms).max(0) as u64);
         Some(clock.now() + ahead)
@@ -229,7 +234,7 @@ impl ServerTime {
 
     /// The server's clock at the first reading after this slot was claimed: no
     /// earlier than the claim, by which time every earlier holder's lease was over.
-    pub fn lease_began(&self) -> Option<i64> {
+    pub(crate) fn lease_began(&self) -> Option<i64> {
         self.began.get().copied()
     }
 }

@@ -73,11 +73,11 @@ impl FromStr for Identity {
 /// The longest duration any flag takes: a tick, margin, grace or overflow delay
 /// beyond an hour is a typo, and would overflow the lease arithmetic long before
 /// it made sense.
-pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(3600);
 
 /// Parses `1s`, `500ms`, `2.5s`, `1m`; refuses zero, negative values and anything
 /// beyond [`MAX_DURATION`].
-pub fn parse_duration(s: &str) -> Result<Duration, ConfigError> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, ConfigError> {
     let bad = |why: &str| ConfigError::Duration {
         input: s.to_string(),
         why: why.to_string(),

@@ -6,29 +6,44 @@
 //! and runs every robot bound to it from the robot's persisted, epoch-fenced context.
 //! When its claim lapses it stops them all, and a standby takes the slot over.
 //!
-//! The data flows one way: [`worker`] tick → [`db::lease`] → [`worker::supervisor`] →
-//! [`db::context`]. The folders show the architecture: [`worker`] is what runs,
-//! [`db`] what is stored, [`pool`] what people do to the pool, [`robot`] the kinds of
-//! robot, and [`cli`] and [`web`] are thin layers over [`pool`] and [`db`]. A library
-//! user registers more kinds through [`robot::RobotKind`] and runs a
-//! [`worker::Worker`] with its own [`robot::Registry`].
+//! The library's API is what this page lists. A library user registers kinds of its
+//! own through [`RobotKind`] in a [`Registry`] and runs a [`Worker`] over a [`Store`];
+//! the binary calls [`run_if_requested`] first thing in `main`, since it also serves
+//! as the shim of `exec` robots. `examples/custom_kind.rs` is a whole worker so built.
+//! Everything else is slotpool's insides, mapped in ARCHITECTURE.md.
 
+// slotpool's insides. Some are reachable, hidden from the docs, because the
+// `slotpool` binary, the integration tests and the benches use them; they carry no
+// stability promise. Inside a module, what no other module needs is private and
+// the rest is `pub(crate)`.
+#[doc(hidden)]
 pub mod cli;
+#[doc(hidden)]
 pub mod clock;
-pub mod config;
+pub(crate) mod config;
+#[doc(hidden)]
 pub mod db;
+#[doc(hidden)]
 pub mod metrics;
+#[doc(hidden)]
 pub mod pool;
+#[doc(hidden)]
 pub mod printable;
+#[doc(hidden)]
 pub mod robot;
-pub mod secrets;
+pub(crate) mod secrets;
+#[doc(hidden)]
 pub mod serve;
+#[doc(hidden)]
 pub mod web;
-pub mod worker;
+pub(crate) mod worker;
 
+// The library's API: everything a library user needs to run a worker with robot
+// kinds of its own (see examples/custom_kind.rs).
 pub use config::{Identity, LeaseTiming};
 pub use db::lease::{Lease, LeaseError, LeaseProtocol};
 pub use db::store::{SlotDoc, Store};
+pub use robot::shim::run_if_requested;
 pub use robot::{Registry, RobotError, RobotKind, RobotRun};
 pub use worker::supervisor::Supervisor;
 pub use worker::{Worker, WorkerSettings};

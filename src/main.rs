@@ -6,7 +6,7 @@ use slotpool::cli::Cli;
 fn main() {
     // `slotpool __robot-shim …`: the per-robot process that kills an exec robot when
     // its holder's lease lapses (see slotpool::robot::shim). It needs no runtime.
-    slotpool::robot::shim::run_if_requested();
+    slotpool::run_if_requested();
     let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
     runtime.block_on(run());
 }

@@ -16,7 +16,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 /// The content type of [`Metrics::render`]'s page.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Renewal round-trip latency buckets, in seconds.
 const BUCKETS: [f64; 10] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
@@ -38,7 +38,7 @@ impl Default for Lateness {
 }
 
 impl Lateness {
-    pub fn observe(&self, d: Duration) {
+    pub(crate) fn observe(&self, d: Duration) {
         self.0.observe(d.as_secs_f64());
     }
 }
@@ -63,7 +63,7 @@ impl Default for Latency {
 }
 
 impl Latency {
-    pub fn observe(&self, d: Duration) {
+    pub(crate) fn observe(&self, d: Duration) {
         self.0.observe(d.as_secs_f64());
     }
 }
@@ -171,10 +171,10 @@ impl Metrics {
 /// gives its unit back too, where a decrement after an `.await` would never run and
 /// leave the gauge counting a robot that is gone.
 #[derive(Debug)]
-pub struct Held(Gauge);
+pub(crate) struct Held(Gauge);
 
 impl Held {
-    pub fn new(gauge: &Gauge) -> Held {
+    pub(crate) fn new(gauge: &Gauge) -> Held {
         gauge.inc();
         Held(gauge.clone())
     }

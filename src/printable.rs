@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 
 /// The longest robot name, in characters.
-pub const MAX_NAME_CHARS: usize = 200;
+pub(crate) const MAX_NAME_CHARS: usize = 200;
 
 /// Characters that must never reach a terminal raw.
 fn dangerous(c: char) -> bool {
@@ -49,7 +49,7 @@ fn escape_controls(s: &str) -> Cow<'_, str> {
 /// JSON text with every dangerous character that is still raw (serde_json leaves
 /// C1 controls and bidi overrides as they are) written as a `\uXXXX` escape, which
 /// keeps the JSON valid and equal in meaning.
-pub fn escape_json(json: &str) -> Cow<'_, str> {
+pub(crate) fn escape_json(json: &str) -> Cow<'_, str> {
     match crate::secrets::scrub(json) {
         Cow::Borrowed(b) => escape_json_controls(b),
         Cow::Owned(o) => Cow::Owned(escape_json_controls(&o).into_owned()),
@@ -76,7 +76,7 @@ fn escape_json_controls(json: &str) -> Cow<'_, str> {
 /// The robot name grammar: 1 to 200 characters, no control characters or
 /// bidirectional overrides, no leading or trailing whitespace. Anything else
 /// printable (letters of any script, digits, punctuation, inner spaces) is fine.
-pub fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
     let n = name.chars().count();
     if n == 0 || n > MAX_NAME_CHARS {
         return Err(format!(

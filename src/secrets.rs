@@ -12,10 +12,10 @@ use std::borrow::Cow;
 use std::sync::RwLock;
 
 /// What stands in for a hidden secret.
-pub const HIDDEN: &str = "****";
+pub(crate) const HIDDEN: &str = "****";
 
 /// The shortest secret fragment [`scrub`] looks for in free text.
-pub const MIN_FRAGMENT: usize = 4;
+pub(crate) const MIN_FRAGMENT: usize = 4;
 
 /// Secret fragments of the URIs this process uses.
 static FRAGMENTS: RwLock<Vec<String>> = RwLock::new(Vec::new());
@@ -39,7 +39,7 @@ fn options_start(uri: &str) -> Option<usize> {
 
 /// `uri` with its userinfo and every credential-bearing option value replaced by
 /// `****`. Works on any text, URI-shaped or not; never fails.
-pub fn redact_uri(uri: &str) -> String {
+pub(crate) fn redact_uri(uri: &str) -> String {
     let (scheme, rest) = match uri.find("://") {
         Some(i) => (&uri[..i + 3], &uri[i + 3..]),
         None => ("", uri),
@@ -70,7 +70,7 @@ pub fn redact_uri(uri: &str) -> String {
 
 /// The secret parts of a URI: the userinfo, its password, each credential-bearing
 /// option value and each `KEY:VALUE` value inside it, raw and percent-decoded.
-pub fn fragments(uri: &str) -> Vec<String> {
+pub(crate) fn fragments(uri: &str) -> Vec<String> {
     let mut found = Vec::new();
     let rest = uri.find("://").map_or(uri, |i| &uri[i + 3..]);
     if let Some(at) = rest.rfind('@') {
@@ -104,7 +104,7 @@ pub fn fragments(uri: &str) -> Vec<String> {
 }
 
 /// Remembers the secret parts of `uri`, so [`scrub`] hides them wherever they show.
-pub fn remember(uri: &str) {
+pub(crate) fn remember(uri: &str) {
     let new = fragments(uri);
     if new.is_empty() {
         return;
@@ -120,7 +120,7 @@ pub fn remember(uri: &str) {
 
 /// `text` with every `mongodb://` / `mongodb+srv://` URI redacted and every
 /// remembered secret fragment replaced by `****`.
-pub fn scrub(text: &str) -> Cow<'_, str> {
+pub(crate) fn scrub(text: &str) -> Cow<'_, str> {
     let mut out = Cow::Borrowed(text);
     if out.contains("mongodb://") || out.contains("mongodb+srv://") {
         out = Cow::Owned(redact_uris_in(&out));
@@ -161,7 +161,7 @@ fn redact_uris_in(text: &str) -> String {
 /// robots never have), and every copy of `uri` in the world-readable original
 /// argument and environment blocks is overwritten in place with `*`. The URI stays
 /// only in this process's heap. Returns how many copies were overwritten.
-pub fn hide_from_other_processes(uri: &str) -> usize {
+pub(crate) fn hide_from_other_processes(uri: &str) -> usize {
     // SAFETY: prctl(PR_SET_DUMPABLE) takes plain integers.
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -195,7 +195,7 @@ pub fn hide_from_other_processes(uri: &str) -> usize {
 /// process starts inherits it. Only syscalls, no allocation: safe between fork and
 /// exec. `close_range(CLOSE_RANGE_CLOEXEC)` where the kernel has it (5.11+), else
 /// one `fcntl` per possible descriptor.
-pub fn close_on_exec_from(first: u32) {
+pub(crate) fn close_on_exec_from(first: u32) {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range, getrlimit and fcntl(F_SETFD) only change descriptor
     // flags; an unused descriptor number fails with EBADF and nothing else.

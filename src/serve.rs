@@ -20,18 +20,18 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 /// The largest request head accepted (hyper's smallest allowed read buffer).
-pub const MAX_REQUEST: usize = 8 * 1024;
+pub(crate) const MAX_REQUEST: usize = 8 * 1024;
 
 /// The most connections served at once.
 pub const MAX_CONNECTIONS: usize = 64;
 
 /// How long a connection may take to send a request head.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Which connections are open, and which of them are still waiting for a request:
 /// the admission decision, without I/O.
 #[derive(Debug, Default)]
-pub struct Connections {
+pub(crate) struct Connections {
     max: usize,
     next: u64,
     open: usize,
@@ -41,7 +41,7 @@ pub struct Connections {
 
 /// What to do with a new connection.
 #[derive(Debug, PartialEq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Serve it as `id`; first close `evict`, if any.
     Admit { id: u64, evict: Option<u64> },
     /// Every connection is busy answering: close this one.
@@ -49,14 +49,14 @@ pub enum Admission {
 }
 
 impl Connections {
-    pub fn new(max: usize) -> Self {
+    pub(crate) fn new(max: usize) -> Self {
         Connections {
             max,
             ..Default::default()
         }
     }
 
-    pub fn admit(&mut self) -> Admission {
+    pub(crate) fn admit(&mut self) -> Admission {
         let evict = if self.open >= self.max {
             match self.idle.pop_front() {
                 Some(old) => {
@@ -76,23 +76,24 @@ impl Connections {
     }
 
     /// `id` sent a request: it is no longer idle.
-    pub fn busy(&mut self, id: u64) {
+    pub(crate) fn busy(&mut self, id: u64) {
         self.idle.retain(|&i| i != id);
     }
 
     /// `id`'s request was answered: idle again, and the last to be evicted.
-    pub fn answered(&mut self, id: u64) {
+    pub(crate) fn answered(&mut self, id: u64) {
         self.idle.retain(|&i| i != id);
         self.idle.push_back(id);
     }
 
     /// `id` closed by itself (not evicted).
-    pub fn closed(&mut self, id: u64) {
+    pub(crate) fn closed(&mut self, id: u64) {
         self.idle.retain(|&i| i != id);
         self.open = self.open.saturating_sub(1);
     }
 
-    pub fn open(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn open(&self) -> usize {
         self.open
     }
 }
@@ -145,7 +146,7 @@ impl Gate {
 /// evicted first, [`HEAD_TIMEOUT`], [`MAX_REQUEST`]), closing each connection after
 /// `connection_timeout`. Handlers can read the peer's address with axum's
 /// `ConnectInfo<SocketAddr>`.
-pub async fn serve_bounded(
+pub(crate) async fn serve_bounded(
     listener: TcpListener,
     app: Router,
     connection_timeout: Duration,

@@ -32,7 +32,7 @@ pub(super) async fn connect(uri: &str) -> anyhow::Result<Store> {
 /// Reads the connection string from a file (`--mongodb-uri-file`,
 /// `MONGODB_URI_FILE`: the Docker-secrets convention). Surrounding whitespace, such
 /// as the file's final newline, is not part of it.
-pub fn read_uri_file(path: &std::path::Path) -> Result<String, String> {
+pub(crate) fn read_uri_file(path: &std::path::Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
             "cannot read the MongoDB URI file {}: {e}",

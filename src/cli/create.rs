@@ -11,7 +11,7 @@ use crate::db::store::Store;
 use crate::pool::create::{self, CreateError, NewRobots, MAX_COUNT};
 
 #[derive(Debug, Args)]
-pub struct CreateArgs {
+pub(crate) struct CreateArgs {
     /// Robot name (unique). With --count C > 1: NAME-1 … NAME-C.
     #[arg(long)]
     name: String,
@@ -35,7 +35,7 @@ pub struct CreateArgs {
 
 /// A robot's spec from the command line: `--spec` whole, then the shorthands.
 #[derive(Debug, Args)]
-pub struct SpecArgs {
+pub(crate) struct SpecArgs {
     /// The kind's settings as a JSON object, e.g. '{"interval_ms": 500}' or
     /// '{"command": "/opt/robots/poll.sh", "args": ["--fast"]}'. Every kind also
     /// reads "history" and "restart" ({"on": "always", "attempts": 10, "within":
@@ -112,7 +112,7 @@ fn set_within(spec: &mut Document, field: &str, key: &str, value: bson::Bson) {
 
 impl SpecArgs {
     /// `--spec` if given, else `base`; then the shorthands on top.
-    pub fn build(&self, base: Document) -> anyhow::Result<Document> {
+    pub(crate) fn build(&self, base: Document) -> anyhow::Result<Document> {
         let mut spec = match &self.spec {
             None => base,
             Some(text) => {
@@ -188,7 +188,7 @@ impl SpecArgs {
     }
 
     /// Whether any flag sets the spec.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.spec.is_some()
             || self.interval_ms.is_some()
             || self.command.is_some()
@@ -207,7 +207,7 @@ impl SpecArgs {
     }
 }
 
-pub async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
     if args.count == 0 || args.count > MAX_COUNT {
         bail!(
             "--count must be between 1 and {MAX_COUNT}, got {}",

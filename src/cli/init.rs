@@ -3,7 +3,7 @@ use clap::Args;
 use crate::db::store::Store;
 
 #[derive(Debug, Args)]
-pub struct InitArgs {
+pub(crate) struct InitArgs {
     /// How many slots the pool has (1 to 99999). Run again to grow; shrinking removes
     /// the highest-numbered slots and refuses while any of them has robots. Names
     /// are zero-padded so they sort in order: slot-001… for up to 999 slots, and for
@@ -16,7 +16,7 @@ pub struct InitArgs {
     json: bool,
 }
 
-pub async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
     let report = crate::pool::init::init(store, args.slots).await?;
     if args.json {
         super::output::print_json(&serde_json::to_value(&report)?);

@@ -29,7 +29,7 @@ impl Kept {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     store: &Store,
     name: &str,
     lines: usize,

@@ -12,7 +12,7 @@ use super::Cli;
 
 #[derive(Debug, Args)]
 #[command(after_long_help = COMPLETION_HELP)]
-pub struct CompletionArgs {
+pub(crate) struct CompletionArgs {
     /// The shell to complete for.
     #[arg(value_enum)]
     shell: Shell,
@@ -28,7 +28,7 @@ For the current bash session only: source <(slotpool completion bash)";
 
 #[derive(Debug, Args)]
 #[command(after_long_help = MAN_HELP)]
-pub struct ManArgs {
+pub(crate) struct ManArgs {
     /// Write every page (slotpool.1, slotpool-worker.1, slotpool-robot-create.1, …)
     /// into this directory, creating it if needed, and list them. Without it, the
     /// page of COMMAND is printed.
@@ -54,7 +54,7 @@ pub fn command_tree() -> clap::Command {
     cmd
 }
 
-pub fn completion(args: CompletionArgs) -> anyhow::Result<()> {
+pub(crate) fn completion(args: CompletionArgs) -> anyhow::Result<()> {
     let mut cmd = Cli::command();
     let mut out = std::io::stdout().lock();
     clap_complete::generate(args.shell, &mut cmd, "slotpool", &mut out);
@@ -62,7 +62,7 @@ pub fn completion(args: CompletionArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn man(args: ManArgs) -> anyhow::Result<()> {
+pub(crate) fn man(args: ManArgs) -> anyhow::Result<()> {
     let tree = command_tree();
     if let Some(dir) = args.out_dir {
         for path in write_pages(&tree, &dir)? {
@@ -120,7 +120,7 @@ fn find<'a>(tree: &'a clap::Command, path: &[String]) -> anyhow::Result<&'a clap
 
 /// Writes one page per command and subcommand into `dir`; returns their paths,
 /// the top page first.
-pub fn write_pages(tree: &clap::Command, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn write_pages(tree: &clap::Command, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)
         .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
     let mut written = Vec::new();

@@ -24,7 +24,6 @@ mod worker;
 
 use clap::{Parser, Subcommand};
 
-pub use connect::read_uri_file;
 use connect::{connect, connection_string};
 
 /// Keeps stateful robots alive on a pool of identical workers, coordinated through
@@ -40,19 +39,19 @@ pub struct Cli {
     /// Default: mongodb://127.0.0.1:27017/slotpool. Credentials in it are hidden from
     /// every output and from other processes' view of this one.
     #[arg(long, global = true, env = "MONGODB_URI", hide_env_values = true)]
-    pub mongodb_uri: Option<String>,
+    pub(crate) mongodb_uri: Option<String>,
 
     /// Read the connection string from this file instead (the Docker-secrets
     /// convention); it never appears in a command line or an environment.
     #[arg(long, global = true, env = "MONGODB_URI_FILE", value_name = "PATH")]
-    pub mongodb_uri_file: Option<std::path::PathBuf>,
+    pub(crate) mongodb_uri_file: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run a worker: stand by, claim a slot, run its robots, hand it over on exit.
     Worker(worker::WorkerArgs),
     /// Create or update collections, validators, indexes and exactly N slots.

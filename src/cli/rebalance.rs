@@ -9,7 +9,7 @@ use anyhow::bail;
 use clap::Args;
 
 #[derive(Debug, Args)]
-pub struct RebalanceArgs {
+pub(crate) struct RebalanceArgs {
     /// Print the plan and change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -21,7 +21,7 @@ pub struct RebalanceArgs {
     json: bool,
 }
 
-pub async fn run(store: &Store, args: RebalanceArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(store: &Store, args: RebalanceArgs) -> anyhow::Result<()> {
     let r = actions::rebalance(store, args.max_moves, args.dry_run, &Actor::cli()).await?;
     report(&args, &r);
     let refused: Vec<&str> = r

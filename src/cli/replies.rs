@@ -6,97 +6,97 @@ use serde::Serialize;
 /// `robot delete --json`.
 #[derive(Debug, Serialize)]
 pub(super) struct Deleted<'a> {
-    pub deleted: &'a str,
-    pub slot: Option<String>,
+    pub(crate) deleted: &'a str,
+    pub(crate) slot: Option<String>,
 }
 
 /// `robot move --json`: `changed` is false for a move to the robot's own slot;
 /// `repaired` when an earlier move had been cut off and this one told the holder.
 #[derive(Debug, Serialize)]
 pub(super) struct Moved<'a> {
-    pub moved: &'a str,
-    pub from: String,
-    pub to: &'a str,
-    pub changed: bool,
-    pub repaired: bool,
+    pub(crate) moved: &'a str,
+    pub(crate) from: String,
+    pub(crate) to: &'a str,
+    pub(crate) changed: bool,
+    pub(crate) repaired: bool,
 }
 
 /// `robot pause --json`.
 #[derive(Debug, Serialize)]
 pub(super) struct Paused<'a> {
-    pub paused: &'a str,
-    pub slot: Option<String>,
+    pub(crate) paused: &'a str,
+    pub(crate) slot: Option<String>,
 }
 
 /// `robot resume --json`.
 #[derive(Debug, Serialize)]
 pub(super) struct Resumed<'a> {
-    pub resumed: &'a str,
-    pub slot: Option<String>,
+    pub(crate) resumed: &'a str,
+    pub(crate) slot: Option<String>,
 }
 
 /// `robot restart --json`.
 #[derive(Debug, Serialize)]
 pub(super) struct Restarted<'a> {
-    pub restarted: &'a str,
-    pub slot: Option<String>,
+    pub(crate) restarted: &'a str,
+    pub(crate) slot: Option<String>,
 }
 
 /// `robot trigger --json`.
 #[derive(Debug, Serialize)]
 pub(super) struct Triggered<'a> {
-    pub triggered: &'a str,
-    pub slot: Option<String>,
+    pub(crate) triggered: &'a str,
+    pub(crate) slot: Option<String>,
 }
 
 /// `robot update --json`: what changed, whether the holder applied it, and which
 /// worker did (`worker` only once applied).
 #[derive(Debug, Serialize)]
 pub(super) struct Updated<'a> {
-    pub updated: &'a str,
-    pub changes: &'a [String],
-    pub applied: bool,
+    pub(crate) updated: &'a str,
+    pub(crate) changes: &'a [String],
+    pub(crate) applied: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub worker: Option<Option<String>>,
+    pub(crate) worker: Option<Option<String>>,
 }
 
 /// `robot update --dry-run --json`.
 #[derive(Debug, Serialize)]
 pub(super) struct DryRun<'a> {
-    pub dry_run: bool,
-    pub robot: &'a str,
-    pub changes: &'a [String],
+    pub(crate) dry_run: bool,
+    pub(crate) robot: &'a str,
+    pub(crate) changes: &'a [String],
 }
 
 /// `robot create --json`: each robot made, and its slot.
 #[derive(Debug, Serialize)]
 pub(super) struct Created<'a> {
-    pub created: Vec<CreatedRobot<'a>>,
+    pub(crate) created: Vec<CreatedRobot<'a>>,
 }
 
 #[derive(Debug, Serialize)]
 pub(super) struct CreatedRobot<'a> {
-    pub name: &'a str,
-    pub slot: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) slot: &'a str,
 }
 
 /// `rebalance --json`: the moves (done, or planned with `--dry-run`), and the
 /// robots per slot before and after.
 #[derive(Debug, Serialize)]
 pub(super) struct Rebalanced<'a> {
-    pub dry_run: bool,
-    pub moves: Vec<RebalanceMove<'a>>,
-    pub before: std::collections::BTreeMap<String, i64>,
-    pub after: std::collections::BTreeMap<String, i64>,
+    pub(crate) dry_run: bool,
+    pub(crate) moves: Vec<RebalanceMove<'a>>,
+    pub(crate) before: std::collections::BTreeMap<String, i64>,
+    pub(crate) after: std::collections::BTreeMap<String, i64>,
 }
 
 #[derive(Debug, Serialize)]
 pub(super) struct RebalanceMove<'a> {
-    pub from: &'a str,
-    pub to: &'a str,
-    pub robots: Vec<&'a str>,
-    pub moved: u64,
-    pub refused: Option<&'a str>,
+    pub(crate) from: &'a str,
+    pub(crate) to: &'a str,
+    pub(crate) robots: Vec<&'a str>,
+    pub(crate) moved: u64,
+    pub(crate) refused: Option<&'a str>,
 }
 
 #[cfg(test)]

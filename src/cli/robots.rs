@@ -13,7 +13,7 @@ use crate::pool::view::{self as state, slot_rows, RobotNow, RobotState};
 use super::create::{CreateArgs, SpecArgs};
 
 #[derive(Debug, clap::Args)]
-pub struct UpdateArgs {
+pub(crate) struct UpdateArgs {
     /// The robot's name.
     name: String,
     /// A new kind; refused unless the robot's context carries over to it.
@@ -33,7 +33,7 @@ pub struct UpdateArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum RobotCommand {
+pub(crate) enum RobotCommand {
     /// Create robots bound to the least-loaded live slot(s).
     Create(CreateArgs),
     /// Change a robot's spec (and kind, where its context carries over) in place,
@@ -148,7 +148,7 @@ pub enum RobotCommand {
     },
 }
 
-pub async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
+pub(crate) async fn run(store: &Store, cmd: RobotCommand) -> anyhow::Result<()> {
     match cmd {
         RobotCommand::Create(args) => super::create::run(store, args).await,
         RobotCommand::Update(args) => update(store, args).await,

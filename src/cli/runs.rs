@@ -72,7 +72,12 @@ impl From<&RunRecord> for RunRow {
     }
 }
 
-pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> anyhow::Result<()> {
+pub(crate) async fn runs(
+    store: &Store,
+    name: &str,
+    limit: usize,
+    as_json: bool,
+) -> anyhow::Result<()> {
     let d = crate::db::robots::by_name(store, name, &[NAME, SPEC, FIRINGS, RUNS])
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
@@ -151,7 +156,7 @@ pub async fn runs(store: &Store, name: &str, limit: usize, as_json: bool) -> any
     Ok(())
 }
 
-pub async fn trigger(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
+pub(crate) async fn trigger(store: &Store, name: &str, as_json: bool) -> anyhow::Result<()> {
     let d = actions::trigger(store, name, &Actor::cli()).await?;
     if as_json {
         print_json(&super::replies::Triggered {

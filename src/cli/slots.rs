@@ -10,7 +10,7 @@ use crate::db::store::Store;
 use crate::pool::view::{live_workers, slot_rows, SlotRow, SlotState, SlotView};
 
 #[derive(Debug, Subcommand)]
-pub enum SlotsCommand {
+pub(crate) enum SlotsCommand {
     /// Every slot with its holder, epoch, lease age and robots; then the standbys.
     List {
         /// Print the slots and standbys as JSON.
@@ -32,7 +32,7 @@ pub enum SlotsCommand {
     },
 }
 
-pub async fn run(store: &Store, cmd: SlotsCommand) -> anyhow::Result<()> {
+pub(crate) async fn run(store: &Store, cmd: SlotsCommand) -> anyhow::Result<()> {
     match cmd {
         SlotsCommand::List { json } => list(store, json).await,
         SlotsCommand::Drain { slot, wait } => drain(store, &slot, true, wait).await,

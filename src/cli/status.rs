@@ -14,7 +14,7 @@ use crate::pool::view::{
 };
 
 #[derive(Debug, Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -23,7 +23,7 @@ pub struct StatusArgs {
     watch: Option<f64>,
 }
 
-pub async fn run(store: &Store, args: StatusArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(store: &Store, args: StatusArgs) -> anyhow::Result<()> {
     let Some(every) = args.watch else {
         return once(store, args.json).await;
     };

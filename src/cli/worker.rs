@@ -13,10 +13,10 @@ use crate::robot::Registry;
 use crate::worker::http::{self, HttpState};
 use crate::worker::{Worker, WorkerSettings};
 
-pub const DEFAULT_PORT: u16 = 7700;
+pub(crate) const DEFAULT_PORT: u16 = 7700;
 
 #[derive(Debug, Args)]
-pub struct WorkerArgs {
+pub(crate) struct WorkerArgs {
     /// This worker's identity, IP:PORT, as other machines reach it. Written into
     /// `slots.owner`; the port also serves /healthz, /metrics and /status.
     /// Default: this host's address and port 7700.
@@ -219,7 +219,7 @@ fn raise_fd_limit() -> u64 {
     limit.rlim_cur
 }
 
-pub async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
     let defaults = LeaseTiming::from_tick(args.tick);
     let timing = LeaseTiming {
         tick: args.tick,

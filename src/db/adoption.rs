@@ -20,18 +20,18 @@ use crate::db::robot_doc::RobotStatus;
 /// Robots per adoption write: a write's cost grows faster than its count, so small
 /// chunks are both gentler on renewals and faster overall (see
 /// docs/bench/2026-11-22-restoring-10000-robots.md).
-pub const ADOPT_CHUNK: usize = 100;
+pub(crate) const ADOPT_CHUNK: usize = 100;
 
 /// The fewest robots per adoption write, however slow the server: below this the
 /// round trips, not the server's work, would set the pace.
-pub const ADOPT_CHUNK_MIN: usize = 10;
+pub(crate) const ADOPT_CHUNK_MIN: usize = 10;
 
 /// Robots in the next adoption write, from how long the last one took: as many as
 /// fit in `budget` at the measured cost per robot, from [`ADOPT_CHUNK_MIN`] to
 /// [`ADOPT_CHUNK`]. A renewal sent meanwhile may wait behind the whole chunk, so the
 /// budget (half the fence margin) keeps that wait inside the margin at any tick
 /// (see docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
-pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
+pub(crate) fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usize {
     crate::db::pacing::statements_within(budget, took, robots, ADOPT_CHUNK_MIN, ADOPT_CHUNK)
 }
 
@@ -41,7 +41,12 @@ pub fn next_adopt_chunk(took: Duration, robots: usize, budget: Duration) -> usiz
 /// counts every robot bound to the slot, since the statement examines each of them
 /// and examining costs no more than writing. Nothing measured yet means no
 /// (see docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
-pub fn adopt_rest_at_once(took: Duration, done: usize, slot: usize, budget: Duration) -> bool {
+pub(crate) fn adopt_rest_at_once(
+    took: Duration,
+    done: usize,
+    slot: usize,
+    budget: Duration,
+) -> bool {
     done > 0
         && !took.is_zero()
         && crate::db::pacing::statements_within(budget, took, done, 0, usize::MAX) >= slot
@@ -288,7 +293,7 @@ impl ContextStore {
 /// [`BATCH`]). Without the checkpoint history and a scheduled robot's run records:
 /// the holder reads neither here, and up to a thousand records a robot would be
 /// shipped in a command that holds its renewal behind it.
-pub async fn slot_robots(
+pub(crate) async fn slot_robots(
     store: &crate::db::store::Store,
     slot: &str,
 ) -> Result<mongodb::Cursor<Document>, mongodb::error::Error> {
@@ -303,18 +308,18 @@ pub async fn slot_robots(
 /// What one grouped query counts of a slot's robots, to tell whether they changed
 /// since the holder last read them all.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tally {
-    pub total: i64,
+pub(crate) struct Tally {
+    pub(crate) total: i64,
     /// Not paused, and of an epoch other than `mine`.
-    pub unadopted: i64,
-    pub paused: i64,
+    pub(crate) unadopted: i64,
+    pub(crate) paused: i64,
     /// With an `update` waiting.
-    pub updates: i64,
+    pub(crate) updates: i64,
 }
 
 /// Counts `slot`'s robots (those with an ObjectId `_id`) for [`Tally`], judging
 /// adoption against epoch `mine`.
-pub async fn tally(
+pub(crate) async fn tally(
     store: &crate::db::store::Store,
     slot: &str,
     mine: i64,

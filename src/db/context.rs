@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 /// How many checkpoint records a robot keeps in its `history` array when its spec
 /// asks for one (`"history": N`).
-pub const MAX_HISTORY: i64 = 1000;
+pub(crate) const MAX_HISTORY: i64 = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ContextError {
@@ -61,11 +61,11 @@ pub enum ContextError {
 /// robot's state, restored at every start and shipped on every checkpoint; bulk data
 /// belongs elsewhere, with its key in the context. (MongoDB's own limit is 16 MiB
 /// for the whole robot document.)
-pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
 
 /// Documents per cursor batch when reading a slot's robots: a server building one
 /// batch of thousands of documents can stall this holder's renewals meanwhile.
-pub const BATCH: u32 = 500;
+pub(crate) const BATCH: u32 = 500;
 
 /// Where one holder (slot + epoch) reads and writes its robots' contexts.
 #[derive(Debug, Clone)]
@@ -93,30 +93,30 @@ type ListedState = (Option<i64>, i64);
 
 /// A robot as its holder loads it to start.
 #[derive(Debug, Clone)]
-pub struct Loaded {
-    pub name: String,
-    pub kind: String,
-    pub spec: Document,
-    pub context: Document,
-    pub seq: i64,
+pub(crate) struct Loaded {
+    pub(crate) name: String,
+    pub(crate) kind: String,
+    pub(crate) spec: Document,
+    pub(crate) context: Document,
+    pub(crate) seq: i64,
     /// When its recent runs ended by themselves, in server milliseconds (see
     /// [`RECENT_ENDS`]); hand-broken entries left out.
-    pub ends: Vec<i64>,
+    pub(crate) ends: Vec<i64>,
     /// A scheduled robot's firing state.
-    pub firings: crate::db::firing::FiringState,
+    pub(crate) firings: crate::db::firing::FiringState,
     /// When it was created, in server milliseconds.
-    pub created_ms: Option<i64>,
+    pub(crate) created_ms: Option<i64>,
     /// Held (`paused: true`): its holder is about to stop it.
-    pub paused: bool,
+    pub(crate) paused: bool,
     /// When an update was last applied to it (server milliseconds).
-    pub updated_ms: Option<i64>,
+    pub(crate) updated_ms: Option<i64>,
 }
 
 impl Loaded {
     /// What a start needs of `robot` (`name` when it has none), taken from it
     /// without a copy; the type of what stands for its context when that is not a
     /// document.
-    pub fn from_robot(robot: RobotDoc, name: &str) -> Result<Loaded, &'static str> {
+    pub(crate) fn from_robot(robot: RobotDoc, name: &str) -> Result<Loaded, &'static str> {
         Ok(Loaded {
             context: robot.context?,
             name: robot.name.unwrap_or_else(|| name.to_string()),
@@ -187,32 +187,32 @@ impl ContextStore {
         self.early.lock().expect("early lock").remove(id);
     }
 
-    pub fn slot_id(&self) -> &str {
+    pub(crate) fn slot_id(&self) -> &str {
         &self.slot_id
     }
 
     /// Where robots' output lines are kept.
-    pub fn output(&self) -> &OutputLog {
+    pub(crate) fn output(&self) -> &OutputLog {
         &self.output
     }
 
-    pub fn epoch(&self) -> i64 {
+    pub(crate) fn epoch(&self) -> i64 {
         self.epoch
     }
 
-    pub fn worker(&self) -> &str {
+    pub(crate) fn worker(&self) -> &str {
         &self.worker
     }
 
     /// False once this holder's lease lapsed locally (self-fence, loss, release):
     /// every write is refused from then on.
-    pub fn lease_open(&self) -> bool {
+    pub(crate) fn lease_open(&self) -> bool {
         self.guard.is_open()
     }
 
     /// The lease deadline and its every change, for robots that must be stopped by
     /// something outside this process when the deadline passes.
-    pub fn lease_deadline(&self) -> watch::Receiver<Instant> {
+    pub(crate) fn lease_deadline(&self) -> watch::Receiver<Instant> {
         self.guard.watch()
     }
 
@@ -273,7 +273,12 @@ impl ContextStore {
     }
 
     /// Reads a robot for (re)starting it, only if this instance is still current.
-    pub async fn load(&self, id: &ObjectId, gen: i64, name: &str) -> Result<Loaded, ContextError> {
+    pub(crate) async fn load(
+        &self,
+        id: &ObjectId,
+        gen: i64,
+        name: &str,
+    ) -> Result<Loaded, ContextError> {
         let d = self
             .robots
             .find_one(self.fence_match(id, gen))
@@ -294,7 +299,7 @@ impl ContextStore {
     /// [`ContextStore::load`], paced like a robot write: a holder's scheduled robots
     /// read themselves at a firing's edge, and a thousand reads at once would hold
     /// this holder's renewal behind them on a server that answers one at a time.
-    pub async fn load_paced(
+    pub(crate) async fn load_paced(
         &self,
         id: &ObjectId,
         gen: i64,
@@ -462,7 +467,7 @@ impl ContextStore {
     /// write that matches only while the update is still the one judged and the robot
     /// is on this slot under no newer holder. False when it matched nothing (moved,
     /// deleted, taken over, or another update replaced this one).
-    pub async fn answer_update(
+    pub(crate) async fn answer_update(
         &self,
         id: &ObjectId,
         update_id: &ObjectId,
@@ -534,7 +539,7 @@ impl ContextStore {
     /// Marks the robot `failed` and holds it as a paused robot is held, fenced like a
     /// checkpoint: no holder starts it again until `robot resume`. False when fenced or
     /// the lease lapsed (then nothing was written).
-    pub async fn give_up(
+    pub(crate) async fn give_up(
         &self,
         id: &ObjectId,
         gen: i64,
@@ -556,7 +561,7 @@ impl ContextStore {
     /// fenced or the lease lapsed (then nothing was written).
     /// Only over `start_rev`, the one the instance started under: a `robot restart`
     /// that came after the run ended stands.
-    pub async fn complete(
+    pub(crate) async fn complete(
         &self,
         id: &ObjectId,
         gen: i64,
@@ -588,7 +593,7 @@ impl ContextStore {
     /// sent in the slot's group commit (see [`crate::db::firing::FiringWrite`]).
     /// `Fenced` when it matched nothing: another writer raised `rev`, or this
     /// instance is no longer current; a read tells which.
-    pub async fn write_firings(
+    pub(crate) async fn write_firings(
         &self,
         id: &ObjectId,
         gen: i64,
@@ -627,7 +632,7 @@ impl ContextStore {
     /// validator) with an empty one, fenced like a checkpoint: every firing-state
     /// write appends to `runs`, and the server refuses to append to anything else,
     /// so the robot would never fire again. True when it replaced one.
-    pub async fn heal_runs(&self, id: &ObjectId, gen: i64) -> Result<bool, ContextError> {
+    pub(crate) async fn heal_runs(&self, id: &ObjectId, gen: i64) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
         if !self.guard.is_open() {
             return Ok(false);
@@ -647,7 +652,7 @@ impl ContextStore {
     /// id: the run leaves `running` (for `lost` when the stop `cut_off` it), and
     /// `record` (None for a claim that never started) is appended. False when the
     /// run was not in flight.
-    pub async fn end_run_by_id(
+    pub(crate) async fn end_run_by_id(
         &self,
         id: &ObjectId,
         entry: &crate::db::firing::RunEntry,
@@ -668,7 +673,7 @@ impl ContextStore {
     /// [`crate::robot::shim::CONTAINMENT`]) and the resource limits its shim applied
     /// (`applied_limits`, removed when none), fenced like a checkpoint; false when
     /// fenced or the lease lapsed.
-    pub async fn set_containment(
+    pub(crate) async fn set_containment(
         &self,
         id: &ObjectId,
         gen: i64,

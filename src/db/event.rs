@@ -56,26 +56,26 @@ words! {
 
 /// One document of `events`, decoded leniently.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Event {
-    pub id: Option<ObjectId>,
+pub(crate) struct Event {
+    pub(crate) id: Option<ObjectId>,
     /// When, on the server's clock (ms since the epoch); None when `at` is not a date.
-    pub at_ms: Option<i64>,
+    pub(crate) at_ms: Option<i64>,
     /// The kind as stored (empty when missing), shown as it is.
-    pub kind_text: String,
+    pub(crate) kind_text: String,
     /// The kind, when this version knows the word.
-    pub kind: Option<EventKind>,
-    pub worker: Option<String>,
-    pub slot: Option<String>,
-    pub robot: Option<String>,
+    pub(crate) kind: Option<EventKind>,
+    pub(crate) worker: Option<String>,
+    pub(crate) slot: Option<String>,
+    pub(crate) robot: Option<String>,
     /// A claim by a worker that already held a slot.
-    pub overflow: bool,
+    pub(crate) overflow: bool,
     /// Every other field as text (`_id`, `at`, `kind` and nulls left out), for
     /// display: `worker`, `slot_id`, `epoch`, `detail`, `actor` ….
-    pub fields: BTreeMap<String, String>,
+    pub(crate) fields: BTreeMap<String, String>,
 }
 
 impl Event {
-    pub fn from_doc(d: &Document) -> Event {
+    pub(crate) fn from_doc(d: &Document) -> Event {
         let kind_text = text(d, KIND).unwrap_or_default();
         Event {
             id: d.get_object_id("_id").ok(),
@@ -99,7 +99,7 @@ impl Event {
     }
 
     /// `at` as RFC 3339, when it is a date.
-    pub fn at_rfc3339(&self) -> Option<String> {
+    pub(crate) fn at_rfc3339(&self) -> Option<String> {
         bson::DateTime::from_millis(self.at_ms?)
             .try_to_rfc3339_string()
             .ok()
@@ -107,7 +107,7 @@ impl Event {
 }
 
 /// A text field; a value of another type is shown as BSON text, null as none.
-pub fn text(d: &Document, key: &str) -> Option<String> {
+pub(crate) fn text(d: &Document, key: &str) -> Option<String> {
     match d.get(key) {
         Some(Bson::Null) | None => None,
         Some(v) => Some(as_text(v)),

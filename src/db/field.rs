@@ -7,138 +7,138 @@
 // Fencing and placement.
 
 /// A robot's slot; also the slot named in `workers` and `events` documents.
-pub const SLOT_ID: &str = "slot_id";
+pub(crate) const SLOT_ID: &str = "slot_id";
 /// A slot's fencing token, raised by every claim; a robot's copy of its holder's.
-pub const EPOCH: &str = "epoch";
+pub(crate) const EPOCH: &str = "epoch";
 /// A robot's own fencing token, raised by every adoption.
-pub const GEN: &str = "gen";
+pub(crate) const GEN: &str = "gen";
 /// How many checkpoints a robot has written; each is conditioned on the one before.
-pub const SEQ: &str = "seq";
+pub(crate) const SEQ: &str = "seq";
 /// A slot's holder, `ip:port`, or null.
-pub const OWNER: &str = "owner";
+pub(crate) const OWNER: &str = "owner";
 /// The token of the last group-commit write that landed on a robot.
-pub const WRITE_ID: &str = "write_id";
+pub(crate) const WRITE_ID: &str = "write_id";
 /// How many robots a slot says it has (healed against the robots themselves).
-pub const ROBOT_COUNT: &str = "robot_count";
+pub(crate) const ROBOT_COUNT: &str = "robot_count";
 /// A slot's revision: any change to its robots raises it.
-pub const REV: &str = "rev";
+pub(crate) const REV: &str = "rev";
 
 // Slots.
 /// The holder's address, split for the survey's hash (`owner` is `ip:port`).
-pub const IP: &str = "ip";
-pub const PORT: &str = "port";
+pub(crate) const IP: &str = "ip";
+pub(crate) const PORT: &str = "port";
 /// When a slot was last released (server clock).
-pub const RELEASED_AT: &str = "released_at";
+pub(crate) const RELEASED_AT: &str = "released_at";
 /// True on a slot that `init` is removing (a pool shrinking): no new robot.
-pub const RETIRING: &str = "retiring";
+pub(crate) const RETIRING: &str = "retiring";
 /// When a slot was last claimed or renewed (server clock), or null once released.
-pub const TIME: &str = "time";
+pub(crate) const TIME: &str = "time";
 /// `time + L` in server-clock milliseconds: what the survey's index orders by.
-pub const EXPIRES_MS: &str = "expires_ms";
+pub(crate) const EXPIRES_MS: &str = "expires_ms";
 /// The holder's lease `L` in milliseconds, written at its claim.
-pub const LEASE_MS: &str = "lease_ms";
+pub(crate) const LEASE_MS: &str = "lease_ms";
 /// True while an operator drains a slot: no claim, no new robot.
-pub const DRAINING: &str = "draining";
+pub(crate) const DRAINING: &str = "draining";
 
 // Robots.
 /// A robot's unique name.
-pub const NAME: &str = "name";
+pub(crate) const NAME: &str = "name";
 /// A robot's kind (`counter`, `exec`, a library's own); also an event's kind.
-pub const KIND: &str = "kind";
+pub(crate) const KIND: &str = "kind";
 /// A robot's configuration, as its kind reads it.
-pub const SPEC: &str = "spec";
+pub(crate) const SPEC: &str = "spec";
 /// The schedule in a robot's spec (`spec.schedule`; see `robot::schedule`).
-pub const SPEC_SCHEDULE: &str = "spec.schedule";
+pub(crate) const SPEC_SCHEDULE: &str = "spec.schedule";
 /// A robot's persisted state: the last checkpoint.
-pub const CONTEXT: &str = "context";
+pub(crate) const CONTEXT: &str = "context";
 /// `pending`, `running`, `restarting`, `failed`, `paused`.
-pub const STATUS: &str = "status";
+pub(crate) const STATUS: &str = "status";
 /// Why a robot last failed or restarted, or null.
-pub const ERROR: &str = "error";
+pub(crate) const ERROR: &str = "error";
 /// True while an operator paused a robot.
-pub const PAUSED: &str = "paused";
+pub(crate) const PAUSED: &str = "paused";
 /// How many times a robot restarted on its current holder.
-pub const RESTARTS: &str = "restarts";
+pub(crate) const RESTARTS: &str = "restarts";
 /// When the robot's last runs ended by themselves (server milliseconds, oldest
 /// first, at most [`crate::db::robot_doc::ENDS_KEPT`]): its restart budget's
 /// window, kept with the robot so a takeover or a move does not reset it.
-pub const RECENT_ENDS: &str = "recent_ends";
+pub(crate) const RECENT_ENDS: &str = "recent_ends";
 /// Raised by every `robot restart` (and update): an instance started under another
 /// value stops after a last checkpoint, and a new one starts under a new generation.
-pub const START_REV: &str = "start_rev";
+pub(crate) const START_REV: &str = "start_rev";
 /// An update asked for and not yet judged by the robot's holder: `{id, kind, spec}`.
-pub const UPDATE: &str = "update";
+pub(crate) const UPDATE: &str = "update";
 /// The holder's answer to the last update: `{id, applied, why, worker, at}`.
-pub const UPDATE_RESULT: &str = "update_result";
+pub(crate) const UPDATE_RESULT: &str = "update_result";
 /// The worker (`ip:port`) running a robot; also the worker named in an event.
-pub const WORKER: &str = "worker";
+pub(crate) const WORKER: &str = "worker";
 /// The resource limits an exec robot's shim applied, and how
 /// ([`crate::robot::limits::Applied`]); absent when none.
-pub const APPLIED_LIMITS: &str = "applied_limits";
+pub(crate) const APPLIED_LIMITS: &str = "applied_limits";
 /// When a robot was created (server clock).
-pub const CREATED_AT: &str = "created_at";
+pub(crate) const CREATED_AT: &str = "created_at";
 /// When a robot's last checkpoint landed (server clock).
-pub const CHECKPOINTED_AT: &str = "checkpointed_at";
+pub(crate) const CHECKPOINTED_AT: &str = "checkpointed_at";
 
 /// A robot's checkpoint records, when its spec asks for them: each
 /// `{seq, epoch, gen, worker, slot, at}`.
-pub const HISTORY: &str = "history";
+pub(crate) const HISTORY: &str = "history";
 /// The slot a checkpoint record was written on.
-pub const SLOT: &str = "slot";
+pub(crate) const SLOT: &str = "slot";
 /// When a robot's status was last written (server clock).
-pub const STATUS_AT: &str = "status_at";
+pub(crate) const STATUS_AT: &str = "status_at";
 /// How an exec robot's process tree is contained (a cgroup, a PID namespace …).
-pub const CONTAINMENT: &str = "containment";
+pub(crate) const CONTAINMENT: &str = "containment";
 
 // Workers.
 /// A worker process's random id: two processes with one identity never share it.
-pub const INSTANCE: &str = "instance";
-pub const NETNS: &str = "netns";
+pub(crate) const INSTANCE: &str = "instance";
+pub(crate) const NETNS: &str = "netns";
 /// Every slot a worker holds.
-pub const SLOTS: &str = "slots";
+pub(crate) const SLOTS: &str = "slots";
 /// How many slots a worker holds.
-pub const HELD: &str = "held";
+pub(crate) const HELD: &str = "held";
 /// True while a worker may take another slot.
-pub const ROOM: &str = "room";
+pub(crate) const ROOM: &str = "room";
 /// A worker's `--max-slots`.
-pub const MAX_SLOTS: &str = "max_slots";
+pub(crate) const MAX_SLOTS: &str = "max_slots";
 /// A worker's tick, and how far apart its heartbeats are, in milliseconds.
-pub const TICK_MS: &str = "tick_ms";
-pub const BEAT_MS: &str = "beat_ms";
+pub(crate) const TICK_MS: &str = "tick_ms";
+pub(crate) const BEAT_MS: &str = "beat_ms";
 /// Until when (server-clock milliseconds) a heartbeat is believed.
-pub const ALIVE_UNTIL_MS: &str = "alive_until_ms";
+pub(crate) const ALIVE_UNTIL_MS: &str = "alive_until_ms";
 /// When the TTL index removes a document nobody renews (a heartbeat, a deleted
 /// robot's output).
-pub const EXPIRE_AT: &str = "expire_at";
+pub(crate) const EXPIRE_AT: &str = "expire_at";
 /// The slotpool version a worker runs.
-pub const VERSION: &str = "version";
+pub(crate) const VERSION: &str = "version";
 
 // Robots' output.
 /// The kept lines, each `{n, at, stream, text}`.
-pub const LINES: &str = "lines";
+pub(crate) const LINES: &str = "lines";
 /// A line's number, its stream (`stdout`, `stderr`) and its text.
-pub const N: &str = "n";
-pub const STREAM: &str = "stream";
-pub const TEXT: &str = "text";
+pub(crate) const N: &str = "n";
+pub(crate) const STREAM: &str = "stream";
+pub(crate) const TEXT: &str = "text";
 /// True on a deleted robot's kept output, until its TTL removes it.
-pub const DELETED: &str = "deleted";
+pub(crate) const DELETED: &str = "deleted";
 /// A worker's last heartbeat (server clock).
-pub const LAST_SEEN: &str = "last_seen";
+pub(crate) const LAST_SEEN: &str = "last_seen";
 
 // Events.
 /// When an event happened (server clock).
-pub const AT: &str = "at";
+pub(crate) const AT: &str = "at";
 /// The robot an event is about (its name).
-pub const ROBOT: &str = "robot";
+pub(crate) const ROBOT: &str = "robot";
 /// What happened, in words.
-pub const DETAIL: &str = "detail";
+pub(crate) const DETAIL: &str = "detail";
 /// How many writes an adoption took.
-pub const WRITES: &str = "writes";
+pub(crate) const WRITES: &str = "writes";
 /// True on a claim by a worker that already held a slot.
-pub const OVERFLOW: &str = "overflow";
+pub(crate) const OVERFLOW: &str = "overflow";
 /// Who asked for an operator's action: `cli` or `web`.
-pub const BY: &str = "by";
+pub(crate) const BY: &str = "by";
 /// The operator's name (the OS user, or the web's token holder).
-pub const ACTOR: &str = "actor";
+pub(crate) const ACTOR: &str = "actor";
 /// The address a web action came from.
-pub const FROM: &str = "from";
+pub(crate) const FROM: &str = "from";

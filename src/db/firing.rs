@@ -20,39 +20,38 @@ use crate::db::store::int;
 use crate::db::words::words;
 
 /// The robot document's field of firing state.
-pub const FIRINGS: &str = "firings";
+pub(crate) const FIRINGS: &str = "firings";
 /// The robot document's record of its last runs.
-pub const RUNS: &str = "runs";
+pub(crate) const RUNS: &str = "runs";
 
-pub const REV: &str = "rev";
-pub const SINCE: &str = "since";
-pub const CLAIMED: &str = "claimed";
-pub const MISSED: &str = "missed";
-pub const NEXT: &str = "next";
-pub const PAUSED_AT: &str = "paused_at";
-pub const RUNNING: &str = "running";
-pub const LOST: &str = "lost";
-pub const TRIGGERS: &str = "triggers";
-pub const SCHEDULE: &str = "schedule";
-pub const SCHEDULE_SPEC: &str = "schedule_spec";
-pub const LAST_OUTCOME: &str = "last_outcome";
-pub const LAST_FIRING: &str = "last_firing";
-pub const LAST_LATENESS_MS: &str = "last_lateness_ms";
+pub(crate) const REV: &str = "rev";
+pub(crate) const SINCE: &str = "since";
+pub(crate) const CLAIMED: &str = "claimed";
+pub(crate) const MISSED: &str = "missed";
+pub(crate) const NEXT: &str = "next";
+pub(crate) const PAUSED_AT: &str = "paused_at";
+pub(crate) const RUNNING: &str = "running";
+pub(crate) const LOST: &str = "lost";
+pub(crate) const TRIGGERS: &str = "triggers";
+pub(crate) const SCHEDULE: &str = "schedule";
+pub(crate) const SCHEDULE_SPEC: &str = "schedule_spec";
+pub(crate) const LAST_OUTCOME: &str = "last_outcome";
+pub(crate) const LAST_FIRING: &str = "last_firing";
+pub(crate) const LAST_LATENESS_MS: &str = "last_lateness_ms";
 /// A run that started this long after its firing, or later, counts as late.
-pub const LATE_MS: i64 = 1000;
-pub const ID: &str = "id";
-pub const FIRING: &str = "firing";
-pub const ATTEMPT: &str = "attempt";
-pub const TRIGGER: &str = "trigger";
-pub const BY: &str = "by";
-pub const OUTCOME: &str = "outcome";
-pub const REASON: &str = "reason";
-pub const STARTED: &str = "started";
-pub const ENDED: &str = "ended";
-pub const LATENESS_MS: &str = "lateness_ms";
-pub const COUNT: &str = "count";
-pub const LAST: &str = "last";
-pub const AT: &str = "at";
+pub(crate) const LATE_MS: i64 = 1000;
+pub(crate) const ID: &str = "id";
+pub(crate) const FIRING: &str = "firing";
+pub(crate) const ATTEMPT: &str = "attempt";
+pub(crate) const TRIGGER: &str = "trigger";
+pub(crate) const BY: &str = "by";
+pub(crate) const OUTCOME: &str = "outcome";
+pub(crate) const REASON: &str = "reason";
+pub(crate) const STARTED: &str = "started";
+pub(crate) const ENDED: &str = "ended";
+pub(crate) const LATENESS_MS: &str = "lateness_ms";
+pub(crate) const COUNT: &str = "count";
+pub(crate) const LAST: &str = "last";
 
 words! {
     /// What became of a firing, or of one run of it.
@@ -77,21 +76,21 @@ words! {
 
 /// One run in flight (or cut off): which firing, which attempt, who runs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunEntry {
-    pub id: ObjectId,
-    pub firing: i64,
-    pub attempt: i64,
+pub(crate) struct RunEntry {
+    pub(crate) id: ObjectId,
+    pub(crate) firing: i64,
+    pub(crate) attempt: i64,
     /// The run-now request it answers, if any.
-    pub trigger: Option<ObjectId>,
-    pub by: Option<String>,
-    pub worker: String,
-    pub slot: String,
-    pub epoch: i64,
-    pub gen: i64,
+    pub(crate) trigger: Option<ObjectId>,
+    pub(crate) by: Option<String>,
+    pub(crate) worker: String,
+    pub(crate) slot: String,
+    pub(crate) epoch: i64,
+    pub(crate) gen: i64,
 }
 
 impl RunEntry {
-    pub fn to_doc(&self) -> Document {
+    pub(crate) fn to_doc(&self) -> Document {
         doc! {
             ID: self.id, FIRING: self.firing, ATTEMPT: self.attempt,
             TRIGGER: self.trigger.map_or(Bson::Null, Bson::ObjectId),
@@ -101,7 +100,7 @@ impl RunEntry {
     }
 
     /// None for an entry that cannot be one (a hand edit).
-    pub fn from_doc(d: &Document) -> Option<RunEntry> {
+    pub(crate) fn from_doc(d: &Document) -> Option<RunEntry> {
         Some(RunEntry {
             id: d.get_object_id(ID).ok()?,
             firing: int(d, FIRING)?,
@@ -118,50 +117,50 @@ impl RunEntry {
 
 /// A run-now request (`robot trigger`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Trigger {
-    pub id: ObjectId,
-    pub by: String,
+pub(crate) struct Trigger {
+    pub(crate) id: ObjectId,
+    pub(crate) by: String,
 }
 
 /// A robot's `firings`, decoded leniently: what cannot be read is left out and
 /// counted in `odd`, so the holder can say so.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FiringState {
+pub(crate) struct FiringState {
     /// None: never written (the compare-and-set then expects no `rev`).
-    pub rev: Option<i64>,
-    pub since: Option<i64>,
-    pub claimed: Option<i64>,
-    pub missed: i64,
-    pub next: Option<i64>,
-    pub paused_at: Option<i64>,
-    pub running: Vec<RunEntry>,
-    pub lost: Vec<RunEntry>,
-    pub triggers: Vec<Trigger>,
+    pub(crate) rev: Option<i64>,
+    pub(crate) since: Option<i64>,
+    pub(crate) claimed: Option<i64>,
+    pub(crate) missed: i64,
+    pub(crate) next: Option<i64>,
+    pub(crate) paused_at: Option<i64>,
+    pub(crate) running: Vec<RunEntry>,
+    pub(crate) lost: Vec<RunEntry>,
+    pub(crate) triggers: Vec<Trigger>,
     /// The schedule these firings follow, in words: when it changes, firings are
     /// owed from the change on.
-    pub schedule: Option<String>,
+    pub(crate) schedule: Option<String>,
     /// The same schedule as written (`spec.schedule`).
-    pub schedule_spec: Option<Document>,
+    pub(crate) schedule_spec: Option<Document>,
     /// The last record's outcome, and the last started run's lateness: what the
     /// dashboard's list shows without reading `runs`.
-    pub last_outcome: Option<Outcome>,
-    pub last_lateness_ms: Option<i64>,
+    pub(crate) last_outcome: Option<Outcome>,
+    pub(crate) last_lateness_ms: Option<i64>,
     /// The last record's firing.
-    pub last_firing: Option<i64>,
+    pub(crate) last_firing: Option<i64>,
     /// Entries or requests that could not be read.
-    pub odd: usize,
+    pub(crate) odd: usize,
 }
 
 impl FiringState {
     /// Reads `robot.firings` (absent or not a document: the empty state).
-    pub fn from_robot(robot: &Document) -> FiringState {
+    pub(crate) fn from_robot(robot: &Document) -> FiringState {
         match robot.get(FIRINGS) {
             Some(Bson::Document(d)) => FiringState::from_doc(d),
             _ => FiringState::default(),
         }
     }
 
-    pub fn from_doc(d: &Document) -> FiringState {
+    pub(crate) fn from_doc(d: &Document) -> FiringState {
         let mut odd = 0;
         let mut entries = |key: &str| -> Vec<RunEntry> {
             let Ok(a) = d.get_array(key) else {
@@ -220,7 +219,7 @@ impl FiringState {
 
     /// The state as written by its instance: `rev` raised by one, `paused_at`
     /// dropped once handled (`keep_paused`), triggers as given.
-    pub fn to_doc(&self) -> Document {
+    pub(crate) fn to_doc(&self) -> Document {
         let opt = |v: Option<i64>| v.map_or(Bson::Null, Bson::Int64);
         doc! {
             REV: self.rev.unwrap_or(0),
@@ -242,13 +241,13 @@ impl FiringState {
 
     /// Late: the last run started [`LATE_MS`] or more after its firing, or the last
     /// record is a firing missed or lost.
-    pub fn late(&self) -> bool {
+    pub(crate) fn late(&self) -> bool {
         self.last_lateness_ms.is_some_and(|l| l >= LATE_MS)
             || matches!(self.last_outcome, Some(Outcome::Missed | Outcome::Lost))
     }
 
     /// Notes `records` (about to be appended) in the summary fields.
-    pub fn note(&mut self, records: &[RunRecord]) {
+    pub(crate) fn note(&mut self, records: &[RunRecord]) {
         if let Some(r) = records.last() {
             self.last_outcome = r.outcome;
             self.last_firing = Some(r.last.unwrap_or(r.firing));
@@ -260,7 +259,7 @@ impl FiringState {
 
     /// The firings in `running` whose time came by `now_ms` (in flight, or about to
     /// start), and those claimed ahead of their time, which cannot have started.
-    pub fn due_and_claimed(&self, now_ms: i64) -> (Vec<i64>, Vec<i64>) {
+    pub(crate) fn due_and_claimed(&self, now_ms: i64) -> (Vec<i64>, Vec<i64>) {
         self.running
             .iter()
             .map(|e| e.firing)
@@ -269,7 +268,7 @@ impl FiringState {
 
     /// Where firings owed start: after the last settled one, and never before the
     /// robot (or its schedule) was made.
-    pub fn settled_until(&self) -> Option<i64> {
+    pub(crate) fn settled_until(&self) -> Option<i64> {
         match (self.claimed, self.since) {
             (Some(c), Some(s)) => Some(c.max(s)),
             (c, s) => c.or(s),
@@ -279,27 +278,27 @@ impl FiringState {
 
 /// One line of a robot's run record.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct RunRecord {
-    pub firing: i64,
-    pub attempt: i64,
-    pub outcome: Option<Outcome>,
-    pub reason: Option<String>,
-    pub started: Option<i64>,
-    pub ended: Option<i64>,
-    pub lateness_ms: Option<i64>,
-    pub worker: String,
-    pub slot: String,
-    pub epoch: i64,
+pub(crate) struct RunRecord {
+    pub(crate) firing: i64,
+    pub(crate) attempt: i64,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) reason: Option<String>,
+    pub(crate) started: Option<i64>,
+    pub(crate) ended: Option<i64>,
+    pub(crate) lateness_ms: Option<i64>,
+    pub(crate) worker: String,
+    pub(crate) slot: String,
+    pub(crate) epoch: i64,
     /// Who asked for it, for a run-now.
-    pub by: Option<String>,
+    pub(crate) by: Option<String>,
     /// For a record of many firings (skipped or missed together): how many, and the
     /// last one.
-    pub count: Option<i64>,
-    pub last: Option<i64>,
+    pub(crate) count: Option<i64>,
+    pub(crate) last: Option<i64>,
 }
 
 impl RunRecord {
-    pub fn to_doc(&self) -> Document {
+    pub(crate) fn to_doc(&self) -> Document {
         let opt = |v: Option<i64>| v.map_or(Bson::Null, Bson::Int64);
         doc! {
             FIRING: self.firing, ATTEMPT: self.attempt,
@@ -313,7 +312,7 @@ impl RunRecord {
     }
 
     /// Leniently, as the CLI and the dashboard show it.
-    pub fn from_doc(d: &Document) -> RunRecord {
+    pub(crate) fn from_doc(d: &Document) -> RunRecord {
         RunRecord {
             firing: int(d, FIRING).unwrap_or(0),
             attempt: int(d, ATTEMPT).unwrap_or(1),
@@ -333,7 +332,7 @@ impl RunRecord {
 }
 
 /// The runs recorded in a robot document, oldest first.
-pub fn runs_of(robot: &Document) -> Vec<RunRecord> {
+pub(crate) fn runs_of(robot: &Document) -> Vec<RunRecord> {
     robot
         .get_array(RUNS)
         .map(|a| {
@@ -371,14 +370,14 @@ fn storable(d: &Document) -> bool {
 /// also requires `claimed` to be before it), and `last_step` a run's last context,
 /// written with its end.
 #[derive(Debug, Clone, Copy)]
-pub struct FiringWrite<'a> {
+pub(crate) struct FiringWrite<'a> {
     /// The state as the instance knows it: the compare-and-set's expectation.
-    pub prev: &'a FiringState,
-    pub next: &'a FiringState,
-    pub records: &'a [RunRecord],
-    pub keep: u32,
-    pub claiming: Option<i64>,
-    pub last_step: Option<&'a LastStep>,
+    pub(crate) prev: &'a FiringState,
+    pub(crate) next: &'a FiringState,
+    pub(crate) records: &'a [RunRecord],
+    pub(crate) keep: u32,
+    pub(crate) claiming: Option<i64>,
+    pub(crate) last_step: Option<&'a LastStep>,
 }
 
 impl FiringWrite<'_> {
@@ -390,7 +389,11 @@ impl FiringWrite<'_> {
     /// Operators are preferred: they take every value literally and are cheaper for the
     /// server (see [`Update`]). A `runs` that is not an array makes the server refuse
     /// the write ([`crate::db::context::ContextStore::heal_runs`] then replaces it).
-    pub fn statement(&self, fence: Document, history_record: Document) -> (Document, Update) {
+    pub(crate) fn statement(
+        &self,
+        fence: Document,
+        history_record: Document,
+    ) -> (Document, Update) {
         match self.last_step {
             Some(step) if !step.operators_suffice() => {
                 let (filter, pipeline) = self.as_pipeline(fence, step, history_record);
@@ -493,7 +496,7 @@ impl FiringWrite<'_> {
 /// request `by` someone): it waits in `firings.triggers` until the holder takes it,
 /// and `rev` goes up so the holder's instance sees it at once. False when the robot
 /// is no longer there or on that slot.
-pub async fn request_run_now(
+pub(crate) async fn request_run_now(
     store: &crate::db::store::Store,
     id: &Bson,
     slot: &str,
@@ -515,7 +518,7 @@ pub async fn request_run_now(
 /// What a pause adds to a scheduled robot's update: `firings.paused_at` (the
 /// server's time) and a new `rev`, so the instance that runs it after the resume
 /// records the firings of the pause as skipped.
-pub fn mark_paused(update: &mut Document) {
+pub(crate) fn mark_paused(update: &mut Document) {
     let mut current = update
         .get_document("$currentDate")
         .cloned()
@@ -533,19 +536,19 @@ pub fn mark_paused(update: &mut Document) {
 /// The context is stored as it is by update operators (the caller checked: no `$`
 /// or `.` in its field names).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LastStep {
-    pub context: Document,
-    pub after_seq: i64,
+pub(crate) struct LastStep {
+    pub(crate) context: Document,
+    pub(crate) after_seq: i64,
     /// The robot's `spec.history`: above 0, a checkpoint record goes to its
     /// `history` too, stamped with the server's time, which only an update
     /// pipeline can write ([`FiringWrite::statement`]).
-    pub history: i64,
+    pub(crate) history: i64,
 }
 
 impl LastStep {
     /// Whether update operators can write it: no history record, and a context
     /// they store as it is (no field name with `$` or `.`, at any depth).
-    pub fn operators_suffice(&self) -> bool {
+    pub(crate) fn operators_suffice(&self) -> bool {
         fn doc_ok(d: &Document) -> bool {
             d.iter()
                 .all(|(k, v)| !k.starts_with('$') && !k.contains('.') && value_ok(v))
@@ -566,7 +569,7 @@ impl LastStep {
 /// record is appended, and, when a stop cut it off, it goes to `lost` for the
 /// current instance to retry or skip. Matched by the run's id alone: it changes no
 /// context, only says what became of this run.
-pub fn end_by_id(
+pub(crate) fn end_by_id(
     robot: ObjectId,
     entry: &RunEntry,
     record: Option<&RunRecord>,

@@ -26,34 +26,34 @@ use crate::metrics::Metrics;
 /// How long the first write of a batch waits for others to join it. Small next to a
 /// round trip to a real database across a network, and well under the 5 ms a single
 /// checkpoint may be delayed.
-pub const WINDOW: Duration = Duration::from_millis(2);
+pub(crate) const WINDOW: Duration = Duration::from_millis(2);
 
 /// Statements per command at most: 100 point updates cost about as much as 10 single
 /// ones (see docs/bench/2026-11-23-scale.md). Fewer go when 100 would keep the server
 /// busy past the pacer's [`WritePacer::command_budget`] ([`next_batch_limit`]).
-pub const MAX_STATEMENTS: usize = 100;
+pub(crate) const MAX_STATEMENTS: usize = 100;
 
 /// Statements per command at least, however slow the last one was: below this the
 /// round trips, not the server's work, would set the pace.
-pub const MIN_STATEMENTS: usize = 10;
+pub(crate) const MIN_STATEMENTS: usize = 10;
 
 /// Statements in the next command, from how long the last one took: as many as fit
 /// in `budget` at the measured cost per statement, from [`MIN_STATEMENTS`] to
 /// [`MAX_STATEMENTS`], so a renewal queued behind a command never waits past the
 /// fence margin at short ticks (see
 /// docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
-pub fn next_batch_limit(took: Duration, statements: usize, budget: Duration) -> usize {
+pub(crate) fn next_batch_limit(took: Duration, statements: usize, budget: Duration) -> usize {
     crate::db::pacing::statements_within(budget, took, statements, MIN_STATEMENTS, MAX_STATEMENTS)
 }
 
 /// How long the last command's time stays a guide to the next one's size.
-pub const MEASURE_HOLDS: Duration = Duration::from_secs(1);
+pub(crate) const MEASURE_HOLDS: Duration = Duration::from_secs(1);
 
 /// The limit of the next command: `limit` while it was measured within
 /// [`MEASURE_HOLDS`], else [`MIN_STATEMENTS`] (a slow start). After a quiet spell,
 /// or a command that went unanswered, nothing says what the server can take now,
 /// and many holders sending full commands at once would queue ahead of renewals.
-pub fn limit_after(limit: usize, since_measured: Option<Duration>) -> usize {
+pub(crate) fn limit_after(limit: usize, since_measured: Option<Duration>) -> usize {
     match since_measured {
         Some(d) if d <= MEASURE_HOLDS => limit,
         _ => MIN_STATEMENTS,
@@ -62,7 +62,7 @@ pub fn limit_after(limit: usize, since_measured: Option<Duration>) -> usize {
 
 /// Bytes of statements per command, well under the 16 MiB a command may be (a
 /// context alone may be 1 MiB).
-pub const MAX_BYTES: usize = 8 * 1024 * 1024;
+pub(crate) const MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// How long a batch may go unanswered while the lease stays renewed before its writes
 /// count as in doubt (each robot then reloads its context and goes on). The driver
@@ -73,11 +73,11 @@ pub const IN_DOUBT_AFTER: Duration = Duration::from_secs(30);
 
 /// One fenced single-document update.
 #[derive(Debug, Clone)]
-pub struct Statement {
+pub(crate) struct Statement {
     /// The document's `_id`; it is part of `filter` too.
-    pub id: ObjectId,
-    pub filter: Document,
-    pub update: Update,
+    pub(crate) id: ObjectId,
+    pub(crate) filter: Document,
+    pub(crate) update: Update,
 }
 
 /// What a statement changes: update operators, or an update pipeline where the
@@ -85,7 +85,7 @@ pub struct Statement {
 /// (`$$NOW`). Operators cost the server several times less than a pipeline
 /// (see docs/bench/2026-11-25-scheduled-robots.md).
 #[derive(Debug, Clone)]
-pub enum Update {
+pub(crate) enum Update {
     Operators(Document),
     Pipeline(Vec<Document>),
 }
@@ -133,7 +133,7 @@ impl Statement {
 
 /// What became of one statement.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Written {
+pub(crate) enum Written {
     /// The fence matched: the update landed.
     Applied,
     /// The fence did not match: nothing changed.
@@ -152,7 +152,7 @@ pub enum Written {
 /// before it, so the documents are read back by `_id` first: a statement whose token
 /// landed is never sent again, and only the others are resent one by one. See
 /// docs/internals.md, "Group commit". Network errors are the caller's.
-pub async fn send(
+pub(crate) async fn send(
     robots: &Collection<Document>,
     statements: &[Statement],
 ) -> Result<Vec<Written>, mongodb::error::Error> {
@@ -192,7 +192,7 @@ pub async fn send(
 /// Sends one statement that may change many documents (`multi`), as the same
 /// `update` command; an error of the server (a refused document fails it as a whole
 /// on the dev server, and on MongoDB reports it) is returned as is.
-pub async fn send_many(
+pub(crate) async fn send_many(
     robots: &Collection<Document>,
     statement: &Statement,
 ) -> Result<u64, mongodb::error::Error> {
@@ -291,7 +291,7 @@ async fn read_tokens(
 /// Whether the write stamped `token` is the one `doc` shows. A robot writes again only
 /// after its previous write was answered, and no other instance can write past the
 /// fence, so nothing else replaces the token before the read-back.
-pub fn landed_token(token: &ObjectId, doc: &Document) -> bool {
+pub(crate) fn landed_token(token: &ObjectId, doc: &Document) -> bool {
     doc.get_object_id(WRITE_ID).is_ok_and(|t| t == *token)
 }
 
@@ -303,7 +303,7 @@ struct Queued {
 /// The group-commit queue of one held slot. Cloned into every robot's writer; the
 /// batcher task ends when the last clone is dropped (the lease ended).
 #[derive(Debug, Clone)]
-pub struct GroupCommit {
+pub(crate) struct GroupCommit {
     queue: mpsc::UnboundedSender<Queued>,
 }
 
@@ -317,7 +317,7 @@ impl std::fmt::Debug for Queued {
 
 impl GroupCommit {
     /// Starts the batcher for one lease's robot writes.
-    pub fn spawn(
+    pub(crate) fn spawn(
         robots: Collection<Document>,
         pacer: Arc<WritePacer>,
         guard: WriteGuard,
@@ -331,7 +331,10 @@ impl GroupCommit {
     }
 
     /// Queues one fenced write and waits for what became of it.
-    pub async fn write(&self, statement: Statement) -> Result<Written, mongodb::error::Error> {
+    pub(crate) async fn write(
+        &self,
+        statement: Statement,
+    ) -> Result<Written, mongodb::error::Error> {
         let (reply, answer) = oneshot::channel();
         if self.queue.send(Queued { statement, reply }).is_err() {
             return Ok(Written::Lapsed);

@@ -27,7 +27,7 @@ impl WriteGuard {
     }
 
     /// Moves the deadline after a successful renewal.
-    pub fn extend(&self, deadline: Instant) {
+    pub(crate) fn extend(&self, deadline: Instant) {
         self.deadline.send_replace(deadline);
     }
 
@@ -50,14 +50,8 @@ impl WriteGuard {
         self.clock.now() < *self.deadline.borrow()
     }
 
-    /// The lease deadline as of now (the local monotonic instant past which
-    /// nothing may be written).
-    pub fn deadline(&self) -> Instant {
-        *self.deadline.borrow()
-    }
-
     /// The deadline now and every change of it (extensions and the revocation).
-    pub fn watch(&self) -> watch::Receiver<Instant> {
+    pub(crate) fn watch(&self) -> watch::Receiver<Instant> {
         self.deadline.subscribe()
     }
 }

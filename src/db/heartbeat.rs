@@ -44,13 +44,13 @@ impl Default for WorkerRole {
 /// Heartbeats at the front of the line are this many ticks apart (further back,
 /// see `worker::standby_line::beat_pace`), and so are a holder's surveys at a
 /// tick so long that the rear's safety survey would come sooner.
-pub const REAR_TICKS: u32 = 5;
+pub(crate) const REAR_TICKS: u32 = 5;
 
 /// Whether a `workers` document read through [`liveness`] is alive: its own
 /// `alive_ms` (time left on its heartbeat, on the server's clock) when it wrote
 /// one, else (a worker of an older version) two of its ticks and a second since it
 /// was last seen.
-pub fn is_alive(d: &Document) -> bool {
+pub(crate) fn is_alive(d: &Document) -> bool {
     if let Some(left) = int(d, "alive_ms") {
         return left > 0;
     }
@@ -60,7 +60,7 @@ pub fn is_alive(d: &Document) -> bool {
 
 /// Aggregation stages that add `seen_ms` and `alive_ms` to each heartbeat, on the
 /// server's clock, for [`is_alive`].
-pub fn liveness() -> Vec<Document> {
+pub(crate) fn liveness() -> Vec<Document> {
     let now = doc! {"$toLong": "$$NOW"};
     vec![
         doc! {"$match": {LAST_SEEN: {"$type": "date"}}},
@@ -77,7 +77,7 @@ pub fn liveness() -> Vec<Document> {
 
 /// Every worker whose heartbeat still counts ([`is_alive`]), by id, as read
 /// through [`liveness`].
-pub async fn live_workers(
+pub(crate) async fn live_workers(
     store: &crate::db::store::Store,
 ) -> Result<Vec<Document>, mongodb::error::Error> {
     let mut pipeline = liveness();
@@ -96,31 +96,31 @@ pub async fn live_workers(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Predecessor {
     /// Its process's random id.
-    pub instance: String,
+    pub(crate) instance: String,
     /// Until when it is believed (server-clock ms): rewritten by each of its beats.
-    pub alive_until_ms: i64,
+    pub(crate) alive_until_ms: i64,
     /// The network namespace it beat from, when it said (see [`crate::worker::identity::network_namespace`]).
-    pub netns: Option<String>,
+    pub(crate) netns: Option<String>,
 }
 
 /// How many live standbys beyond `--watchers` a place read keeps in sight (see
 /// [`Placed::near`]): up to this many of those just ahead may die before a rear
 /// standby's next place read has to read the whole line ahead of it again.
-pub const NEAR_SPARE: u64 = 2;
+pub(crate) const NEAR_SPARE: u64 = 2;
 
 /// What one read of a worker's place in the line found.
 #[derive(Debug, Default)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// Live workers with room ahead of this one, counted up to `--watchers` +
     /// [`NEAR_SPARE`] (only whether they are `--watchers` or more decides anything).
-    pub ahead: u64,
+    pub(crate) ahead: u64,
     /// For a standby: the id of the farthest of the nearest live standbys ahead of it
     /// that the read counted; its next place read starts there.
-    pub near: Option<String>,
+    pub(crate) near: Option<String>,
     /// The server's clock as of the read.
-    pub clock: Option<ServerClock>,
+    pub(crate) clock: Option<ServerClock>,
     /// Whether it read the whole line ahead, not only from [`Placed::near`] on.
-    pub whole: bool,
+    pub(crate) whole: bool,
 }
 
 /// The aggregation that reads a worker's place in the line: the live workers with
@@ -129,7 +129,12 @@ pub struct Placed {
 /// For a standby, `from` bounds the read to the standbys from that id on: the same
 /// filter with one more condition, so it counts a subset of what the whole read
 /// would, and stays cheap however long the line is.
-pub fn place_pipeline(me: &str, held: usize, watchers: u64, from: Option<&str>) -> Vec<Document> {
+pub(crate) fn place_pipeline(
+    me: &str,
+    held: usize,
+    watchers: u64,
+    from: Option<&str>,
+) -> Vec<Document> {
     let alive = doc! {"$gt": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]};
     let filter = match (held, from) {
         (0, None) => doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}},
@@ -159,45 +164,45 @@ pub fn place_pipeline(me: &str, held: usize, watchers: u64, from: Option<&str>) 
 /// TTL index on `expire_at`): ten minutes, or three times as long as a beat is
 /// believed when that is longer, so a live worker's document never goes. A killed
 /// worker shows as overdue meanwhile, then leaves; churn no longer piles up.
-pub fn forgotten_after(beat: Duration) -> Duration {
+pub(crate) fn forgotten_after(beat: Duration) -> Duration {
     (believed_for(beat) * 3).max(Duration::from_secs(600))
 }
 
 /// How long a heartbeat is believed: two beats and a second, so one lost or late
 /// heartbeat never makes a live worker look dead.
-pub fn believed_for(beat: Duration) -> Duration {
+pub(crate) fn believed_for(beat: Duration) -> Duration {
     beat * 2 + Duration::from_secs(1)
 }
 
 /// One worker's heartbeat, as written to `workers`.
 #[derive(Debug, Clone)]
-pub struct Beat<'a> {
-    pub me: &'a str,
+pub(crate) struct Beat<'a> {
+    pub(crate) me: &'a str,
     /// This process's own random id: two processes advertising the same `ip:port`
     /// (a copied `SLOTPOOL_ADVERTISE`, host networking) are told apart by it.
-    pub instance: &'a str,
+    pub(crate) instance: &'a str,
     /// The network namespace it beats from (see
     /// [`crate::worker::identity::network_namespace`]).
-    pub netns: Option<&'a str>,
+    pub(crate) netns: Option<&'a str>,
     /// `(slot, epoch)` of every slot held.
-    pub held: &'a [(String, i64)],
-    pub max_slots: Option<usize>,
-    pub tick: Duration,
+    pub(crate) held: &'a [(String, i64)],
+    pub(crate) max_slots: Option<usize>,
+    pub(crate) tick: Duration,
     /// How soon the next heartbeat comes (see [`beat_pace`](crate::worker::standby_line::beat_pace)): the heartbeat is
     /// believed for [`believed_for`] this.
-    pub pace: Duration,
+    pub(crate) pace: Duration,
 }
 
 /// A live worker as its heartbeat says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveWorker {
-    pub id: String,
-    pub max_slots: Option<usize>,
+pub(crate) struct LiveWorker {
+    pub(crate) id: String,
+    pub(crate) max_slots: Option<usize>,
     /// Slots it held at its last heartbeat.
-    pub held: usize,
+    pub(crate) held: usize,
     /// When that heartbeat was written (server-clock ms): a worker that beat again
     /// since is alive, not merely still believed.
-    pub seen_at_ms: Option<i64>,
+    pub(crate) seen_at_ms: Option<i64>,
 }
 
 /// Why a heartbeat was not written.
@@ -263,19 +268,19 @@ fn heartbeat_update(beat: &Beat<'_>) -> Vec<Document> {
 /// The roster: the `workers` collection, where every worker beats and the line is
 /// read from.
 #[derive(Debug, Clone)]
-pub struct Roster {
+pub(crate) struct Roster {
     workers: Collection<Document>,
 }
 
 impl Beat<'_> {
     /// Below `--max-slots` (or uncapped): stands in the line.
-    pub fn room(&self) -> bool {
+    pub(crate) fn room(&self) -> bool {
         self.max_slots.is_none_or(|m| self.held.len() < m)
     }
 }
 
 impl Roster {
-    pub fn new(workers: Collection<Document>) -> Self {
+    pub(crate) fn new(workers: Collection<Document>) -> Self {
         Roster { workers }
     }
 
@@ -288,7 +293,7 @@ impl Roster {
     /// scanning the collection, and the two cost it less than half as much. The
     /// `hello` only when asked: see
     /// [`CLOCK_REFRESH`](crate::worker::standby_line::CLOCK_REFRESH).
-    pub async fn beat(
+    pub(crate) async fn beat(
         &self,
         beat: &Beat<'_>,
         read_clock: bool,
@@ -324,7 +329,7 @@ impl Roster {
     /// one's, only while it is exactly as read (same process, not beaten since): a
     /// predecessor judged gone (see [`crate::worker::identity`]) that beat after all
     /// keeps its identity. True when it was replaced.
-    pub async fn take_over(
+    pub(crate) async fn take_over(
         &self,
         beat: &Beat<'_>,
         predecessor: &Predecessor,
@@ -349,7 +354,7 @@ impl Roster {
     /// With `near` ([`Placed::near`]) only the standbys from there are read, and the
     /// whole line only when too few of those are alive ([`place_pipeline`]). The
     /// answer carries `$$NOW`, so a rear worker needs no `hello` of its own.
-    pub async fn place(
+    pub(crate) async fn place(
         &self,
         me: &str,
         held: usize,
@@ -404,7 +409,7 @@ impl Roster {
     /// at most `n`: their addresses as their heartbeats give them, for the pokes a
     /// releasing holder sends (see [`crate::worker::poke`]). Judged on the server's
     /// clock; read through the line's index on `(room, held, _id)`.
-    pub async fn front_standbys(
+    pub(crate) async fn front_standbys(
         &self,
         me: &str,
         n: u64,
@@ -429,7 +434,7 @@ impl Roster {
 
     /// Every live worker, with its `--max-slots` and what it held at its last
     /// heartbeat (judged on the server's clock).
-    pub async fn live(&self) -> Result<Vec<LiveWorker>, mongodb::error::Error> {
+    pub(crate) async fn live(&self) -> Result<Vec<LiveWorker>, mongodb::error::Error> {
         let mut pipeline = liveness();
         pipeline.push(doc! {"$project": {
             MAX_SLOTS: 1, TICK_MS: 1, "seen_ms": 1, "alive_ms": 1,
@@ -477,7 +482,11 @@ impl Roster {
 
     /// Leaves the line on a clean exit, so standbys are counted honestly; never
     /// removes another process's heartbeat under the same `ip:port`.
-    pub async fn leave(&self, me: &str, instance: &str) -> Result<(), mongodb::error::Error> {
+    pub(crate) async fn leave(
+        &self,
+        me: &str,
+        instance: &str,
+    ) -> Result<(), mongodb::error::Error> {
         self.workers
             .delete_one(doc! {"_id": me, INSTANCE: instance})
             .await

@@ -91,7 +91,7 @@ pub struct Candidate {
 pub const MAX_EPOCH: i64 = (1 << 53) - 1;
 
 /// `expired_for` of a slot never held and never released.
-pub const LONG_AGO: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const LONG_AGO: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The longest lease a slot's `lease_ms` is believed to ask for (a hand-edited
 /// value beyond it does not keep a slot from ever expiring).
@@ -487,7 +487,9 @@ impl LeaseProtocol {
 }
 
 /// See [`LeaseProtocol::mark_unknown`]; `init` and a worker's start run it too.
-pub async fn mark_unknown(slots: &Collection<Document>) -> Result<u64, mongodb::error::Error> {
+pub(crate) async fn mark_unknown(
+    slots: &Collection<Document>,
+) -> Result<u64, mongodb::error::Error> {
     let r = slots
         .update_many(
             doc! {EXPIRES_MS: Bson::Null},
@@ -568,7 +570,7 @@ fn int64(d: &Document, key: &str) -> Option<i64> {
 }
 
 /// 64-bit FNV-1a: the same on every platform and build, unlike `std`'s `Hasher`s.
-pub fn stable_hash(s: &str) -> u64 {
+pub(crate) fn stable_hash(s: &str) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     s.bytes()
@@ -580,7 +582,7 @@ pub fn stable_hash(s: &str) -> u64 {
 /// the line. Workers create them at start too, for pools made by an older init.
 /// Slots from before `expires_ms` get 0 ("unknown: read me"; see
 /// [`crate::db::lease::LeaseProtocol::mark_unknown`]).
-pub async fn ensure_indexes(store: &Store) -> Result<(), StoreError> {
+pub(crate) async fn ensure_indexes(store: &Store) -> Result<(), StoreError> {
     mark_unknown(&store.slots()).await?;
     store
         .slots()
@@ -612,7 +614,7 @@ pub async fn ensure_indexes(store: &Store) -> Result<(), StoreError> {
 }
 
 /// The epochs of those of `slots` that exist, by slot.
-pub async fn epochs(
+pub(crate) async fn epochs(
     store: &crate::db::store::Store,
     slots: &[String],
 ) -> Result<std::collections::HashMap<String, i64>, mongodb::error::Error> {

@@ -25,7 +25,7 @@ fn age_ms(field: &str) -> Document {
 }
 
 /// Every slot by id, with `_age_ms`: how long ago its lease was stamped.
-pub async fn slots_aged(store: &Store) -> Result<Vec<Document>> {
+pub(crate) async fn slots_aged(store: &Store) -> Result<Vec<Document>> {
     store
         .slots()
         .aggregate(vec![
@@ -39,7 +39,7 @@ pub async fn slots_aged(store: &Store) -> Result<Vec<Document>> {
 
 /// The robots (of `slot`, or all) by name, with what `robot list` shows and
 /// `checkpoint_age_ms`.
-pub async fn robots_listed(store: &Store, slot: Option<&str>) -> Result<Vec<Document>> {
+pub(crate) async fn robots_listed(store: &Store, slot: Option<&str>) -> Result<Vec<Document>> {
     let filter = match slot {
         Some(s) => doc! {SLOT_ID: s},
         None => doc! {},
@@ -63,7 +63,7 @@ pub async fn robots_listed(store: &Store, slot: Option<&str>) -> Result<Vec<Docu
 /// The robots counted in one grouped query, so it stays cheap at thousands: each
 /// document's `_id` holds `slot`, `status`, `paused`, `worker` and, for a failed
 /// robot, its `error` (few distinct texts, each worth reading); `n` the count.
-pub async fn robots_by_state(store: &Store) -> Result<Vec<Document>> {
+pub(crate) async fn robots_by_state(store: &Store) -> Result<Vec<Document>> {
     store
         .robots()
         .aggregate(vec![doc! {"$group": {
@@ -78,7 +78,7 @@ pub async fn robots_by_state(store: &Store) -> Result<Vec<Document>> {
 
 /// The dashboard's rows of the robots bound to `slot` (see
 /// [`crate::db::robot_doc::list_row_projection`]).
-pub async fn rows_on(store: &Store, slot: &str) -> Result<Vec<Document>> {
+pub(crate) async fn rows_on(store: &Store, slot: &str) -> Result<Vec<Document>> {
     store
         .robots()
         .find(doc! {SLOT_ID: slot})
@@ -89,12 +89,12 @@ pub async fn rows_on(store: &Store, slot: &str) -> Result<Vec<Document>> {
 }
 
 /// About how many robots there are (the collection's count, not a scan).
-pub async fn robots_about(store: &Store) -> Result<u64> {
+pub(crate) async fn robots_about(store: &Store) -> Result<u64> {
     store.robots().estimated_document_count().await
 }
 
 /// The robot named `name`, whole, with its kept output document if it has one.
-pub async fn robot_with_output(
+pub(crate) async fn robot_with_output(
     store: &Store,
     name: &str,
 ) -> Result<Option<(Document, Option<Document>)>> {
@@ -111,7 +111,7 @@ pub async fn robot_with_output(
 /// Up to `limit` events whose `_id` is above `after` (of `kinds`, or any), oldest
 /// first or newest first. A range of `_id` stays small whatever the size of the
 /// capped log.
-pub async fn events_after(
+pub(crate) async fn events_after(
     store: &Store,
     after: ObjectId,
     kinds: Option<&[crate::db::event::EventKind]>,

@@ -2,22 +2,22 @@
 //! fenced context store and its write guard, group commit, robots' kept output, and
 //! the pacer that keeps robot writes from starving the lease.
 
-pub mod adoption;
+pub(crate) mod adoption;
 pub mod context;
 pub mod event;
-pub mod field;
-pub mod firing;
+pub(crate) mod field;
+pub(crate) mod firing;
 pub mod group_commit;
 pub mod guard;
-pub mod heartbeat;
+pub(crate) mod heartbeat;
 pub mod lease;
-pub mod listing;
+pub(crate) mod listing;
 pub mod output_log;
 pub mod pacing;
-pub mod placement;
-pub mod robot_count;
+pub(crate) mod placement;
+pub(crate) mod robot_count;
 pub mod robot_doc;
-pub mod robots;
-pub mod schema;
+pub(crate) mod robots;
+pub(crate) mod schema;
 pub mod store;
-pub mod words;
+pub(crate) mod words;

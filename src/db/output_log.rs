@@ -22,19 +22,19 @@ use crate::db::pacing::WritePacer;
 use crate::db::store::{Store, ROBOTS};
 
 /// Lines kept per robot.
-pub const KEEP_LINES: i64 = 200;
+pub(crate) const KEEP_LINES: i64 = 200;
 
 /// Bytes of a line kept (a longer one is cut at a character boundary, marked `…`).
-pub const LINE_BYTES: usize = 1024;
+pub(crate) const LINE_BYTES: usize = 1024;
 
 /// How often a held slot's new lines are written.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// Lines waiting for the next write, over all robots of a held slot.
-pub const MAX_QUEUED: usize = 10_000;
+pub(crate) const MAX_QUEUED: usize = 10_000;
 
 /// The collection (its name lives with the others in [`crate::db::store`]).
-pub const COLLECTION: &str = crate::db::store::OUTPUTS;
+pub(crate) const COLLECTION: &str = crate::db::store::OUTPUTS;
 
 /// Which stream a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +92,7 @@ impl OutputLog {
 }
 
 /// `text` cut to at most `max` bytes at a character boundary, marked when cut.
-pub fn cut(text: &str, max: usize) -> String {
+pub(crate) fn cut(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
     }
@@ -187,7 +187,7 @@ async fn send(
 /// Removes kept output whose robot no longer exists (left by versions that
 /// deleted it while a holder could still write; tombstones are left to expire).
 /// Returns how many went.
-pub async fn remove_orphaned(store: &Store) -> Result<u64, mongodb::error::Error> {
+pub(crate) async fn remove_orphaned(store: &Store) -> Result<u64, mongodb::error::Error> {
     use futures::TryStreamExt;
     let orphans: Vec<Bson> = store
         .outputs()
@@ -216,7 +216,10 @@ pub async fn remove_orphaned(store: &Store) -> Result<u64, mongodb::error::Error
 }
 
 /// Robot `id`'s kept output document, if it has one.
-pub async fn kept(store: &Store, id: &Bson) -> Result<Option<Document>, mongodb::error::Error> {
+pub(crate) async fn kept(
+    store: &Store,
+    id: &Bson,
+) -> Result<Option<Document>, mongodb::error::Error> {
     store.outputs().find_one(doc! {"_id": id}).await
 }
 
@@ -224,7 +227,7 @@ pub async fn kept(store: &Store, id: &Bson) -> Result<Option<Document>, mongodb:
 /// stopping the robot may flush a last line, and its upsert (fenced by
 /// generation) now collides with the tombstone instead of re-creating the
 /// document. The TTL index removes it.
-pub async fn bury(store: &Store, id: &Bson) -> Result<(), mongodb::error::Error> {
+pub(crate) async fn bury(store: &Store, id: &Bson) -> Result<(), mongodb::error::Error> {
     store
         .outputs()
         .update_one(

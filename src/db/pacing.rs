@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 /// The most robot writes one holder keeps in flight at once.
-pub const MAX_INFLIGHT_WRITES: usize = 8;
+pub(crate) const MAX_INFLIGHT_WRITES: usize = 8;
 
 #[derive(Debug)]
 struct State {
@@ -33,7 +33,7 @@ pub struct WritePacer {
 
 /// One robot write in flight; dropping it lets the next one go.
 #[derive(Debug)]
-pub struct WritePermit<'a> {
+pub(crate) struct WritePermit<'a> {
     pacer: &'a WritePacer,
 }
 
@@ -46,7 +46,7 @@ impl Drop for WritePermit<'_> {
 
 /// A [`WritePermit`] that owns its pacer, for a write sent from another task.
 #[derive(Debug)]
-pub struct OwnedWritePermit {
+pub(crate) struct OwnedWritePermit {
     pacer: Arc<WritePacer>,
 }
 
@@ -59,7 +59,7 @@ impl Drop for OwnedWritePermit {
 
 impl WritePacer {
     /// [`WritePacer::acquire`], for a permit that moves into another task.
-    pub async fn acquire_owned(self: &Arc<Self>) -> OwnedWritePermit {
+    pub(crate) async fn acquire_owned(self: &Arc<Self>) -> OwnedWritePermit {
         // The borrowed permit's count passes to the owned one, which gives it back.
         std::mem::forget(self.acquire().await);
         OwnedWritePermit {
@@ -82,7 +82,7 @@ impl WritePacer {
     }
 
     /// Waits until one more robot write may be sent.
-    pub async fn acquire(&self) -> WritePermit<'_> {
+    pub(crate) async fn acquire(&self) -> WritePermit<'_> {
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
@@ -99,7 +99,7 @@ impl WritePacer {
     }
 
     /// Feeds one successful renewal's round trip back. Returns the new limit.
-    pub fn observe(&self, renewal: Duration) -> usize {
+    pub(crate) fn observe(&self, renewal: Duration) -> usize {
         let mut s = self.state.lock().expect("pacer lock");
         if renewal >= self.slow {
             let lower = (s.limit / 2).max(1);
@@ -122,17 +122,18 @@ impl WritePacer {
     /// margin, so that a renewal that had to wait behind all of it (on a server that
     /// answers one command at a time) would still come back well inside the margin
     /// at any tick.
-    pub fn command_budget(&self) -> Duration {
+    pub(crate) fn command_budget(&self) -> Duration {
         self.slow * 2
     }
 
     /// How many robot writes may be in flight now.
-    pub fn limit(&self) -> usize {
+    pub(crate) fn limit(&self) -> usize {
         self.state.lock().expect("pacer lock").limit
     }
 
     /// How many are.
-    pub fn inflight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn inflight(&self) -> usize {
         self.state.lock().expect("pacer lock").inflight
     }
 }
@@ -140,12 +141,12 @@ impl WritePacer {
 /// How many renewals in a row a changed slot's read waits out, at most, while they
 /// come back slow (see [`read_admitted`]): five ticks, so that a robot created, moved,
 /// paused or deleted is acted on a few seconds late at worst, never starved.
-pub const READ_WAITS_MOST: u32 = 5;
+pub(crate) const READ_WAITS_MOST: u32 = 5;
 
 /// A renewal at least this slow says the database is busy: it halves the robot
 /// writes in flight ([`WritePacer::observe`]) and holds a changed slot's read back
 /// ([`read_admitted`]). A quarter of the fence margin.
-pub fn slow_renewal(margin: Duration) -> Duration {
+pub(crate) fn slow_renewal(margin: Duration) -> Duration {
     margin / 4
 }
 
@@ -155,7 +156,7 @@ pub fn slow_renewal(margin: Duration) -> Duration {
 /// database 60 ms away) is not taken for a busy one. Never more than half the
 /// margin: a lease claimed in a storm has a slow fastest renewal until the storm
 /// passes, and its own reads must still take turns meanwhile.
-pub fn busy_renewal(margin: Duration, floor: Option<Duration>) -> Duration {
+pub(crate) fn busy_renewal(margin: Duration, floor: Option<Duration>) -> Duration {
     let by_floor = (floor.unwrap_or_default() * 2).min(margin / 2);
     slow_renewal(margin).max(by_floor)
 }
@@ -169,7 +170,7 @@ pub fn busy_renewal(margin: Duration, floor: Option<Duration>) -> Duration {
 /// renewal says others are reading, so the holder waits for a fast one and the reads
 /// take turns. Always admitted: the first read after a claim (a takeover waits on
 /// it), and a read that has waited [`READ_WAITS_MOST`] renewals.
-pub fn read_admitted(renewal: Duration, slow: Duration, first: bool, waited: u32) -> bool {
+pub(crate) fn read_admitted(renewal: Duration, slow: Duration, first: bool, waited: u32) -> bool {
     first || renewal < slow || waited >= READ_WAITS_MOST
 }
 
@@ -177,7 +178,7 @@ pub fn read_admitted(renewal: Duration, slow: Duration, first: bool, waited: u32
 /// for at most `budget`, at the cost per statement the last command showed (`took`
 /// for `done` statements), from `min` to `max`; `max` before anything was measured.
 /// The cost is taken from the whole round trip, so it errs on the short side.
-pub fn statements_within(
+pub(crate) fn statements_within(
     budget: Duration,
     took: Duration,
     done: usize,

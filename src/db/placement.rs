@@ -17,11 +17,11 @@ type Result<T> = std::result::Result<T, mongodb::error::Error>;
 
 /// A slot as placement sees it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SlotLoad {
-    pub id: String,
-    pub robots: i64,
+pub(crate) struct SlotLoad {
+    pub(crate) id: String,
+    pub(crate) robots: i64,
     /// The `robot_count` value as read, None when the field is missing.
-    pub seen: Option<i64>,
+    pub(crate) seen: Option<i64>,
 }
 
 /// The part of a slot filter that admits only slots robots may be placed on.
@@ -30,7 +30,7 @@ fn open_for_robots() -> Document {
 }
 
 /// Every slot robots may be placed on, with its load, by id.
-pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>> {
+pub(crate) async fn loads(store: &Store) -> Result<Vec<SlotLoad>> {
     let mut open = open_for_robots();
     open.insert("_id", doc! {"$type": "string"});
     let pipeline = vec![
@@ -54,7 +54,7 @@ pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>> {
 /// Reserves room for `k` robots on `slot` if its count is still the one `slot` was
 /// read with and it still takes robots: a compare-and-set; false when another
 /// create or move got there first.
-pub async fn reserve_as_seen(store: &Store, slot: &SlotLoad, k: i64) -> Result<bool> {
+pub(crate) async fn reserve_as_seen(store: &Store, slot: &SlotLoad, k: i64) -> Result<bool> {
     let mut filter = match slot.seen {
         Some(c) => doc! {"_id": &slot.id, ROBOT_COUNT: c},
         None => doc! {"_id": &slot.id, ROBOT_COUNT: {"$exists": false}},
@@ -66,7 +66,7 @@ pub async fn reserve_as_seen(store: &Store, slot: &SlotLoad, k: i64) -> Result<b
 
 /// Why a slot took no reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     NoSuchSlot,
     /// Draining or retiring.
     Closed,
@@ -74,7 +74,7 @@ pub enum Refused {
 
 /// Reserves room for `k` robots on `slot` whatever its count, atomically with the
 /// check that it takes robots: a drain or a retirement after this sees it.
-pub async fn reserve(
+pub(crate) async fn reserve(
     store: &Store,
     slot: &str,
     k: i64,
@@ -103,7 +103,7 @@ pub async fn reserve(
 
 /// Changes a slot's `robot_count` by `delta`, bumping `rev` when `bump` (its
 /// holder then reads its robots again).
-pub async fn adjust(store: &Store, slot: &str, delta: i64, bump: bool) -> Result<()> {
+pub(crate) async fn adjust(store: &Store, slot: &str, delta: i64, bump: bool) -> Result<()> {
     let mut inc = Document::new();
     if delta != 0 {
         inc.insert(ROBOT_COUNT, delta);
@@ -121,7 +121,7 @@ pub async fn adjust(store: &Store, slot: &str, delta: i64, bump: bool) -> Result
 }
 
 /// Tells each slot's holder that its robots changed.
-pub async fn bump_revs(store: &Store, slots: &[String]) -> Result<()> {
+pub(crate) async fn bump_revs(store: &Store, slots: &[String]) -> Result<()> {
     let mut unique: Vec<&String> = slots.iter().collect();
     unique.sort();
     unique.dedup();
@@ -133,12 +133,12 @@ pub async fn bump_revs(store: &Store, slots: &[String]) -> Result<()> {
 }
 
 /// Those of `slots` that exist and are not retiring.
-pub async fn standing(store: &Store, slots: &[String]) -> Result<Vec<String>> {
+pub(crate) async fn standing(store: &Store, slots: &[String]) -> Result<Vec<String>> {
     slot_ids(store, doc! {"_id": {"$in": slots}, RETIRING: {"$ne": true}}).await
 }
 
 /// Every slot that is not retiring.
-pub async fn all_standing(store: &Store) -> Result<Vec<String>> {
+pub(crate) async fn all_standing(store: &Store) -> Result<Vec<String>> {
     slot_ids(store, doc! {RETIRING: {"$ne": true}}).await
 }
 
@@ -166,7 +166,7 @@ fn rebind_to(to: &str) -> Vec<Document> {
 }
 
 /// Binds those of `ids` still on `from` to `to`; how many moved.
-pub async fn rebind(store: &Store, ids: &[ObjectId], from: &str, to: &str) -> Result<u64> {
+pub(crate) async fn rebind(store: &Store, ids: &[ObjectId], from: &str, to: &str) -> Result<u64> {
     let r = store
         .robots()
         .update_many(doc! {"_id": {"$in": ids}, SLOT_ID: from}, rebind_to(to))
@@ -175,7 +175,7 @@ pub async fn rebind(store: &Store, ids: &[ObjectId], from: &str, to: &str) -> Re
 }
 
 /// Those of `ids` bound to one of `slots`, with their slot.
-pub async fn bound_to(
+pub(crate) async fn bound_to(
     store: &Store,
     ids: &[ObjectId],
     slots: &[&String],
@@ -197,7 +197,7 @@ pub async fn bound_to(
 }
 
 /// Every robot bound to none of `slots`, with its slot.
-pub async fn stranded(store: &Store, slots: &[String]) -> Result<Vec<(ObjectId, String)>> {
+pub(crate) async fn stranded(store: &Store, slots: &[String]) -> Result<Vec<(ObjectId, String)>> {
     let docs: Vec<Document> = store
         .robots()
         .find(doc! {SLOT_ID: {"$nin": slots}})
@@ -216,7 +216,7 @@ pub async fn stranded(store: &Store, slots: &[String]) -> Result<Vec<(ObjectId, 
 
 /// `k` robots of slot `from` not among `taken`, by name, last first (so a plan
 /// reads the same twice).
-pub async fn pick(
+pub(crate) async fn pick(
     store: &Store,
     from: &str,
     k: usize,
@@ -243,7 +243,7 @@ pub async fn pick(
 /// Drains slot `slot` (its holder stops the robots and releases it; no worker
 /// claims it) or lets workers claim it again. None when there is no such slot,
 /// else whether it changed.
-pub async fn set_draining(store: &Store, slot: &str, on: bool) -> Result<Option<bool>> {
+pub(crate) async fn set_draining(store: &Store, slot: &str, on: bool) -> Result<Option<bool>> {
     let r = store
         .slots()
         .update_one(doc! {"_id": slot}, doc! {"$set": {DRAINING: on}})

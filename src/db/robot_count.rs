@@ -17,16 +17,16 @@ const RESERVED_AT: &str = "reserved_at";
 /// Room for `k` more robots, stamped with the server's time: until
 /// [`STALE_RESERVATION`] has passed, a count above the true one may be robots
 /// still being written, and [`reconcile_counts`] leaves it alone.
-pub fn reservation(k: i64) -> Document {
+pub(crate) fn reservation(k: i64) -> Document {
     doc! {"$inc": {ROBOT_COUNT: k}, "$currentDate": {RESERVED_AT: true}}
 }
 
 /// How long after its last reservation a slot's count may include robots that
 /// are still being created or moved (a 100,000-robot create takes minutes).
-pub const STALE_RESERVATION: std::time::Duration = std::time::Duration::from_secs(600);
+pub(crate) const STALE_RESERVATION: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Robots per slot, counted from the robots themselves (not `robot_count`).
-pub async fn true_counts(
+pub(crate) async fn true_counts(
     store: &Store,
 ) -> Result<std::collections::HashMap<String, i64>, mongodb::error::Error> {
     let mut counts = std::collections::HashMap::new();
@@ -49,7 +49,7 @@ pub async fn true_counts(
 /// in flight may have reserved room for robots not yet written). So a create cut
 /// off by a long outage stops skewing placement by itself, without an operator.
 /// Returns whether the count changed.
-pub async fn heal_count(
+pub(crate) async fn heal_count(
     store: &Store,
     slot: &str,
     truth: i64,
@@ -81,7 +81,7 @@ pub async fn heal_count(
 /// saw no reservation for [`STALE_RESERVATION`], since until then the excess may be
 /// robots being written right now. Each write is conditional on the count it read.
 /// Returns how many slots were corrected.
-pub async fn reconcile_counts(store: &Store) -> Result<u64, mongodb::error::Error> {
+pub(crate) async fn reconcile_counts(store: &Store) -> Result<u64, mongodb::error::Error> {
     let mut slots: Vec<Document> = store
         .slots()
         .find(doc! {})

@@ -41,15 +41,15 @@ words! {
 /// An update asked for and not yet judged by the robot's holder (see
 /// [`crate::pool::actions::update`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct PendingUpdate {
-    pub id: ObjectId,
-    pub kind: String,
-    pub spec: Document,
+pub(crate) struct PendingUpdate {
+    pub(crate) id: ObjectId,
+    pub(crate) kind: String,
+    pub(crate) spec: Document,
 }
 
 /// A robot's `update` field.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub enum UpdateField {
+pub(crate) enum UpdateField {
     #[default]
     None,
     Pending(PendingUpdate),
@@ -60,57 +60,57 @@ pub enum UpdateField {
 /// How many of a robot's last ends its document keeps (`recent_ends`): the window of
 /// a restart policy with more `attempts` carries over a takeover or a move only this
 /// far.
-pub const ENDS_KEPT: usize = 100;
+pub(crate) const ENDS_KEPT: usize = 100;
 
 /// One robot document, decoded leniently.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RobotDoc {
+pub(crate) struct RobotDoc {
     /// `_id` when it is an ObjectId (a worker runs no other).
-    pub id: Option<ObjectId>,
+    pub(crate) id: Option<ObjectId>,
     /// `_id` as text, whatever it is.
-    pub id_text: String,
-    pub name: Option<String>,
-    pub kind: Option<String>,
-    pub slot_id: Option<String>,
+    pub(crate) id_text: String,
+    pub(crate) name: Option<String>,
+    pub(crate) kind: Option<String>,
+    pub(crate) slot_id: Option<String>,
     /// `spec`, when it is a document.
-    pub spec: Option<Document>,
+    pub(crate) spec: Option<Document>,
     /// Its context: the stored document, an empty one when missing or null, or the
     /// type of what else is there (reported by the holder that would start it).
-    pub context: Result<Document, &'static str>,
+    pub(crate) context: Result<Document, &'static str>,
     /// Whole numbers (an int, a long or a whole double); None otherwise.
-    pub epoch: Option<i64>,
-    pub gen: Option<i64>,
-    pub seq: Option<i64>,
-    pub start_rev: Option<i64>,
-    pub restarts: Option<i64>,
+    pub(crate) epoch: Option<i64>,
+    pub(crate) gen: Option<i64>,
+    pub(crate) seq: Option<i64>,
+    pub(crate) start_rev: Option<i64>,
+    pub(crate) restarts: Option<i64>,
     /// `(gen, epoch)` exactly as stored, when both are ints or longs (`gen` None when
     /// never written): what an instance started before its adoption write must
     /// match (see [`crate::db::context::ContextStore::start_early`]).
-    pub fence_as_stored: Option<(Option<i64>, i64)>,
+    pub(crate) fence_as_stored: Option<(Option<i64>, i64)>,
     /// The generation adopting it gives it ([`gen_after_adoption`]).
-    pub next_gen: i64,
+    pub(crate) next_gen: i64,
     /// True only when `paused` is `true`.
-    pub paused: bool,
+    pub(crate) paused: bool,
     /// The status as stored, shown as it is ([`RobotDoc::status`] reads it).
-    pub status_text: Option<String>,
-    pub error: Option<String>,
+    pub(crate) status_text: Option<String>,
+    pub(crate) error: Option<String>,
     /// The worker that last adopted it.
-    pub worker: Option<String>,
-    pub update: UpdateField,
+    pub(crate) worker: Option<String>,
+    pub(crate) update: UpdateField,
     /// Its recent ends ([`recent_ends`]).
-    pub recent_ends: Vec<i64>,
+    pub(crate) recent_ends: Vec<i64>,
     /// Server-clock milliseconds of its last checkpoint.
-    pub checkpointed_at_ms: Option<i64>,
+    pub(crate) checkpointed_at_ms: Option<i64>,
     /// Server-clock milliseconds of its creation.
-    pub created_ms: Option<i64>,
+    pub(crate) created_ms: Option<i64>,
     /// Server-clock milliseconds of the last update its holder applied.
-    pub updated_ms: Option<i64>,
+    pub(crate) updated_ms: Option<i64>,
     /// A scheduled robot's firing state (empty for any other).
-    pub firings: crate::db::firing::FiringState,
+    pub(crate) firings: crate::db::firing::FiringState,
 }
 
 impl RobotDoc {
-    pub fn from_doc(d: &Document) -> RobotDoc {
+    pub(crate) fn from_doc(d: &Document) -> RobotDoc {
         let status_text = text(d, STATUS);
         let update = match d.get(UPDATE) {
             Some(Bson::Document(_)) => {
@@ -163,17 +163,17 @@ impl RobotDoc {
     }
 
     /// The status, when the stored word is one.
-    pub fn status(&self) -> Option<RobotStatus> {
+    pub(crate) fn status(&self) -> Option<RobotStatus> {
         self.status_text.as_deref().and_then(RobotStatus::parse)
     }
 
     /// Held after its restart policy gave up: paused, with the status `failed`.
-    pub fn given_up(&self) -> bool {
+    pub(crate) fn given_up(&self) -> bool {
         self.paused && self.status() == Some(RobotStatus::Failed)
     }
 
     /// Its name, or its `_id` for a document without one.
-    pub fn name_or_id(&self) -> String {
+    pub(crate) fn name_or_id(&self) -> String {
         self.name.clone().unwrap_or_else(|| self.id_text.clone())
     }
 }
@@ -216,7 +216,7 @@ fn fence_as_stored(d: &Document) -> Option<(Option<i64>, i64)> {
 
 /// What the dashboard's robot list reads of each robot: what a row shows
 /// ([`RobotDoc`] decodes it), and no more (not its context or history).
-pub fn list_row_projection() -> Document {
+pub(crate) fn list_row_projection() -> Document {
     let mut p = Document::new();
     for f in [
         NAME,
@@ -252,7 +252,7 @@ pub fn gen_after_adoption(d: &Document) -> i64 {
 
 /// The robot's recorded ends ([`RECENT_ENDS`]): whole numbers only, at most
 /// [`ENDS_KEPT`] of them.
-pub fn recent_ends(d: &Document) -> Vec<i64> {
+pub(crate) fn recent_ends(d: &Document) -> Vec<i64> {
     let Ok(a) = d.get_array(RECENT_ENDS) else {
         return Vec::new();
     };

@@ -24,7 +24,7 @@ fn fields(names: &[&str]) -> Document {
 }
 
 /// The robot named `name`, with only `only` of its fields (and `_id`).
-pub async fn by_name(store: &Store, name: &str, only: &[&str]) -> Result<Option<Document>> {
+pub(crate) async fn by_name(store: &Store, name: &str, only: &[&str]) -> Result<Option<Document>> {
     store
         .robots()
         .find_one(doc! {NAME: name})
@@ -33,7 +33,7 @@ pub async fn by_name(store: &Store, name: &str, only: &[&str]) -> Result<Option<
 }
 
 /// The robot whose `_id` is `id`, with only `only` of its fields (and `_id`).
-pub async fn by_id(store: &Store, id: &Bson, only: &[&str]) -> Result<Option<Document>> {
+pub(crate) async fn by_id(store: &Store, id: &Bson, only: &[&str]) -> Result<Option<Document>> {
     store
         .robots()
         .find_one(doc! {"_id": id})
@@ -42,12 +42,12 @@ pub async fn by_id(store: &Store, id: &Bson, only: &[&str]) -> Result<Option<Doc
 }
 
 /// The robot named `name`, whole.
-pub async fn whole(store: &Store, name: &str) -> Result<Option<Document>> {
+pub(crate) async fn whole(store: &Store, name: &str) -> Result<Option<Document>> {
     store.robots().find_one(doc! {NAME: name}).await
 }
 
 /// Which of `ids` exist.
-pub async fn existing_ids(store: &Store, ids: &[ObjectId]) -> Result<HashSet<ObjectId>> {
+pub(crate) async fn existing_ids(store: &Store, ids: &[ObjectId]) -> Result<HashSet<ObjectId>> {
     let mut found = HashSet::new();
     for chunk in ids.chunks(CHUNK) {
         let mut cursor = store
@@ -65,7 +65,7 @@ pub async fn existing_ids(store: &Store, ids: &[ObjectId]) -> Result<HashSet<Obj
 }
 
 /// The robots of these names that exist (name, kind and spec), by name.
-pub async fn named(store: &Store, names: &[String]) -> Result<HashMap<String, Document>> {
+pub(crate) async fn named(store: &Store, names: &[String]) -> Result<HashMap<String, Document>> {
     let mut found = HashMap::new();
     for chunk in names.chunks(CHUNK) {
         let mut cursor = store
@@ -84,7 +84,7 @@ pub async fn named(store: &Store, names: &[String]) -> Result<HashMap<String, Do
 
 /// Inserts new robot documents in order, [`CHUNK`] at a time; stops at the first
 /// failure.
-pub async fn insert(store: &Store, docs: &[Document]) -> Result<()> {
+pub(crate) async fn insert(store: &Store, docs: &[Document]) -> Result<()> {
     for chunk in docs.chunks(CHUNK) {
         store
             .robots()
@@ -97,7 +97,7 @@ pub async fn insert(store: &Store, docs: &[Document]) -> Result<()> {
 
 /// Starts robot `id` afresh from its context: unpaused, pending, a new start
 /// (its holder restarts it under a new generation) and a fresh restart budget.
-pub async fn restart(store: &Store, id: &Bson) -> Result<()> {
+pub(crate) async fn restart(store: &Store, id: &Bson) -> Result<()> {
     store
         .robots()
         .update_one(
@@ -115,7 +115,12 @@ pub async fn restart(store: &Store, id: &Bson) -> Result<()> {
 /// Pauses robot `id` (its firing state marks the pause when `scheduled`, so the
 /// firings of the pause are recorded skipped), or resumes it with a fresh restart
 /// budget.
-pub async fn set_paused(store: &Store, id: &Bson, paused: bool, scheduled: bool) -> Result<()> {
+pub(crate) async fn set_paused(
+    store: &Store,
+    id: &Bson,
+    paused: bool,
+    scheduled: bool,
+) -> Result<()> {
     let update = if paused {
         let mut update = doc! {"$set": {PAUSED: true, STATUS: RobotStatus::Paused}};
         if scheduled {
@@ -130,7 +135,7 @@ pub async fn set_paused(store: &Store, id: &Bson, paused: bool, scheduled: bool)
 }
 
 /// Deletes robot `id`; whether it was there.
-pub async fn delete(store: &Store, id: &Bson) -> Result<bool> {
+pub(crate) async fn delete(store: &Store, id: &Bson) -> Result<bool> {
     let r = store.robots().delete_one(doc! {"_id": id}).await?;
     Ok(r.deleted_count == 1)
 }
@@ -138,7 +143,7 @@ pub async fn delete(store: &Store, id: &Bson) -> Result<bool> {
 /// Asks robot `id`'s holder to make its kind and spec these (`update_id` names the
 /// request), only if they are still `old_kind` and `old_spec` and no other update
 /// waits. False when either changed.
-pub async fn ask_update(
+pub(crate) async fn ask_update(
     store: &Store,
     id: &Bson,
     (old_kind, old_spec): (&str, &Document),
@@ -160,7 +165,8 @@ pub async fn ask_update(
 
 /// The fields `robot update` reads of a robot: its slot, kind, spec, context and
 /// any update waiting.
-pub const UPDATE_FIELDS: [&str; 5] = [SLOT_ID, KIND, SPEC, crate::db::field::CONTEXT, UPDATE];
+pub(crate) const UPDATE_FIELDS: [&str; 5] =
+    [SLOT_ID, KIND, SPEC, crate::db::field::CONTEXT, UPDATE];
 
 /// The fields of a holder's answer to an update.
-pub const ANSWER_FIELDS: [&str; 1] = [UPDATE_RESULT];
+pub(crate) const ANSWER_FIELDS: [&str; 1] = [UPDATE_RESULT];

@@ -24,7 +24,7 @@ const SCHEMAS: [(&str, &str); 4] = [
 
 /// Creates the collections that are missing, sets every validator, and creates the
 /// indexes. Idempotent, and safe beside another `init`.
-pub async fn install(store: &Store) -> Result<(), StoreError> {
+pub(crate) async fn install(store: &Store) -> Result<(), StoreError> {
     install_schemas(store).await?;
     create_indexes(store).await
 }
@@ -89,7 +89,7 @@ async fn create_indexes(store: &Store) -> Result<(), StoreError> {
 }
 
 /// The ids of every slot document.
-pub async fn slot_ids(store: &Store) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn slot_ids(store: &Store) -> Result<Vec<String>, StoreError> {
     let mut present = Vec::new();
     let mut cursor = store
         .slots()
@@ -106,7 +106,7 @@ pub async fn slot_ids(store: &Store) -> Result<Vec<String>, StoreError> {
 
 /// Inserts vacant slots of these ids; the ids this call added (a slot another
 /// `init` inserted meanwhile is not ours to report).
-pub async fn add_slots(store: &Store, ids: &[&String]) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn add_slots(store: &Store, ids: &[&String]) -> Result<Vec<String>, StoreError> {
     let missing: Vec<Document> = ids
         .iter()
         .map(|id| {
@@ -156,7 +156,7 @@ pub async fn add_slots(store: &Store, ids: &[&String]) -> Result<Vec<String>, St
 /// retirement either shows up in the check (and the shrink is refused) or sees
 /// the retirement in its own check after writing, and re-places its robots
 /// (see [`crate::pool::placement`]).
-pub async fn retire_slots(
+pub(crate) async fn retire_slots(
     store: &Store,
     wanted: u32,
     extra: &[String],

@@ -9,27 +9,27 @@ use bson::{doc, Bson, Document};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database};
 
-pub const SLOTS: &str = "slots";
-pub const ROBOTS: &str = "robots";
-pub const WORKERS: &str = "workers";
-pub const EVENTS: &str = "events";
+pub(crate) const SLOTS: &str = "slots";
+pub(crate) const ROBOTS: &str = "robots";
+pub(crate) const WORKERS: &str = "workers";
+pub(crate) const EVENTS: &str = "events";
 /// Robots' kept output lines (see [`crate::db::output_log`]).
-pub const OUTPUTS: &str = "robot_output";
-pub const DEFAULT_DATABASE: &str = "slotpool";
+pub(crate) const OUTPUTS: &str = "robot_output";
+pub(crate) const DEFAULT_DATABASE: &str = "slotpool";
 
 /// Documents per command when a tool inserts, looks up or deletes many at once
 /// (`robot create --count`, `init`, the output sweep): a command's cost grows faster
 /// than its size, and a server that answers one command at a time holds every
 /// renewal behind it (see docs/bench/2026-11-25-scheduled-robots.md).
-pub const CHUNK: usize = 250;
+pub(crate) const CHUNK: usize = 250;
 /// The most slots `init` will create; slot ids are zero-padded to sort by `_id`.
 /// The most slots `init` makes: far past what one database's renewals can carry (see
 /// the scale model in BENCHMARKS.md), and names stay five digits wide at most.
-pub const MAX_SLOTS: u32 = 99_999;
+pub(crate) const MAX_SLOTS: u32 = 99_999;
 
 /// Digits in a slot name when a pool's first `init` asks for up to 999 slots
 /// (`slot-001`); a first `init` for more uses as many digits as the count has.
-pub const NARROWEST: usize = 3;
+pub(crate) const NARROWEST: usize = 3;
 
 /// A whole-number field, read by the one rule every part of slotpool uses: a `long`
 /// or an `int`, or a `double` with no fraction (what the mongo shell writes for a
@@ -71,7 +71,7 @@ pub enum StoreError {
     Db(#[from] mongodb::error::Error),
 }
 
-pub use crate::secrets::redact_uri;
+pub(crate) use crate::secrets::redact_uri;
 
 fn scrub(message: &str) -> String {
     crate::secrets::scrub(message).into_owned()
@@ -118,13 +118,13 @@ impl SlotDoc {
 /// at once anyway; only a primary that hangs silently is noticed late, which is why
 /// the lease's client checks more often ([`LEASE_MONITOR_EVERY`]). A worker has two
 /// clients ([`Store::dedicated`]); see docs/bench/2026-11-26-a-pool-of-200-workers.md.
-pub const MONITOR_EVERY: Duration = Duration::from_secs(300);
+pub(crate) const MONITOR_EVERY: Duration = Duration::from_secs(300);
 
 /// How often the lease's client's monitor checks, unless the URI says: once a
 /// minute, as before the robots' client went to [`MONITOR_EVERY`]. A primary that
 /// hangs without an error is left within a minute and 3 s (the check's own wait);
 /// set `heartbeatFrequencyMS` lower in the URI to leave it sooner.
-pub const LEASE_MONITOR_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const LEASE_MONITOR_EVERY: Duration = Duration::from_secs(60);
 
 /// The connection and the database every component works in.
 #[derive(Clone)]
@@ -484,16 +484,17 @@ fn patient_wait(sent: u32) -> Duration {
 /// The longest [`Store::record_event_patiently`] waits for one answer before it
 /// sends the event again: as long as a robot's write may wait before it is in doubt
 /// ([`crate::db::group_commit::IN_DOUBT_AFTER`]).
-pub const EVENT_WAIT_MOST: Duration = Duration::from_secs(30);
+pub(crate) const EVENT_WAIT_MOST: Duration = Duration::from_secs(30);
 
 /// `slot-001`, `slot-002`, …: zero-padded so `_id` order is numeric order. For a
 /// pool of more than 999 slots, see [`slot_name`].
-pub fn slot_id(n: u32) -> String {
+#[cfg(test)]
+pub(crate) fn slot_id(n: u32) -> String {
     slot_name(n, NARROWEST)
 }
 
 /// Slot `n` of a pool whose names have `width` digits.
-pub fn slot_name(n: u32, width: usize) -> String {
+pub(crate) fn slot_name(n: u32, width: usize) -> String {
     format!("slot-{n:0width$}")
 }
 
@@ -501,7 +502,7 @@ pub fn slot_name(n: u32, width: usize) -> String {
 /// slots have (the narrowest, if a hand edit mixed them), or for a new pool
 /// [`NARROWEST`] or the digits of `count`, whichever is more. An existing pool
 /// too narrow for `count` is refused: its names would stop sorting in order.
-pub fn slot_width(present: &[String], count: u32) -> Result<usize, StoreError> {
+pub(crate) fn slot_width(present: &[String], count: u32) -> Result<usize, StoreError> {
     let digits = |n: u32| n.to_string().len();
     let existing = present
         .iter()
@@ -530,7 +531,7 @@ pub(crate) fn is_namespace_exists(e: &mongodb::error::Error) -> bool {
 
 /// True when the database could not be reached or answered nothing usable (as
 /// opposed to refusing one document): the caller should retry later, not skip.
-pub fn is_network(e: &mongodb::error::Error) -> bool {
+pub(crate) fn is_network(e: &mongodb::error::Error) -> bool {
     use mongodb::error::ErrorKind;
     matches!(
         e.kind.as_ref(),
@@ -541,7 +542,7 @@ pub fn is_network(e: &mongodb::error::Error) -> bool {
 }
 
 /// True for a duplicate-key error (code 11000).
-pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+pub(crate) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
     e.contains_label("DuplicateKey")
         || match e.kind.as_ref() {
             mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => {
@@ -558,7 +559,7 @@ pub fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
 
 /// A one-line summary of a driver error, for logs and robot status (the full error
 /// carries the server's whole reply).
-pub fn brief(e: &mongodb::error::Error) -> String {
+pub(crate) fn brief(e: &mongodb::error::Error) -> String {
     use mongodb::error::{ErrorKind, WriteFailure};
     match e.kind.as_ref() {
         ErrorKind::Write(WriteFailure::WriteError(w)) => format!("{} (code {})", w.message, w.code),

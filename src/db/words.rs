@@ -12,6 +12,8 @@ macro_rules! words {
             $($(#[$vmeta])* $variant,)+
         }
 
+        // Not every list of words needs all three: each may go unused.
+        #[allow(dead_code)]
         impl $name {
             pub const ALL: &'static [$name] = &[$($name::$variant,)+];
 

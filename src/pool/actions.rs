@@ -23,18 +23,18 @@ use crate::pool::view::text;
 
 /// Who asked for an action, as recorded in its event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Actor {
+pub(crate) struct Actor {
     /// `cli` or `web`.
-    pub by: &'static str,
+    pub(crate) by: &'static str,
     /// A person's or a token's name, as given (never a credential).
-    pub who: String,
+    pub(crate) who: String,
     /// The peer address, for the web.
-    pub from: Option<String>,
+    pub(crate) from: Option<String>,
 }
 
 impl Actor {
     /// The command line, as the user the process runs as.
-    pub fn cli() -> Actor {
+    pub(crate) fn cli() -> Actor {
         Actor {
             by: "cli",
             who: login_name(),
@@ -64,7 +64,7 @@ fn login_name() -> String {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ActionError {
+pub(crate) enum ActionError {
     #[error("no robot named {0:?}: see `slotpool robot list`")]
     NoRobot(String),
     #[error("no slot {0:?}: see `slotpool slots list`")]
@@ -96,16 +96,16 @@ pub enum ActionError {
 
 /// What an action did, for its caller to report.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Done {
+pub(crate) struct Done {
     /// The robot or slot acted on.
-    pub name: String,
+    pub(crate) name: String,
     /// The robot's slot (or the slot itself); for a move, the slot it left.
-    pub slot: Option<String>,
+    pub(crate) slot: Option<String>,
     /// Whether anything changed (moving a robot to its own slot changes nothing).
-    pub changed: bool,
+    pub(crate) changed: bool,
     /// A move found the robot already on its destination but never started there
     /// (an earlier move was cut off before it told the holder), and told it now.
-    pub repaired: bool,
+    pub(crate) repaired: bool,
 }
 
 async fn robot(store: &Store, name: &str) -> Result<Document, ActionError> {
@@ -132,7 +132,7 @@ pub(crate) async fn record(store: &Store, kind: EventKind, actor: &Actor, mut fi
 /// checkpoint and a new one starts under a new generation (the same fenced step as a
 /// takeover, on the same holder), with a fresh restart budget. A paused or failed
 /// robot runs again.
-pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
+pub(crate) async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
     let d = robot(store, name).await?;
     let slot = slot_of(&d)?;
     robots::restart(store, d.get("_id").unwrap_or(&Bson::Null)).await?;
@@ -144,7 +144,7 @@ pub async fn restart(store: &Store, name: &str, actor: &Actor) -> Result<Done, A
 /// waits in the robot's `firings.triggers` until its holder takes it; its `rev`
 /// goes up, so the holder's instance sees it at once. A robot without a schedule is
 /// refused: `robot restart` starts a daemon again.
-pub async fn trigger(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
+pub(crate) async fn trigger(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
     let d = robots::by_name(store, name, &[SLOT_ID, SPEC, crate::db::firing::FIRINGS])
         .await?
         .ok_or_else(|| ActionError::NoRobot(name.to_string()))?;
@@ -207,22 +207,22 @@ async fn tell_holders(store: &Store, name: &str, slot: &str) -> Result<(), Actio
 
 /// An update asked for, or (dry run) what it would change.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpdateAsked {
+pub(crate) struct UpdateAsked {
     /// Its id, which the holder's answer names (see [`update_answer`]); None for a
     /// dry run or when nothing would change.
-    pub id: Option<ObjectId>,
-    pub slot: String,
+    pub(crate) id: Option<ObjectId>,
+    pub(crate) slot: String,
     /// The differences, one line each: `kind: counter → exec`, `spec.args: ["a"] → ["b"]`.
-    pub changes: Vec<String>,
+    pub(crate) changes: Vec<String>,
 }
 
 /// The holder's answer to an update.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpdateAnswer {
-    pub applied: bool,
+pub(crate) struct UpdateAnswer {
+    pub(crate) applied: bool,
     /// Why it was refused.
-    pub why: Option<String>,
-    pub worker: Option<String>,
+    pub(crate) why: Option<String>,
+    pub(crate) worker: Option<String>,
 }
 
 /// Asks for a robot's kind (None: unchanged) and spec to become these, keeping its
@@ -233,7 +233,7 @@ pub struct UpdateAnswer {
 /// again with the new spec under a new generation, or refuses it and changes nothing.
 /// The request is recorded in `events` with who asked. With `dry_run`, only says what
 /// would change.
-pub async fn update(
+pub(crate) async fn update(
     store: &Store,
     name: &str,
     kind: Option<&str>,
@@ -355,7 +355,7 @@ fn pending(name: &str, slot: &str, kind: &str, spec: &Document, d: &Document) ->
 }
 
 /// The holder's answer to update `id` of robot `name`, once there is one.
-pub async fn update_answer(
+pub(crate) async fn update_answer(
     store: &Store,
     name: &str,
     id: ObjectId,
@@ -377,7 +377,12 @@ pub async fn update_answer(
 }
 
 /// One line per difference between two kinds and specs, field by field.
-pub fn differences(old_kind: &str, old: &Document, new_kind: &str, new: &Document) -> Vec<String> {
+pub(crate) fn differences(
+    old_kind: &str,
+    old: &Document,
+    new_kind: &str,
+    new: &Document,
+) -> Vec<String> {
     let show = |v: Option<&bson::Bson>| {
         v.map_or("(none)".to_string(), |v| {
             crate::printable::escape(&v.clone().into_relaxed_extjson().to_string()).into_owned()
@@ -410,7 +415,7 @@ pub fn differences(old_kind: &str, old: &Document, new_kind: &str, new: &Documen
 
 /// Stops a robot after a last checkpoint and keeps it stopped (`paused`), or lets it
 /// run again from its context.
-pub async fn set_paused(
+pub(crate) async fn set_paused(
     store: &Store,
     name: &str,
     paused: bool,
@@ -450,7 +455,7 @@ pub async fn set_paused(
 }
 
 /// Deletes a robot and its kept output; its holder stops it within a tick.
-pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
+pub(crate) async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, ActionError> {
     let d = robot(store, name).await?;
     let slot = text(&d, SLOT_ID);
     let deleted = robots::delete(store, d.get("_id").unwrap_or(&Bson::Null)).await?;
@@ -480,7 +485,7 @@ pub async fn delete(store: &Store, name: &str, actor: &Actor) -> Result<Done, Ac
 }
 
 /// Binds a robot to slot `to` with a fenced move.
-pub async fn move_to(
+pub(crate) async fn move_to(
     store: &Store,
     name: &str,
     to: &str,
@@ -541,7 +546,7 @@ pub async fn move_to(
 
 /// Drains a slot (its holder stops the robots and releases it; no worker claims it)
 /// or lets workers claim it again.
-pub async fn set_draining(
+pub(crate) async fn set_draining(
     store: &Store,
     slot: &str,
     on: bool,
@@ -566,28 +571,28 @@ pub async fn set_draining(
 
 /// One planned move of robots from one slot to another, and what came of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedMove {
-    pub from: String,
-    pub to: String,
+pub(crate) struct PlannedMove {
+    pub(crate) from: String,
+    pub(crate) to: String,
     /// Ids and names, by name.
-    pub robots: Vec<(ObjectId, String)>,
-    pub moved: u64,
+    pub(crate) robots: Vec<(ObjectId, String)>,
+    pub(crate) moved: u64,
     /// Why the destination refused (drained meanwhile, say).
-    pub refused: Option<String>,
+    pub(crate) refused: Option<String>,
 }
 
 /// A rebalance: the counts it started from and its moves.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rebalance {
-    pub dry_run: bool,
+pub(crate) struct Rebalance {
+    pub(crate) dry_run: bool,
     /// Robots per non-draining slot, counted from the robots themselves.
-    pub before: Vec<(String, i64)>,
-    pub moves: Vec<PlannedMove>,
+    pub(crate) before: Vec<(String, i64)>,
+    pub(crate) moves: Vec<PlannedMove>,
 }
 
 impl Rebalance {
     /// Robots per slot after the moves (planned ones, for a dry run).
-    pub fn after(&self) -> Vec<(String, i64)> {
+    pub(crate) fn after(&self) -> Vec<(String, i64)> {
         let mut after = self.before.clone();
         for p in &self.moves {
             let n = if self.dry_run {
@@ -604,7 +609,7 @@ impl Rebalance {
         after
     }
 
-    pub fn moved(&self) -> u64 {
+    pub(crate) fn moved(&self) -> u64 {
         self.moves.iter().map(|p| p.moved).sum()
     }
 }
@@ -612,7 +617,7 @@ impl Rebalance {
 /// Evens robots out over the non-draining slots with fenced moves, most loaded to
 /// least loaded, until counts differ by at most one or `max_moves` robots moved.
 /// A destination that refuses is reported in its move, not as an error.
-pub async fn rebalance(
+pub(crate) async fn rebalance(
     store: &Store,
     max_moves: Option<u32>,
     dry_run: bool,

@@ -23,22 +23,22 @@ use crate::pool::view::text;
 use crate::robot::Registry;
 
 /// At most this many robots per create.
-pub const MAX_COUNT: u32 = 100_000;
+pub(crate) const MAX_COUNT: u32 = 100_000;
 
 /// Robots to create: `names` of one `kind` and `spec`.
 #[derive(Debug, Clone)]
-pub struct NewRobots {
-    pub names: Vec<String>,
-    pub kind: String,
-    pub spec: Document,
+pub(crate) struct NewRobots {
+    pub(crate) names: Vec<String>,
+    pub(crate) kind: String,
+    pub(crate) spec: Document,
     /// Accept a kind this build does not know (a custom kind of the user's own
     /// worker build); its spec is then not checked here.
-    pub unchecked: bool,
+    pub(crate) unchecked: bool,
 }
 
 impl NewRobots {
     /// `base` alone, or `base-1` … `base-count`.
-    pub fn names(base: &str, count: u32) -> Vec<String> {
+    pub(crate) fn names(base: &str, count: u32) -> Vec<String> {
         if count == 1 {
             vec![base.to_string()]
         } else {
@@ -49,7 +49,7 @@ impl NewRobots {
 
 /// Why a create did nothing, or not everything.
 #[derive(Debug, thiserror::Error)]
-pub enum CreateError {
+pub(crate) enum CreateError {
     /// A bad name, count, kind or spec: nothing was written.
     #[error("{0}")]
     Invalid(String),
@@ -77,7 +77,7 @@ pub enum CreateError {
 
 impl CreateError {
     /// True when part may have landed and the same create again finishes it.
-    pub fn again(&self) -> bool {
+    pub(crate) fn again(&self) -> bool {
         matches!(
             self,
             CreateError::Partial { .. } | CreateError::Unknown { .. }
@@ -87,17 +87,17 @@ impl CreateError {
 
 /// What a create did.
 #[derive(Debug, Clone, Default)]
-pub struct Created {
+pub(crate) struct Created {
     /// The robots created now, with their slots, in order.
-    pub created: Vec<(String, String)>,
+    pub(crate) created: Vec<(String, String)>,
     /// How many of the names existed already with the same kind and spec.
-    pub existing: usize,
+    pub(crate) existing: usize,
     /// No worker was alive when they were created: they start when one is.
-    pub no_worker: bool,
+    pub(crate) no_worker: bool,
 }
 
 /// Checks names, kind and spec as every create does, before anything is written.
-pub fn check(req: &NewRobots) -> Result<(), CreateError> {
+pub(crate) fn check(req: &NewRobots) -> Result<(), CreateError> {
     if req.names.is_empty() || req.names.len() > MAX_COUNT as usize {
         return Err(CreateError::Invalid(format!(
             "between 1 and {MAX_COUNT} robots per create, got {}",
@@ -125,7 +125,11 @@ pub fn check(req: &NewRobots) -> Result<(), CreateError> {
 }
 
 /// Creates the robots of `req` that do not exist yet (see the module docs).
-pub async fn create(store: &Store, req: &NewRobots, actor: &Actor) -> Result<Created, CreateError> {
+pub(crate) async fn create(
+    store: &Store,
+    req: &NewRobots,
+    actor: &Actor,
+) -> Result<Created, CreateError> {
     check(req)?;
     // A rerun after an interrupted create finishes it: robots that exist with the
     // same kind and spec are kept, the rest are created. Any other robot of one

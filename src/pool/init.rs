@@ -12,15 +12,15 @@ use crate::db::store::{slot_name, slot_width, Store, StoreError, MAX_SLOTS};
 /// What `init` changed.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct InitReport {
-    pub total: u32,
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
+    pub(crate) total: u32,
+    pub(crate) added: Vec<String>,
+    pub(crate) removed: Vec<String>,
     /// Robots that were bound to a slot that no longer exists, now re-placed.
-    pub rescued: u64,
+    pub(crate) rescued: u64,
     /// Slots whose `robot_count` was corrected.
-    pub recounted: u64,
+    pub(crate) recounted: u64,
     /// Kept output of robots that no longer exist, removed.
-    pub orphaned_output: u64,
+    pub(crate) orphaned_output: u64,
 }
 
 /// Creates collections, validators and indexes, and makes exactly `count` slots

@@ -9,11 +9,11 @@
 //! other: no robot is left bound to a missing slot.
 
 use crate::db::placement as stored;
-pub use crate::db::placement::{adjust, bump_revs, SlotLoad};
+pub(crate) use crate::db::placement::{adjust, bump_revs, SlotLoad};
 use crate::db::store::Store;
 
 #[derive(Debug, thiserror::Error)]
-pub enum PlacementError {
+pub(crate) enum PlacementError {
     #[error("no slots to place robots on: run `slotpool init --slots N` first (draining slots are not used)")]
     NoSlots,
     #[error("too much contention placing robots; try again")]
@@ -24,18 +24,18 @@ pub enum PlacementError {
 
 /// Where robots went.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Placement {
+pub(crate) struct Placement {
     /// Slot per robot, in creation order.
-    pub slots: Vec<String>,
+    pub(crate) slots: Vec<String>,
 }
 
 /// Reads every non-draining slot's load.
-pub async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
+pub(crate) async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError> {
     Ok(stored::loads(store).await?)
 }
 
 /// Spreads `n` robots over `slots`, filling the emptiest first (ties by id).
-pub fn plan(slots: &[SlotLoad], n: usize) -> Vec<usize> {
+pub(crate) fn plan(slots: &[SlotLoad], n: usize) -> Vec<usize> {
     let mut counts: Vec<i64> = slots.iter().map(|s| s.robots).collect();
     let mut take = vec![0usize; slots.len()];
     for _ in 0..n {
@@ -52,7 +52,7 @@ pub fn plan(slots: &[SlotLoad], n: usize) -> Vec<usize> {
 
 /// Reserves room for `n` robots and returns a slot per robot. The caller inserts the
 /// robots, then calls [`bump_revs`] (or [`unreserve`] for those that failed).
-pub async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementError> {
+pub(crate) async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementError> {
     for _round in 0..50 {
         let pool = loads(store).await?;
         if pool.is_empty() {
@@ -91,7 +91,10 @@ pub async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementErro
 /// Moves robots from the most to the least loaded slot, one at a time, until the
 /// counts differ by at most one or `max_moves` is reached. Returns
 /// `(from, to, how many)` in the order to carry out, ties broken by slot id.
-pub fn rebalance_plan(counts: &[(String, i64)], max_moves: usize) -> Vec<(String, String, usize)> {
+pub(crate) fn rebalance_plan(
+    counts: &[(String, i64)],
+    max_moves: usize,
+) -> Vec<(String, String, usize)> {
     let mut counts: Vec<(String, i64)> = counts.to_vec();
     counts.sort();
     let mut moves: Vec<(String, String, usize)> = Vec::new();
@@ -119,7 +122,7 @@ pub fn rebalance_plan(counts: &[(String, i64)], max_moves: usize) -> Vec<(String
 
 /// Why a move was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum MoveError {
+pub(crate) enum MoveError {
     #[error("no slot {0:?}: see `slotpool slots list`")]
     NoSuchSlot(String),
     #[error("{0} is draining: its robots are being stopped, so none may move onto it (slotpool slots undrain {0} first)")]
@@ -133,7 +136,7 @@ pub enum MoveError {
 /// every instance that ran before); `from`'s holder stops its instances at its next
 /// renewal, and their writes already fail the `slot_id` fence. A paused robot stays
 /// paused. Returns how many moved.
-pub async fn move_robots(
+pub(crate) async fn move_robots(
     store: &Store,
     ids: &[bson::oid::ObjectId],
     from: &str,
@@ -161,7 +164,7 @@ pub async fn move_robots(
 /// retiring, on the least-loaded open slots; returns how many moved. Costs one
 /// query on `slots` when none of them is (the common case). Safe to run from
 /// several processes at once: each move is conditional on the robot's old slot.
-pub async fn rescue(
+pub(crate) async fn rescue(
     store: &Store,
     ids: &[bson::oid::ObjectId],
     slots: &[String],
@@ -206,7 +209,7 @@ pub async fn rescue(
 }
 
 /// Re-places every robot bound to a slot that does not exist or is retiring.
-pub async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
+pub(crate) async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Error> {
     let existing = stored::all_standing(store).await?;
     let stranded = stored::stranded(store, &existing).await?;
     if stranded.is_empty() {

@@ -9,13 +9,13 @@ use std::collections::HashMap;
 
 use bson::{doc, Bson, Document};
 
-pub use crate::db::heartbeat::WorkerRole;
+pub(crate) use crate::db::heartbeat::WorkerRole;
 use crate::db::robot_doc::{RobotDoc, RobotStatus};
 use crate::db::store::{SlotDoc, Store};
 use crate::db::words::words;
 
-pub use crate::db::event::text;
-pub use crate::db::store::int;
+pub(crate) use crate::db::event::text;
+pub(crate) use crate::db::store::int;
 
 words! {
     /// A slot judged on the server's clock.
@@ -37,12 +37,12 @@ words! {
 
 impl SlotState {
     /// A live lease: held or draining.
-    pub fn is_live(self) -> bool {
+    pub(crate) fn is_live(self) -> bool {
         matches!(self, SlotState::Held | SlotState::Draining)
     }
 
     /// Waiting for a worker: free or expired.
-    pub fn is_unheld(self) -> bool {
+    pub(crate) fn is_unheld(self) -> bool {
         matches!(self, SlotState::Free | SlotState::Expired)
     }
 }
@@ -64,14 +64,18 @@ words! {
 }
 
 /// A slot row as the server sees it now.
-pub struct SlotRow {
-    pub slot: SlotDoc,
-    pub lease_age_ms: Option<i64>,
-    pub state: SlotState,
+pub(crate) struct SlotRow {
+    pub(crate) slot: SlotDoc,
+    pub(crate) lease_age_ms: Option<i64>,
+    pub(crate) state: SlotState,
 }
 
 /// A slot's state from its stored fields and its lease's age on the server's clock.
-pub fn judge_slot(slot: &SlotDoc, epoch_whole: bool, lease_age_ms: Option<i64>) -> SlotState {
+pub(crate) fn judge_slot(
+    slot: &SlotDoc,
+    epoch_whole: bool,
+    lease_age_ms: Option<i64>,
+) -> SlotState {
     let live =
         matches!((&slot.owner, lease_age_ms, slot.lease_ms), (Some(_), Some(a), Some(l)) if a <= l);
     if slot.draining {
@@ -92,7 +96,7 @@ pub fn judge_slot(slot: &SlotDoc, epoch_whole: bool, lease_age_ms: Option<i64>) 
 }
 
 /// Reads every slot with its lease age and state judged on the server's clock.
-pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
+pub(crate) async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
     let mut out = Vec::new();
     for d in crate::db::listing::slots_aged(store).await? {
         let lease_age_ms = int(&d, "_age_ms");
@@ -112,7 +116,7 @@ pub async fn slot_rows(store: &Store) -> anyhow::Result<Vec<SlotRow>> {
 }
 
 /// Workers whose heartbeat still counts (see [`crate::db::heartbeat::is_alive`]).
-pub async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error::Error> {
+pub(crate) async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error::Error> {
     crate::db::heartbeat::live_workers(store).await
 }
 
@@ -125,7 +129,7 @@ pub async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb::error
 ///   [`REAR_TICKS`](crate::db::heartbeat::REAR_TICKS) ticks apart), or its heartbeat
 ///   names slots no live lease gives it: the line may still believe it, but it is no
 ///   standby to count on.
-pub fn worker_role(worker: &Document, holds_live_slot: bool) -> WorkerRole {
+pub(crate) fn worker_role(worker: &Document, holds_live_slot: bool) -> WorkerRole {
     let tick = int(worker, TICK_MS).unwrap_or(1000).clamp(1, 3_600_000);
     let every = int(worker, BEAT_MS)
         .filter(|b| (1..=3_600_000 * crate::db::heartbeat::REAR_TICKS as i64).contains(b))
@@ -141,7 +145,7 @@ pub fn worker_role(worker: &Document, holds_live_slot: bool) -> WorkerRole {
 }
 
 /// Whether a live lease among `slots` (held or draining) names `worker_id`.
-pub fn holds_live_slot(worker_id: &str, slots: &[SlotRow]) -> bool {
+pub(crate) fn holds_live_slot(worker_id: &str, slots: &[SlotRow]) -> bool {
     slots
         .iter()
         .any(|s| s.state.is_live() && s.slot.owner.as_deref() == Some(worker_id))
@@ -150,17 +154,17 @@ pub fn holds_live_slot(worker_id: &str, slots: &[SlotRow]) -> bool {
 /// What the pool can take: slots held, slots waiting for a worker, and how many more
 /// holder failures standbys can absorb now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capacity {
+pub(crate) struct Capacity {
     /// Held or draining (a live lease).
-    pub held: usize,
+    pub(crate) held: usize,
     /// Free or expired: waiting for a worker (drained and invalid slots are neither).
-    pub unheld: usize,
-    pub failures_absorbable: usize,
+    pub(crate) unheld: usize,
+    pub(crate) failures_absorbable: usize,
 }
 
 /// The capacity of a pool whose slots are in `states` (as [`slot_rows`] judges
 /// them), with `standbys` live standbys.
-pub fn capacity(states: impl IntoIterator<Item = SlotState>, standbys: usize) -> Capacity {
+pub(crate) fn capacity(states: impl IntoIterator<Item = SlotState>, standbys: usize) -> Capacity {
     let (mut held, mut unheld) = (0, 0);
     for state in states {
         if state.is_live() {
@@ -180,15 +184,15 @@ pub fn capacity(states: impl IntoIterator<Item = SlotState>, standbys: usize) ->
 
 /// A slot as robot views need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotView {
+pub(crate) struct SlotView {
     /// Judged on the server's clock.
-    pub state: SlotState,
+    pub(crate) state: SlotState,
     /// The holder while the lease is live.
-    pub holder: Option<String>,
+    pub(crate) holder: Option<String>,
 }
 
 impl SlotView {
-    pub fn of(row: &SlotRow) -> SlotView {
+    pub(crate) fn of(row: &SlotRow) -> SlotView {
         SlotView {
             state: row.state,
             holder: row
@@ -201,7 +205,7 @@ impl SlotView {
 }
 
 /// Every slot by id.
-pub fn slot_views(rows: &[SlotRow]) -> HashMap<String, SlotView> {
+pub(crate) fn slot_views(rows: &[SlotRow]) -> HashMap<String, SlotView> {
     rows.iter()
         .map(|r| (r.slot.id.clone(), SlotView::of(r)))
         .collect()
@@ -210,17 +214,17 @@ pub fn slot_views(rows: &[SlotRow]) -> HashMap<String, SlotView> {
 /// A robot's derived state: what it is doing, who runs it, and why not when it is
 /// not running.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RobotNow {
-    pub state: RobotState,
+pub(crate) struct RobotNow {
+    pub(crate) state: RobotState,
     /// The worker running it now, if any.
-    pub holder: Option<String>,
+    pub(crate) holder: Option<String>,
     /// Why it is not running, for everything but `running`.
-    pub why: Option<String>,
+    pub(crate) why: Option<String>,
 }
 
 impl RobotNow {
     /// What `robot` is doing now, among `slots` (by id).
-    pub fn of(robot: &RobotDoc, slots: &HashMap<String, SlotView>) -> RobotNow {
+    pub(crate) fn of(robot: &RobotDoc, slots: &HashMap<String, SlotView>) -> RobotNow {
         let slot_id = robot.slot_id.clone().unwrap_or_default();
         derive(
             &slot_id,
@@ -233,7 +237,7 @@ impl RobotNow {
 }
 
 /// Derives a robot's state from its stored fields and its slot (None: no such slot).
-pub fn derive(
+pub(crate) fn derive(
     slot_id: &str,
     stored_status: Option<RobotStatus>,
     paused: bool,
@@ -303,7 +307,7 @@ pub fn derive(
 }
 
 /// `1.2s`, `340ms`, `3m05s`, or `-` when unknown.
-pub fn age(ms: Option<i64>) -> String {
+pub(crate) fn age(ms: Option<i64>) -> String {
     match ms {
         None => "-".into(),
         Some(ms) if ms < 0 => "0ms".into(),

@@ -27,18 +27,18 @@ const PREFIX: &str = "slotpool-robot.";
 
 /// A v1 `cgroup` or v2 `cgroup2` mount, from `/proc/self/mountinfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mount {
+pub(crate) struct Mount {
     /// Where it is mounted.
-    pub point: PathBuf,
+    pub(crate) point: PathBuf,
     /// Which cgroup of the hierarchy appears at `point` (`/` on a host; a
     /// container's own cgroup in a container without a cgroup namespace).
-    pub root: String,
+    pub(crate) root: String,
     /// v1: the controllers of this hierarchy; v2: None.
-    pub v1: Option<Vec<String>>,
+    pub(crate) v1: Option<Vec<String>>,
 }
 
 /// The cgroup mounts in a `mountinfo` text.
-pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<Mount> {
     text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
@@ -76,7 +76,7 @@ fn unescape(s: &str) -> String {
 
 /// This process's cgroup per hierarchy, from `/proc/self/cgroup`: (controllers,
 /// path); v2's line has no controllers.
-pub fn parse_own(text: &str) -> Vec<(Vec<String>, String)> {
+pub(crate) fn parse_own(text: &str) -> Vec<(Vec<String>, String)> {
     text.lines()
         .filter_map(|line| {
             let mut parts = line.splitn(3, ':');
@@ -119,17 +119,17 @@ fn needed(limits: &Limits) -> Vec<&'static str> {
 }
 
 /// A robot run's cgroup directory, with the controllers it serves.
-pub type Dir = (PathBuf, Vec<String>);
+pub(crate) type Dir = (PathBuf, Vec<String>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Version {
+pub(crate) enum Version {
     V1,
     V2,
 }
 
 /// Where each controller's cgroup for this robot run will be: one directory per v1
 /// hierarchy, or the one v2 directory. Pure, from the two `/proc` texts.
-pub fn layout(
+pub(crate) fn layout(
     mounts: &[Mount],
     own: &[(Vec<String>, String)],
     controllers: &[&str],
@@ -184,7 +184,7 @@ pub fn layout(
 /// One robot run's cgroup: made before the command starts, removed after its tree
 /// is gone.
 #[derive(Debug)]
-pub struct RobotCgroup {
+pub(crate) struct RobotCgroup {
     version: Version,
     /// Each hierarchy's directory for this run.
     dirs: Vec<Dir>,
@@ -196,7 +196,7 @@ pub struct RobotCgroup {
 
 impl RobotCgroup {
     /// Makes the cgroup for `limits` under this process's own and writes the limits.
-    pub fn create(limits: &Limits) -> Result<RobotCgroup, String> {
+    pub(crate) fn create(limits: &Limits) -> Result<RobotCgroup, String> {
         let mounts =
             parse_mountinfo(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
         let own = parse_own(&fs::read_to_string("/proc/self/cgroup").unwrap_or_default());
@@ -237,7 +237,7 @@ impl RobotCgroup {
         Ok(cg)
     }
 
-    pub fn version(&self) -> &'static str {
+    pub(crate) fn version(&self) -> &'static str {
         match self.version {
             Version::V1 => "v1",
             Version::V2 => "v2",
@@ -283,7 +283,7 @@ impl RobotCgroup {
     }
 
     /// The descriptors the command writes `0` to between fork and exec to join.
-    pub fn join_fds(&self) -> Vec<RawFd> {
+    pub(crate) fn join_fds(&self) -> Vec<RawFd> {
         self.procs.iter().map(|f| f.as_raw_fd()).collect()
     }
 
@@ -298,7 +298,7 @@ impl RobotCgroup {
 
     /// True once the kernel killed a process of the robot for its memory limit
     /// (first time only).
-    pub fn oom_killed(&mut self) -> bool {
+    pub(crate) fn oom_killed(&mut self) -> bool {
         let file = match self.version {
             Version::V1 => "memory.oom_control",
             Version::V2 => "memory.events",
@@ -310,14 +310,14 @@ impl RobotCgroup {
     }
 
     /// True when a fork failed at the pids limit since the last call.
-    pub fn pids_limit_hit(&mut self) -> bool {
+    pub(crate) fn pids_limit_hit(&mut self) -> bool {
         let n = self.counter("pids", "pids.events", "max");
         let new = n > self.pids_max_hits;
         self.pids_max_hits = n;
         new
     }
 
-    pub fn has_memory(&self) -> bool {
+    pub(crate) fn has_memory(&self) -> bool {
         self.dirs
             .iter()
             .any(|(_, cs)| cs.iter().any(|c| c == "memory"))
@@ -335,7 +335,7 @@ impl Drop for RobotCgroup {
 }
 
 /// A `key N` line's N in a cgroup counter file.
-pub fn counter(text: &str, key: &str) -> Option<u64> {
+pub(crate) fn counter(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == key).then(|| v.trim().parse().ok())?
@@ -426,7 +426,7 @@ fn sweep(parent: &Path) {
 /// How a robot run's limits are enforced, decided and made ready by the shim before
 /// the command starts.
 #[derive(Debug)]
-pub enum Enforcement {
+pub(crate) enum Enforcement {
     /// No limits asked.
     None,
     Cgroup(RobotCgroup, Applied),
@@ -435,13 +435,13 @@ pub enum Enforcement {
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub type RlimitResource = libc::__rlimit_resource_t;
+pub(crate) type RlimitResource = libc::__rlimit_resource_t;
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub type RlimitResource = libc::c_int;
+pub(crate) type RlimitResource = libc::c_int;
 
 impl Enforcement {
     /// Makes `limits` ready the way `via` asks. Only `Via::Cgroup` can fail.
-    pub fn prepare(via: Via, limits: &Limits) -> Result<Enforcement, String> {
+    pub(crate) fn prepare(via: Via, limits: &Limits) -> Result<Enforcement, String> {
         if limits.is_empty() {
             return Ok(Enforcement::None);
         }
@@ -464,7 +464,7 @@ impl Enforcement {
         Ok(Enforcement::Rlimit(rlimits(limits), applied))
     }
 
-    pub fn applied(&self) -> Option<&Applied> {
+    pub(crate) fn applied(&self) -> Option<&Applied> {
         match self {
             Enforcement::None => None,
             Enforcement::Cgroup(_, a) | Enforcement::Rlimit(_, a) => Some(a),
@@ -485,7 +485,10 @@ fn rlimits(limits: &Limits) -> Vec<(RlimitResource, u64)> {
 }
 
 /// Between fork and exec: joins the cgroup and sets the rlimits. Raw syscalls only.
-pub fn apply_in_child(join: &[RawFd], rlimits: &[(RlimitResource, u64)]) -> std::io::Result<()> {
+pub(crate) fn apply_in_child(
+    join: &[RawFd],
+    rlimits: &[(RlimitResource, u64)],
+) -> std::io::Result<()> {
     for &fd in join {
         // SAFETY: write(2) of a static byte string on a descriptor the shim owns.
         if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {

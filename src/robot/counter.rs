@@ -14,10 +14,10 @@ use bson::{doc, Bson, Document};
 
 use super::{RobotError, RobotKind, RobotRun};
 
-pub const DEFAULT_INTERVAL_MS: i64 = 1000;
+pub(crate) const DEFAULT_INTERVAL_MS: i64 = 1000;
 
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Counter;
+pub(crate) struct Counter;
 
 fn interval(spec: &Document) -> Result<Duration, String> {
     let ms = match spec.get("interval_ms") {

@@ -32,7 +32,7 @@ use super::policy;
 pub use super::policy::ExecPolicy;
 
 #[derive(Debug, Clone)]
-pub struct Exec {
+pub(crate) struct Exec {
     policy: ExecPolicy,
     /// The program started as each robot's shim: this very binary, which must call
     /// [`shim::run_if_requested`] first thing in `main`.
@@ -75,20 +75,13 @@ impl Recorded {
 }
 
 impl Exec {
-    pub fn new(policy: ExecPolicy) -> Self {
+    pub(crate) fn new(policy: ExecPolicy) -> Self {
         let shim = std::env::current_exe().unwrap_or_else(|_| "slotpool".into());
         Exec {
             policy,
             shim,
             recorded: Recorded::default(),
         }
-    }
-
-    /// Uses another program as the shim (one that calls
-    /// [`shim::run_if_requested`]), e.g. the `slotpool` binary from a test.
-    pub fn with_shim(mut self, program: impl Into<std::path::PathBuf>) -> Self {
-        self.shim = program.into();
-        self
     }
 }
 
@@ -111,11 +104,11 @@ struct ExecSpec {
 /// The largest context passed in `SLOTPOOL_CONTEXT`, as JSON bytes: Linux refuses
 /// one environment string over 128 KiB at exec, so a robot whose context may grow
 /// past this reads `SLOTPOOL_CONTEXT_FILE` and says so with `"context_file": true`.
-pub const ENV_CONTEXT_MAX: usize = 64 * 1024;
+pub(crate) const ENV_CONTEXT_MAX: usize = 64 * 1024;
 
 /// Where a robot finds its context as a file: descriptor 3, an in-memory file
 /// (nothing on disk, gone with the robot).
-pub const CONTEXT_FILE: &str = "/proc/self/fd/3";
+pub(crate) const CONTEXT_FILE: &str = "/proc/self/fd/3";
 
 /// The spec fields only `exec` reads.
 const EXEC_SPEC_FIELDS: &[&str] = &[

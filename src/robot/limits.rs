@@ -13,34 +13,34 @@ use bson::{Bson, Document};
 use serde::{Deserialize, Serialize};
 
 /// The spec field.
-pub const SPEC_FIELD: &str = "limits";
+pub(crate) const SPEC_FIELD: &str = "limits";
 
 /// The smallest memory limit: below it not even a shell starts.
-pub const MIN_MEMORY: u64 = 4_000_000;
+pub(crate) const MIN_MEMORY: u64 = 4_000_000;
 /// The most processes a limit may name (the kernel's own `pid_max` ceiling).
-pub const MAX_PIDS: u64 = 4_194_304;
+pub(crate) const MAX_PIDS: u64 = 4_194_304;
 /// A cpu limit's bounds, in thousandths of a core.
-pub const CPU_MILLIS: (u64, u64) = (10, 1024 * 1000);
+pub(crate) const CPU_MILLIS: (u64, u64) = (10, 1024 * 1000);
 
 /// What a robot's processes may use; None: not bounded (by this robot's own
 /// limits; the worker's container or unit may still bound it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Bytes.
-    pub memory: Option<u64>,
+    pub(crate) memory: Option<u64>,
     /// Processes (threads count, as the kernel counts them).
-    pub pids: Option<u64>,
+    pub(crate) pids: Option<u64>,
     /// Thousandths of a core.
-    pub cpu_millis: Option<u64>,
+    pub(crate) cpu_millis: Option<u64>,
 }
 
 impl Limits {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == Limits::default()
     }
 
     /// Each limit this one leaves unset, taken from `default`.
-    pub fn or(self, default: Limits) -> Limits {
+    pub(crate) fn or(self, default: Limits) -> Limits {
         Limits {
             memory: self.memory.or(default.memory),
             pids: self.pids.or(default.pids),
@@ -50,7 +50,7 @@ impl Limits {
 
     /// Reads `spec.limits` (absent or null: none). The error names the field and
     /// what it takes.
-    pub fn from_spec(spec: &Document) -> Result<Limits, String> {
+    pub(crate) fn from_spec(spec: &Document) -> Result<Limits, String> {
         match spec.get(SPEC_FIELD) {
             None | Some(Bson::Null) => Ok(Limits::default()),
             Some(Bson::Document(d)) => Limits::from_doc(d, "spec.limits"),
@@ -61,7 +61,7 @@ impl Limits {
     }
 
     /// Reads a limits document; `what` names it in errors.
-    pub fn from_doc(d: &Document, what: &str) -> Result<Limits, String> {
+    pub(crate) fn from_doc(d: &Document, what: &str) -> Result<Limits, String> {
         let mut limits = Limits::default();
         for (key, value) in d {
             match key.as_str() {
@@ -80,7 +80,7 @@ impl Limits {
     }
 
     /// Reads `--exec-default-limits`: the same JSON document a spec's `limits` is.
-    pub fn from_json(text: &str) -> Result<Limits, String> {
+    pub(crate) fn from_json(text: &str) -> Result<Limits, String> {
         let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
             format!(
                 "--exec-default-limits must be JSON such as '{{\"memory\": \"512MB\", \"pids\": 256}}': {e}"
@@ -93,7 +93,7 @@ impl Limits {
     }
 
     /// The shim's argument: `memory=B,pids=N,cpu=M` (cpu in thousandths), or `-`.
-    pub fn to_arg(&self) -> String {
+    pub(crate) fn to_arg(self) -> String {
         let mut parts = Vec::new();
         if let Some(m) = self.memory {
             parts.push(format!("memory={m}"));
@@ -111,7 +111,7 @@ impl Limits {
         }
     }
 
-    pub fn from_arg(arg: &str) -> Result<Limits, String> {
+    pub(crate) fn from_arg(arg: &str) -> Result<Limits, String> {
         let mut limits = Limits::default();
         if arg == "-" {
             return Ok(limits);
@@ -134,7 +134,7 @@ impl Limits {
     }
 
     /// For people: `memory 100.0 MB, pids 64, cpu 0.5`; `none`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut parts = Vec::new();
         if let Some(m) = self.memory {
             parts.push(format!("memory {}", bytes(m)));
@@ -154,12 +154,12 @@ impl Limits {
 }
 
 /// A byte count for people (decimal units, as a spec's `"100MB"` reads).
-pub fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     bytesize::ByteSize(n).display().si().to_string()
 }
 
 /// Thousandths of a core as cores: `0.5`, `2`.
-pub fn cores(millis: u64) -> String {
+pub(crate) fn cores(millis: u64) -> String {
     let whole = millis / 1000;
     let frac = millis % 1000;
     if frac == 0 {
@@ -245,7 +245,7 @@ fn whole(v: &Bson) -> Option<u64> {
 
 /// Which mechanism the worker wants its shims to use (`--exec-limits-via`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Via {
+pub(crate) enum Via {
     /// cgroups where this worker may create them, rlimits otherwise.
     #[default]
     Auto,
@@ -257,7 +257,7 @@ pub enum Via {
 }
 
 impl Via {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Via::Auto => "auto",
             Via::Cgroup => "cgroup",
@@ -265,7 +265,7 @@ impl Via {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Via> {
+    pub(crate) fn parse(s: &str) -> Option<Via> {
         [Via::Auto, Via::Cgroup, Via::Rlimit]
             .into_iter()
             .find(|v| v.as_str() == s)
@@ -275,28 +275,28 @@ impl Via {
 /// What the shim applied, as it reports it and as the robot's document stores it
 /// (`applied_limits`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// `cgroup v1`, `cgroup v2` or `rlimit`.
-    pub mechanism: String,
+    pub(crate) mechanism: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub memory: Option<u64>,
+    pub(crate) memory: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pids: Option<u64>,
+    pub(crate) pids: Option<u64>,
     /// Cores.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cpu: Option<f64>,
+    pub(crate) cpu: Option<f64>,
     /// Each asked limit this mechanism cannot enforce, with why.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub unenforced: BTreeMap<String, String>,
+    pub(crate) unenforced: BTreeMap<String, String>,
     /// Why cgroups were not used, when they were not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
 }
 
 impl Applied {
     /// What rlimits make of `limits`; `root`: the robot runs as root, which the
     /// kernel exempts from `RLIMIT_NPROC`.
-    pub fn rlimit(limits: &Limits, root: bool, note: Option<String>) -> Applied {
+    pub(crate) fn rlimit(limits: &Limits, root: bool, note: Option<String>) -> Applied {
         let mut unenforced = BTreeMap::new();
         if limits.pids.is_some() && root {
             unenforced.insert(
@@ -321,7 +321,7 @@ impl Applied {
         }
     }
 
-    pub fn cgroup(version: &str, limits: &Limits) -> Applied {
+    pub(crate) fn cgroup(version: &str, limits: &Limits) -> Applied {
         Applied {
             mechanism: format!("cgroup {version}"),
             memory: limits.memory,
@@ -334,7 +334,7 @@ impl Applied {
 
     /// For `robot show` and the dashboard: `cgroup v1: memory 100.0 MB, pids 64`,
     /// then what is not enforced and why cgroups were not used.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let limits = Limits {
             memory: self.memory,
             pids: self.pids,
@@ -353,7 +353,7 @@ impl Applied {
 
 /// What a robot's process lines report about limits, read from its document's
 /// `applied_limits` (hostile input: a hand edit may put anything there).
-pub fn describe_stored(doc: &Document) -> Option<String> {
+pub(crate) fn describe_stored(doc: &Document) -> Option<String> {
     let stored = doc.get_document(crate::db::field::APPLIED_LIMITS).ok()?;
     let applied: Applied = bson::from_document(stored.clone()).ok()?;
     Some(crate::printable::escape(&applied.describe()).into_owned())

@@ -12,7 +12,7 @@ use super::output;
 
 /// What one stdout line means.
 #[derive(Debug, PartialEq)]
-pub enum Line {
+pub(crate) enum Line {
     Checkpoint(Document),
     /// Meant as a checkpoint, but it cannot be stored as it is: why.
     BadCheckpoint(String),
@@ -26,7 +26,7 @@ pub enum Line {
 /// nothing else is one. One that cannot become BSON exactly (an integer beyond 64
 /// bits, `1e400`, a value that is not an object, a line cut short) or that has
 /// another key beside `checkpoint` is refused, never logged as if it were output.
-pub fn parse_line(line: &str, cut: usize) -> Line {
+pub(crate) fn parse_line(line: &str, cut: usize) -> Line {
     let trimmed = line.trim();
     if cut == 0 && is_heartbeat(trimmed) {
         return Line::Heartbeat;

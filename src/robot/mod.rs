@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! use async_trait::async_trait;
-//! use slotpool::robot::{Registry, RobotError, RobotKind, RobotRun};
+//! use slotpool::{Registry, RobotError, RobotKind, RobotRun};
 //!
 //! struct Greeter;
 //!
@@ -36,21 +36,21 @@
 //! }
 //!
 //! // First thing in main: this binary also serves as the shim of `exec` robots.
-//! slotpool::robot::shim::run_if_requested();
+//! slotpool::run_if_requested();
 //! let mut registry = Registry::builtin();
 //! registry.register(Greeter);
-//! // then: slotpool::worker::Worker::new(settings, store, registry).run().await
+//! // then: slotpool::Worker::new(settings, store, registry).run().await
 //! ```
 
-pub mod cgroup;
-pub mod counter;
-pub mod exec;
-pub mod limits;
-pub mod line;
-pub mod output;
-pub mod policy;
-pub mod restart;
-pub mod run_as;
+pub(crate) mod cgroup;
+pub(crate) mod counter;
+pub(crate) mod exec;
+pub(crate) mod limits;
+pub(crate) mod line;
+pub(crate) mod output;
+pub(crate) mod policy;
+pub(crate) mod restart;
+pub(crate) mod run_as;
 pub mod schedule;
 pub mod shim;
 
@@ -141,28 +141,28 @@ pub trait RobotKind: Send + Sync + 'static {
 /// checkpoint, and its stop signal.
 #[derive(Debug, Clone)]
 pub struct RobotRun {
-    pub(crate) id: ObjectId,
+    pub id: ObjectId,
     /// The generation this instance was adopted under: its writes require it.
-    pub(crate) gen: i64,
-    pub(crate) name: String,
-    pub(crate) spec: Document,
-    pub(crate) context: Document,
-    pub(crate) history: i64,
+    pub gen: i64,
+    pub name: String,
+    pub spec: Document,
+    pub context: Document,
+    pub history: i64,
     /// The `seq` of the checkpoint this instance's next one follows (shared by the
     /// clones a kind makes of its run).
-    pub(crate) seq: Arc<std::sync::atomic::AtomicI64>,
-    pub(crate) store: ContextStore,
-    pub(crate) stop: CancellationToken,
-    pub(crate) grace: Duration,
+    pub seq: Arc<std::sync::atomic::AtomicI64>,
+    pub store: ContextStore,
+    pub stop: CancellationToken,
+    pub grace: Duration,
     /// When something outside the worker must kill the robot after a stop request,
     /// if the worker itself has not: the grace plus half the room left before the
     /// fence margin (see [`shim`]).
-    pub(crate) backstop: Duration,
+    pub backstop: Duration,
     /// For a scheduled robot, the firing this run answers (server milliseconds).
-    pub(crate) firing: Option<i64>,
+    pub firing: Option<i64>,
     /// For a scheduled robot, this run's attempt at its firing (1, then 2, … for a
     /// retry).
-    pub(crate) attempt: Option<i64>,
+    pub attempt: Option<i64>,
     /// For a scheduled robot, what this run's checkpoints leave for the next run.
     pub(crate) left: Option<Arc<std::sync::Mutex<Left>>>,
 }
@@ -249,7 +249,7 @@ impl RobotRun {
     }
 
     /// The worker's metrics.
-    pub(crate) fn metrics(&self) -> &crate::metrics::Metrics {
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
         self.store.metrics()
     }
 
@@ -417,7 +417,8 @@ pub(crate) fn spec_duration(
 
 /// The spec fields every kind honours: `history` (checkpoint records kept, see
 /// [`history_len`]) and `restart` (the restart policy, see [`restart`]).
-pub const COMMON_SPEC_FIELDS: &[&str] = &["history", restart::SPEC_FIELD, schedule::SPEC_FIELD];
+pub(crate) const COMMON_SPEC_FIELDS: &[&str] =
+    &["history", restart::SPEC_FIELD, schedule::SPEC_FIELD];
 
 /// Reads the optional `"history": N` spec field every kind honours.
 pub(crate) fn history_len(spec: &Document) -> i64 {

@@ -13,48 +13,48 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 /// The longest stdout line kept whole, in bytes: room for a checkpoint of the
 /// largest context ([`crate::db::context::MAX_CONTEXT_BYTES`]) written as JSON.
-pub const MAX_STDOUT_LINE: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_STDOUT_LINE: usize = 4 * 1024 * 1024;
 
 /// The longest stderr line kept, in bytes (stderr is only ever logged).
-pub const MAX_STDERR_LINE: usize = 64 * 1024;
+pub(crate) const MAX_STDERR_LINE: usize = 64 * 1024;
 
 /// How much of a line a log record shows.
-pub const LOGGED_LINE_BYTES: usize = 4096;
+pub(crate) const LOGGED_LINE_BYTES: usize = 4096;
 
 /// Log lines a robot may write per second, on average.
-pub const LOG_LINES_PER_SEC: f64 = 100.0;
+pub(crate) const LOG_LINES_PER_SEC: f64 = 100.0;
 
 /// Log lines a robot may write at once after a quiet spell.
-pub const LOG_BURST: f64 = 1000.0;
+pub(crate) const LOG_BURST: f64 = 1000.0;
 
 /// After this many lines dropped in a row, reading pauses for [`THROTTLE_PAUSE`]:
 /// a robot writing millions of lines a second is slowed to about 100,000 (its
 /// writes block meanwhile) instead of costing the worker a whole core.
-pub const THROTTLE_EVERY: u64 = 1000;
+pub(crate) const THROTTLE_EVERY: u64 = 1000;
 
 /// See [`THROTTLE_EVERY`].
-pub const THROTTLE_PAUSE: Duration = Duration::from_millis(10);
+pub(crate) const THROTTLE_PAUSE: Duration = Duration::from_millis(10);
 
 /// How often a flooding robot's dropped lines are reported, after the first time.
-pub const DROP_REPORT_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const DROP_REPORT_EVERY: Duration = Duration::from_secs(10);
 
 /// One line as read: its first bytes (lossy UTF-8, without the newline) and how
 /// many bytes past the bound were skipped.
 #[derive(Debug, PartialEq)]
-pub struct RawLine {
-    pub text: String,
-    pub cut: usize,
+pub(crate) struct RawLine {
+    pub(crate) text: String,
+    pub(crate) cut: usize,
 }
 
 /// Reads lines of at most `max` bytes from `reader`.
-pub struct BoundedLines<R> {
+pub(crate) struct BoundedLines<R> {
     reader: R,
     max: usize,
     buf: Vec<u8>,
 }
 
 impl<R: AsyncBufRead + Unpin> BoundedLines<R> {
-    pub fn new(reader: R, max: usize) -> Self {
+    pub(crate) fn new(reader: R, max: usize) -> Self {
         BoundedLines {
             reader,
             max,
@@ -64,7 +64,7 @@ impl<R: AsyncBufRead + Unpin> BoundedLines<R> {
 
     /// The next line; `None` at the end of the stream. A last line without a
     /// newline is still a line.
-    pub async fn next_line(&mut self) -> std::io::Result<Option<RawLine>> {
+    pub(crate) async fn next_line(&mut self) -> std::io::Result<Option<RawLine>> {
         self.buf.clear();
         let mut cut = 0usize;
         let mut any = false;
@@ -103,7 +103,7 @@ impl<R: AsyncBufRead + Unpin> BoundedLines<R> {
 
 /// `text` cut to [`LOGGED_LINE_BYTES`] (at a character boundary), with a marker
 /// saying how much is not shown (`cut` bytes were skipped while reading).
-pub fn shown(text: &str, cut: usize) -> String {
+pub(crate) fn shown(text: &str, cut: usize) -> String {
     if text.len() <= LOGGED_LINE_BYTES && cut == 0 {
         return text.to_string();
     }
@@ -117,7 +117,7 @@ pub fn shown(text: &str, cut: usize) -> String {
 
 /// A token bucket of log lines: `rate` a second, up to `burst` at once.
 #[derive(Debug)]
-pub struct LogBudget {
+pub(crate) struct LogBudget {
     rate: f64,
     burst: f64,
     tokens: f64,
@@ -129,11 +129,11 @@ pub struct LogBudget {
 }
 
 impl LogBudget {
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Self::with(LOG_LINES_PER_SEC, LOG_BURST, now)
     }
 
-    pub fn with(rate: f64, burst: f64, now: Instant) -> Self {
+    pub(crate) fn with(rate: f64, burst: f64, now: Instant) -> Self {
         LogBudget {
             rate,
             burst,
@@ -148,7 +148,7 @@ impl LogBudget {
     /// Whether one more line may be logged at `now`. When it may, also returns how
     /// many lines were dropped since the last report, when one is due (log that
     /// first).
-    pub fn admit(&mut self, now: Instant) -> Admit {
+    pub(crate) fn admit(&mut self, now: Instant) -> Admit {
         let elapsed = now.saturating_duration_since(self.at);
         self.at = now;
         self.tokens = (self.tokens + elapsed.as_secs_f64() * self.rate).min(self.burst);
@@ -178,18 +178,19 @@ impl LogBudget {
     }
 
     /// Lines dropped and not yet reported (report them when the robot ends).
-    pub fn take_dropped(&mut self) -> u64 {
+    pub(crate) fn take_dropped(&mut self) -> u64 {
         std::mem::take(&mut self.dropped)
     }
 
     /// How long until one more line may be logged.
-    pub fn refill_in(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn refill_in(&self) -> Duration {
         Duration::from_secs_f64(((1.0 - self.tokens).max(0.0)) / self.rate)
     }
 }
 
 #[derive(Debug, PartialEq)]
-pub enum Admit {
+pub(crate) enum Admit {
     Log {
         dropped_before: u64,
     },

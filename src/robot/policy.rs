@@ -12,11 +12,11 @@ use super::limits::{Limits, Via};
 
 /// Variables of the worker's own environment an `exec` robot inherits; nothing
 /// else of it (no `MONGODB_URI`, no cloud credentials, no `SLOTPOOL_*` settings).
-pub const INHERITED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
+pub(crate) const INHERITED: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR"];
 
 /// The longest value a spec may give one variable, in bytes (Linux refuses a single
 /// environment string over 128 KiB at exec).
-pub const MAX_ENV_VALUE: usize = 32 * 1024;
+pub(crate) const MAX_ENV_VALUE: usize = 32 * 1024;
 
 /// Exact names (compared ignoring case) that make a program load or run other code,
 /// or look for its start-up files elsewhere.
@@ -84,7 +84,7 @@ const CODE_LOADING_PREFIXES: &[&str] = &[
 
 /// Whether setting `name` can make a program load or interpret code it was not
 /// given: such a name is refused even when an allow-list entry matches it.
-pub fn loads_code(name: &str) -> bool {
+pub(crate) fn loads_code(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
     CODE_LOADING.contains(&upper.as_str())
         || CODE_LOADING_PREFIXES.iter().any(|p| upper.starts_with(p))
@@ -93,7 +93,7 @@ pub fn loads_code(name: &str) -> bool {
 /// Checks one variable of `spec.env` against what no worker allows: a name that is
 /// not `[A-Za-z_][A-Za-z0-9_]*`, a name in `SLOTPOOL_*` (the worker sets those), a
 /// name that [`loads_code`], a value with a NUL byte or over [`MAX_ENV_VALUE`].
-pub fn check_variable(name: &str, value: &str) -> Result<(), String> {
+pub(crate) fn check_variable(name: &str, value: &str) -> Result<(), String> {
     let shown = crate::printable::escape(name);
     if loads_code(name) {
         return Err(format!(
@@ -147,7 +147,7 @@ pub struct ExecPolicy {
 
 impl ExecPolicy {
     /// No `exec` robot runs (the default).
-    pub fn disabled() -> Self {
+    pub(crate) fn disabled() -> Self {
         Self::default()
     }
 
@@ -156,7 +156,7 @@ impl ExecPolicy {
     /// resolved against whatever directory the worker was started in, so the same
     /// flag would allow different programs on different hosts. A bare name
     /// (`python3`) is looked up in `PATH`, as the spec's command is.
-    pub fn commands(entries: Vec<String>) -> Result<Self, String> {
+    pub(crate) fn commands(entries: Vec<String>) -> Result<Self, String> {
         let mut commands = Vec::new();
         for entry in entries.into_iter().filter(|e| !e.is_empty()) {
             let shown = crate::printable::escape(&entry);
@@ -183,30 +183,30 @@ impl ExecPolicy {
 
     /// Bounds robots whose spec leaves a limit unset by `default`, and applies
     /// limits the way `via` says (`--exec-default-limits`, `--exec-limits-via`).
-    pub fn with_limits(mut self, default: Limits, via: Via) -> Self {
+    pub(crate) fn with_limits(mut self, default: Limits, via: Via) -> Self {
         self.default_limits = default;
         self.limits_via = via;
         self
     }
 
     /// Runs robots as this user (`--exec-user`) rather than the worker's own.
-    pub fn with_user(mut self, run_as: Option<super::run_as::RunAs>) -> Self {
+    pub(crate) fn with_user(mut self, run_as: Option<super::run_as::RunAs>) -> Self {
         self.run_as = run_as;
         self
     }
 
     /// The user robots run as; None: the worker's own.
-    pub fn run_as(&self) -> Option<super::run_as::RunAs> {
+    pub(crate) fn run_as(&self) -> Option<super::run_as::RunAs> {
         self.run_as
     }
 
     /// The limits a robot with `own` limits runs under, and how they are applied.
-    pub fn limits_for(&self, own: Limits) -> (Limits, Via) {
+    pub(crate) fn limits_for(&self, own: Limits) -> (Limits, Via) {
         (own.or(self.default_limits), self.limits_via)
     }
 
     /// For the worker's start line: `memory 512.0 MB via auto`.
-    pub fn describe_limits(&self) -> String {
+    pub(crate) fn describe_limits(&self) -> String {
         format!(
             "{} via {}",
             self.default_limits.describe(),
@@ -216,7 +216,7 @@ impl ExecPolicy {
 
     /// Also lets specs set these variables. Refuses an entry that names a variable
     /// no robot may set, so an operator learns at start, not from a failed robot.
-    pub fn with_env(mut self, entries: Vec<String>) -> Result<Self, String> {
+    pub(crate) fn with_env(mut self, entries: Vec<String>) -> Result<Self, String> {
         for entry in entries.iter().filter(|e| !e.is_empty()) {
             let refused = match entry.strip_suffix('*') {
                 None => check_variable(entry, "").err(),
@@ -236,12 +236,13 @@ impl ExecPolicy {
         Ok(self)
     }
 
-    pub fn enabled(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn enabled(&self) -> bool {
         !self.commands.is_empty()
     }
 
     /// Whether `command` may run; the error says why not and what to change.
-    pub fn check_command(&self, command: &str) -> Result<(), String> {
+    pub(crate) fn check_command(&self, command: &str) -> Result<(), String> {
         if self.commands.is_empty() {
             return Err(
                 "exec robots are disabled on this worker: start it with --exec-allow DIR/ \
@@ -270,7 +271,7 @@ impl ExecPolicy {
 
     /// Whether the spec may set every one of `env`; the error names the first
     /// variable refused and how an operator would allow it.
-    pub fn check_env(&self, env: &[(String, String)]) -> Result<(), String> {
+    pub(crate) fn check_env(&self, env: &[(String, String)]) -> Result<(), String> {
         for (name, value) in env {
             check_variable(name, value)?;
             let allowed = self.env.iter().any(|entry| match entry.strip_suffix('*') {
@@ -290,7 +291,7 @@ impl ExecPolicy {
         Ok(())
     }
 
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.commands.is_empty() {
             "none (exec robots disabled)".into()
         } else {
@@ -298,7 +299,7 @@ impl ExecPolicy {
         }
     }
 
-    pub fn describe_env(&self) -> String {
+    pub(crate) fn describe_env(&self) -> String {
         if self.env.is_empty() {
             "no variables allowed".into()
         } else {

@@ -17,17 +17,15 @@ use tokio::time::Instant;
 use super::spec_duration;
 
 /// The backoff before the first restart.
-pub const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// The least backoff after a run that could not start (a bad spec, an unknown kind, a
 /// command the exec policy refuses): trying again at once would only repeat it.
-pub const INVALID_BACKOFF: Duration = Duration::from_secs(2);
+pub(crate) const INVALID_BACKOFF: Duration = Duration::from_secs(2);
 /// A run this long resets the backoff: it was healthy, the next end is news.
-pub const HEALTHY_RUN: Duration = Duration::from_secs(10);
-
-pub use crate::db::robot_doc::ENDS_KEPT;
+pub(crate) const HEALTHY_RUN: Duration = Duration::from_secs(10);
 
 /// The spec field that holds a robot's restart policy.
-pub const SPEC_FIELD: &str = "restart";
+pub(crate) const SPEC_FIELD: &str = "restart";
 
 crate::db::words::words! {
     /// Which ends of a run start the robot again (`spec.restart.on`).
@@ -44,14 +42,14 @@ crate::db::words::words! {
 
 /// When to stop restarting a robot, and how long to wait between its runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RestartPolicy {
+pub(crate) struct RestartPolicy {
     /// Which ends start it again.
-    pub on: RestartOn,
+    pub(crate) on: RestartOn,
     /// How many ends within [`RestartPolicy::within`] make the robot `failed`.
-    pub attempts: u32,
-    pub within: Duration,
+    pub(crate) attempts: u32,
+    pub(crate) within: Duration,
     /// The longest backoff between two runs.
-    pub max_backoff: Duration,
+    pub(crate) max_backoff: Duration,
 }
 
 impl Default for RestartPolicy {
@@ -68,7 +66,7 @@ impl Default for RestartPolicy {
 impl RestartPolicy {
     /// Reads `spec.restart` (absent: the defaults). The spec is written by whoever
     /// may write robot documents, so every value is checked and bounded.
-    pub fn from_spec(spec: &Document) -> Result<RestartPolicy, String> {
+    pub(crate) fn from_spec(spec: &Document) -> Result<RestartPolicy, String> {
         let scheduled = !matches!(
             spec.get(super::schedule::SPEC_FIELD),
             None | Some(Bson::Null)
@@ -150,7 +148,7 @@ const MAX_WITHIN: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What to do after a run ended by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Start it again after this long.
     RestartAfter(Duration),
     /// It ended `attempts` times within `within`: stop and mark it failed.
@@ -159,7 +157,7 @@ pub enum Next {
 
 /// One robot instance's record of its ends, judged by its policy.
 #[derive(Debug)]
-pub struct Budget {
+pub(crate) struct Budget {
     policy: RestartPolicy,
     /// When each end within the window came, oldest first.
     ends: VecDeque<Instant>,
@@ -167,7 +165,7 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn new(policy: RestartPolicy) -> Self {
+    pub(crate) fn new(policy: RestartPolicy) -> Self {
         Budget {
             policy,
             ends: VecDeque::new(),
@@ -176,13 +174,13 @@ impl Budget {
     }
 
     /// The policy in force.
-    pub fn policy(&self) -> RestartPolicy {
+    pub(crate) fn policy(&self) -> RestartPolicy {
         self.policy
     }
 
     /// The policy may change between runs (the spec is read at each start); the ends
     /// counted so far still count.
-    pub fn set_policy(&mut self, policy: RestartPolicy) {
+    pub(crate) fn set_policy(&mut self, policy: RestartPolicy) {
         self.policy = policy;
     }
 
@@ -190,7 +188,7 @@ impl Budget {
     /// loop on a slot that changes hands still reaches its limit. Only those within
     /// the policy's window at `now` count, and the backoff goes on from where they
     /// left it.
-    pub fn restore(&mut self, ends: impl IntoIterator<Item = Instant>, now: Instant) {
+    pub(crate) fn restore(&mut self, ends: impl IntoIterator<Item = Instant>, now: Instant) {
         for end in ends {
             if now.saturating_duration_since(end) >= self.policy.within {
                 continue;
@@ -202,7 +200,7 @@ impl Budget {
 
     /// A run that began at `began` ended by itself at `now`; `invalid` when it could not
     /// start at all (its backoff is at least [`INVALID_BACKOFF`]).
-    pub fn ended(&mut self, began: Instant, now: Instant, invalid: bool) -> Next {
+    pub(crate) fn ended(&mut self, began: Instant, now: Instant, invalid: bool) -> Next {
         if now.saturating_duration_since(began) >= HEALTHY_RUN {
             self.backoff = FIRST_BACKOFF;
         }

@@ -10,15 +10,15 @@ use std::ffi::CString;
 
 /// A resolved user: the ids the robot runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunAs {
-    pub uid: u32,
-    pub gid: u32,
+pub(crate) struct RunAs {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
 }
 
 impl RunAs {
     /// `USER`, `USER:GROUP`, `UID` or `UID:GID`; a user without a group runs with
     /// its own primary group. Names are looked up on this machine.
-    pub fn parse(spec: &str) -> Result<RunAs, String> {
+    pub(crate) fn parse(spec: &str) -> Result<RunAs, String> {
         let shown = crate::printable::escape(spec);
         let (user, group) = match spec.split_once(':') {
             Some((u, g)) => (u, Some(g)),
@@ -57,7 +57,7 @@ impl RunAs {
     }
 
     /// Whether this process may switch a child to another user.
-    pub fn may_switch() -> bool {
+    pub(crate) fn may_switch() -> bool {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } == 0 {
             return true;
@@ -66,11 +66,11 @@ impl RunAs {
     }
 
     /// The shim's argument: `UID:GID`, or `-` for the worker's own user.
-    pub fn to_arg(run_as: Option<RunAs>) -> String {
+    pub(crate) fn to_arg(run_as: Option<RunAs>) -> String {
         run_as.map_or_else(|| "-".into(), |r| format!("{}:{}", r.uid, r.gid))
     }
 
-    pub fn from_arg(arg: &str) -> Result<Option<RunAs>, String> {
+    pub(crate) fn from_arg(arg: &str) -> Result<Option<RunAs>, String> {
         if arg == "-" {
             return Ok(None);
         }
@@ -83,7 +83,7 @@ impl RunAs {
 
     /// Drops every supplementary group, then the group, then the user. Runs between
     /// fork and exec: raw syscalls only.
-    pub fn apply_in_child(&self) -> std::io::Result<()> {
+    pub(crate) fn apply_in_child(&self) -> std::io::Result<()> {
         // SAFETY: setgroups, setgid and setuid take plain integers (and no list).
         unsafe {
             if libc::setgroups(0, std::ptr::null()) != 0

@@ -18,26 +18,26 @@ use super::spec_duration;
 use crate::db::words::words;
 
 /// The spec field that holds a robot's schedule.
-pub const SPEC_FIELD: &str = "schedule";
+pub(crate) const SPEC_FIELD: &str = "schedule";
 /// How late a firing may still start, by default: long enough for any takeover at
 /// any sane tick, short enough that a pool back from an hour's outage does not
 /// replay the hour.
-pub const DEFAULT_CATCHUP: Duration = Duration::from_secs(10 * 60);
+pub(crate) const DEFAULT_CATCHUP: Duration = Duration::from_secs(10 * 60);
 /// The shortest catch-up window: a second. A holder acts on a firing a few
 /// milliseconds after its time; a shorter window would call a firing that merely
 /// overlapped a run, or came during a write, missed rather than skipped or run.
-pub const MIN_CATCHUP: Duration = Duration::from_secs(1);
+pub(crate) const MIN_CATCHUP: Duration = Duration::from_secs(1);
 /// The longest catch-up window: a week. Past that, a firing is history, not work.
-pub const MAX_CATCHUP: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const MAX_CATCHUP: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Runs kept in a robot's `runs` by default, and at most.
-pub const DEFAULT_KEEP_RUNS: u32 = 50;
-pub const MAX_KEEP_RUNS: u32 = 1000;
+pub(crate) const DEFAULT_KEEP_RUNS: u32 = 50;
+pub(crate) const MAX_KEEP_RUNS: u32 = 1000;
 /// The shortest and longest `every`.
-pub const MIN_EVERY: Duration = Duration::from_secs(1);
-pub const MAX_EVERY: Duration = Duration::from_secs(366 * 24 * 3600);
+pub(crate) const MIN_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const MAX_EVERY: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Missed firings are counted one by one up to this many; past it the count says
 /// "at least". (`* * * * * *` missed over a week is 604,800 firings.)
-pub const MAX_COUNTED: u64 = 100_000;
+pub(crate) const MAX_COUNTED: u64 = 100_000;
 
 const FIELDS: &[&str] = &[
     "cron",
@@ -79,7 +79,7 @@ words! {
 
 /// When a schedule fires.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Pattern {
+pub(crate) enum Pattern {
     Cron {
         cron: Box<croner::Cron>,
         zone: Tz,
@@ -92,36 +92,36 @@ pub enum Pattern {
 
 /// A robot's schedule, checked.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Schedule {
-    pub pattern: Pattern,
-    pub overlap: Overlap,
-    pub catchup: Duration,
-    pub on_lost: OnLost,
-    pub keep_runs: u32,
+pub(crate) struct Schedule {
+    pub(crate) pattern: Pattern,
+    pub(crate) overlap: Overlap,
+    pub(crate) catchup: Duration,
+    pub(crate) on_lost: OnLost,
+    pub(crate) keep_runs: u32,
     /// `spec.schedule` as written, so the firings it owed can be found again after
     /// it changed.
-    pub source: Document,
+    pub(crate) source: Document,
 }
 
 /// The firings owed at one instant, after the last one claimed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owed {
+pub(crate) struct Owed {
     /// Firings too old to start (before `now − catchup`), if any.
-    pub missed: Option<Missed>,
+    pub(crate) missed: Option<Missed>,
     /// Firings within the catch-up window, oldest first, at most the limit asked for.
-    pub due: Vec<i64>,
+    pub(crate) due: Vec<i64>,
     /// The first firing after `now`.
-    pub next: Option<i64>,
+    pub(crate) next: Option<i64>,
 }
 
 /// A run of firings that fell outside the catch-up window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Missed {
-    pub first: i64,
-    pub last: i64,
-    pub count: u64,
+pub(crate) struct Missed {
+    pub(crate) first: i64,
+    pub(crate) last: i64,
+    pub(crate) count: u64,
     /// The count stopped at [`MAX_COUNTED`]: there were at least that many.
-    pub at_least: bool,
+    pub(crate) at_least: bool,
 }
 
 impl Schedule {
@@ -129,7 +129,7 @@ impl Schedule {
     /// write robot documents, so every value is checked, and every error says what
     /// was found and what is wanted. `now_ms` is only used to check that a cron
     /// pattern fires at all.
-    pub fn from_spec(spec: &Document, now_ms: i64) -> Result<Option<Schedule>, String> {
+    pub(crate) fn from_spec(spec: &Document, now_ms: i64) -> Result<Option<Schedule>, String> {
         let s = match spec.get(SPEC_FIELD) {
             None | Some(Bson::Null) => return Ok(None),
             Some(Bson::Document(d)) => d,
@@ -245,7 +245,7 @@ impl Schedule {
 
     /// The first firing strictly after `after_ms`; None when there is none (a cron
     /// that never matches again).
-    pub fn next_after(&self, after_ms: i64) -> Option<i64> {
+    pub(crate) fn next_after(&self, after_ms: i64) -> Option<i64> {
         match &self.pattern {
             Pattern::Every { period_ms } => after_ms
                 .div_euclid(*period_ms)
@@ -265,7 +265,7 @@ impl Schedule {
 
     /// The firings in `(after_ms, until_ms]`, counted (one by one up to
     /// [`MAX_COUNTED`] for cron, arithmetically for `every`); None when there are none.
-    pub fn span(&self, after_ms: i64, until_ms: i64) -> Option<Missed> {
+    pub(crate) fn span(&self, after_ms: i64, until_ms: i64) -> Option<Missed> {
         let first = self.next_after(after_ms).filter(|t| *t <= until_ms)?;
         if let Pattern::Every { period_ms } = self.pattern {
             let last = until_ms.div_euclid(period_ms) * period_ms;
@@ -315,7 +315,7 @@ impl Schedule {
     /// What is owed at `now_ms` when every firing up to `from_ms` is settled:
     /// those before the catch-up window are missed; at most `limit` of those within
     /// it are due, oldest first; and the next one after `now_ms`.
-    pub fn owed(&self, from_ms: i64, now_ms: i64, limit: usize) -> Owed {
+    pub(crate) fn owed(&self, from_ms: i64, now_ms: i64, limit: usize) -> Owed {
         let window = now_ms.saturating_sub(self.catchup.as_millis() as i64);
         // Firings strictly before the window are missed.
         let missed = self.span(from_ms, window - 1);
@@ -342,7 +342,7 @@ impl Schedule {
 
     /// The next firing to show at `now_ms`: one already claimed ahead (`in_flight`
     /// firings after now), or the first after now and after the last one settled.
-    pub fn next_shown(
+    pub(crate) fn next_shown(
         &self,
         claimed: Option<i64>,
         in_flight: impl IntoIterator<Item = i64>,
@@ -357,7 +357,7 @@ impl Schedule {
     }
 
     /// The schedule in a few words: `0 3 * * * (Europe/Berlin)`, `every 30s`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match &self.pattern {
             Pattern::Cron { cron, zone } => format!("{} ({zone})", cron.pattern),
             Pattern::Every { period_ms } => format!(

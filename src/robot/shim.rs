@@ -17,17 +17,17 @@ use std::time::Duration;
 use super::cgroup::Enforcement;
 
 /// The hidden first argument that turns the binary into a shim.
-pub const SHIM_ARG: &str = "__robot-shim";
+pub(crate) const SHIM_ARG: &str = "__robot-shim";
 
 /// How the shim's own error lines on stderr begin (before the robot ever ran).
-pub const ERROR_PREFIX: &str = "slotpool robot shim: ";
+pub(crate) const ERROR_PREFIX: &str = "slotpool robot shim: ";
 
 /// The shim's exit code when it could not start the robot (as shells use 127).
-pub const CANNOT_START: i32 = 127;
+pub(crate) const CANNOT_START: i32 = 127;
 
 /// The shim's exit code when the lease ended (a stop, or the worker gone) before it
 /// had a live deadline: nothing of the robot started.
-pub const NOT_STARTED: i32 = 125;
+pub(crate) const NOT_STARTED: i32 = 125;
 
 /// Why the shim did not run the robot.
 #[derive(Debug)]
@@ -51,12 +51,12 @@ impl From<&str> for Refused {
 }
 
 /// The descriptor on which the shim reports to the worker ([`Report`] lines).
-pub const REPORT_FD: i32 = 4;
+pub(crate) const REPORT_FD: i32 = 4;
 
 /// What the shim tells the worker, one JSON line each on [`REPORT_FD`].
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Report {
+pub(crate) enum Report {
     /// The limits it applied, and how, before the command starts (None: none
     /// asked).
     Limits(Option<super::limits::Applied>),
@@ -98,7 +98,7 @@ impl Reporter {
 
 /// Now on `CLOCK_MONOTONIC`, in nanoseconds: the same clock in every process of the
 /// machine (and the one `std::time::Instant` reads on Linux).
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -112,7 +112,7 @@ pub fn monotonic_ns() -> u64 {
 
 /// A control message from the worker, one per line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Control {
+pub(crate) enum Control {
     /// The lease is good until this `CLOCK_MONOTONIC` instant (ns).
     Deadline(u64),
     /// Stop gracefully: SIGTERM to the robot's group.
@@ -122,7 +122,7 @@ pub enum Control {
 }
 
 impl Control {
-    pub fn line(self) -> String {
+    pub(crate) fn line(self) -> String {
         match self {
             Control::Deadline(ns) => format!("D {ns}\n"),
             Control::Term => "T\n".into(),
@@ -130,7 +130,7 @@ impl Control {
         }
     }
 
-    pub fn parse(line: &str) -> Option<Control> {
+    pub(crate) fn parse(line: &str) -> Option<Control> {
         let line = line.trim();
         match line {
             "T" => Some(Control::Term),
@@ -149,7 +149,7 @@ impl Control {
 /// A deadline noticed later than that means the shim was frozen or starved, and a
 /// standby may already run the robot, so the stop is a SIGKILL at once. 50 ms is far
 /// above a busy machine's timer lateness and far below a lease.
-pub fn late_slack(grace: Duration) -> Duration {
+pub(crate) fn late_slack(grace: Duration) -> Duration {
     (grace / 2).min(Duration::from_millis(50))
 }
 
@@ -163,24 +163,24 @@ pub fn late_slack(grace: Duration) -> Duration {
 ///   frozen with its robot and has just been thawed): SIGKILL at once, with no
 ///   SIGTERM first, whatever it is told next.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Enforcer {
+pub(crate) struct Enforcer {
     /// The lease deadline (ns), as last extended.
-    pub deadline: u64,
+    pub(crate) deadline: u64,
     /// When SIGTERM was sent (by request or at the deadline), if it was.
-    pub termed_at: Option<u64>,
-    pub killed: bool,
-    pub grace_ns: u64,
+    pub(crate) termed_at: Option<u64>,
+    pub(crate) killed: bool,
+    pub(crate) grace_ns: u64,
 }
 
 /// A signal for the robot's group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GroupSignal {
+pub(crate) enum GroupSignal {
     Term,
     Kill,
 }
 
 impl Enforcer {
-    pub fn new(deadline: u64, grace: Duration) -> Self {
+    pub(crate) fn new(deadline: u64, grace: Duration) -> Self {
         Enforcer {
             deadline,
             grace_ns: grace.as_nanos() as u64,
@@ -189,7 +189,7 @@ impl Enforcer {
     }
 
     /// Applies a message (None: the pipe closed) and returns the signal to send.
-    pub fn on_message(&mut self, msg: Option<Control>, now: u64) -> Option<GroupSignal> {
+    pub(crate) fn on_message(&mut self, msg: Option<Control>, now: u64) -> Option<GroupSignal> {
         // Time first: a message read after a thaw must not buy a deadline long
         // past the SIGTERM-and-grace of a timely stop.
         match msg {
@@ -207,7 +207,7 @@ impl Enforcer {
     }
 
     /// What the passing of time demands.
-    pub fn on_time(&mut self, now: u64) -> Option<GroupSignal> {
+    pub(crate) fn on_time(&mut self, now: u64) -> Option<GroupSignal> {
         if self.killed {
             return None;
         }
@@ -224,7 +224,7 @@ impl Enforcer {
     }
 
     /// How long until [`Enforcer::on_time`] may act.
-    pub fn next_due(&self, now: u64) -> Duration {
+    pub(crate) fn next_due(&self, now: u64) -> Duration {
         let due = match self.termed_at {
             _ if self.killed => u64::MAX,
             Some(_) => self.kill_due(),
@@ -270,12 +270,12 @@ enum Event {
 }
 
 /// What contains a robot's processes, as stored in its document.
-pub const CONTAINMENT: &str = "subreaper";
+pub(crate) const CONTAINMENT: &str = "subreaper";
 
 /// The processes below `root` in `/proc` (children, grandchildren, …), leaving
 /// out zombies (already dead, waiting to be reaped). Re-read on every call: the
 /// tree changes under us.
-pub fn descendants(root: i32) -> Vec<i32> {
+pub(crate) fn descendants(root: i32) -> Vec<i32> {
     let mut parent_of: Vec<(i32, i32)> = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -303,7 +303,7 @@ pub fn descendants(root: i32) -> Vec<i32> {
 /// The state and parent pid from a `/proc/PID/stat` line. The command name (field
 /// 2) is in parentheses and may itself hold spaces and parentheses, so the fields
 /// are read after its *last* `)`.
-pub fn parse_stat(stat: &str) -> Option<(char, i32)> {
+pub(crate) fn parse_stat(stat: &str) -> Option<(char, i32)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
     let state = fields.next()?.chars().next()?;
@@ -312,7 +312,7 @@ pub fn parse_stat(stat: &str) -> Option<(char, i32)> {
 }
 
 /// Every pid whose chain of parents in `parent_of` leads to `root`.
-pub fn tree_below(root: i32, parent_of: &[(i32, i32)]) -> Vec<i32> {
+pub(crate) fn tree_below(root: i32, parent_of: &[(i32, i32)]) -> Vec<i32> {
     let mut out = Vec::new();
     let mut frontier = vec![root];
     while let Some(p) = frontier.pop() {

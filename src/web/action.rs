@@ -8,7 +8,7 @@ use crate::pool::actions::{self, ActionError, Actor, Done};
 
 /// An action by name, on a robot or a slot.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Action {
+pub(crate) enum Action {
     Pause,
     Resume,
     Restart,
@@ -30,7 +30,7 @@ pub enum Action {
 
 impl Action {
     /// A robot's action from its path segment (`move` needs a destination).
-    pub fn for_robot(name: &str, to: Option<String>) -> Result<Action, String> {
+    pub(crate) fn for_robot(name: &str, to: Option<String>) -> Result<Action, String> {
         match (name, to) {
             ("pause", _) => Ok(Action::Pause),
             ("resume", _) => Ok(Action::Resume),
@@ -45,7 +45,7 @@ impl Action {
         }
     }
 
-    pub fn for_slot(name: &str) -> Result<Action, String> {
+    pub(crate) fn for_slot(name: &str) -> Result<Action, String> {
         match name {
             "drain" => Ok(Action::Drain),
             "undrain" => Ok(Action::Undrain),
@@ -53,7 +53,7 @@ impl Action {
         }
     }
 
-    pub fn word(&self) -> &'static str {
+    pub(crate) fn word(&self) -> &'static str {
         match self {
             Action::Pause => "pause",
             Action::Resume => "resume",
@@ -69,7 +69,7 @@ impl Action {
 }
 
 /// Runs `action` on `target` (a robot's name or a slot's id).
-pub async fn perform(
+pub(crate) async fn perform(
     app: &App,
     target: &str,
     action: &Action,
@@ -110,7 +110,7 @@ pub async fn perform(
 }
 
 /// The status an action's failure answers with.
-pub fn failure_status(e: &ActionError) -> StatusCode {
+pub(crate) fn failure_status(e: &ActionError) -> StatusCode {
     match e {
         ActionError::NoRobot(_) | ActionError::NoSlot(_) => StatusCode::NOT_FOUND,
         ActionError::Invalid(_) => StatusCode::BAD_REQUEST,

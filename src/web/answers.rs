@@ -20,18 +20,18 @@ use crate::pool::view::{RobotNow, RobotState, SlotView};
 
 /// `{"error": message}`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ErrorAnswer {
-    pub error: String,
+pub(crate) struct ErrorAnswer {
+    pub(crate) error: String,
 }
 
 /// The fields every reading answer starts with: the server's clock when the snapshot
 /// was read, how old the snapshot is, and why the last read failed, if it did.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Freshness<'a> {
-    pub now_ms: i64,
-    pub age_ms: Option<u64>,
+pub(crate) struct Freshness<'a> {
+    pub(crate) now_ms: i64,
+    pub(crate) age_ms: Option<u64>,
     #[schema(value_type = Option<String>)]
-    pub error: Option<&'a str>,
+    pub(crate) error: Option<&'a str>,
 }
 
 impl<'a> Freshness<'a> {
@@ -46,137 +46,137 @@ impl<'a> Freshness<'a> {
 
 /// `GET /api/v1/overview`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OverviewAnswer<'a> {
+pub(crate) struct OverviewAnswer<'a> {
     #[serde(flatten)]
-    pub fresh: Freshness<'a>,
+    pub(crate) fresh: Freshness<'a>,
     #[schema(value_type = Summary)]
-    pub summary: &'a Summary,
+    pub(crate) summary: &'a Summary,
     #[schema(value_type = Vec<SlotInfo>)]
-    pub slots: &'a [SlotInfo],
+    pub(crate) slots: &'a [SlotInfo],
     #[schema(value_type = Vec<WorkerInfo>)]
-    pub workers: &'a [WorkerInfo],
+    pub(crate) workers: &'a [WorkerInfo],
     #[schema(value_type = Vec<EventInfo>)]
-    pub events: &'a [EventInfo],
-    pub robots_at_ms: Option<i64>,
+    pub(crate) events: &'a [EventInfo],
+    pub(crate) robots_at_ms: Option<i64>,
 }
 
 /// `GET /api/v1/slots`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct SlotsAnswer<'a> {
+pub(crate) struct SlotsAnswer<'a> {
     #[serde(flatten)]
-    pub fresh: Freshness<'a>,
+    pub(crate) fresh: Freshness<'a>,
     #[schema(value_type = Vec<SlotInfo>)]
-    pub slots: &'a [SlotInfo],
+    pub(crate) slots: &'a [SlotInfo],
 }
 
 /// `GET /api/v1/workers`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct WorkersAnswer<'a> {
+pub(crate) struct WorkersAnswer<'a> {
     #[serde(flatten)]
-    pub fresh: Freshness<'a>,
+    pub(crate) fresh: Freshness<'a>,
     #[schema(value_type = Vec<WorkerInfo>)]
-    pub workers: &'a [WorkerInfo],
+    pub(crate) workers: &'a [WorkerInfo],
 }
 
 /// `GET /api/v1/events`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EventsAnswer<'a> {
+pub(crate) struct EventsAnswer<'a> {
     #[serde(flatten)]
-    pub fresh: Freshness<'a>,
+    pub(crate) fresh: Freshness<'a>,
     #[schema(value_type = Vec<EventInfo>)]
-    pub events: &'a [EventInfo],
+    pub(crate) events: &'a [EventInfo],
 }
 
 /// `GET /api/v1/robots`: one page of the robots that match.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RobotsAnswer<'a> {
+pub(crate) struct RobotsAnswer<'a> {
     #[serde(flatten)]
-    pub fresh: Freshness<'a>,
-    pub robots_at_ms: Option<i64>,
-    pub matching: usize,
-    pub page: usize,
-    pub pages: usize,
-    pub per_page: usize,
+    pub(crate) fresh: Freshness<'a>,
+    pub(crate) robots_at_ms: Option<i64>,
+    pub(crate) matching: usize,
+    pub(crate) page: usize,
+    pub(crate) pages: usize,
+    pub(crate) per_page: usize,
     #[schema(value_type = Vec<RobotRow>)]
-    pub robots: Vec<&'a RobotRow>,
+    pub(crate) robots: Vec<&'a RobotRow>,
 }
 
 /// One robot: its document (relaxed extended JSON, `_id` left out), its state as
 /// derived from its slot's lease, and its kept output.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RobotAnswer {
-    pub robot: Value,
-    pub state: RobotState,
-    pub holder: Option<String>,
-    pub why: Option<String>,
-    pub output: Value,
+pub(crate) struct RobotAnswer {
+    pub(crate) robot: Value,
+    pub(crate) state: RobotState,
+    pub(crate) holder: Option<String>,
+    pub(crate) why: Option<String>,
+    pub(crate) output: Value,
 }
 
 /// `GET /api/v1/robots/NAME`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RobotDetailAnswer<'a> {
+pub(crate) struct RobotDetailAnswer<'a> {
     #[serde(flatten)]
-    pub fresh: Freshness<'a>,
+    pub(crate) fresh: Freshness<'a>,
     #[serde(flatten)]
-    pub robot: RobotAnswer,
+    pub(crate) robot: RobotAnswer,
 }
 
 /// `GET /api/v1/robots/NAME/output`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OutputAnswer {
-    pub output: Value,
+pub(crate) struct OutputAnswer {
+    pub(crate) output: Value,
 }
 
 /// What an action did.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ActionAnswer {
-    pub ok: bool,
+pub(crate) struct ActionAnswer {
+    pub(crate) ok: bool,
     #[schema(value_type = String)]
-    pub action: &'static str,
-    pub target: String,
-    pub slot: Option<String>,
-    pub changed: bool,
+    pub(crate) action: &'static str,
+    pub(crate) target: String,
+    pub(crate) slot: Option<String>,
+    pub(crate) changed: bool,
 }
 
 /// What a create did: the robots created now with their slots, and how many of the
 /// names existed already with the same kind and spec.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CreateAnswer {
-    pub ok: bool,
-    pub created: Vec<CreatedAnswer>,
-    pub existing: usize,
+pub(crate) struct CreateAnswer {
+    pub(crate) ok: bool,
+    pub(crate) created: Vec<CreatedAnswer>,
+    pub(crate) existing: usize,
 }
 
 /// One robot a create placed.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CreatedAnswer {
-    pub name: String,
-    pub slot: String,
+pub(crate) struct CreatedAnswer {
+    pub(crate) name: String,
+    pub(crate) slot: String,
 }
 
 /// One move of a rebalance.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct MoveAnswer {
-    pub from: String,
-    pub to: String,
-    pub robots: Vec<String>,
-    pub moved: u64,
-    pub refused: Option<String>,
+pub(crate) struct MoveAnswer {
+    pub(crate) from: String,
+    pub(crate) to: String,
+    pub(crate) robots: Vec<String>,
+    pub(crate) moved: u64,
+    pub(crate) refused: Option<String>,
 }
 
 /// `POST /api/v1/rebalance`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct RebalanceAnswer {
-    pub ok: bool,
-    pub dry_run: bool,
-    pub moved: u64,
-    pub moves: Vec<MoveAnswer>,
-    pub before: BTreeMap<String, i64>,
-    pub after: BTreeMap<String, i64>,
+pub(crate) struct RebalanceAnswer {
+    pub(crate) ok: bool,
+    pub(crate) dry_run: bool,
+    pub(crate) moved: u64,
+    pub(crate) moves: Vec<MoveAnswer>,
+    pub(crate) before: BTreeMap<String, i64>,
+    pub(crate) after: BTreeMap<String, i64>,
 }
 
 /// An answer `{"error": message}`.
-pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let answer = ErrorAnswer {
         error: message.into(),
     };
@@ -184,7 +184,7 @@ pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 /// A robot's document as JSON, with its state derived from the snapshot's slots.
-pub fn robot_json(d: &RobotDetail, s: &Snapshot) -> RobotAnswer {
+pub(crate) fn robot_json(d: &RobotDetail, s: &Snapshot) -> RobotAnswer {
     let slots = s
         .slots
         .iter()
@@ -209,7 +209,7 @@ pub fn robot_json(d: &RobotDetail, s: &Snapshot) -> RobotAnswer {
 }
 
 /// The kept output: `{gen, lines: [{n, at, stream, text}]}`, or null.
-pub fn output_json(d: &RobotDetail) -> Value {
+pub(crate) fn output_json(d: &RobotDetail) -> Value {
     d.output.as_ref().map_or(Value::Null, |o| {
         let mut o = o.clone();
         o.remove("_id");
@@ -219,7 +219,7 @@ pub fn output_json(d: &RobotDetail) -> Value {
 
 /// `{"ok", "dry_run", "moved", "moves": [{from, to, robots, moved, refused}],
 /// "before": {slot: n}, "after": {slot: n}}`.
-pub fn rebalance_json(r: &actions::Rebalance) -> RebalanceAnswer {
+pub(crate) fn rebalance_json(r: &actions::Rebalance) -> RebalanceAnswer {
     let counts = |c: &[(String, i64)]| c.iter().cloned().collect::<BTreeMap<String, i64>>();
     RebalanceAnswer {
         ok: true,
@@ -242,7 +242,7 @@ pub fn rebalance_json(r: &actions::Rebalance) -> RebalanceAnswer {
 }
 
 /// The answer to a refused credential.
-pub fn denied(d: Denied) -> Response {
+pub(crate) fn denied(d: Denied) -> Response {
     match d {
         Denied::Disabled => error(
             StatusCode::FORBIDDEN,

@@ -35,7 +35,7 @@ use crate::pool::create::{self, CreateError, NewRobots};
         (status = 200, description = "the latest snapshot", body = OverviewAnswer),
         (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
     ))]
-pub async fn overview(State(app): State<App>) -> Response {
+pub(crate) async fn overview(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
     Json(OverviewAnswer {
         fresh: Freshness::of(&s),
@@ -54,7 +54,7 @@ pub async fn overview(State(app): State<App>) -> Response {
         (status = 200, description = "the slots", body = SlotsAnswer),
         (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
     ))]
-pub async fn slots(State(app): State<App>) -> Response {
+pub(crate) async fn slots(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
     let fresh = Freshness::of(&s);
     Json(SlotsAnswer {
@@ -70,7 +70,7 @@ pub async fn slots(State(app): State<App>) -> Response {
         (status = 200, description = "the workers", body = WorkersAnswer),
         (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
     ))]
-pub async fn workers(State(app): State<App>) -> Response {
+pub(crate) async fn workers(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
     let fresh = Freshness::of(&s);
     Json(WorkersAnswer {
@@ -86,7 +86,7 @@ pub async fn workers(State(app): State<App>) -> Response {
         (status = 200, description = "the events, newest first", body = EventsAnswer),
         (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
     ))]
-pub async fn events(State(app): State<App>) -> Response {
+pub(crate) async fn events(State(app): State<App>) -> Response {
     let s = app.snapshot().await;
     let fresh = Freshness::of(&s);
     Json(EventsAnswer {
@@ -117,7 +117,7 @@ pub async fn events(State(app): State<App>) -> Response {
             headers(("Retry-After" = u32, description = "seconds"))),
         (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
     ))]
-pub async fn robots(State(app): State<App>, RawQuery(raw): RawQuery) -> Response {
+pub(crate) async fn robots(State(app): State<App>, RawQuery(raw): RawQuery) -> Response {
     let q = match query::pairs(raw.as_deref()).and_then(|p| RobotQuery::parse(&p)) {
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
@@ -168,7 +168,7 @@ async fn detail(app: &App, name: &str) -> Result<std::sync::Arc<RobotDetail>, Re
         (status = 503, description = "the database did not answer", body = ErrorAnswer),
         (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
     ))]
-pub async fn robot(State(app): State<App>, Path(name): Path<String>) -> Response {
+pub(crate) async fn robot(State(app): State<App>, Path(name): Path<String>) -> Response {
     let s = app.snapshot().await;
     match detail(&app, &name).await {
         Ok(d) => Json(RobotDetailAnswer {
@@ -189,7 +189,7 @@ pub async fn robot(State(app): State<App>, Path(name): Path<String>) -> Response
         (status = 503, description = "the database did not answer", body = ErrorAnswer),
         (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
     ))]
-pub async fn output(State(app): State<App>, Path(name): Path<String>) -> Response {
+pub(crate) async fn output(State(app): State<App>, Path(name): Path<String>) -> Response {
     match detail(&app, &name).await {
         Ok(d) => Json(OutputAnswer {
             output: output_json(&d),
@@ -270,7 +270,7 @@ fn stored_spec(
 /// `PUT /api/v1/robots/NAME`: the new spec (whole) and, optionally, kind.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct UpdateBody {
+pub(crate) struct UpdateBody {
     /// Another kind, where the robot's context carries over.
     #[serde(default)]
     kind: Option<String>,
@@ -289,14 +289,14 @@ pub struct UpdateBody {
 
 /// What an update did.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct UpdateAnswerBody {
-    pub ok: bool,
-    pub robot: String,
-    pub changes: Vec<String>,
+pub(crate) struct UpdateAnswerBody {
+    pub(crate) ok: bool,
+    pub(crate) robot: String,
+    pub(crate) changes: Vec<String>,
     /// True: applied by `worker`; null: a dry run, nothing to change, or no holder
     /// answered in time (the update waits in the robot's document).
-    pub applied: Option<bool>,
-    pub worker: Option<String>,
+    pub(crate) applied: Option<bool>,
+    pub(crate) worker: Option<String>,
 }
 
 /// `PUT /api/v1/robots/NAME`: changes a robot in place as `robot update` does. `200`
@@ -314,7 +314,7 @@ pub struct UpdateAnswerBody {
         (status = 404, description = "no robot of that name", body = ErrorAnswer),
         (status = 409, description = "its holder refused it (nothing changed), or the document changed meanwhile", body = ErrorAnswer),
     ))]
-pub async fn update_robot(
+pub(crate) async fn update_robot(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(name): Path<String>,
@@ -402,7 +402,7 @@ pub async fn update_robot(
 /// `POST /api/v1/robots`: what `robot create` takes.
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateBody {
+pub(crate) struct CreateBody {
     /// The robot's name; with count > 1, NAME-1 … NAME-count.
     name: String,
     /// `counter`, `exec`, or a kind registered by your worker build (with unchecked).
@@ -432,7 +432,7 @@ pub struct CreateBody {
         (status = 400, description = "a body, name, kind or spec that is refused", body = ErrorAnswer),
         (status = 409, description = "a name exists with another kind or spec, or no slot can take them", body = ErrorAnswer),
     ))]
-pub async fn create_robots(
+pub(crate) async fn create_robots(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
@@ -503,7 +503,7 @@ pub async fn create_robots(
 /// (or `{}`).
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct MoveBody {
+pub(crate) struct MoveBody {
     /// The destination slot's id, e.g. slot-002.
     to: Option<String>,
 }
@@ -512,7 +512,7 @@ pub struct MoveBody {
 #[derive(utoipa::ToSchema)]
 #[schema(rename_all = "lowercase")]
 #[allow(dead_code)]
-pub enum RobotAction {
+pub(crate) enum RobotAction {
     Pause,
     Resume,
     Restart,
@@ -524,7 +524,7 @@ pub enum RobotAction {
 #[derive(utoipa::ToSchema)]
 #[schema(rename_all = "lowercase")]
 #[allow(dead_code)]
-pub enum SlotAction {
+pub(crate) enum SlotAction {
     Drain,
     Undrain,
 }
@@ -544,7 +544,7 @@ pub enum SlotAction {
         (status = 405, description = "delete goes through DELETE", body = ErrorAnswer),
         (status = 409, description = "the robot refuses (e.g. a trigger of a robot with no schedule, a move onto a draining slot)", body = ErrorAnswer),
     ))]
-pub async fn robot_action(
+pub(crate) async fn robot_action(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((name, action)): Path<(String, String)>,
@@ -606,7 +606,7 @@ pub async fn robot_action(
         (status = 404, description = "no robot of that name", body = ErrorAnswer),
         (status = 409, description = "the document changed meanwhile", body = ErrorAnswer),
     ))]
-pub async fn delete_robot(
+pub(crate) async fn delete_robot(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(name): Path<String>,
@@ -631,7 +631,7 @@ pub async fn delete_robot(
         (status = 404, description = "no such slot or action", body = ErrorAnswer),
         (status = 409, description = "the slot refuses", body = ErrorAnswer),
     ))]
-pub async fn slot_action(
+pub(crate) async fn slot_action(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((id, action)): Path<(String, String)>,
@@ -650,7 +650,7 @@ pub async fn slot_action(
 /// `POST /api/v1/rebalance`: optional.
 #[derive(Default, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RebalanceBody {
+pub(crate) struct RebalanceBody {
     /// Move at most this many robots (run again to continue).
     #[schema(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
     max_moves: Option<u32>,
@@ -667,7 +667,7 @@ pub struct RebalanceBody {
         (status = 400, description = "a body that is refused", body = ErrorAnswer),
         (status = 409, description = "a move was refused", body = ErrorAnswer),
     ))]
-pub async fn rebalance(
+pub(crate) async fn rebalance(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,

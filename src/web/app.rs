@@ -30,7 +30,7 @@ const DETAIL_CACHE: usize = 256;
 ///
 /// Tracked, so that a dashboard asked to stop lets the actions in flight finish first
 /// (see [`in_flight`]).
-pub async fn to_the_end<T: Send + 'static>(
+pub(crate) async fn to_the_end<T: Send + 'static>(
     action: impl std::future::Future<Output = T> + Send + 'static,
 ) -> T {
     match in_flight().spawn(action).await {
@@ -40,14 +40,14 @@ pub async fn to_the_end<T: Send + 'static>(
 }
 
 /// The actions started by [`to_the_end`] and not finished yet.
-pub fn in_flight() -> &'static tokio_util::task::TaskTracker {
+pub(crate) fn in_flight() -> &'static tokio_util::task::TaskTracker {
     static TRACKER: std::sync::OnceLock<tokio_util::task::TaskTracker> = std::sync::OnceLock::new();
     TRACKER.get_or_init(tokio_util::task::TaskTracker::new)
 }
 
 /// What every handler shares.
 #[derive(Clone)]
-pub struct App {
+pub(crate) struct App {
     pub(super) store: Store,
     pub(super) snapshot: watch::Receiver<Arc<Snapshot>>,
     pub(super) demand: Arc<Demand>,
@@ -64,12 +64,12 @@ pub struct App {
 
 /// One robot as its page shows it: the whole document and its kept output.
 #[derive(Debug, Clone)]
-pub struct RobotDetail {
+pub(crate) struct RobotDetail {
     /// The whole document, shown as it is.
-    pub doc: Document,
+    pub(crate) doc: Document,
     /// The same, decoded, without the spec and the context (`doc` has them).
-    pub robot: RobotDoc,
-    pub output: Option<Document>,
+    pub(crate) robot: RobotDoc,
+    pub(crate) output: Option<Document>,
 }
 
 /// A robot page's read, and when (None: no such robot).
@@ -109,7 +109,7 @@ impl App {
     }
 
     /// The shared snapshot; waits (up to 3 s) for a fresh one after a quiet spell.
-    pub async fn snapshot(&self) -> Arc<Snapshot> {
+    pub(crate) async fn snapshot(&self) -> Arc<Snapshot> {
         self.demand.touch();
         let limit = self.refresh * 3;
         let stale = |s: &Arc<Snapshot>| s.attempted.is_none_or(|t| t.elapsed() > limit);
@@ -122,7 +122,7 @@ impl App {
     }
 
     /// The robot named `name` (None: no such robot), at most one refresh old.
-    pub async fn robot(&self, name: &str) -> anyhow::Result<Option<Arc<RobotDetail>>> {
+    pub(crate) async fn robot(&self, name: &str) -> anyhow::Result<Option<Arc<RobotDetail>>> {
         let fresh = |recent: &HashMap<String, Remembered>| {
             recent
                 .get(name)

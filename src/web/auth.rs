@@ -13,29 +13,29 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The name of the session cookie.
-pub const COOKIE: &str = "slotpool_session";
+pub(crate) const COOKIE: &str = "slotpool_session";
 
 /// How long a browser session lasts.
-pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+pub(crate) const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
 /// The most sessions kept at once.
-pub const MAX_SESSIONS: usize = 1000;
+pub(crate) const MAX_SESSIONS: usize = 1000;
 
 /// The shortest token accepted: guessing 32 characters is out of reach.
-pub const MIN_TOKEN: usize = 32;
+pub(crate) const MIN_TOKEN: usize = 32;
 
 /// A logged-in browser.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Session {
+pub(crate) struct Session {
     /// Sent back in every form that acts.
-    pub csrf: String,
+    pub(crate) csrf: String,
     /// The name given at login, for events.
-    pub who: String,
+    pub(crate) who: String,
     started: Instant,
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub enum Denied {
+pub(crate) enum Denied {
     /// Actions are off in this process.
     Disabled,
     /// No credentials, or wrong ones.
@@ -53,7 +53,7 @@ pub enum Denied {
 pub const MAX_FAILURES: u32 = 10;
 
 /// See [`MAX_FAILURES`].
-pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
 /// Addresses tracked at most. When that many are failing at once, the one whose
 /// window began longest ago is forgotten to make room: an address that never sent a
@@ -67,7 +67,7 @@ pub const MAX_TRACKED: usize = 10_000;
 /// one only when the user typed it), `localhost`, or one of `allowed` (from
 /// `--allowed-host`), with any port. Any other name may be a page that rebound its
 /// own DNS name to this address to read the pool from the operator's browser.
-pub fn host_allowed(host: Option<&str>, allowed: &[String]) -> bool {
+pub(crate) fn host_allowed(host: Option<&str>, allowed: &[String]) -> bool {
     let Some(host) = host.map(str::trim).filter(|h| !h.is_empty()) else {
         return false;
     };
@@ -88,14 +88,14 @@ pub fn host_allowed(host: Option<&str>, allowed: &[String]) -> bool {
 
 /// Failed token attempts by client address: the decision, with time passed in.
 #[derive(Debug, Default)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     failures: HashMap<IpAddr, (u32, Instant)>,
 }
 
 impl Throttle {
     /// Whether `ip` may try a token now: refused only after [`MAX_FAILURES`] wrong
     /// tokens of its own within the window.
-    pub fn allowed(&self, ip: IpAddr, now: Instant) -> bool {
+    pub(crate) fn allowed(&self, ip: IpAddr, now: Instant) -> bool {
         match self.failures.get(&ip) {
             Some((n, since)) if now.duration_since(*since) < FAILURE_WINDOW => *n < MAX_FAILURES,
             _ => true,
@@ -103,7 +103,7 @@ impl Throttle {
     }
 
     /// `ip` sent a wrong token.
-    pub fn failed(&mut self, ip: IpAddr, now: Instant) {
+    pub(crate) fn failed(&mut self, ip: IpAddr, now: Instant) {
         if self.failures.len() >= MAX_TRACKED && !self.failures.contains_key(&ip) {
             self.failures
                 .retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
@@ -127,7 +127,7 @@ impl Throttle {
 }
 
 /// The token, when actions are allowed, and the browser sessions.
-pub struct Auth {
+pub(crate) struct Auth {
     token: Option<String>,
     sessions: Mutex<HashMap<String, Session>>,
     throttle: Mutex<Throttle>,
@@ -136,7 +136,7 @@ pub struct Auth {
 impl Auth {
     /// `token` is Some exactly when actions are allowed; check it with
     /// [`check_token`] first.
-    pub fn new(token: Option<String>) -> Auth {
+    pub(crate) fn new(token: Option<String>) -> Auth {
         Auth {
             token,
             sessions: Mutex::new(HashMap::new()),
@@ -144,12 +144,12 @@ impl Auth {
         }
     }
 
-    pub fn actions_allowed(&self) -> bool {
+    pub(crate) fn actions_allowed(&self) -> bool {
         self.token.is_some()
     }
 
     /// Checks an `Authorization` header value from `peer`.
-    pub fn bearer(&self, header: Option<&str>, peer: IpAddr) -> Result<(), Denied> {
+    pub(crate) fn bearer(&self, header: Option<&str>, peer: IpAddr) -> Result<(), Denied> {
         let token = self.token.as_deref().ok_or(Denied::Disabled)?;
         let given = header
             .and_then(|h| h.strip_prefix("Bearer "))
@@ -164,7 +164,7 @@ impl Auth {
     /// sends a write's head and then its body a byte at a time holds a connection
     /// only if it holds the token. The handler still checks everything it checked
     /// before (a form's CSRF token is in its body).
-    pub fn before_body(
+    pub(crate) fn before_body(
         &self,
         path: &str,
         headers: &axum::http::HeaderMap,
@@ -217,7 +217,12 @@ impl Auth {
     }
 
     /// Starts a session for whoever knows the token; returns its id.
-    pub fn login(&self, given: &str, who: &str, peer: IpAddr) -> Result<(String, Session), Denied> {
+    pub(crate) fn login(
+        &self,
+        given: &str,
+        who: &str,
+        peer: IpAddr,
+    ) -> Result<(String, Session), Denied> {
         let token = self.token.as_deref().ok_or(Denied::Disabled)?;
         self.try_token(given, token, peer)?;
         let session = Session {
@@ -242,7 +247,7 @@ impl Auth {
     }
 
     /// The session a `Cookie` header names, if it is live.
-    pub fn session(&self, cookie_header: Option<&str>) -> Option<Session> {
+    pub(crate) fn session(&self, cookie_header: Option<&str>) -> Option<Session> {
         self.token.as_ref()?;
         let id = cookie(cookie_header?, COOKIE)?;
         let sessions = self.sessions.lock().expect("sessions lock");
@@ -252,7 +257,7 @@ impl Auth {
             .cloned()
     }
 
-    pub fn logout(&self, cookie_header: Option<&str>) {
+    pub(crate) fn logout(&self, cookie_header: Option<&str>) {
         if let Some(id) = cookie_header.and_then(|h| cookie(h, COOKIE)) {
             self.sessions.lock().expect("sessions lock").remove(id);
         }
@@ -260,7 +265,7 @@ impl Auth {
 
     /// Checks a browser form that acts: a live session, its CSRF token, and an
     /// `Origin` (when the browser sends one) that is this server.
-    pub fn form(
+    pub(crate) fn form(
         &self,
         cookie_header: Option<&str>,
         csrf: Option<&str>,
@@ -282,7 +287,7 @@ impl Auth {
 }
 
 /// Whether a token is good enough to guard the power to start robots.
-pub fn check_token(token: &str) -> Result<(), String> {
+pub(crate) fn check_token(token: &str) -> Result<(), String> {
     if token.trim().chars().count() < MIN_TOKEN {
         return Err(format!(
             "SLOTPOOL_WEB_TOKEN must be at least {MIN_TOKEN} characters (e.g. `openssl rand -hex 32`)"
@@ -321,7 +326,7 @@ fn cookie<'a>(header: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// A name for the events log: printable, at most 64 characters, never empty.
-pub fn clean_name(who: &str) -> String {
+pub(crate) fn clean_name(who: &str) -> String {
     let name: String = who
         .trim()
         .chars()

@@ -112,7 +112,7 @@ fn update_from_form(form: &HashMap<String, String>) -> Result<Action, String> {
     Ok(Action::Update { kind, spec })
 }
 
-pub async fn robot_action(
+pub(crate) async fn robot_action(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((name, action)): Path<(String, String)>,
@@ -136,7 +136,7 @@ pub async fn robot_action(
     form_action(&app, peer, &s, &name, parsed, back).await
 }
 
-pub async fn slot_action(
+pub(crate) async fn slot_action(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((id, action)): Path<(String, String)>,
@@ -150,7 +150,7 @@ pub async fn slot_action(
     form_action(&app, peer, &s, &id, Action::for_slot(&action), "/".into()).await
 }
 
-pub async fn rebalance(
+pub(crate) async fn rebalance(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
@@ -190,7 +190,7 @@ pub async fn rebalance(
     }
 }
 
-pub async fn login_form(State(app): State<App>, headers: HeaderMap) -> Response {
+pub(crate) async fn login_form(State(app): State<App>, headers: HeaderMap) -> Response {
     login_page(&app, &headers, StatusCode::OK, None)
 }
 
@@ -212,7 +212,7 @@ fn login_page(app: &App, headers: &HeaderMap, status: StatusCode, note: Option<&
     (status, page(app, s.as_ref(), "login", "Log in", body)).into_response()
 }
 
-pub async fn login(
+pub(crate) async fn login(
     State(app): State<App>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
@@ -260,7 +260,7 @@ pub async fn login(
     }
 }
 
-pub async fn logout(
+pub(crate) async fn logout(
     State(app): State<App>,
     headers: HeaderMap,
     form: Result<Form<HashMap<String, String>>, FormRejection>,

@@ -8,18 +8,18 @@
 //! scripts or styles), [`app`], [`api`] with [`answers`], [`action`] with [`forms`],
 //! [`auth`] (token, sessions, CSRF), [`writes`] (write bodies bounded).
 
-pub mod action;
-pub mod answers;
-pub mod api;
-pub mod app;
+pub(crate) mod action;
+pub(crate) mod answers;
+pub(crate) mod api;
+pub(crate) mod app;
 pub mod auth;
-pub mod forms;
+pub(crate) mod forms;
 pub mod openapi;
-pub mod pages;
-pub mod query;
-pub mod snapshot;
-pub mod timeline;
-pub mod writes;
+pub(crate) mod pages;
+pub(crate) mod query;
+pub(crate) mod snapshot;
+pub(crate) mod timeline;
+pub(crate) mod writes;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -36,43 +36,43 @@ use tokio_util::sync::CancellationToken;
 
 use crate::db::store::Store;
 use app::web_actor;
-pub use app::{to_the_end, App, RobotDetail};
+pub(crate) use app::{to_the_end, App, RobotDetail};
 use auth::Auth;
 use snapshot::Snapshotter;
 
 /// The largest request body accepted (a form or an API action's JSON).
-pub const MAX_BODY: usize = 16 * 1024;
+pub(crate) const MAX_BODY: usize = 16 * 1024;
 
 /// A robot's context is shown up to this size; the rest is cut with a note.
-pub const MAX_CONTEXT_SHOWN: usize = 256 * 1024;
+pub(crate) const MAX_CONTEXT_SHOWN: usize = 256 * 1024;
 
 #[derive(Debug, Args)]
-pub struct WebArgs {
+pub(crate) struct WebArgs {
     /// Address to serve on. The default is reachable from this machine only; any
     /// other address shows the pool (robot names, contexts, output) to everyone who
     /// can reach it: put it behind a proxy with TLS and authentication.
     #[arg(long, default_value = "127.0.0.1:8080", env = "SLOTPOOL_WEB_LISTEN")]
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// How often the slots, workers and events are read while someone is looking
     /// (the overview updates at this rate). 200ms to 2s.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub refresh: Duration,
+    pub(crate) refresh: Duration,
     /// How often the robot table is read again while someone is looking: one query
     /// per slot, with rests between. 2s to 1h.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    pub robots_refresh: Duration,
+    pub(crate) robots_refresh: Duration,
     /// Allow pause, resume, move, delete, drain, undrain and rebalance, for holders of the token
     /// in SLOTPOOL_WEB_TOKEN (at least 32 characters): `Authorization: Bearer` on the
     /// API, a login in the browser. Without this flag every write is refused.
     #[arg(long)]
-    pub allow_actions: bool,
+    pub(crate) allow_actions: bool,
     /// A host name this dashboard is reached by (repeat for more), e.g. the name a
     /// proxy in front of it serves. Requests whose `Host` names anything else are
     /// refused (421), so a web page cannot rebind its own name to this address and
     /// read the pool through the operator's browser. IP addresses and `localhost`
     /// are always accepted.
     #[arg(long = "allowed-host", value_name = "NAME")]
-    pub allowed_hosts: Vec<String>,
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 impl WebArgs {
@@ -100,7 +100,7 @@ impl WebArgs {
 }
 
 /// Every route of the dashboard.
-pub fn router(app: App) -> Router {
+pub(crate) fn router(app: App) -> Router {
     // Writes go through [`writes`] before their handlers; only where the method
     // matches, so a write to a read route is still a 405.
     let w = middleware::from_fn_with_state(app.clone(), writes::before_handlers);
@@ -212,7 +212,7 @@ async fn security_headers(req: Request, next: Next) -> Response {
 }
 
 /// Runs the dashboard until SIGINT or SIGTERM.
-pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
     let token = std::env::var("SLOTPOOL_WEB_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
@@ -302,7 +302,7 @@ pub async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
 
 /// How long a stopping dashboard waits for the actions in flight: under the 30 s a
 /// container gets by default to stop (Kubernetes' grace, `docker stop`'s is 10 s).
-pub const ACTIONS_GRACE: Duration = Duration::from_secs(25);
+pub(crate) const ACTIONS_GRACE: Duration = Duration::from_secs(25);
 
 #[cfg(test)]
 mod tests {

@@ -30,7 +30,7 @@ use super::query::{
 use super::snapshot::{EventInfo, RobotRow, SlotInfo, Summary, WorkerInfo};
 
 /// Where the document is served.
-pub const PATH: &str = "/api/v1/openapi.json";
+pub(crate) const PATH: &str = "/api/v1/openapi.json";
 
 #[derive(OpenApi)]
 #[openapi(
@@ -78,7 +78,7 @@ struct ApiDoc;
         (status = 200, description = "the OpenAPI 3.1 document of /api/v1", content_type = "application/json", body = Object),
         (status = 421, description = "the `Host` header names another site", body = ErrorAnswer),
     ))]
-pub async fn served() -> axum::response::Response {
+pub(crate) async fn served() -> axum::response::Response {
     use axum::response::IntoResponse;
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
@@ -88,7 +88,7 @@ pub async fn served() -> axum::response::Response {
 }
 
 /// The document.
-pub fn document() -> Document {
+pub(crate) fn document() -> Document {
     ApiDoc::openapi()
 }
 

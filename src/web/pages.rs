@@ -165,7 +165,7 @@ fn event_item(e: &super::snapshot::EventInfo) -> Markup {
     }
 }
 
-pub async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
+pub(crate) async fn overview(State(app): State<App>, headers: HeaderMap) -> Response {
     let snap = app.snapshot().await;
     let s = session(&app, &headers);
     let body = html! {
@@ -253,7 +253,7 @@ fn select(name: &str, label: &str, options: &[&str], chosen: Option<&str>) -> Ma
     }
 }
 
-pub async fn robots(
+pub(crate) async fn robots(
     State(app): State<App>,
     RawQuery(raw): RawQuery,
     headers: HeaderMap,
@@ -363,7 +363,7 @@ fn output_lines(d: &RobotDetail) -> Vec<(String, String)> {
         .collect()
 }
 
-pub async fn robot(
+pub(crate) async fn robot(
     State(app): State<App>,
     Path(name): Path<String>,
     headers: HeaderMap,
@@ -511,7 +511,7 @@ fn update_line(doc: &bson::Document) -> Option<String> {
     })
 }
 
-pub async fn script() -> Response {
+pub(crate) async fn script() -> Response {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         SCRIPT,
@@ -519,11 +519,11 @@ pub async fn script() -> Response {
         .into_response()
 }
 
-pub async fn style() -> Response {
+pub(crate) async fn style() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
 }
 
-pub async fn not_found(
+pub(crate) async fn not_found(
     State(app): State<App>,
     method: Method,
     uri: Uri,

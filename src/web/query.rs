@@ -7,22 +7,22 @@ use super::snapshot::RobotRow;
 use crate::pool::view::RobotState;
 
 /// Derived robot states a filter may name.
-pub fn states() -> Vec<&'static str> {
+pub(crate) fn states() -> Vec<&'static str> {
     RobotState::ALL.iter().map(|s| s.as_str()).collect()
 }
 
 /// What `only=` may name: robots on a schedule, robots that ran to completion,
 /// and scheduled robots running late.
-pub const ONLY: &[&str] = &["scheduled", "completed", "late"];
+pub(crate) const ONLY: &[&str] = &["scheduled", "completed", "late"];
 
 /// Sort keys.
-pub const SORTS: &[&str] = &["name", "slot", "state", "seq", "restarts", "checkpoint"];
+pub(crate) const SORTS: &[&str] = &["name", "slot", "state", "seq", "restarts", "checkpoint"];
 
-pub const DEFAULT_PER_PAGE: usize = 50;
-pub const MAX_PER_PAGE: usize = 500;
+pub(crate) const DEFAULT_PER_PAGE: usize = 50;
+pub(crate) const MAX_PER_PAGE: usize = 500;
 
 /// The highest `page=`.
-pub const MAX_PAGE: usize = 1_000_000;
+pub(crate) const MAX_PAGE: usize = 1_000_000;
 
 // The query's parameters as the API's OpenAPI document shows them: each value as
 // [`RobotQuery::parse`] takes it, an empty one included (it counts as absent).
@@ -59,7 +59,7 @@ fn number_schema(max: usize) -> DocSchema {
 macro_rules! doc_param {
     ($(#[$meta:meta])* $name:ident => $schema:expr) => {
         $(#[$meta])*
-        pub struct $name;
+        pub(crate) struct $name;
 
         impl utoipa::PartialSchema for $name {
             fn schema() -> DocSchema {
@@ -103,22 +103,22 @@ doc_param! {
     PerPageParam => number_schema(MAX_PER_PAGE)
 }
 /// The longest search text or filter value accepted.
-pub const MAX_TEXT: usize = 200;
+pub(crate) const MAX_TEXT: usize = 200;
 
 /// What a robot list asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RobotQuery {
+pub(crate) struct RobotQuery {
     /// A part of the name, matched without regard to case.
-    pub q: String,
-    pub state: Option<String>,
-    pub slot: Option<String>,
-    pub kind: Option<String>,
-    pub only: Option<&'static str>,
-    pub sort: &'static str,
-    pub desc: bool,
+    pub(crate) q: String,
+    pub(crate) state: Option<String>,
+    pub(crate) slot: Option<String>,
+    pub(crate) kind: Option<String>,
+    pub(crate) only: Option<&'static str>,
+    pub(crate) sort: &'static str,
+    pub(crate) desc: bool,
     /// From 1.
-    pub page: usize,
-    pub per_page: usize,
+    pub(crate) page: usize,
+    pub(crate) per_page: usize,
 }
 
 impl Default for RobotQuery {
@@ -141,7 +141,7 @@ impl RobotQuery {
     /// Parses `?q=&state=&slot=&kind=&only=&sort=&order=&page=&per_page=`. Empty values mean
     /// "not given" (what an empty form field sends); unknown or repeated names, and
     /// values out of range, are errors that say what is accepted.
-    pub fn parse(params: &[(String, String)]) -> Result<RobotQuery, String> {
+    pub(crate) fn parse(params: &[(String, String)]) -> Result<RobotQuery, String> {
         let mut out = RobotQuery::default();
         let mut seen: Vec<&str> = Vec::new();
         for (k, v) in params {
@@ -201,7 +201,7 @@ impl RobotQuery {
     }
 
     /// The query string that shows this query's page `page`.
-    pub fn to_query_string(&self, page: usize) -> String {
+    pub(crate) fn to_query_string(&self, page: usize) -> String {
         let mut pairs: Vec<(&str, String)> = Vec::new();
         if !self.q.is_empty() {
             pairs.push(("q", self.q.clone()));
@@ -243,17 +243,17 @@ fn number(k: &str, v: &str, min: usize, max: usize) -> Result<usize, String> {
 
 /// One page of matching robots.
 #[derive(Debug)]
-pub struct Page<'a> {
+pub(crate) struct Page<'a> {
     /// How many robots match in all.
-    pub matching: usize,
-    pub page: usize,
+    pub(crate) matching: usize,
+    pub(crate) page: usize,
     /// At least 1.
-    pub pages: usize,
-    pub rows: Vec<&'a RobotRow>,
+    pub(crate) pages: usize,
+    pub(crate) rows: Vec<&'a RobotRow>,
 }
 
 /// Filters, sorts and cuts `rows` (sorted by name) as `q` asks.
-pub fn apply<'a>(rows: &'a [RobotRow], q: &RobotQuery) -> Page<'a> {
+pub(crate) fn apply<'a>(rows: &'a [RobotRow], q: &RobotQuery) -> Page<'a> {
     let needle = q.q.to_lowercase();
     let mut hits: Vec<&RobotRow> = rows
         .iter()
@@ -301,7 +301,7 @@ pub fn apply<'a>(rows: &'a [RobotRow], q: &RobotQuery) -> Page<'a> {
 }
 
 /// Parses a raw query string into pairs, or says why it cannot.
-pub fn pairs(raw: Option<&str>) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn pairs(raw: Option<&str>) -> Result<Vec<(String, String)>, String> {
     serde_urlencoded::from_str::<Vec<(String, String)>>(raw.unwrap_or(""))
         .map_err(|e| format!("malformed query string: {e}"))
 }

@@ -25,95 +25,95 @@ use crate::db::store::Store;
 use crate::pool::view::{self, int, text, RobotState, SlotRow, SlotState, SlotView, WorkerRole};
 
 /// How many of the latest events the snapshot keeps.
-pub const EVENTS_KEPT: i64 = 50;
+pub(crate) const EVENTS_KEPT: i64 = 50;
 
 /// How far back of the newest kept event each read of `events` looks.
-pub const EVENTS_OVERLAP: Duration = Duration::from_secs(30);
+pub(crate) const EVENTS_OVERLAP: Duration = Duration::from_secs(30);
 
 /// How many lifecycle events one read for the timeline takes at most.
-pub const MOMENTS_PER_READ: i64 = 5000;
+pub(crate) const MOMENTS_PER_READ: i64 = 5000;
 /// How many lifecycle events the timeline keeps at most (the newest).
-pub const MOMENTS_KEPT: usize = 20_000;
+pub(crate) const MOMENTS_KEPT: usize = 20_000;
 
 /// How far back the first read of `events` looks.
-pub const EVENTS_FIRST: Duration = Duration::from_secs(15 * 60);
+pub(crate) const EVENTS_FIRST: Duration = Duration::from_secs(15 * 60);
 
 /// Nobody has asked for this long: stop reading until someone does.
-pub const IDLE_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_AFTER: Duration = Duration::from_secs(60);
 
 /// A slot as the dashboard shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
-pub struct SlotInfo {
-    pub id: String,
-    pub state: SlotState,
+pub(crate) struct SlotInfo {
+    pub(crate) id: String,
+    pub(crate) state: SlotState,
     /// The worker holding it while its lease is live.
-    pub holder: Option<String>,
-    pub epoch: Option<i64>,
-    pub lease_ms: Option<i64>,
+    pub(crate) holder: Option<String>,
+    pub(crate) epoch: Option<i64>,
+    pub(crate) lease_ms: Option<i64>,
     /// Since the last renewal, on the server's clock.
-    pub lease_age_ms: Option<i64>,
+    pub(crate) lease_age_ms: Option<i64>,
     /// What is left of the lease (0 once expired), on the server's clock.
-    pub lease_left_ms: Option<i64>,
+    pub(crate) lease_left_ms: Option<i64>,
     /// Robots bound to it (the slot's own count).
-    pub robots: i64,
-    pub draining: bool,
+    pub(crate) robots: i64,
+    pub(crate) draining: bool,
 }
 
 /// A live worker.
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
-pub struct WorkerInfo {
-    pub id: String,
+pub(crate) struct WorkerInfo {
+    pub(crate) id: String,
     /// `holder` (holds a live slot), `standby`, or `overdue` (holds nothing and its
     /// last heartbeat is older than one beat: probably gone, not counted as a
     /// standby).
-    pub role: WorkerRole,
+    pub(crate) role: WorkerRole,
     /// Its first held slot (a holder with room may hold more: see `held`).
-    pub slot: Option<String>,
+    pub(crate) slot: Option<String>,
     /// How many slots it holds now.
-    pub held: Option<i64>,
-    pub last_seen_ms: Option<i64>,
-    pub version: Option<String>,
+    pub(crate) held: Option<i64>,
+    pub(crate) last_seen_ms: Option<i64>,
+    pub(crate) version: Option<String>,
 }
 
 /// One entry of the `events` log: `at` (RFC 3339, server clock), `kind`, and the
 /// rest of its fields as text.
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
-pub struct EventInfo {
-    pub at: Option<String>,
-    pub kind: String,
-    pub fields: BTreeMap<String, String>,
+pub(crate) struct EventInfo {
+    pub(crate) at: Option<String>,
+    pub(crate) kind: String,
+    pub(crate) fields: BTreeMap<String, String>,
 }
 
 /// A robot as the table shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
-pub struct RobotRow {
-    pub name: String,
-    pub kind: String,
-    pub slot: String,
+pub(crate) struct RobotRow {
+    pub(crate) name: String,
+    pub(crate) kind: String,
+    pub(crate) slot: String,
     /// Derived now from its slot's lease.
-    pub state: RobotState,
-    pub holder: Option<String>,
+    pub(crate) state: RobotState,
+    pub(crate) holder: Option<String>,
     /// Why it is not running.
-    pub why: Option<String>,
+    pub(crate) why: Option<String>,
     /// What its last holder wrote.
-    pub status: Option<String>,
-    pub error: Option<String>,
-    pub paused: bool,
-    pub seq: Option<i64>,
-    pub epoch: Option<i64>,
-    pub restarts: Option<i64>,
+    pub(crate) status: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) paused: bool,
+    pub(crate) seq: Option<i64>,
+    pub(crate) epoch: Option<i64>,
+    pub(crate) restarts: Option<i64>,
     /// Server-clock milliseconds since the epoch of its last checkpoint.
-    pub checkpointed_at_ms: Option<i64>,
+    pub(crate) checkpointed_at_ms: Option<i64>,
     /// Its schedule in words (`every 30s`, `0 3 * * * (Europe/Berlin)`), for a
     /// scheduled robot.
-    pub schedule: Option<String>,
+    pub(crate) schedule: Option<String>,
     /// A scheduled robot whose last run started a second or more late, or whose
     /// last firing was missed or lost.
-    pub late: bool,
+    pub(crate) late: bool,
     /// A scheduled robot's last recorded firing and its outcome (the timeline
     /// marks it).
     #[serde(skip)]
-    pub last_firing: Option<(i64, crate::db::firing::Outcome)>,
+    pub(crate) last_firing: Option<(i64, crate::db::firing::Outcome)>,
     #[serde(skip)]
     worker: Option<String>,
 }
@@ -121,66 +121,66 @@ pub struct RobotRow {
 impl RobotRow {
     /// A row with only a name, for tests.
     #[cfg(test)]
-    pub fn named(name: &str) -> RobotRow {
+    pub(crate) fn named(name: &str) -> RobotRow {
         robot_row(&doc! {crate::db::field::NAME: name})
     }
 }
 
 /// The pool in numbers.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, utoipa::ToSchema)]
-pub struct Summary {
-    pub slots: usize,
-    pub held: usize,
+pub(crate) struct Summary {
+    pub(crate) slots: usize,
+    pub(crate) held: usize,
     /// Free or expired: waiting for a worker.
-    pub unheld: usize,
-    pub workers: usize,
-    pub standbys: usize,
+    pub(crate) unheld: usize,
+    pub(crate) workers: usize,
+    pub(crate) standbys: usize,
     /// Holder failures the pool can absorb now with a standby each.
-    pub failures_absorbable: usize,
+    pub(crate) failures_absorbable: usize,
     /// Robots in the table, by derived state.
-    pub robots: usize,
+    pub(crate) robots: usize,
     #[schema(value_type = BTreeMap<String, usize>)]
-    pub robots_by_state: BTreeMap<&'static str, usize>,
+    pub(crate) robots_by_state: BTreeMap<&'static str, usize>,
     /// Robots bound to no existing slot (hand-edited documents), found by count.
-    pub robots_unplaced: i64,
+    pub(crate) robots_unplaced: i64,
 }
 
 /// Everything a page or an API call shows.
 #[derive(Debug, Clone, Default)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The server's clock when the lease view was read (ms since the epoch); 0
     /// before the first read.
-    pub now_ms: i64,
+    pub(crate) now_ms: i64,
     /// When this process took it, for its age.
-    pub taken: Option<Instant>,
+    pub(crate) taken: Option<Instant>,
     /// When the last refresh was attempted, successful or not: a viewer waits for a
     /// fresh attempt after a quiet spell, not for a success the database may not
     /// give.
-    pub attempted: Option<Instant>,
-    pub slots: Vec<SlotInfo>,
-    pub workers: Vec<WorkerInfo>,
-    pub events: Vec<EventInfo>,
+    pub(crate) attempted: Option<Instant>,
+    pub(crate) slots: Vec<SlotInfo>,
+    pub(crate) workers: Vec<WorkerInfo>,
+    pub(crate) events: Vec<EventInfo>,
     /// The last hour's lifecycle events, oldest first (see [`timeline`]).
-    pub timeline: Arc<Vec<Moment>>,
+    pub(crate) timeline: Arc<Vec<Moment>>,
     /// None until the first pass over the robots is complete.
-    pub robots: Option<Arc<Vec<RobotRow>>>,
+    pub(crate) robots: Option<Arc<Vec<RobotRow>>>,
     /// Server-clock ms when the robot table's pass began.
-    pub robots_at_ms: Option<i64>,
-    pub summary: Summary,
+    pub(crate) robots_at_ms: Option<i64>,
+    pub(crate) summary: Summary,
     /// The last refresh's failure, if it failed (the rest is then older).
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// When someone last asked, so reads stop while nobody looks.
 #[derive(Default)]
-pub struct Demand {
+pub(crate) struct Demand {
     last: Mutex<Option<Instant>>,
     wake: Notify,
 }
 
 impl Demand {
     /// A viewer wants data.
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         let was_idle = {
             let mut last = self.last.lock().expect("demand lock");
             let idle = last.is_none_or(|t| t.elapsed() > IDLE_AFTER);
@@ -220,7 +220,7 @@ struct Table {
 }
 
 /// Runs the two refresh loops and publishes each new snapshot.
-pub struct Snapshotter {
+pub(crate) struct Snapshotter {
     store: Store,
     refresh: Duration,
     robots_every: Duration,
@@ -236,7 +236,7 @@ pub struct Snapshotter {
 
 impl Snapshotter {
     /// Starts both loops; they stop when `stop` is cancelled.
-    pub fn spawn(
+    pub(crate) fn spawn(
         store: Store,
         refresh: Duration,
         robots_every: Duration,
@@ -587,7 +587,7 @@ fn robot_row(d: &Document) -> RobotRow {
 }
 
 /// The pool in numbers, from a snapshot's parts.
-pub fn summarize(s: &Snapshot, unplaced: i64) -> Summary {
+pub(crate) fn summarize(s: &Snapshot, unplaced: i64) -> Summary {
     let standbys = s
         .workers
         .iter()

@@ -14,10 +14,10 @@ use maud::{html, Markup};
 use crate::db::event::EventKind;
 
 /// How far back the timeline looks.
-pub const WINDOW_MS: i64 = 3600 * 1000;
+pub(crate) const WINDOW_MS: i64 = 3600 * 1000;
 
 /// The event kinds the timeline reads.
-pub const KINDS: [EventKind; 8] = [
+pub(crate) const KINDS: [EventKind; 8] = [
     EventKind::Claim,
     EventKind::Release,
     EventKind::Lost,
@@ -30,30 +30,30 @@ pub const KINDS: [EventKind; 8] = [
 
 /// One event as the timeline needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Moment {
+pub(crate) struct Moment {
     /// Server-clock milliseconds.
-    pub at_ms: i64,
-    pub kind: EventKind,
-    pub worker: Option<String>,
-    pub slot: Option<String>,
-    pub robot: Option<String>,
+    pub(crate) at_ms: i64,
+    pub(crate) kind: EventKind,
+    pub(crate) worker: Option<String>,
+    pub(crate) slot: Option<String>,
+    pub(crate) robot: Option<String>,
     /// A claim made by a worker that already held a slot.
-    pub overflow: bool,
+    pub(crate) overflow: bool,
 }
 
 /// A slot as it is now, for the lane's right end.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotNow {
-    pub id: String,
+pub(crate) struct SlotNow {
+    pub(crate) id: String,
     /// Its live holder, if any.
-    pub holder: Option<String>,
+    pub(crate) holder: Option<String>,
     /// Its lease, to date a silent holder's last possible renewal.
-    pub lease_ms: i64,
+    pub(crate) lease_ms: i64,
 }
 
 /// A stretch of one lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Span {
+pub(crate) enum Span {
     Held {
         worker: String,
         overflow: bool,
@@ -68,38 +68,38 @@ pub enum Span {
 
 /// A moment drawn as a mark on a lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mark {
-    pub at: i64,
+pub(crate) struct Mark {
+    pub(crate) at: i64,
     /// `self_fence`, `lost`, `robot_restart` or `robot_failed`.
-    pub kind: EventKind,
+    pub(crate) kind: EventKind,
     /// What its tooltip says.
-    pub what: String,
+    pub(crate) what: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lane {
-    pub slot: String,
-    pub spans: Vec<Span>,
-    pub marks: Vec<Mark>,
+pub(crate) struct Lane {
+    pub(crate) slot: String,
+    pub(crate) spans: Vec<Span>,
+    pub(crate) marks: Vec<Mark>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Timeline {
-    pub from: i64,
-    pub to: i64,
-    pub lanes: Vec<Lane>,
+pub(crate) struct Timeline {
+    pub(crate) from: i64,
+    pub(crate) to: i64,
+    pub(crate) lanes: Vec<Lane>,
     /// Robot restarts and failures, any slot.
-    pub robots: Vec<Mark>,
+    pub(crate) robots: Vec<Mark>,
     /// Scheduled robots' latest firings, with their outcomes.
-    pub firings: Vec<FiringMark>,
+    pub(crate) firings: Vec<FiringMark>,
 }
 
 /// A scheduled robot's latest firing, as the timeline marks it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FiringMark {
-    pub at: i64,
-    pub robot: String,
-    pub outcome: crate::db::firing::Outcome,
+pub(crate) struct FiringMark {
+    pub(crate) at: i64,
+    pub(crate) robot: String,
+    pub(crate) outcome: crate::db::firing::Outcome,
 }
 
 /// A firing's mark: green when it ran well, grey when it did not run by choice
@@ -114,12 +114,12 @@ fn firing_colour(o: crate::db::firing::Outcome) -> &'static str {
 }
 
 /// The most firings the timeline marks (the newest): more would be ink, not news.
-pub const MAX_FIRING_MARKS: usize = 500;
+pub(crate) const MAX_FIRING_MARKS: usize = 500;
 
 impl Timeline {
     /// The lanes of `slots` over the window ending at `now_ms`, from `moments` (any
     /// order; those outside the window or of other kinds are ignored).
-    pub fn build(moments: &[Moment], slots: &[SlotNow], now_ms: i64) -> Timeline {
+    pub(crate) fn build(moments: &[Moment], slots: &[SlotNow], now_ms: i64) -> Timeline {
         let from = now_ms - WINDOW_MS;
         let mut by_slot: BTreeMap<&str, Vec<&Moment>> = BTreeMap::new();
         let mut robots = Vec::new();
@@ -176,7 +176,10 @@ impl Timeline {
 
     /// Adds scheduled robots' latest firings within the window, the newest
     /// [`MAX_FIRING_MARKS`] of them.
-    pub fn with_firings(mut self, firings: impl IntoIterator<Item = FiringMark>) -> Timeline {
+    pub(crate) fn with_firings(
+        mut self,
+        firings: impl IntoIterator<Item = FiringMark>,
+    ) -> Timeline {
         let mut marks: Vec<FiringMark> = firings
             .into_iter()
             .filter(|f| f.at >= self.from && f.at <= self.to)
@@ -319,7 +322,7 @@ impl Timeline {
 
     /// The timeline as inline SVG: presentation attributes only (the pages' content
     /// security policy allows no inline style), every name as escaped text.
-    pub fn svg(&self) -> Markup {
+    pub(crate) fn svg(&self) -> Markup {
         let rows = self.lanes.len() + 1 + usize::from(!self.firings.is_empty());
         let height = ROW * rows as f64 + 24.0;
         let w = |a: i64, b: i64| (self.x(b) - self.x(a)).max(1.0);

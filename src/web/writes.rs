@@ -22,18 +22,18 @@ use super::App;
 /// Bodies of authenticated writes received at once, at most. With
 /// [`MAX_LOGIN_BODIES`], a quarter of the connections, so three quarters stay for
 /// reads and probes whatever writers do.
-pub const MAX_BODIES: usize = 12;
+pub(crate) const MAX_BODIES: usize = 12;
 
 /// Bodies of `/login` and `/logout` received at once, at most: those heads carry
 /// no credentials, so anyone may hold these.
-pub const MAX_LOGIN_BODIES: usize = crate::serve::MAX_CONNECTIONS / 4 - MAX_BODIES;
+pub(crate) const MAX_LOGIN_BODIES: usize = crate::serve::MAX_CONNECTIONS / 4 - MAX_BODIES;
 
 /// How long a write's body may take to arrive whole: far more than 16 KiB needs
 /// on any link a browser or script uses.
-pub const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The middleware: see the module's doc.
-pub async fn before_handlers(State(app): State<App>, req: Request, next: Next) -> Response {
+pub(crate) async fn before_handlers(State(app): State<App>, req: Request, next: Next) -> Response {
     if matches!(*req.method(), Method::GET | Method::HEAD) {
         return next.run(req).await;
     }

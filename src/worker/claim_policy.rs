@@ -21,37 +21,37 @@ use crate::worker::standby_line::Place;
 
 /// What one survey saw, and what the worker knows of itself then.
 #[derive(Debug, Clone)]
-pub struct Seen<'a> {
+pub(crate) struct Seen<'a> {
     /// This worker, the live workers and the expired slots.
-    pub round: Round<'a>,
+    pub(crate) round: Round<'a>,
     /// Where this worker stands in the line.
-    pub place: Place,
+    pub(crate) place: Place,
     /// The survey was woken (a poke, a release, a slot that ended) rather than due.
-    pub woken: bool,
+    pub(crate) woken: bool,
     /// The survey read only what expires within a tick (see [`survey_horizon`]).
-    pub narrow: bool,
+    pub(crate) narrow: bool,
     /// How long until the next survey at this worker's pace.
-    pub every: Duration,
+    pub(crate) every: Duration,
     /// How long until the first lease the survey read (and did not find expired)
     /// expires.
-    pub next_expiry: Option<Duration>,
+    pub(crate) next_expiry: Option<Duration>,
     /// The last slot this worker handed back was taken, or there was none.
-    pub ready_to_give_back: bool,
+    pub(crate) ready_to_give_back: bool,
     /// How long slots stamped by a holder must still wait after a forward step of
     /// the server's clock (see [`crate::worker::clock_step`]).
-    pub step_hold: Option<Duration>,
+    pub(crate) step_hold: Option<Duration>,
     /// How long the worker has run.
-    pub age: Duration,
+    pub(crate) age: Duration,
     /// Its lease pool's spare connection is open.
-    pub spare: bool,
+    pub(crate) spare: bool,
     /// How long the survey took to come back.
-    pub survey_took: Duration,
-    pub timing: &'a LeaseTiming,
+    pub(crate) survey_took: Duration,
+    pub(crate) timing: &'a LeaseTiming,
 }
 
 /// What a worker does after a survey.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ClaimDecision {
+pub(crate) enum ClaimDecision {
     /// Give the most recently claimed slot back to a live standby; look again within
     /// `wake_in`.
     GiveBack { wake_in: Duration },
@@ -71,7 +71,7 @@ pub enum ClaimDecision {
 
 impl ClaimDecision {
     /// How long until the worker looks again.
-    pub fn wake_in(&self) -> Duration {
+    pub(crate) fn wake_in(&self) -> Duration {
         match self {
             ClaimDecision::GiveBack { wake_in }
             | ClaimDecision::Claim { wake_in, .. }
@@ -81,7 +81,7 @@ impl ClaimDecision {
 }
 
 /// The decision after a survey: the rules of the module's documentation, in order.
-pub fn decide(seen: &Seen) -> ClaimDecision {
+pub(crate) fn decide(seen: &Seen) -> ClaimDecision {
     let round = &seen.round;
     let (claimable, held_for) = after_clock_step(round.claimable(), seen.step_hold);
     let wake_in = [
@@ -140,7 +140,7 @@ pub fn decide(seen: &Seen) -> ClaimDecision {
 /// for a lease), a stamped slot's holder may still run its robots: only unstamped
 /// slots (released, or never held) may be claimed, and the worker looks again when
 /// the hold ends (the second value) if that held a slot back.
-pub fn after_clock_step(
+pub(crate) fn after_clock_step(
     mut claimable: Vec<Candidate>,
     hold: Option<Duration>,
 ) -> (Vec<Candidate>, Option<Duration>) {
@@ -155,7 +155,7 @@ pub fn after_clock_step(
 
 /// A watcher, or a poked worker, wakes when the first lease its survey read expires
 /// (plus its own claim delay): that is when it may take the slot.
-pub fn wake_at_expiry(seen: &Seen) -> Option<Duration> {
+pub(crate) fn wake_at_expiry(seen: &Seen) -> Option<Duration> {
     if !wakes_at_expiry(seen.place, seen.woken) {
         return None;
     }
@@ -166,15 +166,15 @@ pub fn wake_at_expiry(seen: &Seen) -> Option<Duration> {
 
 /// A live worker as the round sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Peer {
-    pub id: String,
+pub(crate) struct Peer {
+    pub(crate) id: String,
     /// Slots it holds now (from its heartbeat; its own count for this worker).
-    pub held: usize,
+    pub(crate) held: usize,
     /// Its `--max-slots`, None for no cap.
-    pub max_slots: Option<usize>,
+    pub(crate) max_slots: Option<usize>,
     /// A standby that left a slot handed to it untaken and has not beaten since:
     /// no slot is handed back for it.
-    pub passed_over: bool,
+    pub(crate) passed_over: bool,
 }
 
 impl Peer {
@@ -185,14 +185,14 @@ impl Peer {
 
 /// Everything one round decides from.
 #[derive(Debug, Clone)]
-pub struct Round<'a> {
+pub(crate) struct Round<'a> {
     /// This worker; it is also among `workers`.
-    pub me: &'a str,
+    pub(crate) me: &'a str,
     /// Every live worker, this one included, with what it holds.
-    pub workers: &'a [Peer],
-    pub expired: &'a [Candidate],
-    pub overflow_after: Duration,
-    pub tick: Duration,
+    pub(crate) workers: &'a [Peer],
+    pub(crate) expired: &'a [Candidate],
+    pub(crate) overflow_after: Duration,
+    pub(crate) tick: Duration,
 }
 
 impl Round<'_> {
@@ -212,7 +212,7 @@ impl Round<'_> {
     /// How long past its expiry a slot must stand before this worker may claim it:
     /// zero for a standby, `overflow_after` plus one tick per slot above the
     /// emptiest holder with room for a holder, never for a worker at its cap.
-    pub fn claim_delay(&self) -> Option<Duration> {
+    pub(crate) fn claim_delay(&self) -> Option<Duration> {
         let me = self.mine();
         if !me.has_room() {
             return None;
@@ -233,7 +233,7 @@ impl Round<'_> {
 
     /// The expired slots this worker may claim now, sorted by id (the claim starts at
     /// this worker's hash position among them).
-    pub fn claimable(&self) -> Vec<Candidate> {
+    pub(crate) fn claimable(&self) -> Vec<Candidate> {
         let Some(delay) = self.claim_delay() else {
             return Vec::new();
         };
@@ -248,7 +248,7 @@ impl Round<'_> {
     }
 
     /// How long until an expired slot becomes claimable by this worker, if one will.
-    pub fn next_claimable_in(&self) -> Option<Duration> {
+    pub(crate) fn next_claimable_in(&self) -> Option<Duration> {
         let delay = self.claim_delay()?;
         self.expired
             .iter()
@@ -259,7 +259,7 @@ impl Round<'_> {
 
     /// True when this worker should give one slot back now: it holds more than one,
     /// and its rank among the donors is below the number of live standbys.
-    pub fn should_give_back(&self) -> bool {
+    pub(crate) fn should_give_back(&self) -> bool {
         let standbys = self
             .workers
             .iter()
@@ -282,7 +282,7 @@ impl Round<'_> {
 /// worker knows its own. `passed_over` maps standbys that left a handed slot
 /// untaken to the heartbeat they had then; one that has not beaten since is passed
 /// over.
-pub fn peers(
+pub(crate) fn peers(
     alive: &[LiveWorker],
     me: &str,
     my_held: usize,
@@ -310,7 +310,7 @@ pub fn peers(
 
 /// What became of a slot this worker handed back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HandBack {
+pub(crate) enum HandBack {
     /// Still being released, or unheld for less than two leases.
     Pending,
     /// Someone else holds it.
@@ -321,7 +321,7 @@ pub enum HandBack {
 }
 
 /// Decides [`HandBack`] from what the round sees of the handed slot.
-pub fn hand_back_outcome(
+pub(crate) fn hand_back_outcome(
     releasing: bool,
     expired: bool,
     mine_again: bool,
@@ -350,7 +350,7 @@ pub fn hand_back_outcome(
 /// once per horizon; a front standby or a holder of several slots, every tick; a
 /// front holder of one slot, every tick plus `overflow_after` (it can take nothing
 /// sooner); everyone else, once per [`safety_survey_every`] ([`rear_survey_in`]).
-pub fn survey_every(
+pub(crate) fn survey_every(
     place: Place,
     held: usize,
     narrow: bool,
@@ -375,30 +375,30 @@ pub fn survey_every(
 /// So seldom is safe because the watchers claim at expiry and poke the rear; this
 /// survey only catches what the line missed (every watcher killed with the holder).
 /// See docs/internals.md, "Claim rules".
-pub fn safety_survey_every(tick: Duration) -> Duration {
+pub(crate) fn safety_survey_every(tick: Duration) -> Duration {
     SAFETY_SURVEY.max(tick * REAR_TICKS)
 }
 
 /// See [`safety_survey_every`]: five minutes. An idle rear standby then costs the
 /// database about a survey every 3.75 minutes (0.004 requests a second).
-pub const SAFETY_SURVEY: Duration = Duration::from_secs(300);
+pub(crate) const SAFETY_SURVEY: Duration = Duration::from_secs(300);
 
 /// When a rear worker's next survey comes, `every` being its period and `random` a
 /// number in `[0, 1)`: somewhere in the second half of the period. Workers that went
 /// to the rear together (a pool's cold start) would otherwise survey together, a
 /// burst of hundreds at once every period; spread, they come one at a time, and a
 /// rear worker never goes more than a period without one.
-pub fn rear_survey_in(every: Duration, random: f64) -> Duration {
+pub(crate) fn rear_survey_in(every: Duration, random: f64) -> Duration {
     every.mul_f64(0.5 + random.clamp(0.0, 1.0) / 2.0)
 }
 
 /// The most slots a standby's wide survey may read before it goes back to narrow
 /// ones (see [`survey_horizon`]).
-pub const WIDE_MOST: usize = 16;
+pub(crate) const WIDE_MOST: usize = 16;
 
 /// How long a standby whose wide survey read more than [`WIDE_MOST`] slots keeps to
 /// narrow ones before it tries a wide one again (the pool may have shrunk).
-pub const NARROW_FOR: Duration = Duration::from_secs(60);
+pub(crate) const NARROW_FOR: Duration = Duration::from_secs(60);
 
 /// How far ahead a survey reads, on the server's clock: which leases it sees before
 /// they expire, and so how long its worker may sleep after it.
@@ -409,7 +409,7 @@ pub const NARROW_FOR: Duration = Duration::from_secs(60);
 ///   late leases (O(expired)), and the worker looks again within a tick.
 ///
 /// `narrow` says the last wide survey read too many slots a short while ago.
-pub fn survey_horizon(place: Place, held: usize, narrow: bool, tick: Duration) -> Duration {
+pub(crate) fn survey_horizon(place: Place, held: usize, narrow: bool, tick: Duration) -> Duration {
     if place == Place::Front && held == 0 && !narrow {
         tick * 2
     } else {
@@ -422,35 +422,35 @@ pub fn survey_horizon(place: Place, held: usize, narrow: bool, tick: Duration) -
 /// woken (a poke). A claimer pokes the standbys behind it because its holder's
 /// neighbours may have died with it, and their leases end up to a tick apart: woken
 /// at their expiry, the poked take them then instead of at their rear pace.
-pub fn wakes_at_expiry(place: Place, woken: bool) -> bool {
+pub(crate) fn wakes_at_expiry(place: Place, woken: bool) -> bool {
     place == Place::Front || woken
 }
 
 /// How long a new worker may hold off claiming (see [`may_claim`]): a worker older
 /// than this claims whatever its connections and the database's answers.
-pub const SETTLE_MOST: Duration = Duration::from_secs(20);
+pub(crate) const SETTLE_MOST: Duration = Duration::from_secs(20);
 
 /// What [`may_claim`] weighs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     /// How long the worker has run.
-    pub age: Duration,
+    pub(crate) age: Duration,
     /// Whether its lease pool's spare connection is open.
-    pub spare: bool,
+    pub(crate) spare: bool,
     /// How long the survey that found the slot took to come back.
-    pub survey_took: Duration,
+    pub(crate) survey_took: Duration,
     /// Whether every slot it found was vacant before the worker began: none was
     /// released or orphaned since (see [`vacant_before`]).
-    pub vacant_before: bool,
+    pub(crate) vacant_before: bool,
     /// Whether it holds a slot already: the claim would be an overflow.
-    pub holding: bool,
+    pub(crate) holding: bool,
 }
 
 /// Whether every one of `claimable` has been vacant for at least `age` (how long the
 /// worker has run): nobody was there to take them, so the whole pool is starting.
 /// A slot released or left by a dead holder since the worker began is a hand-back
 /// or a takeover, which it takes at once.
-pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -> bool {
+pub(crate) fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -> bool {
     claimable.iter().all(|c| c.expired_for >= age)
 }
 
@@ -463,7 +463,7 @@ pub fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Duration) -
 /// At a cold start the first claimers could not renew in time; a takeover or a
 /// hand-back is never held back. See docs/internals.md, "Claim rules", and
 /// docs/bench/2026-11-26-a-pool-of-200-workers.md.
-pub fn may_claim(
+pub(crate) fn may_claim(
     r: Readiness,
     timing: &crate::config::LeaseTiming,
     overflow_after: Duration,
@@ -479,7 +479,7 @@ pub fn may_claim(
 /// slots vacant since before it began (those [`may_claim`] holds back then) and
 /// takes only those orphaned or released since, when there are any. One such slot
 /// must not lift the slow-survey gate for a starting pool's others.
-pub fn claimable_after_survey(
+pub(crate) fn claimable_after_survey(
     mut claimable: Vec<crate::db::lease::Candidate>,
     age: Duration,
     survey_took: Duration,
@@ -502,13 +502,13 @@ pub fn claimable_after_survey(
 /// How long a new worker holds off slots vacant since before it began: its first
 /// lease, at most 2 s. Other processes' starts reach the server within that
 /// whatever the tick; a 20 s tick would otherwise hold a pool's first claim 40 s.
-pub fn first_hold(timing: &crate::config::LeaseTiming) -> Duration {
+pub(crate) fn first_hold(timing: &crate::config::LeaseTiming) -> Duration {
     timing.lease().min(Duration::from_secs(2))
 }
 
 /// How long from its start a worker holds off slots vacant since before it began:
 /// [`first_hold`], and `overflow_after` more for a second slot (see [`may_claim`]).
-pub fn hold(
+pub(crate) fn hold(
     r: Readiness,
     timing: &crate::config::LeaseTiming,
     overflow_after: Duration,
@@ -523,7 +523,7 @@ pub fn hold(
 /// When a worker held back by [`may_claim`] looks again: when its [`hold`] is
 /// out, if that is what holds it back; otherwise a tick on (a spare connection
 /// that opens wakes it sooner).
-pub fn claim_again_in(
+pub(crate) fn claim_again_in(
     r: Readiness,
     timing: &crate::config::LeaseTiming,
     overflow_after: Duration,

@@ -18,7 +18,7 @@ const DRIFT_PER_S_MS: f64 = 1.0;
 
 /// Watches the server's clock for forward steps: pure, with instants passed in.
 #[derive(Debug)]
-pub struct StepWatch {
+pub(crate) struct StepWatch {
     lease: Duration,
     tolerance_ms: i64,
     /// The local instant readings are measured from.
@@ -33,7 +33,7 @@ pub struct StepWatch {
 
 impl StepWatch {
     /// A watch for a lease `L` that flags steps over `tolerance`.
-    pub fn new(lease: Duration, tolerance: Duration, anchor: Instant) -> Self {
+    pub(crate) fn new(lease: Duration, tolerance: Duration, anchor: Instant) -> Self {
         StepWatch {
             lease,
             tolerance_ms: tolerance.as_millis() as i64,
@@ -48,14 +48,19 @@ impl StepWatch {
     /// could overlap two copies), and at least 5 ms, above a round trip's jitter.
     /// A step is caught when it exceeds this plus the round trip of the reading
     /// that shows it.
-    pub fn tolerance(margin: Duration, grace: Duration) -> Duration {
+    pub(crate) fn tolerance(margin: Duration, grace: Duration) -> Duration {
         (margin.saturating_sub(grace) / 4).max(Duration::from_millis(5))
     }
 
     /// The server's clock read `server_ms` somewhere between the local instants
     /// `sent` and `received`. Some (how far, at least, in ms) when that shows a
     /// forward step.
-    pub fn observe(&mut self, server_ms: i64, sent: Instant, received: Instant) -> Option<i64> {
+    pub(crate) fn observe(
+        &mut self,
+        server_ms: i64,
+        sent: Instant,
+        received: Instant,
+    ) -> Option<i64> {
         let local = |t: Instant| t.saturating_duration_since(self.anchor).as_millis() as i64;
         let (low, high) = (server_ms - local(received), server_ms - local(sent));
         let Some((known_low, known_high, at)) = self.known else {
@@ -87,7 +92,7 @@ impl StepWatch {
     }
 
     /// How long stamped slots must still wait at `now` (None: they need not).
-    pub fn holding(&self, now: Instant) -> Option<Duration> {
+    pub(crate) fn holding(&self, now: Instant) -> Option<Duration> {
         self.hold_until
             .filter(|h| *h > now)
             .map(|h| h.saturating_duration_since(now))

@@ -32,30 +32,30 @@ use crate::worker::supervisor::Supervisor;
 
 /// What every held slot of one worker shares.
 #[derive(Clone)]
-pub struct HoldContext {
+pub(crate) struct HoldContext {
     /// The lease protocol, on the lease's own connection pool.
-    pub protocol: LeaseProtocol,
+    pub(crate) protocol: LeaseProtocol,
     /// The robots' connection pool.
-    pub store: Store,
-    pub registry: Registry,
-    pub timing: LeaseTiming,
-    pub metrics: Arc<Metrics>,
-    pub clock: SharedClock,
-    pub status: SharedStatus,
-    pub health: Arc<Health>,
+    pub(crate) store: Store,
+    pub(crate) registry: Registry,
+    pub(crate) timing: LeaseTiming,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) clock: SharedClock,
+    pub(crate) status: SharedStatus,
+    pub(crate) health: Arc<Health>,
     /// Notified when a held slot ends, so the worker looks at the pool at once.
-    pub ended: Arc<Notify>,
+    pub(crate) ended: Arc<Notify>,
     /// The standby line, on the lease's pool: who to poke after a release.
-    pub line: crate::db::heartbeat::Roster,
+    pub(crate) line: crate::db::heartbeat::Roster,
     /// How many of the first standbys in line to poke (`--watchers`).
-    pub watchers: u64,
+    pub(crate) watchers: u64,
     /// How many forward steps of the server's clock the worker has seen.
-    pub clock_steps: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) clock_steps: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How a held slot ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
+pub(crate) enum Ended {
     /// Given back on request (hand-back or shutdown): robots stopped, slot released.
     Released,
     /// An operator drained it: robots stopped, slot released.
@@ -65,24 +65,21 @@ pub enum Ended {
 }
 
 /// The worker's handle on one held slot.
-pub struct HeldSlot {
-    pub slot_id: String,
-    pub epoch: i64,
-    /// True when claimed as overflow (the worker already held a slot).
-    pub overflow: bool,
-    pub claimed_at: Instant,
+pub(crate) struct HeldSlot {
+    pub(crate) slot_id: String,
+    pub(crate) epoch: i64,
+    pub(crate) claimed_at: Instant,
     release: CancellationToken,
     task: tokio::task::JoinHandle<Ended>,
 }
 
 impl HeldSlot {
     /// Starts holding a freshly claimed lease: renewals, robots, everything.
-    pub fn spawn(lease: Lease, cx: HoldContext, overflow: bool) -> HeldSlot {
+    pub(crate) fn spawn(lease: Lease, cx: HoldContext, overflow: bool) -> HeldSlot {
         let release = CancellationToken::new();
         HeldSlot {
             slot_id: lease.slot_id.clone(),
             epoch: lease.epoch,
-            overflow,
             claimed_at: cx.clock.now(),
             release: release.clone(),
             task: tokio::spawn(hold(lease, cx, release, overflow)),
@@ -91,21 +88,21 @@ impl HeldSlot {
 
     /// Asks for the slot to be handed back gracefully (robots stop and checkpoint,
     /// then the slot is released). Returns at once; see [`HeldSlot::join`].
-    pub fn give_back(&self) {
+    pub(crate) fn give_back(&self) {
         self.release.cancel();
     }
 
     /// True once a hand-back was asked for.
-    pub fn giving_back(&self) -> bool {
+    pub(crate) fn giving_back(&self) -> bool {
         self.release.is_cancelled()
     }
 
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.task.is_finished()
     }
 
     /// Waits for the slot's end.
-    pub async fn join(self) -> Ended {
+    pub(crate) async fn join(self) -> Ended {
         match self.task.await {
             Ok(ended) => ended,
             Err(e) => {
@@ -122,7 +119,7 @@ impl HeldSlot {
 /// A claim comes when the database is busiest, and renewing half a tick in gives
 /// the first renewal 1.05 T to come back instead of 0.55 T, at the price of one more
 /// renewal per claim (see docs/bench/2026-11-26-a-pool-of-200-workers.md).
-pub fn first_renewal_after(tick: Duration) -> Duration {
+pub(crate) fn first_renewal_after(tick: Duration) -> Duration {
     tick / 2
 }
 

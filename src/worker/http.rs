@@ -21,19 +21,19 @@ use crate::metrics::Metrics;
 use crate::worker::status::SharedStatus;
 
 /// How long a connection may stay open at all.
-pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
-pub struct HttpState {
-    pub metrics: Arc<Metrics>,
-    pub status: SharedStatus,
+pub(crate) struct HttpState {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) status: SharedStatus,
     /// Takes `POST /v1/poke` (None: answered `404`, as by a program embedding
     /// the worker without it).
-    pub poke: Option<Arc<crate::worker::poke::PokeGate>>,
+    pub(crate) poke: Option<Arc<crate::worker::poke::PokeGate>>,
 }
 
 /// The worker's routes.
-pub fn router(state: HttpState) -> Router {
+pub(crate) fn router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(healthz).fallback(read_only))
         .route("/livez", get(livez).fallback(read_only))
@@ -46,7 +46,7 @@ pub fn router(state: HttpState) -> Router {
 
 /// Serves the worker's routes until `stop` is cancelled. The listener is bound by
 /// the caller, so a port already in use fails before the worker touches the database.
-pub async fn serve(listener: TcpListener, state: HttpState, stop: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, state: HttpState, stop: CancellationToken) {
     crate::serve::serve_bounded(listener, router(state), CONNECTION_TIMEOUT, stop).await
 }
 

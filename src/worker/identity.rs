@@ -15,14 +15,14 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 
 /// How long the worker waits for its own address to answer.
-pub const PROBE_WITHIN: Duration = Duration::from_millis(1000);
+pub(crate) const PROBE_WITHIN: Duration = Duration::from_millis(1000);
 
 /// The most of `/status` read from the address: a worker's answer is well under it.
 const STATUS_LIMIT: usize = 64 * 1024;
 
 /// Who answered at this worker's own advertised address.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AtAddress {
+pub(crate) enum AtAddress {
     /// This process: the address leads here.
     Me,
     /// The process whose heartbeat holds the identity: it lives at this address.
@@ -33,7 +33,7 @@ pub enum AtAddress {
 
 /// What to do about a heartbeat under this identity.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Replace it (compare-and-set on it as first read).
     TakeOver,
     /// Wait for it to lapse.
@@ -48,7 +48,7 @@ pub enum Verdict {
 /// [`answer_is_conclusive`]), `leased` whether a slot is still leased under the
 /// identity, `past_deadline` whether the wait is over (the first read's time left,
 /// and a tick).
-pub fn verdict(
+pub(crate) fn verdict(
     first: &Predecessor,
     now: &Predecessor,
     at: &AtAddress,
@@ -73,14 +73,18 @@ pub fn verdict(
 /// other process is there: for a routable address, yes (one address, one host on a
 /// network); for a loopback one, only when the predecessor beat from this very
 /// network namespace (`mine` and `theirs` as [`network_namespace`] gives them).
-pub fn answer_is_conclusive(loopback: bool, mine: Option<&str>, theirs: Option<&str>) -> bool {
+pub(crate) fn answer_is_conclusive(
+    loopback: bool,
+    mine: Option<&str>,
+    theirs: Option<&str>,
+) -> bool {
     !loopback || matches!((mine, theirs), (Some(a), Some(b)) if a == b)
 }
 
 /// This process's network namespace, told apart across hosts and containers: the
 /// kernel's boot id and the namespace's inode (`/proc/self/ns/net`). None where
 /// either cannot be read.
-pub fn network_namespace() -> Option<String> {
+pub(crate) fn network_namespace() -> Option<String> {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let ns = std::fs::read_link("/proc/self/ns/net").ok()?;
     Some(format!("{}/{}", boot.trim(), ns.to_string_lossy()))
@@ -89,7 +93,7 @@ pub fn network_namespace() -> Option<String> {
 /// Asks `addr` (this worker's advertised address) for its `/status` and compares the
 /// instance it gives with `mine` and the predecessor's. Anything but a clear answer
 /// within [`PROBE_WITHIN`] is [`AtAddress::Elsewhere`].
-pub async fn probe(addr: SocketAddr, mine: &str, predecessor: &str) -> AtAddress {
+pub(crate) async fn probe(addr: SocketAddr, mine: &str, predecessor: &str) -> AtAddress {
     let answered = tokio::time::timeout(PROBE_WITHIN, instance_at(addr))
         .await
         .ok()

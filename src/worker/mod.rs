@@ -9,16 +9,16 @@
 //! every few ticks. Everything that lives as long as one held lease, renewals and
 //! robots included, is a [`HeldSlot`]; a worker may hold several.
 
-pub mod claim_policy;
-pub mod clock_step;
-pub mod held_slot;
-pub mod http;
-pub mod identity;
-pub mod poke;
-pub mod renewal_timing;
-pub mod standby_line;
-pub mod status;
-pub mod supervisor;
+pub(crate) mod claim_policy;
+pub(crate) mod clock_step;
+pub(crate) mod held_slot;
+pub(crate) mod http;
+pub(crate) mod identity;
+pub(crate) mod poke;
+pub(crate) mod renewal_timing;
+pub(crate) mod standby_line;
+pub(crate) mod status;
+pub(crate) mod supervisor;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -285,13 +285,13 @@ impl Worker {
         self.metrics.clone()
     }
 
-    pub fn status(&self) -> SharedStatus {
+    pub(crate) fn status(&self) -> SharedStatus {
         self.status.clone()
     }
 
     /// What takes pokes on the worker's port (see [`poke`]): at most one survey per
     /// [`poke::spacing`], none lost, woken on this worker's loop.
-    pub fn poke_gate(&self) -> Arc<poke::PokeGate> {
+    pub(crate) fn poke_gate(&self) -> Arc<poke::PokeGate> {
         Arc::new(poke::PokeGate::new(
             poke::spacing(self.tick()),
             self.wake.clone(),

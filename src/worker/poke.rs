@@ -19,24 +19,24 @@ use crate::db::heartbeat::Roster;
 use crate::metrics::Metrics;
 
 /// Where a worker takes pokes.
-pub const PATH: &str = "/v1/poke";
+pub(crate) const PATH: &str = "/v1/poke";
 
 /// How long a releasing holder waits for the standbys to answer, all together: a
 /// standby on the same network answers in about a millisecond, and a shutdown must
 /// not wait on one that is gone.
-pub const ANSWER_WITHIN: Duration = Duration::from_millis(300);
+pub(crate) const ANSWER_WITHIN: Duration = Duration::from_millis(300);
 
 /// How far apart poke-driven surveys are at least: 100 ms, or the tick when that is
 /// shorter. Short enough that a vacancy right after another is claimed within tens
 /// of milliseconds; long enough that a flood of pokes costs the database at most
 /// ten surveys a second from each worker.
-pub fn spacing(tick: Duration) -> Duration {
+pub(crate) fn spacing(tick: Duration) -> Duration {
     tick.min(Duration::from_millis(100))
 }
 
 /// When a poke arriving at `now` gets its survey: at once if none was started
 /// within `every` before, else `every` after the last one.
-pub fn survey_at(last: Option<Instant>, now: Instant, every: Duration) -> Instant {
+pub(crate) fn survey_at(last: Option<Instant>, now: Instant, every: Duration) -> Instant {
     match last {
         Some(l) if now.saturating_duration_since(l) < every => l + every,
         _ => now,
@@ -46,7 +46,7 @@ pub fn survey_at(last: Option<Instant>, now: Instant, every: Duration) -> Instan
 /// The worker's side: turns pokes into surveys of its loop, at most one per
 /// [`spacing`], and never loses one.
 #[derive(Debug)]
-pub struct PokeGate {
+pub(crate) struct PokeGate {
     every: Duration,
     state: Arc<Mutex<GateState>>,
     wake: Arc<Notify>,
@@ -62,7 +62,7 @@ struct GateState {
 }
 
 impl PokeGate {
-    pub fn new(every: Duration, wake: Arc<Notify>, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(every: Duration, wake: Arc<Notify>, metrics: Arc<Metrics>) -> Self {
         PokeGate {
             every,
             state: Arc::new(Mutex::new(GateState::default())),
@@ -73,7 +73,7 @@ impl PokeGate {
 
     /// Takes one poke; true when it asked for a survey of its own (now, or at the
     /// end of the spacing), false when it was merged into one already due.
-    pub fn poke(&self) -> bool {
+    pub(crate) fn poke(&self) -> bool {
         let now = Instant::now();
         let mut state = self.state.lock().expect("poke lock");
         if state.deferred {
@@ -104,7 +104,7 @@ impl PokeGate {
 /// Pokes the first standbys in line at once, and waits up to [`ANSWER_WITHIN`] for
 /// their answers. Returns how many answered; what failed is logged and counted,
 /// never an error: a lost poke costs latency only.
-pub async fn poke_front(line: &Roster, me: &str, n: u64, metrics: &Metrics) -> usize {
+pub(crate) async fn poke_front(line: &Roster, me: &str, n: u64, metrics: &Metrics) -> usize {
     let standbys = match tokio::time::timeout(ANSWER_WITHIN, line.front_standbys(me, n)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {

@@ -12,12 +12,12 @@ use crate::clock::{ServerTime, SharedClock};
 /// How wide the window just after a tick's edge is, on the server's clock, that a
 /// renewal of a slot with scheduled robots aims at (its middle), at most: a tenth
 /// of the tick below a tick of 100 ms.
-pub const EDGE_WINDOW: Duration = Duration::from_millis(10);
+pub(crate) const EDGE_WINDOW: Duration = Duration::from_millis(10);
 
 /// How far past the edge a slot's window may begin, at most (a twentieth of the
 /// tick below a tick of 1 s): each slot's by a hash of its id, so that the holders
 /// of many slots do not all renew, and then look at their robots, at one instant.
-pub const EDGE_SPREAD: Duration = Duration::from_millis(50);
+pub(crate) const EDGE_SPREAD: Duration = Duration::from_millis(50);
 
 /// When a held slot's renewals go. A slot that runs scheduled robots renews just
 /// after each edge of the tick on the server's clock, where firings fall, within
@@ -26,7 +26,7 @@ pub const EDGE_SPREAD: Duration = Duration::from_millis(50);
 /// is always safe since the self-fence counts from each renewal's sending. Other
 /// slots keep their phase, so holders do not all renew at once.
 #[derive(Debug, Clone, Default)]
-pub struct RenewalTiming {
+pub(crate) struct RenewalTiming {
     time: ServerTime,
     scheduled: Arc<AtomicUsize>,
     /// This slot's place in [`EDGE_SPREAD`], from its id.
@@ -35,7 +35,7 @@ pub struct RenewalTiming {
 
 /// A scheduled instance, counted by [`RenewalTiming`] while it lives.
 #[derive(Debug)]
-pub struct ScheduledMark(Arc<AtomicUsize>);
+pub(crate) struct ScheduledMark(Arc<AtomicUsize>);
 
 impl Drop for ScheduledMark {
     fn drop(&mut self) {
@@ -44,7 +44,7 @@ impl Drop for ScheduledMark {
 }
 
 impl RenewalTiming {
-    pub fn new(time: ServerTime, slot: &str) -> RenewalTiming {
+    pub(crate) fn new(time: ServerTime, slot: &str) -> RenewalTiming {
         RenewalTiming {
             time,
             scheduled: Arc::default(),
@@ -53,7 +53,7 @@ impl RenewalTiming {
     }
 
     /// Counts a scheduled instance until the mark is dropped.
-    pub fn mark(&self) -> ScheduledMark {
+    pub(crate) fn mark(&self) -> ScheduledMark {
         self.scheduled.fetch_add(1, Ordering::Relaxed);
         ScheduledMark(self.scheduled.clone())
     }
@@ -61,7 +61,12 @@ impl RenewalTiming {
     /// How much earlier than `next` (a tick after the last renewal was sent) the
     /// next renewal goes; None when the renewals keep their own phase (no scheduled
     /// robots, or no reading of the server's clock yet).
-    pub fn advance(&self, next: Instant, tick: Duration, clock: &SharedClock) -> Option<Duration> {
+    pub(crate) fn advance(
+        &self,
+        next: Instant,
+        tick: Duration,
+        clock: &SharedClock,
+    ) -> Option<Duration> {
         if self.scheduled.load(Ordering::Relaxed) == 0 {
             return None;
         }
@@ -79,7 +84,7 @@ impl RenewalTiming {
 /// is sent in the middle of the `window` after an edge of the tick (a multiple of
 /// `tick_ms`). Zero when `at_ms` is already in that window: a renewal a millisecond
 /// off is left alone, not moved a whole tick.
-pub fn edge_advance(at_ms: i64, tick_ms: i64, window_ms: i64) -> i64 {
+pub(crate) fn edge_advance(at_ms: i64, tick_ms: i64, window_ms: i64) -> i64 {
     if tick_ms <= 0 {
         return 0;
     }

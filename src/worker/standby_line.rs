@@ -16,11 +16,11 @@ use crate::db::heartbeat::REAR_TICKS;
 
 /// How many workers at the front of the line watch at full rate, by default
 /// (`--watchers`).
-pub const FRONT: u64 = 3;
+pub(crate) const FRONT: u64 = 3;
 
 /// Where a worker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place {
+pub(crate) enum Place {
     /// Among the first [`FRONT`]: watches every tick, wakes at the earliest expiry.
     Front,
     /// Behind them: beats and reads its place every [`REAR_BEAT`], surveys every
@@ -31,7 +31,7 @@ pub enum Place {
 impl Place {
     /// The place of a worker with `ahead` live workers with room before it, when the
     /// first `watchers` watch.
-    pub fn behind(ahead: u64, watchers: u64) -> Place {
+    pub(crate) fn behind(ahead: u64, watchers: u64) -> Place {
         if ahead < watchers {
             Place::Front
         } else {
@@ -47,7 +47,7 @@ impl Place {
 /// smaller id joined, say), and one that watches a little longer than it must costs
 /// a few surveys, never a missed expiry. In a pool no larger than its watchers
 /// (three workers, say), that is most of the line's reads.
-pub fn place_due(
+pub(crate) fn place_due(
     place: Place,
     holding_changed: bool,
     since_read: Option<Duration>,
@@ -68,25 +68,25 @@ pub fn place_due(
 /// start every claimer pokes the same first standbys, each up to ten times a second
 /// (see [`crate::worker::poke::spacing`]): one place read each per poke was most of
 /// what the line read from the database then.
-pub fn poked_place_in(since_read: Option<Duration>, tick: Duration) -> Duration {
+pub(crate) fn poked_place_in(since_read: Option<Duration>, tick: Duration) -> Duration {
     since_read.map_or(Duration::ZERO, |age| tick.saturating_sub(age))
 }
 
 /// How many standbys a standby that just claimed one of `seen` claimable slots
 /// pokes: one for each slot it left, and `watchers` for the front it leaves.
-pub fn successors_to_poke(seen: usize, watchers: u64) -> u64 {
+pub(crate) fn successors_to_poke(seen: usize, watchers: u64) -> u64 {
     (seen.saturating_sub(1) as u64).saturating_add(watchers)
 }
 
 /// At the front, a worker re-reads its place once per this many heartbeats (see
 /// [`place_due`]).
-pub const FRONT_PLACE_BEATS: u32 = 6;
+pub(crate) const FRONT_PLACE_BEATS: u32 = 6;
 
 /// How far apart heartbeats are at the front of the line (besides the one sent at
 /// once whenever what a worker holds changes): every [`REAR_TICKS`] ticks, so a
 /// watcher that dies without a word is no longer believed (and the next in line
 /// moves up) within [`believed_for`](crate::db::heartbeat::believed_for) this, 11 s at the default tick.
-pub fn beat_every(tick: Duration) -> Duration {
+pub(crate) fn beat_every(tick: Duration) -> Duration {
     tick * REAR_TICKS
 }
 
@@ -97,7 +97,7 @@ pub fn beat_every(tick: Duration) -> Duration {
 /// Each heartbeat is believed for [`believed_for`](crate::db::heartbeat::believed_for)
 /// the pace it promised, so a worker that moves up beats again at once at the front's
 /// pace. See docs/internals.md, "The standby line".
-pub fn beat_pace(place: Place, tick: Duration) -> Duration {
+pub(crate) fn beat_pace(place: Place, tick: Duration) -> Duration {
     match place {
         Place::Front => beat_every(tick),
         Place::Rear => beat_every(tick).max(REAR_BEAT),
@@ -112,11 +112,11 @@ pub fn beat_pace(place: Place, tick: Duration) -> Duration {
 /// a dead rear worker is believed for two beats and a second (81 s), and a worker
 /// restarted under the same `ip:port` waits that long for its predecessor's
 /// heartbeat to lapse before it runs (see `Worker::take_identity`).
-pub const REAR_BEAT: Duration = Duration::from_secs(40);
+pub(crate) const REAR_BEAT: Duration = Duration::from_secs(40);
 
 /// How much earlier than its pace the first heartbeat at a pace may come: up to half
 /// of it (see [`next_beat_in`]).
-pub const FIRST_BEAT_SPREAD: f64 = 0.5;
+pub(crate) const FIRST_BEAT_SPREAD: f64 = 0.5;
 
 /// How long after a heartbeat that promised `pace` the next one comes, `random` being
 /// a number in `[0, 1)`: the pace itself, except after the `first` beat at a pace (a
@@ -127,7 +127,7 @@ pub const FIRST_BEAT_SPREAD: f64 = 0.5;
 /// The random first beat keeps workers that started or moved together from beating
 /// together for ever; later beats keep the pace exactly, so a settled standby costs
 /// what its pace says (see docs/bench/2026-11-26-a-pool-of-200-workers.md).
-pub fn next_beat_in(pace: Duration, first: bool, random: f64) -> Duration {
+pub(crate) fn next_beat_in(pace: Duration, first: bool, random: f64) -> Duration {
     if first {
         pace.mul_f64(1.0 - FIRST_BEAT_SPREAD * random.clamp(0.0, 1.0))
     } else {
@@ -142,7 +142,7 @@ pub fn next_beat_in(pace: Duration, first: bool, random: f64) -> Duration {
 /// still loads the server and costs a new connection's handshake; `/livez` still sees
 /// the loop within `status::stuck_after` (see
 /// docs/bench/2026-11-26-a-pool-of-200-workers.md).
-pub const STANDBY_PATIENCE: u32 = 3;
+pub(crate) const STANDBY_PATIENCE: u32 = 3;
 
 /// How old an observation of the server's clock may grow before a heartbeat reads
 /// it again (one `hello`). It is carried forward on the local monotonic clock, which
@@ -151,53 +151,53 @@ pub const STANDBY_PATIENCE: u32 = 3;
 /// and one every 30 s still 3 %. Surveys and place reads return the server's clock
 /// too, so the `hello` is for a worker that made neither for this long.
 /// Refreshed this often, a step of the server's wall clock is caught up within it.
-pub const CLOCK_REFRESH: Duration = Duration::from_secs(60);
+pub(crate) const CLOCK_REFRESH: Duration = Duration::from_secs(60);
 
 /// How often the first in line marks slots without `expires_ms` (inserted by hand
 /// or by an older version) so the survey's index sees them: at its start, and then
 /// this often rather than with every heartbeat.
-pub const MARK_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const MARK_EVERY: Duration = Duration::from_secs(30);
 
 /// The worker loop's scheduling of its looks at the pool: when it next surveys and
 /// beats, where it stands in the line, and what its last looks found. The rules
 /// above say how far apart the looks are; this is where the loop keeps track.
 #[derive(Debug, Clone)]
-pub struct Looks {
+pub(crate) struct Looks {
     /// Live workers with room ahead of this one in the line (counted up to
     /// `--watchers`); its place follows from it.
-    pub ahead: u64,
+    pub(crate) ahead: u64,
     /// When slots without `expires_ms` were last marked (first in line only).
-    pub marked_at: Option<Instant>,
+    pub(crate) marked_at: Option<Instant>,
     /// Whether this worker made sure of the indexes, as the first in line, once.
-    pub indexes_ensured: bool,
+    pub(crate) indexes_ensured: bool,
     /// When this worker last read its place in line (see [`place_due`]).
-    pub placed_at: Option<Instant>,
+    pub(crate) placed_at: Option<Instant>,
     /// Where its next place read starts, as a standby (see [`Placed::near`](crate::db::heartbeat::Placed::near)).
-    pub near: Option<String>,
+    pub(crate) near: Option<String>,
     /// A poke asked for a place read too soon after the last one: it is read when
     /// that is a tick old (see [`poked_place_in`]).
-    pub place_wanted: bool,
+    pub(crate) place_wanted: bool,
     /// The slots the last heartbeat reported; a change sends one at once.
-    pub beaten: Option<Vec<String>>,
+    pub(crate) beaten: Option<Vec<String>>,
     /// The pace the last heartbeat promised (see [`beat_pace`]).
-    pub pace: Duration,
+    pub(crate) pace: Duration,
     /// A heartbeat failed since the last that landed: the next that lands is a first
     /// at its pace (see [`next_beat_in`]).
-    pub beat_failed: bool,
-    pub next_beat: Instant,
-    pub next_survey: Instant,
+    pub(crate) beat_failed: bool,
+    pub(crate) next_beat: Instant,
+    pub(crate) next_survey: Instant,
     /// The release poll found a free slot: the next survey is its.
-    pub polled_free: bool,
+    pub(crate) polled_free: bool,
     /// No release poll before this (see `Worker::survey_round`).
-    pub poll_muted_until: Instant,
+    pub(crate) poll_muted_until: Instant,
     /// Narrow surveys only until then: a wide one read too many slots (see
     /// [`survey_horizon`](crate::worker::claim_policy::survey_horizon)).
-    pub narrow_until: Option<Instant>,
+    pub(crate) narrow_until: Option<Instant>,
 }
 
 impl Looks {
     /// A worker that has looked at nothing yet: everything is due now.
-    pub fn new(now: Instant) -> Looks {
+    pub(crate) fn new(now: Instant) -> Looks {
         Looks {
             ahead: 0,
             marked_at: None,
@@ -218,7 +218,7 @@ impl Looks {
 
     /// Whether surveys stay narrow at `now` (see
     /// [`NARROW_FOR`](crate::worker::claim_policy::NARROW_FOR)).
-    pub fn narrow(&self, now: Instant) -> bool {
+    pub(crate) fn narrow(&self, now: Instant) -> bool {
         self.narrow_until.is_some_and(|t| now < t)
     }
 }

@@ -12,43 +12,43 @@ use crate::metrics::Metrics;
 
 /// One held slot as `/status` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct HeldStatus {
-    pub slot_id: String,
-    pub epoch: i64,
-    pub overflow: bool,
+pub(crate) struct HeldStatus {
+    pub(crate) slot_id: String,
+    pub(crate) epoch: i64,
+    pub(crate) overflow: bool,
     #[serde(skip)]
-    pub last_renewed: Instant,
-    pub lease_age_ms: u64,
+    pub(crate) last_renewed: Instant,
+    pub(crate) lease_age_ms: u64,
 }
 
 /// What `/status` shows, kept current by the loop and the held slots.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct WorkerStatus {
-    pub worker: String,
+pub(crate) struct WorkerStatus {
+    pub(crate) worker: String,
     /// This process's random id, as its heartbeat gives it: a new process asks its
     /// own address for it to learn whether the address leads back to itself.
-    pub instance: String,
+    pub(crate) instance: String,
     /// `standby` (holds nothing) or `holder`.
-    pub role: WorkerRole,
+    pub(crate) role: WorkerRole,
     /// The first slot held (see `slots` for all of them).
-    pub slot_id: Option<String>,
-    pub epoch: Option<i64>,
+    pub(crate) slot_id: Option<String>,
+    pub(crate) epoch: Option<i64>,
     /// Age of the oldest renewal among the held slots.
-    pub lease_age_ms: Option<u64>,
-    pub slots: Vec<HeldStatus>,
-    pub max_slots: Option<usize>,
+    pub(crate) lease_age_ms: Option<u64>,
+    pub(crate) slots: Vec<HeldStatus>,
+    pub(crate) max_slots: Option<usize>,
     /// Filled in from the metrics when served.
-    pub robots_running: i64,
-    pub robots_restarting: i64,
-    pub database_ok: bool,
-    pub tick_ms: u64,
-    pub version: &'static str,
+    pub(crate) robots_running: i64,
+    pub(crate) robots_restarting: i64,
+    pub(crate) database_ok: bool,
+    pub(crate) tick_ms: u64,
+    pub(crate) version: &'static str,
     /// When the worker's loop last finished a round (or started): what `/livez`
     /// judges, whatever the database does.
     #[serde(skip)]
-    pub last_round: Option<Instant>,
+    pub(crate) last_round: Option<Instant>,
     /// How long ago that was, as served.
-    pub loop_age_ms: u64,
+    pub(crate) loop_age_ms: u64,
 }
 
 /// How long the worker's loop may go without finishing a round, or a survey,
@@ -58,12 +58,12 @@ pub struct WorkerStatus {
 /// three times that bound, see `standby_line::STANDBY_PATIENCE`), and never under
 /// 30 s. A database that does not answer does not stop rounds, so it never makes a
 /// worker look dead: only a loop that hangs does.
-pub fn stuck_after(tick: std::time::Duration) -> std::time::Duration {
+pub(crate) fn stuck_after(tick: std::time::Duration) -> std::time::Duration {
     (crate::worker::standby_line::beat_every(tick) * 4).max(std::time::Duration::from_secs(30))
 }
 
 /// Whether the loop is alive: it finished a round within [`stuck_after`].
-pub fn loop_alive(since_last_round: std::time::Duration, tick: std::time::Duration) -> bool {
+pub(crate) fn loop_alive(since_last_round: std::time::Duration, tick: std::time::Duration) -> bool {
     since_last_round < stuck_after(tick)
 }
 
@@ -101,7 +101,7 @@ impl WorkerStatus {
     }
 
     /// Fills in the lease ages as of now (for serving).
-    pub fn with_ages(mut self) -> Self {
+    pub(crate) fn with_ages(mut self) -> Self {
         for s in &mut self.slots {
             s.lease_age_ms = s.last_renewed.elapsed().as_millis() as u64;
         }
@@ -112,28 +112,28 @@ impl WorkerStatus {
 
     /// The loop finished a round, or a survey, heartbeat or place read within one
     /// (or began): it goes on.
-    pub fn round_done(&mut self) {
+    pub(crate) fn round_done(&mut self) {
         self.last_round = Some(Instant::now());
     }
 
     /// How long ago the loop last finished a round (zero before it began).
-    pub fn since_last_round(&self) -> std::time::Duration {
+    pub(crate) fn since_last_round(&self) -> std::time::Duration {
         self.last_round
             .map_or(std::time::Duration::ZERO, |t| t.elapsed())
     }
 
     /// When the least recently renewed held slot was renewed.
-    pub fn oldest_renewal(&self) -> Option<Instant> {
+    pub(crate) fn oldest_renewal(&self) -> Option<Instant> {
         self.slots.iter().map(|s| s.last_renewed).min()
     }
 }
 
-pub type SharedStatus = Arc<Mutex<WorkerStatus>>;
+pub(crate) type SharedStatus = Arc<Mutex<WorkerStatus>>;
 
 /// Whether the database answers, as every part of the worker last saw it: one
 /// place for the metric, the status, and the once-per-outage log line.
 #[derive(Debug, Default)]
-pub struct Health {
+pub(crate) struct Health {
     down_since: Mutex<Option<Instant>>,
     /// Outages begun so far (see [`Health::outages`]).
     outages: std::sync::atomic::AtomicU64,
@@ -143,11 +143,11 @@ impl Health {
     /// How many outages have begun since the worker started: a change tells the
     /// worker that its connections may have died under it (see
     /// `Worker::reopen_after_outage`).
-    pub fn outages(&self) -> u64 {
+    pub(crate) fn outages(&self) -> u64 {
         self.outages.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    pub fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
+    pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
         if let Some(since) = self.down_since.lock().expect("health lock").take() {
             tracing::info!(
                 down_ms = since.elapsed().as_millis() as u64,
@@ -159,7 +159,7 @@ impl Health {
     }
 
     /// `why` must already be scrubbed of credentials.
-    pub fn failed(&self, metrics: &Metrics, status: &SharedStatus, why: &str) {
+    pub(crate) fn failed(&self, metrics: &Metrics, status: &SharedStatus, why: &str) {
         metrics.db_healthy.set(0);
         status.lock().expect("status lock").database_ok = false;
         let mut down = self.down_since.lock().expect("health lock");

@@ -19,7 +19,7 @@ use crate::clock::{ServerTime, SharedClock};
 use crate::worker::renewal_timing::RenewalTiming;
 
 /// How often the server's clock is read again while a slot is held.
-pub const SERVER_TIME_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const SERVER_TIME_EVERY: Duration = Duration::from_secs(60);
 
 // === impl FirstSteps ===
 
@@ -30,14 +30,14 @@ pub const SERVER_TIME_EVERY: Duration = Duration::from_secs(60);
 /// adoption lands (see `ContextStore::start_early`), so their order does not matter
 /// to safety, only to how soon the retry starts.
 #[derive(Debug, Clone, Default)]
-pub struct FirstSteps {
+pub(crate) struct FirstSteps {
     pending: Arc<AtomicUsize>,
     done: Arc<Notify>,
 }
 
 /// One instance's first step, pending until it is dropped.
 #[derive(Debug)]
-pub struct FirstStep(FirstSteps);
+pub(crate) struct FirstStep(FirstSteps);
 
 impl Drop for FirstStep {
     fn drop(&mut self) {
@@ -48,13 +48,13 @@ impl Drop for FirstStep {
 
 impl FirstSteps {
     /// One more first step to wait for, until the returned guard is dropped.
-    pub fn expect(&self) -> FirstStep {
+    pub(crate) fn expect(&self) -> FirstStep {
         self.pending.fetch_add(1, Ordering::AcqRel);
         FirstStep(self.clone())
     }
 
     /// Waits until every expected first step is done, or `limit` passed.
-    pub async fn all_done(&self, limit: Duration, clock: &SharedClock) {
+    pub(crate) async fn all_done(&self, limit: Duration, clock: &SharedClock) {
         let all = async {
             loop {
                 let notified = self.done.notified();
@@ -77,13 +77,13 @@ impl FirstSteps {
 
 /// One timer for every scheduled robot of a held slot: a heap of wake-ups.
 #[derive(Debug, Clone)]
-pub struct Alarm {
+pub(crate) struct Alarm {
     tx: mpsc::UnboundedSender<(Instant, oneshot::Sender<()>)>,
 }
 
 impl Alarm {
     /// Starts the slot's timer; it ends with `stop`.
-    pub fn spawn(clock: SharedClock, stop: CancellationToken) -> Alarm {
+    pub(crate) fn spawn(clock: SharedClock, stop: CancellationToken) -> Alarm {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(alarm_task(clock, stop, rx));
         Alarm { tx }
@@ -91,7 +91,7 @@ impl Alarm {
 
     /// Completes at `at` (at once when it has passed), or never once the timer is
     /// gone (its slot's robots are stopping).
-    pub async fn until(&self, at: Instant) {
+    pub(crate) async fn until(&self, at: Instant) {
         let (tx, rx) = oneshot::channel();
         if self.tx.send((at, tx)).is_err() || rx.await.is_err() {
             std::future::pending::<()>().await;
@@ -149,16 +149,16 @@ async fn alarm_task(
 
 /// What the supervisor shares with a scheduled instance.
 #[derive(Debug, Clone)]
-pub struct Shared {
-    pub time: ServerTime,
-    pub alarm: Alarm,
+pub(crate) struct Shared {
+    pub(crate) time: ServerTime,
+    pub(crate) alarm: Alarm,
     /// Notified when a sync lists the robot with another firing state than the one
     /// this instance knows (`rev`): a run-now request, a pause's mark.
-    pub wake: Arc<Notify>,
+    pub(crate) wake: Arc<Notify>,
     /// The firing state's `rev` this instance knows.
-    pub known_rev: Arc<AtomicI64>,
+    pub(crate) known_rev: Arc<AtomicI64>,
     /// The lease `L`: a slot gone this long has no holder finishing a stop.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// The slot's renewal timing: an instance is counted there while it lives.
-    pub renewals: RenewalTiming,
+    pub(crate) renewals: RenewalTiming,
 }

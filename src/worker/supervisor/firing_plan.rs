@@ -17,7 +17,7 @@ use crate::robot::schedule::{Missed, OnLost, Overlap, Owed, Schedule};
 
 /// How far ahead of its time a firing is claimed: a minute, so that even 10,000
 /// robots firing at one minute's edge are claimed over the minute before it.
-pub const LEAD_MS: i64 = 60_000;
+pub(crate) const LEAD_MS: i64 = 60_000;
 /// How far the server's clock, as a holder estimates it, may run ahead of the
 /// server's own: a run starts when the estimate reaches its firing, so one that a
 /// lease ending at `t` could have started has a firing before `t + DRIFT_MS`. An
@@ -27,10 +27,10 @@ pub const LEAD_MS: i64 = 60_000;
 /// second. A larger backward step can make a firing that ran just before
 /// a takeover run once more after it, never beside itself: the earlier holder
 /// stopped it with its lease.
-pub const DRIFT_MS: i64 = 1000;
+pub(crate) const DRIFT_MS: i64 = 1000;
 /// Why a write claims the next firing ahead of its time (the runner merges it with
 /// a run's end).
-pub const CLAIM_AHEAD: &str = "the next firing, claimed ahead";
+pub(crate) const CLAIM_AHEAD: &str = "the next firing, claimed ahead";
 
 /// How long after its claim landed a run claimed within its window may still
 /// start (see [`too_late_to_start`]): longer than a write may stay in doubt (30 s).
@@ -41,55 +41,55 @@ const DUE_LIMIT: usize = 1000;
 
 /// The instance planning.
 #[derive(Debug, Clone)]
-pub struct Me {
-    pub slot: String,
-    pub epoch: i64,
-    pub gen: i64,
-    pub worker: String,
+pub(crate) struct Me {
+    pub(crate) slot: String,
+    pub(crate) epoch: i64,
+    pub(crate) gen: i64,
+    pub(crate) worker: String,
 }
 
 /// What the instance knows beside the stored state.
 #[derive(Debug, Clone, Default)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// The server's time, estimated.
-    pub now_ms: i64,
+    pub(crate) now_ms: i64,
     /// The server's time at this holder's claim of the slot, read no earlier than
     /// the claim landed: every earlier holder's lease was over by then. None when
     /// not known (every run of theirs then counts as possibly started).
-    pub lease_began_ms: Option<i64>,
+    pub(crate) lease_began_ms: Option<i64>,
     /// The epoch each other slot named by a run in flight holds now (absent: the
     /// slot is gone, or was not read).
-    pub slot_epochs: HashMap<String, i64>,
+    pub(crate) slot_epochs: HashMap<String, i64>,
     /// Slots seen gone for longer than a lease: whatever ran under them stopped.
     /// A slot only just deleted may still have a holder finishing its stop.
-    pub gone: HashSet<String>,
+    pub(crate) gone: HashSet<String>,
     /// When the robot was created (server milliseconds): no firing before it is
     /// owed, when its state says nothing of where firings start.
-    pub created_ms: Option<i64>,
+    pub(crate) created_ms: Option<i64>,
     /// When an update was last applied to the robot (server milliseconds): a robot
     /// that gets its first schedule from an update owes firings from then on.
-    pub updated_ms: Option<i64>,
+    pub(crate) updated_ms: Option<i64>,
     /// The robot was paused: its holder is about to stop this instance, which
     /// starts and settles nothing meanwhile (the next instance, after the resume,
     /// records the pause's firings).
-    pub paused: bool,
+    pub(crate) paused: bool,
     /// This instance's runs whose process started.
-    pub started: HashSet<ObjectId>,
+    pub(crate) started: HashSet<ObjectId>,
     /// This instance's runs it already asked to stop.
-    pub stopping: HashSet<ObjectId>,
+    pub(crate) stopping: HashSet<ObjectId>,
     /// Runs that wait out a restart backoff: not started before these times.
-    pub not_before: HashMap<ObjectId, i64>,
+    pub(crate) not_before: HashMap<ObjectId, i64>,
     /// When this instance's write that put each run in flight landed (the server's
     /// time, estimated): a run claimed within its window may start a little past it
     /// (see [`too_late_to_start`]).
-    pub claimed_at: HashMap<ObjectId, i64>,
+    pub(crate) claimed_at: HashMap<ObjectId, i64>,
 }
 
 /// What to do next.
 // One step lives at a time, and is carried out at once: its size costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Write the state (a compare-and-set on `rev`), appending `records`;
     /// `claiming` is the scheduled firing this write claims.
     Write {
@@ -195,7 +195,7 @@ fn judge(e: &RunEntry, me: &Me, f: &Facts) -> Theirs {
 
 /// The next step for `me`, with `st` as stored: the first rule, in the order the
 /// module's documentation gives, that has something to do.
-pub fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
+pub(crate) fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
     if f.paused {
         return idle();
     }
@@ -775,20 +775,20 @@ fn not_retried(
 
 /// How one run of this instance ended.
 #[derive(Debug, Clone)]
-pub struct RunEnd {
-    pub id: ObjectId,
-    pub outcome: Outcome,
-    pub reason: Option<String>,
+pub(crate) struct RunEnd {
+    pub(crate) id: ObjectId,
+    pub(crate) outcome: Outcome,
+    pub(crate) reason: Option<String>,
     /// When its process started, on the server's clock as estimated.
-    pub started_ms: Option<i64>,
-    pub ended_ms: i64,
+    pub(crate) started_ms: Option<i64>,
+    pub(crate) ended_ms: i64,
     /// The run stays in flight as the next attempt (restart on failure).
-    pub retry: bool,
+    pub(crate) retry: bool,
 }
 
 /// The state after a run of this instance ended, and its record; None when the run
 /// is not in flight.
-pub fn ended(st: &FiringState, me: &Me, end: RunEnd) -> Option<(FiringState, RunRecord)> {
+pub(crate) fn ended(st: &FiringState, me: &Me, end: RunEnd) -> Option<(FiringState, RunRecord)> {
     let RunEnd {
         id,
         outcome,

@@ -17,13 +17,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub mod firing_clock;
-pub mod firing_plan;
+pub(crate) mod firing_clock;
+pub(crate) mod firing_plan;
 mod plan;
 mod runner;
-pub mod scheduled;
+pub(crate) mod scheduled;
 
-pub use plan::Fingerprint;
+pub(crate) use plan::Fingerprint;
 use plan::{plan_sync, read_threatens_lease, slot_statement_takes_only, Instance, View};
 use runner::Runner;
 
@@ -67,7 +67,7 @@ fn next_full_read(began: Instant, took: Duration, random: u64) -> Instant {
 /// bump (an interrupted move): one aggregation over the slot's robots. It trades how
 /// soon such a rare change is noticed against a scan of every held slot, all the
 /// time (see docs/bench/2026-11-24-requests-and-takeovers-issue-23.md).
-pub const PROBE_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_secs(10);
 
 /// A probe keeps at most one part in this many of the time between probes: a slow
 /// one spaces the next out (see [`probe_gap`]).
@@ -77,7 +77,7 @@ const PROBE_SHARE: u32 = 200;
 /// longer when the probe is costly, so that it takes at most 1/[`PROBE_SHARE`] of
 /// the time; never longer than [`FULL_RESYNC`], which reads every robot anyway
 /// (see docs/bench/2026-11-25-scheduled-robots.md).
-pub fn probe_gap(took: Duration) -> Duration {
+pub(crate) fn probe_gap(took: Duration) -> Duration {
     took.saturating_mul(PROBE_SHARE)
         .clamp(PROBE_EVERY, FULL_RESYNC)
 }
@@ -370,7 +370,7 @@ impl Supervisor {
     }
 
     /// When the slot's renewals should go (the held slot's loop asks it each tick).
-    pub fn renewal_timing(&self) -> crate::worker::renewal_timing::RenewalTiming {
+    pub(crate) fn renewal_timing(&self) -> crate::worker::renewal_timing::RenewalTiming {
         self.renewals.clone()
     }
 

@@ -14,15 +14,15 @@ use crate::config::LeaseTiming;
 
 /// What a probe counts on a slot, and what the last read expects it to count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Fingerprint {
+pub(crate) struct Fingerprint {
     /// Robots bound to the slot (with an ObjectId `_id`).
-    pub total: i64,
+    pub(crate) total: i64,
     /// Unpaused robots whose epoch is not this holder's: waiting to be adopted, or
     /// refused, or a newer holder's.
-    pub unadopted: i64,
-    pub paused: i64,
+    pub(crate) unadopted: i64,
+    pub(crate) paused: i64,
     /// Robots with an update not yet judged.
-    pub updates: i64,
+    pub(crate) updates: i64,
 }
 
 impl Fingerprint {
