@@ -302,6 +302,80 @@ async fn each_overlap_policy_with_a_run_longer_than_the_period() {
     }
 }
 
+/// A run claimed but not yet started when its instance stops (here, firings buffered
+/// behind a long run when `robot restart` comes) is handed on as never started:
+/// the next instance runs it as the same attempt, even with `on_lost: skip`. Only
+/// the run the restart cut off is skipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn claims_buffered_behind_a_run_still_run_after_a_restart() {
+    let db = TestDb::new("sched_handed_on").await;
+    db.init(1).await;
+    let cmd = common::script(&db, "slow.sh", "sleep 3\nexit 0\n");
+    let spec = format!(
+        r#"{{"command": "{cmd}", "schedule": {{"every": "1s", "overlap": "buffer_all", "on_lost": "skip", "keep_runs": 1000}}}}"#
+    );
+    db.cli_ok(&[
+        "robot", "create", "--name", "buf", "--kind", "exec", "--spec", &spec,
+    ]);
+    let _w = db.exec_worker(&[]);
+    let in_flight = |r: &Document| -> Vec<(i64, i64)> {
+        r.get_document("firings")
+            .and_then(|f| f.get_array("running"))
+            .map(|a| {
+                a.iter()
+                    .filter_map(Bson::as_document)
+                    .filter_map(|e| Some((e.get_i64("firing").ok()?, e.get_i64("attempt").ok()?)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // One run in flight and at least four firings buffered behind it.
+    let mut running = wait_for(Duration::from_secs(60), "firings buffered", || async {
+        let r = db.robot("buf").await;
+        (succeeded(&r) >= 1 && in_flight(&r).len() >= 5).then(|| in_flight(&r))
+    })
+    .await;
+    running.sort();
+    db.cli_ok(&["robot", "restart", "buf"]);
+    // The first is the run the restart cuts off, or one that ended just before it
+    // while the second started: the third and fourth, three seconds of runs away,
+    // never started.
+    let buffered: Vec<i64> = running[2..4].iter().map(|(f, _)| *f).collect();
+    let outcome = |r: &Document, firing: i64| -> Vec<(String, i64)> {
+        runs(r)
+            .iter()
+            .filter(|x| x.get_i64("firing") == Ok(firing))
+            .map(|x| {
+                (
+                    x.get_str("outcome").unwrap_or_default().to_string(),
+                    x.get_i64("attempt").unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    let r = wait_for(
+        Duration::from_secs(60),
+        "the buffered firings run after the restart",
+        || async {
+            let r = db.robot("buf").await;
+            buffered
+                .iter()
+                .all(|f| !outcome(&r, *f).is_empty())
+                .then_some(r)
+        },
+    )
+    .await;
+    for (f, attempt) in &running[2..4] {
+        assert_eq!(
+            outcome(&r, *f),
+            vec![("succeeded".to_string(), *attempt)],
+            "firing {f}: {:?}",
+            runs(&r)
+        );
+    }
+    invariants::check_firings(&db, false).await;
+}
+
 /// `robot trigger` makes one extra run now, recorded with who asked, also while
 /// firings race it; `robot pause` records the firings of the pause as skipped;
 /// `robot runs` shows all of it.

@@ -52,6 +52,8 @@ pub(crate) const ENDED: &str = "ended";
 pub(crate) const LATENESS_MS: &str = "lateness_ms";
 pub(crate) const COUNT: &str = "count";
 pub(crate) const LAST: &str = "last";
+/// On an entry of `lost`: its instance stopped before the run started.
+pub(crate) const NOT_STARTED: &str = "not_started";
 
 words! {
     /// What became of a firing, or of one run of it.
@@ -87,16 +89,23 @@ pub(crate) struct RunEntry {
     pub(crate) slot: String,
     pub(crate) epoch: i64,
     pub(crate) gen: i64,
+    /// Handed on (in `lost`) by an instance that stopped before the run started:
+    /// the next instance starts it as the same attempt, whatever `on_lost` says.
+    pub(crate) not_started: bool,
 }
 
 impl RunEntry {
     pub(crate) fn to_doc(&self) -> Document {
-        doc! {
+        let mut d = doc! {
             ID: self.id, FIRING: self.firing, ATTEMPT: self.attempt,
             TRIGGER: self.trigger.map_or(Bson::Null, Bson::ObjectId),
             BY: self.by.clone().map_or(Bson::Null, Bson::String),
             WORKER: &self.worker, SLOT: &self.slot, EPOCH: self.epoch, GEN: self.gen,
+        };
+        if self.not_started {
+            d.insert(NOT_STARTED, true);
         }
+        d
     }
 
     /// None for an entry that cannot be one (a hand edit).
@@ -111,6 +120,7 @@ impl RunEntry {
             slot: d.get_str(SLOT).ok()?.to_string(),
             epoch: int(d, EPOCH)?,
             gen: int(d, GEN)?,
+            not_started: d.get_bool(NOT_STARTED) == Ok(true),
         })
     }
 }
@@ -566,9 +576,10 @@ impl LastStep {
 
 /// The write of an instance that is no longer the robot's current one (moved,
 /// updated, restarted) and whose run `entry` ended: the run leaves `running`, its
-/// record is appended, and, when a stop cut it off, it goes to `lost` for the
-/// current instance to retry or skip. Matched by the run's id alone: it changes no
-/// context, only says what became of this run.
+/// record is appended, and, when a stop cut it off (or came before it started,
+/// `entry.not_started`), it goes to `lost` for the current instance to retry, skip
+/// or start. Matched by the run's id alone: it changes no context, only says what
+/// became of this run.
 pub(crate) fn end_by_id(
     robot: ObjectId,
     entry: &RunEntry,
@@ -630,7 +641,26 @@ mod tests {
             slot: "slot-001".into(),
             epoch: 3,
             gen: 4,
+            not_started: false,
         }
+    }
+
+    #[test]
+    fn a_claim_handed_on_before_it_started_says_so_and_reads_back() {
+        let mut e = entry(1_000);
+        assert!(
+            !e.to_doc().contains_key(NOT_STARTED),
+            "unmarked entries as before"
+        );
+        e.not_started = true;
+        assert_eq!(RunEntry::from_doc(&e.to_doc()), Some(e.clone()));
+        let (_, update) = end_by_id(ObjectId::new(), &e, None, true, 10);
+        let lost = update
+            .get_document("$push")
+            .unwrap()
+            .get_document(format!("{FIRINGS}.{LOST}"))
+            .unwrap();
+        assert_eq!(lost.get_bool(NOT_STARTED), Ok(true));
     }
 
     #[test]

@@ -124,6 +124,7 @@ impl Me {
             slot: self.slot.clone(),
             epoch: self.epoch,
             gen: self.gen,
+            not_started: false,
         }
     }
 
@@ -403,7 +404,9 @@ impl<'a> Plan<'a> {
     }
 
     /// Rule 3: a run a stop cut off is retried or skipped, once no run is in flight
-    /// (a pause's are skipped with it, by rule 4).
+    /// (a pause's are skipped with it, by rule 4). A run whose instance stopped
+    /// before it started is claimed again as the same attempt, whatever `on_lost`
+    /// says: it never ran.
     fn cut_off_run(&self) -> Option<Step> {
         let e = self
             .st
@@ -416,6 +419,18 @@ impl<'a> Plan<'a> {
         let mut next = self.st.clone();
         next.lost.remove(0);
         let mut records = vec![];
+        if e.not_started {
+            if outside_window(self.s, e, self.f.now_ms) {
+                next.missed += 1;
+                records.push(never_started_too_late(self.s, e, self.me));
+            } else {
+                let mut again = self.me.entry(e.firing, e.attempt, None);
+                again.trigger = e.trigger;
+                again.by = e.by.clone();
+                next.running.push(again);
+            }
+            return Some(write(next, records, "a claim handed on before it started"));
+        }
         let why = "its run was cut off by a stop and on_lost is skip";
         retry_or_settle(self.s, e, self.me, self.f, why, &mut next, &mut records);
         Some(write(next, records, "a run a stop cut off"))
@@ -429,9 +444,12 @@ impl<'a> Plan<'a> {
         next.paused_at = None;
         let mut records = vec![];
         for e in std::mem::take(&mut next.lost) {
-            let mut r = self
-                .me
-                .record(e.firing, Outcome::Skipped, "paused while it ran");
+            let why = if e.not_started {
+                "paused before it started"
+            } else {
+                "paused while it ran"
+            };
+            let mut r = self.me.record(e.firing, Outcome::Skipped, why);
             r.attempt = e.attempt;
             r.by = e.by.clone();
             records.push(r);
@@ -459,18 +477,9 @@ impl<'a> Plan<'a> {
         let mut next = self.st.clone();
         next.running.retain(|r| !stale.iter().any(|e| e.id == r.id));
         next.missed += stale.len() as i64;
-        let why = format!(
-            "claimed, but never started: too late for the catch-up window ({})",
-            humantime::format_duration(self.s.catchup)
-        );
         let records = stale
             .iter()
-            .map(|e| {
-                let mut r = self.me.record(e.firing, Outcome::Missed, &why);
-                r.attempt = e.attempt;
-                r.by = e.by.clone();
-                r
-            })
+            .map(|e| never_started_too_late(self.s, e, self.me))
             .collect();
         Some(write(next, records, "claimed firings past their window"))
     }
@@ -715,6 +724,18 @@ fn too_late_to_start(s: &Schedule, e: &RunEntry, f: &Facts) -> bool {
     let claimed_in_time = e.firing >= claimed - window - START_SLACK_MS || backoff.is_some();
     let since = f.now_ms - claimed.max(backoff.unwrap_or(i64::MIN));
     !(claimed_in_time && since <= START_SLACK_MS)
+}
+
+/// The record of claimed run `e`, never started and now too late for its window.
+fn never_started_too_late(s: &Schedule, e: &RunEntry, me: &Me) -> RunRecord {
+    let why = format!(
+        "claimed, but never started: too late for the catch-up window ({})",
+        humantime::format_duration(s.catchup)
+    );
+    let mut r = me.record(e.firing, Outcome::Missed, &why);
+    r.attempt = e.attempt;
+    r.by = e.by.clone();
+    r
 }
 
 /// A run that did not finish: its retry goes into `next`, or its record (skipped,
@@ -1224,6 +1245,43 @@ mod tests {
         let (next, records, _) = written(planned(&s, &st, &me(), &facts(T0 + 11 * MIN)));
         assert!(next.running.is_empty());
         assert_eq!(records[0].outcome, Some(Outcome::Missed));
+    }
+
+    #[test]
+    fn a_claim_handed_on_before_it_started_starts_as_the_same_attempt_whatever_on_lost() {
+        let s = Schedule::from_spec(&doc! {"schedule": {"every": "1m", "on_lost": "skip"}}, T0)
+            .unwrap()
+            .unwrap();
+        let mut st = state(T0 + MIN);
+        let mut handed = me().entry(T0 + MIN, 2, None);
+        handed.not_started = true;
+        handed.by = Some("cli:ops".into());
+        st.lost.push(handed.clone());
+        let (next, records, _) = written(planned(&s, &st, &me(), &facts(T0 + MIN + 5)));
+        assert!(records.is_empty(), "{records:?}");
+        assert!(next.lost.is_empty());
+        let again = &next.running[0];
+        assert_eq!((again.firing, again.attempt), (T0 + MIN, 2));
+        assert_eq!(again.by.as_deref(), Some("cli:ops"));
+        assert!(!again.not_started && again.id != handed.id);
+        // A run the stop cut off is still skipped, as on_lost says.
+        let mut cut = st.clone();
+        cut.lost[0].not_started = false;
+        let (next, records, _) = written(planned(&s, &cut, &me(), &facts(T0 + MIN + 5)));
+        assert!(next.running.is_empty());
+        assert_eq!(records[0].outcome, Some(Outcome::Skipped));
+        // Found after its window: missed, never started late.
+        let (next, records, _) = written(planned(&s, &st, &me(), &facts(T0 + 12 * MIN)));
+        assert!(next.running.is_empty());
+        assert_eq!(records[0].outcome, Some(Outcome::Missed));
+        assert_eq!(next.missed, 1);
+        // Paused meanwhile: skipped, as paused before it started.
+        st.paused_at = Some(T0 + MIN + 1);
+        let (_, records, _) = written(planned(&s, &st, &me(), &facts(T0 + MIN + 2)));
+        assert_eq!(
+            records[0].reason.as_deref(),
+            Some("paused before it started")
+        );
     }
 
     #[test]

@@ -145,6 +145,34 @@ struct Started {
     alone: bool,
 }
 
+/// What an instance knows of one run of its robot's firing state, beside the
+/// stored entry. An entry with nothing left to know is dropped.
+#[derive(Default)]
+struct Run {
+    /// Started here and not yet ended.
+    started: Option<Started>,
+    /// Started by this instance, ever: a claim among them is never given back.
+    ran: bool,
+    /// Its task, for a task that fails to return (a kind that panics).
+    task: Option<tokio::task::Id>,
+    /// Its end, not yet written (the instance stopped first, or the write failed):
+    /// `stop_runs` writes it by the run's id, with whether the run was cut off.
+    unwritten: Option<(RunRecord, bool)>,
+    /// Asked to stop for a newer firing (overlap `cancel_other`).
+    stopping: bool,
+    /// A retry (restart.on failure) starts no sooner than this server time.
+    not_before: Option<i64>,
+    /// When this instance's write that put it in flight landed (server ms,
+    /// estimated).
+    claimed_at: Option<i64>,
+}
+
+impl Run {
+    fn idle(&self) -> bool {
+        self.started.is_none() && self.task.is_none() && self.unwritten.is_none()
+    }
+}
+
 /// One scheduled robot's instance.
 pub(super) struct Scheduled {
     r: Runner,
@@ -157,25 +185,13 @@ pub(super) struct Scheduled {
     updated_ms: Option<i64>,
     /// Paused, as last read.
     paused: bool,
-    runs: JoinSet<RunDone>,
-    started: HashMap<ObjectId, Started>,
-    /// Runs this instance started, ever: a claim among them is never given back.
-    ran: HashSet<ObjectId>,
-    /// Each run's task, for a task that fails to return (a kind that panics).
-    tasks: HashMap<tokio::task::Id, ObjectId>,
+    /// The tasks of the runs in flight.
+    tasks: JoinSet<RunDone>,
+    /// What this instance knows of each run of the firing state, by the run's id.
+    runs: HashMap<ObjectId, Run>,
     starts: u64,
-    /// Ends of runs not yet written (the instance stopped first, or the write
-    /// failed): `stop_runs` writes them by the run's id, with whether the run was
-    /// cut off.
-    unwritten: HashMap<ObjectId, (RunRecord, bool)>,
-    stopping: HashSet<ObjectId>,
     /// Other slots found gone, and since when.
     gone_since: HashMap<String, Instant>,
-    /// Retries (restart.on failure) not to start before these server times.
-    not_before: HashMap<ObjectId, i64>,
-    /// When this instance's write that put each run in flight landed (server ms,
-    /// estimated).
-    claimed_at: HashMap<ObjectId, i64>,
     /// The robot as the next run starts from: read at adoption, then carried from
     /// run to run (only the robot's own runs write its context), so that a firing
     /// costs no read. None when a run's last checkpoint may or may not have landed.
@@ -207,19 +223,13 @@ impl Scheduled {
             paused: loaded.paused,
             schedule,
             shared,
-            runs: JoinSet::new(),
-            started: HashMap::new(),
-            ran: HashSet::new(),
-            tasks: HashMap::new(),
+            tasks: JoinSet::new(),
+            runs: HashMap::new(),
             starts: 0,
-            unwritten: HashMap::new(),
-            stopping: HashSet::new(),
             gone_since: HashMap::new(),
             preloaded: None,
             carried: Some(loaded.clone()),
             stored_seq: Some(loaded.seq),
-            not_before: HashMap::new(),
-            claimed_at: HashMap::new(),
             budget: Budget::new(policy),
             r,
         }
@@ -227,6 +237,48 @@ impl Scheduled {
 
     fn clock(&self) -> &SharedClock {
         &self.r.clock
+    }
+
+    /// Run `id` as this instance knows it (known from now on).
+    fn run_mut(&mut self, id: ObjectId) -> &mut Run {
+        self.runs.entry(id).or_default()
+    }
+
+    /// Whether a run of this instance is in flight.
+    fn any_started(&self) -> bool {
+        self.runs.values().any(|r| r.started.is_some())
+    }
+
+    /// Run `id`'s start, as it ends, and whether it was asked to stop for a newer
+    /// firing.
+    fn take_started(&mut self, id: ObjectId) -> Option<(Started, bool)> {
+        let run = self.runs.get_mut(&id)?;
+        let s = run.started.take()?;
+        Some((s, std::mem::take(&mut run.stopping)))
+    }
+
+    /// The runs for which `pick` holds.
+    fn ids_where(&self, pick: impl Fn(&Run) -> bool) -> HashSet<ObjectId> {
+        self.runs
+            .iter()
+            .filter(|(_, r)| pick(r))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// What `value` says of each run, where it says something.
+    fn by_id(&self, value: impl Fn(&Run) -> Option<i64>) -> HashMap<ObjectId, i64> {
+        self.runs
+            .iter()
+            .filter_map(|(id, r)| Some((*id, value(r)?)))
+            .collect()
+    }
+
+    /// The run whose task this was (its task is done).
+    fn run_of_task(&mut self, task: tokio::task::Id) -> Option<ObjectId> {
+        let (id, run) = self.runs.iter_mut().find(|(_, r)| r.task == Some(task))?;
+        run.task = None;
+        Some(*id)
     }
 
     /// Runs until the instance is stopped or fenced.
@@ -272,10 +324,13 @@ impl Scheduled {
                 }
                 Step::Cancel(ids) => {
                     for id in ids {
-                        if let Some(s) = self.started.get(&id) {
+                        let Some(run) = self.runs.get_mut(&id) else {
+                            continue;
+                        };
+                        if let Some(s) = &run.started {
                             tracing::info!(robot = %self.r.name, "overlap cancel_other: stopping the run in flight for a newer firing");
                             s.token.cancel();
-                            self.stopping.insert(id);
+                            run.stopping = true;
                         }
                     }
                     true
@@ -323,10 +378,10 @@ impl Scheduled {
             created_ms: self.created_ms,
             updated_ms: self.updated_ms,
             paused: self.paused,
-            started: self.started.keys().copied().collect(),
-            stopping: self.stopping.clone(),
-            not_before: self.not_before.clone(),
-            claimed_at: self.claimed_at.clone(),
+            started: self.ids_where(|r| r.started.is_some()),
+            stopping: self.ids_where(|r| r.stopping),
+            not_before: self.by_id(|r| r.not_before),
+            claimed_at: self.by_id(|r| r.claimed_at),
             ..Facts::default()
         };
         let others: HashSet<String> = self
@@ -560,7 +615,7 @@ impl Scheduled {
             return;
         };
         let now = self.shared.time.now_ms(self.clock()).unwrap_or(i64::MAX);
-        if !self.started.is_empty() || t <= now {
+        if self.any_started() || t <= now {
             return;
         }
         let id = e.id;
@@ -583,11 +638,11 @@ impl Scheduled {
             return;
         }
         // Two runs at once (`overlap: allow`) each read the robot.
-        let carried = self.carried.take().filter(|_| self.started.is_empty());
+        let carried = self.carried.take().filter(|_| !self.any_started());
         let preloaded = match (carried, self.preloaded.take()) {
             (Some(l), _) => Ok(l),
             (None, Some((id, l)))
-                if id == e.id && self.started.is_empty() && l.firings.rev <= self.st.rev =>
+                if id == e.id && !self.any_started() && l.firings.rev <= self.st.rev =>
             {
                 Ok(l)
             }
@@ -656,31 +711,30 @@ impl Scheduled {
         let running = crate::metrics::Held::new(&self.r.metrics.robots_running);
         tracing::info!(robot = %self.r.name, firing = %crate::robot::schedule::rfc3339(e.firing), attempt = e.attempt, lateness_ms = lateness, "firing started");
         let id = e.id;
-        self.not_before.remove(&id);
         let asked = token.clone();
-        let task = self.runs.spawn(async move {
+        let task = self.tasks.spawn(async move {
             // Given back however the run ends: returned, panicked or aborted.
             let _running = running;
             let result = kind.run(run).await;
             (id, result, asked.is_cancelled())
         });
-        self.tasks.insert(task.id(), id);
-        self.ran.insert(id);
         self.starts += 1;
         let began = self.r.clock.now();
-        let alone = self.started.is_empty();
-        self.started.insert(
-            id,
-            Started {
-                token,
-                started_ms,
-                began,
-                from,
-                left,
-                start_no: self.starts,
-                alone,
-            },
-        );
+        let alone = !self.any_started();
+        let start_no = self.starts;
+        let run = self.run_mut(id);
+        run.not_before = None;
+        run.task = Some(task.id());
+        run.ran = true;
+        run.started = Some(Started {
+            token,
+            started_ms,
+            began,
+            from,
+            left,
+            start_no,
+            alone,
+        });
     }
 
     /// Waits for the next step's time, a run's end, or news of the document.
@@ -691,14 +745,16 @@ impl Scheduled {
         let clock = self.r.clock.clone();
         tokio::select! {
             _ = self.r.token.cancelled() => true,
-            Some(done) = self.runs.join_next(), if !self.runs.is_empty() => match done {
+            Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => match done {
                 Ok((id, result, asked)) => {
-                    self.tasks.retain(|_, run| *run != id);
+                    if let Some(run) = self.runs.get_mut(&id) {
+                        run.task = None;
+                    }
                     self.finish(id, result, asked).await
                 }
                 Err(e) => {
                     tracing::error!(robot = %self.r.name, "a run's task failed: {e}");
-                    match self.tasks.remove(&e.id()) {
+                    match self.run_of_task(e.id()) {
                         Some(id) => {
                             let failed = Err(RobotError::Crashed(format!("its task failed: {e}")));
                             self.finish(id, failed, false).await
@@ -715,16 +771,15 @@ impl Scheduled {
 
     /// A run ended: its record, and its retry when `restart.on` is `failure`.
     async fn finish(&mut self, id: ObjectId, result: Result<(), RobotError>, asked: bool) -> bool {
-        let Some(s) = self.started.remove(&id) else {
+        let Some((s, by_overlap)) = self.take_started(id) else {
             return true;
         };
         if let Err(RobotError::NotStarted(why)) = &result {
             self.not_started(id, s, why);
             return true;
         }
-        let by_overlap = self.stopping.remove(&id);
         let (mut outcome, mut reason, ended_ms) = self.ended_as(&s, &result, asked, by_overlap);
-        self.carried = (s.alone && self.starts == s.start_no && self.started.is_empty())
+        self.carried = (s.alone && self.starts == s.start_no && !self.any_started())
             .then(|| carry(&s, outcome))
             .flatten();
         // A last step (`RobotRun::end_with`) goes with the end of a run that
@@ -796,8 +851,7 @@ impl Scheduled {
                 .find(|e| e.firing == firing && e.attempt == attempt + 1)
                 .map(|e| e.id);
             if let Some(again) = again {
-                self.not_before
-                    .insert(again, ended_ms + b.as_millis() as i64);
+                self.run_mut(again).not_before = Some(ended_ms + b.as_millis() as i64);
             }
         }
         go_on
@@ -808,9 +862,10 @@ impl Scheduled {
     /// recorded missed once too late), or to be handed on if the instance stops.
     fn not_started(&mut self, id: ObjectId, s: Started, why: &str) {
         tracing::warn!(robot = %self.r.name, "a firing's run did not start ({why}); it stays claimed");
-        self.stopping.remove(&id);
-        self.ran.remove(&id);
-        if s.alone && self.starts == s.start_no && self.started.is_empty() {
+        let run = self.run_mut(id);
+        run.stopping = false;
+        run.ran = false;
+        if s.alone && self.starts == s.start_no && !self.any_started() {
             // Nothing ran, and no other run of this instance overlapped it: the robot
             // is as the run was to start from.
             self.carried = Some(s.from);
@@ -820,7 +875,7 @@ impl Scheduled {
             .time
             .now_ms(self.clock())
             .unwrap_or(s.started_ms);
-        self.not_before.insert(id, now_ms + POLL.as_millis() as i64);
+        self.run_mut(id).not_before = Some(now_ms + POLL.as_millis() as i64);
     }
 
     /// What became of run `s` ([`outcome_of`]), and when it ended on the server's
@@ -858,8 +913,7 @@ impl Scheduled {
         // Handed on: a run cut short, and a failed one that `restart.on: failure`
         // would have run again (the next instance retries it, as `on_lost` says).
         let retry = outcome == Outcome::Failed && self.budget.policy().on == RestartOn::Failure;
-        self.unwritten
-            .insert(id, (record, outcome == Outcome::Stopped || retry));
+        self.run_mut(id).unwritten = Some((record, outcome == Outcome::Stopped || retry));
     }
 
     /// The record of this instance's run `e`, started at `started_ms`.
@@ -1040,12 +1094,13 @@ impl Scheduled {
         if let Some(now_ms) = self.shared.time.now_ms(self.clock()) {
             for e in &next.running {
                 if !self.st.running.iter().any(|r| r.id == e.id) {
-                    self.claimed_at.insert(e.id, now_ms);
+                    self.run_mut(e.id).claimed_at = Some(now_ms);
                 }
             }
         }
-        self.claimed_at
-            .retain(|id, _| next.running.iter().any(|e| &e.id == id));
+        // What is known of a run that left the state and has nothing in flight goes.
+        self.runs
+            .retain(|id, run| !run.idle() || next.running.iter().any(|e| &e.id == id));
         self.st = next;
         self.st.rev = Some(self.st.rev.unwrap_or(0) + 1);
     }
@@ -1057,10 +1112,15 @@ impl Scheduled {
     /// With the lease gone, nothing is written: the next holder judges the runs by
     /// that lease.
     async fn stop_runs(&mut self) {
-        while let Some(done) = self.runs.join_next().await {
+        while let Some(done) = self.tasks.join_next().await {
             let (id, result, asked) = match done {
-                Ok(done) => done,
-                Err(e) => match self.tasks.remove(&e.id()) {
+                Ok(done) => {
+                    if let Some(run) = self.runs.get_mut(&done.0) {
+                        run.task = None;
+                    }
+                    done
+                }
+                Err(e) => match self.run_of_task(e.id()) {
                     Some(id) => {
                         let failed = Err(RobotError::Crashed(format!("its task failed: {e}")));
                         (id, failed, false)
@@ -1068,13 +1128,12 @@ impl Scheduled {
                     None => continue,
                 },
             };
-            if let Some(s) = self.started.remove(&id) {
+            if let Some((s, by_overlap)) = self.take_started(id) {
                 if let Err(RobotError::NotStarted(why)) = &result {
                     // Given back or handed on below, as a claim that never started.
                     self.not_started(id, s, why);
                     continue;
                 }
-                let by_overlap = self.stopping.remove(&id);
                 let (mut outcome, mut reason, ended_ms) =
                     self.ended_as(&s, &result, asked, by_overlap);
                 if last_step(&s, outcome).is_some() {
@@ -1096,10 +1155,11 @@ impl Scheduled {
             .collect();
         let now_ms = self.shared.time.now_ms(self.clock());
         for e in mine {
-            let end = self.unwritten.remove(&e.id);
+            let run = self.runs.remove(&e.id).unwrap_or_default();
+            let end = run.unwritten;
             // A run whose task failed to return (a panic) is still listed started.
-            let lingering = self.started.remove(&e.id);
-            let never_started = end.is_none() && lingering.is_none() && !self.ran.contains(&e.id);
+            let lingering = run.started;
+            let never_started = end.is_none() && lingering.is_none() && !run.ran;
             if never_started && self.give_back(&e).await {
                 continue;
             }
@@ -1115,9 +1175,12 @@ impl Scheduled {
                     )),
                     true,
                 ),
-                // Never started: handed on, to be run or skipped by the next instance.
+                // Never started: handed on as such, to be started by the next
+                // instance as the same attempt.
                 (None, None) => (None, true),
             };
+            let mut e = e;
+            e.not_started = record.is_none() && !run.ran;
             self.end_by_id(&e, record.as_ref(), cut_off).await;
         }
     }
