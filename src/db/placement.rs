@@ -205,13 +205,7 @@ pub(crate) async fn stranded(store: &Store, slots: &[String]) -> Result<Vec<(Obj
         .await?
         .try_collect()
         .await?;
-    Ok(docs
-        .iter()
-        .filter_map(|d| {
-            let id = d.get_object_id("_id").ok()?;
-            Some((id, d.get_str(SLOT_ID).unwrap_or_default().to_string()))
-        })
-        .collect())
+    Ok(with_text(&docs, SLOT_ID))
 }
 
 /// `k` robots of slot `from` not among `taken`, by name, last first (so a plan
@@ -231,13 +225,17 @@ pub(crate) async fn pick(
         .await?
         .try_collect()
         .await?;
-    Ok(docs
-        .iter()
+    Ok(with_text(&docs, NAME))
+}
+
+/// Each document's ObjectId `_id` with its text `field` (empty when it is none).
+fn with_text(docs: &[Document], field: &str) -> Vec<(ObjectId, String)> {
+    docs.iter()
         .filter_map(|d| {
             let id = d.get_object_id("_id").ok()?;
-            Some((id, d.get_str(NAME).unwrap_or_default().to_string()))
+            Some((id, d.get_str(field).unwrap_or_default().to_string()))
         })
-        .collect())
+        .collect()
 }
 
 /// Drains slot `slot` (its holder stops the robots and releases it; no worker
