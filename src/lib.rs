@@ -40,10 +40,11 @@ pub(crate) mod worker;
 
 // The library's API: everything a library user needs to run a worker with robot
 // kinds of its own (see examples/custom_kind.rs).
-pub use config::{Identity, LeaseTiming};
+pub use config::{ConfigError, Identity, LeaseTiming};
+pub use db::heartbeat::{BeatError, Predecessor};
 pub use db::lease::{Lease, LeaseError, LeaseProtocol};
 pub use db::store::{SlotDoc, Store};
+pub use robot::policy::ExecPolicy;
 pub use robot::shim::run_if_requested;
 pub use robot::{Registry, RobotError, RobotKind, RobotRun};
-pub use worker::supervisor::Supervisor;
-pub use worker::{Worker, WorkerSettings};
+pub use worker::{Worker, WorkerError, WorkerSettings};

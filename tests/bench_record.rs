@@ -6,7 +6,7 @@ mod record;
 
 use record::*;
 
-const TABLE: &str = "- Machine: 2 cores\n- Run: 2026-11-28 10:03 UTC, full run, commit abc1234\n\n| benchmark | measured | goal |\n|---|---|---|\n| Hand-back: a new worker | n=30 p99 1105 ms | p99 ≤ 1500 ms: **met** (p99 1105 ms) |\n| Container pool: 50 | p99 5239 ms | resumed: **not met** (p99 5239 ms); flat: **met** |\n| Create rate | 3000/s | - |\n";
+const TABLE: &str = "- Machine: 2 cores\n- Run: 2026-11-28 10:03 UTC, full run, commit abc1234\n\n| benchmark | measured | goal |\n|---|---|---|\n| Hand-back: a new worker | n=30 p99 1105 ms | p99 ≤ 1500 ms: **met** (p99 1105 ms) |\n| Container pool: 50 | p99 5239 ms | resumed: **not met** (p99 5239 ms); flat: **met**; quiet: **not met** |\n| Create rate | 3000/s | - |\n";
 
 fn run(full: bool) -> Run<'static> {
     Run {
@@ -28,7 +28,7 @@ fn a_run_is_one_line_naming_what_missed_its_goal() {
     assert_eq!(r.file_name(), "2026-11-28-1003.md");
     assert_eq!(
         r.history_line("2026-11-28-1003.md"),
-        "- 2026-11-28 10:03 UTC, partial run (`--only handback`), commit abc1234: 3 rows, goals met 2 of 3 (not met: Container pool). [Detail](docs/bench/runs/2026-11-28-1003.md)"
+        "- 2026-11-28 10:03 UTC, partial run (`--only handback`), commit abc1234: 3 rows, goals met 2 of 4 (not met: Container pool). [Detail](docs/bench/runs/2026-11-28-1003.md)"
     );
     assert!(r
         .file()

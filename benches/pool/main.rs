@@ -274,7 +274,13 @@ async fn main() {
             .unwrap_or(std::path::Path::new("."))
             .join("docs/bench/runs");
         std::fs::create_dir_all(&runs).unwrap();
-        let file = run.file_name();
+        // Two runs in one minute: the second file gets a suffix.
+        let first = run.file_name();
+        let stem = first.trim_end_matches(".md").to_string();
+        let file = std::iter::once(first)
+            .chain((2..).map(|n| format!("{stem}-{n}.md")))
+            .find(|f| !runs.join(f).exists())
+            .expect("a free name");
         std::fs::write(runs.join(&file), run.file()).unwrap();
         let old = std::fs::read_to_string(&path).unwrap_or_default();
         std::fs::write(&path, record(&old, &run, &file)).unwrap();

@@ -38,6 +38,7 @@ impl Run<'_> {
             .filter(|l| l.starts_with("| ") && !l.starts_with("| benchmark "))
             .collect();
         let met: usize = rows.iter().map(|r| r.matches("**met**").count()).sum();
+        let not_met: usize = rows.iter().map(|r| r.matches("**not met**").count()).sum();
         let missed: Vec<String> = rows
             .iter()
             .filter(|r| r.contains("**not met**"))
@@ -55,7 +56,7 @@ impl Run<'_> {
             rows.len(),
             if rows.len() == 1 { "" } else { "s" }
         );
-        let goals = met + missed.len();
+        let goals = met + not_met;
         if goals > 0 {
             summary.push_str(&format!(", goals met {met} of {goals}"));
             if !missed.is_empty() {

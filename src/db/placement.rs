@@ -196,8 +196,12 @@ pub(crate) async fn bound_to(
     Ok(found)
 }
 
-/// Every robot bound to none of `slots`, with its slot.
-pub(crate) async fn stranded(store: &Store, slots: &[String]) -> Result<Vec<(ObjectId, String)>> {
+/// Every robot bound to none of `slots`, with its slot (None when it has none, or
+/// not a string).
+pub(crate) async fn stranded(
+    store: &Store,
+    slots: &[String],
+) -> Result<Vec<(ObjectId, Option<String>)>> {
     let docs: Vec<Document> = store
         .robots()
         .find(doc! {SLOT_ID: {"$nin": slots}})
@@ -205,7 +209,13 @@ pub(crate) async fn stranded(store: &Store, slots: &[String]) -> Result<Vec<(Obj
         .await?
         .try_collect()
         .await?;
-    Ok(with_text(&docs, SLOT_ID))
+    Ok(docs
+        .iter()
+        .filter_map(|d| {
+            let id = d.get_object_id("_id").ok()?;
+            Some((id, d.get_str(SLOT_ID).ok().map(str::to_string)))
+        })
+        .collect())
 }
 
 /// `k` robots of slot `from` not among `taken`, by name, last first (so a plan

@@ -216,11 +216,7 @@ pub(crate) async fn rescue_all(store: &Store) -> Result<u64, mongodb::error::Err
         return Ok(0);
     }
     let ids: Vec<bson::oid::ObjectId> = stranded.iter().map(|(id, _)| *id).collect();
-    let slots: Vec<String> = stranded
-        .into_iter()
-        .map(|(_, slot)| slot)
-        .filter(|slot| !slot.is_empty())
-        .collect();
+    let slots: Vec<String> = stranded.into_iter().filter_map(|(_, slot)| slot).collect();
     rescue(store, &ids, &slots).await
 }
 

@@ -147,7 +147,7 @@ pub struct ExecPolicy {
 
 impl ExecPolicy {
     /// No `exec` robot runs (the default).
-    pub(crate) fn disabled() -> Self {
+    pub fn disabled() -> Self {
         Self::default()
     }
 
@@ -156,7 +156,7 @@ impl ExecPolicy {
     /// resolved against whatever directory the worker was started in, so the same
     /// flag would allow different programs on different hosts. A bare name
     /// (`python3`) is looked up in `PATH`, as the spec's command is.
-    pub(crate) fn commands(entries: Vec<String>) -> Result<Self, String> {
+    pub fn commands(entries: Vec<String>) -> Result<Self, String> {
         let mut commands = Vec::new();
         for entry in entries.into_iter().filter(|e| !e.is_empty()) {
             let shown = crate::printable::escape(&entry);
@@ -216,7 +216,7 @@ impl ExecPolicy {
 
     /// Also lets specs set these variables. Refuses an entry that names a variable
     /// no robot may set, so an operator learns at start, not from a failed robot.
-    pub(crate) fn with_env(mut self, entries: Vec<String>) -> Result<Self, String> {
+    pub fn with_env(mut self, entries: Vec<String>) -> Result<Self, String> {
         for entry in entries.iter().filter(|e| !e.is_empty()) {
             let refused = match entry.strip_suffix('*') {
                 None => check_variable(entry, "").err(),
