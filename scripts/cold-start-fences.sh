@@ -2,7 +2,7 @@
 # Starts N release workers at once (default 200) straight at the dev server (no
 # proxy), over 20 slots of a fresh database, and prints each worker's and the
 # server's CPU as the start goes on, then how many workers fenced themselves in the
-# first 15 s. A/B comparisons: BIN=path/to/an/older/slotpool scripts/cold-start-fences.sh
+# first 15 s, and when every slot was first held. A/B comparisons: BIN=path/to/an/older/slotpool scripts/cold-start-fences.sh
 # Needs the dev server (scripts/dev-mongo.sh start) and a release build.
 #
 #   scripts/cold-start-fences.sh [N]
@@ -41,3 +41,15 @@ done
   wait "${pids[@]}" || true
 } 2>/dev/null
 echo "workers that fenced themselves: $(grep -l "self-fenced" "$logs"/*.log | wc -l) of $N (logs: $logs)"
+# When each slot was first claimed, from the workers' own log times (UTC, within
+# one day).
+start=$(date -u -d "@$t0" +%H:%M:%S.%N)
+grep -h "claimed slot slot=" "$logs"/*.log | awk -v start="$start" '
+  function secs(hms,  p) { split(hms, p, ":"); return p[1] * 3600 + p[2] * 60 + p[3] }
+  BEGIN { t0 = secs(start) }
+  { ts = substr($1, 12); sub(/Z$/, "", ts); t = secs(ts)
+    match($0, /slot=slot-[0-9]+/); s = substr($0, RSTART + 5, RLENGTH - 5)
+    if (!(s in first) || t < first[s]) first[s] = t }
+  END { n = 0; last = 0; for (s in first) { n++; if (first[s] - t0 > last) last = first[s] - t0 }
+        printf "slots claimed: %d; every one first held %.2f s after the first start\n", n, last }'
+echo "claims in all: $(grep -h "claimed slot slot=" "$logs"/*.log | wc -l)"

@@ -42,8 +42,6 @@ pub(crate) struct Seen<'a> {
     pub(crate) step_hold: Option<Duration>,
     /// How long the worker has run.
     pub(crate) age: Duration,
-    /// Its lease pool's spare connection is open.
-    pub(crate) spare: bool,
     /// How long the survey took to come back.
     pub(crate) survey_took: Duration,
     pub(crate) timing: &'a LeaseTiming,
@@ -109,7 +107,6 @@ pub(crate) fn decide(seen: &Seen) -> ClaimDecision {
     let held = round.mine().held;
     let ready = Readiness {
         age: seen.age,
-        spare: seen.spare,
         survey_took: seen.survey_took,
         vacant_before: vacant_before(&claimable, seen.age),
         holding: held > 0,
@@ -435,8 +432,6 @@ pub(crate) const SETTLE_MOST: Duration = Duration::from_secs(20);
 pub(crate) struct Readiness {
     /// How long the worker has run.
     pub(crate) age: Duration,
-    /// Whether its lease pool's spare connection is open.
-    pub(crate) spare: bool,
     /// How long the survey that found the slot took to come back.
     pub(crate) survey_took: Duration,
     /// Whether every slot it found was vacant before the worker began: none was
@@ -455,8 +450,8 @@ pub(crate) fn vacant_before(claimable: &[crate::db::lease::Candidate], age: Dura
 }
 
 /// Whether a worker may claim the slots its survey found: always once it is older
-/// than [`SETTLE_MOST`]; before that, once its lease pool holds a spare connection,
-/// the survey came back within the time a renewal may take (`L − margin − T`,
+/// than [`SETTLE_MOST`]; before that, once the survey came back within the time a
+/// renewal may take (`L − margin − T`,
 /// 0.55 T), and, when every slot it found was vacant before it began (a pool
 /// starting), once it has run its first lease (`2 T`, at most 2 s: [`first_hold`]).
 ///
@@ -471,7 +466,7 @@ pub(crate) fn may_claim(
     let in_time = timing.renewal_wait().saturating_sub(timing.tick);
     let held_out = r.age >= hold(r, timing, overflow_after) || !r.vacant_before;
     let survey_in_time = r.survey_took <= in_time || !r.vacant_before;
-    r.age >= SETTLE_MOST || (held_out && r.spare && survey_in_time)
+    r.age >= SETTLE_MOST || (held_out && survey_in_time)
 }
 
 /// What a worker may claim of `claimable` after a survey that took `survey_took`,
@@ -521,8 +516,7 @@ pub(crate) fn hold(
 }
 
 /// When a worker held back by [`may_claim`] looks again: when its [`hold`] is
-/// out, if that is what holds it back; otherwise a tick on (a spare connection
-/// that opens wakes it sooner).
+/// out, if that is what holds it back; otherwise a tick on.
 pub(crate) fn claim_again_in(
     r: Readiness,
     timing: &crate::config::LeaseTiming,
@@ -738,24 +732,15 @@ mod tests {
         const O: Duration = Duration::from_secs(2);
         let ready = Readiness {
             age: ms(2000),
-            spare: true,
             survey_took: ms(550),
             vacant_before: true,
             holding: false,
         };
         assert!(may_claim(ready, &timing, O));
-        // Within its first lease; without its spare; after a slow survey.
+        // Within its first lease; after a slow survey.
         assert!(!may_claim(
             Readiness {
                 age: ms(1999),
-                ..ready
-            },
-            &timing,
-            O
-        ));
-        assert!(!may_claim(
-            Readiness {
-                spare: false,
                 ..ready
             },
             &timing,
@@ -772,7 +757,6 @@ mod tests {
         // Past SETTLE_MOST, nothing holds it back.
         let old = Readiness {
             age: SETTLE_MOST,
-            spare: false,
             survey_took: ms(5000),
             vacant_before: true,
             holding: false,
@@ -821,7 +805,6 @@ mod tests {
         let quick = crate::config::LeaseTiming::from_tick(ms(250));
         let r = Readiness {
             age: ms(500),
-            spare: true,
             survey_took: ms(137),
             vacant_before: true,
             holding: false,
@@ -846,7 +829,6 @@ mod tests {
         // slot of the starting pool is still vacant.
         let poked = Readiness {
             age: ms(2200),
-            spare: true,
             survey_took: ms(20),
             vacant_before: true,
             holding: true,
@@ -879,7 +861,6 @@ mod tests {
         let ms = Duration::from_millis;
         let slow = Readiness {
             age: ms(7000),
-            spare: true,
             survey_took: ms(900),
             vacant_before: false,
             holding: false,
@@ -895,15 +876,6 @@ mod tests {
             claim_again_in(starting, &timing, timing.lease()),
             timing.tick
         );
-        // Without its spare connection, not even a takeover.
-        assert!(!may_claim(
-            Readiness {
-                spare: false,
-                ..slow
-            },
-            &timing,
-            timing.lease()
-        ));
     }
 
     #[test]
@@ -944,7 +916,7 @@ mod tests {
         assert!(!wakes_at_expiry(Place::Rear, false));
     }
 
-    /// What a settled worker (a minute old, its spare connection open) saw after a
+    /// What a settled worker (a minute old) saw after a
     /// quick survey.
     fn seen<'a>(
         workers: &'a [Peer],
@@ -967,7 +939,6 @@ mod tests {
             ready_to_give_back: true,
             step_hold: None,
             age: Duration::from_secs(60),
-            spare: true,
             survey_took: Duration::from_millis(5),
             timing,
         }

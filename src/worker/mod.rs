@@ -174,8 +174,8 @@ pub struct Worker {
     robots_warmed: bool,
     /// The outages (see [`Health::outages`]) begun when `store`'s client was made.
     store_outages: u64,
-    /// The lease pool's spare connection (see [`claim_policy::may_claim`]):
-    /// [`SPARE_NONE`], [`SPARE_OPENING`] or [`SPARE_OPEN`].
+    /// The lease pool's spare connection: [`SPARE_NONE`], [`SPARE_OPENING`] or
+    /// [`SPARE_OPEN`].
     lease_spare: Arc<std::sync::atomic::AtomicU8>,
     /// When this worker began (see [`claim_policy::may_claim`]).
     born: Instant,
@@ -565,17 +565,10 @@ impl Worker {
         }
     }
 
-    /// Whether the lease pool's spare connection is open (see
-    /// [`claim_policy::may_claim`]). The first call opens it, in the background, and
-    /// the loop is woken when it opened or failed to; a failure (no answer within
-    /// [`claim_policy::SETTLE_MOST`]) lets the next call try again.
-    fn spare_open(&self) -> bool {
-        self.lease_spare.load(std::sync::atomic::Ordering::Acquire) == SPARE_OPEN
-    }
-
-    /// Opens the lease pool's spare connection if it is not open or opening (see
-    /// [`claim_policy::may_claim`]).
-    fn spare_lease_connection(&mut self) -> bool {
+    /// Opens the lease pool's spare connection, in the background, if it is not
+    /// open or opening: the first renewals then find a connection ready. A failure
+    /// (no answer within [`claim_policy::SETTLE_MOST`]) lets the next call try again.
+    fn spare_lease_connection(&mut self) {
         use std::sync::atomic::Ordering;
         let state = &self.lease_spare;
         if state
@@ -587,7 +580,7 @@ impl Worker {
             )
             .is_ok()
         {
-            let (store, state, wake) = (self.lease_store.clone(), state.clone(), self.wake.clone());
+            let (store, state) = (self.lease_store.clone(), state.clone());
             tokio::spawn(async move {
                 let opened = store.warm(2, claim_policy::SETTLE_MOST).await;
                 if !opened {
@@ -599,10 +592,8 @@ impl Worker {
                     if opened { SPARE_OPEN } else { SPARE_NONE },
                     Ordering::Release,
                 );
-                wake.notify_one();
             });
         }
-        self.lease_spare.load(Ordering::Acquire) == SPARE_OPEN
     }
 
     /// Forgets held slots whose task ended (lost, drained or handed back).
@@ -703,7 +694,6 @@ impl Worker {
             ready_to_give_back,
             step_hold: self.steps.holding(Instant::now()),
             age: self.clock.since(self.born),
-            spare: self.spare_open(),
             survey_took,
             timing: &self.settings.timing,
         };
@@ -757,9 +747,8 @@ impl Worker {
                 self.spare_lease_connection();
                 tracing::debug!(
                     age_ms = ready.age.as_millis() as u64,
-                    spare = ready.spare,
                     survey_ms = ready.survey_took.as_millis() as u64,
-                    "not claiming yet: this new worker waits out its first lease, its lease's spare connection and a survey in time for a renewal"
+                    "not claiming yet: this new worker waits out its first lease and a survey in time for a renewal"
                 );
             }
             ClaimDecision::Wait {
