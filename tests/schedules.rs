@@ -333,6 +333,7 @@ async fn a_retry_waiting_out_its_backoff_still_runs_after_a_restart() {
         || async { waiting(&db.robot("retry").await) },
     )
     .await;
+    let restarted_ms = chrono::Utc::now().timestamp_millis();
     db.cli_ok(&["robot", "restart", "retry"]);
     let of_attempt = |r: &Document| -> Option<Document> {
         runs(r)
@@ -346,6 +347,70 @@ async fn a_retry_waiting_out_its_backoff_still_runs_after_a_restart() {
     )
     .await;
     assert_eq!(record.get_str("outcome"), Ok("failed"), "it ran: {record}");
+    // Started by the next instance: an attempt the old one started just before the
+    // restart took effect would prove nothing of the hand-on.
+    let started = record.get_i64("started").expect("a started run");
+    assert!(
+        started > restarted_ms,
+        "the attempt started {} ms before the restart was asked: {record}",
+        restarted_ms - started
+    );
+    invariants::check_firings(&db, false).await;
+}
+
+/// A firing-state write that landed but whose answer was lost (the proxy closes
+/// the connection before it comes back), then a restart before the instance wrote
+/// again: the write claimed the next firing ahead, which the instance did not know
+/// it had. Stopping, it reads the state again and gives that claim back; left in
+/// flight, the next instance would wait on it until the slot changed hands.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_whose_answer_was_lost_is_given_back_at_a_restart() {
+    use common::proxy::Proxy;
+    let db = TestDb::new("sched_lost_answer").await;
+    db.init(1).await;
+    every_second(&db, "tick", "");
+    let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
+    // A quarter-second tick: the restart reaches the instance well within the
+    // second it waits after the failed write, before it would read the state again.
+    let _w = db.worker_via(&proxy, &["--tick", "250ms"]);
+    wait_succeeded(&db, "tick", 2).await;
+    let in_flight = |r: &Document| {
+        r.get_document("firings")
+            .and_then(|f| f.get_array("running"))
+            .map_or(0, |a| a.len())
+    };
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        assert!(tries <= 10, "no dropped answer left a claim in flight");
+        let before = proxy.answers_dropped();
+        proxy.drop_answer_to_next("update robots");
+        wait_for(
+            Duration::from_secs(30),
+            "a firing write whose answer is dropped",
+            || async { (proxy.answers_dropped() > before).then_some(()) },
+        )
+        .await;
+        // The write that ended a run and claimed the next firing ahead, as it
+        // should be: restart now, while the instance does not know of the claim.
+        let r = db.robot("tick").await;
+        if in_flight(&r) > 0 {
+            break;
+        }
+        // A write that claimed nothing: once the instance is past it, try again.
+        let done = succeeded(&r);
+        wait_succeeded(&db, "tick", done + 2).await;
+    }
+    let restarted_ms = chrono::Utc::now().timestamp_millis();
+    db.cli_ok(&["robot", "restart", "tick"]);
+    wait_for(
+        Duration::from_secs(30),
+        "firings after the restart to run",
+        || async {
+            (succeeded_after(&db.robot("tick").await, restarted_ms + 2000) >= 2).then_some(())
+        },
+    )
+    .await;
     invariants::check_firings(&db, false).await;
 }
 

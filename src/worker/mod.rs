@@ -1129,10 +1129,11 @@ impl Worker {
                         }
                         // A second slot's renewals may overlap the first's: its
                         // connection is opened now, not at that moment. The first
-                        // slot's renewals have the spare opened before the claim
-                        // (see `spare_lease_connection`); pinging the pool here
-                        // would cost two requests a claim at a mass failure's
-                        // busiest moment.
+                        // slot's renewals have the spare opened in the background
+                        // since the worker first stood at the front (see
+                        // `spare_lease_connection`); pinging the pool here would
+                        // cost two requests a claim at a mass failure's busiest
+                        // moment.
                         if self.held.len() > 1 {
                             let open = (self.held.len() as u32 + 1).min(LEASE_POOL);
                             let (store, within) = (self.lease_store.clone(), self.op_timeout());

@@ -1,11 +1,12 @@
 //! A TCP proxy between one worker and the database that can pass, delay, blackhole
 //! (hold every byte, connections stay open) or cut (close everything, refuse new)
 //! its traffic, strand the connections open at a moment (their bytes held for good,
-//! new ones passing), and counts the requests it passes by command. Loopback only.
+//! new ones passing), drop the answer to one request it passed, and counts the
+//! requests it passes by command. Loopback only.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,6 +31,15 @@ pub struct Proxy {
     pumps: Arc<AtomicUsize>,
     /// Connections are numbered as accepted; those numbered below this are stranded.
     stranded: Stranded,
+    answers: DropAnswer,
+}
+
+/// The request whose answer is to be dropped (see [`Proxy::drop_answer_to_next`]),
+/// and how many were.
+#[derive(Clone, Default)]
+struct DropAnswer {
+    next: Arc<Mutex<Option<String>>>,
+    dropped: Arc<AtomicU64>,
 }
 
 /// The connections numbered below the count are stranded (see [`Proxy::strand_open`]).
@@ -142,18 +152,22 @@ struct Frames {
 }
 
 impl Frames {
-    fn feed(&mut self, bytes: &[u8], tally: &Tally) {
+    /// Counts the requests `bytes` completes, and returns what they asked.
+    fn feed(&mut self, bytes: &[u8], tally: &Tally) -> Vec<String> {
         self.pending.extend_from_slice(bytes);
+        let mut asked = Vec::new();
         loop {
             let Some(len) = self.pending.get(..4) else {
-                return;
+                return asked;
             };
             let len = i32::from_le_bytes(len.try_into().unwrap()).max(16) as usize;
             if self.pending.len() < len {
-                return;
+                return asked;
             }
             let frame: Vec<u8> = self.pending.drain(..len).collect();
-            tally.count(request_of(&frame).unwrap_or_else(|| "(unparsed)".into()));
+            let what = request_of(&frame).unwrap_or_else(|| "(unparsed)".into());
+            tally.count(what.clone());
+            asked.push(what);
         }
     }
 }
@@ -169,6 +183,8 @@ impl Proxy {
         let running = pumps.clone();
         let stranded = Stranded::default();
         let numbered = stranded.clone();
+        let answers = DropAnswer::default();
+        let dropping = answers.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -182,6 +198,7 @@ impl Proxy {
                 let counted = counted.clone();
                 let running = running.clone();
                 let stranded = numbered.clone();
+                let answers = dropping.clone();
                 let n = stranded.accepted.fetch_add(1, Ordering::SeqCst);
                 counted.count("(connection)".into());
                 tokio::spawn(async move {
@@ -195,15 +212,20 @@ impl Proxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     let (up, down) = (Running::new(&running), Running::new(&running));
+                    let severed = Arc::new(AtomicBool::new(false));
                     let up_link = Link {
                         n,
                         stranded: stranded.clone(),
                         tally: Some(counted),
+                        answers: Some(answers),
+                        severed: severed.clone(),
                     };
                     let down_link = Link {
                         n,
                         stranded,
                         tally: None,
+                        answers: None,
+                        severed,
                     };
                     tokio::spawn(pump(cr, sw, rx.clone(), up_link, up));
                     tokio::spawn(pump(sr, cw, rx, down_link, down));
@@ -217,7 +239,20 @@ impl Proxy {
             tally,
             pumps,
             stranded,
+            answers,
         }
+    }
+
+    /// The next request asking `what` (as [`request_of`] names it: `"update
+    /// robots"`) reaches the server, and its connection is closed before the answer
+    /// comes back: a write that landed, which its client sees fail on the network.
+    pub fn drop_answer_to_next(&self, what: &str) {
+        *self.answers.next.lock().unwrap() = Some(what.to_string());
+    }
+
+    /// How many answers were dropped so far (see [`Proxy::drop_answer_to_next`]).
+    pub fn answers_dropped(&self) -> u64 {
+        self.answers.dropped.load(Ordering::SeqCst)
     }
 
     /// Strands every connection open now: whatever either end sends on one is held
@@ -293,6 +328,11 @@ struct Link {
     stranded: Stranded,
     /// Counts the requests (the client's direction only).
     tally: Option<Tally>,
+    /// The answer to drop (the client's direction only).
+    answers: Option<DropAnswer>,
+    /// Set when the connection's next answer is to be dropped: the server's
+    /// direction then closes instead of passing it.
+    severed: Arc<AtomicBool>,
 }
 
 async fn pump(
@@ -347,11 +387,35 @@ async fn pump(
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
+        if link.severed.load(Ordering::SeqCst) {
+            if link.answers.is_some() {
+                // The client's direction stays open, and passes nothing more: the
+                // server must not see the connection end before it has answered.
+                continue;
+            }
+            // The answer: the client's connection closes instead.
+            return;
+        }
+        let mut sever = false;
         if let Some(t) = &tally {
-            frames.feed(&buf[..n], t);
+            let asked = frames.feed(&buf[..n], t);
+            if let Some(answers) = &link.answers {
+                let mut next = answers.next.lock().unwrap();
+                if next.as_ref().is_some_and(|w| asked.contains(w)) {
+                    *next = None;
+                    // Before the request goes: its answer cannot come back sooner.
+                    link.severed.store(true, Ordering::SeqCst);
+                    sever = true;
+                }
+            }
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+        if sever {
+            if let Some(answers) = &link.answers {
+                answers.dropped.fetch_add(1, Ordering::SeqCst);
+            }
         }
     }
 }

@@ -203,6 +203,9 @@ pub(super) struct Scheduled {
     /// fenced by the `seq` it followed.
     stored_seq: Option<i64>,
     budget: Budget,
+    /// A write of the firing state went unanswered since the state was last read:
+    /// it may have landed, putting in flight a run `st` does not list.
+    unsure: bool,
 }
 
 impl Scheduled {
@@ -231,6 +234,7 @@ impl Scheduled {
             carried: Some(loaded.clone()),
             stored_seq: Some(loaded.seq),
             budget: Budget::new(policy),
+            unsure: false,
             r,
         }
     }
@@ -574,6 +578,7 @@ impl Scheduled {
             Ok(l) => {
                 self.stored_seq = Some(l.seq);
                 self.st = l.firings;
+                self.unsure = false;
                 self.paused = l.paused;
                 self.publish_rev();
                 self.say_if_odd();
@@ -591,6 +596,7 @@ impl Scheduled {
             }
             other => {
                 tracing::warn!(robot = %self.r.name, "firing state: {other}; trying again");
+                self.unsure = true;
                 self.pause_for(POLL).await;
                 !self.r.token.is_cancelled()
             }
@@ -1091,6 +1097,8 @@ impl Scheduled {
     /// `next` landed: it is the state now, one `rev` on; the runs it put in flight
     /// were claimed now.
     fn written(&mut self, next: FiringState) {
+        // It was written over `st`: no unanswered write before it landed.
+        self.unsure = false;
         if let Some(now_ms) = self.shared.time.now_ms(self.clock()) {
             for e in &next.running {
                 if !self.st.running.iter().any(|r| r.id == e.id) {
@@ -1108,10 +1116,11 @@ impl Scheduled {
     /// The instance is stopping (moved, updated, paused, restarted, released): its
     /// runs stop with their grace, and while the lease holds, each run's end is
     /// recorded by its id: what it returned when it ended by itself, or `stopped`,
-    /// handed to the next instance as cut off. A claim that never started goes back.
-    /// With the lease gone, nothing is written: the next holder judges the runs by
-    /// that lease.
+    /// handed to the next instance as cut off. A claim that never started goes back
+    /// (or on, as not started) first ([`Scheduled::hand_on_unstarted`]). With the
+    /// lease gone, nothing is written: the next holder judges the runs by that lease.
     async fn stop_runs(&mut self) {
+        let handed = self.hand_on_unstarted().await;
         while let Some(done) = self.tasks.join_next().await {
             let (id, result, asked) = match done {
                 Ok(done) => {
@@ -1146,15 +1155,9 @@ impl Scheduled {
         if !self.r.ctx.lease_open() {
             return;
         }
-        let mine: Vec<RunEntry> = self
-            .st
-            .running
-            .iter()
-            .filter(|e| e.slot == self.me.slot && e.epoch == self.me.epoch && e.gen == self.me.gen)
-            .cloned()
-            .collect();
+        let mine = self.mine().await;
         let now_ms = self.shared.time.now_ms(self.clock());
-        for e in mine {
+        for e in mine.into_iter().filter(|e| !handed.contains(&e.id)) {
             let run = self.runs.remove(&e.id).unwrap_or_default();
             let end = run.unwritten;
             // A run whose task failed to return (a panic) is still listed started.
@@ -1183,6 +1186,56 @@ impl Scheduled {
             e.not_started = record.is_none() && !run.ran;
             self.end_by_id(&e, record.as_ref(), cut_off).await;
         }
+    }
+
+    /// At a stop, first gives back or hands on the claims that never started: they
+    /// wait for no run, and the runs may take the whole stop grace, after which the
+    /// instance is aborted. Returns the runs it handled.
+    async fn hand_on_unstarted(&mut self) -> HashSet<ObjectId> {
+        let mut handed = HashSet::new();
+        if !self.r.ctx.lease_open() {
+            return handed;
+        }
+        for e in self.mine().await {
+            let unstarted = self.runs.get(&e.id).is_none_or(|r| {
+                r.task.is_none() && r.started.is_none() && !r.ran && r.unwritten.is_none()
+            });
+            if !unstarted {
+                continue;
+            }
+            self.runs.remove(&e.id);
+            handed.insert(e.id);
+            if self.give_back(&e).await {
+                continue;
+            }
+            let mut e = e;
+            e.not_started = true;
+            self.end_by_id(&e, None, true).await;
+        }
+        handed
+    }
+
+    /// This instance's runs in flight, as stored: read again first when a write
+    /// went unanswered, since it may have put one in flight that `st` does not list
+    /// (a run nobody would end, holding the robot's next firings back).
+    async fn mine(&mut self) -> Vec<RunEntry> {
+        if self.unsure {
+            if let Ok(l) = self
+                .r
+                .ctx
+                .load_paced(&self.r.id, self.r.gen, &self.r.name)
+                .await
+            {
+                self.st = l.firings;
+                self.unsure = false;
+            }
+        }
+        self.st
+            .running
+            .iter()
+            .filter(|e| e.slot == self.me.slot && e.epoch == self.me.epoch && e.gen == self.me.gen)
+            .cloned()
+            .collect()
     }
 
     /// Records run `e`'s end by its id, tried again while the lease holds and the
