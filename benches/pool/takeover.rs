@@ -29,8 +29,11 @@ pub(super) async fn handover(trials: usize, robots: u32, graceful: bool) -> Row 
     for _ in 0..trials {
         let old = owner(&db.slot("slot-001").await).unwrap();
         let i = w.iter().position(|x| x.id == old).unwrap();
-        // Let the standby settle into its poll rhythm.
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        // Let the standby settle: past its first lease of watching the server's
+        // clock, before which it claims no stamped slot (worker/clock_step.rs). The
+        // standby is new each trial; killed sooner, the row measured that hold's
+        // end, not the wake-up at expiry (the run of 2026-11-28 17:35).
+        tokio::time::sleep(Duration::from_millis(2300)).await;
         let t0 = wall_ms();
         if graceful {
             w[i].signal(libc::SIGTERM);
