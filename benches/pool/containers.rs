@@ -173,6 +173,9 @@ pub(super) async fn container_pool(
         .iter()
         .map(|s| (common::epoch(s) - 1).max(0))
         .sum();
+    if cold_epochs > 0 || cold_fences > 0 {
+        eprintln!("cpool cold start: {}", lease_trail(&db).await.join("\n  "));
+    }
     eager_counters(&db, "p", robots);
     checkpointed_since(&db, 0, robots as u64).await;
     let scale = format!("worker={workers}");
@@ -330,6 +333,49 @@ fn death_times(containers: &[String], t0: i64) -> Vec<i64> {
             let at = String::from_utf8_lossy(&o.stdout).trim().to_string();
             chrono::DateTime::parse_from_rfc3339(&at)
                 .map_or(i64::MIN, |t| t.timestamp_millis() - t0)
+        })
+        .collect()
+}
+
+/// Every claim, release, loss and self-fence in `events` so far, in order, in ms
+/// after the first: what an extra epoch at a cold start came from.
+async fn lease_trail(db: &TestDb) -> Vec<String> {
+    use futures::TryStreamExt;
+    let kinds = ["claim", "release", "lost", "self_fence"];
+    let events: Vec<bson::Document> = db
+        .store
+        .events()
+        .find(doc! {"kind": {"$in": kinds.to_vec()}})
+        .sort(doc! {"at": 1, "_id": 1})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let first = events
+        .first()
+        .and_then(|e| e.get_datetime("at").ok())
+        .map_or(0, |d| d.timestamp_millis());
+    events
+        .iter()
+        .map(|e| {
+            let at = e
+                .get_datetime("at")
+                .map_or(-1, |d| d.timestamp_millis() - first);
+            let text = |k: &str| e.get(k).map_or(String::new(), |v| v.to_string());
+            format!(
+                "+{at} ms {} {} by {} epoch {}{}{}",
+                text("kind"),
+                text("slot_id"),
+                text("worker"),
+                text("epoch"),
+                if e.get_bool("overflow").unwrap_or(false) {
+                    " (overflow)"
+                } else {
+                    ""
+                },
+                e.get("detail").map_or(String::new(), |d| format!(" {d}")),
+            )
         })
         .collect()
 }
