@@ -497,6 +497,45 @@ async fn a_new_holder_poked_at_once_leaves_the_other_vacant_slots_to_standbys() 
     );
 }
 
+/// A pool whose workers start seconds apart: a holder may overflow onto the vacant
+/// slot 4 s after its own start, but a standby started when the holder claimed its
+/// first slot leaves that slot alone until its own first lease ends, later. The
+/// holder waits for it (the standby's heartbeat says when its hold ends), so the slot
+/// is claimed once, by the standby, and never handed back: epoch 1, no release.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_leaves_a_vacant_slot_to_a_standby_still_in_its_first_lease() {
+    let db = TestDb::new("line_settling_standby").await;
+    db.init(2).await;
+    let holder = db.worker(&[]);
+    common::wait_for(
+        Duration::from_secs(30),
+        "the holder's first slot",
+        || async { (db.held_per_worker().await.get(&holder.id) >= Some(&1)).then_some(()) },
+    )
+    .await;
+    let standby = db.worker(&[]);
+    common::wait_for(Duration::from_secs(30), "both slots held", || async {
+        (db.held_per_worker().await.values().sum::<usize>() == 2).then_some(())
+    })
+    .await;
+    let held = db.held_per_worker().await;
+    assert_eq!(
+        (held.get(&holder.id), held.get(&standby.id)),
+        (Some(&1), Some(&1)),
+        "one slot each: {held:?}"
+    );
+    for s in db.slots().await {
+        assert_eq!(common::epoch(&s), 1, "claimed once: {s:?}");
+    }
+    let releases = db
+        .store
+        .events()
+        .count_documents(doc! {"kind": "release"})
+        .await
+        .unwrap();
+    assert_eq!(releases, 0, "nothing was handed back");
+}
+
 /// A slot the poll finds but nobody may take (an older holder renews `time` only,
 /// so its `expires_ms` stays 0) costs one extra survey per tick, not one per poll.
 #[tokio::test(flavor = "multi_thread")]

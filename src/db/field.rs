@@ -107,6 +107,8 @@ pub(crate) const TICK_MS: &str = "tick_ms";
 pub(crate) const BEAT_MS: &str = "beat_ms";
 /// Until when (server-clock milliseconds) a heartbeat is believed.
 pub(crate) const ALIVE_UNTIL_MS: &str = "alive_until_ms";
+/// Server-clock ms from which a new worker claims slots vacant since before it began.
+pub(crate) const SETTLES_AT_MS: &str = "settles_at_ms";
 /// When the TTL index removes a document nobody renews (a heartbeat, a deleted
 /// robot's output).
 pub(crate) const EXPIRE_AT: &str = "expire_at";

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::clock::ServerClock;
 use crate::db::field::{
     ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, MAX_SLOTS, NETNS, ROOM,
-    SLOTS, SLOT_ID, TICK_MS, VERSION,
+    SETTLES_AT_MS, SLOTS, SLOT_ID, TICK_MS, VERSION,
 };
 use crate::db::store::int;
 use crate::db::words::words;
@@ -191,6 +191,9 @@ pub(crate) struct Beat<'a> {
     /// How soon the next heartbeat comes (see [`beat_pace`](crate::worker::standby_line::beat_pace)): the heartbeat is
     /// believed for [`believed_for`] this.
     pub(crate) pace: Duration,
+    /// How long after this beat the worker still leaves slots vacant since before
+    /// it began (its first-lease hold): zero once settled.
+    pub(crate) settles_in: Duration,
 }
 
 /// A live worker as its heartbeat says.
@@ -203,6 +206,9 @@ pub(crate) struct LiveWorker {
     /// When that heartbeat was written (server-clock ms): a worker that beat again
     /// since is alive, not merely still believed.
     pub(crate) seen_at_ms: Option<i64>,
+    /// How long ago (server-clock ms) its first-lease hold ended, negative while it
+    /// lasts; None from a worker whose heartbeat does not say.
+    pub(crate) settled_ms: Option<i64>,
 }
 
 /// Why a heartbeat was not written.
@@ -260,6 +266,7 @@ fn heartbeat_update(beat: &Beat<'_>) -> Vec<Document> {
         ALIVE_UNTIL_MS: {"$add": [
             {"$toLong": "$$NOW"}, believed_for(every).as_millis() as i64,
         ]},
+        SETTLES_AT_MS: {"$add": [{"$toLong": "$$NOW"}, beat.settles_in.as_millis() as i64]},
         EXPIRE_AT: {"$add": ["$$NOW", forgotten_after(every).as_millis() as i64]},
         VERSION: env!("CARGO_PKG_VERSION"),
     }}]
@@ -439,6 +446,11 @@ impl Roster {
         pipeline.push(doc! {"$project": {
             MAX_SLOTS: 1, TICK_MS: 1, "seen_ms": 1, "alive_ms": 1,
             "seen_at_ms": {"$toLong": field(LAST_SEEN)},
+            "settled_ms": {"$cond": [
+                {"$in": [{"$type": field(SETTLES_AT_MS)}, ["int", "long"]]},
+                {"$subtract": [{"$toLong": "$$NOW"}, field(SETTLES_AT_MS)]},
+                Bson::Null,
+            ]},
             HELD: {"$cond": [{"$isArray": field(SLOTS)}, {"$size": field(SLOTS)}, 0]},
         }});
         let mut cursor = self.workers.aggregate(pipeline).await?;
@@ -450,6 +462,7 @@ impl Roster {
                     max_slots: int(&d, MAX_SLOTS).filter(|m| *m > 0).map(|m| m as usize),
                     held: int(&d, HELD).unwrap_or(0).max(0) as usize,
                     seen_at_ms: int(&d, "seen_at_ms"),
+                    settled_ms: int(&d, "settled_ms"),
                 });
             }
         }
@@ -558,6 +571,7 @@ mod tests {
             max_slots: max,
             tick: T,
             pace: BEAT,
+            settles_in: Duration::ZERO,
         };
         assert!(beat(None).room());
         assert!(beat(Some(2)).room());

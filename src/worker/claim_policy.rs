@@ -172,6 +172,9 @@ pub(crate) struct Peer {
     /// A standby that left a slot handed to it untaken and has not beaten since:
     /// no slot is handed back for it.
     pub(crate) passed_over: bool,
+    /// How long ago its first-lease hold ended (ms, server clock), negative while it
+    /// lasts; `i64::MAX` when its heartbeat does not say.
+    pub(crate) settled_ms: i64,
 }
 
 impl Peer {
@@ -203,6 +206,7 @@ impl Round<'_> {
                 held: 0,
                 max_slots: None,
                 passed_over: false,
+                settled_ms: i64::MAX,
             })
     }
 
@@ -228,16 +232,35 @@ impl Round<'_> {
         Some(self.overflow_after + self.tick * (me.held - fewest) as u32)
     }
 
+    /// How long `slot` has stood for this worker's claim (ms, negative before it
+    /// stands at all): since its expiry; for a holder, no longer than since the last
+    /// standby's first-lease hold ended. A standby in that hold leaves a slot vacant
+    /// since before it began, so the standbys' `overflow_after` counts from when
+    /// they could take it, not from an expiry long past (a pool whose workers start
+    /// seconds apart).
+    fn standing_ms(&self, slot: &Candidate) -> i64 {
+        let expired = slot.expired_for.as_millis() as i64;
+        if self.mine().held == 0 {
+            return expired;
+        }
+        self.workers
+            .iter()
+            .filter(|p| p.id != self.me && p.held == 0 && p.has_room() && !p.passed_over)
+            .map(|p| p.settled_ms)
+            .fold(expired, i64::min)
+    }
+
     /// The expired slots this worker may claim now, sorted by id (the claim starts at
     /// this worker's hash position among them).
     pub(crate) fn claimable(&self) -> Vec<Candidate> {
         let Some(delay) = self.claim_delay() else {
             return Vec::new();
         };
+        let delay = delay.as_millis() as i64;
         let mut out: Vec<Candidate> = self
             .expired
             .iter()
-            .filter(|o| o.expired_for >= delay)
+            .filter(|o| self.standing_ms(o) >= delay)
             .cloned()
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
@@ -246,12 +269,13 @@ impl Round<'_> {
 
     /// How long until an expired slot becomes claimable by this worker, if one will.
     pub(crate) fn next_claimable_in(&self) -> Option<Duration> {
-        let delay = self.claim_delay()?;
+        let delay = self.claim_delay()?.as_millis() as i64;
         self.expired
             .iter()
-            .filter(|o| o.expired_for < delay)
-            .map(|o| delay - o.expired_for)
+            .map(|o| delay - self.standing_ms(o))
+            .filter(|left| *left > 0)
             .min()
+            .map(|left| Duration::from_millis(left as u64))
     }
 
     /// True when this worker should give one slot back now: it holds more than one,
@@ -294,6 +318,7 @@ pub(crate) fn peers(
             held: w.held,
             max_slots: w.max_slots,
             passed_over: passed_over.get(&w.id) == Some(&w.seen_at_ms),
+            settled_ms: w.settled_ms.unwrap_or(i64::MAX),
         })
         .collect();
     out.push(Peer {
@@ -301,6 +326,7 @@ pub(crate) fn peers(
         held: my_held,
         max_slots: my_max,
         passed_over: false,
+        settled_ms: i64::MAX,
     });
     out
 }
@@ -543,6 +569,7 @@ mod tests {
             held,
             max_slots: None,
             passed_over: false,
+            settled_ms: i64::MAX,
         }
     }
 
@@ -584,6 +611,53 @@ mod tests {
         assert!(r.claimable().is_empty(), "the standby's turn");
         assert_eq!(r.next_claimable_in(), Some(Duration::from_millis(1)));
         let e = [orphan("s1", 2000)];
+        assert_eq!(ids(round("a", &w, &e).claimable()), ["s1"]);
+    }
+
+    #[test]
+    fn a_holder_leaves_a_long_vacant_slot_to_a_standby_still_in_its_first_hold() {
+        // A pool starting seconds apart: the slot has been vacant a minute, and the
+        // standby b began a second ago (its first-lease hold ends in a second).
+        let mut b = peer("b", 0);
+        b.settled_ms = -1000;
+        let e = [orphan("s1", 60_000)];
+        let w = [peer("a", 1), b.clone()];
+        let r = round("a", &w, &e);
+        assert!(r.claimable().is_empty(), "b takes it when its hold ends");
+        assert_eq!(
+            r.next_claimable_in(),
+            Some(Duration::from_millis(3000)),
+            "overflow_after past then"
+        );
+        // Settled for overflow_after and still a standby: a holder may take it.
+        b.settled_ms = 2000;
+        let w = [peer("a", 1), b.clone()];
+        assert_eq!(ids(round("a", &w, &e).claimable()), ["s1"]);
+        // A standby passed over, or at its cap, holds nobody back.
+        b.settled_ms = -1000;
+        b.passed_over = true;
+        assert_eq!(
+            ids(round("a", &[peer("a", 1), b.clone()], &e).claimable()),
+            ["s1"]
+        );
+        b.passed_over = false;
+        b.max_slots = Some(0);
+        assert_eq!(
+            ids(round("a", &[peer("a", 1), b.clone()], &e).claimable()),
+            ["s1"]
+        );
+        // A slot that expired since the standby settled counts from its expiry.
+        b.max_slots = None;
+        b.settled_ms = 10_000;
+        let w = [peer("a", 1), b.clone()];
+        let e = [orphan("s1", 1500)];
+        assert_eq!(
+            round("a", &w, &e).next_claimable_in(),
+            Some(Duration::from_millis(500))
+        );
+        // A standby never waits for another.
+        let w = [peer("a", 0), b];
+        let e = [orphan("s1", 0)];
         assert_eq!(ids(round("a", &w, &e).claimable()), ["s1"]);
     }
 
@@ -641,6 +715,7 @@ mod tests {
             held,
             max_slots: max,
             seen_at_ms: Some(100),
+            settled_ms: None,
         };
         let alive = [live("a", 1, None), live("b", 0, Some(2))];
         let none = HashMap::new();
@@ -651,12 +726,14 @@ mod tests {
             held: 2,
             max_slots: Some(3),
             passed_over: false,
+            settled_ms: i64::MAX,
         }));
         assert!(p.contains(&Peer {
             id: "b".into(),
             held: 0,
             max_slots: Some(2),
             passed_over: false,
+            settled_ms: i64::MAX,
         }));
         // A worker whose heartbeat is not in yet still counts itself.
         assert_eq!(peers(&[], "me", 0, None, &none), [peer("me", 0)]);
@@ -669,6 +746,7 @@ mod tests {
             held: 0,
             max_slots: None,
             seen_at_ms: Some(seen),
+            settled_ms: None,
         };
         let passed: HashMap<String, Option<i64>> = [("s".to_string(), Some(100))].into();
         let w = peers(&[live(100)], "a", 2, None, &passed);

@@ -312,6 +312,13 @@ impl Worker {
         self.settings.timing.tick
     }
 
+    /// How long this worker still leaves slots vacant since before it began (see
+    /// [`claim_policy::first_hold`]): its heartbeat says so, and holders leave such
+    /// slots to it meanwhile (see [`claim_policy::Round::claimable`]).
+    fn settles_in(&self) -> Duration {
+        claim_policy::first_hold(&self.settings.timing).saturating_sub(self.clock.since(self.born))
+    }
+
     fn hold_context(&self) -> HoldContext {
         HoldContext {
             protocol: self.protocol.clone(),
@@ -509,6 +516,7 @@ impl Worker {
             max_slots: self.settings.max_slots,
             tick: self.tick(),
             pace,
+            settles_in: self.settles_in(),
         };
         matches!(
             tokio::time::timeout(limit, self.line.take_over(&beat, predecessor)).await,
@@ -1279,6 +1287,7 @@ impl Worker {
             max_slots: self.settings.max_slots,
             tick: self.tick(),
             pace,
+            settles_in: self.settles_in(),
         };
         // The first beat reads no clock: the place read that follows it does.
         let read_clock = match self.server {
