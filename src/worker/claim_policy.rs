@@ -232,22 +232,28 @@ impl Round<'_> {
         Some(self.overflow_after + self.tick * (me.held - fewest) as u32)
     }
 
-    /// How long `slot` has stood for this worker's claim (ms, negative before it
-    /// stands at all): since its expiry; for a holder, no longer than since the last
-    /// standby's first-lease hold ended. A standby in that hold leaves a slot vacant
-    /// since before it began, so the standbys' `overflow_after` counts from when
-    /// they could take it, not from an expiry long past (a pool whose workers start
-    /// seconds apart).
-    fn standing_ms(&self, slot: &Candidate) -> i64 {
-        let expired = slot.expired_for.as_millis() as i64;
+    /// The most any slot can have stood for this worker's claim (ms, negative while
+    /// none can): unbounded for a standby; for a holder, since the last standby's
+    /// first-lease hold ended. A standby in that hold leaves a slot vacant since
+    /// before it began, so the standbys' `overflow_after` counts from when they could
+    /// take it, not from an expiry long past (a pool whose workers start seconds
+    /// apart). Read once per round, not per slot.
+    fn standing_cap_ms(&self) -> i64 {
         if self.mine().held == 0 {
-            return expired;
+            return i64::MAX;
         }
         self.workers
             .iter()
             .filter(|p| p.id != self.me && p.held == 0 && p.has_room() && !p.passed_over)
             .map(|p| p.settled_ms)
-            .fold(expired, i64::min)
+            .min()
+            .unwrap_or(i64::MAX)
+    }
+
+    /// How long `slot` has stood for this worker's claim (ms): since its expiry,
+    /// at most `cap` (see [`Round::standing_cap_ms`]).
+    fn standing_ms(slot: &Candidate, cap: i64) -> i64 {
+        (slot.expired_for.as_millis() as i64).min(cap)
     }
 
     /// The expired slots this worker may claim now, sorted by id (the claim starts at
@@ -256,11 +262,11 @@ impl Round<'_> {
         let Some(delay) = self.claim_delay() else {
             return Vec::new();
         };
-        let delay = delay.as_millis() as i64;
+        let (delay, cap) = (delay.as_millis() as i64, self.standing_cap_ms());
         let mut out: Vec<Candidate> = self
             .expired
             .iter()
-            .filter(|o| self.standing_ms(o) >= delay)
+            .filter(|o| Self::standing_ms(o, cap) >= delay)
             .cloned()
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
@@ -270,9 +276,10 @@ impl Round<'_> {
     /// How long until an expired slot becomes claimable by this worker, if one will.
     pub(crate) fn next_claimable_in(&self) -> Option<Duration> {
         let delay = self.claim_delay()?.as_millis() as i64;
+        let cap = self.standing_cap_ms();
         self.expired
             .iter()
-            .map(|o| delay - self.standing_ms(o))
+            .map(|o| delay - Self::standing_ms(o, cap))
             .filter(|left| *left > 0)
             .min()
             .map(|left| Duration::from_millis(left as u64))
