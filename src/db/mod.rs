@@ -21,3 +21,4 @@ pub(crate) mod robots;
 pub(crate) mod schema;
 pub mod store;
 pub(crate) mod words;
+pub(crate) mod write_concern;

@@ -2,7 +2,8 @@
 //! from what one survey saw: [`decide`] applies these rules in order and returns one
 //! [`ClaimDecision`]. See docs/internals.md, "Claim rules".
 //!
-//! 1. Who may take what ([`Round`]): a standby at once, a holder by overflow.
+//! 1. Who may take what ([`Round`]): a standby at once, a holder by overflow, and
+//!    a lapsed lease only after a full lease of contact ([`outage_hold`]).
 //! 2. After a forward step of the server's clock ([`after_clock_step`]).
 //! 3. Hand-back ([`Round::should_give_back`], [`hand_back_outcome`]).
 //! 4. A new worker's holds at a cold start ([`claimable_after_survey`], [`may_claim`]).
@@ -193,6 +194,9 @@ pub(crate) struct Round<'a> {
     pub(crate) expired: &'a [Candidate],
     pub(crate) overflow_after: Duration,
     pub(crate) tick: Duration,
+    /// How long this worker has reached the database without a break (see
+    /// [`outage_hold`]).
+    pub(crate) contact: Duration,
 }
 
 impl Round<'_> {
@@ -262,11 +266,11 @@ impl Round<'_> {
         let Some(delay) = self.claim_delay() else {
             return Vec::new();
         };
-        let (delay, cap) = (delay.as_millis() as i64, self.standing_cap_ms());
+        let cap = self.standing_cap_ms();
         let mut out: Vec<Candidate> = self
             .expired
             .iter()
-            .filter(|o| Self::standing_ms(o, cap) >= delay)
+            .filter(|o| self.claimable_in(o, delay, cap).is_zero())
             .cloned()
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
@@ -275,14 +279,22 @@ impl Round<'_> {
 
     /// How long until an expired slot becomes claimable by this worker, if one will.
     pub(crate) fn next_claimable_in(&self) -> Option<Duration> {
-        let delay = self.claim_delay()?.as_millis() as i64;
+        let delay = self.claim_delay()?;
         let cap = self.standing_cap_ms();
         self.expired
             .iter()
-            .map(|o| delay - Self::standing_ms(o, cap))
-            .filter(|left| *left > 0)
+            .map(|o| self.claimable_in(o, delay, cap))
+            .filter(|wait| !wait.is_zero())
             .min()
-            .map(|left| Duration::from_millis(left as u64))
+    }
+
+    /// How long until `o` is claimable by this worker, whose claims wait `delay`
+    /// past expiry: zero when it is now.
+    fn claimable_in(&self, o: &Candidate, delay: Duration, cap: i64) -> Duration {
+        let left = (delay.as_millis() as i64 - Self::standing_ms(o, cap)).max(0);
+        let past_expiry = Duration::from_millis(left as u64);
+        let contact = outage_hold(o, self.contact, self.tick * 2).unwrap_or_default();
+        past_expiry.max(contact)
     }
 
     /// True when this worker should give one slot back now: it holds more than one,
@@ -303,6 +315,24 @@ impl Round<'_> {
             .position(|p| p.id == self.me)
             .is_some_and(|rank| rank < standbys)
     }
+}
+
+/// How long a worker that could not reach the database during slot `o`'s last lease
+/// must still wait before claiming it: until it has had `lease` of unbroken
+/// `contact`. A lease that lapsed while the claimer could not see it may belong to
+/// a holder that is suspended, not dead (the database was away for everyone), and
+/// that holder renews late the moment the database answers: the wait gives it that
+/// first chance, so an outage that everyone saw moves no slot. A claimer that kept
+/// contact through the whole lease (a holder partitioned alone) waits nothing, and a
+/// slot released or never held has no holder to wait for. The rule only delays a
+/// claim, never hastens one.
+pub(crate) fn outage_hold(o: &Candidate, contact: Duration, lease: Duration) -> Option<Duration> {
+    let lapsed = o.time.is_some();
+    let saw_the_lease = contact >= o.expired_for + lease;
+    if !lapsed || saw_the_lease || contact >= lease {
+        return None;
+    }
+    Some(lease - contact)
 }
 
 /// Live workers with the number of slots each holds: their heartbeats say who is
@@ -596,11 +626,69 @@ mod tests {
             expired,
             overflow_after: L,
             tick: T,
+            contact: Duration::from_secs(3600),
         }
     }
 
     fn ids(c: Vec<Candidate>) -> Vec<String> {
         c.into_iter().map(|c| c.id).collect()
+    }
+
+    fn lapsed(id: &str, ms: u64) -> Candidate {
+        Candidate {
+            time: Some(bson::DateTime::from_millis(1)),
+            ..orphan(id, ms)
+        }
+    }
+
+    #[test]
+    fn a_lapsed_lease_waits_for_a_full_lease_of_contact() {
+        // The database was away for this worker too: it has had 500 ms of contact.
+        let hold = outage_hold(&lapsed("s1", 100), Duration::from_millis(500), L);
+        assert_eq!(hold, Some(Duration::from_millis(1500)));
+        // A full lease of contact: the holder had its chance to renew late.
+        assert_eq!(outage_hold(&lapsed("s1", 100), L, L), None);
+    }
+
+    #[test]
+    fn a_claimer_that_saw_the_whole_lease_waits_nothing() {
+        // Contact through the lease and since its expiry: a holder partitioned alone.
+        assert_eq!(outage_hold(&lapsed("s1", 0), L, L), None);
+        assert_eq!(
+            outage_hold(&lapsed("s1", 300), L + Duration::from_millis(300), L),
+            None
+        );
+    }
+
+    #[test]
+    fn a_released_or_never_held_slot_has_no_holder_to_wait_for() {
+        assert_eq!(outage_hold(&orphan("s1", 0), Duration::ZERO, L), None);
+    }
+
+    #[test]
+    fn the_outage_hold_delays_the_claim_and_says_when() {
+        let w = [peer("a", 0), peer("b", 1)];
+        let e = [lapsed("s1", 100), orphan("s2", 0)];
+        let mut r = round("a", &w, &e);
+        r.contact = Duration::from_millis(500);
+        assert_eq!(ids(r.claimable()), ["s2"], "the released slot is taken at once");
+        assert_eq!(r.next_claimable_in(), Some(Duration::from_millis(1500)));
+        r.contact = L;
+        assert_eq!(ids(r.claimable()), ["s1", "s2"]);
+        assert_eq!(r.next_claimable_in(), None);
+    }
+
+    #[test]
+    fn the_outage_hold_never_hastens_an_overflow() {
+        // A holder's overflow waits `overflow_after` past expiry whatever its contact.
+        let w = [peer("a", 1)];
+        let e = [lapsed("s1", 100)];
+        let mut r = round("a", &w, &e);
+        r.contact = Duration::from_secs(3600);
+        assert!(r.claimable().is_empty());
+        assert_eq!(r.next_claimable_in(), Some(L - Duration::from_millis(100)));
+        r.contact = Duration::ZERO;
+        assert_eq!(r.next_claimable_in(), Some(L));
     }
 
     #[test]
@@ -1015,6 +1103,7 @@ mod tests {
                 expired,
                 overflow_after: L,
                 tick: T,
+                contact: Duration::from_secs(3600),
             },
             place: Place::Front,
             woken: false,

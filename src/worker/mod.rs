@@ -693,6 +693,7 @@ impl Worker {
                 expired: &survey.expired,
                 overflow_after: self.settings.overflow_after,
                 tick: self.tick(),
+                contact: self.health.contact(Instant::now()),
             },
             place: pace.place,
             woken,

@@ -135,6 +135,9 @@ pub(crate) type SharedStatus = Arc<Mutex<WorkerStatus>>;
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     down_since: Mutex<Option<Instant>>,
+    /// Since when the database has answered without a failure in between: None
+    /// before its first answer and while it is down.
+    up_since: Mutex<Option<Instant>>,
     /// Outages begun so far (see [`Health::outages`]).
     outages: std::sync::atomic::AtomicU64,
 }
@@ -147,7 +150,21 @@ impl Health {
         self.outages.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// How long the database has answered without a failure in between (zero before
+    /// its first answer): how much of a slot's last lease this worker could see
+    /// (see `claim_policy::outage_hold`).
+    pub(crate) fn contact(&self, now: Instant) -> std::time::Duration {
+        self.up_since
+            .lock()
+            .expect("health lock")
+            .map_or(std::time::Duration::ZERO, |t| now.saturating_duration_since(t))
+    }
+
     pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
+        self.up_since
+            .lock()
+            .expect("health lock")
+            .get_or_insert_with(Instant::now);
         if let Some(since) = self.down_since.lock().expect("health lock").take() {
             tracing::info!(
                 down_ms = since.elapsed().as_millis() as u64,
@@ -162,6 +179,7 @@ impl Health {
     pub(crate) fn failed(&self, metrics: &Metrics, status: &SharedStatus, why: &str) {
         metrics.db_healthy.set(0);
         status.lock().expect("status lock").database_ok = false;
+        *self.up_since.lock().expect("health lock") = None;
         let mut down = self.down_since.lock().expect("health lock");
         if down.is_none() {
             *down = Some(Instant::now());
