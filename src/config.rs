@@ -119,7 +119,16 @@ pub struct LeaseTiming {
     pub tick: Duration,
     pub margin: Duration,
     pub stop_grace: Duration,
+    /// How long past the self-fence deadline a holder keeps its robots suspended
+    /// (frozen, not polled) while it tries to renew late; zero stops them at the
+    /// deadline. See [`DEFAULT_SUSPEND_FOR`].
+    pub suspend_for: Duration,
 }
+
+/// `--suspend-for` by default: a minute, so that a replica set's election (about
+/// 10–12 s with the default election timeout) or a maintenance step-down is ridden
+/// out with every robot resumed in place.
+pub const DEFAULT_SUSPEND_FOR: Duration = Duration::from_secs(60);
 
 impl LeaseTiming {
     /// Defaults that scale with the tick: margin 0.45 T, stop grace 0.3 T. A renewal
@@ -129,6 +138,7 @@ impl LeaseTiming {
             tick,
             margin: tick.mul_f64(0.45),
             stop_grace: tick.mul_f64(0.3),
+            suspend_for: DEFAULT_SUSPEND_FOR,
         }
     }
 

@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use bson::Document;
 
 use super::Cli;
-use crate::db::store::Store;
+use crate::db::store::{Store, WriteConcernPolicy};
 
 const DEFAULT_URI: &str = "mongodb://127.0.0.1:27017/slotpool";
 
@@ -23,8 +23,8 @@ pub(super) fn connection_string(cli: &Cli) -> anyhow::Result<String> {
     }
 }
 
-pub(super) async fn connect(uri: &str) -> anyhow::Result<Store> {
-    Store::connect(uri)
+pub(super) async fn connect(uri: &str, policy: WriteConcernPolicy) -> anyhow::Result<Store> {
+    Store::connect_with(uri, policy)
         .await
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")
 }

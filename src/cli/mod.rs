@@ -24,6 +24,7 @@ mod worker;
 
 use clap::{Parser, Subcommand};
 
+use crate::db::store::WriteConcernPolicy;
 use connect::{connect, connection_string};
 
 /// Keeps stateful robots alive on a pool of identical workers, coordinated through
@@ -45,6 +46,13 @@ pub struct Cli {
     /// convention); it never appears in a command line or an environment.
     #[arg(long, global = true, env = "MONGODB_URI_FILE", value_name = "PATH")]
     pub(crate) mongodb_uri_file: Option<std::path::PathBuf>,
+
+    /// Accept the connection string's write concern even when it is weaker than
+    /// `w=majority` with `journal=true`. Without this, such a URI is refused: on a
+    /// replica set, a claim or checkpoint acknowledged by fewer members can be
+    /// rolled back by a failover, and two workers could then both run a robot.
+    #[arg(long, global = true, env = "SLOTPOOL_UNSAFE_WRITE_CONCERN")]
+    pub(crate) unsafe_write_concern: bool,
 
     #[command(subcommand)]
     pub(crate) command: Command,
@@ -87,10 +95,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let uri = connection_string(&cli)?;
     crate::secrets::remember(&uri);
     crate::secrets::hide_from_other_processes(&uri);
+    let policy = if cli.unsafe_write_concern {
+        WriteConcernPolicy::AsTheUriSays
+    } else {
+        WriteConcernPolicy::Majority
+    };
     let store = match cli.command {
-        Command::Worker(args) => return worker::run(&uri, args).await,
-        Command::Web(args) => return crate::web::run(&uri, args).await,
-        _ => connect(&uri).await?,
+        Command::Worker(args) => return worker::run(&uri, policy, args).await,
+        Command::Web(args) => return crate::web::run(&uri, policy, args).await,
+        _ => connect(&uri, policy).await?,
     };
     let result = match cli.command {
         Command::Init(args) => init::run(&store, args).await,

@@ -41,6 +41,15 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "SLOTPOOL_STOP_GRACE", value_parser = parse_duration_arg, allow_hyphen_values = true)]
     stop_grace: Option<Duration>,
 
+    /// How long a holder that cannot renew keeps its robots suspended (exec trees
+    /// frozen, other kinds not polled) before it stops them. A late renewal that
+    /// still matches its epoch proves nobody took the slot, and the same robots go
+    /// on in place: a database outage or a replica set's election shorter than
+    /// this restarts nothing. Size it above your set's longest election (about
+    /// 10-12 s by default). 0 stops robots at the self-fence, as before 0.3.
+    #[arg(long, env = "SLOTPOOL_SUSPEND_FOR", default_value = "60s", value_parser = parse_duration_arg, allow_hyphen_values = true)]
+    suspend_for: Duration,
+
     /// The most slots this worker holds at once. Default: no cap, so every robot runs
     /// while one worker lives. To survive n worker failures with W workers and S
     /// slots, each worker must be able to carry ceil(S / (W - n)) slots.
@@ -219,12 +228,17 @@ fn raise_fd_limit() -> u64 {
     limit.rlim_cur
 }
 
-pub(crate) async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    uri: &str,
+    policy: crate::db::store::WriteConcernPolicy,
+    args: WorkerArgs,
+) -> anyhow::Result<()> {
     let defaults = LeaseTiming::from_tick(args.tick);
     let timing = LeaseTiming {
         tick: args.tick,
         margin: args.fence_margin.unwrap_or(defaults.margin),
         stop_grace: args.stop_grace.unwrap_or(defaults.stop_grace),
+        suspend_for: args.suspend_for,
     };
     timing.validate()?;
     let release_poll = if args.no_change_stream {
@@ -264,11 +278,19 @@ pub(crate) async fn run(uri: &str, args: WorkerArgs) -> anyhow::Result<()> {
             listen.port()
         )
     })?;
-    let store = Store::connect(uri)
+    let store = Store::connect_with(uri, policy)
         .await
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
+    match store.topology().await {
+        Ok(topology) => {
+            for warning in topology.warnings() {
+                tracing::warn!("{warning}");
+            }
+        }
+        Err(e) => tracing::warn!("could not read the deployment's topology (hello): {e}"),
+    }
     tracing::info!(
-        worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(),
+        worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(), write_concern = %store.write_concern(),
         lease_ms = timing.lease_ms(), max_slots = ?args.max_slots, watchers = args.watchers,
         release_poll_ms = release_poll.map_or(0, |p| p.as_millis() as u64),
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,

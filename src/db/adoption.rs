@@ -81,7 +81,7 @@ impl ContextStore {
     pub async fn adopt(&self, robots: &[(ObjectId, i64)]) -> Result<Adopted, ContextError> {
         let ids: Vec<ObjectId> = robots.iter().map(|(id, _)| *id).collect();
         let ids = &ids[..];
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Err(self.lapsed("(adoption)"));
         }
         // `$not: {$gt}` rather than `$lte`: a hand-broken epoch (missing, a string)
@@ -163,7 +163,7 @@ impl ContextStore {
     /// copy, and the next sync starts it. A validator refusal stops the statement
     /// part-way; the rest are then adopted by `_id`.
     pub async fn adopt_slot(&self, robots: &[(ObjectId, i64)]) -> Result<Adopted, ContextError> {
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Err(self.lapsed("(adoption)"));
         }
         let all = Statement {

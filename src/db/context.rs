@@ -306,7 +306,7 @@ impl ContextStore {
         name: &str,
     ) -> Result<Loaded, ContextError> {
         let _permit = self.pacer.acquire().await;
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Err(self.lapsed(name));
         }
         self.load(id, gen, name).await
@@ -341,7 +341,7 @@ impl ContextStore {
                 bytes,
             });
         }
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             self.metrics.fenced_writes.inc();
             return Err(self.lapsed(name));
         }
@@ -413,7 +413,7 @@ impl ContextStore {
         restarts: Option<i64>,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Ok(false);
         }
         let mut set = doc! {
@@ -474,7 +474,7 @@ impl ContextStore {
         applied: Result<(&str, &Document), &str>,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Ok(false);
         }
         let filter = doc! {
@@ -547,7 +547,7 @@ impl ContextStore {
         restarts: i64,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Ok(false);
         }
         let error = doc! {"$literal": crate::secrets::scrub(why).into_owned()};
@@ -569,7 +569,7 @@ impl ContextStore {
         restarts: i64,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Ok(false);
         }
         let set = self.held_as(RobotStatus::Completed, Bson::Null, restarts);
@@ -599,7 +599,7 @@ impl ContextStore {
         gen: i64,
         write: crate::db::firing::FiringWrite<'_>,
     ) -> Result<Written, ContextError> {
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Ok(Written::Lapsed);
         }
         // The history kept is bounded however the spec was edited.
@@ -634,7 +634,7 @@ impl ContextStore {
     /// so the robot would never fire again. True when it replaced one.
     pub(crate) async fn heal_runs(&self, id: &ObjectId, gen: i64) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Ok(false);
         }
         let runs = crate::db::firing::RUNS;
@@ -661,7 +661,7 @@ impl ContextStore {
         keep: u32,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Ok(false);
         }
         let (filter, update) = crate::db::firing::end_by_id(*id, entry, record, cut_off, keep);
@@ -681,7 +681,7 @@ impl ContextStore {
         applied_limits: Option<Document>,
     ) -> Result<bool, ContextError> {
         let _permit = self.pacer.acquire().await;
-        if !self.guard.is_open() {
+        if !self.guard.admit().await {
             return Ok(false);
         }
         let update = match applied_limits {

@@ -447,7 +447,7 @@ async fn commit(
     guard: &WriteGuard,
     _permit: OwnedWritePermit,
 ) -> Option<Duration> {
-    if !guard.is_open() {
+    if !guard.admit().await {
         for q in batch {
             let _ = q.reply.send(Ok(Written::Lapsed));
         }
@@ -499,15 +499,17 @@ pub(crate) enum Answer<T> {
     /// The lease's write guard closed first; the command was dropped (unsent, if the
     /// driver still held it).
     Lapsed,
-    /// No answer within the bound, the lease open all along.
+    /// No answer within the bound, or the lease was suspended first (the command
+    /// was dropped): it may or may not have landed.
     InDoubt,
 }
 
 /// Awaits `command` while `guard` stays open, following its deadline as renewals move
 /// it on, for at most `limit`.
 ///
-/// Dropped the moment the guard closes, so a command the driver still holds can never
-/// reach a restarted server after this holder fenced itself. One already on the wire
+/// Dropped the moment the deadline passes, so a command the driver still holds can
+/// never reach a restarted server before a late renewal proves the epoch (or ever,
+/// once the lease is given up). One already on the wire
 /// that lands later is harmless: every statement is fenced, and the next holder's
 /// adoption raised the fence first.
 pub(crate) async fn while_open<F: std::future::Future>(
@@ -533,8 +535,13 @@ pub(crate) async fn while_open<F: std::future::Future>(
             changed = deadline.changed(), if moving => moving = changed.is_ok(),
             () = tokio::time::sleep_until(wake) => {}
         }
-        if !guard.is_open() {
+        if guard.is_revoked() {
             return Answer::Lapsed;
+        }
+        if !guard.is_open() {
+            // Suspended: dropped, and in doubt. Its writers re-read and resend what
+            // did not land once a late renewal has proved the epoch, never before.
+            return Answer::InDoubt;
         }
         if Instant::now() >= give_up {
             return Answer::InDoubt;
@@ -635,11 +642,13 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lease_that_lapses_drops_the_command_at_its_deadline() {
+    async fn a_lease_suspended_at_its_deadline_drops_the_command_in_doubt() {
+        // Not given up: a late renewal may prove the epoch, and the writers then
+        // re-read what landed and resend the rest.
         let guard = guard_for(Duration::from_millis(1500));
         let t = Instant::now();
         let answer = while_open(&guard, IN_DOUBT_AFTER, std::future::pending::<()>()).await;
-        assert_eq!(answer, Answer::Lapsed);
+        assert_eq!(answer, Answer::InDoubt);
         assert_eq!(t.elapsed(), Duration::from_millis(1500));
     }
 

@@ -121,7 +121,7 @@ async fn writer(
         while let Ok(p) = rx.try_recv() {
             batch.push(p);
         }
-        if !guard.is_open() {
+        if !guard.admit().await {
             continue;
         }
         let statements = statements(batch, &mut numbered);

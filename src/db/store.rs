@@ -68,13 +68,72 @@ pub enum StoreError {
         need: usize,
     },
     #[error(transparent)]
+    WeakWriteConcern(#[from] crate::db::write_concern::WeakWriteConcern),
+    #[error(transparent)]
     Db(#[from] mongodb::error::Error),
+}
+
+/// Which write concern a connection takes from its URI (see
+/// [`crate::db::write_concern`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WriteConcernPolicy {
+    /// Majority and journaled; a URI asking for less is refused.
+    #[default]
+    Majority,
+    /// Whatever the URI asks (`--unsafe-write-concern`).
+    AsTheUriSays,
 }
 
 pub(crate) use crate::secrets::redact_uri;
 
 fn scrub(message: &str) -> String {
     crate::secrets::scrub(message).into_owned()
+}
+
+/// The deployment behind the connection, as `hello` describes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topology {
+    /// The replica set's name; None for a standalone server (or a `mongos`).
+    pub set_name: Option<String>,
+    /// Its data-bearing members (`hosts`) and arbiters.
+    pub hosts: usize,
+    pub arbiters: usize,
+    /// A `mongos` of a sharded cluster.
+    pub router: bool,
+}
+
+impl Topology {
+    pub(crate) fn from_hello(hello: &Document) -> Topology {
+        let count = |key: &str| hello.get_array(key).map_or(0, |a| a.len());
+        Topology {
+            set_name: hello.get_str("setName").ok().map(str::to_string),
+            hosts: count("hosts"),
+            arbiters: count("arbiters"),
+            router: hello.get_str("msg") == Ok("isdbgrid"),
+        }
+    }
+
+    /// What an operator should know of this deployment for the lease: said once at
+    /// a worker's start.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.set_name.is_none() && !self.router {
+            out.push(
+                "the database is a standalone server, not a replica set: no failover is \
+                 possible, and while it is down every holder suspends its robots"
+                    .to_string(),
+            );
+        }
+        if self.arbiters > 0 {
+            out.push(format!(
+                "the replica set has {} arbiter(s) beside {} data-bearing member(s): a \
+                 majority write needs every data-bearing member but one, so with one of \
+                 them down renewals wait, and holders suspend their robots until it is back",
+                self.arbiters, self.hosts
+            ));
+        }
+        out
+    }
 }
 
 /// A slot document, decoded leniently for the people who look at it (the CLI, the
@@ -153,10 +212,12 @@ impl Store {
     /// Connects and pings, failing within a few seconds when the server is unreachable.
     /// The database is the URI's path (`mongodb://host/NAME`), else `slotpool`.
     pub async fn connect(uri: &str) -> Result<Store, StoreError> {
-        Self::connect_with(uri).await
+        Self::connect_with(uri, WriteConcernPolicy::Majority).await
     }
 
-    async fn connect_with(uri: &str) -> Result<Store, StoreError> {
+    /// [`Store::connect`], taking the URI's write concern as `policy` says. Every
+    /// write of every client made from this store carries the write concern chosen.
+    pub async fn connect_with(uri: &str, policy: WriteConcernPolicy) -> Result<Store, StoreError> {
         crate::secrets::remember(uri);
         let shown = redact_uri(uri);
         let mut options = ClientOptions::parse(uri)
@@ -165,6 +226,10 @@ impl Store {
                 uri: shown.clone(),
                 why: scrub(&e.to_string()),
             })?;
+        options.write_concern = Some(crate::db::write_concern::choose(
+            options.write_concern.as_ref(),
+            policy == WriteConcernPolicy::AsTheUriSays,
+        )?);
         options
             .server_selection_timeout
             .get_or_insert(Duration::from_secs(5));
@@ -301,6 +366,20 @@ impl Store {
     /// The URI with its password replaced by `****`.
     pub fn shown_uri(&self) -> String {
         self.shown_uri.clone()
+    }
+
+    /// The write concern every write of this store carries, as the log says it.
+    pub fn write_concern(&self) -> String {
+        self.options
+            .write_concern
+            .as_ref()
+            .map_or_else(|| "server default".into(), crate::db::write_concern::describe)
+    }
+
+    /// What the server says of its deployment (`hello`).
+    pub async fn topology(&self) -> Result<Topology, StoreError> {
+        let hello = self.db.run_command(doc! {"hello": 1}).await?;
+        Ok(Topology::from_hello(&hello))
     }
 
     pub fn client(&self) -> &Client {
@@ -578,6 +657,25 @@ fn first_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standalone_server_and_an_arbiter_are_warned_about() {
+        let standalone = Topology::from_hello(&doc! {"isWritablePrimary": true});
+        assert_eq!(standalone.warnings().len(), 1);
+        assert!(standalone.warnings()[0].contains("standalone"));
+        let psa = Topology::from_hello(&doc! {
+            "setName": "rs0", "hosts": ["a:27017", "b:27017"], "arbiters": ["c:27017"],
+        });
+        assert_eq!(psa.arbiters, 1);
+        assert_eq!(psa.warnings().len(), 1);
+        assert!(psa.warnings()[0].contains("arbiter"));
+        let pss = Topology::from_hello(&doc! {
+            "setName": "rs0", "hosts": ["a:27017", "b:27017", "c:27017"],
+        });
+        assert!(pss.warnings().is_empty());
+        let router = Topology::from_hello(&doc! {"msg": "isdbgrid"});
+        assert!(router.warnings().is_empty());
+    }
 
     #[test]
     fn a_patient_event_gives_three_sends_two_seconds_then_doubles_up_to_thirty() {

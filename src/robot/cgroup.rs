@@ -317,6 +317,18 @@ impl RobotCgroup {
         new
     }
 
+    /// Freezes (`on`) or thaws the whole cgroup, on cgroup v2 (`cgroup.freeze`);
+    /// false where that cannot be done (v1: the shim stops the tree by signals).
+    pub(crate) fn freeze(&self, on: bool) -> bool {
+        if self.version != Version::V2 {
+            return false;
+        }
+        let Some((dir, _)) = self.dirs.first() else {
+            return false;
+        };
+        write_file(&dir.join("cgroup.freeze"), if on { "1" } else { "0" }).is_ok()
+    }
+
     pub(crate) fn has_memory(&self) -> bool {
         self.dirs
             .iter()

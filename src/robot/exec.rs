@@ -246,6 +246,10 @@ impl RobotKind for Exec {
         "exec"
     }
 
+    fn suspends_itself(&self) -> bool {
+        true
+    }
+
     fn check_spec(&self, spec: &Document) -> Result<(), String> {
         parse_spec(spec).map(|_| ())
     }
@@ -300,6 +304,7 @@ impl RobotKind for Exec {
             // The shim's own SIGKILL comes a little after the worker's, as a backstop
             // for a worker that is stopped or dead, still inside the fence margin.
             .arg(run.backstop.as_millis().to_string())
+            .arg(run.suspend_for.as_millis().to_string())
             .arg(via.as_str())
             .arg(limits.to_arg())
             .arg(super::run_as::RunAs::to_arg(self.policy.run_as()))

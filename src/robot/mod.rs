@@ -135,6 +135,14 @@ pub trait RobotKind: Send + Sync + 'static {
     /// Runs the robot until `run.stop()` is cancelled (return `Ok`), or fails. Must
     /// return within the stop grace after cancellation.
     async fn run(&self, run: RobotRun) -> Result<(), RobotError>;
+
+    /// Whether the kind freezes its own work while its holder's lease is suspended
+    /// (exec: the shim freezes the robot's tree at the deadline, and thaws it when a
+    /// late renewal moves the deadline on). A kind that does not is simply not
+    /// polled while suspended, and dropped unpolled if the lease is given up.
+    fn suspends_itself(&self) -> bool {
+        false
+    }
 }
 
 /// What a running robot gets: who it is, its spec, its restored context, a fenced
@@ -158,6 +166,10 @@ pub struct RobotRun {
     /// if the worker itself has not: the grace plus half the room left before the
     /// fence margin (see [`shim`]).
     pub backstop: Duration,
+    /// How long past the lease deadline the robot stays frozen, waiting for a late
+    /// renewal to thaw it, before it is killed (exec robots: the shim's
+    /// suspension); zero: stopped at the deadline.
+    pub suspend_for: Duration,
     /// For a scheduled robot, the firing this run answers (server milliseconds).
     pub firing: Option<i64>,
     /// For a scheduled robot, this run's attempt at its firing (1, then 2, … for a

@@ -162,6 +162,12 @@ pub(crate) fn late_slack(grace: Duration) -> Duration {
 /// - The shim notices the deadline only [`late_slack`] or more after it (it was
 ///   frozen with its robot and has just been thawed): SIGKILL at once, with no
 ///   SIGTERM first, whatever it is told next.
+///
+/// With a suspension (`suspend_ns` > 0, `--suspend-for`), the deadline freezes the
+/// robot's tree instead, noticed late or not; a new deadline from the worker (a late
+/// renewal proved the epoch) thaws it; the pipe closing, a stop, or `suspend_ns`
+/// passing kills it frozen, never thawed. A stop asked for before the deadline keeps
+/// its grace as without suspension.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Enforcer {
     /// The lease deadline (ns), as last extended.
@@ -170,6 +176,11 @@ pub(crate) struct Enforcer {
     pub(crate) termed_at: Option<u64>,
     pub(crate) killed: bool,
     pub(crate) grace_ns: u64,
+    /// How long past the deadline a frozen robot may wait to be thawed (0: no
+    /// suspension, the deadline stops it).
+    pub(crate) suspend_ns: u64,
+    /// The tree is frozen (suspended).
+    pub(crate) frozen: bool,
 }
 
 /// A signal for the robot's group.
@@ -177,6 +188,10 @@ pub(crate) struct Enforcer {
 pub(crate) enum GroupSignal {
     Term,
     Kill,
+    /// Freeze the whole tree (suspended).
+    Freeze,
+    /// Thaw it (resumed in place).
+    Thaw,
 }
 
 impl Enforcer {
@@ -188,11 +203,32 @@ impl Enforcer {
         }
     }
 
+    /// The same, freezing at the deadline for up to `suspend_for` (see the type).
+    pub(crate) fn suspending(deadline: u64, grace: Duration, suspend_for: Duration) -> Self {
+        Enforcer {
+            suspend_ns: suspend_for.as_nanos() as u64,
+            ..Enforcer::new(deadline, grace)
+        }
+    }
+
     /// Applies a message (None: the pipe closed) and returns the signal to send.
     pub(crate) fn on_message(&mut self, msg: Option<Control>, now: u64) -> Option<GroupSignal> {
         // Time first: a message read after a thaw must not buy a deadline long
         // past the SIGTERM-and-grace of a timely stop.
         match msg {
+            Some(Control::Deadline(ns)) if self.frozen => {
+                // Resumed: a late renewal proved the epoch. Only a live deadline
+                // thaws, and only before the suspension ran out.
+                if let Some(kill) = self.on_time(now) {
+                    return Some(kill);
+                }
+                if ns > now && !self.killed {
+                    self.deadline = ns;
+                    self.frozen = false;
+                    return Some(GroupSignal::Thaw);
+                }
+                None
+            }
             Some(Control::Deadline(ns)) => {
                 // The worker's latest word counts (a revocation moves it back),
                 // but nothing revives a lease that already lapsed here.
@@ -201,6 +237,8 @@ impl Enforcer {
                 }
                 self.on_time(now)
             }
+            // A frozen robot asked to stop is killed, never thawed.
+            Some(Control::Term) if self.frozen => self.kill(),
             Some(Control::Term) => self.on_time(now).or_else(|| self.term(now)),
             Some(Control::Kill) | None => self.kill(),
         }
@@ -210,6 +248,16 @@ impl Enforcer {
     pub(crate) fn on_time(&mut self, now: u64) -> Option<GroupSignal> {
         if self.killed {
             return None;
+        }
+        if self.frozen {
+            if now >= self.deadline.saturating_add(self.suspend_ns) {
+                return self.kill();
+            }
+            return None;
+        }
+        if self.suspend_ns > 0 && self.termed_at.is_none() && now >= self.deadline {
+            self.frozen = true;
+            return Some(GroupSignal::Freeze);
         }
         if now >= self.kill_due() {
             return self.kill();
@@ -227,6 +275,7 @@ impl Enforcer {
     pub(crate) fn next_due(&self, now: u64) -> Duration {
         let due = match self.termed_at {
             _ if self.killed => u64::MAX,
+            _ if self.frozen => self.deadline.saturating_add(self.suspend_ns),
             Some(_) => self.kill_due(),
             None => self.deadline,
         };
@@ -352,6 +401,27 @@ fn kill_tree(group: i32) {
             return;
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// SIGSTOPs the shim's whole tree, round after round, until every process below it
+/// is stopped: one forked during a round is caught in the next. Bounded, as a
+/// process in uninterruptible sleep stops only when it wakes.
+fn stop_tree(group: i32) {
+    let me = std::process::id() as i32;
+    let give_up = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        signal_tree(group, libc::SIGSTOP);
+        let running = descendants(me).into_iter().any(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| parse_stat(&stat))
+                .is_some_and(|(state, _)| state != 'T' && state != 't')
+        });
+        if !running || std::time::Instant::now() > give_up {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -486,13 +556,14 @@ pub fn run_if_requested() {
 }
 
 fn run(args: &[String]) -> Result<ExitStatus, Refused> {
-    let [grace_ms, via, limits, user, command, rest @ ..] = args else {
+    let [grace_ms, suspend_ms, via, limits, user, command, rest @ ..] = args else {
         return Err(Refused::Cannot(format!(
-            "usage: slotpool {SHIM_ARG} GRACE_MS auto|cgroup|rlimit LIMITS UID:GID|- COMMAND [ARGS…]"
+            "usage: slotpool {SHIM_ARG} GRACE_MS SUSPEND_MS auto|cgroup|rlimit LIMITS UID:GID|- COMMAND [ARGS…]"
         )));
     };
     let run_as = super::run_as::RunAs::from_arg(user)?;
     let grace = Duration::from_millis(grace_ms.parse().map_err(|_| "bad grace")?);
+    let suspend_for = Duration::from_millis(suspend_ms.parse().map_err(|_| "bad suspension")?);
     // Non-dumpable: /proc/<shim>/fd (its report pipe among them) and its memory are
     // closed to the robot, which runs as the same user. Without this, in a
     // container, where shim and robot share user and capabilities, the robot could
@@ -568,15 +639,13 @@ fn run(args: &[String]) -> Result<ExitStatus, Refused> {
         let _ = control.send(Event::Control(None));
     });
     std::thread::spawn(move || reap(group, tx));
-    let signal = |action: GroupSignal| match action {
-        GroupSignal::Term => signal_tree(group, libc::SIGTERM),
-        GroupSignal::Kill => kill_tree(group),
-    };
-    let mut enforcer = Enforcer::new(deadline, grace);
+    let mut enforcer = Enforcer::suspending(deadline, grace, suspend_for);
     let mut cgroup = match &mut enforcement {
         Enforcement::Cgroup(cg, _) => Some(cg),
         _ => None,
     };
+    // Frozen by the cgroup (true) or by signals (false), while suspended.
+    let mut frozen_by_cgroup = false;
     // A cgroup's counters are read this often (a small file each), so an OOM kill
     // of one of the robot's processes ends the rest of it promptly.
     let look = if cgroup.is_some() {
@@ -612,8 +681,36 @@ fn run(args: &[String]) -> Result<ExitStatus, Refused> {
             Err(mpsc::RecvTimeoutError::Timeout) => enforcer.on_time(monotonic_ns()),
             Err(mpsc::RecvTimeoutError::Disconnected) => Some(GroupSignal::Kill),
         };
-        if let Some(a) = action {
-            signal(a);
+        match action {
+            Some(GroupSignal::Term) => signal_tree(group, libc::SIGTERM),
+            Some(GroupSignal::Kill) => {
+                kill_tree(group);
+                if frozen_by_cgroup {
+                    // Killed while frozen: SIGKILL reaches frozen tasks, but thaw
+                    // so that the reaper sees them go at once.
+                    if let Some(cg) = cgroup.as_deref() {
+                        cg.freeze(false);
+                    }
+                    frozen_by_cgroup = false;
+                }
+            }
+            Some(GroupSignal::Freeze) => {
+                frozen_by_cgroup = cgroup.as_deref().is_some_and(|cg| cg.freeze(true));
+                if !frozen_by_cgroup {
+                    stop_tree(group);
+                }
+            }
+            Some(GroupSignal::Thaw) => {
+                if frozen_by_cgroup {
+                    if let Some(cg) = cgroup.as_deref() {
+                        cg.freeze(false);
+                    }
+                    frozen_by_cgroup = false;
+                } else {
+                    signal_tree(group, libc::SIGCONT);
+                }
+            }
+            None => {}
         }
     }
 }
@@ -773,6 +870,74 @@ mod tests {
             e.on_message(Some(Control::Deadline(5 * S)), 5 * S),
             Some(GroupSignal::Term)
         );
+    }
+
+    #[test]
+    fn a_suspension_freezes_at_the_deadline_and_a_late_renewal_thaws() {
+        let grace = Duration::from_millis(300);
+        let mut e = Enforcer::suspending(10 * S, grace, Duration::from_secs(60));
+        assert_eq!(e.on_time(9 * S), None);
+        assert_eq!(e.on_time(10 * S), Some(GroupSignal::Freeze));
+        assert_eq!(e.next_due(10 * S), Duration::from_secs(60));
+        // Frozen: time alone does nothing until the suspension runs out.
+        assert_eq!(e.on_time(30 * S), None);
+        // A deadline already past (a revocation's) thaws nothing.
+        assert_eq!(e.on_message(Some(Control::Deadline(20 * S)), 30 * S), None);
+        assert_eq!(
+            e.on_message(Some(Control::Deadline(32 * S)), 30 * S),
+            Some(GroupSignal::Thaw)
+        );
+        assert!(!e.frozen);
+        // And the next deadline freezes again.
+        assert_eq!(e.on_time(32 * S), Some(GroupSignal::Freeze));
+    }
+
+    #[test]
+    fn a_suspended_robot_is_killed_frozen_when_it_runs_out_or_is_stopped() {
+        let grace = Duration::from_millis(300);
+        let suspended = || {
+            let mut e = Enforcer::suspending(10 * S, grace, Duration::from_secs(60));
+            assert_eq!(e.on_time(10 * S), Some(GroupSignal::Freeze));
+            e
+        };
+        let mut e = suspended();
+        assert_eq!(e.on_time(70 * S), Some(GroupSignal::Kill));
+        assert_eq!(
+            e.on_message(Some(Control::Deadline(80 * S)), 71 * S),
+            None,
+            "killed for good"
+        );
+        let mut e = suspended();
+        assert_eq!(
+            e.on_message(Some(Control::Deadline(75 * S)), 70 * S),
+            Some(GroupSignal::Kill),
+            "too late to thaw"
+        );
+        let mut e = suspended();
+        assert_eq!(
+            e.on_message(Some(Control::Term), 20 * S),
+            Some(GroupSignal::Kill)
+        );
+        let mut e = suspended();
+        assert_eq!(e.on_message(None, 20 * S), Some(GroupSignal::Kill));
+    }
+
+    #[test]
+    fn a_stop_asked_before_the_deadline_keeps_its_grace_under_a_suspension() {
+        let grace = Duration::from_millis(300);
+        let mut e = Enforcer::suspending(10 * S, grace, Duration::from_secs(60));
+        assert_eq!(
+            e.on_message(Some(Control::Term), 9 * S),
+            Some(GroupSignal::Term)
+        );
+        assert_eq!(e.on_time(10 * S), None);
+        assert_eq!(e.on_time(9 * S + 300_000_000), Some(GroupSignal::Kill));
+    }
+
+    #[test]
+    fn without_a_suspension_the_deadline_stops_as_before() {
+        let mut e = Enforcer::suspending(10 * S, Duration::from_secs(1), Duration::ZERO);
+        assert_eq!(e.on_time(10 * S), Some(GroupSignal::Term));
     }
 
     #[test]

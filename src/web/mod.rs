@@ -212,7 +212,11 @@ async fn security_headers(req: Request, next: Next) -> Response {
 }
 
 /// Runs the dashboard until SIGINT or SIGTERM.
-pub(crate) async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    uri: &str,
+    policy: crate::db::store::WriteConcernPolicy,
+    args: WebArgs,
+) -> anyhow::Result<()> {
     let token = std::env::var("SLOTPOOL_WEB_TOKEN")
         .ok()
         .filter(|t| !t.is_empty());
@@ -220,7 +224,7 @@ pub(crate) async fn run(uri: &str, args: WebArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let store = Store::connect(uri)
+    let store = Store::connect_with(uri, policy)
         .await
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
     // Two connections at most: the dashboard can never take the server's attention

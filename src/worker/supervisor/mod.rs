@@ -22,10 +22,12 @@ pub(crate) mod firing_plan;
 mod plan;
 mod runner;
 pub(crate) mod scheduled;
+pub(crate) mod suspension;
 
 pub(crate) use plan::Fingerprint;
 use plan::{plan_sync, read_threatens_lease, slot_statement_takes_only, Instance, View};
 use runner::Runner;
+use suspension::Suspension;
 
 use crate::clock::SharedClock;
 use crate::config::LeaseTiming;
@@ -291,6 +293,8 @@ pub struct Supervisor {
     first_steps: firing_clock::FirstSteps,
     /// Told when the claim's event is written: no robot writes before it.
     claim_recorded: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// Whether the lease is suspended: the robots' futures are not polled then.
+    suspension: Arc<Suspension>,
     /// True until the first sync after the claim: that sync starts each robot an
     /// earlier holder of this slot adopted (`0 < epoch <` this one) before its
     /// adoption write lands. Their old instances self-fenced before the claim, and the
@@ -330,6 +334,7 @@ impl Supervisor {
             renewals,
             first_steps: firing_clock::FirstSteps::default(),
             claim_recorded: None,
+            suspension: Arc::new(Suspension::default()),
             time,
             running: HashMap::new(),
             tasks: JoinSet::new(),
@@ -933,6 +938,8 @@ impl Supervisor {
             token: token.clone(),
             grace: self.timing.stop_grace,
             backstop: self.timing.stop_grace + self.timing.abort_slack(),
+            suspend_for: self.timing.suspend_for,
+            suspended: self.suspension.watch(),
             metrics: self.metrics.clone(),
             store: self.store.clone(),
             clock: self.clock.clone(),
@@ -978,6 +985,12 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// The switch that suspends and resumes every robot of the slot (see
+    /// [`suspension`]).
+    pub(crate) fn suspension(&self) -> Arc<Suspension> {
+        self.suspension.clone()
     }
 
     /// Stops every robot: cancel, wait up to the stop grace (plus a little for the

@@ -28,6 +28,11 @@ pub(super) struct Runner {
     /// only over it, so a `robot restart` that came meanwhile is not undone.
     pub(super) start_rev: i64,
     pub(super) backstop: Duration,
+    /// See [`crate::config::LeaseTiming::suspend_for`].
+    pub(super) suspend_for: Duration,
+    /// Whether the held slot's lease is suspended: every future of this instance
+    /// (its runs' included) is polled only while it is not.
+    pub(super) suspended: tokio::sync::watch::Receiver<bool>,
     pub(super) name: String,
     pub(super) ctx: ContextStore,
     pub(super) registry: Registry,
@@ -349,12 +354,17 @@ impl Runner {
             stop: self.token.clone(),
             grace: self.grace,
             backstop: self.backstop,
+            suspend_for: self.suspend_for,
             firing: None,
             attempt: None,
             left: None,
         };
         // Given back however the run ends, an abort after the stop grace included.
         let _running = crate::metrics::Held::new(&self.metrics.robots_running);
-        kind.run(run).await
+        if kind.suspends_itself() {
+            kind.run(run).await
+        } else {
+            super::suspension::suspendable(kind.run(run), self.suspended.clone()).await
+        }
     }
 }

@@ -703,6 +703,7 @@ impl Scheduled {
             stop: token.clone(),
             grace: self.r.grace,
             backstop: self.r.backstop,
+            suspend_for: self.r.suspend_for,
             firing: Some(e.firing),
             attempt: Some(e.attempt),
             left: Some(left.clone()),
@@ -718,10 +719,14 @@ impl Scheduled {
         tracing::info!(robot = %self.r.name, firing = %crate::robot::schedule::rfc3339(e.firing), attempt = e.attempt, lateness_ms = lateness, "firing started");
         let id = e.id;
         let asked = token.clone();
+        let suspended = (!kind.suspends_itself()).then(|| self.r.suspended.clone());
         let task = self.tasks.spawn(async move {
             // Given back however the run ends: returned, panicked or aborted.
             let _running = running;
-            let result = kind.run(run).await;
+            let result = match suspended {
+                Some(s) => super::suspension::suspendable(kind.run(run), s).await,
+                None => kind.run(run).await,
+            };
             (id, result, asked.is_cancelled())
         });
         self.starts += 1;
