@@ -9,7 +9,9 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
@@ -121,6 +123,8 @@ metrics! {
     server_clock_steps: Counter = "server_clock_steps", "forward steps of the database server's clock this worker saw; each held back claims of stamped slots for one lease";
     losses: Counter = "losses", "leases lost to another worker or removal";
     self_fences: Counter = "self_fences", "leases dropped because the local deadline passed";
+    robots_suspended: Gauge = "robots_suspended", "robots of this worker's suspended leases: frozen (exec) or not polled while the holder renews late";
+    suspensions: Family<SuspensionLabels, Counter> = "suspensions", "leases suspended at the self-fence deadline, by how the suspension ended: resumed in place (a late renewal matched), lost (another epoch), expired (--suspend-for passed) or stopped (the worker or the slot went away)";
     releases: Counter = "releases", "slots released on shutdown or drain";
     renew_failures: Counter = "renew_failures", "renewals that failed with a database error";
     fenced_writes: Counter = "fenced_writes", "robot writes refused by the epoch fence";
@@ -156,7 +160,48 @@ metrics! {
     slot_read: Latency = "slot_read_seconds", "time to read a held slot's robots (one query per sync); on a server where a read holds up every command (the dev server), a renewal waits behind it";
 }
 
+/// How a suspension ended (`slotpool_suspensions_total{outcome}`).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum SuspensionOutcome {
+    /// A late renewal matched: the same robots went on in place.
+    #[prometheus(name = "resumed")]
+    Resumed,
+    /// The slot had another epoch: the robots were killed, never thawed.
+    #[prometheus(name = "lost")]
+    Lost,
+    /// `--suspend-for` passed without a renewal: the robots were stopped.
+    #[prometheus(name = "expired")]
+    Expired,
+    /// The worker or the slot went away meanwhile: the robots were killed.
+    #[prometheus(name = "stopped")]
+    Stopped,
+}
+
+impl SuspensionOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SuspensionOutcome::Resumed => "resumed",
+            SuspensionOutcome::Lost => "lost",
+            SuspensionOutcome::Expired => "expired",
+            SuspensionOutcome::Stopped => "stopped",
+        }
+    }
+}
+
+/// The label of [`Metrics::suspensions`].
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SuspensionLabels {
+    pub outcome: SuspensionOutcome,
+}
+
 impl Metrics {
+    /// Counts a suspension's end.
+    pub(crate) fn suspension_ended(&self, outcome: SuspensionOutcome) {
+        self.suspensions
+            .get_or_create(&SuspensionLabels { outcome })
+            .inc();
+    }
+
     /// The OpenMetrics text page ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();

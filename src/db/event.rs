@@ -23,8 +23,15 @@ words! {
         Release => "release",
         /// A renewal found the slot taken: its robots were stopped.
         Lost => "lost",
-        /// No renewal came back before the local deadline: its robots were stopped.
+        /// No renewal came back before the local deadline: its robots were stopped
+        /// (with `--suspend-for 0`, or when a suspension ended without a renewal).
         SelfFence => "self_fence",
+        /// No renewal came back before the local deadline: the slot's robots were
+        /// suspended while the holder renews late.
+        Suspend => "suspend",
+        /// A late renewal matched the holder's epoch: the suspended robots went on in
+        /// place (`suspended_ms`).
+        LeaseResume => "lease_resume",
         /// A robot's write matched nothing: a newer instance owns it.
         FencedWrite => "fenced_write",
         Drain => "drain",

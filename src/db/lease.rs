@@ -427,6 +427,41 @@ impl LeaseProtocol {
         }
     }
 
+    /// A renewal sent after the local deadline passed, while the holder's robots are
+    /// suspended (see `worker::held_slot`). The same `{_id, owner, epoch}` match as
+    /// [`LeaseProtocol::renew`], and it proves the same: no one claimed the slot
+    /// since this holder's last renewal, since every claim raises the epoch. It
+    /// needs no unexpired lease on the server. Landed, the lease is live again with
+    /// a deadline counted from this renewal's sending, as after any renewal. An
+    /// answer slower than `L - margin` would give a deadline already past: it counts
+    /// as none.
+    pub async fn renew_late(&self, lease: &mut Lease) -> Result<Renewed, LeaseError> {
+        let sent = self.clock.now();
+        let within = self.fence_window();
+        let request = self.renew_once(lease.slot_id.clone(), lease.epoch, lease.rev);
+        match tokio::time::timeout(within, request).await {
+            Err(_elapsed) => Err(LeaseError::Db(mongodb::error::Error::custom(format!(
+                "no answer to a late renewal within {} ms",
+                within.as_millis()
+            )))),
+            Ok(Err(e)) => Err(LeaseError::Db(e)),
+            Ok(Ok(None)) => {
+                lease.fenced = true;
+                Err(LeaseError::Lost {
+                    slot: lease.slot_id.clone(),
+                    epoch: lease.epoch,
+                })
+            }
+            Ok(Ok(Some(renewed))) => {
+                lease.fenced = false;
+                lease.deadline = sent + within;
+                lease.last_renewed = sent;
+                lease.rev = renewed.rev;
+                Ok(renewed)
+            }
+        }
+    }
+
     /// One renewal. Usually a single `update` whose filter also says "nothing changed
     /// since the last renewal" (same `rev`, not draining). Only when that matches
     /// nothing (the slot's robots changed, a drain was asked for, or the slot is no

@@ -25,7 +25,7 @@ use crate::db::guard::WriteGuard;
 use crate::db::lease::{Lease, LeaseError, LeaseProtocol};
 use crate::db::pacing::{busy_renewal, read_admitted, WritePacer, READ_WAITS_MOST};
 use crate::db::store::Store;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, SuspensionOutcome};
 use crate::robot::Registry;
 use crate::worker::status::{Health, SharedStatus};
 use crate::worker::supervisor::Supervisor;
@@ -196,6 +196,51 @@ async fn hold(
                 report(&cx, &lease, SlotEvent::RenewFailed { why, left }).await;
                 next = cx.clock.now() + (tick / 4).min(left);
             }
+            Err(LeaseError::SelfFenced { .. }) if !cx.timing.suspend_for.is_zero() => {
+                let robots_now = robots.running.load(Ordering::Relaxed);
+                let since = cx.clock.now();
+                robots.suspension.suspend();
+                report(&cx, &lease, SlotEvent::Suspended { robots: robots_now }).await;
+                match ride_out(&cx, &mut lease, &release).await {
+                    RideOut::Resumed { renewed, sent } => {
+                        guard.extend(lease.deadline());
+                        robots.suspension.resume();
+                        let after = cx.clock.since(since);
+                        report(&cx, &lease, SlotEvent::Resumed { robots: robots_now, after }).await;
+                        if renewed.draining {
+                            report(&cx, &lease, SlotEvent::Draining).await;
+                            break Ended::Drained;
+                        }
+                        next = sent + tick;
+                        robots.beats.send_replace(Renewal {
+                            rev: renewed.rev,
+                            at: cx.clock.now(),
+                            per_command: Duration::ZERO,
+                        });
+                    }
+                    RideOut::Ended { outcome, detail } => {
+                        // Killed, never thawed: the guard first, so nothing of theirs
+                        // is written, then the robots (see `Supervisor::stop_all`).
+                        guard.revoke();
+                        report(
+                            &cx,
+                            &lease,
+                            SlotEvent::SuspensionEnded {
+                                outcome,
+                                robots: robots_now,
+                                detail: detail.clone(),
+                            },
+                        )
+                        .await;
+                        let kind = match outcome {
+                            SuspensionOutcome::Lost => EventKind::Lost,
+                            _ => EventKind::SelfFence,
+                        };
+                        lost = Some((kind, detail));
+                        break Ended::Lost;
+                    }
+                }
+            }
             Err(e) => {
                 guard.revoke();
                 let detail = e.to_string();
@@ -240,6 +285,74 @@ async fn hold(
     }
     report(&cx, &lease, SlotEvent::Left).await;
     ended
+}
+
+/// How a suspension ended.
+enum RideOut {
+    /// A late renewal matched, sent at `sent`.
+    Resumed {
+        renewed: crate::db::lease::Renewed,
+        sent: Instant,
+    },
+    /// It did not, or could not, or the worker is going away.
+    Ended {
+        outcome: SuspensionOutcome,
+        detail: String,
+    },
+}
+
+/// While the slot's robots are suspended, renews late every quarter tick until a
+/// renewal matches (resume), the slot proves taken (lost), `--suspend-for` passes
+/// (expired), or the worker or the slot is going away (stopped).
+async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationToken) -> RideOut {
+    let until = lease.deadline() + cx.timing.suspend_for;
+    let ended = |outcome, detail: String| RideOut::Ended { outcome, detail };
+    let mut failures = 0u32;
+    loop {
+        if cx.clock.now() >= until {
+            return ended(
+                SuspensionOutcome::Expired,
+                format!(
+                    "no renewal within --suspend-for {} past the deadline",
+                    humantime::format_duration(cx.timing.suspend_for)
+                ),
+            );
+        }
+        let sent = cx.clock.now();
+        let renewal = tokio::select! {
+            _ = release.cancelled() => {
+                return ended(SuspensionOutcome::Stopped, "the slot was given up while suspended".into());
+            }
+            r = cx.protocol.renew_late(lease) => r,
+        };
+        match renewal {
+            Ok(renewed) => return RideOut::Resumed { renewed, sent },
+            Err(LeaseError::Lost { .. }) => {
+                return ended(
+                    SuspensionOutcome::Lost,
+                    format!(
+                        "lost slot {} (epoch {}) while suspended: another worker claimed it",
+                        lease.slot_id, lease.epoch
+                    ),
+                );
+            }
+            Err(e) => {
+                failures += 1;
+                // Once, then every twentieth: an outage of a minute says it four times.
+                if failures == 1 || failures % 20 == 0 {
+                    let why = cx.store.scrub(&e.to_string());
+                    tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, tries = failures, "late renewal failed: {why}");
+                }
+            }
+        }
+        let again = (cx.clock.now() + cx.timing.tick / 4).min(until);
+        tokio::select! {
+            _ = release.cancelled() => {
+                return ended(SuspensionOutcome::Stopped, "the slot was given up while suspended".into());
+            }
+            _ = cx.clock.sleep_until(again) => {}
+        }
+    }
 }
 
 /// Releases the slot; true when the release landed.
@@ -293,6 +406,17 @@ enum SlotEvent {
     Lost { detail: String },
     /// No renewal succeeded before the local deadline: robots are being stopped.
     SelfFenced { detail: String },
+    /// No renewal succeeded before the local deadline: the `robots` are suspended
+    /// while the holder renews late.
+    Suspended { robots: usize },
+    /// A late renewal matched `after` the suspension began: the robots go on.
+    Resumed { robots: usize, after: Duration },
+    /// The suspension ended without a renewal: the robots are being killed.
+    SuspensionEnded {
+        outcome: SuspensionOutcome,
+        robots: usize,
+        detail: String,
+    },
     /// The robots of a lost (`kind` "lost") or self-fenced ("self_fence") slot are
     /// all stopped.
     RobotsStopped { kind: EventKind, detail: String },
@@ -366,6 +490,51 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             );
             tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
         }
+        SlotEvent::Suspended { robots } => {
+            m.robots_suspended.inc_by(robots as i64);
+            cx.health.failed(
+                m,
+                &cx.status,
+                "no renewal succeeded before the local deadline",
+            );
+            cx.status.lock().expect("status lock").suspended(slot, true);
+            tracing::warn!(slot = %slot, epoch, robots, suspend_for_ms = cx.timing.suspend_for.as_millis() as u64, "no renewal before the local deadline: robots suspended while the holder renews late");
+            cx.store
+                .record_event(
+                    EventKind::Suspend,
+                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "robots": robots as i64},
+                )
+                .await;
+        }
+        SlotEvent::Resumed { robots, after } => {
+            m.robots_suspended.inc_by(-(robots as i64));
+            m.suspension_ended(SuspensionOutcome::Resumed);
+            cx.health.ok(m, &cx.status);
+            cx.status.lock().expect("status lock").suspended(slot, false);
+            cx.status.lock().expect("status lock").renewed(lease);
+            tracing::info!(slot = %slot, epoch, robots, suspended_ms = after.as_millis() as u64, "a late renewal matched: robots resumed in place");
+            cx.store
+                .record_event(
+                    EventKind::LeaseResume,
+                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "suspended_ms": after.as_millis() as i64},
+                )
+                .await;
+        }
+        SlotEvent::SuspensionEnded {
+            outcome,
+            robots,
+            detail,
+        } => {
+            m.robots_suspended.inc_by(-(robots as i64));
+            m.suspension_ended(outcome);
+            if outcome == SuspensionOutcome::Lost {
+                m.losses.inc();
+            } else {
+                m.self_fences.inc();
+            }
+            cx.status.lock().expect("status lock").suspended(slot, false);
+            tracing::warn!(slot = %slot, epoch, outcome = outcome.as_str(), "{detail}; killing its suspended robots");
+        }
         SlotEvent::RobotsStopped { kind, detail } => {
             cx.store
                 .record_event(
@@ -426,6 +595,7 @@ fn start_supervisor(
     supervisor.after_claim_recorded(claim_recorded);
     supervisor.follow_clock_steps(cx.clock_steps.clone());
     let renewals = supervisor.renewal_timing();
+    let suspension = supervisor.suspension();
     let (beats, rx) = watch::channel(Renewal {
         rev: lease.rev,
         at: cx.clock.now(),
@@ -448,6 +618,7 @@ fn start_supervisor(
         limit: AtomicUsize::new(limit),
         stop,
         running,
+        suspension,
         task,
     }
 }
@@ -476,6 +647,8 @@ struct SupervisorHandle {
     limit: AtomicUsize,
     stop: CancellationToken,
     running: Arc<AtomicUsize>,
+    /// Suspends and resumes the robots while the lease is suspended.
+    suspension: Arc<crate::worker::supervisor::suspension::Suspension>,
     task: tokio::task::JoinHandle<()>,
 }
 

@@ -19,6 +19,9 @@ pub(crate) struct HeldStatus {
     #[serde(skip)]
     pub(crate) last_renewed: Instant,
     pub(crate) lease_age_ms: u64,
+    /// Past the self-fence deadline, its robots suspended while the holder renews
+    /// late.
+    pub(crate) suspended: bool,
 }
 
 /// What `/status` shows, kept current by the loop and the held slots.
@@ -75,6 +78,7 @@ impl WorkerStatus {
             overflow,
             last_renewed: lease.last_renewed(),
             lease_age_ms: 0,
+            suspended: false,
         });
         self.summarize();
     }
@@ -82,6 +86,12 @@ impl WorkerStatus {
     pub(crate) fn renewed(&mut self, lease: &Lease) {
         if let Some(s) = self.slots.iter_mut().find(|s| s.slot_id == lease.slot_id) {
             s.last_renewed = lease.last_renewed();
+        }
+    }
+
+    pub(crate) fn suspended(&mut self, slot_id: &str, suspended: bool) {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.slot_id == slot_id) {
+            s.suspended = suspended;
         }
     }
 
