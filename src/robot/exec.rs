@@ -388,6 +388,7 @@ impl RobotKind for Exec {
             context_file: spec.context_file,
             heartbeat_timeout: spec.heartbeat_timeout,
             alive: std::sync::Mutex::new(Instant::now()),
+            suspended: std::sync::Mutex::new(false),
         };
         let stderr_task = tokio::spawn(log_stderr(run.clone(), out.budget.clone(), stderr));
         let mut lines = BoundedLines::new(BufReader::new(stdout), output::MAX_STDOUT_LINE);
@@ -590,6 +591,8 @@ struct Output<'a> {
     heartbeat_timeout: Option<Duration>,
     /// The command's last sign of life: its start, a checkpoint or a heartbeat line.
     alive: std::sync::Mutex<Instant>,
+    /// Its lease was found past its deadline (suspended) since that sign of life.
+    suspended: std::sync::Mutex<bool>,
 }
 
 impl Output<'_> {
@@ -636,10 +639,28 @@ impl Output<'_> {
 
     fn lived(&self) {
         *self.alive.lock().expect("liveness lock") = Instant::now();
+        *self.suspended.lock().expect("liveness lock") = false;
     }
 
-    /// When the command counts as hung unless it shows life first; None: never.
+    /// After a suspension, the command's heartbeat is judged afresh.
+    fn lived_if_suspended(&self) {
+        if *self.suspended.lock().expect("liveness lock") {
+            self.lived();
+        }
+    }
+
+    /// Whether the command counts as hung now.
+    fn hung_now(&self) -> bool {
+        self.hung_at().is_some_and(|at| at <= Instant::now())
+    }
+
+    /// When the command counts as hung unless it shows life first; None: never,
+    /// and not while its lease is suspended (past its deadline: the shim froze it).
     fn hung_at(&self) -> Option<Instant> {
+        if Instant::now() >= *self.run.lease_deadline().borrow() {
+            *self.suspended.lock().expect("liveness lock") = true;
+            return None;
+        }
         let alive = *self.alive.lock().expect("liveness lock");
         self.heartbeat_timeout.map(|t| alive + t)
     }
@@ -798,9 +819,19 @@ async fn supervise_child(
     let run = out.run;
     let mut guard_check = tokio::time::interval(SHIM_CHECK);
     guard_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut lease = run.lease_deadline();
+    let mut following = true;
     loop {
         tokio::select! {
             _ = run.stop().cancelled() => return stop_child(out, robot, lines).await,
+            changed = lease.changed(), if following => {
+                following = changed.is_ok();
+                // Resumed after a suspension: frozen by its shim, the robot showed
+                // no life for that reason; its heartbeat is judged from now.
+                if following && *lease.borrow_and_update() > Instant::now() {
+                    out.lived_if_suspended();
+                }
+            }
             line = lines.next_line() => match line {
                 Ok(Some(l)) => out.handle(l).await?,
                 Ok(None) | Err(_) => break,
@@ -810,7 +841,10 @@ async fn supervise_child(
                     return Err(robot.turned_on_its_shim(run).await);
                 }
             }
-            () = until(out.hung_at()) => return hung(out, robot, lines).await,
+            // Judged again as it fires: a lease suspended meanwhile holds it off.
+            () = until(out.hung_at()) => if out.hung_now() {
+                return hung(out, robot, lines).await;
+            },
             // The shim ended while something still holds the robot's stdout: a
             // descendant that escaped a shim killed with -9 (the shim ends by itself
             // only after the robot's whole tree is gone, and stdout with it). The
