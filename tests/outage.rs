@@ -1,0 +1,257 @@
+//! A database outage costs no restart: at the self-fence deadline a holder suspends
+//! its robots (exec trees frozen by their shims, in-process kinds not polled) and
+//! renews late; a late renewal that still matches `{owner, epoch}` proves nobody
+//! took the slot, and the same robots go on in place. Real worker processes against
+//! a dev server of the test's own, killed with -9 and started again on its data, or
+//! behind the chaos proxy; every case is checked by the invariant checker.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bson::Document;
+use common::proxy::{Mode, Proxy};
+use common::{invariants, owner, stubborn_robot, stubborn_steps, wait_for, TestDb, WorkerProc};
+
+/// The outage tests share the machine's timing: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// What must not change through an outage: each slot's holder and epoch, and each
+/// robot's generation.
+#[derive(Debug, PartialEq)]
+struct Held {
+    slots: BTreeMap<String, (Option<String>, i64)>,
+    gens: BTreeMap<String, i64>,
+}
+
+async fn held(db: &TestDb) -> Held {
+    let slots = db
+        .slots()
+        .await
+        .iter()
+        .map(|s| {
+            (
+                s.get_str("_id").unwrap().to_string(),
+                (owner(s), s.get_i64("epoch").unwrap_or(0)),
+            )
+        })
+        .collect();
+    let gens = db
+        .robots()
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r.get_str("name").unwrap().to_string(),
+                r.get_i64("gen").unwrap_or(0),
+            )
+        })
+        .collect();
+    Held { slots, gens }
+}
+
+fn seqs(robots: &[Document]) -> BTreeMap<String, i64> {
+    robots
+        .iter()
+        .map(|r| {
+            (
+                r.get_str("name").unwrap().to_string(),
+                r.get_i64("seq").unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Waits until every robot has checkpointed `steps` more times than in `before`.
+async fn every_robot_steps(db: &TestDb, before: &BTreeMap<String, i64>, steps: i64) {
+    wait_for(
+        Duration::from_secs(60),
+        &format!("every robot {steps} steps further"),
+        || async {
+            let now = seqs(&db.robots().await);
+            before
+                .iter()
+                .all(|(name, seq)| now.get(name).is_some_and(|n| *n >= seq + steps))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// The pids of the exec robots' steps so far.
+fn exec_pids(db: &TestDb) -> std::collections::BTreeSet<i32> {
+    stubborn_steps(db).iter().map(|(_, pid, _)| *pid).collect()
+}
+
+/// Two holders and a standby over two slots, eight counters and two exec robots,
+/// all running; `via` puts every worker behind one proxy.
+async fn pool(db: &TestDb, via: Option<&Proxy>) -> Vec<WorkerProc> {
+    db.init(2).await;
+    let allow = db.exec_allow();
+    let w: Vec<WorkerProc> = (0..3)
+        .map(|_| match via {
+            Some(p) => db.worker_via(p, &["--exec-allow", &allow]),
+            None => db.exec_worker(&[]),
+        })
+        .collect();
+    wait_for(Duration::from_secs(30), "both slots held", || async {
+        (db.slots().await.iter().filter_map(owner).count() == 2).then_some(())
+    })
+    .await;
+    db.create_counters(8);
+    let cmd = stubborn_robot(db);
+    db.exec("x-1", &cmd, &[]);
+    db.exec("x-2", &cmd, &[]);
+    every_robot_steps(db, &seqs(&db.robots().await), 2).await;
+    w
+}
+
+/// The server killed with -9 for `down`, then started again on its data: nothing
+/// restarts, no slot moves, and every robot steps on.
+async fn server_down_for(down: Duration) {
+    let _g = SERIAL.lock().await;
+    let server = common::PrivateServer::start("outage_kill");
+    let db = TestDb::on(&server.uri, "outage_kill").await;
+    let w = pool(&db, None).await;
+    let before = held(&db).await;
+    let pids = exec_pids(&db);
+    assert_eq!(pids.len(), 2, "two exec robots running: {pids:?}");
+    server.kill9();
+    // The outage itself: the time the database is away.
+    tokio::time::sleep(down).await;
+    server.restart();
+    let db = TestDb::on(&server.uri, &db.name).await;
+    let back = Instant::now();
+    every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
+    println!("[outage {down:?}] every robot stepped twice {:?} after the restart", back.elapsed());
+    assert_eq!(held(&db).await, before, "no slot moved, no robot adopted again");
+    assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
+    for x in &w {
+        assert!(
+            x.metric("slotpool_suspensions_total").unwrap_or(0) <= 1,
+            "at most one suspension per holder"
+        );
+        assert!(
+            !x.log_text().contains("self-fenced"),
+            "no holder stopped its robots: {}",
+            x.log_text()
+        );
+    }
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 10, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_3_s_outage_of_the_database_restarts_nothing() {
+    server_down_for(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_10_s_outage_of_the_database_restarts_nothing() {
+    server_down_for(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_30_s_outage_of_the_database_restarts_nothing() {
+    server_down_for(Duration::from_secs(30)).await;
+}
+
+/// Every worker's link blackholed for 10 s (bytes held, connections open), then
+/// passed again: the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_link_blackholed_for_10_s_restarts_nothing() {
+    let _g = SERIAL.lock().await;
+    let db = TestDb::new("outage_blackhole").await;
+    let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
+    let _w = pool(&db, Some(&proxy)).await;
+    let before = held(&db).await;
+    let pids = exec_pids(&db);
+    proxy.set(Mode::Blackhole);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    proxy.set(Mode::Pass);
+    every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
+    assert_eq!(held(&db).await, before, "no slot moved, no robot adopted again");
+    assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
+    invariants::check(&db).await;
+}
+
+/// An outage longer than `--suspend-for`: the robots are stopped and restored
+/// exactly as without suspension, and nothing runs twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outage_longer_than_suspend_for_stops_the_robots_as_before() {
+    let _g = SERIAL.lock().await;
+    let server = common::PrivateServer::start("outage_expired");
+    let db = TestDb::on(&server.uri, "outage_expired").await;
+    db.init(1).await;
+    let _a = db.exec_worker(&["--suspend-for", "2s"]);
+    wait_for(Duration::from_secs(30), "the slot held", || async {
+        (db.slots().await.iter().filter_map(owner).count() == 1).then_some(())
+    })
+    .await;
+    let cmd = stubborn_robot(&db);
+    db.exec("x-1", &cmd, &[]);
+    db.create_counters(4);
+    every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
+    let pids = exec_pids(&db);
+    server.kill9();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    server.restart();
+    let db = TestDb::on(&server.uri, &db.name).await;
+    every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
+    let now = exec_pids(&db);
+    assert!(
+        now.len() > pids.len(),
+        "the exec robot was stopped and started again: {pids:?} then {now:?}"
+    );
+    invariants::check(&db).await;
+}
+
+/// A holder partitioned alone (its link blackholed) for 6 s: the standby, which
+/// kept contact, claims at `L` as ever. The old holder's frozen robot is killed when
+/// it learns, and never steps again: every step its pid wrote came before the
+/// standby's claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_partitioned_alone_loses_its_slot_and_its_frozen_robot_never_steps_again() {
+    let _g = SERIAL.lock().await;
+    let db = TestDb::new("outage_alone").await;
+    db.init(1).await;
+    let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
+    let allow = db.exec_allow();
+    let old = db.worker_via(&proxy, &["--exec-allow", &allow]);
+    wait_for(Duration::from_secs(30), "the slot held", || async {
+        db.slots()
+            .await
+            .iter()
+            .any(|s| owner(s).as_deref() == Some(old.id.as_str()))
+            .then_some(())
+    })
+    .await;
+    let cmd = stubborn_robot(&db);
+    db.exec("x-1", &cmd, &[]);
+    let _standby = db.exec_worker(&[]);
+    every_robot_steps(&db, &seqs(&db.robots().await), 3).await;
+    let old_pids = exec_pids(&db);
+    proxy.set(Mode::Blackhole);
+    let claimed = wait_for(Duration::from_secs(30), "the standby's claim", || async {
+        db.slots()
+            .await
+            .iter()
+            .find(|s| owner(s).is_some_and(|o| o != old.id))
+            .map(|_| common::wall_ns())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    proxy.set(Mode::Pass);
+    wait_for(Duration::from_secs(30), "the old holder to learn", || async {
+        old.log_text().contains("while suspended").then_some(())
+    })
+    .await;
+    every_robot_steps(&db, &seqs(&db.robots().await), 3).await;
+    let late: Vec<_> = stubborn_steps(&db)
+        .into_iter()
+        .filter(|(_, pid, ns)| old_pids.contains(pid) && *ns > claimed)
+        .collect();
+    assert!(late.is_empty(), "the old robot stepped after the takeover: {late:?}");
+    invariants::check(&db).await;
+}
