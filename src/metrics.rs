@@ -161,20 +161,25 @@ metrics! {
 }
 
 /// How a suspension ended (`slotpool_suspensions_total{outcome}`).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum SuspensionOutcome {
     /// A late renewal matched: the same robots went on in place.
-    #[prometheus(name = "resumed")]
     Resumed,
     /// The slot had another epoch: the robots were killed, never thawed.
-    #[prometheus(name = "lost")]
     Lost,
     /// `--suspend-for` passed without a renewal: the robots were stopped.
-    #[prometheus(name = "expired")]
     Expired,
     /// The worker or the slot went away meanwhile: the robots were killed.
-    #[prometheus(name = "stopped")]
     Stopped,
+}
+
+impl EncodeLabelValue for SuspensionOutcome {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.as_str(), encoder)
+    }
 }
 
 impl SuspensionOutcome {
