@@ -73,7 +73,11 @@ impl Drop for Running {
 
 /// Requests passed to the server, by what they asked: `"update workers"`, `"hello"`.
 #[derive(Debug, Clone, Default)]
-pub struct Tally(Arc<Mutex<BTreeMap<String, u64>>>);
+pub struct Tally(Arc<Mutex<BTreeMap<String, u64>>>, Concerns);
+
+/// The write concerns requests carried, by request (see [`Tally::write_concerns`]).
+#[derive(Debug, Clone, Default)]
+struct Concerns(Arc<Mutex<BTreeMap<String, std::collections::BTreeSet<String>>>>);
 
 impl Tally {
     /// The counts so far.
@@ -96,12 +100,31 @@ impl Tally {
     fn count(&self, what: String) {
         *self.0.lock().unwrap().entry(what).or_default() += 1;
     }
+
+    /// Every write concern each request carried, as relaxed extended JSON
+    /// (`{"w":"majority","j":true}`), or `none` for a request without one.
+    pub fn write_concerns(&self) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+        self.1 .0.lock().unwrap().clone()
+    }
+
+    fn concern(&self, what: &str, concern: Option<&bson::Document>) {
+        let shown = concern.map_or_else(
+            || "none".to_string(),
+            |c| bson::Bson::Document(c.clone()).into_relaxed_extjson().to_string(),
+        );
+        self.1
+             .0
+            .lock()
+            .unwrap()
+            .entry(what.to_string())
+            .or_default()
+            .insert(shown);
+    }
 }
 
-/// What one request asks, from the wire: its command and the collection it names
-/// (`"find slots"`, `"hello"`). OP_MSG (every command of a current driver) and
-/// OP_QUERY (an old handshake); None for anything else or a broken frame.
-pub fn request_of(frame: &[u8]) -> Option<String> {
+/// The command document of one request, from the wire: OP_MSG (every command of a
+/// current driver) and OP_QUERY (the legacy handshake).
+fn command_of(frame: &[u8]) -> Option<bson::Document> {
     const OP_QUERY: i32 = 2004;
     const OP_MSG: i32 = 2013;
     let op = i32::from_le_bytes(frame.get(12..16)?.try_into().ok()?);
@@ -125,7 +148,14 @@ pub fn request_of(frame: &[u8]) -> Option<String> {
         }
         _ => return None,
     };
-    let doc = bson::Document::from_reader(body).ok()?;
+    bson::Document::from_reader(body).ok()
+}
+
+/// What one request asks, from the wire: its command and the collection it names
+/// (`"find slots"`, `"hello"`). OP_MSG (every command of a current driver) and
+/// OP_QUERY (an old handshake); None for anything else or a broken frame.
+pub fn request_of(frame: &[u8]) -> Option<String> {
+    let doc = command_of(frame)?;
     let (command, arg) = doc.iter().next()?;
     let collection = match (command.as_str(), arg) {
         ("getMore", _) => doc.get_str("collection").ok(),
@@ -167,6 +197,9 @@ impl Frames {
             let frame: Vec<u8> = self.pending.drain(..len).collect();
             let what = request_of(&frame).unwrap_or_else(|| "(unparsed)".into());
             tally.count(what.clone());
+            if let Some(command) = command_of(&frame) {
+                tally.concern(&what, command.get_document("writeConcern").ok());
+            }
             asked.push(what);
         }
     }
