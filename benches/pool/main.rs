@@ -5,7 +5,7 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge,scale
+//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge,scale,outage
 //!
 //! One file per phase; this one parses the arguments, runs the phases asked for
 //! and prints the table.
@@ -15,6 +15,7 @@ mod common;
 mod containers;
 mod cost;
 mod numbers;
+mod outage;
 mod probe;
 mod record;
 mod scale;
@@ -33,6 +34,7 @@ use common::{metric, owner, TestDb, WorkerProc};
 use containers::*;
 use cost::*;
 use numbers::*;
+use outage::*;
 use probe::*;
 use record::*;
 use scale::*;
@@ -238,6 +240,11 @@ async fn main() {
     }
     if want("scale") {
         for r in scale_rows(quick).await {
+            show(&mut rows, r);
+        }
+    }
+    if want("outage") {
+        for r in outage_rows(quick).await {
             show(&mut rows, r);
         }
     }
