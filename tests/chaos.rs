@@ -89,8 +89,19 @@ impl Monitor {
 
 /// A pool: slots, workers, counters with full history.
 async fn pool(db: &TestDb, slots: u32, workers: usize, robots: u32) -> Vec<WorkerProc> {
+    pool_with(db, slots, workers, robots, &[]).await
+}
+
+/// [`pool`], each worker started with `args`.
+async fn pool_with(
+    db: &TestDb,
+    slots: u32,
+    workers: usize,
+    robots: u32,
+    args: &[&str],
+) -> Vec<WorkerProc> {
     db.init(slots).await;
-    let w: Vec<WorkerProc> = (0..workers).map(|_| db.worker(&[])).collect();
+    let w: Vec<WorkerProc> = (0..workers).map(|_| db.worker(args)).collect();
     all_held(db, slots as usize).await;
     db.create_counters(robots);
     progress(db, 2).await;
@@ -561,12 +572,15 @@ async fn claim_storm_twenty_workers_five_slots() {
     println!("[storm] compare-and-set attempts {attempts}, conflicts {conflicts}");
 }
 
+/// With `--suspend-for 0` (no suspension), a database outage stops every robot at
+/// the self-fence, and the pool recovers through fresh claims with nothing lost.
+/// (With the default suspension nothing restarts: tests/outage.rs.)
 #[tokio::test(flavor = "multi_thread")]
-async fn database_restarted_underneath_the_pool() {
+async fn database_restarted_underneath_a_pool_without_suspension() {
     let _g = SERIAL.lock().await;
     let server = common::PrivateServer::start("chaos_dbrestart");
     let db = TestDb::on(&server.uri, "chaos_dbrestart").await;
-    let w = pool(&db, 2, 3, 8).await;
+    let w = pool_with(&db, 2, 3, 8, &["--suspend-for", "0"]).await;
     let before: i64 = db
         .robots()
         .await
