@@ -207,18 +207,30 @@ async fn an_outage_longer_than_suspend_for_stops_the_robots_as_before() {
     invariants::check(&db).await;
 }
 
-/// A holder partitioned alone (its link blackholed) for 6 s: the standby, which
-/// kept contact, claims at `L` as ever. The old holder's frozen robot is killed when
-/// it learns, and never steps again: every step its pid wrote came before the
-/// standby's claim.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_holder_partitioned_alone_loses_its_slot_and_its_frozen_robot_never_steps_again() {
+/// How a holder is cut off from the database for 6 s, alone.
+enum Cut {
+    /// Its link blackholed by the proxy.
+    Partitioned,
+    /// The worker process SIGSTOPped (its robots' shims run on).
+    Stopped,
+    /// The worker and everything below it frozen by the cgroup freezer.
+    Frozen,
+}
+
+/// The holder cut off alone for 6 s: the standby, which kept contact, claims at `L`
+/// as ever. The old holder's frozen robot is killed when the holder learns, and
+/// never steps again: every step its pid wrote came before the standby's claim.
+async fn lose_alone(cut: Cut, label: &str) {
     let _g = SERIAL.lock().await;
-    let db = TestDb::new("outage_alone").await;
+    let db = TestDb::new(label).await;
     db.init(1).await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
     let allow = db.exec_allow();
-    let old = db.worker_via(&proxy, &["--exec-allow", &allow]);
+    let freezer = matches!(cut, Cut::Frozen).then(|| common::freezer::Freezer::new(label));
+    let old = match &freezer {
+        Some(f) => db.exec_worker_in(&f.procs(), &[]),
+        None => db.worker_via(&proxy, &["--exec-allow", &allow]),
+    };
     wait_for(Duration::from_secs(30), "the slot held", || async {
         db.slots()
             .await
@@ -232,7 +244,13 @@ async fn a_holder_partitioned_alone_loses_its_slot_and_its_frozen_robot_never_st
     let _standby = db.exec_worker(&[]);
     every_robot_steps(&db, &seqs(&db.robots().await), 3).await;
     let old_pids = exec_pids(&db);
-    proxy.set(Mode::Blackhole);
+    let t0 = Instant::now();
+    match (&cut, &freezer) {
+        (Cut::Partitioned, _) => proxy.set(Mode::Blackhole),
+        (Cut::Stopped, _) => old.signal(libc::SIGSTOP),
+        (Cut::Frozen, Some(f)) => f.freeze(),
+        (Cut::Frozen, None) => unreachable!(),
+    }
     let claimed = wait_for(Duration::from_secs(30), "the standby's claim", || async {
         db.slots()
             .await
@@ -241,8 +259,16 @@ async fn a_holder_partitioned_alone_loses_its_slot_and_its_frozen_robot_never_st
             .map(|_| common::wall_ns())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    proxy.set(Mode::Pass);
+    // The rest of the 6 s the holder is cut off.
+    if let Some(left) = Duration::from_secs(6).checked_sub(t0.elapsed()) {
+        tokio::time::sleep(left).await;
+    }
+    match (&cut, &freezer) {
+        (Cut::Partitioned, _) => proxy.set(Mode::Pass),
+        (Cut::Stopped, _) => old.signal(libc::SIGCONT),
+        (Cut::Frozen, Some(f)) => f.thaw(),
+        (Cut::Frozen, None) => unreachable!(),
+    }
     wait_for(Duration::from_secs(30), "the old holder to learn", || async {
         old.log_text().contains("while suspended").then_some(())
     })
@@ -253,5 +279,54 @@ async fn a_holder_partitioned_alone_loses_its_slot_and_its_frozen_robot_never_st
         .filter(|(_, pid, ns)| old_pids.contains(pid) && *ns > claimed)
         .collect();
     assert!(late.is_empty(), "the old robot stepped after the takeover: {late:?}");
+    invariants::check(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_partitioned_alone_loses_its_slot_and_its_frozen_robot_never_steps_again() {
+    lose_alone(Cut::Partitioned, "outage_alone").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_stopped_for_6_s_loses_its_slot_and_its_frozen_robot_never_steps_again() {
+    lose_alone(Cut::Stopped, "outage_sigstop").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_frozen_with_its_robots_for_6_s_loses_its_slot_and_they_never_step_again() {
+    lose_alone(Cut::Frozen, "outage_freezer").await;
+}
+
+/// A late renewal that lands but whose answer is lost (the proxy closes the
+/// connection before it comes back): the next late renewal matches too and resumes
+/// the robots, with no restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
+    let _g = SERIAL.lock().await;
+    let db = TestDb::new("outage_lost_answer").await;
+    let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
+    let w = pool(&db, Some(&proxy)).await;
+    let before = held(&db).await;
+    let pids = exec_pids(&db);
+    proxy.set(Mode::Blackhole);
+    // Past every holder's deadline: suspended.
+    wait_for(Duration::from_secs(30), "the holders to suspend", || async {
+        (w.iter()
+            .filter(|x| x.metric("slotpool_robots_suspended").unwrap_or(0) > 0)
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    // The first renewal sent once the link passes lands; its answer is dropped.
+    proxy.drop_answer_to_next("update slots");
+    proxy.set(Mode::Pass);
+    wait_for(Duration::from_secs(30), "a renewal's answer dropped", || async {
+        (proxy.answers_dropped() >= 1).then_some(())
+    })
+    .await;
+    every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
+    assert_eq!(held(&db).await, before, "no slot moved, no robot adopted again");
+    assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
     invariants::check(&db).await;
 }
