@@ -330,3 +330,57 @@ async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
     assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
     invariants::check(&db).await;
 }
+
+/// A scheduled exec robot whose run is in flight across a 5 s outage: the run is
+/// frozen with its tree and finishes once after the resume; its firing has exactly
+/// one record, and no firing starts twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scheduled_run_in_flight_across_an_outage_finishes_once() {
+    let _g = SERIAL.lock().await;
+    let server = common::PrivateServer::start("outage_sched");
+    let db = TestDb::on(&server.uri, "outage_sched").await;
+    db.init(1).await;
+    let log = db.dir.join("runs.log");
+    let cmd = common::script(
+        &db,
+        "job.sh",
+        &format!(
+            "echo \"start $SLOTPOOL_FIRING\" >> '{0}'\nsleep 3\necho \"end $SLOTPOOL_FIRING\" >> '{0}'\n",
+            log.display()
+        ),
+    );
+    db.scheduled_exec("job", &cmd, r#"{"every": "10s", "keep_runs": 1000}"#);
+    let _a = db.exec_worker(&[]);
+    let _b = db.exec_worker(&[]);
+    let in_flight = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .last()
+            .and_then(|l| l.strip_prefix("start ").map(str::to_string))
+    };
+    let firing = wait_for(Duration::from_secs(60), "a run in flight", || async {
+        in_flight()
+    })
+    .await;
+    let before = held(&db).await;
+    server.kill9();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    server.restart();
+    let db = TestDb::on(&server.uri, &db.name).await;
+    let record = wait_for(Duration::from_secs(60), "the run's record", || async {
+        let r = db.robot("job").await;
+        r.get_array("runs").ok()?.iter().find_map(|x| {
+            let x = x.as_document()?;
+            (x.get_i64("firing").ok()?.to_string() == firing).then(|| x.clone())
+        })
+    })
+    .await;
+    assert_eq!(record.get_str("outcome"), Ok("succeeded"), "{record}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let starts = text.lines().filter(|l| *l == format!("start {firing}")).count();
+    let ends = text.lines().filter(|l| *l == format!("end {firing}")).count();
+    assert_eq!((starts, ends), (1, 1), "{text}");
+    assert_eq!(held(&db).await.slots, before.slots, "the slot did not move");
+    invariants::check_firings(&db, false).await;
+}
