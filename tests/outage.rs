@@ -372,7 +372,9 @@ async fn a_scheduled_run_in_flight_across_an_outage_finishes_once() {
         let r = db.robot("job").await;
         r.get_array("runs").ok()?.iter().find_map(|x| {
             let x = x.as_document()?;
-            (x.get_i64("firing").ok()?.to_string() == firing).then(|| x.clone())
+            let at = chrono::DateTime::from_timestamp_millis(x.get_i64("firing").ok()?)?;
+            (at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true) == firing)
+                .then(|| x.clone())
         })
     })
     .await;
