@@ -47,7 +47,7 @@ pub(crate) struct WorkerArgs {
     /// on in place: a database outage or a replica set's election shorter than
     /// this restarts nothing. Size it above your set's longest election (about
     /// 10-12 s by default). 0 stops robots at the self-fence, as before 0.3.
-    #[arg(long, env = "SLOTPOOL_SUSPEND_FOR", default_value = "60s", value_parser = parse_duration_arg, allow_hyphen_values = true)]
+    #[arg(long, env = "SLOTPOOL_SUSPEND_FOR", default_value = "60s", value_parser = parse_suspend_for, allow_hyphen_values = true)]
     suspend_for: Duration,
 
     /// The most slots this worker holds at once. Default: no cap, so every robot runs
@@ -164,6 +164,14 @@ fn parse_identity(s: &str) -> Result<Identity, ConfigError> {
 
 fn parse_duration_arg(s: &str) -> Result<Duration, ConfigError> {
     parse_duration(s)
+}
+
+/// `--suspend-for`: a duration, or 0 (`0s`) for no suspension.
+fn parse_suspend_for(s: &str) -> Result<Duration, String> {
+    if matches!(s.trim(), "0" | "0s" | "0ms") {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s).map_err(|e| format!("{e} (or 0 to stop robots at the deadline)"))
 }
 
 fn parse_release_poll(s: &str) -> Result<Duration, String> {

@@ -198,11 +198,14 @@ pub(crate) async fn send_many(
 ) -> Result<u64, mongodb::error::Error> {
     let db: Database = robots.client().database(&robots.namespace().db);
     let reply = db
-        .run_command(doc! {
-            "update": robots.name(),
-            "updates": [statement.to_command_many()],
-            "ordered": false,
-        })
+        .run_command(crate::db::write_concern::with_write_concern(
+            doc! {
+                "update": robots.name(),
+                "updates": [statement.to_command_many()],
+                "ordered": false,
+            },
+            robots,
+        ))
         .await?;
     match reply.get_array("writeErrors").ok().and_then(|e| e.first()) {
         Some(e) => Err(mongodb::error::Error::custom(format!(
@@ -238,7 +241,10 @@ async fn send_together(
         .collect();
     let db: Database = robots.client().database(&robots.namespace().db);
     let reply = db
-        .run_command(doc! {"update": robots.name(), "updates": updates, "ordered": false})
+        .run_command(crate::db::write_concern::with_write_concern(
+            doc! {"update": robots.name(), "updates": updates, "ordered": false},
+            robots,
+        ))
         .await?;
     let matched = crate::db::store::int(&reply, "n").map_or(0, |n| n.max(0) as usize);
     let mut out = vec![Written::Applied; statements.len()];

@@ -435,11 +435,14 @@ impl LeaseProtocol {
     /// a deadline counted from this renewal's sending, as after any renewal. An
     /// answer slower than `L - margin` would give a deadline already past: it counts
     /// as none.
-    pub async fn renew_late(&self, lease: &mut Lease) -> Result<Renewed, LeaseError> {
+    pub async fn renew_late(
+        &self,
+        lease: &mut Lease,
+        within: Duration,
+    ) -> Result<Renewed, LeaseError> {
         let sent = self.clock.now();
-        let within = self.fence_window();
         let request = self.renew_once(lease.slot_id.clone(), lease.epoch, lease.rev);
-        match tokio::time::timeout(within, request).await {
+        match tokio::time::timeout(within.min(self.fence_window()), request).await {
             Err(_elapsed) => Err(LeaseError::Db(mongodb::error::Error::custom(format!(
                 "no answer to a late renewal within {} ms",
                 within.as_millis()
@@ -454,7 +457,7 @@ impl LeaseProtocol {
             }
             Ok(Ok(Some(renewed))) => {
                 lease.fenced = false;
-                lease.deadline = sent + within;
+                lease.deadline = sent + self.fence_window();
                 lease.last_renewed = sent;
                 lease.rev = renewed.rev;
                 Ok(renewed)

@@ -21,4 +21,4 @@ pub(crate) mod robots;
 pub(crate) mod schema;
 pub mod store;
 pub(crate) mod words;
-pub(crate) mod write_concern;
+pub mod write_concern;

@@ -174,11 +174,14 @@ async fn send(
     for chunk in statements.chunks(crate::db::group_commit::MAX_STATEMENTS) {
         // Unordered: a fenced instance's statement (its upsert collides with a newer
         // instance's document) fails alone.
-        db.run_command(doc! {
-            "update": outputs.name(),
-            "updates": chunk,
-            "ordered": false,
-        })
+        db.run_command(crate::db::write_concern::with_write_concern(
+            doc! {
+                "update": outputs.name(),
+                "updates": chunk,
+                "ordered": false,
+            },
+            outputs,
+        ))
         .await?;
     }
     Ok(())

@@ -60,6 +60,21 @@ pub(crate) fn choose(
     Ok(chosen)
 }
 
+/// `command` with the write concern of `coll` (the client's) as its
+/// `writeConcern`: the driver adds it to its own write helpers, not to a command run
+/// by hand.
+pub(crate) fn with_write_concern(
+    mut command: bson::Document,
+    coll: &mongodb::Collection<bson::Document>,
+) -> bson::Document {
+    if let Some(wc) = coll.write_concern() {
+        if let Ok(wc) = bson::to_document(wc) {
+            command.insert("writeConcern", wc);
+        }
+    }
+    command
+}
+
 /// How the write concern in force reads in the log and `status`.
 pub(crate) fn describe(wc: &WriteConcern) -> String {
     let w = match &wc.w {

@@ -231,8 +231,11 @@ impl Enforcer {
             }
             Some(Control::Deadline(ns)) => {
                 // The worker's latest word counts (a revocation moves it back),
-                // but nothing revives a lease that already lapsed here.
-                if self.termed_at.is_none() && now < self.deadline {
+                // but nothing revives a lease that already lapsed here; with a
+                // suspension, a live deadline arriving just after the old one
+                // passed (not yet frozen) is the renewal that keeps it going.
+                let live = now < self.deadline || (self.suspend_ns > 0 && ns > now);
+                if self.termed_at.is_none() && live {
                     self.deadline = ns;
                 }
                 self.on_time(now)
@@ -930,7 +933,8 @@ mod tests {
             e.on_message(Some(Control::Term), 9 * S),
             Some(GroupSignal::Term)
         );
-        assert_eq!(e.on_time(10 * S), None);
+        assert_eq!(e.on_time(9 * S + 200_000_000), None);
+        // The grace runs from the stop, not from the deadline: killed, not frozen.
         assert_eq!(e.on_time(9 * S + 300_000_000), Some(GroupSignal::Kill));
     }
 

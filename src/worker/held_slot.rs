@@ -323,7 +323,12 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
             _ = release.cancelled() => {
                 return ended(SuspensionOutcome::Stopped, "the slot was given up while suspended".into());
             }
-            r = cx.protocol.renew_late(lease) => r,
+            // Half a tick at most: one stuck on a dead connection must not use up
+            // the head start the standbys give this holder, nor end past `until`.
+            r = cx.protocol.renew_late(
+                lease,
+                (cx.timing.tick / 2).min(until.saturating_duration_since(sent)),
+            ) => r,
         };
         match renewal {
             Ok(renewed) => return RideOut::Resumed { renewed, sent },
@@ -499,12 +504,13 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             );
             cx.status.lock().expect("status lock").suspended(slot, true);
             tracing::warn!(slot = %slot, epoch, robots, suspend_for_ms = cx.timing.suspend_for.as_millis() as u64, "no renewal before the local deadline: robots suspended while the holder renews late");
-            cx.store
-                .record_event(
-                    EventKind::Suspend,
-                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "robots": robots as i64},
-                )
-                .await;
+            // In the background: the database is most likely away, and the first
+            // late renewal must not wait for this.
+            let (store, fields) = (
+                cx.store.clone(),
+                doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "robots": robots as i64},
+            );
+            tokio::spawn(async move { store.record_event(EventKind::Suspend, fields).await });
         }
         SlotEvent::Resumed { robots, after } => {
             m.robots_suspended.inc_by(-(robots as i64));

@@ -39,10 +39,6 @@ impl Suspension {
     pub(crate) fn resume(&self) -> bool {
         self.0.send_if_modified(|s| std::mem::replace(s, false))
     }
-
-    pub(crate) fn is_suspended(&self) -> bool {
-        *self.0.borrow()
-    }
 }
 
 /// `fut`, polled only while `suspended` says false. Once its [`Suspension`] is gone
