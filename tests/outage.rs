@@ -127,17 +127,22 @@ async fn server_down_for(down: Duration) {
     println!("[outage {down:?}] every robot stepped twice {:?} after the restart", back.elapsed());
     assert_eq!(held(&db).await, before, "no slot moved, no robot adopted again");
     assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
+    let resumed = r#"slotpool_suspensions_total{outcome="resumed"}"#;
+    let mut resumes = 0;
     for x in &w {
-        assert!(
-            x.metric("slotpool_suspensions_total").unwrap_or(0) <= 1,
-            "at most one suspension per holder"
+        resumes += x.metric(resumed).unwrap_or(0);
+        assert_eq!(
+            x.metric("slotpool_robot_restarts_total").unwrap_or(0),
+            0,
+            "no robot restarted on {}",
+            x.id
         );
-        assert!(
-            !x.log_text().contains("self-fenced"),
-            "no holder stopped its robots: {}",
-            x.log_text()
-        );
+        for outcome in ["lost", "expired", "stopped"] {
+            let name = format!(r#"slotpool_suspensions_total{{outcome="{outcome}"}}"#);
+            assert_eq!(x.metric(&name).unwrap_or(0), 0, "{name} on {}", x.id);
+        }
     }
+    assert_eq!(resumes, 2, "each holder suspended and resumed once");
     let report = invariants::check(&db).await;
     assert_eq!(report.robots, 10, "{report:?}");
 }
@@ -278,7 +283,14 @@ async fn lose_alone(cut: Cut, label: &str) {
         .into_iter()
         .filter(|(_, pid, ns)| old_pids.contains(pid) && *ns > claimed)
         .collect();
-    assert!(late.is_empty(), "the old robot stepped after the takeover: {late:?}");
+    // Thawed together with its shim (the freezer), the robot may run for the
+    // moment before the shim stops it again: one step at most, and none of it lands
+    // (the invariant checker below). Otherwise none at all.
+    let allowed = usize::from(matches!(cut, Cut::Frozen));
+    assert!(
+        late.len() <= allowed,
+        "the old robot stepped after the takeover: {late:?}"
+    );
     invariants::check(&db).await;
 }
 
@@ -308,7 +320,10 @@ async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
     let w = pool(&db, Some(&proxy)).await;
     let before = held(&db).await;
     let pids = exec_pids(&db);
-    proxy.set(Mode::Blackhole);
+    // Cut (connections closed, new ones refused) rather than blackholed: bytes held
+    // through a blackhole would pass later, and the first renewal after it could be
+    // one the driver already gave up on.
+    proxy.set(Mode::Cut);
     // Past every holder's deadline: suspended.
     wait_for(Duration::from_secs(30), "the holders to suspend", || async {
         (w.iter()
