@@ -157,11 +157,21 @@ pub(crate) async fn send(
     statements: &[Statement],
 ) -> Result<Vec<Written>, mongodb::error::Error> {
     let tokens: Vec<ObjectId> = statements.iter().map(|_| ObjectId::new()).collect();
-    match send_together(robots, statements, &tokens).await {
+    send_stamped(robots, statements, &tokens).await
+}
+
+/// [`send`], each statement stamping the token given: a batch dropped at a
+/// suspended deadline is read back by these and sent again with them.
+async fn send_stamped(
+    robots: &Collection<Document>,
+    statements: &[Statement],
+    tokens: &[ObjectId],
+) -> Result<Vec<Written>, mongodb::error::Error> {
+    match send_together(robots, statements, tokens).await {
         Err(e) if statements.len() > 1 && !crate::db::store::is_network(&e) => {
             let landed = read_tokens(robots, statements).await?;
             let mut out = Vec::with_capacity(statements.len());
-            for (s, token) in statements.iter().zip(&tokens) {
+            for (s, token) in statements.iter().zip(tokens) {
                 if landed.get(&s.id).is_some_and(|d| landed_token(token, d)) {
                     out.push(Written::Applied);
                     continue;
@@ -460,20 +470,16 @@ async fn commit(
         return None;
     }
     let statements: Vec<Statement> = batch.iter().map(|q| q.statement.clone()).collect();
+    let tokens: Vec<ObjectId> = statements.iter().map(|_| ObjectId::new()).collect();
     let t = Instant::now();
-    let r = match while_open(guard, IN_DOUBT_AFTER, send(robots, &statements)).await {
-        Answer::Sent(r) => r,
-        Answer::Lapsed => {
+    let r = match sent_through_suspensions(robots, guard, &statements, &tokens).await {
+        Some(r) => r,
+        None => {
             for q in batch {
                 let _ = q.reply.send(Ok(Written::Lapsed));
             }
             return None;
         }
-        Answer::InDoubt => Err(mongodb::error::Error::custom(format!(
-            "no answer to {} robot write(s) within {} s; they may or may not have landed",
-            statements.len(),
-            IN_DOUBT_AFTER.as_secs()
-        ))),
     };
     let took = t.elapsed();
     tracing::trace!(
@@ -493,6 +499,58 @@ async fn commit(
                 let _ = q.reply.send(Err(e.clone()));
             }
             None
+        }
+    }
+}
+
+/// Sends `statements` under the lease, and what became of each; None once the lease
+/// was given up. A batch dropped at a suspended deadline waits for the lease's fate:
+/// resumed, its tokens are read back, and only what did not land is sent again, with
+/// the same tokens, so nothing is applied twice and nothing is lost.
+async fn sent_through_suspensions(
+    robots: &Collection<Document>,
+    guard: &WriteGuard,
+    statements: &[Statement],
+    tokens: &[ObjectId],
+) -> Option<Result<Vec<Written>, mongodb::error::Error>> {
+    let mut out: Vec<Option<Written>> = vec![None; statements.len()];
+    loop {
+        let left: Vec<usize> = (0..statements.len()).filter(|&i| out[i].is_none()).collect();
+        let stmts: Vec<Statement> = left.iter().map(|&i| statements[i].clone()).collect();
+        let toks: Vec<ObjectId> = left.iter().map(|&i| tokens[i]).collect();
+        match while_open(guard, IN_DOUBT_AFTER, send_stamped(robots, &stmts, &toks)).await {
+            Answer::Sent(Ok(written)) => {
+                for (i, w) in left.into_iter().zip(written) {
+                    out[i] = Some(w);
+                }
+                return Some(Ok(out.into_iter().map(|w| w.unwrap_or(Written::Fenced)).collect()));
+            }
+            Answer::Sent(Err(e)) => return Some(Err(e)),
+            Answer::Lapsed => return None,
+            Answer::InDoubt if guard.is_open() => {
+                return Some(Err(mongodb::error::Error::custom(format!(
+                    "no answer to {} robot write(s) within {} s; they may or may not have landed",
+                    stmts.len(),
+                    IN_DOUBT_AFTER.as_secs()
+                ))));
+            }
+            Answer::InDoubt => {
+                if !guard.admit().await {
+                    return None;
+                }
+                let now = match read_tokens(robots, &stmts).await {
+                    Ok(now) => now,
+                    Err(e) => return Some(Err(e)),
+                };
+                for (i, (s, token)) in left.iter().zip(stmts.iter().zip(&toks)) {
+                    if now.get(&s.id).is_some_and(|d| landed_token(token, d)) {
+                        out[*i] = Some(Written::Applied);
+                    }
+                }
+                if out.iter().all(Option::is_some) {
+                    return Some(Ok(out.into_iter().flatten().collect()));
+                }
+            }
         }
     }
 }
