@@ -210,6 +210,18 @@ impl ContextStore {
         self.guard.is_open()
     }
 
+    /// True once the holder gave the lease up (lost, expired, released): unlike a
+    /// suspended lease, it never opens again.
+    pub(crate) fn lease_given_up(&self) -> bool {
+        self.guard.is_revoked()
+    }
+
+    /// Waits while the lease is suspended: true once it is open again, false once
+    /// it was given up.
+    pub(crate) async fn lease_resumed(&self) -> bool {
+        self.guard.admit().await
+    }
+
     /// The lease deadline and its every change, for robots that must be stopped by
     /// something outside this process when the deadline passes.
     pub(crate) fn lease_deadline(&self) -> watch::Receiver<Instant> {

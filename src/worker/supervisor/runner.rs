@@ -82,9 +82,18 @@ impl Runner {
             let error = match outcome {
                 Ok(()) if self.token.is_cancelled() => break,
                 // Nothing of it ran: the lease ended first, and the stop follows.
-                Err(RobotError::NotStarted(why)) if !self.ctx.lease_open() => {
+                Err(RobotError::NotStarted(why)) if self.ctx.lease_given_up() => {
                     tracing::debug!(robot = %self.name, "{why}");
                     break;
+                }
+                // Nothing of it ran: the lease is suspended. Started again once a late
+                // renewal resumes it, as no restart; stopped if it is given up.
+                Err(RobotError::NotStarted(why)) if !self.ctx.lease_open() => {
+                    tracing::debug!(robot = %self.name, "{why}; waiting for the lease");
+                    if !self.ctx.lease_resumed().await {
+                        break;
+                    }
+                    continue;
                 }
                 // Nothing of it ran, and the lease holds again (renewed just after
                 // its deadline passed): started again, as no restart.
@@ -94,7 +103,7 @@ impl Runner {
                     continue;
                 }
                 Ok(()) => RobotError::Crashed("returned without being asked to stop".into()),
-                Err(RobotError::Fenced(why)) if !self.ctx.lease_open() => {
+                Err(RobotError::Fenced(why)) if self.ctx.lease_given_up() => {
                     // The whole holder stopped writing (its lease lapsed): the worker
                     // reports that once, not once per robot.
                     tracing::debug!(robot = %self.name, "{why}");
