@@ -647,7 +647,16 @@ fn the_shim_waits_for_a_live_deadline_and_starts_nothing_without_one() {
     std::fs::create_dir_all(&dir).unwrap();
     let shim = |mark: &std::path::Path| {
         std::process::Command::new(env!("CARGO_BIN_EXE_slotpool"))
-            .args(["__robot-shim", "100", "0", "rlimit", "-", "-", "/bin/sh", "-c"])
+            .args([
+                "__robot-shim",
+                "100",
+                "0",
+                "rlimit",
+                "-",
+                "-",
+                "/bin/sh",
+                "-c",
+            ])
             .arg(format!("echo ran > {}", mark.display()))
             .stdin(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

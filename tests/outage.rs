@@ -124,8 +124,15 @@ async fn server_down_for(down: Duration) {
     let db = TestDb::on(&server.uri, &db.name).await;
     let back = Instant::now();
     every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
-    println!("[outage {down:?}] every robot stepped twice {:?} after the restart", back.elapsed());
-    assert_eq!(held(&db).await, before, "no slot moved, no robot adopted again");
+    println!(
+        "[outage {down:?}] every robot stepped twice {:?} after the restart",
+        back.elapsed()
+    );
+    assert_eq!(
+        held(&db).await,
+        before,
+        "no slot moved, no robot adopted again"
+    );
     assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
     let resumed = r#"slotpool_suspensions_total{outcome="resumed"}"#;
     let mut resumes = 0;
@@ -176,7 +183,11 @@ async fn every_link_blackholed_for_10_s_restarts_nothing() {
     tokio::time::sleep(Duration::from_secs(10)).await;
     proxy.set(Mode::Pass);
     every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
-    assert_eq!(held(&db).await, before, "no slot moved, no robot adopted again");
+    assert_eq!(
+        held(&db).await,
+        before,
+        "no slot moved, no robot adopted again"
+    );
     assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
     invariants::check(&db).await;
 }
@@ -274,9 +285,11 @@ async fn lose_alone(cut: Cut, label: &str) {
         (Cut::Frozen, Some(f)) => f.thaw(),
         (Cut::Frozen, None) => unreachable!(),
     }
-    wait_for(Duration::from_secs(30), "the old holder to learn", || async {
-        old.log_text().contains("while suspended").then_some(())
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "the old holder to learn",
+        || async { old.log_text().contains("while suspended").then_some(()) },
+    )
     .await;
     every_robot_steps(&db, &seqs(&db.robots().await), 3).await;
     let late: Vec<_> = stubborn_steps(&db)
@@ -325,23 +338,33 @@ async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
     // one the driver already gave up on.
     proxy.set(Mode::Cut);
     // Past every holder's deadline: suspended.
-    wait_for(Duration::from_secs(30), "the holders to suspend", || async {
-        (w.iter()
-            .filter(|x| x.metric("slotpool_robots_suspended").unwrap_or(0) > 0)
-            .count()
-            == 2)
-            .then_some(())
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "the holders to suspend",
+        || async {
+            (w.iter()
+                .filter(|x| x.metric("slotpool_robots_suspended").unwrap_or(0) > 0)
+                .count()
+                == 2)
+                .then_some(())
+        },
+    )
     .await;
     // The first renewal sent once the link passes lands; its answer is dropped.
     proxy.drop_answer_to_next("update slots");
     proxy.set(Mode::Pass);
-    wait_for(Duration::from_secs(30), "a renewal's answer dropped", || async {
-        (proxy.answers_dropped() >= 1).then_some(())
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "a renewal's answer dropped",
+        || async { (proxy.answers_dropped() >= 1).then_some(()) },
+    )
     .await;
     every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
-    assert_eq!(held(&db).await, before, "no slot moved, no robot adopted again");
+    assert_eq!(
+        held(&db).await,
+        before,
+        "no slot moved, no robot adopted again"
+    );
     assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
     invariants::check(&db).await;
 }
@@ -388,15 +411,20 @@ async fn a_scheduled_run_in_flight_across_an_outage_finishes_once() {
         r.get_array("runs").ok()?.iter().find_map(|x| {
             let x = x.as_document()?;
             let at = chrono::DateTime::from_timestamp_millis(x.get_i64("firing").ok()?)?;
-            (at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true) == firing)
-                .then(|| x.clone())
+            (at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true) == firing).then(|| x.clone())
         })
     })
     .await;
     assert_eq!(record.get_str("outcome"), Ok("succeeded"), "{record}");
     let text = std::fs::read_to_string(&log).unwrap();
-    let starts = text.lines().filter(|l| *l == format!("start {firing}")).count();
-    let ends = text.lines().filter(|l| *l == format!("end {firing}")).count();
+    let starts = text
+        .lines()
+        .filter(|l| *l == format!("start {firing}"))
+        .count();
+    let ends = text
+        .lines()
+        .filter(|l| *l == format!("end {firing}"))
+        .count();
     assert_eq!((starts, ends), (1, 1), "{text}");
     assert_eq!(held(&db).await.slots, before.slots, "the slot did not move");
     invariants::check_firings(&db, false).await;

@@ -14,7 +14,10 @@ use futures::TryStreamExt;
 use super::*;
 
 /// Each slot's holder and epoch, and each robot's generation.
-type Held = (BTreeMap<String, (Option<String>, i64)>, BTreeMap<String, i64>);
+type Held = (
+    BTreeMap<String, (Option<String>, i64)>,
+    BTreeMap<String, i64>,
+);
 
 async fn held(db: &TestDb) -> Held {
     let slots = db
@@ -98,12 +101,16 @@ async fn rounds(
     let out = db.counters("o", robots, 10_000);
     assert!(out.status.success(), "{out:?}");
     let started = server_ms(&db).await;
-    common::wait_for(Duration::from_secs(120), "every robot's first checkpoint", || async {
-        oldest_checkpoint_ms(&db)
-            .await
-            .filter(|t| *t >= started)
-            .map(|_| ())
-    })
+    common::wait_for(
+        Duration::from_secs(120),
+        "every robot's first checkpoint",
+        || async {
+            oldest_checkpoint_ms(&db)
+                .await
+                .filter(|t| *t >= started)
+                .map(|_| ())
+        },
+    )
     .await;
     let window = Duration::from_secs(30);
     let cpu_quiet = server_cores(pid, window).await;
@@ -126,7 +133,10 @@ async fn rounds(
         let back = Instant::now();
         let back_ms = server_ms(&db).await;
         loop {
-            if oldest_checkpoint_ms(&db).await.is_some_and(|t| t >= back_ms) {
+            if oldest_checkpoint_ms(&db)
+                .await
+                .is_some_and(|t| t >= back_ms)
+            {
                 break;
             }
             if back.elapsed() > Duration::from_secs(120) {
@@ -134,7 +144,8 @@ async fn rounds(
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        o.all_checkpointed.push(back.elapsed().as_secs_f64() * 1000.0);
+        o.all_checkpointed
+            .push(back.elapsed().as_secs_f64() * 1000.0);
         let (slots_after, gens_after) = held(&db).await;
         o.moved.push(
             slots_before

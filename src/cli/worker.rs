@@ -262,7 +262,7 @@ pub(crate) async fn run(
             humantime::format_duration(args.tick)
         );
     }
-    let policy = ExecPolicy::commands(args.exec_allow.clone())
+    let exec_policy = ExecPolicy::commands(args.exec_allow.clone())
         .and_then(|p| p.with_env(args.exec_env_allow.clone()))
         .map_err(anyhow::Error::msg)?
         .with_limits(
@@ -302,8 +302,8 @@ pub(crate) async fn run(
         lease_ms = timing.lease_ms(), max_slots = ?args.max_slots, watchers = args.watchers,
         release_poll_ms = release_poll.map_or(0, |p| p.as_millis() as u64),
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,
-        stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %policy.describe(),
-        exec_env = %policy.describe_env(), exec_default_limits = %policy.describe_limits(), open_files = raise_fd_limit(),
+        stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %exec_policy.describe(),
+        exec_env = %exec_policy.describe_env(), exec_default_limits = %exec_policy.describe_limits(), open_files = raise_fd_limit(),
         "starting worker"
     );
     let settings = WorkerSettings {
@@ -316,7 +316,7 @@ pub(crate) async fn run(
         overflow_after: args.overflow_after.unwrap_or(timing.lease()),
         watchers: args.watchers,
     };
-    let worker = Worker::new(settings, store, Registry::builtin_with(policy));
+    let worker = Worker::new(settings, store, Registry::builtin_with(exec_policy));
     let shutdown = worker.shutdown_token();
     let state = HttpState {
         metrics: worker.metrics(),

@@ -515,7 +515,9 @@ async fn sent_through_suspensions(
 ) -> Option<Result<Vec<Written>, mongodb::error::Error>> {
     let mut out: Vec<Option<Written>> = vec![None; statements.len()];
     loop {
-        let left: Vec<usize> = (0..statements.len()).filter(|&i| out[i].is_none()).collect();
+        let left: Vec<usize> = (0..statements.len())
+            .filter(|&i| out[i].is_none())
+            .collect();
         let stmts: Vec<Statement> = left.iter().map(|&i| statements[i].clone()).collect();
         let toks: Vec<ObjectId> = left.iter().map(|&i| tokens[i]).collect();
         match while_open(guard, IN_DOUBT_AFTER, send_stamped(robots, &stmts, &toks)).await {
@@ -523,7 +525,10 @@ async fn sent_through_suspensions(
                 for (i, w) in left.into_iter().zip(written) {
                     out[i] = Some(w);
                 }
-                return Some(Ok(out.into_iter().map(|w| w.unwrap_or(Written::Fenced)).collect()));
+                return Some(Ok(out
+                    .into_iter()
+                    .map(|w| w.unwrap_or(Written::Fenced))
+                    .collect()));
             }
             Answer::Sent(Err(e)) => return Some(Err(e)),
             Answer::Lapsed => return None,

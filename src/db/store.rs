@@ -370,10 +370,10 @@ impl Store {
 
     /// The write concern every write of this store carries, as the log says it.
     pub fn write_concern(&self) -> String {
-        self.options
-            .write_concern
-            .as_ref()
-            .map_or_else(|| "server default".into(), crate::db::write_concern::describe)
+        self.options.write_concern.as_ref().map_or_else(
+            || "server default".into(),
+            crate::db::write_concern::describe,
+        )
     }
 
     /// What the server says of its deployment (`hello`).

@@ -151,9 +151,6 @@ mod tests {
     fn the_write_concern_in_force_reads_plainly() {
         assert_eq!(describe(&majority()), "w=majority, journaled");
         let one = asked(Some(Acknowledgment::Nodes(1)), None);
-        assert_eq!(
-            describe(&one),
-            "w=1, journal as the server defaults"
-        );
+        assert_eq!(describe(&one), "w=1, journal as the server defaults");
     }
 }

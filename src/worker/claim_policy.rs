@@ -671,7 +671,11 @@ mod tests {
         let e = [lapsed("s1", 100), orphan("s2", 0)];
         let mut r = round("a", &w, &e);
         r.contact = Duration::from_millis(500);
-        assert_eq!(ids(r.claimable()), ["s2"], "the released slot is taken at once");
+        assert_eq!(
+            ids(r.claimable()),
+            ["s2"],
+            "the released slot is taken at once"
+        );
         assert_eq!(r.next_claimable_in(), Some(Duration::from_millis(1500)));
         r.contact = L;
         assert_eq!(ids(r.claimable()), ["s1", "s2"]);

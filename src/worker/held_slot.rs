@@ -206,7 +206,15 @@ async fn hold(
                         guard.extend(lease.deadline());
                         robots.suspension.resume();
                         let after = cx.clock.since(since);
-                        report(&cx, &lease, SlotEvent::Resumed { robots: robots_now, after }).await;
+                        report(
+                            &cx,
+                            &lease,
+                            SlotEvent::Resumed {
+                                robots: robots_now,
+                                after,
+                            },
+                        )
+                        .await;
                         if renewed.draining {
                             report(&cx, &lease, SlotEvent::Draining).await;
                             break Ended::Drained;
@@ -344,7 +352,7 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
             Err(e) => {
                 failures += 1;
                 // Once, then every twentieth: an outage of a minute says it four times.
-                if failures == 1 || failures % 20 == 0 {
+                if failures == 1 || failures.is_multiple_of(20) {
                     let why = cx.store.scrub(&e.to_string());
                     tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, tries = failures, "late renewal failed: {why}");
                 }
@@ -516,7 +524,10 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             m.robots_suspended.inc_by(-(robots as i64));
             m.suspension_ended(SuspensionOutcome::Resumed);
             cx.health.ok(m, &cx.status);
-            cx.status.lock().expect("status lock").suspended(slot, false);
+            cx.status
+                .lock()
+                .expect("status lock")
+                .suspended(slot, false);
             cx.status.lock().expect("status lock").renewed(lease);
             tracing::info!(slot = %slot, epoch, robots, suspended_ms = after.as_millis() as u64, "a late renewal matched: robots resumed in place");
             cx.store
@@ -538,7 +549,10 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             } else {
                 m.self_fences.inc();
             }
-            cx.status.lock().expect("status lock").suspended(slot, false);
+            cx.status
+                .lock()
+                .expect("status lock")
+                .suspended(slot, false);
             tracing::warn!(slot = %slot, epoch, outcome = outcome.as_str(), "{detail}; killing its suspended robots");
         }
         SlotEvent::RobotsStopped { kind, detail } => {

@@ -167,7 +167,9 @@ impl Health {
         self.up_since
             .lock()
             .expect("health lock")
-            .map_or(std::time::Duration::ZERO, |t| now.saturating_duration_since(t))
+            .map_or(std::time::Duration::ZERO, |t| {
+                now.saturating_duration_since(t)
+            })
     }
 
     pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {

@@ -110,7 +110,11 @@ impl Tally {
     fn concern(&self, what: &str, concern: Option<&bson::Document>) {
         let shown = concern.map_or_else(
             || "none".to_string(),
-            |c| bson::Bson::Document(c.clone()).into_relaxed_extjson().to_string(),
+            |c| {
+                bson::Bson::Document(c.clone())
+                    .into_relaxed_extjson()
+                    .to_string()
+            },
         );
         self.1
              .0

@@ -43,7 +43,10 @@ impl Suspension {
 
 /// `fut`, polled only while `suspended` says false. Once its [`Suspension`] is gone
 /// (the held slot ended), it is polled as any future.
-pub(crate) async fn suspendable<F: Future>(fut: F, mut suspended: watch::Receiver<bool>) -> F::Output {
+pub(crate) async fn suspendable<F: Future>(
+    fut: F,
+    mut suspended: watch::Receiver<bool>,
+) -> F::Output {
     tokio::pin!(fut);
     let mut followed = true;
     loop {
@@ -69,12 +72,10 @@ mod tests {
     use std::time::Duration;
 
     /// A robot that counts a step every 100 ms.
-    fn stepping(steps: Arc<AtomicU32>) -> impl Future<Output = ()> {
-        async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                steps.fetch_add(1, Ordering::SeqCst);
-            }
+    async fn stepping(steps: Arc<AtomicU32>) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            steps.fetch_add(1, Ordering::SeqCst);
         }
     }
 
