@@ -112,7 +112,7 @@ async fn pool(db: &TestDb, via: Option<&Proxy>) -> Vec<WorkerProc> {
 async fn server_down_for(down: Duration) {
     let _g = SERIAL.lock().await;
     let server = common::PrivateServer::start("outage_kill");
-    let db = TestDb::on(&server.uri, "outage_kill").await;
+    let db = TestDb::new_on(&server.uri, "outage_kill").await;
     let w = pool(&db, None).await;
     let before = held(&db).await;
     let pids = exec_pids(&db);
@@ -151,7 +151,9 @@ async fn server_down_for(down: Duration) {
     }
     assert_eq!(resumes, 2, "each holder suspended and resumed once");
     let report = invariants::check(&db).await;
-    assert_eq!(report.robots, 10, "{report:?}");
+    // The counters' histories; the exec robots keep none, and their steps file was
+    // checked above (the same two processes).
+    assert_eq!(report.robots, 8, "{report:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -198,7 +200,7 @@ async fn every_link_blackholed_for_10_s_restarts_nothing() {
 async fn an_outage_longer_than_suspend_for_stops_the_robots_as_before() {
     let _g = SERIAL.lock().await;
     let server = common::PrivateServer::start("outage_expired");
-    let db = TestDb::on(&server.uri, "outage_expired").await;
+    let db = TestDb::new_on(&server.uri, "outage_expired").await;
     db.init(1).await;
     let _a = db.exec_worker(&["--suspend-for", "2s"]);
     wait_for(Duration::from_secs(30), "the slot held", || async {
@@ -376,7 +378,7 @@ async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
 async fn a_scheduled_run_in_flight_across_an_outage_finishes_once() {
     let _g = SERIAL.lock().await;
     let server = common::PrivateServer::start("outage_sched");
-    let db = TestDb::on(&server.uri, "outage_sched").await;
+    let db = TestDb::new_on(&server.uri, "outage_sched").await;
     db.init(1).await;
     let log = db.dir.join("runs.log");
     let cmd = common::script(

@@ -504,15 +504,17 @@ async fn commit(
 }
 
 /// Sends `statements` under the lease, and what became of each; None once the lease
-/// was given up. A batch dropped at a suspended deadline waits for the lease's fate:
-/// resumed, its tokens are read back, and only what did not land is sent again, with
-/// the same tokens, so nothing is applied twice and nothing is lost.
+/// was given up. A batch in doubt (dropped at a suspended deadline, no answer, or a
+/// failed connection) waits until the lease is open (at once, or once a late renewal
+/// proved the epoch); then its tokens are read back and only what did not land is
+/// sent again, with the same tokens, so nothing is applied twice and nothing is lost.
 async fn sent_through_suspensions(
     robots: &Collection<Document>,
     guard: &WriteGuard,
     statements: &[Statement],
     tokens: &[ObjectId],
 ) -> Option<Result<Vec<Written>, mongodb::error::Error>> {
+    use crate::db::store::is_network;
     let mut out: Vec<Option<Written>> = vec![None; statements.len()];
     loop {
         let left: Vec<usize> = (0..statements.len())
@@ -530,7 +532,9 @@ async fn sent_through_suspensions(
                     .map(|w| w.unwrap_or(Written::Fenced))
                     .collect()));
             }
-            Answer::Sent(Err(e)) => return Some(Err(e)),
+            Answer::Sent(Err(e)) if !is_network(&e) => return Some(Err(e)),
+            // The connection failed under it: a server restarting, an election.
+            Answer::Sent(Err(_)) => tokio::time::sleep(RETRY_AFTER).await,
             Answer::Lapsed => return None,
             Answer::InDoubt if guard.is_open() => {
                 return Some(Err(mongodb::error::Error::custom(format!(
@@ -539,26 +543,33 @@ async fn sent_through_suspensions(
                     IN_DOUBT_AFTER.as_secs()
                 ))));
             }
-            Answer::InDoubt => {
-                if !guard.admit().await {
-                    return None;
-                }
-                let now = match read_tokens(robots, &stmts).await {
-                    Ok(now) => now,
-                    Err(e) => return Some(Err(e)),
-                };
-                for (i, (s, token)) in left.iter().zip(stmts.iter().zip(&toks)) {
-                    if now.get(&s.id).is_some_and(|d| landed_token(token, d)) {
-                        out[*i] = Some(Written::Applied);
-                    }
-                }
-                if out.iter().all(Option::is_some) {
-                    return Some(Ok(out.into_iter().flatten().collect()));
-                }
+            Answer::InDoubt => {}
+        }
+        // In doubt: read back what landed once the lease is open, never before.
+        let now = loop {
+            if !guard.admit().await {
+                return None;
             }
+            match tokio::time::timeout(IN_DOUBT_AFTER, read_tokens(robots, &stmts)).await {
+                Ok(Ok(now)) => break now,
+                Ok(Err(e)) if !is_network(&e) => return Some(Err(e)),
+                _ => tokio::time::sleep(RETRY_AFTER).await,
+            }
+        };
+        for (i, (s, token)) in left.iter().zip(stmts.iter().zip(&toks)) {
+            if now.get(&s.id).is_some_and(|d| landed_token(token, d)) {
+                out[*i] = Some(Written::Applied);
+            }
+        }
+        if out.iter().all(Option::is_some) {
+            return Some(Ok(out.into_iter().flatten().collect()));
         }
     }
 }
+
+/// How long a batch whose connection failed waits before it looks again: long enough
+/// not to spin on a server that refuses connections, short beside a tick.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// What became of a command awaited under the lease.
 #[derive(Debug, PartialEq)]

@@ -428,34 +428,45 @@ impl LeaseProtocol {
     }
 
     /// A renewal sent after the local deadline passed, while the holder's robots are
-    /// suspended (see `worker::held_slot`). The same `{_id, owner, epoch}` match as
+    /// suspended (see `worker::held_slot`): the same `{_id, owner, epoch}` match as
     /// [`LeaseProtocol::renew`], and it proves the same: no one claimed the slot
     /// since this holder's last renewal, since every claim raises the epoch. It
-    /// needs no unexpired lease on the server. Landed, the lease is live again with
-    /// a deadline counted from this renewal's sending, as after any renewal. An
-    /// answer slower than `L - margin` would give a deadline already past: it counts
-    /// as none.
-    pub async fn renew_late(
+    /// needs no unexpired lease on the server. Its answer goes to
+    /// [`LeaseProtocol::settle_late`].
+    pub fn late_renewal(
+        &self,
+        lease: &Lease,
+    ) -> impl std::future::Future<Output = Result<Option<Renewed>, mongodb::error::Error>> + Send + '_
+    {
+        self.renew_once(lease.slot_id.clone(), lease.epoch, lease.rev)
+    }
+
+    /// What the answer to a [`LeaseProtocol::late_renewal`] sent at `sent` means.
+    /// Matched, the lease is live again with a deadline counted from the sending,
+    /// as after any renewal; an answer slower than `L - margin` gives a deadline
+    /// already past, so it counts as none ([`LeaseError::Db`]: renew late again).
+    pub fn settle_late(
         &self,
         lease: &mut Lease,
-        within: Duration,
+        sent: Instant,
+        reply: Result<Option<Renewed>, mongodb::error::Error>,
     ) -> Result<Renewed, LeaseError> {
-        let sent = self.clock.now();
-        let request = self.renew_once(lease.slot_id.clone(), lease.epoch, lease.rev);
-        match tokio::time::timeout(within.min(self.fence_window()), request).await {
-            Err(_elapsed) => Err(LeaseError::Db(mongodb::error::Error::custom(format!(
-                "no answer to a late renewal within {} ms",
-                within.as_millis()
-            )))),
-            Ok(Err(e)) => Err(LeaseError::Db(e)),
-            Ok(Ok(None)) => {
+        match reply {
+            Err(e) => Err(LeaseError::Db(e)),
+            Ok(None) => {
                 lease.fenced = true;
                 Err(LeaseError::Lost {
                     slot: lease.slot_id.clone(),
                     epoch: lease.epoch,
                 })
             }
-            Ok(Ok(Some(renewed))) => {
+            Ok(Some(_)) if self.clock.now() >= sent + self.fence_window() => {
+                Err(LeaseError::Db(mongodb::error::Error::custom(format!(
+                    "a late renewal matched, but its answer took longer than {} ms",
+                    self.fence_window().as_millis()
+                ))))
+            }
+            Ok(Some(renewed)) => {
                 lease.fenced = false;
                 lease.deadline = sent + self.fence_window();
                 lease.last_renewed = sent;

@@ -309,12 +309,24 @@ enum RideOut {
     },
 }
 
-/// While the slot's robots are suspended, renews late every quarter tick until a
-/// renewal matches (resume), the slot proves taken (lost), `--suspend-for` passes
-/// (expired), or the worker or the slot is going away (stopped).
+/// While the slot's robots are suspended, renews late until a renewal matches
+/// (resume), the slot proves taken (lost), `--suspend-for` passes (expired), or the
+/// worker or the slot is going away (stopped).
+///
+/// One late renewal is in flight at a time, and it is awaited for up to a lease,
+/// not dropped at the first silence: a link that holds its bytes (a partition, a
+/// paused server, an election) answers it the moment it heals, and each one dropped
+/// would cost the lease's pool its connection and a handshake when the answers
+/// matter most. One that failed is sent again a quarter tick later.
 async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationToken) -> RideOut {
     let until = lease.deadline() + cx.timing.suspend_for;
     let ended = |outcome, detail: String| RideOut::Ended { outcome, detail };
+    let stopped = || {
+        ended(
+            SuspensionOutcome::Stopped,
+            "the slot was given up while suspended".into(),
+        )
+    };
     let mut failures = 0u32;
     loop {
         if cx.clock.now() >= until {
@@ -327,18 +339,20 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
             );
         }
         let sent = cx.clock.now();
-        let renewal = tokio::select! {
-            _ = release.cancelled() => {
-                return ended(SuspensionOutcome::Stopped, "the slot was given up while suspended".into());
-            }
-            // Half a tick at most: one stuck on a dead connection must not use up
-            // the head start the standbys give this holder, nor end past `until`.
-            r = cx.protocol.renew_late(
-                lease,
-                (cx.timing.tick / 2).min(until.saturating_duration_since(sent)),
-            ) => r,
+        let give_up = (sent + cx.timing.lease()).min(until);
+        let reply = tokio::select! {
+            _ = release.cancelled() => return stopped(),
+            r = cx.protocol.late_renewal(lease) => Some(r),
+            _ = cx.clock.sleep_until(give_up) => None,
         };
-        match renewal {
+        let settled = match reply {
+            Some(reply) => cx.protocol.settle_late(lease, sent, reply),
+            None => Err(LeaseError::Db(mongodb::error::Error::custom(format!(
+                "no answer to a late renewal within {} ms",
+                give_up.saturating_duration_since(sent).as_millis()
+            )))),
+        };
+        match settled {
             Ok(renewed) => return RideOut::Resumed { renewed, sent },
             Err(LeaseError::Lost { .. }) => {
                 return ended(
@@ -351,18 +365,20 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
             }
             Err(e) => {
                 failures += 1;
-                // Once, then every twentieth: an outage of a minute says it four times.
+                // Once, then every twentieth: an outage of a minute says it a few times.
+                let why = cx.store.scrub(&e.to_string());
                 if failures == 1 || failures.is_multiple_of(20) {
-                    let why = cx.store.scrub(&e.to_string());
                     tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, tries = failures, "late renewal failed: {why}");
+                } else {
+                    tracing::debug!(slot = %lease.slot_id, epoch = lease.epoch, tries = failures, "late renewal failed: {why}");
                 }
             }
         }
-        let again = (cx.clock.now() + cx.timing.tick / 4).min(until);
+        // At once after an answer that came too late (the link is back); otherwise
+        // a quarter tick after the last sending.
+        let again = (sent + cx.timing.tick / 4).min(until);
         tokio::select! {
-            _ = release.cancelled() => {
-                return ended(SuspensionOutcome::Stopped, "the slot was given up while suspended".into());
-            }
+            _ = release.cancelled() => return stopped(),
             _ = cx.clock.sleep_until(again) => {}
         }
     }

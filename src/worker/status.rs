@@ -172,6 +172,15 @@ impl Health {
             })
     }
 
+    /// An answer that took `took`, longer than `gap`: the database was out of sight
+    /// while it waited (a link that held its bytes, a paused server), so the contact
+    /// counted by [`Health::contact`] begins only now, as after a failure.
+    pub(crate) fn answered_after(&self, took: std::time::Duration, gap: std::time::Duration) {
+        if took > gap {
+            *self.up_since.lock().expect("health lock") = Some(Instant::now());
+        }
+    }
+
     pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
         self.up_since
             .lock()

@@ -85,13 +85,18 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 impl TestDb {
     pub async fn new(label: &str) -> TestDb {
+        Self::new_on(base_uri(), label).await
+    }
+
+    /// A database of its own (and a directory of its own) on the server at `base`.
+    pub async fn new_on(base: &str, label: &str) -> TestDb {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .subsec_nanos();
         let name = format!("t_{label}_{}_{n}_{nanos}", std::process::id());
-        Self::on(base_uri(), &name).await
+        Self::on(base, &name).await
     }
 
     /// The database `name` on the server at `base`.
