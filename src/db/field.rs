@@ -37,6 +37,8 @@ pub(crate) const TIME: &str = "time";
 pub(crate) const EXPIRES_MS: &str = "expires_ms";
 /// The holder's lease `L` in milliseconds, written at its claim.
 pub(crate) const LEASE_MS: &str = "lease_ms";
+/// The holder's `--suspend-for` (ms), written at its claim.
+pub(crate) const SUSPEND_MS: &str = "suspend_ms";
 /// True while an operator drains a slot: no claim, no new robot.
 pub(crate) const DRAINING: &str = "draining";
 

@@ -25,7 +25,7 @@ use crate::clock::SharedClock;
 use crate::config::{Identity, LeaseTiming};
 use crate::db::field::{
     DRAINING, EPOCH, EXPIRES_MS, EXPIRE_AT, HELD, IP, LEASE_MS, OWNER, PORT, RELEASED_AT, REV,
-    ROOM, TIME,
+    ROOM, SUSPEND_MS, TIME,
 };
 use crate::db::store::{Store, StoreError};
 
@@ -306,6 +306,7 @@ impl LeaseProtocol {
             PORT: self.identity.port as i32,
             TIME: "$$NOW",
             LEASE_MS: self.timing.lease_ms(),
+            SUSPEND_MS: self.timing.suspend_for.as_millis() as i64,
             EXPIRES_MS: self.expires_ms(),
             EPOCH: {"$add": ["$epoch", 1_i64]},
         }}];

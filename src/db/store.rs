@@ -1,7 +1,7 @@
 //! MongoDB handles, collection names, slot names, and how database errors read.
 
 use crate::db::event::EventKind;
-use crate::db::field::{AT, DRAINING, EPOCH, KIND, LEASE_MS, OWNER, REV, ROBOT_COUNT};
+use crate::db::field::{AT, DRAINING, EPOCH, KIND, LEASE_MS, OWNER, REV, ROBOT_COUNT, SUSPEND_MS};
 use std::future::IntoFuture;
 use std::time::Duration;
 
@@ -150,6 +150,9 @@ pub struct SlotDoc {
     pub rev: Option<i64>,
     /// The holder's lease `L`, written at its claim.
     pub lease_ms: Option<i64>,
+    /// The holder's `--suspend-for`, written at its claim: how long past its lease
+    /// it may still renew late and resume its suspended robots.
+    pub suspend_ms: Option<i64>,
     /// How many robots it says it has (0 when unset).
     pub robot_count: i64,
     /// True only when `draining` is `true`.
@@ -164,6 +167,7 @@ impl SlotDoc {
             epoch: int(d, EPOCH),
             rev: int(d, REV),
             lease_ms: int(d, LEASE_MS),
+            suspend_ms: int(d, SUSPEND_MS),
             robot_count: int(d, ROBOT_COUNT).unwrap_or(0),
             draining: matches!(d.get(DRAINING), Some(Bson::Boolean(true))),
         }

@@ -22,6 +22,12 @@ words! {
     SlotState {
         /// A live lease.
         Held => "held",
+        /// Its holder's lease ran out less than the holder's `--suspend-for` ago and
+        /// nobody claimed it: the holder may be riding out a database outage with
+        /// its robots frozen (it resumes them if a late renewal still matches), or be
+        /// dead. A standby that kept contact with the database claims it as any
+        /// expired slot.
+        Suspended => "suspended",
         /// Its holder's lease ran out: waiting for a worker.
         Expired => "expired",
         /// Released, or never held: waiting for a worker.
@@ -43,7 +49,10 @@ impl SlotState {
 
     /// Waiting for a worker: free or expired.
     pub(crate) fn is_unheld(self) -> bool {
-        matches!(self, SlotState::Free | SlotState::Expired)
+        matches!(
+            self,
+            SlotState::Free | SlotState::Expired | SlotState::Suspended
+        )
     }
 }
 
@@ -58,6 +67,9 @@ words! {
         Paused => "paused",
         /// It ran to completion; `robot restart` runs it again.
         Completed => "completed",
+        /// Its slot's lease is suspended (see [`SlotState::Suspended`]): frozen in
+        /// place, to go on if its holder renews late, or to be restored elsewhere.
+        Suspended => "suspended",
         /// No live holder can run it.
         Waiting => "waiting",
     }
@@ -87,8 +99,13 @@ pub(crate) fn judge_slot(
     } else if !epoch_whole {
         SlotState::Invalid
     } else {
+        let within_suspension = matches!(
+            (lease_age_ms, slot.lease_ms, slot.suspend_ms),
+            (Some(a), Some(l), Some(s)) if a <= l.saturating_add(s)
+        );
         match (live, &slot.owner) {
             (true, _) => SlotState::Held,
+            (false, Some(_)) if within_suspension => SlotState::Suspended,
             (false, Some(_)) => SlotState::Expired,
             (false, None) => SlotState::Free,
         }
@@ -282,6 +299,15 @@ pub(crate) fn derive(
             return waiting(format!("{slot_id} is drained (slots undrain {slot_id})"))
         }
         (SlotState::Invalid, _) => return waiting(format!("{slot_id}'s document is invalid")),
+        (SlotState::Suspended, _) => {
+            return RobotNow {
+                state: RobotState::Suspended,
+                holder: None,
+                why: Some(format!(
+                    "{slot_id}'s lease ran out: its holder may be riding out a database outage with it frozen, or be gone"
+                )),
+            }
+        }
         _ => return waiting(format!("no live worker holds {slot_id}")),
     };
     let adopted = worker == Some(holder.as_str());
@@ -358,14 +384,55 @@ mod tests {
     fn unheld_slots_take_standbys_before_failures_can_be_absorbed() {
         let states = SlotState::ALL.iter().copied();
         assert_eq!(
-            capacity(states.clone(), 3),
+            capacity(states.clone(), 4),
             Capacity {
                 held: 2,
-                unheld: 2,
+                unheld: 3,
                 failures_absorbable: 1
             }
         );
-        assert_eq!(capacity(states, 1).failures_absorbable, 0);
+        assert_eq!(capacity(states, 3).failures_absorbable, 0);
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_suspended_within_its_holders_suspend_for_then_expired() {
+        let doc = SlotDoc {
+            id: "slot-1".into(),
+            owner: Some("10.0.0.1:7700".into()),
+            epoch: Some(3),
+            rev: Some(1),
+            lease_ms: Some(2000),
+            suspend_ms: Some(60_000),
+            robot_count: 2,
+            draining: false,
+        };
+        assert_eq!(judge_slot(&doc, true, Some(2000)), SlotState::Held);
+        assert_eq!(judge_slot(&doc, true, Some(2001)), SlotState::Suspended);
+        assert_eq!(judge_slot(&doc, true, Some(62_000)), SlotState::Suspended);
+        assert_eq!(judge_slot(&doc, true, Some(62_001)), SlotState::Expired);
+        // A holder from before the field, or one started with --suspend-for 0.
+        let old = SlotDoc {
+            suspend_ms: None,
+            ..doc.clone()
+        };
+        assert_eq!(judge_slot(&old, true, Some(2001)), SlotState::Expired);
+        let none = SlotDoc {
+            suspend_ms: Some(0),
+            ..doc.clone()
+        };
+        assert_eq!(judge_slot(&none, true, Some(2001)), SlotState::Expired);
+        // Released: free, whatever the window.
+        let released = SlotDoc { owner: None, ..doc };
+        assert_eq!(judge_slot(&released, true, Some(2001)), SlotState::Free);
+        let s = derive(
+            "slot-1",
+            Some(RobotStatus::Running),
+            false,
+            Some("10.0.0.1:7700"),
+            Some(&slot("suspended", None)),
+        );
+        assert_eq!(s.state, RobotState::Suspended);
+        assert!(s.why.unwrap().contains("database outage"));
     }
 
     #[test]
