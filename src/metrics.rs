@@ -122,7 +122,7 @@ metrics! {
     place_reads_whole: Counter = "place_reads_whole_line", "place reads that read the whole line ahead of this worker: a holder's, a watcher's, a standby's first, and a standby's when fewer than --watchers of the nearest standbys it knew were found alive";
     server_clock_steps: Counter = "server_clock_steps", "forward steps of the database server's clock this worker saw; each held back claims of stamped slots for one lease";
     losses: Counter = "losses", "leases lost to another worker or removal";
-    self_fences: Counter = "self_fences", "leases dropped because the local deadline passed";
+    self_fences: Counter = "self_fences", "local deadlines passed without a renewal: robots suspended (or stopped, with --suspend-for 0)";
     robots_suspended: Gauge = "robots_suspended", "robots of this worker's suspended leases: frozen (exec) or not polled while the holder renews late";
     suspensions: Family<SuspensionLabels, Counter> = "suspensions", "leases suspended at the self-fence deadline, by how the suspension ended: resumed in place (a late renewal matched), lost (another epoch), expired (--suspend-for passed) or stopped (the worker or the slot went away)";
     releases: Counter = "releases", "slots released on shutdown or drain";

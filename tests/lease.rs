@@ -497,7 +497,12 @@ async fn the_worker_loop_keeps_time_by_its_clock() {
     let settings = WorkerSettings {
         identity: me.parse().unwrap(),
         listen: "127.0.0.1:0".parse().unwrap(),
-        timing: timing(),
+        // Stopped at the deadline, as with `--suspend-for 0`: a suspended holder
+        // would renew late and resume in place (tests/outage.rs).
+        timing: LeaseTiming {
+            suspend_for: Duration::ZERO,
+            ..timing()
+        },
         hashing: true,
         release_poll: None,
         max_slots: None,

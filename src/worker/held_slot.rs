@@ -521,13 +521,14 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         }
         SlotEvent::Suspended { robots } => {
             m.robots_suspended.inc_by(robots as i64);
+            m.self_fences.inc();
             cx.health.failed(
                 m,
                 &cx.status,
                 "no renewal succeeded before the local deadline",
             );
             cx.status.lock().expect("status lock").suspended(slot, true);
-            tracing::warn!(slot = %slot, epoch, robots, suspend_for_ms = cx.timing.suspend_for.as_millis() as u64, "no renewal before the local deadline: robots suspended while the holder renews late");
+            tracing::warn!(slot = %slot, epoch, robots, suspend_for_ms = cx.timing.suspend_for.as_millis() as u64, "self-fenced: no renewal before the local deadline; robots suspended, not stopped, while the holder renews late");
             // In the background: the database is most likely away, and the first
             // late renewal must not wait for this.
             let (store, fields) = (
@@ -560,16 +561,15 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         } => {
             m.robots_suspended.inc_by(-(robots as i64));
             m.suspension_ended(outcome);
+            // The self-fence was counted at the suspension.
             if outcome == SuspensionOutcome::Lost {
                 m.losses.inc();
-            } else {
-                m.self_fences.inc();
             }
             cx.status
                 .lock()
                 .expect("status lock")
                 .suspended(slot, false);
-            tracing::warn!(slot = %slot, epoch, outcome = outcome.as_str(), "{detail}; killing its suspended robots");
+            tracing::warn!(slot = %slot, epoch, outcome = outcome.as_str(), "{detail}; stopping its robots: the suspended ones are killed, never thawed");
         }
         SlotEvent::RobotsStopped { kind, detail } => {
             cx.store
