@@ -145,7 +145,10 @@ fn lone_robot(db: &TestDb) -> String {
 for p in $(cat {dir}/pids 2>/dev/null); do
   if [ -r /proc/$p/stat ]; then
     state=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f1)
-    if [ "$state" != Z ]; then echo "$$ started while $p was alive ($state)" >> {dir}/overlaps; fi
+    # Suspended by its shim (stopped, or in a frozen cgroup) cannot run: no overlap.
+    cg=$(sed -n 's/^0:://p' /proc/$p/cgroup 2>/dev/null)
+    if grep -qx 'frozen 1' "/sys/fs/cgroup$cg/cgroup.events" 2>/dev/null; then state=frozen; fi
+    case "$state" in Z|T|t|frozen) ;; *) echo "$$ started while $p could run ($state)" >> {dir}/overlaps ;; esac
   fi
 done
 echo $$ >> {dir}/pids
@@ -204,9 +207,13 @@ async fn an_exec_robot_never_outlives_its_holders_lease() {
         } else {
             workers[i].signal(libc::SIGSTOP);
         }
-        let gone = common::wait_for(Duration::from_secs(10), "the old copy to die", || async {
-            (!common::alive(old)).then(|| t0.elapsed())
-        })
+        // Killed at once when its worker dies; frozen by its shim at the deadline
+        // when its worker is stopped (killed once the worker learns the slot is lost).
+        let gone = common::wait_for(
+            Duration::from_secs(10),
+            "the old copy to die or be frozen",
+            || async { common::cannot_run(old).then(|| t0.elapsed()) },
+        )
         .await;
         common::wait_for(Duration::from_secs(20), "a new copy", || async {
             (pids(&db).len() > round + 1).then_some(())
@@ -216,7 +223,7 @@ async fn an_exec_robot_never_outlives_its_holders_lease() {
         println!("round {round} ({how}): old copy gone after {gone:?}, new copy started after {started:?}");
         assert!(
             gone < started,
-            "the old copy died before the new one started"
+            "the old copy died or was frozen before the new one started"
         );
         let before = seq(&db.robot("lone").await);
         seq_beyond(&db, "lone", before + 3).await;
@@ -226,6 +233,12 @@ async fn an_exec_robot_never_outlives_its_holders_lease() {
             workers[i]
                 .wait_log("stopping its robots", Duration::from_secs(10))
                 .await;
+            common::wait_for(
+                Duration::from_secs(10),
+                "the frozen copy killed",
+                || async { (!common::alive(old)).then_some(()) },
+            )
+            .await;
         }
         workers.remove(i);
         workers.push(db.exec_worker(&[]));
@@ -406,11 +419,16 @@ while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> $d/steps; sleep 0.1; d
     })
     .await;
     assert!(
-        !common::alive(old),
-        "the old copy ended before the new one's first step"
+        common::cannot_run(old),
+        "the old copy was suspended (frozen) or ended before the new one's first step"
     );
     assert!(new_epoch > first_epoch);
     holder.signal(libc::SIGCONT);
+    // Its worker, running again, finds the slot taken: the frozen copy is killed.
+    common::wait_for(Duration::from_secs(10), "the old copy killed", || async {
+        (!common::alive(old)).then_some(())
+    })
+    .await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 

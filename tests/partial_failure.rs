@@ -104,10 +104,14 @@ async fn a_robots_whole_process_tree_is_gone_before_the_lease_can_lapse() {
         },
     )
     .await;
-    let survivors: Vec<_> = old.iter().filter(|(_, p)| common::alive(**p)).collect();
+    // Suspended by the shim at its deadline (stopped or frozen), never running.
+    let survivors: Vec<_> = old
+        .iter()
+        .filter(|(_, p)| !common::cannot_run(**p))
+        .collect();
     assert!(
         survivors.is_empty(),
-        "the frozen holder's escapees still ran beside the new copy (epoch {}): {survivors:?}",
+        "the frozen holder's escapees could still run beside the new copy (epoch {}): {survivors:?}",
         new.0
     );
 
@@ -122,7 +126,15 @@ async fn a_robots_whole_process_tree_is_gone_before_the_lease_can_lapse() {
     )
     .await;
     assert!(t0.elapsed() < Duration::from_secs(5));
+    // The first holder, running again, finds its slot taken: its suspended tree is
+    // killed, never thawed.
     first.signal(libc::SIGCONT);
+    wait_for(
+        Duration::from_secs(10),
+        "the first holder's suspended escapees killed",
+        || async { old.values().all(|p| !common::alive(*p)).then_some(()) },
+    )
+    .await;
     let _ = first.child.kill();
 }
 
@@ -826,11 +838,12 @@ async fn all_past(db: &TestDb, before: &[(String, i64)]) -> bool {
 async fn proxied_holder(
     label: &str,
     robots: u32,
+    flags: &[&str],
 ) -> (TestDb, common::proxy::Proxy, common::WorkerProc) {
     let db = TestDb::new(label).await;
     db.init(1).await;
     let proxy = common::proxy::Proxy::start(common::uri_addr(&db.uri)).await;
-    let worker = db.worker_via(&proxy, &[]);
+    let worker = db.worker_via(&proxy, flags);
     wait_for(Duration::from_secs(15), "the slot held", || async {
         (common::owner(&db.slot("slot-001").await)? == worker.id).then_some(())
     })
@@ -844,7 +857,8 @@ async fn proxied_holder(
     (db, proxy, worker)
 }
 
-/// A worker back from a cut long enough to fence itself claims its slot again and
+/// With `--suspend-for 0` (robots stopped at the deadline, as before suspension):
+/// a worker back from a cut long enough to fence itself claims its slot again and
 /// runs its robots, though every connection it had open across the cut is dead when
 /// the link returns (as for a container reconnected under a new address: nothing on
 /// them is ever answered or refused). The containers test found it: the claim's
@@ -853,7 +867,7 @@ async fn proxied_holder(
 /// record, and all of them stood still for half a minute.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
-    let (db, proxy, worker) = proxied_holder("stranded_links", 3).await;
+    let (db, proxy, worker) = proxied_holder("stranded_links", 3, &["--suspend-for", "0"]).await;
     let epoch = common::epoch(&db.slot("slot-001").await);
     // The link goes silent until the worker fences itself; then every connection
     // open across it stays dead, and new ones pass.
@@ -912,7 +926,7 @@ async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
 /// `slotpool=debug` hides it.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_changed_slots_read_waits_for_a_fast_renewal_but_never_for_ever() {
-    let (db, proxy, worker) = proxied_holder("read_admission", 2).await;
+    let (db, proxy, worker) = proxied_holder("read_admission", 2, &[]).await;
     // 75 ms each way: every renewal takes over 150 ms, slow against the 112 ms
     // threshold (a quarter of the 450 ms margin at tick 1 s), yet inside the 550 ms
     // it may take, even the one that sees the change (two round trips: its update

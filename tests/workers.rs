@@ -63,11 +63,15 @@ async fn kill_9_holder_standby_takes_over() {
     );
 }
 
+/// With `--suspend-for 0` (robots stopped at the deadline): a holder thawed past its
+/// deadline sends no renewal at all. (Suspended, it renews late and finds the slot
+/// taken, which changes nothing: tests/outage.rs.)
 #[tokio::test(flavor = "multi_thread")]
 async fn sigstopped_holder_self_fences_and_never_renews_the_old_epoch() {
     let db = TestDb::new("zombie").await;
     db.init(1).await;
-    let w = [db.worker(&[]), db.worker(&[])];
+    let stop_at_deadline = ["--suspend-for", "0"];
+    let w = [db.worker(&stop_at_deadline), db.worker(&stop_at_deadline)];
     let h = held_by(&db, "slot-001", &w, Duration::from_secs(15)).await;
     live_workers(&db, 2).await;
     let zombie = &w[h];

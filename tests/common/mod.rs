@@ -420,6 +420,30 @@ pub fn alive(pid: i32) -> bool {
         .is_some_and(|state| state != 'Z' && state != 'X')
 }
 
+/// Whether `pid` can run no more: gone, a zombie, stopped (SIGSTOP), or in a frozen
+/// cgroup. A shim suspends its robot so at its deadline (the outage design), and
+/// kills it once its worker says the lease is lost or `--suspend-for` runs out.
+pub fn cannot_run(pid: i32) -> bool {
+    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let state = st
+        .rfind(')')
+        .and_then(|i| st[i + 2..].chars().next())
+        .unwrap_or('X');
+    if matches!(state, 'Z' | 'X' | 'T' | 't') {
+        return true;
+    }
+    // cgroup v2: "0::/path"; frozen when its cgroup.events says so.
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|c| {
+            let path = c.lines().find_map(|l| l.strip_prefix("0::"))?.to_string();
+            std::fs::read_to_string(format!("/sys/fs/cgroup{path}/cgroup.events")).ok()
+        })
+        .is_some_and(|events| events.lines().any(|l| l == "frozen 1"))
+}
+
 /// For a test that steps a private server's clock forward by 10 s with libfaketime:
 /// checks that the step has not come yet (the pool was set up in time), then waits
 /// for it, and returns the server's time just after it. The server and this
