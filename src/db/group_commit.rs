@@ -517,6 +517,10 @@ async fn sent_through_suspensions(
     use crate::db::store::is_network;
     let mut out: Vec<Option<Written>> = vec![None; statements.len()];
     loop {
+        // Every sending, a resend included, only under an open lease.
+        if !guard.admit().await {
+            return None;
+        }
         let left: Vec<usize> = (0..statements.len())
             .filter(|&i| out[i].is_none())
             .collect();
@@ -597,6 +601,13 @@ pub(crate) async fn while_open<F: std::future::Future>(
     limit: Duration,
     command: F,
 ) -> Answer<F::Output> {
+    // Never polled, so never sent, under a lease that is not open.
+    if guard.is_revoked() {
+        return Answer::Lapsed;
+    }
+    if !guard.is_open() {
+        return Answer::InDoubt;
+    }
     let give_up = Instant::now() + limit;
     let mut deadline = guard.watch();
     let mut moving = true;

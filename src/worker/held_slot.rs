@@ -313,11 +313,11 @@ enum RideOut {
 /// (resume), the slot proves taken (lost), `--suspend-for` passes (expired), or the
 /// worker or the slot is going away (stopped).
 ///
-/// One late renewal is in flight at a time, and it is awaited for up to a lease,
-/// not dropped at the first silence: a link that holds its bytes (a partition, a
-/// paused server, an election) answers it the moment it heals, and each one dropped
-/// would cost the lease's pool its connection and a handshake when the answers
-/// matter most. One that failed is sent again a quarter tick later.
+/// One late renewal is in flight at a time, awaited for up to a tick: a link that
+/// holds its bytes (a partition, a paused server) answers it the moment it heals,
+/// while one stuck on a connection that will never answer (a server restarted under
+/// it) is replaced in time to renew within the lease of contact the standbys give
+/// this holder. One that failed is sent again a quarter tick after it was sent.
 async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationToken) -> RideOut {
     let until = lease.deadline() + cx.timing.suspend_for;
     let ended = |outcome, detail: String| RideOut::Ended { outcome, detail };
@@ -339,7 +339,7 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
             );
         }
         let sent = cx.clock.now();
-        let give_up = (sent + cx.timing.lease()).min(until);
+        let give_up = (sent + cx.timing.tick).min(until);
         let reply = tokio::select! {
             _ = release.cancelled() => return stopped(),
             r = cx.protocol.late_renewal(lease) => Some(r),
@@ -547,12 +547,14 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
                 .suspended(slot, false);
             cx.status.lock().expect("status lock").renewed(lease);
             tracing::info!(slot = %slot, epoch, robots, suspended_ms = after.as_millis() as u64, "a late renewal matched: robots resumed in place");
-            cx.store
-                .record_event(
-                    EventKind::LeaseResume,
-                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "suspended_ms": after.as_millis() as i64},
-                )
-                .await;
+            // In the background: the hold must go straight back to renewing, since
+            // the robots now run on a deadline about half a tick away, and this write
+            // may wait on a connection left open across the outage.
+            let (store, fields) = (
+                cx.store.clone(),
+                doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "suspended_ms": after.as_millis() as i64},
+            );
+            tokio::spawn(async move { store.record_event(EventKind::LeaseResume, fields).await });
         }
         SlotEvent::SuspensionEnded {
             outcome,
