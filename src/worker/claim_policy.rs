@@ -328,8 +328,7 @@ impl Round<'_> {
 /// claim, never hastens one.
 pub(crate) fn outage_hold(o: &Candidate, contact: Duration, lease: Duration) -> Option<Duration> {
     let lapsed = o.time.is_some();
-    let saw_the_lease = contact >= o.expired_for + lease;
-    if !lapsed || saw_the_lease || contact >= lease {
+    if !lapsed || contact >= lease {
         return None;
     }
     Some(lease - contact)

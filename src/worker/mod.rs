@@ -809,7 +809,8 @@ impl Worker {
             .slot_unheld
             .set(longest.map_or(0.0, |d| d.as_secs_f64()));
         self.metrics.survey_docs.inc_by(survey.read as u64);
-        self.health.answered_after(survey_took, self.tick());
+        self.health
+            .answered(Instant::now(), survey_took, self.tick());
         self.health.ok(&self.metrics, &self.status);
         self.report_invalid(&survey.invalid);
         Some((survey, survey_took))
@@ -1299,7 +1300,8 @@ impl Worker {
         let sent = Instant::now();
         match tokio::time::timeout(limit, self.line.beat(&beat, read_clock)).await {
             Ok(Ok(clock)) => {
-                self.health.answered_after(sent.elapsed(), self.tick());
+                self.health
+                    .answered(Instant::now(), sent.elapsed(), self.tick());
                 if let Some(c) = clock {
                     let (server_ms, sent, received) = c.reading();
                     self.server_clock_read(server_ms, sent, received);

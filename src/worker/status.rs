@@ -150,6 +150,18 @@ pub(crate) struct Health {
     up_since: Mutex<Option<Instant>>,
     /// Outages begun so far (see [`Health::outages`]).
     outages: std::sync::atomic::AtomicU64,
+    /// When the database last answered this worker (see [`Health::answered`]).
+    last_answer: Mutex<Option<Instant>>,
+}
+
+/// The longest spacing of a worker's answers that still counts as unbroken
+/// contact: a lease and a tick. A holder hears from the database every tick (its
+/// renewal), and a standby at the front of the line at least once a lease (its
+/// survey), so only an outage, or a worker that asks seldom (the rear of the line),
+/// leaves a longer silence. A rear worker that moves up therefore waits a lease of
+/// contact before it claims a lapsed lease; it is not the one a takeover waits for.
+pub(crate) fn contact_gap(tick: std::time::Duration) -> std::time::Duration {
+    tick * 3
 }
 
 impl Health {
@@ -172,13 +184,31 @@ impl Health {
             })
     }
 
-    /// An answer that took `took`, longer than `gap`: the database was out of sight
-    /// while it waited (a link that held its bytes, a paused server), so the contact
-    /// counted by [`Health::contact`] begins only now, as after a failure.
-    pub(crate) fn answered_after(&self, took: std::time::Duration, gap: std::time::Duration) {
-        if took > gap {
-            *self.up_since.lock().expect("health lock") = Some(Instant::now());
+    /// An answer from the database, received `now` after a request that took
+    /// `took`, the tick being `tick`. The contact counted by [`Health::contact`]
+    /// begins afresh, as after a failure, when the database was out of this
+    /// worker's sight since its previous answer:
+    /// - the request itself took longer than a tick (a link that held its bytes, a
+    ///   paused server);
+    /// - or more than [`contact_gap`] passed since the previous answer. A worker that
+    ///   asked nothing while the database was away saw no failure, yet it cannot say
+    ///   the database answered in between either.
+    pub(crate) fn answered(
+        &self,
+        now: Instant,
+        took: std::time::Duration,
+        tick: std::time::Duration,
+    ) {
+        let mut last = self.last_answer.lock().expect("health lock");
+        let unseen =
+            last.is_some_and(|prev| now.saturating_duration_since(prev) > contact_gap(tick));
+        let mut up = self.up_since.lock().expect("health lock");
+        if took > tick || unseen {
+            *up = Some(now);
+        } else {
+            up.get_or_insert(now);
         }
+        *last = Some(now);
     }
 
     pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
@@ -237,5 +267,42 @@ mod tests {
             stuck_after(long) - Duration::from_millis(1),
             long
         ));
+    }
+
+    #[test]
+    fn contact_begins_afresh_after_a_silence_longer_than_a_lease_and_a_tick() {
+        let t = Duration::from_secs(1);
+        let health = Health::default();
+        let t0 = Instant::now();
+        assert_eq!(health.contact(t0), Duration::ZERO, "no answer yet");
+        health.answered(t0, Duration::from_millis(5), t);
+        // A front standby's surveys come at most a lease apart: contact runs on.
+        for k in 1..=3 {
+            health.answered(t0 + t * 2 * k, Duration::from_millis(5), t);
+        }
+        assert_eq!(health.contact(t0 + t * 7), t * 7);
+        // It asked nothing while the database was away for 4 s: the first answer
+        // after that starts the contact again, though no request failed.
+        let back = t0 + t * 11;
+        health.answered(back, Duration::from_millis(5), t);
+        assert_eq!(health.contact(back + t), t);
+    }
+
+    #[test]
+    fn an_answer_slower_than_a_tick_starts_the_contact_again() {
+        let t = Duration::from_secs(1);
+        let health = Health::default();
+        let t0 = Instant::now();
+        health.answered(t0, Duration::from_millis(5), t);
+        health.answered(t0 + t, Duration::from_millis(5), t);
+        assert_eq!(health.contact(t0 + t * 2), t * 2);
+        // Sent right after the last answer and held 2.5 s by the link: the gap
+        // between answers is short, the request itself was not.
+        let late = t0 + t * 3 + Duration::from_millis(500);
+        health.answered(late, Duration::from_millis(2500), t);
+        assert_eq!(health.contact(late), Duration::ZERO);
+        // At exactly a tick, still contact.
+        health.answered(late + t, t, t);
+        assert_eq!(health.contact(late + t), t);
     }
 }
