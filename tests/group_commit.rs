@@ -39,7 +39,7 @@ fn holder(db: &TestDb) -> (ContextStore, WriteGuard, Arc<Metrics>) {
     );
     let metrics = Arc::new(Metrics::default());
     let store = ContextStore::new(
-        db.store.robots(),
+        &db.store,
         "slot-001",
         1,
         "10.0.0.1:7700",
@@ -200,8 +200,8 @@ async fn output_of_a_stale_instance_or_after_the_deadline_never_lands() {
         )
     };
     let pacer = || Arc::new(WritePacer::new(Duration::from_millis(400)));
-    let older = OutputLog::spawn(outputs.clone(), pacer(), open());
-    let newer = OutputLog::spawn(outputs.clone(), pacer(), open());
+    let older = OutputLog::spawn(db.store.clone(), pacer(), open());
+    let newer = OutputLog::spawn(db.store.clone(), pacer(), open());
     let (robot, other) = (ObjectId::new(), ObjectId::new());
     let texts = |id: ObjectId| {
         let outputs = outputs.clone();
@@ -242,7 +242,7 @@ async fn output_of_a_stale_instance_or_after_the_deadline_never_lands() {
     );
     // Past the deadline nothing is written.
     let lapsed = OutputLog::spawn(
-        outputs.clone(),
+        db.store.clone(),
         pacer(),
         WriteGuard::new(Instant::now(), Arc::new(MonotonicClock)),
     );
@@ -325,7 +325,7 @@ async fn adoption_knows_the_generations_it_gave_and_a_wrong_guess_fails_closed()
 /// A holder of slot-001 at `epoch` as `worker`, whose lease lasts an hour.
 fn holder_at(db: &TestDb, worker: &str, epoch: i64) -> ContextStore {
     ContextStore::new(
-        db.store.robots(),
+        &db.store,
         "slot-001",
         epoch,
         worker,
@@ -666,7 +666,7 @@ async fn an_adoption_never_answered_is_given_up_on_while_the_lease_holds() {
         Arc::new(MonotonicClock),
     );
     let store = ContextStore::new(
-        via.robots(),
+        &via,
         "slot-001",
         1,
         "10.0.0.1:7700",

@@ -25,7 +25,7 @@ fn protocol(db: &TestDb, id: &str, clock: &ManualClock) -> LeaseProtocol {
 
 fn protocol_with(db: &TestDb, id: &str, clock: &ManualClock, t: LeaseTiming) -> LeaseProtocol {
     let identity: Identity = id.parse().unwrap();
-    LeaseProtocol::new(db.store.slots(), identity, t, Arc::new(clock.clone()))
+    LeaseProtocol::new(&db.store, identity, t, Arc::new(clock.clone()))
 }
 
 /// Puts a slot's `time` at `offset_ms` relative to the server's clock now.

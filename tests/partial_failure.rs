@@ -915,6 +915,64 @@ async fn a_worker_back_from_a_cut_trusts_no_connection_it_left_open() {
     );
 }
 
+/// The same cut with suspension (the default): the holder resumes its robots in
+/// place when the link returns, and every connection it had open across the cut is
+/// dead. Its renewals and its robots' writes must not meet one: first seen, a
+/// resumed holder's next renewal went out on such a connection, hung, and it fenced
+/// itself again two seconds later, twice over.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_resumed_after_a_cut_trusts_no_connection_it_left_open() {
+    let (db, proxy, worker) = proxied_holder("stranded_resume", 3, &[]).await;
+    let epoch = common::epoch(&db.slot("slot-001").await);
+    let gens = |robots: Vec<Document>| -> Vec<i64> {
+        robots
+            .iter()
+            .map(|r| r.get_i64("gen").unwrap_or(0))
+            .collect()
+    };
+    let generations = gens(db.robots().await);
+    proxy.set(common::proxy::Mode::Blackhole);
+    wait_for(
+        Duration::from_secs(30),
+        "the worker to fence itself",
+        || async { worker.log_text().contains("self-fenced").then_some(()) },
+    )
+    .await;
+    proxy.strand_open();
+    proxy.set(common::proxy::Mode::Pass);
+    wait_for(
+        Duration::from_secs(30),
+        "the robots resumed in place",
+        || async { worker.log_text().contains("resumed in place").then_some(()) },
+    )
+    .await;
+    // Its robots step on, under the same epoch, and keep stepping for several
+    // leases with no second suspension.
+    for _ in 0..4 {
+        let before = db.seqs().await;
+        wait_for(
+            Duration::from_secs(20),
+            "every robot stepping on",
+            || async { all_past(&db, &before).await.then_some(()) },
+        )
+        .await;
+    }
+    let log = worker.log_text();
+    assert_eq!(
+        log.matches("self-fenced").count(),
+        1,
+        "one suspension, no flap after the resume"
+    );
+    assert_eq!(
+        common::epoch(&db.slot("slot-001").await),
+        epoch,
+        "the slot kept"
+    );
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 3, "{report:?}");
+    assert_eq!(gens(db.robots().await), generations, "no robot restarted");
+}
+
 /// A holder whose renewal came back slow lets it go by before it reads a changed
 /// slot's robots, and reads after a fast one: other holders are reading, and on a
 /// server that answers one command at a time its read would add to the queue every

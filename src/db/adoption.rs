@@ -111,7 +111,7 @@ impl ContextStore {
         let taken: Vec<ObjectId> = match self
             .answered(
                 "an adoption write",
-                crate::db::group_commit::send_many(&self.robots, &together),
+                crate::db::group_commit::send_many(&self.store.robots(), &together),
             )
             .await?
         {
@@ -135,7 +135,7 @@ impl ContextStore {
                 let written = self
                     .answered(
                         "an adoption write",
-                        crate::db::group_commit::send(&self.robots, &one_each),
+                        crate::db::group_commit::send(&self.store.robots(), &one_each),
                     )
                     .await??;
                 let mut taken = Vec::with_capacity(ids.len());
@@ -177,7 +177,7 @@ impl ContextStore {
         let sent = self
             .answered(
                 "an adoption write",
-                crate::db::group_commit::send_many(&self.robots, &all),
+                crate::db::group_commit::send_many(&self.store.robots(), &all),
             )
             .await?;
         let refused = match sent {
@@ -256,7 +256,8 @@ impl ContextStore {
     ) -> Result<Vec<(ObjectId, i64)>, ContextError> {
         let read = async {
             let mut cursor = self
-                .robots
+                .store
+                .robots()
                 .find(filter)
                 .projection(doc! {"_id": 1, GEN: 1})
                 .batch_size(BATCH)

@@ -9,7 +9,6 @@
 //! "Fencing: epoch and generation".
 
 use bson::{doc, oid::ObjectId, Bson, Document};
-use mongodb::Collection;
 
 use crate::db::field::{
     APPLIED_LIMITS, AT, CHECKPOINTED_AT, CONTAINMENT, CONTEXT, CREATED_AT, EPOCH, ERROR, GEN,
@@ -23,6 +22,7 @@ use crate::db::guard::WriteGuard;
 use crate::db::output_log::OutputLog;
 use crate::db::pacing::WritePacer;
 use crate::db::robot_doc::{RobotDoc, RobotStatus};
+use crate::db::store::Store;
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -70,7 +70,9 @@ pub(crate) const BATCH: u32 = 500;
 /// Where one holder (slot + epoch) reads and writes its robots' contexts.
 #[derive(Debug, Clone)]
 pub struct ContextStore {
-    pub(super) robots: Collection<Document>,
+    /// The robots' client: each command takes the collection from it, so that a
+    /// client replaced after an outage (see [`Store::reopen_after`]) serves the next.
+    pub(super) store: Store,
     pub(super) slot_id: String,
     pub(super) epoch: i64,
     pub(super) worker: String,
@@ -134,7 +136,7 @@ impl Loaded {
 
 impl ContextStore {
     pub fn new(
-        robots: Collection<Document>,
+        store: &Store,
         slot_id: &str,
         epoch: i64,
         worker: &str,
@@ -142,19 +144,11 @@ impl ContextStore {
         guard: WriteGuard,
         pacer: Arc<WritePacer>,
     ) -> Self {
-        let commit = GroupCommit::spawn(
-            robots.clone(),
-            pacer.clone(),
-            guard.clone(),
-            metrics.clone(),
-        );
-        let outputs = robots
-            .client()
-            .database(&robots.namespace().db)
-            .collection(crate::db::output_log::COLLECTION);
-        let output = OutputLog::spawn(outputs, pacer.clone(), guard.clone());
+        let commit =
+            GroupCommit::spawn(store.clone(), pacer.clone(), guard.clone(), metrics.clone());
+        let output = OutputLog::spawn(store.clone(), pacer.clone(), guard.clone());
         ContextStore {
-            robots,
+            store: store.clone(),
             output,
             slot_id: slot_id.to_string(),
             epoch,
@@ -292,7 +286,8 @@ impl ContextStore {
         name: &str,
     ) -> Result<Loaded, ContextError> {
         let d = self
-            .robots
+            .store
+            .robots()
             .find_one(self.fence_match(id, gen))
             .projection(doc! {
                 NAME: 1, KIND: 1, SPEC: 1, CONTEXT: 1, SEQ: 1, RECENT_ENDS: 1,
@@ -464,7 +459,8 @@ impl ContextStore {
         update: mongodb::options::UpdateModifications,
     ) -> Result<bool, ContextError> {
         let r = self
-            .robots
+            .store
+            .robots()
             .update_one(self.fence_match(id, gen), update)
             .await?;
         Ok(r.matched_count == 1)
@@ -532,7 +528,7 @@ impl ContextStore {
         }
         set.insert(UPDATE_RESULT, result);
         let update = vec![doc! {"$set": set}, doc! {"$unset": UPDATE}];
-        let r = self.robots.update_one(filter, update).await?;
+        let r = self.store.robots().update_one(filter, update).await?;
         Ok(r.matched_count == 1)
     }
 
@@ -594,7 +590,8 @@ impl ContextStore {
         };
         filter.insert(START_REV, rev);
         let r = self
-            .robots
+            .store
+            .robots()
             .update_one(filter, vec![doc! {"$set": set}])
             .await?;
         Ok(r.matched_count == 1)
@@ -653,7 +650,8 @@ impl ContextStore {
         let mut filter = self.fence_match(id, gen);
         filter.insert(runs, doc! {"$exists": true, "$not": {"$type": "array"}});
         let r = self
-            .robots
+            .store
+            .robots()
             .update_one(filter, doc! {"$set": {runs: []}})
             .await?;
         Ok(r.modified_count == 1)
@@ -677,7 +675,7 @@ impl ContextStore {
             return Ok(false);
         }
         let (filter, update) = crate::db::firing::end_by_id(*id, entry, record, cut_off, keep);
-        let r = self.robots.update_one(filter, update).await?;
+        let r = self.store.robots().update_one(filter, update).await?;
         Ok(r.matched_count == 1)
     }
 

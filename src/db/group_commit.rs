@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::db::field::WRITE_ID;
 use crate::db::guard::WriteGuard;
 use crate::db::pacing::{OwnedWritePermit, WritePacer};
+use crate::db::store::Store;
 use crate::metrics::Metrics;
 
 /// How long the first write of a batch waits for others to join it. Small next to a
@@ -334,7 +335,7 @@ impl std::fmt::Debug for Queued {
 impl GroupCommit {
     /// Starts the batcher for one lease's robot writes.
     pub(crate) fn spawn(
-        robots: Collection<Document>,
+        store: Store,
         pacer: Arc<WritePacer>,
         guard: WriteGuard,
         metrics: Arc<Metrics>,
@@ -342,7 +343,7 @@ impl GroupCommit {
         // Unbounded is bounded here: every robot waits for its write's answer before
         // writing again, so the queue never holds more than one write per robot.
         let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(batcher(rx, robots, pacer, guard, metrics));
+        tokio::spawn(batcher(rx, store, pacer, guard, metrics));
         GroupCommit { queue }
     }
 
@@ -400,7 +401,7 @@ impl Batch {
 /// takes a pacer permit per batch, and sends one batch at a time.
 async fn batcher(
     mut rx: mpsc::UnboundedReceiver<Queued>,
-    robots: Collection<Document>,
+    store: Store,
     pacer: Arc<WritePacer>,
     guard: WriteGuard,
     metrics: Arc<Metrics>,
@@ -445,7 +446,7 @@ async fn batcher(
         // flight together were several times slower in all than one at a time (see
         // docs/bench/2026-11-23-scale.md).
         let statements = batch.len();
-        match commit(batch, &robots, &guard, permit).await {
+        match commit(batch, &store, &guard, permit).await {
             Some(took) => {
                 limit = next_batch_limit(took, statements, budget);
                 measured_at = Some(Instant::now());
@@ -459,7 +460,7 @@ async fn batcher(
 /// answer, when it did.
 async fn commit(
     batch: Vec<Queued>,
-    robots: &Collection<Document>,
+    store: &Store,
     guard: &WriteGuard,
     _permit: OwnedWritePermit,
 ) -> Option<Duration> {
@@ -472,7 +473,7 @@ async fn commit(
     let statements: Vec<Statement> = batch.iter().map(|q| q.statement.clone()).collect();
     let tokens: Vec<ObjectId> = statements.iter().map(|_| ObjectId::new()).collect();
     let t = Instant::now();
-    let r = match sent_through_suspensions(robots, guard, &statements, &tokens).await {
+    let r = match sent_through_suspensions(store, guard, &statements, &tokens).await {
         Some(r) => r,
         None => {
             for q in batch {
@@ -508,8 +509,10 @@ async fn commit(
 /// failed connection) waits until the lease is open (at once, or once a late renewal
 /// proved the epoch); then its tokens are read back and only what did not land is
 /// sent again, with the same tokens, so nothing is applied twice and nothing is lost.
+/// Each sending takes the collection from `store` anew: a resume replaces the
+/// client, and the connections open across the outage may never answer.
 async fn sent_through_suspensions(
-    robots: &Collection<Document>,
+    store: &Store,
     guard: &WriteGuard,
     statements: &[Statement],
     tokens: &[ObjectId],
@@ -526,7 +529,13 @@ async fn sent_through_suspensions(
             .collect();
         let stmts: Vec<Statement> = left.iter().map(|&i| statements[i].clone()).collect();
         let toks: Vec<ObjectId> = left.iter().map(|&i| tokens[i]).collect();
-        match while_open(guard, IN_DOUBT_AFTER, send_stamped(robots, &stmts, &toks)).await {
+        match while_open(
+            guard,
+            IN_DOUBT_AFTER,
+            send_stamped(&store.robots(), &stmts, &toks),
+        )
+        .await
+        {
             Answer::Sent(Ok(written)) => {
                 for (i, w) in left.into_iter().zip(written) {
                     out[i] = Some(w);
@@ -554,7 +563,7 @@ async fn sent_through_suspensions(
             if !guard.admit().await {
                 return None;
             }
-            match tokio::time::timeout(IN_DOUBT_AFTER, read_tokens(robots, &stmts)).await {
+            match tokio::time::timeout(IN_DOUBT_AFTER, read_tokens(&store.robots(), &stmts)).await {
                 Ok(Ok(now)) => break now,
                 Ok(Err(e)) if !is_network(&e) => return Some(Err(e)),
                 _ => tokio::time::sleep(RETRY_AFTER).await,

@@ -148,7 +148,9 @@ pub struct ClaimOutcome {
 /// Runs the protocol for one worker identity.
 #[derive(Debug, Clone)]
 pub struct LeaseProtocol {
-    slots: Collection<Document>,
+    /// The lease's own client (in a worker); its clones share one connection pool,
+    /// replaced for all of them after an outage (see [`LeaseProtocol::reopen_after`]).
+    store: Store,
     identity: Identity,
     owner: String,
     timing: LeaseTiming,
@@ -157,14 +159,10 @@ pub struct LeaseProtocol {
 }
 
 impl LeaseProtocol {
-    pub fn new(
-        slots: Collection<Document>,
-        identity: Identity,
-        timing: LeaseTiming,
-        clock: SharedClock,
-    ) -> Self {
+    /// The protocol on `store`'s client (the lease's own pool, in a worker).
+    pub fn new(store: &Store, identity: Identity, timing: LeaseTiming, clock: SharedClock) -> Self {
         LeaseProtocol {
-            slots,
+            store: store.clone(),
             owner: identity.to_string(),
             identity,
             timing,
@@ -182,6 +180,25 @@ impl LeaseProtocol {
 
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    fn slots(&self) -> Collection<Document> {
+        self.store.slots()
+    }
+
+    /// Replaces the lease's client when `outages` (the worker's count of outages
+    /// begun) moved since it was made (see [`Store::reopen_after`]): a holder whose
+    /// robots were just resumed must not send its next renewal on a connection that
+    /// stayed open across the outage. Called at each resume; a second held slot
+    /// resuming from the same outage finds the client already new.
+    pub(crate) fn reopen_after(&self, outages: u64) {
+        match self.store.reopen_after(outages) {
+            Ok(true) => tracing::info!(
+                "the database was out of reach since the lease's connections were opened: opening new ones"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("could not open a new client for the lease: {e}"),
+        }
     }
 
     pub fn timing(&self) -> LeaseTiming {
@@ -234,7 +251,7 @@ impl LeaseProtocol {
                 ]},
             }},
         ];
-        let mut cursor = self.slots.aggregate(pipeline).await?;
+        let mut cursor = self.slots().aggregate(pipeline).await?;
         let mut survey = Survey::default();
         while let Some(d) = cursor.try_next().await? {
             survey.read += 1;
@@ -312,7 +329,7 @@ impl LeaseProtocol {
         }}];
         let sent = self.clock.now();
         let claimed = self
-            .slots
+            .slots()
             .find_one_and_update(filter, update)
             .return_document(ReturnDocument::After)
             .projection(doc! {EPOCH: 1, REV: 1})
@@ -334,7 +351,7 @@ impl LeaseProtocol {
     /// "survey now"; the survey judges, as always, on the server's `$$NOW`.
     pub async fn anything_free(&self, by_ms: i64) -> Result<bool, LeaseError> {
         let found = self
-            .slots
+            .slots()
             .find_one(doc! {EXPIRES_MS: {"$lt": by_ms}, DRAINING: {"$ne": true}})
             .projection(doc! {"_id": 1})
             .await?;
@@ -358,7 +375,7 @@ impl LeaseProtocol {
             ]},
         ]};
         let found = self
-            .slots
+            .slots()
             .find_one(doc! {OWNER: &self.owner, "$expr": live})
             .projection(doc! {"_id": 1})
             .await?;
@@ -371,7 +388,7 @@ impl LeaseProtocol {
     /// an older holder's claims and renewals leave the 0 alone, and the survey judges
     /// its slot by `time`. Returns how many slots it marked.
     pub async fn mark_unknown(&self) -> Result<u64, LeaseError> {
-        Ok(mark_unknown(&self.slots).await?)
+        Ok(mark_unknown(&self.slots()).await?)
     }
 
     /// `$$NOW + L` in server-clock milliseconds, as an update-pipeline expression.
@@ -496,7 +513,7 @@ impl LeaseProtocol {
         let mut unchanged = ours.clone();
         unchanged.insert(REV, rev);
         unchanged.insert(DRAINING, doc! {"$ne": true});
-        let r = self.slots.update_one(unchanged, renew.clone()).await?;
+        let r = self.slots().update_one(unchanged, renew.clone()).await?;
         if r.matched_count == 1 {
             return Ok(Some(Renewed {
                 rev,
@@ -505,7 +522,7 @@ impl LeaseProtocol {
             }));
         }
         let d = self
-            .slots
+            .slots()
             .find_one_and_update(ours, renew)
             .return_document(ReturnDocument::After)
             .projection(doc! {REV: 1, DRAINING: 1})
@@ -523,7 +540,7 @@ impl LeaseProtocol {
     pub async fn release(&self, lease: &mut Lease) -> Result<bool, LeaseError> {
         lease.fenced = true;
         let result = self
-            .slots
+            .slots()
             .update_one(
                 doc! {"_id": &lease.slot_id, OWNER: &self.owner, EPOCH: lease.epoch},
                 doc! {

@@ -33,9 +33,6 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Lines waiting for the next write, over all robots of a held slot.
 pub(crate) const MAX_QUEUED: usize = 10_000;
 
-/// The collection (its name lives with the others in [`crate::db::store`]).
-pub(crate) const COLLECTION: &str = crate::db::store::OUTPUTS;
-
 /// Which stream a line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
@@ -70,9 +67,9 @@ pub struct OutputLog {
 
 impl OutputLog {
     /// Starts the writer for one held slot.
-    pub fn spawn(outputs: Collection<Document>, pacer: Arc<WritePacer>, guard: WriteGuard) -> Self {
+    pub fn spawn(store: Store, pacer: Arc<WritePacer>, guard: WriteGuard) -> Self {
         let (queue, rx) = mpsc::channel(MAX_QUEUED);
-        tokio::spawn(writer(rx, outputs, pacer, guard));
+        tokio::spawn(writer(rx, store, pacer, guard));
         OutputLog { queue }
     }
 
@@ -106,7 +103,7 @@ pub(crate) fn cut(text: &str, max: usize) -> String {
 /// Every [`FLUSH_EVERY`]: what queued since, one statement per robot instance.
 async fn writer(
     mut rx: mpsc::Receiver<Pending>,
-    outputs: Collection<Document>,
+    store: Store,
     pacer: Arc<WritePacer>,
     guard: WriteGuard,
 ) {
@@ -126,7 +123,7 @@ async fn writer(
         }
         let statements = statements(batch, &mut numbered);
         let _permit = pacer.acquire_owned().await;
-        if let Err(e) = send(&outputs, statements).await {
+        if let Err(e) = send(&store.outputs(), statements).await {
             tracing::debug!("robot output not kept: {}", crate::db::store::brief(&e));
         }
     }

@@ -30,14 +30,15 @@ pub(crate) async fn install(store: &Store) -> Result<(), StoreError> {
 }
 
 async fn install_schemas(store: &Store) -> Result<(), StoreError> {
-    let existing = store.db().list_collection_names().await?;
+    let db = store.db();
+    let existing = db.list_collection_names().await?;
     for (name, schema) in SCHEMAS {
         let validator: Document = serde_json::from_str::<serde_json::Value>(schema)
             .ok()
             .and_then(|v| bson::to_document(&v).ok())
             .expect("schemas/*.json are valid JSON objects, checked by tests");
         if !existing.iter().any(|c| c == name) {
-            let create = store.db().create_collection(name);
+            let create = db.create_collection(name);
             let create = if name == EVENTS {
                 create.capped(true).size(EVENTS_CAP_BYTES as u64)
             } else {

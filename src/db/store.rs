@@ -3,6 +3,7 @@
 use crate::db::event::EventKind;
 use crate::db::field::{AT, DRAINING, EPOCH, KIND, LEASE_MS, OWNER, REV, ROBOT_COUNT, SUSPEND_MS};
 use std::future::IntoFuture;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
@@ -192,8 +193,9 @@ pub(crate) const LEASE_MONITOR_EVERY: Duration = Duration::from_secs(60);
 /// The connection and the database every component works in.
 #[derive(Clone)]
 pub struct Store {
-    client: Client,
-    db: Database,
+    /// Shared by every clone, so that a client replaced after an outage (see
+    /// [`Store::reopen_after`]) serves every part that holds one.
+    conn: Arc<RwLock<Conn>>,
     options: ClientOptions,
     /// The connection string with its secrets hidden: the only form kept (the
     /// secrets themselves are remembered by [`crate::secrets`] to scrub messages).
@@ -203,11 +205,19 @@ pub struct Store {
     monitor_from_uri: bool,
 }
 
+/// A store's client, and the outages (a worker's count, see
+/// [`Store::reopen_after`]) that had begun when it was made.
+struct Conn {
+    client: Client,
+    db: Database,
+    outages: u64,
+}
+
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
             .field("uri", &self.shown_uri)
-            .field("database", &self.db.name())
+            .field("database", &self.db().name())
             .finish()
     }
 }
@@ -264,8 +274,11 @@ impl Store {
                 why: first_line(&scrub(&e.to_string())),
             })?;
         Ok(Store {
-            client,
-            db,
+            conn: Arc::new(RwLock::new(Conn {
+                client,
+                db,
+                outages: 0,
+            })),
             options,
             shown_uri: shown,
             monitor_from_uri,
@@ -315,25 +328,44 @@ impl Store {
             why: scrub(&e.to_string()),
         })?;
         Ok(Store {
-            db: client.database(self.db.name()),
-            client,
+            conn: Arc::new(RwLock::new(Conn {
+                db: client.database(self.db().name()),
+                client,
+                outages: 0,
+            })),
             options,
             shown_uri: self.shown_uri.clone(),
             monitor_from_uri: self.monitor_from_uri,
         })
     }
 
-    /// The same database through a new client: a pool of no connections yet, and
-    /// its own monitor. For a worker back from an outage: a connection that sat idle
-    /// in the pool through it may be dead without knowing it (a container
-    /// reconnected under a new address, a NAT that lost its state). Nothing on it is
-    /// ever answered or refused, and the driver, which clears its pool on an
-    /// error, never saw one there: each request sent on it waits out its own bound
-    /// (a read of the slot's robots, 30 s). The driver has no way to empty a pool
-    /// from outside, so the client is replaced; its clones keep the old one until
-    /// they end.
-    pub fn reopened(&self) -> Result<Store, StoreError> {
-        self.client_with(self.options.clone())
+    /// Replaces the client, for every clone of this store, when `outages` (the
+    /// worker's count of outages begun) moved since it was made: a new pool of no
+    /// connections yet, and its own monitor. A connection that sat open in the pool
+    /// through an outage may be dead without knowing it (a container reconnected
+    /// under a new address, a NAT that lost its state). Nothing on it is ever
+    /// answered or refused, and the driver, which clears its pool on an error, never
+    /// saw one there: each request sent on it waits out its own bound (a robot's
+    /// write, 30 s). The driver has no way to empty a pool from outside, so the
+    /// client is replaced; a request already in flight on the old one ends on it.
+    /// True when it was replaced.
+    pub fn reopen_after(&self, outages: u64) -> Result<bool, StoreError> {
+        if self.conn.read().expect("store lock").outages == outages {
+            return Ok(false);
+        }
+        let fresh = self.client_with(self.options.clone())?;
+        let (client, db) = (fresh.client(), fresh.db());
+        let mut conn = self.conn.write().expect("store lock");
+        if conn.outages == outages {
+            // Another part replaced it meanwhile.
+            return Ok(false);
+        }
+        *conn = Conn {
+            client,
+            db,
+            outages,
+        };
+        Ok(true)
     }
 
     /// Opens connections until `n` are open (never more than the pool's size), by
@@ -342,7 +374,8 @@ impl Store {
     /// `within`; a failure only means the next request opens its own. True when
     /// every ping was answered in time.
     pub async fn warm(&self, n: u32, within: Duration) -> bool {
-        let pings = (0..n).map(|_| self.db.run_command(doc! {"ping": 1}).into_future());
+        let db = self.db();
+        let pings = (0..n).map(|_| db.run_command(doc! {"ping": 1}).into_future());
         match tokio::time::timeout(within, futures::future::join_all(pings)).await {
             Ok(answers) => answers.iter().all(Result::is_ok),
             Err(_) => false,
@@ -357,7 +390,7 @@ impl Store {
     pub async fn shutdown(self) {
         let _ = tokio::time::timeout(
             Duration::from_secs(2),
-            self.client.shutdown().immediate(true),
+            self.client().shutdown().immediate(true),
         )
         .await;
     }
@@ -382,43 +415,43 @@ impl Store {
 
     /// What the server says of its deployment (`hello`).
     pub async fn topology(&self) -> Result<Topology, StoreError> {
-        let hello = self.db.run_command(doc! {"hello": 1}).await?;
+        let hello = self.db().run_command(doc! {"hello": 1}).await?;
         Ok(Topology::from_hello(&hello))
     }
 
-    pub fn client(&self) -> &Client {
-        &self.client
+    pub fn client(&self) -> Client {
+        self.conn.read().expect("store lock").client.clone()
     }
 
-    pub fn db(&self) -> &Database {
-        &self.db
+    pub fn db(&self) -> Database {
+        self.conn.read().expect("store lock").db.clone()
     }
 
     pub fn slots(&self) -> Collection<Document> {
-        self.db.collection(SLOTS)
+        self.db().collection(SLOTS)
     }
 
     pub fn robots(&self) -> Collection<Document> {
-        self.db.collection(ROBOTS)
+        self.db().collection(ROBOTS)
     }
 
     /// Robots' kept output lines (see [`crate::db::output_log`]).
     pub fn outputs(&self) -> Collection<Document> {
-        self.db.collection(OUTPUTS)
+        self.db().collection(OUTPUTS)
     }
 
     pub fn workers(&self) -> Collection<Document> {
-        self.db.collection(WORKERS)
+        self.db().collection(WORKERS)
     }
 
     pub fn events(&self) -> Collection<Document> {
-        self.db.collection(EVENTS)
+        self.db().collection(EVENTS)
     }
 
     /// The server's clock, for timestamps written by inserts (which cannot use
     /// `$$NOW`).
     pub async fn server_now(&self) -> Result<bson::DateTime, mongodb::error::Error> {
-        let hello = self.db.run_command(doc! {"hello": 1}).await?;
+        let hello = self.db().run_command(doc! {"hello": 1}).await?;
         Ok(hello
             .get_datetime("localTime")
             .copied()

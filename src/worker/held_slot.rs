@@ -203,6 +203,10 @@ async fn hold(
                 report(&cx, &lease, SlotEvent::Suspended { robots: robots_now }).await;
                 match ride_out(&cx, &mut lease, &release).await {
                     RideOut::Resumed { renewed, sent } => {
+                        // New clients before the guard opens: the writes held back
+                        // go out, or are read back, the moment it does.
+                        cx.protocol.reopen_after(cx.health.outages());
+                        reopen_robots(&cx);
                         guard.extend(lease.deadline());
                         robots.suspension.resume();
                         let after = cx.clock.since(since);
@@ -381,6 +385,20 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
             _ = release.cancelled() => return stopped(),
             _ = cx.clock.sleep_until(again) => {}
         }
+    }
+}
+
+/// Replaces the robots' client at a resume, as the lease's (see
+/// [`crate::db::store::Store::reopen_after`]): their first writes after it must not
+/// go out on a connection that stayed open across the outage, where each would wait
+/// out its bound (30 s) in doubt.
+fn reopen_robots(cx: &HoldContext) {
+    match cx.store.reopen_after(cx.health.outages()) {
+        Ok(true) => tracing::info!(
+            "the database was out of reach since the robots' connections were opened: opening new ones"
+        ),
+        Ok(false) => {}
+        Err(e) => tracing::warn!("could not open a new client for the robots: {e}"),
     }
 }
 
@@ -615,7 +633,7 @@ fn start_supervisor(
     let limit = pacer.limit();
     cx.metrics.robot_write_limit.inc_by(limit as i64);
     let ctx = ContextStore::new(
-        cx.store.robots(),
+        &cx.store,
         &lease.slot_id,
         lease.epoch,
         cx.protocol.owner(),

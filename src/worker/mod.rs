@@ -172,8 +172,6 @@ pub struct Worker {
     lease_store: Store,
     /// Whether the robots' pool was warmed (see [`ROBOT_POOL_WARM`]).
     robots_warmed: bool,
-    /// The outages (see [`Health::outages`]) begun when `store`'s client was made.
-    store_outages: u64,
     /// The lease pool's spare connection: [`SPARE_NONE`], [`SPARE_OPENING`] or
     /// [`SPARE_OPEN`].
     lease_spare: Arc<std::sync::atomic::AtomicU8>,
@@ -224,7 +222,7 @@ impl Worker {
             store.clone()
         });
         let mut protocol = LeaseProtocol::new(
-            lease_store.slots(),
+            &lease_store,
             settings.identity,
             settings.timing,
             clock.clone(),
@@ -275,7 +273,6 @@ impl Worker {
             looks: Looks::new(now),
             lease_store,
             robots_warmed: false,
-            store_outages: 0,
             lease_spare: Arc::new(std::sync::atomic::AtomicU8::new(SPARE_NONE)),
             born: now,
         }
@@ -1164,23 +1161,19 @@ impl Worker {
 
     /// Replaces the robots' client (and with it every connection in its pool) when
     /// an outage began since it was made, before a new slot's robots use it (see
-    /// [`Store::reopened`]): a connection pooled before the outage may never answer.
-    /// The lease's client is left as it is: a claim, renewal or heartbeat that meets
-    /// such a connection is given up at its own bound, which closes the connection.
+    /// [`Store::reopen_after`]): a connection pooled before the outage may never
+    /// answer. The lease's client is replaced at a resume (a holder's renewals
+    /// would meet such a connection at once); a claim or heartbeat that meets one
+    /// is given up at its own bound, which closes the connection.
     fn reopen_after_outage(&mut self) {
-        let outages = self.health.outages();
-        if outages == self.store_outages {
-            return;
-        }
-        match self.store.reopened() {
-            Ok(store) => {
+        match self.store.reopen_after(self.health.outages()) {
+            Ok(true) => {
                 tracing::info!(
                     "the database was out of reach since the robots' connections were opened: opening new ones"
                 );
-                self.store = store;
-                self.store_outages = outages;
                 self.robots_warmed = false;
             }
+            Ok(false) => {}
             Err(e) => tracing::warn!("could not open a new client for the robots: {e}"),
         }
     }
