@@ -72,6 +72,14 @@ start() {
   if [[ -n "${SLOTPOOL_DEV_MAX_CONNECTIONS:-}" ]]; then
     server=("$VENV/bin/python" "$ROOT/scripts/devdb-more-connections.py" "$SLOTPOOL_DEV_MAX_CONNECTIONS")
   fi
+  # SLOTPOOL_DEV_SERVER_ENV: space-separated NAME=VALUE pairs for the server process
+  # alone (tests put it under libfaketime this way: preloaded into this script, it
+  # made every helper process share, and sometimes lose, its semaphore).
+  if [[ -n "${SLOTPOOL_DEV_SERVER_ENV:-}" ]]; then
+    local extra
+    read -ra extra <<<"$SLOTPOOL_DEV_SERVER_ENV"
+    server=(env "${extra[@]}" "${server[@]}")
+  fi
   setsid nohup "${server[@]}" --host 127.0.0.1 --port "$PORT" --storage-path "$DATA" \
     --log-level WARNING >>"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"

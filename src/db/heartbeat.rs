@@ -16,7 +16,7 @@ use crate::db::field::{
     ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, MAX_SLOTS, NETNS, ROOM,
     SETTLES_AT_MS, SLOTS, SLOT_ID, TICK_MS, VERSION,
 };
-use crate::db::store::int;
+use crate::db::store::{int, Store};
 use crate::db::words::words;
 
 /// A field as an aggregation expression reads it: `$name`.
@@ -273,10 +273,11 @@ fn heartbeat_update(beat: &Beat<'_>) -> Vec<Document> {
 }
 
 /// The roster: the `workers` collection, where every worker beats and the line is
-/// read from.
+/// read from. It keeps the lease's store, not a collection taken from it once, so a
+/// client replaced after an outage (see [`Store::reopen_after`]) serves it too.
 #[derive(Debug, Clone)]
 pub(crate) struct Roster {
-    workers: Collection<Document>,
+    store: Store,
 }
 
 impl Beat<'_> {
@@ -287,8 +288,14 @@ impl Beat<'_> {
 }
 
 impl Roster {
-    pub(crate) fn new(workers: Collection<Document>) -> Self {
-        Roster { workers }
+    pub(crate) fn new(store: &Store) -> Self {
+        Roster {
+            store: store.clone(),
+        }
+    }
+
+    fn workers(&self) -> Collection<Document> {
+        self.store.workers()
     }
 
     /// Writes this worker's heartbeat and, when `read_clock`, returns the server's
@@ -306,7 +313,7 @@ impl Roster {
         read_clock: bool,
     ) -> Result<Option<ServerClock>, BeatError> {
         let written = self
-            .workers
+            .workers()
             .update_one(
                 own_heartbeat(beat.me, beat.instance),
                 heartbeat_update(beat),
@@ -324,7 +331,7 @@ impl Roster {
             return Ok(None);
         }
         let sent = Instant::now();
-        let db = self.workers.client().database(&self.workers.namespace().db);
+        let db = self.store.db();
         let hello = db.run_command(doc! {"hello": 1}).await?;
         let server_ms = hello
             .get_datetime("localTime")
@@ -346,7 +353,7 @@ impl Roster {
             ALIVE_UNTIL_MS: predecessor.alive_until_ms,
         };
         let r = self
-            .workers
+            .workers()
             .update_one(as_read, heartbeat_update(beat))
             .await?;
         Ok(r.matched_count == 1)
@@ -388,7 +395,7 @@ impl Roster {
     /// Runs one place read (see [`place_pipeline`]).
     async fn read_place(&self, pipeline: Vec<Document>) -> Result<Placed, mongodb::error::Error> {
         let sent = Instant::now();
-        let mut cursor = self.workers.aggregate(pipeline).await?;
+        let mut cursor = self.workers().aggregate(pipeline).await?;
         let answer = cursor.try_next().await?;
         let received = Instant::now();
         let Some(d) = answer else {
@@ -422,7 +429,7 @@ impl Roster {
         n: u64,
     ) -> Result<Vec<String>, mongodb::error::Error> {
         let found: Vec<Document> = self
-            .workers
+            .workers()
             .find(doc! {
                 ROOM: true, HELD: 0_i64, "_id": {"$ne": me},
                 "$expr": {"$gt": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]},
@@ -453,7 +460,7 @@ impl Roster {
             ]},
             HELD: {"$cond": [{"$isArray": field(SLOTS)}, {"$size": field(SLOTS)}, 0]},
         }});
-        let mut cursor = self.workers.aggregate(pipeline).await?;
+        let mut cursor = self.workers().aggregate(pipeline).await?;
         let mut out = Vec::new();
         while let Some(d) = cursor.try_next().await? {
             if let (true, Ok(id)) = (is_alive(&d), d.get_str("_id")) {
@@ -474,7 +481,7 @@ impl Roster {
     async fn in_use(&self, me: &str) -> BeatError {
         let mut pipeline = vec![doc! {"$match": {"_id": me}}];
         pipeline.extend(liveness());
-        let found = match self.workers.aggregate(pipeline).await {
+        let found = match self.workers().aggregate(pipeline).await {
             Ok(mut cursor) => cursor.try_next().await.ok().flatten(),
             Err(e) => return e.into(),
         };
@@ -500,7 +507,7 @@ impl Roster {
         me: &str,
         instance: &str,
     ) -> Result<(), mongodb::error::Error> {
-        self.workers
+        self.workers()
             .delete_one(doc! {"_id": me, INSTANCE: instance})
             .await
             .map(|_| ())

@@ -539,7 +539,7 @@ impl Store {
             (k, Bson::Document(doc! {"$literal": v}))
         }));
         EventWrite {
-            events: self.events(),
+            store: self.clone(),
             id: bson::oid::ObjectId::new(),
             set,
             kind,
@@ -550,7 +550,9 @@ impl Store {
 /// An event's document as written to `events`: an upsert on its own `_id` that keeps
 /// the first `at`, so that sending it again never doubles it.
 struct EventWrite {
-    events: Collection<Document>,
+    /// Each sending takes the collection anew: a client replaced meanwhile (see
+    /// [`Store::reopen_after`]) carries the next.
+    store: Store,
     id: bson::oid::ObjectId,
     set: Document,
     kind: &'static str,
@@ -562,8 +564,8 @@ impl EventWrite {
     async fn answered(&self) -> Result<(), mongodb::error::Error> {
         let mut pause = Duration::from_millis(25);
         loop {
-            let write = self
-                .events
+            let events = self.store.events();
+            let write = events
                 .update_one(doc! {"_id": self.id}, vec![doc! {"$set": self.set.clone()}])
                 .upsert(true);
             match write.await {

@@ -221,6 +221,21 @@ impl ShimControl {
             }
         }
     }
+
+    /// Sends the lease deadline as `deadlines` says it now, read under the pipe's
+    /// lock: every sender reads and writes in one step, so the last deadline the
+    /// shim hears is the latest the worker set (a revocation included), whichever
+    /// task sent it.
+    async fn send_deadline(&self, deadlines: &watch::Receiver<Instant>) {
+        let mut stdin = self.stdin.lock().await;
+        let at = *deadlines.borrow();
+        if let Some(pipe) = stdin.as_mut() {
+            let line = Control::Deadline(monotonic(at)).line();
+            if pipe.write_all(line.as_bytes()).await.is_err() {
+                *stdin = None;
+            }
+        }
+    }
 }
 
 /// A monotonic instant of this process as an absolute `CLOCK_MONOTONIC` reading.
@@ -235,8 +250,8 @@ async fn forward_deadlines(
     control: std::sync::Arc<ShimControl>,
 ) {
     while deadlines.changed().await.is_ok() {
-        let at = *deadlines.borrow_and_update();
-        control.send(Control::Deadline(monotonic(at))).await;
+        deadlines.mark_unchanged();
+        control.send_deadline(&deadlines).await;
     }
 }
 
@@ -956,6 +971,12 @@ async fn stop_child(
         drain(out, lines).await;
         return robot.stopped_before_start().await;
     }
+    // The lease is live: its deadline goes first, on the same pipe, so a shim that
+    // froze its robot at a suspension and has not yet heard of the resume thaws it
+    // before the TERM (which it would otherwise answer with a kill, as for a frozen
+    // robot whose lease was given up). Read again as it is sent: a revocation since
+    // the read above reaches the shim as the last word, and is never undone.
+    robot.control.send_deadline(&run.lease_deadline()).await;
     let deadline = Instant::now() + run.grace();
     robot.control.send(Control::Term).await;
     // What it prints meanwhile is persisted until the deadline, and no longer even

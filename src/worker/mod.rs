@@ -266,7 +266,7 @@ impl Worker {
             handed_back: None,
             passed_over: HashMap::new(),
             wake: Arc::new(Notify::new()),
-            line: Roster::new(lease_store.workers()),
+            line: Roster::new(&lease_store),
             server: None,
             steps,
             clock_steps: Arc::default(),
@@ -560,8 +560,12 @@ impl Worker {
             return false;
         };
         let read = self.protocol.anything_free(clock.now_ms());
+        let sent = Instant::now();
         match tokio::time::timeout(self.op_timeout(), read).await {
-            Ok(Ok(found)) => found,
+            Ok(Ok(found)) => {
+                self.answered(sent.elapsed());
+                found
+            }
             Ok(Err(e)) => {
                 tracing::debug!("release poll failed: {}", self.store.scrub(&e.to_string()));
                 false
@@ -806,8 +810,7 @@ impl Worker {
             .slot_unheld
             .set(longest.map_or(0.0, |d| d.as_secs_f64()));
         self.metrics.survey_docs.inc_by(survey.read as u64);
-        self.health
-            .answered(Instant::now(), survey_took, self.tick());
+        self.answered(survey_took);
         self.health.ok(&self.metrics, &self.status);
         self.report_invalid(&survey.invalid);
         Some((survey, survey_took))
@@ -949,6 +952,7 @@ impl Worker {
         // Kept through a failed read: any standby ahead is a sound place to start.
         let near = self.looks.near.clone();
         let read = self.line.place(&me, held, watchers, near.as_deref());
+        let sent = Instant::now();
         match tokio::time::timeout(limit, read).await {
             Ok(Ok(placed)) => {
                 self.metrics.place_reads.inc();
@@ -966,6 +970,7 @@ impl Worker {
                     self.server_clock_read(server_ms, sent, received);
                     self.server = Some(c);
                 }
+                self.answered(sent.elapsed());
                 self.standby_reached_database();
             }
             Ok(Err(_)) | Err(_) => self.looks.ahead = 0,
@@ -1293,8 +1298,7 @@ impl Worker {
         let sent = Instant::now();
         match tokio::time::timeout(limit, self.line.beat(&beat, read_clock)).await {
             Ok(Ok(clock)) => {
-                self.health
-                    .answered(Instant::now(), sent.elapsed(), self.tick());
+                self.answered(sent.elapsed());
                 if let Some(c) = clock {
                     let (server_ms, sent, received) = c.reading();
                     self.server_clock_read(server_ms, sent, received);
@@ -1315,6 +1319,19 @@ impl Worker {
                 Beaten::Failed(why)
             }
         }
+    }
+
+    /// The database answered a request of this worker's that took `took` (see
+    /// [`Health::answered`]); a holder counts as standing at the front, as its
+    /// renewals come every tick.
+    fn answered(&self, took: Duration) {
+        let place = if self.held.is_empty() {
+            self.place()
+        } else {
+            Place::Front
+        };
+        self.health
+            .answered(Instant::now(), took, self.tick(), place);
     }
 
     /// A standby behind the watchers asks the database for nothing but its

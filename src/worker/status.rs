@@ -3,8 +3,10 @@
 //! by the HTTP server.
 
 use crate::db::heartbeat::WorkerRole;
+use crate::worker::standby_line::{self, Place};
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::db::lease::Lease;
@@ -150,18 +152,22 @@ pub(crate) struct Health {
     up_since: Mutex<Option<Instant>>,
     /// Outages begun so far (see [`Health::outages`]).
     outages: std::sync::atomic::AtomicU64,
-    /// When the database last answered this worker (see [`Health::answered`]).
-    last_answer: Mutex<Option<Instant>>,
+    /// When the database last answered this worker, and the longest silence after
+    /// it that still counts as contact (see [`Health::answered`]).
+    last_answer: Mutex<Option<(Instant, Duration)>>,
 }
 
-/// The longest spacing of a worker's answers that still counts as unbroken
-/// contact: a lease and a tick. A holder hears from the database every tick (its
-/// renewal), and a standby at the front of the line at least once a lease (its
-/// survey), so only an outage, or a worker that asks seldom (the rear of the line),
-/// leaves a longer silence. A rear worker that moves up therefore waits a lease of
-/// contact before it claims a lapsed lease; it is not the one a takeover waits for.
-pub(crate) fn contact_gap(tick: std::time::Duration) -> std::time::Duration {
-    tick * 3
+/// The longest spacing of a worker's answers that still counts as unbroken contact
+/// with the database, where it stands. A holder hears from it every tick (its
+/// renewal), and a standby at the front at least once a lease (its survey): a lease
+/// and a tick, so that only an outage leaves a longer silence. A standby behind
+/// the watchers hears only its heartbeat's answer, at its pace; it claims only
+/// when poked or moved up, or at its safety survey.
+pub(crate) fn contact_gap(place: Place, tick: Duration) -> Duration {
+    match place {
+        Place::Front => tick * 3,
+        Place::Rear => standby_line::beat_pace(Place::Rear, tick) + tick,
+    }
 }
 
 impl Health {
@@ -185,30 +191,25 @@ impl Health {
     }
 
     /// An answer from the database, received `now` after a request that took
-    /// `took`, the tick being `tick`. The contact counted by [`Health::contact`]
-    /// begins afresh, as after a failure, when the database was out of this
-    /// worker's sight since its previous answer:
-    /// - the request itself took longer than a tick (a link that held its bytes, a
-    ///   paused server);
-    /// - or more than [`contact_gap`] passed since the previous answer. A worker that
-    ///   asked nothing while the database was away saw no failure, yet it cannot say
-    ///   the database answered in between either.
-    pub(crate) fn answered(
-        &self,
-        now: Instant,
-        took: std::time::Duration,
-        tick: std::time::Duration,
-    ) {
+    /// `took`, by a worker that now stands at `place` (a holder: at the front). The
+    /// contact counted by [`Health::contact`] begins afresh, as after a failure, when
+    /// the database was out of this worker's sight since its previous answer:
+    /// - the request itself took longer than the front's [`contact_gap`] (a link
+    ///   that held its bytes, a paused server);
+    /// - or more time passed since the previous answer than the [`contact_gap`] of
+    ///   the place the worker stood at then. A worker that asked nothing while the
+    ///   database was away saw no failure, yet cannot say it answered in between.
+    pub(crate) fn answered(&self, now: Instant, took: Duration, tick: Duration, place: Place) {
         let mut last = self.last_answer.lock().expect("health lock");
         let unseen =
-            last.is_some_and(|prev| now.saturating_duration_since(prev) > contact_gap(tick));
+            last.is_some_and(|(prev, allowed)| now.saturating_duration_since(prev) > allowed);
         let mut up = self.up_since.lock().expect("health lock");
-        if took > tick || unseen {
+        if took > contact_gap(Place::Front, tick) || unseen {
             *up = Some(now);
         } else {
             up.get_or_insert(now);
         }
-        *last = Some(now);
+        *last = Some((now, contact_gap(place, tick)));
     }
 
     pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
@@ -272,37 +273,61 @@ mod tests {
     #[test]
     fn contact_begins_afresh_after_a_silence_longer_than_a_lease_and_a_tick() {
         let t = Duration::from_secs(1);
+        let front = Place::Front;
         let health = Health::default();
         let t0 = Instant::now();
         assert_eq!(health.contact(t0), Duration::ZERO, "no answer yet");
-        health.answered(t0, Duration::from_millis(5), t);
+        health.answered(t0, Duration::from_millis(5), t, front);
         // A front standby's surveys come at most a lease apart: contact runs on.
         for k in 1..=3 {
-            health.answered(t0 + t * 2 * k, Duration::from_millis(5), t);
+            health.answered(t0 + t * 2 * k, Duration::from_millis(5), t, front);
         }
         assert_eq!(health.contact(t0 + t * 7), t * 7);
         // It asked nothing while the database was away for 4 s: the first answer
         // after that starts the contact again, though no request failed.
         let back = t0 + t * 11;
-        health.answered(back, Duration::from_millis(5), t);
+        health.answered(back, Duration::from_millis(5), t, front);
         assert_eq!(health.contact(back + t), t);
     }
 
     #[test]
-    fn an_answer_slower_than_a_tick_starts_the_contact_again() {
+    fn a_standby_behind_the_watchers_keeps_its_contact_between_heartbeats() {
         let t = Duration::from_secs(1);
         let health = Health::default();
         let t0 = Instant::now();
-        health.answered(t0, Duration::from_millis(5), t);
-        health.answered(t0 + t, Duration::from_millis(5), t);
-        assert_eq!(health.contact(t0 + t * 2), t * 2);
-        // Sent right after the last answer and held 2.5 s by the link: the gap
-        // between answers is short, the request itself was not.
-        let late = t0 + t * 3 + Duration::from_millis(500);
-        health.answered(late, Duration::from_millis(2500), t);
+        let pace = standby_line::beat_pace(Place::Rear, t);
+        health.answered(t0, Duration::from_millis(5), t, Place::Rear);
+        // Its next heartbeat, at the rear's pace: contact runs on, and it moved up.
+        health.answered(t0 + pace, Duration::from_millis(5), t, Place::Front);
+        assert_eq!(health.contact(t0 + pace), pace);
+        // At the front, the same silence is an outage.
+        let late = t0 + pace * 2;
+        health.answered(late, Duration::from_millis(5), t, Place::Front);
         assert_eq!(health.contact(late), Duration::ZERO);
-        // At exactly a tick, still contact.
-        health.answered(late + t, t, t);
-        assert_eq!(health.contact(late + t), t);
+        // And a heartbeat later than its pace allows, at the rear, too.
+        health.answered(late, Duration::from_millis(5), t, Place::Rear);
+        let later = late + contact_gap(Place::Rear, t) + Duration::from_millis(1);
+        health.answered(later, Duration::from_millis(5), t, Place::Rear);
+        assert_eq!(health.contact(later), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_answer_slower_than_a_lease_and_a_tick_starts_the_contact_again() {
+        let t = Duration::from_secs(1);
+        let front = Place::Front;
+        let health = Health::default();
+        let t0 = Instant::now();
+        health.answered(t0, Duration::from_millis(5), t, front);
+        health.answered(t0 + t, Duration::from_millis(5), t, front);
+        assert_eq!(health.contact(t0 + t * 2), t * 2);
+        // Sent right after the last answer and held 3.5 s by the link: the gap
+        // between answers is what the request itself took.
+        let late = t0 + t * 4 + Duration::from_millis(500);
+        health.answered(late, Duration::from_millis(3500), t, front);
+        assert_eq!(health.contact(late), Duration::ZERO);
+        // A slow survey (2.5 s, a busy server) is still contact: otherwise a pool
+        // whose surveys are slow would never see a lease of it.
+        health.answered(late + t * 3, Duration::from_millis(2500), t, front);
+        assert_eq!(health.contact(late + t * 3), t * 3);
     }
 }

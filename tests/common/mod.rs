@@ -779,7 +779,14 @@ impl PrivateServer {
             .arg(cmd)
             .env("SLOTPOOL_DEV_PORT", port.to_string())
             .env_remove("MONGODB_URI")
-            .envs(env.iter().copied())
+            // For the server alone, not the script and its helpers.
+            .env(
+                "SLOTPOOL_DEV_SERVER_ENV",
+                env.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            )
             .output()
             .unwrap();
         assert!(
@@ -819,6 +826,12 @@ impl PrivateServer {
     /// Starts it again on the same data.
     pub fn restart(&self) {
         Self::script(self.port, "start");
+    }
+
+    /// Starts it again on the same data, with extra environment (e.g. libfaketime,
+    /// for a new primary whose clock differs).
+    pub fn restart_with(&self, env: &[(&str, &str)]) {
+        Self::script_with(self.port, "start", env);
     }
 }
 
