@@ -48,13 +48,27 @@ async fn held(db: &TestDb) -> Held {
     (slots, gens)
 }
 
-/// The server's clock now (ms), from `hello`.
+/// The server's clock now (ms), from `hello`. Asked again after a failure: the
+/// first request after a restart may meet a connection the kill closed (the
+/// driver then empties its pool).
 async fn server_ms(db: &TestDb) -> i64 {
-    let hello = db.store.db().run_command(doc! {"hello": 1}).await.unwrap();
-    hello
-        .get_datetime("localTime")
-        .map(|t| t.timestamp_millis())
-        .unwrap_or_else(|_| chrono::Utc::now().timestamp_millis())
+    let mut tries = 0;
+    loop {
+        match db.store.db().run_command(doc! {"hello": 1}).await {
+            Ok(hello) => {
+                return hello
+                    .get_datetime("localTime")
+                    .map(|t| t.timestamp_millis())
+                    .unwrap_or_else(|_| chrono::Utc::now().timestamp_millis())
+            }
+            Err(e) if tries < 50 => {
+                tries += 1;
+                eprintln!("[outage] hello failed ({e}); again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the server does not answer after its restart: {e}"),
+        }
+    }
 }
 
 /// The oldest `checkpointed_at` of all robots (ms), one aggregation.
