@@ -513,12 +513,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         SlotEvent::Renewed { latency, rev } => {
             m.renew_latency.observe(latency);
             tracing::debug!(slot = %slot, rev, latency_ms = latency.as_millis() as u64, "renewed");
-            cx.health.answered(
-                Instant::now(),
-                latency,
-                cx.timing.tick,
-                crate::worker::standby_line::Place::Front,
-            );
+            cx.health.answered(Instant::now(), latency, cx.timing.tick);
             cx.health.ok(m, &cx.status);
             cx.status.lock().expect("status lock").renewed(lease);
         }

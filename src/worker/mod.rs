@@ -1322,16 +1322,9 @@ impl Worker {
     }
 
     /// The database answered a request of this worker's that took `took` (see
-    /// [`Health::answered`]); a holder counts as standing at the front, as its
-    /// renewals come every tick.
+    /// [`Health::answered`]).
     fn answered(&self, took: Duration) {
-        let place = if self.held.is_empty() {
-            self.place()
-        } else {
-            Place::Front
-        };
-        self.health
-            .answered(Instant::now(), took, self.tick(), place);
+        self.health.answered(Instant::now(), took, self.tick());
     }
 
     /// A standby behind the watchers asks the database for nothing but its

@@ -3,7 +3,6 @@
 //! by the HTTP server.
 
 use crate::db::heartbeat::WorkerRole;
-use crate::worker::standby_line::{self, Place};
 use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
@@ -152,22 +151,20 @@ pub(crate) struct Health {
     up_since: Mutex<Option<Instant>>,
     /// Outages begun so far (see [`Health::outages`]).
     outages: std::sync::atomic::AtomicU64,
-    /// When the database last answered this worker, and the longest silence after
-    /// it that still counts as contact (see [`Health::answered`]).
-    last_answer: Mutex<Option<(Instant, Duration)>>,
+    /// When the database last answered this worker (see [`Health::answered`]).
+    last_answer: Mutex<Option<Instant>>,
 }
 
 /// The longest spacing of a worker's answers that still counts as unbroken contact
-/// with the database, where it stands. A holder hears from it every tick (its
-/// renewal), and a standby at the front at least once a lease (its survey): a lease
-/// and a tick, so that only an outage leaves a longer silence. A standby behind
-/// the watchers hears only its heartbeat's answer, at its pace; it claims only
-/// when poked or moved up, or at its safety survey.
-pub(crate) fn contact_gap(place: Place, tick: Duration) -> Duration {
-    match place {
-        Place::Front => tick * 3,
-        Place::Rear => standby_line::beat_pace(Place::Rear, tick) + tick,
-    }
+/// with the database: a lease and a tick. A holder hears from it every tick (its
+/// renewal), and a standby at the front at least once a lease (its survey), so only
+/// an outage leaves them a longer silence. A standby behind the watchers hears from
+/// it only at its heartbeat's pace: when it moves up or is poked, it waits a lease
+/// of contact before claiming a lapsed lease. It cannot tell a quiet spell from an
+/// outage it slept through, and the bench's outage showed a rear standby, moved up
+/// at the server's return, claim a suspended holder's slot on contact from before.
+pub(crate) fn contact_gap(tick: Duration) -> Duration {
+    tick * 3
 }
 
 impl Health {
@@ -191,25 +188,25 @@ impl Health {
     }
 
     /// An answer from the database, received `now` after a request that took
-    /// `took`, by a worker that now stands at `place` (a holder: at the front). The
-    /// contact counted by [`Health::contact`] begins afresh, as after a failure, when
-    /// the database was out of this worker's sight since its previous answer:
-    /// - the request itself took longer than the front's [`contact_gap`] (a link
-    ///   that held its bytes, a paused server);
-    /// - or more time passed since the previous answer than the [`contact_gap`] of
-    ///   the place the worker stood at then. A worker that asked nothing while the
-    ///   database was away saw no failure, yet cannot say it answered in between.
-    pub(crate) fn answered(&self, now: Instant, took: Duration, tick: Duration, place: Place) {
+    /// `took`. The contact counted by [`Health::contact`] begins afresh, as after a
+    /// failure, when the database was out of this worker's sight since its previous
+    /// answer:
+    /// - the request itself took longer than [`contact_gap`] (a link that held its
+    ///   bytes, a paused server);
+    /// - or more than [`contact_gap`] passed since the previous answer. A worker
+    ///   that asked nothing while the database was away saw no failure, yet cannot
+    ///   say it answered in between.
+    pub(crate) fn answered(&self, now: Instant, took: Duration, tick: Duration) {
+        let gap = contact_gap(tick);
         let mut last = self.last_answer.lock().expect("health lock");
-        let unseen =
-            last.is_some_and(|(prev, allowed)| now.saturating_duration_since(prev) > allowed);
+        let unseen = last.is_some_and(|prev| now.saturating_duration_since(prev) > gap);
         let mut up = self.up_since.lock().expect("health lock");
-        if took > contact_gap(Place::Front, tick) || unseen {
+        if took > gap || unseen {
             *up = Some(now);
         } else {
             up.get_or_insert(now);
         }
-        *last = Some((now, contact_gap(place, tick)));
+        *last = Some(now);
     }
 
     pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
@@ -273,61 +270,44 @@ mod tests {
     #[test]
     fn contact_begins_afresh_after_a_silence_longer_than_a_lease_and_a_tick() {
         let t = Duration::from_secs(1);
-        let front = Place::Front;
         let health = Health::default();
         let t0 = Instant::now();
         assert_eq!(health.contact(t0), Duration::ZERO, "no answer yet");
-        health.answered(t0, Duration::from_millis(5), t, front);
+        health.answered(t0, Duration::from_millis(5), t);
         // A front standby's surveys come at most a lease apart: contact runs on.
         for k in 1..=3 {
-            health.answered(t0 + t * 2 * k, Duration::from_millis(5), t, front);
+            health.answered(t0 + t * 2 * k, Duration::from_millis(5), t);
         }
         assert_eq!(health.contact(t0 + t * 7), t * 7);
         // It asked nothing while the database was away for 4 s: the first answer
         // after that starts the contact again, though no request failed.
         let back = t0 + t * 11;
-        health.answered(back, Duration::from_millis(5), t, front);
+        health.answered(back, Duration::from_millis(5), t);
         assert_eq!(health.contact(back + t), t);
-    }
-
-    #[test]
-    fn a_standby_behind_the_watchers_keeps_its_contact_between_heartbeats() {
-        let t = Duration::from_secs(1);
-        let health = Health::default();
-        let t0 = Instant::now();
-        let pace = standby_line::beat_pace(Place::Rear, t);
-        health.answered(t0, Duration::from_millis(5), t, Place::Rear);
-        // Its next heartbeat, at the rear's pace: contact runs on, and it moved up.
-        health.answered(t0 + pace, Duration::from_millis(5), t, Place::Front);
-        assert_eq!(health.contact(t0 + pace), pace);
-        // At the front, the same silence is an outage.
-        let late = t0 + pace * 2;
-        health.answered(late, Duration::from_millis(5), t, Place::Front);
-        assert_eq!(health.contact(late), Duration::ZERO);
-        // And a heartbeat later than its pace allows, at the rear, too.
-        health.answered(late, Duration::from_millis(5), t, Place::Rear);
-        let later = late + contact_gap(Place::Rear, t) + Duration::from_millis(1);
-        health.answered(later, Duration::from_millis(5), t, Place::Rear);
-        assert_eq!(health.contact(later), Duration::ZERO);
+        // So does a rear standby's next heartbeat, at its pace: it cannot tell a
+        // quiet spell from an outage it slept through.
+        let pace =
+            crate::worker::standby_line::beat_pace(crate::worker::standby_line::Place::Rear, t);
+        health.answered(back + pace, Duration::from_millis(5), t);
+        assert_eq!(health.contact(back + pace), Duration::ZERO);
     }
 
     #[test]
     fn an_answer_slower_than_a_lease_and_a_tick_starts_the_contact_again() {
         let t = Duration::from_secs(1);
-        let front = Place::Front;
         let health = Health::default();
         let t0 = Instant::now();
-        health.answered(t0, Duration::from_millis(5), t, front);
-        health.answered(t0 + t, Duration::from_millis(5), t, front);
+        health.answered(t0, Duration::from_millis(5), t);
+        health.answered(t0 + t, Duration::from_millis(5), t);
         assert_eq!(health.contact(t0 + t * 2), t * 2);
         // Sent right after the last answer and held 3.5 s by the link: the gap
         // between answers is what the request itself took.
         let late = t0 + t * 4 + Duration::from_millis(500);
-        health.answered(late, Duration::from_millis(3500), t, front);
+        health.answered(late, Duration::from_millis(3500), t);
         assert_eq!(health.contact(late), Duration::ZERO);
         // A slow survey (2.5 s, a busy server) is still contact: otherwise a pool
         // whose surveys are slow would never see a lease of it.
-        health.answered(late + t * 3, Duration::from_millis(2500), t, front);
+        health.answered(late + t * 3, Duration::from_millis(2500), t);
         assert_eq!(health.contact(late + t * 3), t * 3);
     }
 }
