@@ -162,6 +162,24 @@ async fn server_back_after(down: Duration, env: &[(&str, &str)]) {
     assert_eq!(report.robots, 8, "{report:?}");
 }
 
+/// [`server_back_after`] 3 s, the server's clock moved by `offset` (libfaketime's
+/// form, e.g. `+5s`), as a new primary's may be.
+async fn server_back_with_clock(offset: &str) {
+    assert!(
+        std::path::Path::new(common::LIBFAKETIME).exists(),
+        "this test steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
+    );
+    server_back_after(
+        Duration::from_secs(3),
+        &[
+            ("LD_PRELOAD", common::LIBFAKETIME),
+            ("FAKETIME", offset),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    )
+    .await;
+}
+
 /// An election stands in as the server back after 3 s with a clock 5 s ahead (a
 /// new primary's): every lease stamped before looks older than it is, yet the
 /// holders renew late before any standby may claim (a standby that lost the
@@ -169,37 +187,13 @@ async fn server_back_after(down: Duration, env: &[(&str, &str)]) {
 /// no robot run twice, and in fact nothing restarts or moves.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_server_back_with_its_clock_5_s_ahead_restarts_nothing() {
-    assert!(
-        std::path::Path::new(common::LIBFAKETIME).exists(),
-        "this test steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
-    );
-    server_back_after(
-        Duration::from_secs(3),
-        &[
-            ("LD_PRELOAD", common::LIBFAKETIME),
-            ("FAKETIME", "+5s"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    )
-    .await;
+    server_back_with_clock("+5s").await;
 }
 
 /// The same with the new primary's clock 5 s behind: every lease looks younger.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_server_back_with_its_clock_5_s_behind_restarts_nothing() {
-    assert!(
-        std::path::Path::new(common::LIBFAKETIME).exists(),
-        "this test steps the dev server's clock with libfaketime: install the `faketime` package (scripts/test.sh does)"
-    );
-    server_back_after(
-        Duration::from_secs(3),
-        &[
-            ("LD_PRELOAD", common::LIBFAKETIME),
-            ("FAKETIME", "-5s"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    )
-    .await;
+    server_back_with_clock("-5s").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
