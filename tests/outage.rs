@@ -14,9 +14,6 @@ use bson::Document;
 use common::proxy::{Mode, Proxy};
 use common::{invariants, owner, stubborn_robot, stubborn_steps, wait_for, TestDb, WorkerProc};
 
-/// The outage tests share the machine's timing: one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// What must not change through an outage: each slot's holder and epoch, and each
 /// robot's generation.
 #[derive(Debug, PartialEq)]
@@ -116,7 +113,6 @@ async fn server_down_for(down: Duration) {
 /// [`server_down_for`], the server started again with `env` (libfaketime's, for a
 /// new primary whose clock differs).
 async fn server_back_after(down: Duration, env: &[(&str, &str)]) {
-    let _g = SERIAL.lock().await;
     let server = common::PrivateServer::start("outage_kill");
     let db = TestDb::new_on(&server.uri, "outage_kill").await;
     let w = pool(&db, None).await;
@@ -211,34 +207,47 @@ async fn a_30_s_outage_of_the_database_restarts_nothing() {
     server_down_for(Duration::from_secs(30)).await;
 }
 
-/// Every worker's link blackholed for 10 s (bytes held, connections open), then
-/// passed again: the same.
-#[tokio::test(flavor = "multi_thread")]
-async fn every_link_blackholed_for_10_s_restarts_nothing() {
-    let _g = SERIAL.lock().await;
+/// Every worker's link blackholed for `down` (bytes held, connections open), then
+/// passed again: the same as the server's kill, nothing restarts or moves.
+async fn every_link_blackholed_for(down: Duration) {
     let db = TestDb::new("outage_blackhole").await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
     let _w = pool(&db, Some(&proxy)).await;
     let before = held(&db).await;
     let pids = exec_pids(&db);
     proxy.set(Mode::Blackhole);
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // The outage itself: the time every link is held.
+    tokio::time::sleep(down).await;
     proxy.set(Mode::Pass);
     every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
     assert_eq!(
         held(&db).await,
         before,
-        "no slot moved, no robot adopted again"
+        "no slot moved, no robot adopted again after a {down:?} blackhole"
     );
     assert_eq!(exec_pids(&db), pids, "the same exec processes went on");
     invariants::check(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_link_blackholed_for_3_s_restarts_nothing() {
+    every_link_blackholed_for(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_link_blackholed_for_10_s_restarts_nothing() {
+    every_link_blackholed_for(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_link_blackholed_for_30_s_restarts_nothing() {
+    every_link_blackholed_for(Duration::from_secs(30)).await;
 }
 
 /// An outage longer than `--suspend-for`: the robots are stopped and restored
 /// exactly as without suspension, and nothing runs twice.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outage_longer_than_suspend_for_stops_the_robots_as_before() {
-    let _g = SERIAL.lock().await;
     let server = common::PrivateServer::start("outage_expired");
     let db = TestDb::new_on(&server.uri, "outage_expired").await;
     db.init(1).await;
@@ -279,7 +288,6 @@ enum Cut {
 /// as ever. The old holder's frozen robot is killed when the holder learns, and
 /// never steps again: every step its pid wrote came before the standby's claim.
 async fn lose_alone(cut: Cut, label: &str) {
-    let _g = SERIAL.lock().await;
     let db = TestDb::new(label).await;
     db.init(1).await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
@@ -369,7 +377,6 @@ async fn a_holder_frozen_with_its_robots_for_6_s_loses_its_slot_and_they_never_s
 /// the robots, with no restart.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
-    let _g = SERIAL.lock().await;
     let db = TestDb::new("outage_lost_answer").await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
     let w = pool(&db, Some(&proxy)).await;
@@ -416,7 +423,6 @@ async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
 /// one record, and no firing starts twice.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_scheduled_run_in_flight_across_an_outage_finishes_once() {
-    let _g = SERIAL.lock().await;
     let server = common::PrivateServer::start("outage_sched");
     let db = TestDb::new_on(&server.uri, "outage_sched").await;
     db.init(1).await;

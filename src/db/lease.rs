@@ -201,6 +201,25 @@ impl LeaseProtocol {
         }
     }
 
+    /// Which client the lease's requests go out on now (see [`Store::generation`]).
+    pub(crate) fn client_generation(&self) -> u64 {
+        self.store.generation()
+    }
+
+    /// A request sent on client generation `seen` was given up on: its place in the
+    /// driver's queue would hold up the next request, so the next goes out on a new
+    /// client, unless another part replaced it already (see
+    /// [`Store::reopen_unless_replaced`]).
+    pub(crate) fn reopen_after_giving_up(&self, seen: u64, outages: u64) {
+        match self.store.reopen_unless_replaced(seen, outages) {
+            Ok(true) => tracing::debug!(
+                "a late renewal was given up on: the next goes out on a new client for the lease"
+            ),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("could not open a new client for the lease: {e}"),
+        }
+    }
+
     pub fn timing(&self) -> LeaseTiming {
         self.timing
     }

@@ -205,12 +205,14 @@ pub struct Store {
     monitor_from_uri: bool,
 }
 
-/// A store's client, and the outages (a worker's count, see
-/// [`Store::reopen_after`]) that had begun when it was made.
+/// A store's client, the outages (a worker's count, see [`Store::reopen_after`])
+/// that had begun when it was made, and how many clients came before it in the
+/// cell (see [`Store::reopen_unless_replaced`]).
 struct Conn {
     client: Client,
     db: Database,
     outages: u64,
+    generation: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -278,6 +280,7 @@ impl Store {
                 client,
                 db,
                 outages: 0,
+                generation: 0,
             })),
             options,
             shown_uri: shown,
@@ -332,6 +335,7 @@ impl Store {
                 db: client.database(self.db().name()),
                 client,
                 outages: 0,
+                generation: 0,
             })),
             options,
             shown_uri: self.shown_uri.clone(),
@@ -353,17 +357,49 @@ impl Store {
         if self.conn.read().expect("store lock").outages == outages {
             return Ok(false);
         }
+        self.replace_when(outages, |conn| conn.outages != outages)
+    }
+
+    /// Which client this store's clones share now: a number that moves each time
+    /// it is replaced.
+    pub fn generation(&self) -> u64 {
+        self.conn.read().expect("store lock").generation
+    }
+
+    /// Replaces the client, for every clone, unless it was replaced since it was
+    /// generation `seen` (a request given up on went out on that one). The driver
+    /// keeps a request given up on in its pool's queue and serves one queued request
+    /// per event of the pool, so after an outage of many given-up requests a new one
+    /// waits seconds behind them: a 30 s blackhole of every link kept a holder's
+    /// late renewals from the server for 4 s after the link healed, and a standby
+    /// took the slot. A new client has no queue. `outages` is the worker's count
+    /// now, so that [`Store::reopen_after`] does not replace it again at the resume.
+    /// True when it was replaced.
+    pub fn reopen_unless_replaced(&self, seen: u64, outages: u64) -> Result<bool, StoreError> {
+        if self.generation() != seen {
+            return Ok(false);
+        }
+        self.replace_when(outages, |conn| conn.generation == seen)
+    }
+
+    /// Makes a new client and puts it in the cell if `still` holds for the one
+    /// there once the new one is made (another part may have replaced it meanwhile).
+    fn replace_when(
+        &self,
+        outages: u64,
+        still: impl Fn(&Conn) -> bool,
+    ) -> Result<bool, StoreError> {
         let fresh = self.client_with(self.options.clone())?;
         let (client, db) = (fresh.client(), fresh.db());
         let mut conn = self.conn.write().expect("store lock");
-        if conn.outages == outages {
-            // Another part replaced it meanwhile.
+        if !still(&conn) {
             return Ok(false);
         }
         *conn = Conn {
             client,
             db,
             outages,
+            generation: conn.generation + 1,
         };
         Ok(true)
     }

@@ -321,7 +321,8 @@ enum RideOut {
 /// holds its bytes (a partition, a paused server) answers it the moment it heals,
 /// while one stuck on a connection that will never answer (a server restarted under
 /// it) is replaced in time to renew within the lease of contact the standbys give
-/// this holder. One that failed is sent again a quarter tick after it was sent.
+/// this holder, on a new client: the one given up on keeps its place in the old
+/// client's queue. One that failed is sent again a quarter tick after it was sent.
 async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationToken) -> RideOut {
     let until = lease.deadline() + cx.timing.suspend_for;
     let ended = |outcome, detail: String| RideOut::Ended { outcome, detail };
@@ -344,6 +345,7 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
         }
         let sent = cx.clock.now();
         let give_up = (sent + cx.timing.tick).min(until);
+        let client = cx.protocol.client_generation();
         let reply = tokio::select! {
             _ = release.cancelled() => return stopped(),
             r = cx.protocol.late_renewal(lease) => Some(r),
@@ -351,10 +353,14 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
         };
         let settled = match reply {
             Some(reply) => cx.protocol.settle_late(lease, sent, reply),
-            None => Err(LeaseError::Db(mongodb::error::Error::custom(format!(
-                "no answer to a late renewal within {} ms",
-                give_up.saturating_duration_since(sent).as_millis()
-            )))),
+            None => {
+                cx.protocol
+                    .reopen_after_giving_up(client, cx.health.outages());
+                Err(LeaseError::Db(mongodb::error::Error::custom(format!(
+                    "no answer to a late renewal within {} ms",
+                    give_up.saturating_duration_since(sent).as_millis()
+                ))))
+            }
         };
         match settled {
             Ok(renewed) => return RideOut::Resumed { renewed, sent },
