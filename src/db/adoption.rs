@@ -122,7 +122,7 @@ impl ContextStore {
                 })
             }
             Ok(_) => ids.to_vec(),
-            Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
+            Err(e) if crate::db::store::is_transient(&e) => return Err(e.into()),
             Err(_) => {
                 let one_each: Vec<Statement> = ids
                     .iter()
@@ -188,7 +188,7 @@ impl ContextStore {
                 })
             }
             Ok(_) => false,
-            Err(e) if crate::db::store::is_network(&e) => return Err(e.into()),
+            Err(e) if crate::db::store::is_transient(&e) => return Err(e.into()),
             Err(_) => true,
         };
         // More (created or moved in since the listing) or fewer (moved out, deleted,

@@ -169,7 +169,7 @@ async fn send_stamped(
     tokens: &[ObjectId],
 ) -> Result<Vec<Written>, mongodb::error::Error> {
     match send_together(robots, statements, tokens).await {
-        Err(e) if statements.len() > 1 && !crate::db::store::is_network(&e) => {
+        Err(e) if statements.len() > 1 && !crate::db::store::is_transient(&e) => {
             let landed = read_tokens(robots, statements).await?;
             let mut out = Vec::with_capacity(statements.len());
             for (s, token) in statements.iter().zip(tokens) {
@@ -181,7 +181,7 @@ async fn send_stamped(
                 out.push(
                     match send_together(robots, one, std::slice::from_ref(token)).await {
                         Ok(mut w) => w.pop().unwrap_or(Written::Fenced),
-                        Err(e) if !crate::db::store::is_network(&e) => {
+                        Err(e) if !crate::db::store::is_transient(&e) => {
                             Written::Refused(crate::db::store::brief(&e))
                         }
                         Err(e) => return Err(e),
@@ -190,7 +190,7 @@ async fn send_stamped(
             }
             Ok(out)
         }
-        Err(e) if !crate::db::store::is_network(&e) => {
+        Err(e) if !crate::db::store::is_transient(&e) => {
             Ok(vec![
                 Written::Refused(crate::db::store::brief(&e));
                 statements.len()
@@ -218,6 +218,9 @@ pub(crate) async fn send_many(
             robots,
         ))
         .await?;
+    if let Some(e) = crate::db::store::write_concern_failure(&reply) {
+        return Err(e);
+    }
     match reply.get_array("writeErrors").ok().and_then(|e| e.first()) {
         Some(e) => Err(mongodb::error::Error::custom(format!(
             "the database refused a document: {}",
@@ -257,6 +260,9 @@ async fn send_together(
             robots,
         ))
         .await?;
+    if let Some(e) = crate::db::store::write_concern_failure(&reply) {
+        return Err(e);
+    }
     let matched = crate::db::store::int(&reply, "n").map_or(0, |n| n.max(0) as usize);
     let mut out = vec![Written::Applied; statements.len()];
     let mut refused = 0;
@@ -286,7 +292,11 @@ async fn send_together(
     Ok(out)
 }
 
-/// The statements' documents as they are now (`_id` and `write_id` only), by `_id`.
+/// The statements' documents as a majority holds them (`_id` and `write_id` only),
+/// by `_id`. Read at majority: a token only the primary holds can still be rolled
+/// back by a failover, and counting its write as landed would lose the checkpoint.
+/// One a majority does not hold yet reads as not landed, and is sent again under its
+/// own condition, which matches nothing if the first one stays.
 async fn read_tokens(
     robots: &Collection<Document>,
     statements: &[Statement],
@@ -295,6 +305,7 @@ async fn read_tokens(
     let mut cursor = robots
         .find(doc! {"_id": {"$in": &ids}})
         .projection(doc! {WRITE_ID: 1})
+        .read_concern(mongodb::options::ReadConcern::majority())
         .await?;
     let mut now: HashMap<ObjectId, Document> = HashMap::new();
     while let Some(d) = cursor.try_next().await? {
@@ -517,7 +528,7 @@ async fn sent_through_suspensions(
     statements: &[Statement],
     tokens: &[ObjectId],
 ) -> Option<Result<Vec<Written>, mongodb::error::Error>> {
-    use crate::db::store::is_network;
+    use crate::db::store::is_transient;
     let mut out: Vec<Option<Written>> = vec![None; statements.len()];
     loop {
         // Every sending, a resend included, only under an open lease.
@@ -545,7 +556,7 @@ async fn sent_through_suspensions(
                     .map(|w| w.unwrap_or(Written::Fenced))
                     .collect()));
             }
-            Answer::Sent(Err(e)) if !is_network(&e) => return Some(Err(e)),
+            Answer::Sent(Err(e)) if !is_transient(&e) => return Some(Err(e)),
             // The connection failed under it: a server restarting, an election.
             Answer::Sent(Err(_)) => tokio::time::sleep(RETRY_AFTER).await,
             Answer::Lapsed => return None,
@@ -565,7 +576,7 @@ async fn sent_through_suspensions(
             }
             match tokio::time::timeout(IN_DOUBT_AFTER, read_tokens(&store.robots(), &stmts)).await {
                 Ok(Ok(now)) => break now,
-                Ok(Err(e)) if !is_network(&e) => return Some(Err(e)),
+                Ok(Err(e)) if !is_transient(&e) => return Some(Err(e)),
                 _ => tokio::time::sleep(RETRY_AFTER).await,
             }
         };

@@ -321,7 +321,7 @@ impl LeaseProtocol {
                 Ok(None) => outcome.conflicts += 1,
                 // One document the server will not change is that slot's problem,
                 // not the database's: skip it and try the others.
-                Err(LeaseError::Db(e)) if !crate::db::store::is_network(&e) => {
+                Err(LeaseError::Db(e)) if !crate::db::store::is_transient(&e) => {
                     outcome.refused.push(InvalidSlot {
                         id: c.id.clone(),
                         why: format!("the claim was refused: {}", crate::db::store::brief(&e)),

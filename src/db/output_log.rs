@@ -171,15 +171,19 @@ async fn send(
     for chunk in statements.chunks(crate::db::group_commit::MAX_STATEMENTS) {
         // Unordered: a fenced instance's statement (its upsert collides with a newer
         // instance's document) fails alone.
-        db.run_command(crate::db::write_concern::with_write_concern(
-            doc! {
-                "update": outputs.name(),
-                "updates": chunk,
-                "ordered": false,
-            },
-            outputs,
-        ))
-        .await?;
+        let reply = db
+            .run_command(crate::db::write_concern::with_write_concern(
+                doc! {
+                    "update": outputs.name(),
+                    "updates": chunk,
+                    "ordered": false,
+                },
+                outputs,
+            ))
+            .await?;
+        if let Some(e) = crate::db::store::write_concern_failure(&reply) {
+            return Err(e);
+        }
     }
     Ok(())
 }

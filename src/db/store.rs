@@ -605,7 +605,7 @@ impl EventWrite {
                 .update_one(doc! {"_id": self.id}, vec![doc! {"$set": self.set.clone()}])
                 .upsert(true);
             match write.await {
-                Err(e) if is_network(&e) => {
+                Err(e) if is_transient(&e) => {
                     tracing::debug!(kind = self.kind, "recording the event again: {}", brief(&e));
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(400));
@@ -683,16 +683,52 @@ pub(crate) fn is_namespace_exists(e: &mongodb::error::Error) -> bool {
     matches!(e.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 48)
 }
 
-/// True when the database could not be reached or answered nothing usable (as
-/// opposed to refusing one document): the caller should retry later, not skip.
-pub(crate) fn is_network(e: &mongodb::error::Error) -> bool {
-    use mongodb::error::ErrorKind;
-    matches!(
-        e.kind.as_ref(),
+/// The server's codes for "not now, ask again": a primary stepping down, shutting
+/// down, or no longer primary, and a host not reached. The retryable-writes
+/// specification's list; a write refused with one of these did not happen, or may
+/// have, and is never a refusal of the document.
+const TRANSIENT_CODES: [i32; 12] = [
+    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+];
+
+/// True when the database could not be reached, answered nothing usable, or could
+/// not make a write durable (a step-down, an election, a majority not reached): the
+/// caller should retry later or read back what landed, never skip. As opposed to
+/// refusing one document.
+pub(crate) fn is_transient(e: &mongodb::error::Error) -> bool {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    let transient = match e.kind.as_ref() {
         ErrorKind::Io(_)
-            | ErrorKind::ServerSelection { .. }
-            | ErrorKind::ConnectionPoolCleared { .. }
-    ) || e.contains_label("RetryableWriteError")
+        | ErrorKind::ServerSelection { .. }
+        | ErrorKind::ConnectionPoolCleared { .. }
+        // Applied on the primary, not (yet) by a majority: in doubt.
+        | ErrorKind::Write(WriteFailure::WriteConcernError(_)) => true,
+        ErrorKind::Command(c) => TRANSIENT_CODES.contains(&c.code),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => TRANSIENT_CODES.contains(&w.code),
+        _ => false,
+    };
+    transient || e.contains_label("RetryableWriteError")
+}
+
+/// The `writeConcernError` of a command's reply, as the driver's own write helpers
+/// raise it: a command run by hand (the group commit's `update`) answers `ok: 1`
+/// with the statements applied on the primary and this beside them when a majority
+/// did not acknowledge them. Such a write is in doubt, not done.
+pub(crate) fn write_concern_failure(reply: &Document) -> Option<mongodb::error::Error> {
+    use mongodb::error::{ErrorKind, WriteConcernError, WriteFailure};
+    let failure = reply.get_document("writeConcernError").ok()?;
+    // Code 64 is WriteConcernFailed, for a reply too malformed to say its own.
+    let failure = bson::from_document::<WriteConcernError>(failure.clone()).or_else(|_| {
+        bson::from_document(doc! {
+            "code": 64,
+            "codeName": "WriteConcernFailed",
+            "errmsg": format!("the write was not acknowledged by a majority: {failure}"),
+        })
+    });
+    Some(match failure {
+        Ok(w) => ErrorKind::Write(WriteFailure::WriteConcernError(w)).into(),
+        Err(e) => mongodb::error::Error::custom(format!("unreadable writeConcernError: {e}")),
+    })
 }
 
 /// True for a duplicate-key error (code 11000).
@@ -757,6 +793,39 @@ mod tests {
         let waits: Vec<u64> = (0..8).map(|n| patient_wait(n).as_secs()).collect();
         assert_eq!(waits, [2, 2, 2, 4, 8, 16, 30, 30]);
         assert_eq!(patient_wait(u32::MAX), EVENT_WAIT_MOST);
+    }
+
+    #[test]
+    fn a_write_a_majority_did_not_acknowledge_is_in_doubt_not_done() {
+        let reply = doc! {"ok": 1, "n": 3, "writeConcernError": {
+            "code": 64, "codeName": "WriteConcernFailed", "errmsg": "waiting for replication timed out"
+        }};
+        let e = write_concern_failure(&reply).expect("a failure");
+        assert!(is_transient(&e), "{e}");
+        assert!(brief(&e).contains("replication timed out"), "{}", brief(&e));
+        // A reply too malformed to say its own code still counts.
+        let odd = doc! {"ok": 1, "writeConcernError": {"errmsg": 5}};
+        assert!(is_transient(&write_concern_failure(&odd).unwrap()));
+        assert!(write_concern_failure(&doc! {"ok": 1, "n": 3}).is_none());
+    }
+
+    #[test]
+    fn a_primary_stepping_down_is_transient_and_a_refused_document_is_not() {
+        let command = |code: i32| -> mongodb::error::Error {
+            mongodb::error::ErrorKind::Command(
+                bson::from_document(doc! {"code": code, "codeName": "X", "errmsg": "x"}).unwrap(),
+            )
+            .into()
+        };
+        // NotWritablePrimary, PrimarySteppedDown, InterruptedDueToReplStateChange,
+        // ShutdownInProgress.
+        for code in [10107, 189, 11602, 91] {
+            assert!(is_transient(&command(code)), "code {code}");
+        }
+        // DocumentValidationFailure, DuplicateKey: the document's, not the server's.
+        for code in [121, 11000] {
+            assert!(!is_transient(&command(code)), "code {code}");
+        }
     }
 
     #[test]

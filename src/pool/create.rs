@@ -207,7 +207,7 @@ pub(crate) async fn create(
         (Some(e), Ok(n)) => {
             let why = if is_duplicate_key(&e) {
                 "a robot of the same name was created by someone else meanwhile".to_string()
-            } else if crate::db::store::is_network(&e) {
+            } else if crate::db::store::is_transient(&e) {
                 format!(
                     "the database became unreachable ({})",
                     crate::db::store::brief(&e)
@@ -240,7 +240,9 @@ where
     loop {
         match op().await {
             Ok(v) => return Ok(v),
-            Err(e) if crate::db::store::is_network(&e) && std::time::Instant::now() < deadline => {
+            Err(e)
+                if crate::db::store::is_transient(&e) && std::time::Instant::now() < deadline =>
+            {
                 if !warned {
                     tracing::warn!(
                         "the database is unreachable while {what}; retrying for up to {}s",

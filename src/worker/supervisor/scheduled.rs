@@ -1255,7 +1255,7 @@ impl Scheduled {
                 .await;
             match r {
                 Ok(_) => return,
-                Err(ContextError::Db(err)) if !crate::db::store::is_network(&err) => {
+                Err(ContextError::Db(err)) if !crate::db::store::is_transient(&err) => {
                     tracing::error!(robot = %self.r.name, "the database refused the end of a stopped run ({}); fix the robot's `runs` by hand, e.g. db.robots.updateOne({{name: \"{}\"}}, {{$set: {{runs: []}}}})", crate::db::store::brief(&err), self.r.name);
                     return;
                 }
