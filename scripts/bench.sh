@@ -6,6 +6,10 @@
 #   scripts/bench.sh --statements   what one robot write costs the server, by its form
 #                                   (update operators or a pipeline; scripts/statement-cost.py)
 # Runs against a fresh throwaway dev server unless MONGODB_URI is set.
+# The outage phase also runs a baseline given SLOTPOOL_BENCH_BASELINE_BIN, a release
+# binary of the commit before suspension (SLOTPOOL_BENCH_BASELINE_LABEL names it):
+#   git worktree add /tmp/base <commit> && (cd /tmp/base && cargo build --release)
+#   SLOTPOOL_BENCH_BASELINE_BIN=/tmp/base/target/release/slotpool scripts/bench.sh --only outage
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -1,9 +1,11 @@
 //! The outage phase: the whole database away for 8 s (the bench's own dev server
 //! killed with -9 and started again on its data), as an election or a step-down
-//! looks to the pool. Measured with the default suspension and with
-//! `--suspend-for 0` (the behaviour before it): robots restarted, slots moved, how
-//! long until every holder resumed and every robot checkpointed again, and the
-//! server's CPU after its return against the same window without an outage.
+//! looks to the pool. Measured with the default suspension, with `--suspend-for 0`
+//! (the stop at the deadline), and, given `SLOTPOOL_BENCH_BASELINE_BIN` (a release
+//! build of the commit before suspension), with that build's workers: robots
+//! restarted, slots moved, how long from the server's first answer until every
+//! holder renewed and every robot checkpointed again, and the server's CPU after its
+//! return against the same window without an outage.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -79,24 +81,65 @@ async fn oldest_checkpoint_ms(db: &TestDb) -> Option<i64> {
     d.get_datetime("oldest").ok().map(|t| t.timestamp_millis())
 }
 
-/// The oldest lease stamp of all slots (ms, server clock), or None while one is
-/// unheld: after an outage, every slot renewed (or claimed again) since.
-async fn oldest_lease_ms(db: &TestDb) -> Option<i64> {
-    let slots = db.slots().await;
-    slots
-        .iter()
-        .map(|s| s.get_datetime("time").ok().map(|t| t.timestamp_millis()))
-        .collect::<Option<Vec<i64>>>()?
-        .into_iter()
-        .min()
+/// The wall clock now (ms). The bench's dev server runs on this machine, so its
+/// `$$NOW` is this clock.
+fn wall_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Waits until the server at `addr` accepts a connection again, trying every 10 ms:
+/// the instant of its return, as the workers' own connections can first see it.
+async fn accepting(addr: std::net::SocketAddr) -> (Instant, i64) {
+    let limit = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < limit {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return (Instant::now(), wall_ms());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the dev server did not come back within 60 s");
+}
+
+/// Each slot's first lease stamp after `kill_ms` (server clock), read every 20 ms
+/// until every slot has one or `limit` passed. A renewal comes a tick after the
+/// last, so reading this often sees each slot's first one after the return.
+async fn first_stamps_after(
+    db: &TestDb,
+    kill_ms: i64,
+    slots: usize,
+    limit: Duration,
+) -> BTreeMap<String, i64> {
+    let deadline = Instant::now() + limit;
+    let mut first = BTreeMap::new();
+    while first.len() < slots && Instant::now() < deadline {
+        for s in db.slots().await {
+            if let (Ok(id), Ok(t)) = (s.get_str("_id"), s.get_datetime("time")) {
+                if t.timestamp_millis() > kill_ms {
+                    first.entry(id.to_string()).or_insert(t.timestamp_millis());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first
+}
+
+/// Which workers a configuration runs.
+#[derive(Clone, Copy)]
+enum Workers<'a> {
+    /// This build, with `--suspend-for` as given.
+    SuspendFor(&'a str),
+    /// Another build's binary (the commit before suspension), given no flag it may
+    /// not know.
+    Build(&'a str),
 }
 
 /// One configuration's rounds.
 struct Outcome {
     restarted: Vec<usize>,
     moved: Vec<usize>,
-    /// From the server's return until every slot was renewed (resumed) or claimed
-    /// again (ms).
+    /// From the server's first accepted connection until every slot was renewed
+    /// (resumed) or claimed again (ms): the last slot's first lease stamp after it.
     all_renewed: Vec<f64>,
     /// From the server's return until every robot checkpointed again (ms).
     all_checkpointed: Vec<f64>,
@@ -107,7 +150,7 @@ struct Outcome {
 }
 
 async fn rounds(
-    suspend_for: &str,
+    workers_of: Workers<'_>,
     slots: u32,
     robots: u32,
     workers: usize,
@@ -119,7 +162,10 @@ async fn rounds(
     let db = TestDb::new("b_outage").await;
     db.init(slots).await;
     let w: Vec<WorkerProc> = (0..workers)
-        .map(|_| db.worker(&["--suspend-for", suspend_for]))
+        .map(|_| match workers_of {
+            Workers::SuspendFor(d) => db.worker(&["--suspend-for", d]),
+            Workers::Build(bin) => WorkerProc::start_bin(bin, &db.uri, &db.dir, &[]),
+        })
         .collect();
     common::wait_for(Duration::from_secs(60), "every slot held", || async {
         (db.slots().await.iter().filter_map(owner).count() == slots as usize).then_some(())
@@ -154,24 +200,23 @@ async fn rounds(
     for _ in 0..rounds {
         let (slots_before, gens_before) = held(&db).await;
         let pid = server_pid()?;
+        let kill_ms = server_ms(&db).await;
         // SAFETY: kill(2) on the bench's own dev server.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
         }
         tokio::time::sleep(down).await;
-        dev_server("start");
-        let back = Instant::now();
-        let back_ms = server_ms(&db).await;
-        loop {
-            if oldest_lease_ms(&db).await.is_some_and(|t| t >= back_ms) {
-                break;
-            }
-            if back.elapsed() > Duration::from_secs(120) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        o.all_renewed.push(back.elapsed().as_secs_f64() * 1000.0);
+        let starting = tokio::task::spawn_blocking(|| dev_server("start"));
+        let (back, back_ms) = accepting(common::uri_addr(&db.uri)).await;
+        starting.await.expect("the dev server's start");
+        // The bench's own client finds the server again (it asks until answered).
+        server_ms(&db).await;
+        let limit = Duration::from_secs(120);
+        let first = first_stamps_after(&db, kill_ms, slots as usize, limit).await;
+        o.all_renewed.push(match first.values().max() {
+            Some(last) if first.len() == slots as usize => (last - back_ms) as f64,
+            _ => limit.as_secs_f64() * 1000.0,
+        });
         loop {
             if oldest_checkpoint_ms(&db)
                 .await
@@ -179,7 +224,7 @@ async fn rounds(
             {
                 break;
             }
-            if back.elapsed() > Duration::from_secs(120) {
+            if back.elapsed() > limit {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -217,8 +262,8 @@ pub(super) async fn outage_rows(quick: bool) -> Vec<Row> {
         down.as_secs()
     );
     let (Some(with), Some(without)) = (
-        rounds("60s", slots, robots, workers, n, down).await,
-        rounds("0s", slots, robots, workers, n, down).await,
+        rounds(Workers::SuspendFor("60s"), slots, robots, workers, n, down).await,
+        rounds(Workers::SuspendFor("0s"), slots, robots, workers, n, down).await,
     ) else {
         return vec![Row {
             name,
@@ -232,13 +277,24 @@ pub(super) async fn outage_rows(quick: bool) -> Vec<Row> {
         let mut renewed = o.all_renewed.clone();
         let cpu = o.cpu_after.iter().sum::<f64>() / o.cpu_after.len().max(1) as f64;
         format!(
-            "robots restarted per round {:?}, slots moved {:?}; from the return until every slot was renewed or claimed again: {}; until every robot checkpointed again (each steps every 10 s): {}; server CPU in the 30 s after: {cpu:.2} cores (without an outage: {:.2})",
+            "robots restarted per round {:?}, slots moved {:?}; from the server's first accepted connection until every slot was renewed or claimed again: {}; until every robot checkpointed again (each steps every 10 s): {}; server CPU in the 30 s after: {cpu:.2} cores (without an outage: {:.2})",
             o.restarted,
             o.moved,
             dist(&mut renewed),
             dist(&mut all),
             o.cpu_quiet
         )
+    };
+    let baseline = match std::env::var("SLOTPOOL_BENCH_BASELINE_BIN") {
+        Ok(bin) => {
+            let label = std::env::var("SLOTPOOL_BENCH_BASELINE_LABEL")
+                .unwrap_or_else(|_| "the commit before".into());
+            match rounds(Workers::Build(&bin), slots, robots, workers, n, down).await {
+                Some(o) => format!(". Baseline, workers of {label}: {}", describe(&o)),
+                None => String::new(),
+            }
+        }
+        Err(_) => String::new(),
     };
     let restarted: usize = with.restarted.iter().sum();
     let moved: usize = with.moved.iter().sum();
@@ -247,7 +303,7 @@ pub(super) async fn outage_rows(quick: bool) -> Vec<Row> {
     vec![Row {
         name,
         figures: format!(
-            "suspended (default, `--suspend-for 60s`): {}. Stopped at the deadline (`--suspend-for 0`, as before): {}",
+            "suspended (default, `--suspend-for 60s`): {}. Stopped at the deadline (`--suspend-for 0`): {}{baseline}",
             describe(&with),
             describe(&without)
         ),

@@ -560,6 +560,14 @@ impl WorkerProc {
         Self::spawn(cmd, dir, extra)
     }
 
+    /// Like `start`, from another build's binary (a benchmark's baseline: the
+    /// commit before a change).
+    pub fn start_bin(bin: &str, uri: &str, dir: &Path, extra: &[&str]) -> WorkerProc {
+        let mut cmd = Command::new(bin);
+        cmd.env("MONGODB_URI", uri);
+        Self::spawn(cmd, dir, extra)
+    }
+
     /// Like `start`, with the URI on the command line (`--mongodb-uri URI`).
     pub fn start_uri_flag(uri: &str, dir: &Path, extra: &[&str]) -> WorkerProc {
         let mut cmd = Command::new(BIN);
