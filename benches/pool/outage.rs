@@ -87,28 +87,34 @@ fn wall_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// Waits until the server answers again, asking `hello` every 10 ms on a new client
-/// each time (a client's own monitor would look only every 500 ms). Returns the
-/// instant and the server's clock (`localTime`) of its first answer: a server
-/// started again accepts connections before it answers (its storage's recovery).
-async fn first_answer(uri: &str) -> (Instant, i64) {
+/// Waits until the server takes a write again, trying every 10 ms on a new client
+/// each time (a client's own monitor would look only every 500 ms), and returns the
+/// instant and the server's clock (`$$NOW`) of the first that lands. A dev server
+/// started again on its data answers `hello` about 2 s before it takes a write (its
+/// storage's recovery), and a renewal is a write: the resume is timed from here.
+async fn first_write(uri: &str, database: &str) -> (Instant, i64) {
     let limit = Instant::now() + Duration::from_secs(60);
     let sep = if uri.contains('?') { '&' } else { '?' };
     let quick = format!("{uri}{sep}serverSelectionTimeoutMS=200&connectTimeoutMS=200");
     while Instant::now() < limit {
         if let Ok(client) = mongodb::Client::with_uri_str(&quick).await {
-            let admin = client.database("admin");
-            let hello = admin.run_command(doc! {"hello": 1});
-            if let Ok(Ok(reply)) = tokio::time::timeout(Duration::from_millis(300), hello).await {
-                let at = reply
-                    .get_datetime("localTime")
+            let probe = client
+                .database(database)
+                .collection::<bson::Document>("bench_probe");
+            let write = probe
+                .find_one_and_update(doc! {"_id": "return"}, vec![doc! {"$set": {"at": "$$NOW"}}])
+                .upsert(true)
+                .return_document(mongodb::options::ReturnDocument::After);
+            if let Ok(Ok(Some(d))) = tokio::time::timeout(Duration::from_millis(300), write).await {
+                let at = d
+                    .get_datetime("at")
                     .map_or_else(|_| wall_ms(), |t| t.timestamp_millis());
                 return (Instant::now(), at);
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("the dev server did not answer within 60 s of its start");
+    panic!("the dev server took no write within 60 s of its start");
 }
 
 /// Each slot's first lease stamp after `kill_ms` (server clock), read every 20 ms
@@ -149,9 +155,9 @@ enum Workers<'a> {
 struct Outcome {
     restarted: Vec<usize>,
     moved: Vec<usize>,
-    /// From the server's first answer until every slot was renewed (resumed) or
-    /// claimed again (ms): the last slot's first lease stamp after it, both on the
-    /// server's clock.
+    /// From the server's first write after its return until every slot was renewed
+    /// (resumed) or claimed again (ms): the last slot's first lease stamp after it,
+    /// both on the server's clock.
     all_renewed: Vec<f64>,
     /// From the server's return until every robot checkpointed again (ms).
     all_checkpointed: Vec<f64>,
@@ -219,7 +225,7 @@ async fn rounds(
         }
         tokio::time::sleep(down).await;
         let starting = tokio::task::spawn_blocking(|| dev_server("start"));
-        let (back, back_ms) = first_answer(&db.uri).await;
+        let (back, back_ms) = first_write(&db.uri, &db.name).await;
         starting.await.expect("the dev server's start");
         // The bench's own client finds the server again (it asks until answered).
         server_ms(&db).await;
@@ -289,7 +295,7 @@ pub(super) async fn outage_rows(quick: bool) -> Vec<Row> {
         let mut renewed = o.all_renewed.clone();
         let cpu = o.cpu_after.iter().sum::<f64>() / o.cpu_after.len().max(1) as f64;
         format!(
-            "robots restarted per round {:?}, slots moved {:?}; from the server's first answer until every slot was renewed or claimed again: {}; until every robot checkpointed again (each steps every 10 s): {}; server CPU in the 30 s after: {cpu:.2} cores (without an outage: {:.2})",
+            "robots restarted per round {:?}, slots moved {:?}; from the server's first write after its return until every slot was renewed or claimed again: {}; until every robot checkpointed again (each steps every 10 s): {}; server CPU in the 30 s after: {cpu:.2} cores (without an outage: {:.2})",
             o.restarted,
             o.moved,
             dist(&mut renewed),
