@@ -92,7 +92,9 @@ fn wall_ms() -> i64 {
 /// instant and the server's clock (`$$NOW`) of the first that lands. A dev server
 /// started again on its data answers `hello` about 2 s before it takes a write (its
 /// storage's recovery), and a renewal is a write: the resume is timed from here.
-async fn first_write(uri: &str, database: &str) -> (Instant, i64) {
+/// The client whose write landed comes back too: made after the return, it reads
+/// at once, where an older one first waits for its monitor to find the server.
+async fn first_write(uri: &str, database: &str) -> (Instant, i64, mongodb::Client) {
     let limit = Instant::now() + Duration::from_secs(60);
     let sep = if uri.contains('?') { '&' } else { '?' };
     let quick = format!("{uri}{sep}serverSelectionTimeoutMS=200&connectTimeoutMS=200");
@@ -109,7 +111,7 @@ async fn first_write(uri: &str, database: &str) -> (Instant, i64) {
                 let at = d
                     .get_datetime("at")
                     .map_or_else(|_| wall_ms(), |t| t.timestamp_millis());
-                return (Instant::now(), at);
+                return (Instant::now(), at, client);
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -117,22 +119,25 @@ async fn first_write(uri: &str, database: &str) -> (Instant, i64) {
     panic!("the dev server took no write within 60 s of its start");
 }
 
-/// Each slot's first lease stamp after `kill_ms` (server clock), read every 20 ms
-/// until every slot has one or `limit` passed. A renewal comes a tick after the
-/// last, so reading this often sees each slot's first one after the return.
+/// Each slot's first lease stamp after `kill_ms` (server clock), read through
+/// `slots` every 20 ms until every slot has one or `limit` passed. A renewal comes a
+/// tick after the last, so reading this often, from the server's return on, sees
+/// each slot's first one after it.
 async fn first_stamps_after(
-    db: &TestDb,
+    slots: &mongodb::Collection<bson::Document>,
     kill_ms: i64,
-    slots: usize,
+    count: usize,
     limit: Duration,
 ) -> BTreeMap<String, i64> {
     let deadline = Instant::now() + limit;
     let mut first = BTreeMap::new();
-    while first.len() < slots && Instant::now() < deadline {
-        for s in db.slots().await {
-            if let (Ok(id), Ok(t)) = (s.get_str("_id"), s.get_datetime("time")) {
-                if t.timestamp_millis() > kill_ms {
-                    first.entry(id.to_string()).or_insert(t.timestamp_millis());
+    while first.len() < count && Instant::now() < deadline {
+        if let Ok(mut c) = slots.find(doc! {}).await {
+            while let Ok(Some(s)) = c.try_next().await {
+                if let (Ok(id), Ok(t)) = (s.get_str("_id"), s.get_datetime("time")) {
+                    if t.timestamp_millis() > kill_ms {
+                        first.entry(id.to_string()).or_insert(t.timestamp_millis());
+                    }
                 }
             }
         }
@@ -225,12 +230,13 @@ async fn rounds(
         }
         tokio::time::sleep(down).await;
         let starting = tokio::task::spawn_blocking(|| dev_server("start"));
-        let (back, back_ms) = first_write(&db.uri, &db.name).await;
+        let (back, back_ms, fresh) = first_write(&db.uri, &db.name).await;
+        let limit = Duration::from_secs(120);
+        let stamps = fresh.database(&db.name).collection("slots");
+        let first = first_stamps_after(&stamps, kill_ms, slots as usize, limit).await;
         starting.await.expect("the dev server's start");
         // The bench's own client finds the server again (it asks until answered).
         server_ms(&db).await;
-        let limit = Duration::from_secs(120);
-        let first = first_stamps_after(&db, kill_ms, slots as usize, limit).await;
         o.all_renewed.push(match first.values().max() {
             Some(last) if first.len() == slots as usize => (last - back_ms) as f64,
             _ => limit.as_secs_f64() * 1000.0,
