@@ -14,6 +14,10 @@ use bson::Document;
 use common::proxy::{Mode, Proxy};
 use common::{invariants, owner, stubborn_robot, stubborn_steps, wait_for, TestDb, WorkerProc};
 
+/// Two cases at a time, each pool on a server or a proxy of its own, whatever the
+/// machine's cores: more at once would share its timing past what the cases allow.
+static TWO_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
 /// What must not change through an outage: each slot's holder and epoch, and each
 /// robot's generation.
 #[derive(Debug, PartialEq)]
@@ -113,6 +117,7 @@ async fn server_down_for(down: Duration) {
 /// [`server_down_for`], the server started again with `env` (libfaketime's, for a
 /// new primary whose clock differs).
 async fn server_back_after(down: Duration, env: &[(&str, &str)]) {
+    let _turn = TWO_AT_A_TIME.acquire().await.expect("open");
     let server = common::PrivateServer::start("outage_kill");
     let db = TestDb::new_on(&server.uri, "outage_kill").await;
     let w = pool(&db, None).await;
@@ -210,6 +215,7 @@ async fn a_30_s_outage_of_the_database_restarts_nothing() {
 /// Every worker's link blackholed for `down` (bytes held, connections open), then
 /// passed again: the same as the server's kill, nothing restarts or moves.
 async fn every_link_blackholed_for(down: Duration) {
+    let _turn = TWO_AT_A_TIME.acquire().await.expect("open");
     let db = TestDb::new("outage_blackhole").await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
     let _w = pool(&db, Some(&proxy)).await;
@@ -248,6 +254,7 @@ async fn every_link_blackholed_for_30_s_restarts_nothing() {
 /// exactly as without suspension, and nothing runs twice.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outage_longer_than_suspend_for_stops_the_robots_as_before() {
+    let _turn = TWO_AT_A_TIME.acquire().await.expect("open");
     let server = common::PrivateServer::start("outage_expired");
     let db = TestDb::new_on(&server.uri, "outage_expired").await;
     db.init(1).await;
@@ -288,6 +295,7 @@ enum Cut {
 /// as ever. The old holder's frozen robot is killed when the holder learns, and
 /// never steps again: every step its pid wrote came before the standby's claim.
 async fn lose_alone(cut: Cut, label: &str) {
+    let _turn = TWO_AT_A_TIME.acquire().await.expect("open");
     let db = TestDb::new(label).await;
     db.init(1).await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
@@ -377,6 +385,7 @@ async fn a_holder_frozen_with_its_robots_for_6_s_loses_its_slot_and_they_never_s
 /// the robots, with no restart.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
+    let _turn = TWO_AT_A_TIME.acquire().await.expect("open");
     let db = TestDb::new("outage_lost_answer").await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
     let w = pool(&db, Some(&proxy)).await;
@@ -423,6 +432,7 @@ async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
 /// one record, and no firing starts twice.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_scheduled_run_in_flight_across_an_outage_finishes_once() {
+    let _turn = TWO_AT_A_TIME.acquire().await.expect("open");
     let server = common::PrivateServer::start("outage_sched");
     let db = TestDb::new_on(&server.uri, "outage_sched").await;
     db.init(1).await;

@@ -3,9 +3,9 @@
 //! looks to the pool. Measured with the default suspension, with `--suspend-for 0`
 //! (the stop at the deadline), and, given `SLOTPOOL_BENCH_BASELINE_BIN` (a release
 //! build of the commit before suspension), with that build's workers: robots
-//! restarted, slots moved, how long from the server's first answer until every
-//! holder renewed and every robot checkpointed again, and the server's CPU after its
-//! return against the same window without an outage.
+//! restarted, slots moved, how long from the server's first write after its return
+//! until every holder renewed and every robot checkpointed again, and the server's
+//! CPU after its return against the same window without an outage.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -104,7 +104,12 @@ async fn first_write(uri: &str, database: &str) -> (Instant, i64, mongodb::Clien
                 .database(database)
                 .collection::<bson::Document>("bench_probe");
             let write = probe
-                .find_one_and_update(doc! {"_id": "return"}, vec![doc! {"$set": {"at": "$$NOW"}}])
+                .find_one_and_update(
+                    doc! {"_id": "return"},
+                    // A probe held by the recovering server and given up on may
+                    // land before a later one: the earliest stamp stays.
+                    vec![doc! {"$set": {"at": {"$ifNull": ["$at", "$$NOW"]}}}],
+                )
                 .upsert(true)
                 .return_document(mongodb::options::ReturnDocument::After);
             if let Ok(Ok(Some(d))) = tokio::time::timeout(Duration::from_millis(300), write).await {
@@ -223,11 +228,20 @@ async fn rounds(
     for _ in 0..rounds {
         let (slots_before, gens_before) = held(&db).await;
         let pid = server_pid()?;
-        let kill_ms = server_ms(&db).await;
+        // The last round's probe goes: the next return stamps a new one.
+        db.store
+            .db()
+            .collection::<bson::Document>("bench_probe")
+            .delete_many(doc! {})
+            .await
+            .expect("remove the probe");
         // SAFETY: kill(2) on the bench's own dev server.
         unsafe {
             libc::kill(pid, libc::SIGKILL);
         }
+        // The server's clock is this machine's: nothing it stamps after this instant
+        // was written before the kill.
+        let kill_ms = wall_ms();
         tokio::time::sleep(down).await;
         let starting = tokio::task::spawn_blocking(|| dev_server("start"));
         let (back, back_ms, fresh) = first_write(&db.uri, &db.name).await;
@@ -242,10 +256,7 @@ async fn rounds(
             _ => limit.as_secs_f64() * 1000.0,
         });
         loop {
-            if oldest_checkpoint_ms(&db)
-                .await
-                .is_some_and(|t| t >= back_ms)
-            {
+            if oldest_checkpoint_ms(&db).await.is_some_and(|t| t > kill_ms) {
                 break;
             }
             if back.elapsed() > limit {

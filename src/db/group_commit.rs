@@ -296,7 +296,9 @@ async fn send_together(
 /// by `_id`. Read at majority: a token only the primary holds can still be rolled
 /// back by a failover, and counting its write as landed would lose the checkpoint.
 /// One a majority does not hold yet reads as not landed, and is sent again under its
-/// own condition, which matches nothing if the first one stays.
+/// own condition, which matches nothing if the first one stays. Under a weaker write
+/// concern (`--unsafe-write-concern`) an answered write may not be in the majority's
+/// snapshot yet, and reading there would call it fenced: read what the primary holds.
 async fn read_tokens(
     robots: &Collection<Document>,
     statements: &[Statement],
@@ -305,7 +307,7 @@ async fn read_tokens(
     let mut cursor = robots
         .find(doc! {"_id": {"$in": &ids}})
         .projection(doc! {WRITE_ID: 1})
-        .read_concern(mongodb::options::ReadConcern::majority())
+        .read_concern(read_back_concern(robots.write_concern()))
         .await?;
     let mut now: HashMap<ObjectId, Document> = HashMap::new();
     while let Some(d) = cursor.try_next().await? {
@@ -314,6 +316,18 @@ async fn read_tokens(
         }
     }
     Ok(now)
+}
+
+/// The read concern of a read-back after writes sent with `written`: majority when
+/// they were acknowledged by a majority, else the primary's own (`local`).
+fn read_back_concern(
+    written: Option<&mongodb::options::WriteConcern>,
+) -> mongodb::options::ReadConcern {
+    use mongodb::options::{Acknowledgment, ReadConcern};
+    match written.and_then(|w| w.w.as_ref()) {
+        Some(Acknowledgment::Majority) => ReadConcern::majority(),
+        _ => ReadConcern::local(),
+    }
 }
 
 /// Whether the write stamped `token` is the one `doc` shows. A robot writes again only
@@ -664,6 +678,18 @@ pub(crate) async fn while_open<F: std::future::Future>(
 mod tests {
     use super::*;
     use crate::clock::MonotonicClock;
+
+    #[test]
+    fn a_read_back_reads_what_the_writes_were_acknowledged_by() {
+        use mongodb::options::{Acknowledgment, ReadConcern, WriteConcern};
+        let majority = crate::db::write_concern::majority();
+        assert_eq!(read_back_concern(Some(&majority)), ReadConcern::majority());
+        // Under --unsafe-write-concern an answered write may not be in the
+        // majority's snapshot yet: reading there would call it fenced.
+        let one = WriteConcern::builder().w(Acknowledgment::Nodes(1)).build();
+        assert_eq!(read_back_concern(Some(&one)), ReadConcern::local());
+        assert_eq!(read_back_concern(None), ReadConcern::local());
+    }
 
     #[test]
     fn each_form_of_update_stamps_the_write_id_beside_its_own_changes() {

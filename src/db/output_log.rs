@@ -168,6 +168,9 @@ async fn send(
     statements: Vec<Document>,
 ) -> Result<(), mongodb::error::Error> {
     let db: Database = outputs.client().database(&outputs.namespace().db);
+    // A chunk a majority did not take is reported once every chunk went: the rest
+    // are sent all the same.
+    let mut undurable = None;
     for chunk in statements.chunks(crate::db::group_commit::MAX_STATEMENTS) {
         // Unordered: a fenced instance's statement (its upsert collides with a newer
         // instance's document) fails alone.
@@ -182,10 +185,10 @@ async fn send(
             ))
             .await?;
         if let Some(e) = crate::db::store::write_concern_failure(&reply) {
-            return Err(e);
+            undurable.get_or_insert(e);
         }
     }
-    Ok(())
+    undurable.map_or(Ok(()), Err)
 }
 
 /// Removes kept output whose robot no longer exists (left by versions that

@@ -344,8 +344,8 @@ async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationTok
             );
         }
         let sent = cx.clock.now();
-        let give_up = (sent + cx.timing.tick).min(until);
         let client = cx.protocol.client_generation();
+        let give_up = (sent + cx.timing.tick).min(until);
         let reply = tokio::select! {
             _ = release.cancelled() => return stopped(),
             r = cx.protocol.late_renewal(lease) => Some(r),
