@@ -362,7 +362,7 @@ impl Store {
 
     /// Which client this store's clones share now: a number that moves each time
     /// it is replaced.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.conn.read().expect("store lock").generation
     }
 
@@ -375,7 +375,11 @@ impl Store {
     /// took the slot. A new client has no queue. `outages` is the worker's count
     /// now, so that [`Store::reopen_after`] does not replace it again at the resume.
     /// True when it was replaced.
-    pub fn reopen_unless_replaced(&self, seen: u64, outages: u64) -> Result<bool, StoreError> {
+    pub(crate) fn reopen_unless_replaced(
+        &self,
+        seen: u64,
+        outages: u64,
+    ) -> Result<bool, StoreError> {
         if self.generation() != seen {
             return Ok(false);
         }
