@@ -103,6 +103,7 @@ async fn main() -> anyhow::Result<()> {
         max_slots: None,
         overflow_after: timing.lease(),
         watchers: 3,
+        load: Default::default(),
     };
     let mut registry = Registry::builtin();
     registry.register(Greeter);

@@ -24,6 +24,8 @@ pub(crate) mod config;
 #[doc(hidden)]
 pub mod db;
 #[doc(hidden)]
+pub mod load;
+#[doc(hidden)]
 pub mod metrics;
 #[doc(hidden)]
 pub mod pool;
@@ -44,7 +46,8 @@ pub use config::{ConfigError, Identity, LeaseTiming};
 pub use db::heartbeat::{BeatError, Predecessor};
 pub use db::lease::{Lease, LeaseError, LeaseProtocol};
 pub use db::store::{SlotDoc, Store};
+pub use load::LoadWeights;
 pub use robot::policy::ExecPolicy;
 pub use robot::shim::run_if_requested;
 pub use robot::{Registry, RobotError, RobotKind, RobotRun};
-pub use worker::{Worker, WorkerError, WorkerSettings};
+pub use worker::{LoadSettings, Worker, WorkerError, WorkerSettings};

@@ -154,6 +154,8 @@ metrics! {
     firings_lost: Counter = "firings_lost", "runs found in flight under a lease that ended (then retried or skipped, as on_lost says)";
     firing_lateness: Lateness = "firing_lateness_seconds", "from a firing's time to its run's start, on the server's clock as the holder estimates it";
     robots_running: Gauge = "robots_running", "robots running on this worker";
+    load_score: Gauge<f64, AtomicU64> = "worker_load_score", "this worker's load score, 0 (idle) to 100 (full): its parts weighed by --load-weights";
+    load_parts: Family<LoadPartLabels, Gauge<f64, AtomicU64>> = "worker_load_part", "the load score's parts as shares of the worker's allowance, 0 to 1: cpu (over the last minute, of the cgroup's quota or the host's cores), executors (robots of --capacity), memory (of the cgroup's limit or the host's memory)";
     robots_restarting: Gauge = "robots_restarting", "robots waiting in restart backoff";
     robot_write_limit: Gauge = "robot_write_limit", "robot writes allowed in flight, paced by renewal latency (0 when holding no slot)";
     renew_latency: Latency = "renew_latency_seconds", "round trip of lease renewals";
@@ -193,6 +195,12 @@ impl SuspensionOutcome {
     }
 }
 
+/// The label of [`Metrics::load_parts`]: `cpu`, `executors` or `memory`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoadPartLabels {
+    pub part: &'static str,
+}
+
 /// The label of [`Metrics::suspensions`].
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SuspensionLabels {
@@ -205,6 +213,20 @@ impl Metrics {
         self.suspensions
             .get_or_create(&SuspensionLabels { outcome })
             .inc();
+    }
+
+    /// Shows a measured load.
+    pub(crate) fn load_measured(&self, l: &crate::load::Load) {
+        self.load_score.set(l.score());
+        for (part, v) in [
+            ("cpu", l.cpu),
+            ("executors", l.executors),
+            ("memory", l.memory),
+        ] {
+            self.load_parts
+                .get_or_create(&LoadPartLabels { part })
+                .set(v);
+        }
     }
 
     /// The OpenMetrics text page ([`CONTENT_TYPE`]).

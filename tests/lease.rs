@@ -508,6 +508,7 @@ async fn the_worker_loop_keeps_time_by_its_clock() {
         max_slots: None,
         overflow_after: timing().lease(),
         watchers: 2,
+        load: Default::default(),
     };
     let worker = Worker::with_clock(
         settings,

@@ -7,7 +7,10 @@ use serde::Serialize;
 use super::output::{age, print_json, print_table, text};
 use crate::db::field::SLOT_ID;
 use crate::db::store::Store;
-use crate::pool::view::{live_workers, slot_rows, SlotRow, SlotState, SlotView};
+use crate::pool::view::{
+    live_workers, shown_cpu, shown_heaviest, shown_score, slot_rows, SlotRow, SlotState, SlotView,
+};
+use std::collections::HashMap;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SlotsCommand {
@@ -54,10 +57,14 @@ struct ListedSlot {
     lease_ms: Option<i64>,
     robots: i64,
     draining: bool,
+    /// Its holder's load score.
+    holder_load: Option<f64>,
+    /// What its running robots cost, as its holder last recorded it.
+    cost: Option<crate::load::SlotCost>,
 }
 
 impl ListedSlot {
-    fn of(r: &SlotRow) -> ListedSlot {
+    fn of(r: &SlotRow, loads: &HashMap<String, crate::load::Load>) -> ListedSlot {
         ListedSlot {
             id: r.slot.id.clone(),
             owner: SlotView::of(r).holder,
@@ -68,8 +75,18 @@ impl ListedSlot {
             lease_ms: r.slot.lease_ms,
             robots: r.slot.robot_count,
             draining: r.slot.draining,
+            holder_load: holder_load(r, loads).map(|l| l.score()),
+            cost: r.slot.cost.clone(),
         }
     }
+}
+
+/// A slot's holder's load, from its heartbeat.
+fn holder_load(
+    r: &SlotRow,
+    loads: &HashMap<String, crate::load::Load>,
+) -> Option<crate::load::Load> {
+    SlotView::of(r).holder.and_then(|h| loads.get(&h).copied())
 }
 
 /// `slots list --json`.
@@ -83,13 +100,14 @@ struct SlotList {
 async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let rows = slot_rows(store).await?;
     let workers = live_workers(store).await?;
+    let loads = crate::pool::view::loads(&workers);
     let standbys: Vec<String> = workers
         .iter()
         .filter(|w| text(w, SLOT_ID).is_none())
         .filter_map(|w| text(w, "_id"))
         .collect();
     if as_json {
-        let slots = rows.iter().map(ListedSlot::of).collect();
+        let slots = rows.iter().map(|r| ListedSlot::of(r, &loads)).collect();
         print_json(&SlotList { slots, standbys });
         return Ok(());
     }
@@ -107,11 +125,24 @@ async fn list(store: &Store, as_json: bool) -> anyhow::Result<()> {
                 r.slot.epoch.map_or("-".into(), |e| e.to_string()),
                 age(r.lease_age_ms),
                 r.slot.robot_count.to_string(),
+                shown_score(holder_load(r, &loads).as_ref()),
+                shown_cpu(r.slot.cost.as_ref()),
+                shown_heaviest(r.slot.cost.as_ref()),
             ]
         })
         .collect();
     print_table(
-        &["SLOT", "STATE", "OWNER", "EPOCH", "LEASE AGE", "ROBOTS"],
+        &[
+            "SLOT",
+            "STATE",
+            "OWNER",
+            "EPOCH",
+            "LEASE AGE",
+            "ROBOTS",
+            "LOAD",
+            "CPU",
+            "HEAVIEST",
+        ],
         &table,
     );
     say!(
@@ -171,7 +202,7 @@ mod tests {
             state: SlotState::Held,
         };
         let v = serde_json::to_value(SlotList {
-            slots: vec![ListedSlot::of(&row)],
+            slots: vec![ListedSlot::of(&row, &HashMap::new())],
             standbys: vec!["w:2".into()],
         })
         .unwrap();
@@ -183,8 +214,10 @@ mod tests {
         assert_eq!(
             keys,
             [
+                "cost",
                 "draining",
                 "epoch",
+                "holder_load",
                 "id",
                 "lease_age_ms",
                 "lease_ms",

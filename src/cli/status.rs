@@ -118,6 +118,8 @@ struct Status {
     /// Why robots are not running, each reason with how many.
     not_running_why: BTreeMap<String, i64>,
     failures_absorbable: usize,
+    /// Each live worker's load score and parts, from its heartbeat.
+    loads: BTreeMap<String, crate::load::LoadInfo>,
 }
 
 #[derive(Debug, Serialize)]
@@ -130,12 +132,22 @@ struct StatusSlot {
     lease_age_ms: Option<i64>,
     /// Robots bound to it, counted.
     robots: i64,
+    /// Its holder's load score.
+    holder_load: Option<f64>,
+    /// What its running robots cost, as its holder last recorded it.
+    cost: Option<crate::load::SlotCost>,
 }
 
 async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
     let slots = slot_rows(store).await?;
     let workers = live_workers(store).await?;
     let counts = count_robots(store, &slots).await?;
+    let loads = state::loads(&workers);
+    let holder_load = |s: &SlotRow| {
+        state::SlotView::of(s)
+            .holder
+            .and_then(|h| loads.get(&h).copied())
+    };
     let standbys: Vec<String> = workers
         .iter()
         .filter_map(|w| text(w, "_id").map(|id| (w, id)))
@@ -166,8 +178,11 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
                     epoch: s.slot.epoch,
                     lease_age_ms: s.lease_age_ms,
                     robots: counts.per_slot.get(&s.slot.id).copied().unwrap_or(0),
+                    holder_load: holder_load(s).map(|l| l.score()),
+                    cost: s.slot.cost.clone(),
                 })
                 .collect(),
+            loads: loads.iter().map(|(w, l)| (w.clone(), l.into())).collect(),
             held,
             unheld: claimable,
             standbys,
@@ -195,11 +210,22 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
                     .copied()
                     .unwrap_or(0)
                     .to_string(),
+                state::shown_score(holder_load(s).as_ref()),
+                state::shown_cpu(s.slot.cost.as_ref()),
             ]
         })
         .collect();
     print_table(
-        &["SLOT", "STATE", "HOLDER", "EPOCH", "LEASE AGE", "ROBOTS"],
+        &[
+            "SLOT",
+            "STATE",
+            "HOLDER",
+            "EPOCH",
+            "LEASE AGE",
+            "ROBOTS",
+            "LOAD",
+            "CPU",
+        ],
         &rows,
     );
     let by: Vec<String> = counts
@@ -241,6 +267,18 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
             format!(" ({})", standbys.join(", "))
         }
     );
+    if !loads.is_empty() {
+        let mut by_score: Vec<(&String, &crate::load::Load)> = loads.iter().collect();
+        by_score.sort_by(|a, b| a.1.score().total_cmp(&b.1.score()).then(a.0.cmp(b.0)));
+        let shown: Vec<String> = by_score
+            .iter()
+            .map(|(w, l)| format!("{w} {:.1}", l.score()))
+            .collect();
+        say!(
+            "load:     {} (idlest first; 0 idle, 100 full)",
+            shown.join(", ")
+        );
+    }
     say!(
         "can absorb {absorb} holder failure(s) now with a standby{}",
         if absorb == 0 {
@@ -267,6 +305,8 @@ mod tests {
                 epoch: Some(2),
                 lease_age_ms: Some(3000),
                 robots: 4,
+                holder_load: None,
+                cost: None,
             }],
             held: 0,
             unheld: 1,
@@ -277,6 +317,7 @@ mod tests {
             robots_not_running: 4,
             not_running_why: [("waiting: no live worker holds slot-001".to_string(), 4)].into(),
             failures_absorbable: 0,
+            loads: BTreeMap::new(),
         })
         .unwrap();
         let mut top: Vec<&String> = v.as_object().unwrap().keys().collect();
@@ -286,6 +327,7 @@ mod tests {
             [
                 "failures_absorbable",
                 "held",
+                "loads",
                 "not_running_why",
                 "robots",
                 "robots_by_state",
@@ -300,7 +342,16 @@ mod tests {
         slot.sort();
         assert_eq!(
             slot,
-            ["epoch", "id", "lease_age_ms", "owner", "robots", "state"]
+            [
+                "cost",
+                "epoch",
+                "holder_load",
+                "id",
+                "lease_age_ms",
+                "owner",
+                "robots",
+                "state"
+            ]
         );
         assert_eq!(v["slots"][0]["state"], "expired");
         assert_eq!(v["robots_by_state"]["waiting"], 4);

@@ -72,6 +72,21 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "SLOTPOOL_WATCHERS", default_value_t = crate::worker::standby_line::FRONT, value_parser = parse_watchers, allow_hyphen_values = true)]
     watchers: u64,
 
+    /// How many robots this worker runs before the executors' part of its load score
+    /// is full. The score (0 idle to 100 full) rides on every heartbeat and sends new
+    /// robots, the standbys' line and `rebalance --by load` to the idlest worker.
+    /// Set it to what one worker should carry; the default suits a pool of workers
+    /// alike, which is then ranked mostly by CPU.
+    #[arg(long, env = "SLOTPOOL_CAPACITY", default_value_t = crate::load::DEFAULT_CAPACITY, value_parser = parse_capacity)]
+    capacity: u64,
+
+    /// The weights of the load score's parts, CPU,EXECUTORS,MEMORY: CPU used over the
+    /// last minute against the cgroup's quota or the host's cores, robots run against
+    /// --capacity, and memory used against the cgroup's limit or the host's memory.
+    /// The default is Keeper's. Every worker should use the same weights.
+    #[arg(long, env = "SLOTPOOL_LOAD_WEIGHTS", default_value = "64,32,4", value_parser = parse_load_weights)]
+    load_weights: crate::load::LoadWeights,
+
     /// Commands `exec` robots may run (repeat, or comma-separate). An entry ending in
     /// `/` allows every command under that directory; any other entry allows exactly
     /// that command. Paths must be absolute (a relative one is refused: it would
@@ -159,6 +174,20 @@ pub(crate) struct WorkerArgs {
 }
 
 fn parse_identity(s: &str) -> Result<Identity, ConfigError> {
+    s.parse()
+}
+
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if (1..=10_000_000).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?}: --capacity takes a whole number of robots from 1 to 10000000 (default {})",
+            crate::load::DEFAULT_CAPACITY
+        )),
+    }
+}
+
+fn parse_load_weights(s: &str) -> Result<crate::load::LoadWeights, String> {
     s.parse()
 }
 
@@ -300,6 +329,7 @@ pub(crate) async fn run(
     tracing::info!(
         worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(), write_concern = %store.write_concern(),
         lease_ms = timing.lease_ms(), max_slots = ?args.max_slots, watchers = args.watchers,
+        capacity = args.capacity, load_weights = %args.load_weights,
         release_poll_ms = release_poll.map_or(0, |p| p.as_millis() as u64),
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,
         stop_grace_ms = timing.stop_grace.as_millis() as u64, exec_allow = %exec_policy.describe(),
@@ -315,6 +345,10 @@ pub(crate) async fn run(
         max_slots: args.max_slots,
         overflow_after: args.overflow_after.unwrap_or(timing.lease()),
         watchers: args.watchers,
+        load: crate::worker::LoadSettings {
+            weights: args.load_weights,
+            capacity: args.capacity,
+        },
     };
     let worker = Worker::new(settings, store, Registry::builtin_with(exec_policy));
     let shutdown = worker.shutdown_token();

@@ -146,3 +146,11 @@ pub(crate) const BY: &str = "by";
 pub(crate) const ACTOR: &str = "actor";
 /// The address a web action came from.
 pub(crate) const FROM: &str = "from";
+
+// Load (see crate::load).
+/// A worker's load in its heartbeat: `{score, cpu, executors, memory, robots,
+/// capacity, cores, memory_bytes, weights}`.
+pub(crate) const LOAD: &str = "load";
+/// A held slot's measured cost, written with a renewal: `{robots, millicores,
+/// memory_bytes, top: [{name, millicores, memory_bytes}], at}`.
+pub(crate) const COST: &str = "cost";

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::clock::ServerClock;
 use crate::db::field::{
-    ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, MAX_SLOTS, NETNS, ROOM,
-    SETTLES_AT_MS, SLOTS, SLOT_ID, TICK_MS, VERSION,
+    ALIVE_UNTIL_MS, BEAT_MS, EPOCH, EXPIRE_AT, HELD, INSTANCE, LAST_SEEN, LOAD, MAX_SLOTS, NETNS,
+    ROOM, SETTLES_AT_MS, SLOTS, SLOT_ID, TICK_MS, VERSION,
 };
 use crate::db::store::{int, Store};
 use crate::db::words::words;
@@ -194,6 +194,8 @@ pub(crate) struct Beat<'a> {
     /// How long after this beat the worker still leaves slots vacant since before
     /// it began (its first-lease hold): zero once settled.
     pub(crate) settles_in: Duration,
+    /// Its load as last measured (none before the first measurement).
+    pub(crate) load: Option<crate::load::Load>,
 }
 
 /// A live worker as its heartbeat says.
@@ -269,6 +271,7 @@ fn heartbeat_update(beat: &Beat<'_>) -> Vec<Document> {
         SETTLES_AT_MS: {"$add": [{"$toLong": "$$NOW"}, beat.settles_in.as_millis() as i64]},
         EXPIRE_AT: {"$add": ["$$NOW", forgotten_after(every).as_millis() as i64]},
         VERSION: env!("CARGO_PKG_VERSION"),
+        LOAD: {"$literal": beat.load.as_ref().map_or(Bson::Null, |l| Bson::Document(crate::db::load::load_doc(l)))},
     }}]
 }
 
@@ -579,6 +582,7 @@ mod tests {
             tick: T,
             pace: BEAT,
             settles_in: Duration::ZERO,
+            load: None,
         };
         assert!(beat(None).room());
         assert!(beat(Some(2)).room());

@@ -429,6 +429,17 @@ impl LeaseProtocol {
     /// after the deadline (a paused process) does not count: the robots were due to be
     /// stopped, so the lease is fenced anyway.
     pub async fn renew(&self, lease: &mut Lease) -> Result<Renewed, LeaseError> {
+        self.renew_reporting(lease, None).await
+    }
+
+    /// [`LeaseProtocol::renew`], recording the slot's measured cost with it when
+    /// given (see [`crate::db::load::cost_set`]): the renewal is a write the holder
+    /// sends anyway, so the cost costs no request.
+    pub(crate) async fn renew_reporting(
+        &self,
+        lease: &mut Lease,
+        cost: Option<&crate::load::SlotCost>,
+    ) -> Result<Renewed, LeaseError> {
         let fenced = |lease: &mut Lease| {
             lease.fenced = true;
             LeaseError::SelfFenced {
@@ -440,7 +451,7 @@ impl LeaseProtocol {
         if lease.fenced || sent >= lease.deadline {
             return Err(fenced(lease));
         }
-        let request = self.renew_once(lease.slot_id.clone(), lease.epoch, lease.rev);
+        let request = self.renew_once(lease.slot_id.clone(), lease.epoch, lease.rev, cost);
         let reply = tokio::time::timeout(lease.deadline - sent, request).await;
         if self.clock.now() >= lease.deadline {
             return Err(fenced(lease));
@@ -475,7 +486,7 @@ impl LeaseProtocol {
         lease: &Lease,
     ) -> impl std::future::Future<Output = Result<Option<Renewed>, mongodb::error::Error>> + Send + '_
     {
-        self.renew_once(lease.slot_id.clone(), lease.epoch, lease.rev)
+        self.renew_once(lease.slot_id.clone(), lease.epoch, lease.rev, None)
     }
 
     /// What the answer to a [`LeaseProtocol::late_renewal`] sent at `sent` means.
@@ -526,9 +537,14 @@ impl LeaseProtocol {
         slot: String,
         epoch: i64,
         rev: i64,
+        cost: Option<&crate::load::SlotCost>,
     ) -> Result<Option<Renewed>, mongodb::error::Error> {
         let ours = doc! {"_id": &slot, OWNER: &self.owner, EPOCH: epoch};
-        let renew = vec![doc! {"$set": {TIME: "$$NOW", EXPIRES_MS: self.expires_ms()}}];
+        let mut set = doc! {TIME: "$$NOW", EXPIRES_MS: self.expires_ms()};
+        if let Some(c) = cost {
+            set.insert(crate::db::field::COST, crate::db::load::cost_set(c));
+        }
+        let renew = vec![doc! {"$set": set}];
         let mut unchanged = ours.clone();
         unchanged.insert(REV, rev);
         unchanged.insert(DRAINING, doc! {"$ne": true});

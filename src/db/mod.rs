@@ -12,6 +12,7 @@ pub mod guard;
 pub(crate) mod heartbeat;
 pub mod lease;
 pub(crate) mod listing;
+pub(crate) mod load;
 pub mod output_log;
 pub mod pacing;
 pub(crate) mod placement;

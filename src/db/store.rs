@@ -158,6 +158,8 @@ pub struct SlotDoc {
     pub robot_count: i64,
     /// True only when `draining` is `true`.
     pub draining: bool,
+    /// Its robots' measured cost, as its holder last recorded it on a renewal.
+    pub cost: Option<crate::load::SlotCost>,
 }
 
 impl SlotDoc {
@@ -171,6 +173,7 @@ impl SlotDoc {
             suspend_ms: int(d, SUSPEND_MS),
             robot_count: int(d, ROBOT_COUNT).unwrap_or(0),
             draining: matches!(d.get(DRAINING), Some(Bson::Boolean(true))),
+            cost: crate::db::load::cost_of(d),
         }
     }
 }

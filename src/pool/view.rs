@@ -137,6 +137,43 @@ pub(crate) async fn live_workers(store: &Store) -> Result<Vec<Document>, mongodb
     crate::db::heartbeat::live_workers(store).await
 }
 
+/// Each live worker's load, from its heartbeat (workers of an older version, or
+/// whose `load` makes no sense, have none).
+pub(crate) fn loads(workers: &[Document]) -> HashMap<String, crate::load::Load> {
+    workers
+        .iter()
+        .filter_map(|w| {
+            let id = w.get_str("_id").ok()?;
+            Some((id.to_string(), crate::db::load::load_of(w)?))
+        })
+        .collect()
+}
+
+/// A load score as the CLI prints it: `12.5`, or `-` when unknown.
+pub(crate) fn shown_score(l: Option<&crate::load::Load>) -> String {
+    l.map_or("-".into(), |l| format!("{:.1}", l.score()))
+}
+
+/// A slot's measured CPU as the CLI prints it, in cores: `0.95`, or `-`.
+pub(crate) fn shown_cpu(c: Option<&crate::load::SlotCost>) -> String {
+    c.map_or("-".into(), |c| {
+        format!("{:.2}", c.total.millicores as f64 / 1000.0)
+    })
+}
+
+/// A slot's heaviest robots as the CLI prints them: `hog 0.95, other 0.01`.
+pub(crate) fn shown_heaviest(c: Option<&crate::load::SlotCost>) -> String {
+    match c {
+        Some(c) if !c.top.is_empty() => c
+            .top
+            .iter()
+            .map(|r| format!("{} {:.2}", r.name, r.millicores as f64 / 1000.0))
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "-".into(),
+    }
+}
+
 /// A live worker's role: the one rule the CLI and the dashboard share.
 ///
 /// - `holder`: a live lease names it, whatever its own document says (a killed
@@ -405,6 +442,7 @@ mod tests {
             suspend_ms: Some(60_000),
             robot_count: 2,
             draining: false,
+            cost: None,
         };
         assert_eq!(judge_slot(&doc, true, Some(2000)), SlotState::Held);
         assert_eq!(judge_slot(&doc, true, Some(2001)), SlotState::Suspended);

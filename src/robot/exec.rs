@@ -372,6 +372,9 @@ impl RobotKind for Exec {
         let mut child = spawned.map_err(|e| {
             RobotError::Crashed(format!("cannot start the robot shim {:?}: {e}", self.shim))
         })?;
+        if let (Some(meter), Some(pid)) = (&run.meter, child.id()) {
+            meter.track_process(pid as i32);
+        }
         let control = std::sync::Arc::new(ShimControl {
             stdin: Mutex::new(child.stdin.take()),
         });

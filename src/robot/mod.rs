@@ -47,6 +47,7 @@ pub(crate) mod counter;
 pub(crate) mod exec;
 pub(crate) mod limits;
 pub(crate) mod line;
+pub(crate) mod meter;
 pub(crate) mod output;
 pub(crate) mod policy;
 pub(crate) mod restart;
@@ -177,6 +178,8 @@ pub struct RobotRun {
     pub attempt: Option<i64>,
     /// For a scheduled robot, what this run's checkpoints leave for the next run.
     pub(crate) left: Option<Arc<std::sync::Mutex<Left>>>,
+    /// Where the run's cost is measured (see [`meter`]): an exec run names its shim.
+    pub(crate) meter: Option<Arc<meter::RobotMeter>>,
 }
 
 /// What a scheduled run's checkpoints left behind, as its instance sees it. Only a

@@ -311,6 +311,7 @@ mod tests {
                 lease_left_ms: Some(1990),
                 robots: 2,
                 draining: false,
+                cost: None,
             }],
             workers: vec![WorkerInfo {
                 id: "10.0.0.5:7700".into(),
@@ -319,6 +320,7 @@ mod tests {
                 held: Some(1),
                 last_seen_ms: Some(100),
                 version: Some("0.1.0".into()),
+                load: None,
             }],
             events: vec![EventInfo {
                 at: None,
@@ -460,11 +462,20 @@ mod tests {
                 "lease_left_ms",
                 "robots",
                 "draining",
+                "cost",
             ])
         );
         assert_eq!(
             keys(&snap.workers[0]),
-            sorted(&["id", "role", "slot", "held", "last_seen_ms", "version"])
+            sorted(&[
+                "id",
+                "role",
+                "slot",
+                "held",
+                "last_seen_ms",
+                "version",
+                "load"
+            ])
         );
         assert_eq!(keys(&snap.events[0]), sorted(&["at", "kind", "fields"]));
         assert_eq!(

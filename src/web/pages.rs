@@ -142,6 +142,7 @@ fn slot_row(slot: &SlotInfo, s: Option<&Session>) -> Markup {
             }
             td.epoch { (slot.epoch.map_or("-".to_string(), |e| e.to_string())) }
             td.robots { (slot.robots) }
+            td.cpu title=(heaviest(slot)) { (slot.cost.as_ref().map_or("-".to_string(), |c| format!("{:.2}", c.total.millicores as f64 / 1000.0))) }
             td.actions {
                 @if let Some(s) = s {
                     @let (action, label) = if slot.draining { ("undrain", "Undrain") } else { ("drain", "Drain") };
@@ -152,6 +153,39 @@ fn slot_row(slot: &SlotInfo, s: Option<&Session>) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// A slot's heaviest robots, for the CPU cell's title.
+fn heaviest(slot: &SlotInfo) -> String {
+    match &slot.cost {
+        Some(c) if !c.top.is_empty() => format!(
+            "heaviest: {}",
+            c.top
+                .iter()
+                .map(|r| format!("{} {:.2} cores", r.name, r.millicores as f64 / 1000.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => "no measured robot".into(),
+    }
+}
+
+/// A worker's load score, with its parts for the cell's title.
+fn load_cell(l: Option<&crate::load::LoadInfo>) -> (String, String) {
+    match l {
+        Some(l) => (
+            format!("{:.1}", l.score),
+            format!(
+                "CPU {:.0}% of {:.2} cores, executors {} of {}, memory {:.0}%",
+                l.cpu * 100.0,
+                l.cores,
+                l.robots,
+                l.capacity,
+                l.memory * 100.0
+            ),
+        ),
+        None => ("-".into(), "no load in its heartbeat".into()),
     }
 }
 
@@ -180,17 +214,19 @@ pub(crate) async fn overview(State(app): State<App>, headers: HeaderMap) -> Resp
             }
         }
         table #slots {
-            thead { tr { th { "Slot" } th { "State" } th { "Holder" } th { "Lease left" } th { "Epoch" } th { "Robots" } th {} } }
+            thead { tr { th { "Slot" } th { "State" } th { "Holder" } th { "Lease left" } th { "Epoch" } th { "Robots" } th title="CPU its robots used over the last minute, in cores" { "CPU" } th {} } }
             tbody { @for slot in &snap.slots { (slot_row(slot, s.as_ref())) } }
         }
         @if snap.slots.is_empty() { p { "No slots yet: run " code { "slotpool init --slots N" } "." } }
         h2 { "Workers" }
         table #workers {
-            thead { tr { th { "Worker" } th { "Role" } th { "Slot" } th { "Slots held" } th { "Last seen" } th { "Version" } } }
+            thead { tr { th { "Worker" } th { "Role" } th { "Slot" } th { "Slots held" } th title="Load score: 0 idle, 100 full" { "Load" } th { "Last seen" } th { "Version" } } }
             tbody {
                 @for w in &snap.workers {
                     tr {
+                        @let (score, parts) = load_cell(w.load.as_ref());
                         td { (w.id) } td { (w.role) } td { (w.slot.as_deref().unwrap_or("-")) } td { (w.held.unwrap_or(0)) }
+                        td.load title=(parts) { (score) }
                         td { (age(w.last_seen_ms)) " ago" } td { (w.version.as_deref().unwrap_or("-")) }
                     }
                 }

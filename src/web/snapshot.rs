@@ -57,6 +57,8 @@ pub(crate) struct SlotInfo {
     /// Robots bound to it (the slot's own count).
     pub(crate) robots: i64,
     pub(crate) draining: bool,
+    /// What its running robots cost, as its holder last recorded it.
+    pub(crate) cost: Option<crate::load::SlotCost>,
 }
 
 /// A live worker.
@@ -73,6 +75,8 @@ pub(crate) struct WorkerInfo {
     pub(crate) held: Option<i64>,
     pub(crate) last_seen_ms: Option<i64>,
     pub(crate) version: Option<String>,
+    /// Its load score and parts, from its last heartbeat.
+    pub(crate) load: Option<crate::load::LoadInfo>,
 }
 
 /// One entry of the `events` log: `at` (RFC 3339, server clock), `kind`, and the
@@ -512,6 +516,7 @@ fn slot_info(r: &SlotRow) -> SlotInfo {
         },
         robots: r.slot.robot_count,
         draining: r.slot.draining,
+        cost: r.slot.cost.clone(),
     }
 }
 
@@ -530,6 +535,7 @@ fn worker_info(d: &Document, slots: &[SlotInfo]) -> WorkerInfo {
         id,
         last_seen_ms: int(d, "seen_ms"),
         version: text(d, "version"),
+        load: crate::db::load::load_of(d).map(|l| (&l).into()),
     }
 }
 
@@ -628,6 +634,7 @@ mod tests {
             lease_left_ms: Some(1900),
             robots: 0,
             draining: false,
+            cost: None,
         }
     }
 
@@ -643,6 +650,7 @@ mod tests {
             held: None,
             last_seen_ms: Some(10),
             version: None,
+            load: None,
         }
     }
 

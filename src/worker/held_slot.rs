@@ -51,6 +51,10 @@ pub(crate) struct HoldContext {
     pub(crate) watchers: u64,
     /// How many forward steps of the server's clock the worker has seen.
     pub(crate) clock_steps: Arc<std::sync::atomic::AtomicU64>,
+    /// Every robot run of the worker, measured for the load and the slots' costs.
+    pub(crate) meters: crate::robot::meter::Meters,
+    /// The latest measured costs: each renewal records its slot's when it changed.
+    pub(crate) load: crate::worker::load_sampler::LoadReading,
 }
 
 /// How a held slot ended.
@@ -147,6 +151,8 @@ async fn hold(
     let mut lost = None;
     // Whether the renewals go at the tick's edges (see RenewalTiming).
     let mut at_edges = false;
+    // The slot's cost as last recorded: a renewal records it again only changed.
+    let mut recorded_cost = None;
     let ended = loop {
         tokio::select! {
             _ = release.cancelled() => break Ended::Released,
@@ -155,8 +161,15 @@ async fn hold(
         let sent = cx.clock.now();
         // The round trip is a measurement of the database, on real time.
         let began = Instant::now();
-        match cx.protocol.renew(&mut lease).await {
+        let cost = cx
+            .load
+            .slot(&lease.slot_id)
+            .filter(|c| recorded_cost.as_ref() != Some(c));
+        match cx.protocol.renew_reporting(&mut lease, cost.as_ref()).await {
             Ok(renewed) => {
+                if cost.is_some() {
+                    recorded_cost = cost;
+                }
                 let latency = began.elapsed();
                 guard.extend(lease.deadline());
                 report(
@@ -657,6 +670,7 @@ fn start_supervisor(
     );
     supervisor.after_claim_recorded(claim_recorded);
     supervisor.follow_clock_steps(cx.clock_steps.clone());
+    supervisor.measure_into(cx.meters.clone());
     let renewals = supervisor.renewal_timing();
     let suspension = supervisor.suspension();
     let (beats, rx) = watch::channel(Renewal {

@@ -14,6 +14,7 @@ pub(crate) mod clock_step;
 pub(crate) mod held_slot;
 pub(crate) mod http;
 pub(crate) mod identity;
+pub(crate) mod load_sampler;
 pub(crate) mod poke;
 pub(crate) mod renewal_timing;
 pub(crate) mod standby_line;
@@ -62,6 +63,26 @@ pub struct WorkerSettings {
     pub overflow_after: Duration,
     /// How many at the front of the line watch every tick (see [`crate::worker::standby_line`]).
     pub watchers: u64,
+    /// How its load score is measured (`--capacity`, `--load-weights`).
+    pub load: LoadSettings,
+}
+
+/// How a worker measures its load score (see [`crate::load`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadSettings {
+    /// The weights of the score's parts (`--load-weights`).
+    pub weights: crate::load::LoadWeights,
+    /// Robots it runs before its executors' part is full (`--capacity`).
+    pub capacity: u64,
+}
+
+impl Default for LoadSettings {
+    fn default() -> Self {
+        LoadSettings {
+            weights: crate::load::LoadWeights::default(),
+            capacity: crate::load::DEFAULT_CAPACITY,
+        }
+    }
 }
 
 /// How a survey goes: where the worker stands, how far it reads, and when the next
@@ -177,6 +198,10 @@ pub struct Worker {
     lease_spare: Arc<std::sync::atomic::AtomicU8>,
     /// When this worker began (see [`claim_policy::may_claim`]).
     born: Instant,
+    /// Every robot run of this worker, for its load and its slots' costs.
+    meters: crate::robot::meter::Meters,
+    /// The latest load and slot costs measured (see [`load_sampler`]).
+    load: load_sampler::LoadReading,
 }
 
 /// The lease pool's spare connection: not opened (or its opening failed), ...
@@ -275,6 +300,8 @@ impl Worker {
             robots_warmed: false,
             lease_spare: Arc::new(std::sync::atomic::AtomicU8::new(SPARE_NONE)),
             born: now,
+            meters: Default::default(),
+            load: Default::default(),
         }
     }
 
@@ -330,6 +357,8 @@ impl Worker {
             line: self.line.clone(),
             watchers: self.settings.watchers,
             clock_steps: self.clock_steps.clone(),
+            meters: self.meters.clone(),
+            load: self.load.clone(),
         }
     }
 
@@ -339,6 +368,17 @@ impl Worker {
     /// identity over later.
     pub async fn run(mut self) -> Result<(), WorkerError> {
         tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, max_slots = ?self.settings.max_slots, "worker started as standby");
+        let sampler = load_sampler::LoadSampler::new(
+            self.settings.load.weights,
+            self.settings.load.capacity,
+            self.meters.clone(),
+        )
+        .spawn(
+            self.load.clone(),
+            self.metrics.clone(),
+            self.status.clone(),
+            self.shutdown.child_token(),
+        );
         self.take_identity().await?;
         // Where it stands, before its first survey: at a pool's cold start, only the
         // front surveys at once (the rest learn of the vacancies from the claimers'
@@ -362,6 +402,7 @@ impl Worker {
             h.join().await;
         }
         self.leave().await;
+        sampler.abort();
         match self.refused.take() {
             Some(e) => Err(WorkerError::IdentityInUse(e)),
             None => Ok(()),
@@ -514,6 +555,7 @@ impl Worker {
             tick: self.tick(),
             pace,
             settles_in: self.settles_in(),
+            load: self.load.load(),
         };
         matches!(
             tokio::time::timeout(limit, self.line.take_over(&beat, predecessor)).await,
@@ -1289,6 +1331,7 @@ impl Worker {
             tick: self.tick(),
             pace,
             settles_in: self.settles_in(),
+            load: self.load.load(),
         };
         // The first beat reads no clock: the place read that follows it does.
         let read_clock = match self.server {

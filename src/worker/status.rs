@@ -41,6 +41,8 @@ pub(crate) struct WorkerStatus {
     pub(crate) lease_age_ms: Option<u64>,
     pub(crate) slots: Vec<HeldStatus>,
     pub(crate) max_slots: Option<usize>,
+    /// Its load as last measured (none before the first measurement).
+    pub(crate) load: Option<crate::load::LoadInfo>,
     /// Filled in from the metrics when served.
     pub(crate) robots_running: i64,
     pub(crate) robots_restarting: i64,

@@ -54,7 +54,7 @@
       if (!tr) {
         tr = el('tr');
         tr.dataset.slot = s.id;
-        ['slot', 'state', 'holder', 'lease', 'epoch', 'robots', 'actions'].forEach(function (c) { tr.appendChild(el('td', c)); });
+        ['slot', 'state', 'holder', 'lease', 'epoch', 'robots', 'cpu', 'actions'].forEach(function (c) { tr.appendChild(el('td', c)); });
         tr.querySelector('.slot').textContent = s.id;
         var m = el('meter');
         m.min = 0;
@@ -70,6 +70,11 @@
       tr.querySelector('.left').textContent = s.lease_left_ms === null ? '-' : s.lease_left_ms + ' ms';
       tr.querySelector('.epoch').textContent = s.epoch === null ? '-' : s.epoch;
       tr.querySelector('.robots').textContent = s.robots;
+      var cpu = tr.querySelector('.cpu');
+      cpu.textContent = s.cost ? (s.cost.total.millicores / 1000).toFixed(2) : '-';
+      cpu.title = s.cost && s.cost.top.length
+        ? 'heaviest: ' + s.cost.top.map(function (r) { return r.name + ' ' + (r.millicores / 1000).toFixed(2) + ' cores'; }).join(', ')
+        : 'no measured robot';
       var form = tr.querySelector('.actions form');
       if (form) {
         form.action = '/slots/' + encodeURIComponent(s.id) + '/' + (s.draining ? 'undrain' : 'drain');
@@ -82,7 +87,12 @@
   function renderWorkers(workers) {
     var rows = workers.map(function (w) {
       var tr = el('tr');
-      [w.id, w.role, w.slot || '-', w.held || 0, age(w.last_seen_ms) + ' ago', w.version || '-'].forEach(function (t) { tr.appendChild(el('td', null, t)); });
+      var load = w.load ? w.load.score.toFixed(1) : '-';
+      [w.id, w.role, w.slot || '-', w.held || 0, load, age(w.last_seen_ms) + ' ago', w.version || '-'].forEach(function (t) { tr.appendChild(el('td', null, t)); });
+      if (w.load) {
+        tr.children[4].title = 'CPU ' + Math.round(w.load.cpu * 100) + '% of ' + w.load.cores.toFixed(2) + ' cores, executors ' +
+          w.load.robots + ' of ' + w.load.capacity + ', memory ' + Math.round(w.load.memory * 100) + '%';
+      }
       return tr;
     });
     var tbody = document.querySelector('#workers tbody');

@@ -306,6 +306,8 @@ pub struct Supervisor {
     /// of the slot's last reading.
     clock_steps: Option<Arc<std::sync::atomic::AtomicU64>>,
     steps_seen: u64,
+    /// Where each robot run is listed for the worker's load sampler.
+    meters: crate::robot::meter::Meters,
 }
 
 impl Supervisor {
@@ -352,6 +354,7 @@ impl Supervisor {
             early: true,
             clock_steps: None,
             steps_seen: 0,
+            meters: Default::default(),
         }
     }
 
@@ -369,6 +372,11 @@ impl Supervisor {
     /// the slot's reading is taken again at once rather than within
     /// [`firing_clock::SERVER_TIME_EVERY`], so that claimed firings are judged on the
     /// stepped clock.
+    /// Lists every robot run in the worker's `meters`, so the load sampler measures it.
+    pub(crate) fn measure_into(&mut self, meters: crate::robot::meter::Meters) {
+        self.meters = meters;
+    }
+
     pub fn follow_clock_steps(&mut self, steps: Arc<std::sync::atomic::AtomicU64>) {
         self.steps_seen = steps.load(std::sync::atomic::Ordering::Relaxed);
         self.clock_steps = Some(steps);
@@ -943,6 +951,7 @@ impl Supervisor {
             metrics: self.metrics.clone(),
             store: self.store.clone(),
             clock: self.clock.clone(),
+            meters: self.meters.clone(),
         };
         self.tasks.spawn(instance(runner, loaded, first_step));
         self.running.insert(

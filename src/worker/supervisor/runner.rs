@@ -19,6 +19,7 @@ use crate::robot::schedule::Schedule;
 use crate::robot::{history_len, Registry, RobotError, RobotRun};
 
 use super::firing_clock::Shared;
+use crate::robot::meter::metered;
 
 /// One robot's life on this holder: start, watch, restart with backoff.
 pub(super) struct Runner {
@@ -44,9 +45,23 @@ pub(super) struct Runner {
     pub(super) clock: SharedClock,
     /// The slot's server clock and timer, for a robot on a schedule.
     pub(super) scheduling: Shared,
+    /// Where each of its runs is listed for the worker's load sampler.
+    pub(super) meters: crate::robot::meter::Meters,
 }
 
 impl Runner {
+    /// Lists a run of this robot for the load sampler, until the guard is dropped:
+    /// it weighs at least what its spec's `limits` declare.
+    pub(super) fn listed(&self, spec: &bson::Document) -> crate::robot::meter::Listed {
+        let limits = crate::robot::limits::Limits::from_spec(spec).unwrap_or_default();
+        let declared = crate::load::Cost {
+            robots: 1,
+            millicores: limits.cpu_millis.unwrap_or(0),
+            memory_bytes: limits.memory.unwrap_or(0),
+        };
+        self.meters.list(&self.name, self.ctx.slot_id(), declared)
+    }
+
     /// The schedule this robot's instance runs by, when its spec has one this worker
     /// would run (any other spec is reported by [`Runner::run`], with its reason).
     pub(super) fn schedule_of(&self, loaded: &Loaded) -> Option<Schedule> {
@@ -351,6 +366,7 @@ impl Runner {
                 self.name
             )));
         }
+        let listed = self.listed(&loaded.spec);
         let run = RobotRun {
             id: self.id,
             gen: self.gen,
@@ -367,13 +383,16 @@ impl Runner {
             firing: None,
             attempt: None,
             left: None,
+            meter: Some(listed.meter.clone()),
         };
         // Given back however the run ends, an abort after the stop grace included.
         let _running = crate::metrics::Held::new(&self.metrics.robots_running);
+        let meter = listed.meter.clone();
         if kind.suspends_itself() {
-            kind.run(run).await
+            metered(kind.run(run), meter).await
         } else {
-            super::suspension::suspendable(kind.run(run), self.suspended.clone()).await
+            let run = super::suspension::suspendable(kind.run(run), self.suspended.clone());
+            metered(run, meter).await
         }
     }
 }

@@ -691,6 +691,8 @@ impl Scheduled {
         let token = self.r.token.child_token();
         let left = Arc::new(Mutex::new(Left::Unchanged));
         let from = loaded.clone();
+        let listed = self.r.listed(&loaded.spec);
+        let meter = listed.meter.clone();
         let run = RobotRun {
             id: self.r.id,
             gen: self.r.gen,
@@ -707,6 +709,7 @@ impl Scheduled {
             firing: Some(e.firing),
             attempt: Some(e.attempt),
             left: Some(left.clone()),
+            meter: Some(meter.clone()),
         };
         let started_ms = self.shared.time.now_ms(self.clock()).unwrap_or(now_ms);
         let lateness = (started_ms - e.firing).max(0);
@@ -723,9 +726,13 @@ impl Scheduled {
         let task = self.tasks.spawn(async move {
             // Given back however the run ends: returned, panicked or aborted.
             let _running = running;
+            let _listed = listed;
             let result = match suspended {
-                Some(s) => super::suspension::suspendable(kind.run(run), s).await,
-                None => kind.run(run).await,
+                Some(s) => {
+                    let run = super::suspension::suspendable(kind.run(run), s);
+                    crate::robot::meter::metered(run, meter).await
+                }
+                None => crate::robot::meter::metered(kind.run(run), meter).await,
             };
             (id, result, asked.is_cancelled())
         });
