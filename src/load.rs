@@ -171,32 +171,45 @@ impl Load {
         score_of(self.cpu, self.executors, self.memory, self.weights)
     }
 
-    /// The score this worker would have with `more` on top of what it runs: each
-    /// robot fills one executor of [`Load::capacity`], and its CPU and memory
-    /// (declared or measured) fill their shares of the allowance. How placement
-    /// predicts a holder's score before its next heartbeat says.
+    /// The score this worker would have with `more` on top of what it runs, not
+    /// rounded: each robot fills one executor of [`Load::capacity`], and its CPU
+    /// and memory (declared or measured) fill their shares of the allowance. How
+    /// placement predicts a holder's score before its next heartbeat says.
     pub fn score_with(&self, more: Cost) -> f64 {
+        self.score_moved(
+            more.robots as f64,
+            more.millicores as f64,
+            more.memory_bytes as f64,
+        )
+    }
+
+    /// [`Load::score_with`] for a change either way: robots, thousandths of a core
+    /// and bytes added (positive) or taken away (negative).
+    pub fn score_moved(&self, robots: f64, millicores: f64, memory_bytes: f64) -> f64 {
         let cores = self.cores.max(0.001);
-        score_of(
-            self.cpu + more.millicores as f64 / 1000.0 / cores,
-            self.executors + more.robots as f64 / self.capacity.max(1) as f64,
-            self.memory + more.memory_bytes as f64 / self.memory_bytes.max(1) as f64,
+        exact_score(
+            self.cpu + millicores / 1000.0 / cores,
+            self.executors + robots / self.capacity.max(1) as f64,
+            self.memory + memory_bytes / self.memory_bytes.max(1) as f64,
             self.weights,
         )
     }
 }
 
 fn score_of(cpu: f64, executors: f64, memory: f64, w: LoadWeights) -> f64 {
+    (exact_score(cpu, executors, memory, w) * 10.0).round() / 10.0
+}
+
+fn exact_score(cpu: f64, executors: f64, memory: f64, w: LoadWeights) -> f64 {
     let total = w.total();
     if total <= 0.0 {
         return 0.0;
     }
-    let s = (share(cpu) * f64::from(w.cpu)
+    (share(cpu) * f64::from(w.cpu)
         + share(executors) * f64::from(w.executors)
         + share(memory) * f64::from(w.memory))
         / total
-        * 100.0;
-    (s * 10.0).round() / 10.0
+        * 100.0
 }
 
 /// What a worker used, as measured.
@@ -348,16 +361,18 @@ mod tests {
             robots: 1,
             ..Cost::default()
         };
-        assert_eq!(l.score_with(one), 0.3);
+        assert!((l.score_with(one) - 0.32).abs() < 1e-9);
         // A robot that declares 2 cores fills this worker's CPU: 64 + 0.32.
         let hog = Cost {
             robots: 1,
             millicores: 2000,
             memory_bytes: 0,
         };
-        assert_eq!(l.score_with(hog), 64.3);
+        assert!((l.score_with(hog) - 64.32).abs() < 1e-9);
         // A part already full stays full.
-        assert_eq!(load(2.0, 0, 0).score_with(hog), 64.3);
+        assert!((load(2.0, 0, 0).score_with(hog) - 64.32).abs() < 1e-9);
+        // Taken away: back to where it was.
+        assert!(load(1.0, 1, 0).score_moved(-1.0, -2000.0, 0.0).abs() < 1e-9);
     }
 
     #[test]

@@ -25,6 +25,12 @@ pub(crate) struct CreateArgs {
     /// robots that exist with this kind and spec are kept, the rest are created.
     #[arg(long, default_value_t = 1)]
     count: u32,
+    /// How slots are chosen: `load` (the default) sends each robot to the slot whose
+    /// holder has the lowest load score, counting what the slot's robots cost and
+    /// what this robot's limits declare (--cpu, --memory); a slot with no live holder
+    /// measuring its load makes it place by robot counts, as `count` always does.
+    #[arg(long, value_enum, default_value_t = crate::pool::placement::PlaceBy::Load)]
+    by: crate::pool::placement::PlaceBy,
     /// Accept a kind this CLI does not know (a custom kind of your own worker build).
     #[arg(long)]
     unchecked: bool,
@@ -219,6 +225,7 @@ pub(crate) async fn run(store: &Store, args: CreateArgs) -> anyhow::Result<()> {
         kind: args.kind.clone(),
         spec: args.spec.build(Document::new())?,
         unchecked: args.unchecked,
+        by: args.by,
     };
     let total = req.names.len();
     let done = match create::create(store, &req, &crate::pool::actions::Actor::cli()).await {

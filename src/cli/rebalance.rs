@@ -10,6 +10,18 @@ use clap::Args;
 
 #[derive(Debug, Args)]
 pub(crate) struct RebalanceArgs {
+    /// What to even out: `count` (the default) moves robots from the slots with
+    /// the most to those with the fewest until counts differ by at most one;
+    /// `load` moves the heaviest measured robots (each slot's cost names its few
+    /// heaviest) from the busiest holders to the idlest until their load scores
+    /// are within --band points. Robots are measured over a minute: rebalance by
+    /// load a minute after they started.
+    #[arg(long, value_enum, default_value_t = crate::pool::placement::PlaceBy::Count)]
+    by: crate::pool::placement::PlaceBy,
+    /// With --by load: how far apart (score points, 0 to 100) the busiest and the
+    /// idlest holder may stay.
+    #[arg(long, default_value_t = crate::pool::placement::LOAD_BAND, value_parser = parse_band)]
+    band: f64,
     /// Print the plan and change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -21,8 +33,26 @@ pub(crate) struct RebalanceArgs {
     json: bool,
 }
 
+fn parse_band(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(b) if (0.0..=100.0).contains(&b) => Ok(b),
+        _ => Err(format!(
+            "{s:?}: --band takes load score points from 0 to 100 (default {})",
+            crate::pool::placement::LOAD_BAND
+        )),
+    }
+}
+
+fn round(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
 pub(crate) async fn run(store: &Store, args: RebalanceArgs) -> anyhow::Result<()> {
-    let r = actions::rebalance(store, args.max_moves, args.dry_run, &Actor::cli()).await?;
+    let by = match args.by {
+        crate::pool::placement::PlaceBy::Count => actions::Evening::Count,
+        crate::pool::placement::PlaceBy::Load => actions::Evening::Load { band: args.band },
+    };
+    let r = actions::rebalance(store, args.max_moves, args.dry_run, by, &Actor::cli()).await?;
     report(&args, &r);
     let refused: Vec<&str> = r
         .moves
@@ -63,6 +93,19 @@ fn report(args: &RebalanceArgs, r: &Rebalance) {
             moves,
             before: counts(before),
             after: counts(&after),
+            scores: r
+                .scores
+                .iter()
+                .map(|(h, b, a)| {
+                    (
+                        h.clone(),
+                        replies::HolderScores {
+                            before: round(*b),
+                            after: round(*a),
+                        },
+                    )
+                })
+                .collect(),
         });
         return;
     }
@@ -101,6 +144,20 @@ fn report(args: &RebalanceArgs, r: &Rebalance) {
     }
     say!("before: {}", shape(before));
     say!("after:  {}", shape(&after));
+    if !r.scores.is_empty() {
+        let scores = |pick: fn(&(String, f64, f64)) -> f64| {
+            r.scores
+                .iter()
+                .map(|s| format!("{}: {:.1}", s.0, pick(s)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        say!("holders' load before: {}", scores(|s| s.1));
+        say!(
+            "holders' load after:  {} (as planned from the robots' measured cost)",
+            scores(|s| s.2)
+        );
+    }
     if args.dry_run {
         say!("(dry run: nothing changed)");
     }

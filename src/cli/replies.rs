@@ -88,6 +88,16 @@ pub(super) struct Rebalanced<'a> {
     pub(crate) moves: Vec<RebalanceMove<'a>>,
     pub(crate) before: std::collections::BTreeMap<String, i64>,
     pub(crate) after: std::collections::BTreeMap<String, i64>,
+    /// `--by load`: each holder's load score before, and as planned after.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub(crate) scores: std::collections::BTreeMap<String, HolderScores>,
+}
+
+/// A holder's load score around a rebalance by load.
+#[derive(Debug, Serialize)]
+pub(super) struct HolderScores {
+    pub(crate) before: f64,
+    pub(crate) after: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -199,6 +209,7 @@ mod tests {
             }],
             before: [("a".to_string(), 1)].into(),
             after: [("b".to_string(), 1)].into(),
+            scores: Default::default(),
         };
         assert_eq!(keys(&rebalanced), ["after", "before", "dry_run", "moves"]);
         assert_eq!(

@@ -7,7 +7,8 @@ use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
 use crate::db::field::{
-    DRAINING, EPOCH, NAME, RETIRING, REV, ROBOT_COUNT, SLOT_ID, STATUS, WORKER,
+    COST, DRAINING, EPOCH, EXPIRES_MS, NAME, OWNER, RETIRING, REV, ROBOT_COUNT, SLOT_ID, STATUS,
+    WORKER,
 };
 use crate::db::robot_count::reservation;
 use crate::db::robot_doc::RobotStatus;
@@ -22,6 +23,10 @@ pub(crate) struct SlotLoad {
     pub(crate) robots: i64,
     /// The `robot_count` value as read, None when the field is missing.
     pub(crate) seen: Option<i64>,
+    /// Its holder, while its lease is live on the server's clock.
+    pub(crate) holder: Option<String>,
+    /// Its robots' cost as its holder last recorded it.
+    pub(crate) cost: Option<crate::load::SlotCost>,
 }
 
 /// The part of a slot filter that admits only slots robots may be placed on.
@@ -36,16 +41,22 @@ pub(crate) async fn loads(store: &Store) -> Result<Vec<SlotLoad>> {
     let pipeline = vec![
         doc! {"$match": open},
         doc! {"$sort": {"_id": 1}},
-        doc! {"$project": {ROBOT_COUNT: 1}},
+        doc! {"$project": {
+            ROBOT_COUNT: 1, OWNER: 1, COST: 1,
+            "live": {"$gt": [{"$ifNull": [format!("${EXPIRES_MS}"), 0_i64]}, {"$toLong": "$$NOW"}]},
+        }},
     ];
     let mut cursor = store.slots().aggregate(pipeline).await?;
     let mut out = Vec::new();
     while let Some(d) = cursor.try_next().await? {
         let seen = int(&d, ROBOT_COUNT);
+        let live = matches!(d.get("live"), Some(Bson::Boolean(true)));
         out.push(SlotLoad {
             id: d.get_str("_id").unwrap_or_default().to_string(),
             robots: seen.unwrap_or(0).max(0),
             seen,
+            holder: d.get_str(OWNER).ok().filter(|_| live).map(str::to_string),
+            cost: crate::db::load::cost_of(&d),
         });
     }
     Ok(out)
@@ -232,6 +243,23 @@ pub(crate) async fn pick(
         .projection(doc! {"_id": 1, NAME: 1})
         .sort(doc! {NAME: -1})
         .limit(k as i64)
+        .await?
+        .try_collect()
+        .await?;
+    Ok(with_text(&docs, NAME))
+}
+
+/// Those of the robots named `names` still bound to slot `from`, with their names.
+pub(crate) async fn named_on(
+    store: &Store,
+    from: &str,
+    names: &[String],
+) -> Result<Vec<(ObjectId, String)>> {
+    let docs: Vec<Document> = store
+        .robots()
+        .find(doc! {SLOT_ID: from, NAME: {"$in": names}})
+        .projection(doc! {"_id": 1, NAME: 1})
+        .sort(doc! {NAME: 1})
         .await?
         .try_collect()
         .await?;

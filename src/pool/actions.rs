@@ -88,6 +88,9 @@ pub(crate) enum ActionError {
     Invalid(String),
     #[error("no slots to rebalance over: run `slotpool init --slots N` first (draining slots are not used)")]
     NoSlots,
+    /// A rebalance by load needs every slot's holder's load.
+    #[error("cannot rebalance by load: {0}")]
+    LoadUnknown(String),
     #[error(transparent)]
     Refused(MoveError),
     #[error("database error: {}", crate::db::store::brief(.0))]
@@ -582,12 +585,14 @@ pub(crate) struct PlannedMove {
 }
 
 /// A rebalance: the counts it started from and its moves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Rebalance {
     pub(crate) dry_run: bool,
     /// Robots per non-draining slot, counted from the robots themselves.
     pub(crate) before: Vec<(String, i64)>,
     pub(crate) moves: Vec<PlannedMove>,
+    /// For a rebalance by load: each holder's score before, and as planned after.
+    pub(crate) scores: Vec<(String, f64, f64)>,
 }
 
 impl Rebalance {
@@ -614,13 +619,25 @@ impl Rebalance {
     }
 }
 
+/// How a rebalance evens robots out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Evening {
+    /// Robot counts, to within one.
+    Count,
+    /// The holders' load scores, to within this many points (see
+    /// [`placement::plan_load_rebalance`]).
+    Load { band: f64 },
+}
+
 /// Evens robots out over the non-draining slots with fenced moves, most loaded to
-/// least loaded, until counts differ by at most one or `max_moves` robots moved.
+/// least loaded: by counts until they differ by at most one, or by the holders'
+/// load scores until they are within the band, or until `max_moves` robots moved.
 /// A destination that refuses is reported in its move, not as an error.
 pub(crate) async fn rebalance(
     store: &Store,
     max_moves: Option<u32>,
     dry_run: bool,
+    by: Evening,
     actor: &Actor,
 ) -> Result<Rebalance, ActionError> {
     let slots = placement::loads(store).await.map_err(|e| match e {
@@ -637,7 +654,37 @@ pub(crate) async fn rebalance(
         .collect();
     let max = max_moves.map_or(usize::MAX, |m| m as usize);
     let mut moves: Vec<PlannedMove> = Vec::new();
-    for (from, to, k) in placement::rebalance_plan(&before, max) {
+    let mut scores = Vec::new();
+    let by_count = match by {
+        Evening::Count => placement::rebalance_plan(&before, max),
+        Evening::Load { band } => {
+            let holders = placement::holder_loads(store).await.map_err(|e| match e {
+                placement::PlacementError::Db(e) => ActionError::Db(e),
+                other => ActionError::BadDocument(other.to_string()),
+            })?;
+            let plan = placement::plan_load_rebalance(&slots, &holders, band, max)
+                .map_err(|e| ActionError::LoadUnknown(e.to_string()))?;
+            scores = plan.scores;
+            // One move per pair of slots, its robots by name.
+            for m in plan.moves {
+                let names = vec![m.robot];
+                let robots = crate::db::placement::named_on(store, &m.from, &names).await?;
+                match moves.iter_mut().find(|p| p.from == m.from && p.to == m.to) {
+                    Some(p) => p.robots.extend(robots),
+                    None => moves.push(PlannedMove {
+                        from: m.from,
+                        to: m.to,
+                        robots,
+                        moved: 0,
+                        refused: None,
+                    }),
+                }
+            }
+            moves.retain(|p| !p.robots.is_empty());
+            Vec::new()
+        }
+    };
+    for (from, to, k) in by_count {
         // Several moves may leave one slot: each takes robots none before it took.
         let taken: Vec<ObjectId> = moves
             .iter()
@@ -663,11 +710,15 @@ pub(crate) async fn rebalance(
             }
         }
         let moved: u64 = moves.iter().map(|p| p.moved).sum();
+        let how = match by {
+            Evening::Count => "by count",
+            Evening::Load { .. } => "by load",
+        };
         record(
             store,
             EventKind::Rebalance,
             actor,
-            doc! {DETAIL: format!("{moved} robot(s) moved")},
+            doc! {DETAIL: format!("{moved} robot(s) moved {how}")},
         )
         .await;
     }
@@ -675,6 +726,7 @@ pub(crate) async fn rebalance(
         dry_run,
         before,
         moves,
+        scores,
     })
 }
 

@@ -34,6 +34,8 @@ pub(crate) struct NewRobots {
     /// Accept a kind this build does not know (a custom kind of the user's own
     /// worker build); its spec is then not checked here.
     pub(crate) unchecked: bool,
+    /// How the slots are chosen.
+    pub(crate) by: placement::PlaceBy,
 }
 
 impl NewRobots {
@@ -161,7 +163,14 @@ pub(crate) async fn create(
     if todo.is_empty() {
         return Ok(done);
     }
-    let placement = placement::reserve(store, todo.len()).await?;
+    // Each new robot weighs at least what its spec declares.
+    let limits = crate::robot::limits::Limits::from_spec(&req.spec).unwrap_or_default();
+    let each = crate::load::Cost {
+        robots: 1,
+        millicores: limits.cpu_millis.unwrap_or(0),
+        memory_bytes: limits.memory.unwrap_or(0),
+    };
+    let placement = placement::reserve(store, todo.len(), each, req.by).await?;
     done.no_worker = crate::pool::view::live_workers(store).await?.is_empty();
     let now = store.server_now().await?;
     let docs: Vec<Document> = todo

@@ -4,5 +4,6 @@
 pub(crate) mod actions;
 pub(crate) mod create;
 pub mod init;
+pub(crate) mod load_plan;
 pub(crate) mod placement;
 pub(crate) mod view;

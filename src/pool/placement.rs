@@ -1,5 +1,9 @@
 //! Least-loaded slot choice for new robots (every non-draining slot counts, held or
-//! not), safe under concurrent creates, and the rebalance plan that evens robots out.
+//! not), safe under concurrent creates, and the rebalance plans that even robots out.
+//!
+//! "Least loaded" is by the holders' load scores ([`crate::load`]) when every slot
+//! has a live holder whose heartbeat carries one ([`plan_by_load`]), else by robot
+//! counts ([`plan`]). `--by count` asks for counts.
 //!
 //! A create reserves room with a compare-and-set on the slot's `robot_count` as seen,
 //! so two creates cannot both take the emptiest slot; `rev` is bumped only once the
@@ -8,9 +12,13 @@
 //! ([`rescue`]). Each side checks after its own write, so one of them always sees the
 //! other: no robot is left bound to a missing slot.
 
+use std::collections::HashMap;
+
 use crate::db::placement as stored;
 pub(crate) use crate::db::placement::{adjust, bump_revs, SlotLoad};
 use crate::db::store::Store;
+use crate::load::{Cost, Load};
+pub(crate) use crate::pool::load_plan::{plan_by_load, plan_load_rebalance, LOAD_BAND};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum PlacementError {
@@ -34,6 +42,23 @@ pub(crate) async fn loads(store: &Store) -> Result<Vec<SlotLoad>, PlacementError
     Ok(stored::loads(store).await?)
 }
 
+/// What placement and rebalance go by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub(crate) enum PlaceBy {
+    /// The holders' load scores, each slot's measured cost and the new robots'
+    /// declared limits; robot counts where a slot's holder is unknown.
+    #[default]
+    Load,
+    /// Robot counts only.
+    Count,
+}
+
+/// Every live worker's load, by id, from the heartbeats.
+pub(crate) async fn holder_loads(store: &Store) -> Result<HashMap<String, Load>, PlacementError> {
+    let workers = crate::db::heartbeat::live_workers(store).await?;
+    Ok(crate::pool::view::loads(&workers))
+}
+
 /// Spreads `n` robots over `slots`, filling the emptiest first (ties by id).
 pub(crate) fn plan(slots: &[SlotLoad], n: usize) -> Vec<usize> {
     let mut counts: Vec<i64> = slots.iter().map(|s| s.robots).collect();
@@ -50,15 +75,30 @@ pub(crate) fn plan(slots: &[SlotLoad], n: usize) -> Vec<usize> {
     take
 }
 
-/// Reserves room for `n` robots and returns a slot per robot. The caller inserts the
-/// robots, then calls [`bump_revs`] (or [`unreserve`] for those that failed).
-pub(crate) async fn reserve(store: &Store, n: usize) -> Result<Placement, PlacementError> {
+/// Reserves room for `n` robots, each expected to cost `each` (its declared
+/// limits), and returns a slot per robot, placed `by` the holders' load or by
+/// counts. The caller inserts the robots, then calls [`bump_revs`] (or [`adjust`]
+/// back for those that failed).
+pub(crate) async fn reserve(
+    store: &Store,
+    n: usize,
+    each: Cost,
+    by: PlaceBy,
+) -> Result<Placement, PlacementError> {
+    let holders = match by {
+        PlaceBy::Load => holder_loads(store).await?,
+        PlaceBy::Count => HashMap::new(),
+    };
     for _round in 0..50 {
         let pool = loads(store).await?;
         if pool.is_empty() {
             return Err(PlacementError::NoSlots);
         }
-        let take = plan(&pool, n);
+        let take = match by {
+            PlaceBy::Load => plan_by_load(&pool, &holders, n, each),
+            PlaceBy::Count => None,
+        }
+        .unwrap_or_else(|| plan(&pool, n));
         let mut reserved: Vec<(usize, usize)> = Vec::new();
         let mut lost_race = false;
         for (i, k) in take.iter().enumerate().filter(|(_, k)| **k > 0) {
@@ -184,7 +224,7 @@ pub(crate) async fn rescue(
         if lost.is_empty() {
             return Ok(rescued);
         }
-        let placement = match reserve(store, lost.len()).await {
+        let placement = match reserve(store, lost.len(), Cost::default(), PlaceBy::Load).await {
             Ok(p) => p,
             Err(PlacementError::Db(e)) => return Err(e),
             Err(_) => return Ok(rescued),
@@ -229,6 +269,8 @@ mod tests {
             id: id.into(),
             robots,
             seen: Some(robots),
+            holder: None,
+            cost: None,
         }
     }
 

@@ -463,6 +463,7 @@ pub(crate) async fn create_robots(
         kind: body.kind,
         spec,
         unchecked: body.unchecked,
+        by: Default::default(),
     };
     let store = app.store.clone();
     let made = super::to_the_end(async move { create::create(&store, &req, &actor).await }).await;
@@ -699,6 +700,7 @@ pub(crate) async fn rebalance(
             &store,
             body.max_moves,
             body.dry_run.unwrap_or(false),
+            actions::Evening::Count,
             &actor,
         )
         .await

@@ -162,7 +162,14 @@ pub(crate) async fn rebalance(
     };
     let (store, actor) = (app.store.clone(), web_actor(&s.who, peer));
     let planned = super::to_the_end(async move {
-        crate::pool::actions::rebalance(&store, None, false, &actor).await
+        crate::pool::actions::rebalance(
+            &store,
+            None,
+            false,
+            crate::pool::actions::Evening::Count,
+            &actor,
+        )
+        .await
     });
     match planned.await {
         Ok(r) if r.moves.iter().all(|m| m.refused.is_none()) => Redirect::to("/").into_response(),

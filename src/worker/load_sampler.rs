@@ -33,7 +33,7 @@ pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 pub(crate) const CPU_WINDOW: Duration = Duration::from_secs(60);
 
 /// How many of a slot's heaviest robots its cost names.
-pub(crate) const TOP_ROBOTS: usize = 3;
+pub(crate) const TOP_ROBOTS: usize = 5;
 
 // === the process table ===
 
@@ -684,7 +684,7 @@ mod tests {
         let s1 = &costs["s1"];
         assert_eq!(s1.total, c(2955, 130).with_robots(4));
         let names: Vec<&str> = s1.top.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, vec!["declared", "hog", "small"]);
+        assert_eq!(names, vec!["declared", "hog", "small", "idle"]);
         assert_eq!(costs["s2"].total.robots, 1);
     }
 }

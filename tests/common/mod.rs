@@ -172,6 +172,11 @@ impl TestDb {
             "1000",
             "--count",
             &count.to_string(),
+            // By count: these tests are about what happens to robots, not where
+            // load sends them (tests/placement.rs is), and a worker's measured
+            // load varies with the machine.
+            "--by",
+            "count",
         ])
     }
 
