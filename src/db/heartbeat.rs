@@ -121,6 +121,9 @@ pub(crate) struct Placed {
     pub(crate) clock: Option<ServerClock>,
     /// Whether it read the whole line ahead, not only from [`Placed::near`] on.
     pub(crate) whole: bool,
+    /// A standby's whole read: the front of the line (the first `--watchers`
+    /// standbys by id), each with its load score when its heartbeat has one.
+    pub(crate) front: Option<Vec<(String, Option<f64>)>>,
 }
 
 /// The aggregation that reads a worker's place in the line: the live workers with
@@ -137,25 +140,43 @@ pub(crate) fn place_pipeline(
 ) -> Vec<Document> {
     let alive = doc! {"$gt": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]};
     let filter = match (held, from) {
-        (0, None) => doc! {ROOM: true, HELD: 0_i64, "_id": {"$lt": me}},
+        (0, None) => doc! {ROOM: true, HELD: 0_i64},
         (0, Some(from)) => doc! {ROOM: true, HELD: 0_i64, "_id": {"$gte": from, "$lt": me}},
         _ => doc! {ROOM: true, HELD: {"$lt": held as i64}},
     };
     // Liveness in a stage of its own: the dev server scans the whole collection for
     // a `$match` with a top-level `$expr`, so the line's index serves the rest.
     let mut pipeline = vec![doc! {"$match": filter}, doc! {"$match": {"$expr": alive}}];
+    let mut ahead: Vec<Document> = Vec::new();
     // A standby's nearest are those with the largest ids below its own: the line's
     // index gives them in that order. A holder needs no nearest (its filter ranges
     // over `held`, where the index could not give that order).
     if held == 0 {
-        pipeline.push(doc! {"$sort": {"_id": -1}});
+        if from.is_none() {
+            ahead.push(doc! {"$match": {"_id": {"$lt": me}}});
+        }
+        ahead.push(doc! {"$sort": {"_id": -1}});
     }
-    pipeline.extend([
+    ahead.extend([
         doc! {"$limit": (watchers.max(1) + NEAR_SPARE) as i64},
-        doc! {"$facet": {"ahead": [
-            {"$group": {"_id": Bson::Null, "n": {"$sum": 1_i64}, "near": {"$min": "$_id"}}},
-        ]}},
-        doc! {"$project": {"ahead": 1, "now": {"$toLong": "$$NOW"}}},
+        doc! {"$group": {"_id": Bson::Null, "n": {"$sum": 1_i64}, "near": {"$min": "$_id"}}},
+    ]);
+    // A standby's whole read also names the front (the first `watchers` standbys)
+    // with their load scores: the idlest of them claims first (see
+    // `claim_policy::Round::claim_delay`).
+    let facet = if held == 0 && from.is_none() {
+        let front = vec![
+            doc! {"$sort": {"_id": 1}},
+            doc! {"$limit": watchers.max(1) as i64},
+            doc! {"$project": {"_id": 1, "score": format!("${LOAD}.score")}},
+        ];
+        doc! {"ahead": ahead, "front": front}
+    } else {
+        doc! {"ahead": ahead}
+    };
+    pipeline.extend([
+        doc! {"$facet": facet},
+        doc! {"$project": {"ahead": 1, "front": 1, "now": {"$toLong": "$$NOW"}}},
     ]);
     pipeline
 }
@@ -199,7 +220,7 @@ pub(crate) struct Beat<'a> {
 }
 
 /// A live worker as its heartbeat says.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct LiveWorker {
     pub(crate) id: String,
     pub(crate) max_slots: Option<usize>,
@@ -211,6 +232,8 @@ pub(crate) struct LiveWorker {
     /// How long ago (server-clock ms) its first-lease hold ended, negative while it
     /// lasts; None from a worker whose heartbeat does not say.
     pub(crate) settled_ms: Option<i64>,
+    /// Its load score, when its heartbeat has one.
+    pub(crate) score: Option<f64>,
 }
 
 /// Why a heartbeat was not written.
@@ -414,11 +437,26 @@ impl Roster {
             .and_then(|c| c.get_str("near").ok())
             .map(str::to_string);
         let clock = int(&d, "now").map(|ms| ServerClock::observed(ms, sent, received));
+        let front = d.get_array("front").ok().map(|f| {
+            f.iter()
+                .filter_map(Bson::as_document)
+                .filter_map(|w| {
+                    let score = match w.get("score") {
+                        Some(Bson::Double(v)) if (0.0..=100.0).contains(v) => Some(*v),
+                        _ => int(w, "score")
+                            .filter(|v| (0..=100).contains(v))
+                            .map(|v| v as f64),
+                    };
+                    Some((w.get_str("_id").ok()?.to_string(), score))
+                })
+                .collect()
+        });
         Ok(Placed {
             ahead,
             near,
             clock,
             whole: false,
+            front,
         })
     }
 
@@ -454,7 +492,7 @@ impl Roster {
     pub(crate) async fn live(&self) -> Result<Vec<LiveWorker>, mongodb::error::Error> {
         let mut pipeline = liveness();
         pipeline.push(doc! {"$project": {
-            MAX_SLOTS: 1, TICK_MS: 1, "seen_ms": 1, "alive_ms": 1,
+            MAX_SLOTS: 1, TICK_MS: 1, "seen_ms": 1, "alive_ms": 1, LOAD: 1,
             "seen_at_ms": {"$toLong": field(LAST_SEEN)},
             "settled_ms": {"$cond": [
                 {"$in": [{"$type": field(SETTLES_AT_MS)}, ["int", "long"]]},
@@ -473,6 +511,7 @@ impl Roster {
                     held: int(&d, HELD).unwrap_or(0).max(0) as usize,
                     seen_at_ms: int(&d, "seen_at_ms"),
                     settled_ms: int(&d, "settled_ms"),
+                    score: crate::db::load::load_of(&d).map(|l| l.score()),
                 });
             }
         }
@@ -541,19 +580,31 @@ mod tests {
         let whole = place_pipeline("10.0.0.9:7700", 0, 3, None);
         let near = place_pipeline("10.0.0.9:7700", 0, 3, Some("10.0.0.4:7700"));
         assert_eq!(whole.len(), near.len());
-        for (w, n) in whole.iter().zip(&near).skip(1) {
-            assert_eq!(w, n, "every stage but the first is the same");
-        }
-        // The same filter, with one more bound.
+        assert_eq!(whole[1], near[1], "the same liveness");
+        // What the whole read counts ahead: the standbys below this one, ...
+        let facet = |p: &[Document]| p[2].get_document("$facet").unwrap().clone();
+        let stages = |f: &Document| f.get_array("ahead").unwrap().clone();
+        let (w, n) = (stages(&facet(&whole)), stages(&facet(&near)));
+        assert_eq!(
+            w[0],
+            Bson::Document(doc! {"$match": {"_id": {"$lt": "10.0.0.9:7700"}}})
+        );
+        // ... counted as the near read counts ...
+        assert_eq!(w[1..], n[..]);
+        // ... whose filter is the whole read's, from `near` up to this one.
         let filter = |p: &[Document]| p[0].get_document("$match").unwrap().clone();
-        let (mut w, n) = (filter(&whole), filter(&near));
-        w.get_document_mut("_id")
-            .unwrap()
-            .insert("$gte", "10.0.0.4:7700");
-        assert_eq!(w, n);
+        let mut wf = filter(&whole);
+        wf.insert(
+            "_id",
+            doc! {"$gte": "10.0.0.4:7700", "$lt": "10.0.0.9:7700"},
+        );
+        assert_eq!(wf, filter(&near));
         // Nearest first, and as many as the watchers and the spare.
-        assert_eq!(whole[2], doc! {"$sort": {"_id": -1}});
-        assert_eq!(whole[3], doc! {"$limit": 5_i64});
+        assert_eq!(n[0], Bson::Document(doc! {"$sort": {"_id": -1}}));
+        assert_eq!(n[1], Bson::Document(doc! {"$limit": 5_i64}));
+        // The whole read names the front with its scores; the near one does not.
+        assert!(facet(&whole).contains_key("front"));
+        assert!(!facet(&near).contains_key("front"));
         // A holder's place has no bound to start from, nor an order.
         assert_eq!(
             place_pipeline("h", 2, 3, Some("x")),

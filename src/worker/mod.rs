@@ -737,6 +737,11 @@ impl Worker {
                 overflow_after: self.settings.overflow_after,
                 tick: self.tick(),
                 contact: self.health.contact(Instant::now()),
+                idler_in_front: claim_policy::idler_in_front(
+                    &me,
+                    self.load.load().map(|l| l.score()),
+                    &self.looks.front,
+                ),
             },
             place: pace.place,
             woken,
@@ -1004,6 +1009,9 @@ impl Worker {
                 // Only a standby behind the front starts its next read at its
                 // nearest: at the front a read from there finds too few by
                 // definition, and would only come before the whole one.
+                if let Some(front) = placed.front.clone() {
+                    self.looks.front = front;
+                }
                 let behind = held == 0 && placed.ahead >= watchers;
                 self.looks.ahead = placed.ahead.min(watchers);
                 self.looks.near = placed.near.filter(|_| behind);

@@ -174,6 +174,9 @@ pub(crate) struct Looks {
     pub(crate) placed_at: Option<Instant>,
     /// Where its next place read starts, as a standby (see [`Placed::near`](crate::db::heartbeat::Placed::near)).
     pub(crate) near: Option<String>,
+    /// The front of the line with the standbys' load scores, as its last whole place
+    /// read as a standby found it (see [`Placed::front`](crate::db::heartbeat::Placed::front)).
+    pub(crate) front: Vec<(String, Option<f64>)>,
     /// A poke asked for a place read too soon after the last one: it is read when
     /// that is a tick old (see [`poked_place_in`]).
     pub(crate) place_wanted: bool,
@@ -204,6 +207,7 @@ impl Looks {
             indexes_ensured: false,
             placed_at: None,
             near: None,
+            front: Vec::new(),
             place_wanted: false,
             beaten: None,
             pace: Duration::ZERO,
