@@ -1169,3 +1169,81 @@ async fn with_the_isolation_patch_a_robot_reaches_neither_the_credentials_nor_it
     assert_eq!(report.robots, 2, "{report:?}");
     drop(k);
 }
+
+/// The idle standby takes the next expired slot: two standby containers, each
+/// limited to half a core (`docker run --cpus 0.5`), one busy with a hog beside its
+/// worker. Each measures its load against its container's quota (the hog fills the
+/// busy one's), the front of the line orders them by it, and when the holder is
+/// killed the idle one claims at the slot's expiry, the busy one a fifth of a tick
+/// later, so finding it taken.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_idle_standby_takes_the_next_expired_slot() {
+    let _alone = ONE_POOL.lock().await;
+    let pool = Pool::up_with(1, 1);
+    let mongo = pool.containers("mongo");
+    let db = TestDb::on(&common::containers::devdb_uri(&mongo[0]), "slotpool").await;
+    let holder = pool.containers("worker").remove(0);
+    wait_for(Duration::from_secs(60), "the slot held", || async {
+        (holders(&db).await.len() == 1).then_some(())
+    })
+    .await;
+    let env = format!(
+        "MONGODB_URI=mongodb://{}:27017/slotpool?{}",
+        ip(&mongo[0]),
+        common::containers::DEVDB_OPTIONS
+    );
+    let standby = |name: &str| {
+        pool.run(
+            name,
+            &["--cpus", "0.5", "-e", &env, "slotpool:local", "worker"],
+        )
+    };
+    let (busy, idle) = (standby("busy"), standby("idle"));
+    let hog = docker(&["exec", "-d", &busy, "sh", "-c", "while :; do :; done"]);
+    assert!(hog.status.success(), "the hog: {}", text(&hog));
+    let (busy_id, idle_id) = (format!("{}:7700", ip(&busy)), format!("{}:7700", ip(&idle)));
+    // Each standby's own view of the front, from its /status.
+    let idler = |id: &str| {
+        let (_, body) = common::containers::get_at(id, "/status", Duration::from_secs(5))?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        v["idler_in_front"].as_u64()
+    };
+    wait_for(
+        Duration::from_secs(120),
+        "both standbys to order the front by load: the idle one first",
+        || async { (idler(&idle_id) == Some(0) && idler(&busy_id) == Some(1)).then_some(()) },
+    )
+    .await;
+    let workers: Vec<bson::Document> = {
+        use futures::TryStreamExt;
+        db.store
+            .workers()
+            .find(doc! {})
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap()
+    };
+    let score = |id: &str| {
+        workers
+            .iter()
+            .find(|w| w.get_str("_id") == Ok(id))
+            .and_then(|w| w.get_document("load").ok()?.get_f64("score").ok())
+    };
+    let (busy_score, idle_score) = (score(&busy_id).unwrap(), score(&idle_id).unwrap());
+    assert!(
+        busy_score > idle_score + 20.0,
+        "the hog fills the busy standby's half core: {busy_score} against {idle_score}"
+    );
+    let kill = docker(&["kill", &holder]);
+    assert!(kill.status.success(), "docker kill: {}", text(&kill));
+    let taker = wait_for(Duration::from_secs(30), "the slot taken over", || async {
+        holders(&db)
+            .await
+            .into_values()
+            .find(|o| o == &busy_id || o == &idle_id)
+    })
+    .await;
+    assert_eq!(taker, idle_id, "the idle standby took the slot");
+}

@@ -16,6 +16,7 @@ mod containers;
 mod cost;
 mod numbers;
 mod outage;
+mod placement;
 mod probe;
 mod record;
 mod scale;
@@ -35,6 +36,7 @@ use containers::*;
 use cost::*;
 use numbers::*;
 use outage::*;
+use placement::*;
 use probe::*;
 use record::*;
 use scale::*;
@@ -245,6 +247,11 @@ async fn main() {
     }
     if want("outage") {
         for r in outage_rows(quick).await {
+            show(&mut rows, r);
+        }
+    }
+    if want("placement") {
+        for r in placement_rows().await {
             show(&mut rows, r);
         }
     }

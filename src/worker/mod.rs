@@ -1010,7 +1010,16 @@ impl Worker {
                 // nearest: at the front a read from there finds too few by
                 // definition, and would only come before the whole one.
                 if let Some(front) = placed.front.clone() {
+                    let idler = claim_policy::idler_in_front(
+                        &self.owner(),
+                        self.load.load().map(|l| l.score()),
+                        &front,
+                    );
+                    self.status.lock().expect("status lock").idler_in_front = Some(idler);
                     self.looks.front = front;
+                }
+                if held > 0 {
+                    self.status.lock().expect("status lock").idler_in_front = None;
                 }
                 let behind = held == 0 && placed.ahead >= watchers;
                 self.looks.ahead = placed.ahead.min(watchers);

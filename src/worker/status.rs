@@ -41,6 +41,10 @@ pub(crate) struct WorkerStatus {
     pub(crate) lease_age_ms: Option<u64>,
     pub(crate) slots: Vec<HeldStatus>,
     pub(crate) max_slots: Option<usize>,
+    /// As a standby: how many standbys at the front of the line are idler than this
+    /// one (0: it claims the next expired slot first), as of its last whole place
+    /// read.
+    pub(crate) idler_in_front: Option<usize>,
     /// Its load as last measured (none before the first measurement).
     pub(crate) load: Option<crate::load::LoadInfo>,
     /// Filled in from the metrics when served.
