@@ -22,6 +22,10 @@ use std::str::FromStr;
 /// workers that use the same CPU (see docs/running.md, "Load").
 pub const DEFAULT_CAPACITY: u64 = 1000;
 
+/// Scores this close (points, 0 to 100) count as equal wherever work goes to the
+/// idlest: a minute's measure of an idle worker varies by a few tenths of a point.
+pub const SCORE_TIE: f64 = 1.0;
+
 /// The weights of the score's three parts (`--load-weights CPU,EXECUTORS,MEMORY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoadWeights {
@@ -263,13 +267,14 @@ pub struct RobotCost {
     pub memory_bytes: u64,
 }
 
+/// Saturating: a slot's cost may come from a hand-edited document.
 impl std::ops::Add for Cost {
     type Output = Cost;
     fn add(self, o: Cost) -> Cost {
         Cost {
-            robots: self.robots + o.robots,
-            millicores: self.millicores + o.millicores,
-            memory_bytes: self.memory_bytes + o.memory_bytes,
+            robots: self.robots.saturating_add(o.robots),
+            millicores: self.millicores.saturating_add(o.millicores),
+            memory_bytes: self.memory_bytes.saturating_add(o.memory_bytes),
         }
     }
 }

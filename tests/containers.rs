@@ -1174,7 +1174,7 @@ async fn with_the_isolation_patch_a_robot_reaches_neither_the_credentials_nor_it
 /// limited to half a core (`docker run --cpus 0.5`), one busy with a hog beside its
 /// worker. Each measures its load against its container's quota (the hog fills the
 /// busy one's), the front of the line orders them by it, and when the holder is
-/// killed the idle one claims at the slot's expiry, the busy one a fifth of a tick
+/// killed the idle one claims at the slot's expiry, the busy one a tenth of a tick
 /// later, so finding it taken.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_idle_standby_takes_the_next_expired_slot() {

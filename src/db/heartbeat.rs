@@ -168,7 +168,7 @@ pub(crate) fn place_pipeline(
         let front = vec![
             doc! {"$sort": {"_id": 1}},
             doc! {"$limit": watchers.max(1) as i64},
-            doc! {"$project": {"_id": 1, "score": format!("${LOAD}.score")}},
+            doc! {"$project": {"_id": 1, LOAD: 1}},
         ];
         doc! {"ahead": ahead, "front": front}
     } else {
@@ -441,12 +441,8 @@ impl Roster {
             f.iter()
                 .filter_map(Bson::as_document)
                 .filter_map(|w| {
-                    let score = match w.get("score") {
-                        Some(Bson::Double(v)) if (0.0..=100.0).contains(v) => Some(*v),
-                        _ => int(w, "score")
-                            .filter(|v| (0..=100).contains(v))
-                            .map(|v| v as f64),
-                    };
+                    // Read as every other reader of a heartbeat's load reads it.
+                    let score = crate::db::load::load_of(w).map(|l| l.score());
                     Some((w.get_str("_id").ok()?.to_string(), score))
                 })
                 .collect()

@@ -83,6 +83,8 @@ pub struct Candidate {
     /// How long it has been expired: since `time + L`, or since its release, or
     /// "long ago" for a slot never held.
     pub expired_for: Duration,
+    /// The worker whose lease lapsed, when one did (none once released).
+    pub owner: Option<String>,
 }
 
 /// The largest epoch a slot may carry: 2^53 − 1, exact as a double too, and beyond
@@ -112,6 +114,8 @@ pub struct Survey {
     /// Server-side time until the earliest held lease seen expires (within the
     /// survey's horizon, see [`LeaseProtocol::survey`]).
     pub next_expiry: Option<Duration>,
+    /// How many held leases seen expire within a tick.
+    pub expiring_soon: usize,
     /// Hand-edited or otherwise broken slot documents, skipped.
     pub invalid: Vec<InvalidSlot>,
     /// How many documents the server returned (the survey's cost).
@@ -244,7 +248,7 @@ impl LeaseProtocol {
             doc! {"$match": matching},
             doc! {"$sort": {"_id": 1}},
             doc! {"$project": {
-                TIME: 1, EPOCH: 1,
+                TIME: 1, EPOCH: 1, OWNER: 1,
                 // The server's clock as it judged expiry: a worker checks it for a
                 // forward step before it claims (see worker::clock_step).
                 "now_ms": &now,
@@ -279,6 +283,9 @@ impl LeaseProtocol {
             }
             match judge(&d) {
                 Ok(Judged::Live { remaining }) => {
+                    if remaining as u128 <= self.timing.tick.as_millis() {
+                        survey.expiring_soon += 1;
+                    }
                     let wait = Duration::from_millis(remaining as u64 + 1);
                     survey.next_expiry = Some(survey.next_expiry.map_or(wait, |w| w.min(wait)));
                 }
@@ -660,6 +667,7 @@ fn judge(d: &Document) -> Result<Judged, InvalidSlot> {
         time,
         epoch,
         expired_for,
+        owner: time.and_then(|_| d.get_str(OWNER).ok()).map(str::to_string),
     }))
 }
 

@@ -54,7 +54,7 @@ pub(crate) fn load_of(worker: &Document) -> Option<Load> {
     let d = worker.get_document(crate::db::field::LOAD).ok()?;
     let w = d.get_array("weights").ok()?;
     let weight = |i: usize| match w.get(i)? {
-        Bson::Int32(v) if *v >= 0 => Some(*v as u32),
+        Bson::Int32(v) if (0..=10_000).contains(v) => Some(*v as u32),
         Bson::Int64(v) if (0..=10_000).contains(v) => Some(*v as u32),
         Bson::Double(v) if v.fract() == 0.0 && (0.0..=10_000.0).contains(v) => Some(*v as u32),
         _ => None,

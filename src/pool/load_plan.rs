@@ -8,16 +8,17 @@ use std::collections::{BTreeMap, HashMap};
 use crate::db::placement::SlotLoad;
 use crate::load::{Cost, Load};
 
-/// Scores this close (in points, 0 to 100) count as equal when placing: the slot
-/// with fewer robots is chosen among them. A minute's measure of an idle worker
-/// varies by a few tenths of a point; without this, idle robots would pile onto
-/// whichever holder measured least, rather than spread.
-pub(crate) const LOAD_TIE: f64 = 1.0;
+/// Scores this close count as equal when placing: the slot with fewer robots is
+/// chosen among them. Without this, idle robots would pile onto whichever holder
+/// measured least, rather than spread.
+use crate::load::SCORE_TIE as LOAD_TIE;
 
 /// How far apart (in score points, 0 to 100) `rebalance --by load` leaves the
-/// busiest and the idlest holder, by default: a move must be worth more than the
-/// noise of a minute's measurement.
-pub(crate) const LOAD_BAND: f64 = 5.0;
+/// busiest and the idlest holder, by default: a point, the noise of a minute's
+/// measure of an idle worker. Holders on one host share its cores, so a robot that
+/// burns a twentieth of a core on 2 cores is 1.6 points: a band of 5 left holders
+/// with 0 and 3 such robots alone (docs/bench/2026-11-29-placement-by-load.md).
+pub(crate) const LOAD_BAND: f64 = 1.0;
 
 /// The least a move must lower the higher of its two holders' scores, in points:
 /// an idle robot's executor share (0.03 points at the default capacity) is not
@@ -71,7 +72,7 @@ struct Carried {
 
 impl Carried {
     fn new(load: Load, slots: &[&SlotLoad]) -> Carried {
-        let robots: i64 = slots.iter().map(|s| s.robots).sum();
+        let robots = slots.iter().fold(0_i64, |n, s| n.saturating_add(s.robots));
         let cost: Cost = slots
             .iter()
             .filter_map(|s| s.cost.as_ref())
@@ -82,7 +83,7 @@ impl Carried {
         Carried {
             load,
             extra: Delta {
-                robots: (robots - load.robots as i64).max(0) as f64,
+                robots: robots.saturating_sub(load.robots as i64).max(0) as f64,
                 millicores: (cost.millicores as f64 - measured_mc).max(0.0),
                 memory_bytes: (cost.memory_bytes as f64 - measured_mem).max(0.0),
             },
@@ -257,7 +258,6 @@ pub(crate) fn plan_load_rebalance(
         known.get_mut(lo.as_str()).expect("known").extra += weight;
         counts[m.slot] -= 1;
         counts[to] += 1;
-        movable[to].push((name.clone(), weight));
         moves.push(LoadMove {
             from: slots[m.slot].id.clone(),
             to: slots[to].id.clone(),

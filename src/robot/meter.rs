@@ -58,6 +58,8 @@ pub(crate) async fn metered<F: Future>(fut: F, meter: Arc<RobotMeter>) -> F::Out
 /// One run in the worker's [`Meters`].
 #[derive(Debug, Clone)]
 pub(crate) struct Metered {
+    /// This run's own key in [`Meters`], never reused.
+    pub(crate) key: u64,
     pub(crate) name: String,
     pub(crate) slot: String,
     /// What its spec's `limits` declare: it weighs at least that much.
@@ -93,6 +95,7 @@ impl Meters {
         inner.runs.insert(
             key,
             Metered {
+                key,
                 name: name.to_string(),
                 slot: slot.to_string(),
                 declared,

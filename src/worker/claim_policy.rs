@@ -16,6 +16,7 @@ use crate::config::LeaseTiming;
 use crate::db::heartbeat::LiveWorker;
 use crate::db::heartbeat::REAR_TICKS;
 use crate::db::lease::Candidate;
+use crate::load::SCORE_TIE;
 use crate::worker::standby_line::Place;
 
 // === The decision ===
@@ -202,15 +203,27 @@ pub(crate) struct Round<'a> {
     /// For a standby: how many of the standbys at the front of the line are idler
     /// than it (see [`idler_in_front`]).
     pub(crate) idler_in_front: usize,
+    /// How many slots the worker saw expired or about to expire together (within a
+    /// tick), at this survey or the one before it a tick ago: a standby whose
+    /// pre-expiry survey saw two leases about to lapse claims the second at once,
+    /// even when its survey at the expiry finds the first already taken.
+    pub(crate) expiring: usize,
 }
 
 /// How much later than the one before it each standby in the front claims a slot,
 /// idlest first, and each holder with room overflows, idlest first among those
-/// holding as many: a fifth of a tick. The idlest claims at once, so a failover is
-/// no slower while it lives; the rest wait only when there are fewer slots to
-/// claim than idler workers ahead of them (see [`Round::claim_delay`]).
+/// holding as many: a tenth of a tick, several times what a survey and a claim take.
+/// The idlest claims at once; the rest wait only while no more slots are expiring
+/// than idler workers stand ahead of them (see [`Round::turn`]).
 pub(crate) fn idle_first_step(tick: Duration) -> Duration {
-    tick / 5
+    tick / 10
+}
+
+/// A score as the idlest-first order compares it: whole [`SCORE_TIE`] steps, so two
+/// idle workers whose measures differ by noise keep their order (by id) from one
+/// read to the next; no score counts as busiest.
+fn rank_key(score: Option<f64>) -> f64 {
+    score.map_or(f64::INFINITY, |s| (s / SCORE_TIE).floor())
 }
 
 /// How many of the `front` standbys (ids with their load scores, from the last
@@ -223,7 +236,7 @@ pub(crate) fn idler_in_front(
     my_score: Option<f64>,
     front: &[(String, Option<f64>)],
 ) -> usize {
-    let key = |score: Option<f64>| score.unwrap_or(f64::INFINITY);
+    let key = rank_key;
     let mine = front
         .iter()
         .find(|(id, _)| id == me)
@@ -252,11 +265,12 @@ impl Round<'_> {
             })
     }
 
-    /// How many more slots this round sees expired than idler workers stand ahead
-    /// of this one: while that is more than zero, it claims without waiting its
-    /// turn; else its turn is `idler` steps of [`idle_first_step`].
+    /// This worker's turn after `idler` workers ahead of it: none while more slots
+    /// are expired or expiring together ([`Round::expiring`]) than idler workers
+    /// stand ahead, so that every one of them has a claimer at once; else `idler`
+    /// steps of [`idle_first_step`], time for the idler ones to claim first.
     fn turn(&self, idler: usize) -> Duration {
-        if self.expired.len() > idler {
+        if self.expired.len().max(self.expiring) > idler {
             Duration::ZERO
         } else {
             idle_first_step(self.tick) * idler as u32
@@ -265,12 +279,18 @@ impl Round<'_> {
 
     /// How many holders with room, holding as many slots as this one, are idler
     /// than it: a lower score, or the same one and a smaller id (no score: busier
-    /// than any).
+    /// than any). A holder whose own slot is among the expired is dead or cut off,
+    /// whatever its heartbeat still says: it does not count.
     fn idler_holders(&self, me: &Peer) -> usize {
-        let key = |p: &Peer| p.score.unwrap_or(f64::INFINITY);
+        let key = |p: &Peer| rank_key(p.score);
+        let gone = |p: &Peer| {
+            self.expired
+                .iter()
+                .any(|c| c.owner.as_deref() == Some(&p.id))
+        };
         self.workers
             .iter()
-            .filter(|p| p.id != me.id && p.held == me.held && p.has_room())
+            .filter(|p| p.id != me.id && p.held == me.held && p.has_room() && !gone(p))
             .filter(|p| key(p) < key(me) || (key(p) == key(me) && p.id < me.id))
             .count()
     }
@@ -688,6 +708,7 @@ mod tests {
             time: None,
             epoch: 1,
             expired_for: Duration::from_millis(ms),
+            owner: None,
         }
     }
 
@@ -700,6 +721,7 @@ mod tests {
             tick: T,
             contact: Duration::from_secs(3600),
             idler_in_front: 0,
+            expiring: 0,
         }
     }
 
@@ -723,11 +745,22 @@ mod tests {
         let mut r = round("s", &w, &one);
         assert_eq!(r.claim_delay(), Some(Duration::ZERO));
         r.idler_in_front = 1;
-        // One idler standby ahead and one slot: it waits its turn, a fifth of a tick.
-        assert_eq!(r.claim_delay(), Some(T / 5));
+        // One idler standby ahead and one slot: it waits its turn, a tenth of a tick.
+        assert_eq!(r.claim_delay(), Some(idle_first_step(T)));
         assert!(r.claimable().is_empty());
         let stood = [orphan("x", 200)];
         assert_eq!(ids(round_with_idler("s", &w, &stood, 1).claimable()), ["x"]);
+        // Two leases about to lapse together, seen before the expiry: the second
+        // standby claims at once, even when the idlest already took one.
+        let r = Round {
+            expiring: 2,
+            ..round_with_idler("s", &w, &one, 1)
+        };
+        assert_eq!(r.claim_delay(), Some(Duration::ZERO));
+        // Idle standbys whose measures differ by noise keep their order by id.
+        let f = front(&[("a", Some(0.4)), ("b", Some(0.1))]);
+        assert_eq!(idler_in_front("a", None, &f), 0);
+        assert_eq!(idler_in_front("b", None, &f), 1);
         // Two slots for two standbys: no turn to wait.
         let two = [orphan("x", 0), orphan("y", 0)];
         assert_eq!(
@@ -757,9 +790,26 @@ mod tests {
         let w = [busy("a", 1, 40.0), busy("b", 1, 5.0), busy("c", 2, 1.0)];
         let one = [orphan("x", 0)];
         assert_eq!(round("b", &w, &one).claim_delay(), Some(L));
-        assert_eq!(round("a", &w, &one).claim_delay(), Some(L + T / 5));
+        assert_eq!(
+            round("a", &w, &one).claim_delay(),
+            Some(L + idle_first_step(T))
+        );
         // Holding more still waits a tick a slot, whatever its score.
         assert_eq!(round("c", &w, &one).claim_delay(), Some(L + T));
+        // A holder whose own slot lapsed is gone, whatever its heartbeat says: the
+        // survivor does not wait for it.
+        let w = [busy("dead", 1, 0.0), busy("b", 1, 5.0)];
+        let lost = [Candidate {
+            owner: Some("dead".into()),
+            time: Some(bson::DateTime::from_millis(1)),
+            ..orphan("x", 0)
+        }];
+        assert_eq!(round("b", &w, &lost).claim_delay(), Some(L));
+        assert_eq!(
+            round("b", &w, &one).claim_delay(),
+            Some(L + idle_first_step(T))
+        );
+        let w = [busy("a", 1, 40.0), busy("b", 1, 5.0), busy("c", 2, 1.0)];
         // Two orphans: the two idlest of those holding one take them at once.
         let two = [orphan("x", 0), orphan("y", 0)];
         assert_eq!(round("a", &w, &two).claim_delay(), Some(L));
@@ -1024,6 +1074,7 @@ mod tests {
             time: None,
             epoch: 1,
             expired_for: Duration::from_secs(secs),
+            owner: None,
         };
         let age = Duration::from_secs(5);
         assert!(vacant_before(&[slot(5), slot(60)], age));
@@ -1203,6 +1254,7 @@ mod tests {
             time: None,
             epoch: 1,
             expired_for,
+            owner: None,
         };
         let old = slot("slot-001", crate::db::lease::LONG_AGO);
         let orphaned = slot("slot-002", ms(300));
@@ -1248,6 +1300,7 @@ mod tests {
                 tick: T,
                 contact: Duration::from_secs(3600),
                 idler_in_front: 0,
+                expiring: 0,
             },
             place: Place::Front,
             woken: false,

@@ -144,7 +144,9 @@ pub(crate) fn mem_total(meminfo: &str) -> Option<u64> {
 /// reclaims first (what `docker stats` shows). `stat` is its `memory.stat`.
 pub(crate) fn memory_used(usage: &str, stat: &str) -> Option<u64> {
     let usage: u64 = usage.trim().parse().ok()?;
-    let inactive = ["inactive_file", "total_inactive_file"]
+    // v1's usage is hierarchical: so is `total_inactive_file` (robots' child
+    // cgroups included), where `inactive_file` is the cgroup's own.
+    let inactive = ["total_inactive_file", "inactive_file"]
         .iter()
         .find_map(|k| crate::robot::cgroup::counter(stat, k))
         .unwrap_or(0);
@@ -363,14 +365,20 @@ pub(crate) struct LoadReading(Arc<Mutex<Option<Reading>>>);
 /// One sample's figures.
 #[derive(Debug, Clone)]
 pub(crate) struct Reading {
-    pub(crate) load: Load,
+    /// None until the CPU figure has a rate (two samples): a worker that says it
+    /// uses no CPU before it knows would look idlest to everyone.
+    pub(crate) load: Option<Load>,
     /// Each held slot's cost (a slot with no robot running has none).
     pub(crate) slots: BTreeMap<String, SlotCost>,
 }
 
 impl LoadReading {
     pub(crate) fn load(&self) -> Option<Load> {
-        self.0.lock().expect("load lock").as_ref().map(|r| r.load)
+        self.0
+            .lock()
+            .expect("load lock")
+            .as_ref()
+            .and_then(|r| r.load)
     }
 
     /// A held slot's cost: zero robots when none of its robots runs.
@@ -397,7 +405,7 @@ pub(crate) struct LoadSampler {
     clk_tck: f64,
     page: u64,
     own: CpuWindow,
-    robots: HashMap<usize, CpuWindow>,
+    robots: HashMap<u64, CpuWindow>,
 }
 
 impl LoadSampler {
@@ -409,8 +417,8 @@ impl LoadSampler {
                 libc::sysconf(libc::_SC_PAGESIZE),
             )
         };
-        // SAFETY: as above.
-        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        // The CPUs this process may run on (its affinity, a cpuset), not the host's.
+        let online = std::thread::available_parallelism().map_or(1, |n| n.get());
         LoadSampler {
             weights,
             capacity,
@@ -468,7 +476,7 @@ impl LoadSampler {
         let mut measured = Vec::with_capacity(runs.len());
         let mut live = std::collections::HashSet::new();
         for run in &runs {
-            let key = Arc::as_ptr(&run.meter) as usize;
+            let key = run.key;
             live.insert(key);
             let (t, p) = run.meter.process().map_or((0, 0), |pid| table.tree(pid));
             let seconds = t as f64 / self.clk_tck + run.meter.polled().as_secs_f64();
@@ -482,19 +490,21 @@ impl LoadSampler {
             measured.push((run.slot.clone(), run.name.clone(), cost, run.declared));
         }
         self.robots.retain(|k, _| live.contains(k));
-        let load = Load::measured(
-            Used {
-                cores: self.own.cores().unwrap_or(0.0),
-                robots: runs.len() as u64,
-                memory_bytes: memory_used,
-            },
-            Allowed {
-                cores,
-                capacity: self.capacity,
-                memory_bytes,
-            },
-            self.weights,
-        );
+        let load = self.own.cores().map(|used| {
+            Load::measured(
+                Used {
+                    cores: used,
+                    robots: runs.len() as u64,
+                    memory_bytes: memory_used,
+                },
+                Allowed {
+                    cores,
+                    capacity: self.capacity,
+                    memory_bytes,
+                },
+                self.weights,
+            )
+        });
         Reading {
             load,
             slots: slot_costs(&measured),
@@ -526,8 +536,10 @@ impl LoadSampler {
                         match taken {
                             Ok((s, r)) => {
                                 self = s;
-                                metrics.load_measured(&r.load);
-                                status.lock().expect("status lock").load = Some((&r.load).into());
+                                if let Some(load) = &r.load {
+                                    metrics.load_measured(load);
+                                    status.lock().expect("status lock").load = Some(load.into());
+                                }
                                 reading.set(r);
                             }
                             Err(_) => return,

@@ -729,6 +729,15 @@ impl Worker {
             self.settings.max_slots,
             &self.passed_over,
         );
+        // Slots expired or about to lapse together, as this survey or the one a tick
+        // before it saw them (see Round::expiring).
+        let now = self.clock.now();
+        let expiring_now = survey.expired.len() + survey.expiring_soon;
+        let expiring = match self.looks.expiring {
+            Some((at, n)) if self.clock.since(at) <= self.tick() => n.max(expiring_now),
+            _ => expiring_now,
+        };
+        self.looks.expiring = Some((now, expiring_now));
         let seen = Seen {
             round: Round {
                 me: &me,
@@ -742,6 +751,7 @@ impl Worker {
                     self.load.load().map(|l| l.score()),
                     &self.looks.front,
                 ),
+                expiring,
             },
             place: pace.place,
             woken,

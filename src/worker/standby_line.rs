@@ -177,6 +177,9 @@ pub(crate) struct Looks {
     /// The front of the line with the standbys' load scores, as its last whole place
     /// read as a standby found it (see [`Placed::front`](crate::db::heartbeat::Placed::front)).
     pub(crate) front: Vec<(String, Option<f64>)>,
+    /// How many slots the last survey saw expired or expiring within a tick, and
+    /// when (see [`Round::expiring`](crate::worker::claim_policy::Round::expiring)).
+    pub(crate) expiring: Option<(Instant, usize)>,
     /// A poke asked for a place read too soon after the last one: it is read when
     /// that is a tick old (see [`poked_place_in`]).
     pub(crate) place_wanted: bool,
@@ -208,6 +211,7 @@ impl Looks {
             placed_at: None,
             near: None,
             front: Vec::new(),
+            expiring: None,
             place_wanted: false,
             beaten: None,
             pace: Duration::ZERO,
