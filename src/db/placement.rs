@@ -7,8 +7,8 @@ use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
 use crate::db::field::{
-    COST, DRAINING, EPOCH, EXPIRES_MS, NAME, OWNER, RETIRING, REV, ROBOT_COUNT, SLOT_ID, STATUS,
-    WORKER,
+    COST, DRAINING, EPOCH, EXPIRES_MS, NAME, OWNER, RETIRING, REV, ROBOT_COUNT, SLOT_ID, SPEC,
+    STATUS, WORKER,
 };
 use crate::db::robot_count::reservation;
 use crate::db::robot_doc::RobotStatus;
@@ -27,6 +27,9 @@ pub(crate) struct SlotLoad {
     pub(crate) holder: Option<String>,
     /// Its robots' cost as its holder last recorded it.
     pub(crate) cost: Option<crate::load::SlotCost>,
+    /// What its robots' `spec.limits` declare, in all (see
+    /// [`declared_limits`]; zero until the caller adds it).
+    pub(crate) declared: crate::load::Cost,
 }
 
 /// The part of a slot filter that admits only slots robots may be placed on.
@@ -57,6 +60,7 @@ pub(crate) async fn loads(store: &Store) -> Result<Vec<SlotLoad>> {
             seen,
             holder: d.get_str(OWNER).ok().filter(|_| live).map(str::to_string),
             cost: crate::db::load::cost_of(&d),
+            declared: crate::load::Cost::default(),
         });
     }
     Ok(out)
@@ -247,6 +251,32 @@ pub(crate) async fn pick(
         .try_collect()
         .await?;
     Ok(with_text(&docs, NAME))
+}
+
+/// Every robot whose spec declares `limits`, as its slot and its `spec.limits`:
+/// what placement counts for robots no holder has measured yet. Usually few: only
+/// robots that declare limits are read.
+pub(crate) async fn declared_limits(store: &Store) -> Result<Vec<(String, Document)>> {
+    let docs: Vec<Document> = store
+        .robots()
+        .find(doc! {"spec.limits": {"$type": "object"}})
+        .projection(doc! {SLOT_ID: 1, "spec.limits": 1})
+        .await?
+        .try_collect()
+        .await?;
+    Ok(docs
+        .iter()
+        .filter_map(|d| {
+            let slot = d.get_str(SLOT_ID).ok()?.to_string();
+            let limits = d
+                .get_document(SPEC)
+                .ok()?
+                .get_document("limits")
+                .ok()?
+                .clone();
+            Some((slot, limits))
+        })
+        .collect())
 }
 
 /// Those of the robots named `names` still bound to slot `from`, with their names.

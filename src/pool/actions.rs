@@ -662,6 +662,14 @@ pub(crate) async fn rebalance(
                 placement::PlacementError::Db(e) => ActionError::Db(e),
                 other => ActionError::BadDocument(other.to_string()),
             })?;
+            let declared = placement::declared_by_slot(store)
+                .await
+                .map_err(|e| match e {
+                    placement::PlacementError::Db(e) => ActionError::Db(e),
+                    other => ActionError::BadDocument(other.to_string()),
+                })?;
+            let mut slots = slots.clone();
+            placement::with_declared(&mut slots, &declared);
             let plan = placement::plan_load_rebalance(&slots, &holders, band, max)
                 .map_err(|e| ActionError::LoadUnknown(e.to_string()))?;
             scores = plan.scores;

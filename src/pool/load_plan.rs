@@ -73,10 +73,18 @@ struct Carried {
 impl Carried {
     fn new(load: Load, slots: &[&SlotLoad]) -> Carried {
         let robots = slots.iter().fold(0_i64, |n, s| n.saturating_add(s.robots));
+        // Each slot weighs what its holder recorded, or what its robots declare
+        // when that is more (robots placed since, not measured yet).
         let cost: Cost = slots
             .iter()
-            .filter_map(|s| s.cost.as_ref())
-            .map(|c| c.total)
+            .map(|s| {
+                let recorded = s.cost.as_ref().map(|c| c.total).unwrap_or_default();
+                Cost {
+                    robots: recorded.robots,
+                    millicores: recorded.millicores.max(s.declared.millicores),
+                    memory_bytes: recorded.memory_bytes.max(s.declared.memory_bytes),
+                }
+            })
             .sum();
         let measured_mc = load.cpu * load.cores * 1000.0;
         let measured_mem = load.memory * load.memory_bytes as f64;
@@ -338,6 +346,7 @@ mod tests {
             seen: Some(robots),
             holder: None,
             cost: None,
+            declared: Cost::default(),
         }
     }
 
@@ -442,6 +451,28 @@ mod tests {
             plan_by_load(&slots, &h, 3, Cost::default()),
             Some(vec![0, 3])
         );
+    }
+
+    #[test]
+    fn robots_placed_since_the_last_measure_weigh_what_they_declare() {
+        // One robot declaring half a core was placed on a; its holder has not
+        // measured it yet. The next one declaring as much goes to b.
+        let h = holders(&[("w1", measured(0, 0)), ("w2", measured(0, 0))]);
+        let a = SlotLoad {
+            declared: Cost {
+                robots: 1,
+                millicores: 500,
+                memory_bytes: 0,
+            },
+            ..held("a", 1, "w1", &[])
+        };
+        let heavy = Cost {
+            robots: 1,
+            millicores: 500,
+            memory_bytes: 0,
+        };
+        let slots = [a, held("b", 0, "w2", &[])];
+        assert_eq!(plan_by_load(&slots, &h, 1, heavy), Some(vec![0, 1]));
     }
 
     #[test]

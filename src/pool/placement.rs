@@ -53,6 +53,33 @@ pub(crate) enum PlaceBy {
     Count,
 }
 
+/// What each slot's robots declare in their `spec.limits`, by slot: what a robot
+/// weighs before its holder has measured it, for placement by load. A limits
+/// document that does not parse counts as none.
+pub(crate) async fn declared_by_slot(
+    store: &Store,
+) -> Result<HashMap<String, Cost>, PlacementError> {
+    let mut out: HashMap<String, Cost> = HashMap::new();
+    for (slot, limits) in stored::declared_limits(store).await? {
+        let l = crate::robot::limits::Limits::from_doc(&limits, "spec.limits").unwrap_or_default();
+        let c = out.entry(slot).or_default();
+        *c = *c
+            + Cost {
+                robots: 1,
+                millicores: l.cpu_millis.unwrap_or(0),
+                memory_bytes: l.memory.unwrap_or(0),
+            };
+    }
+    Ok(out)
+}
+
+/// Sets each slot's declared cost from [`declared_by_slot`].
+pub(crate) fn with_declared(slots: &mut [SlotLoad], declared: &HashMap<String, Cost>) {
+    for s in slots {
+        s.declared = declared.get(&s.id).copied().unwrap_or_default();
+    }
+}
+
 /// Every live worker's load, by id, from the heartbeats.
 pub(crate) async fn holder_loads(store: &Store) -> Result<HashMap<String, Load>, PlacementError> {
     let workers = crate::db::heartbeat::live_workers(store).await?;
@@ -85,12 +112,13 @@ pub(crate) async fn reserve(
     each: Cost,
     by: PlaceBy,
 ) -> Result<Placement, PlacementError> {
-    let holders = match by {
-        PlaceBy::Load => holder_loads(store).await?,
-        PlaceBy::Count => HashMap::new(),
+    let (holders, declared) = match by {
+        PlaceBy::Load => (holder_loads(store).await?, declared_by_slot(store).await?),
+        PlaceBy::Count => (HashMap::new(), HashMap::new()),
     };
     for _round in 0..50 {
-        let pool = loads(store).await?;
+        let mut pool = loads(store).await?;
+        with_declared(&mut pool, &declared);
         if pool.is_empty() {
             return Err(PlacementError::NoSlots);
         }
@@ -271,6 +299,7 @@ mod tests {
             seen: Some(robots),
             holder: None,
             cost: None,
+            declared: Cost::default(),
         }
     }
 
