@@ -112,6 +112,23 @@ async fn pool(name: &str, by: &str, declare: bool, cores: f64) -> (TestDb, Vec<W
     db.init(SLOTS).await;
     let w: Vec<WorkerProc> = (0..SLOTS).map(|_| db.exec_worker(&[])).collect();
     one_slot_each(&db, SLOTS as usize).await;
+    // A pool in its steady state: every holder's heartbeat carries its load (a
+    // holder behind the watchers beats every 40 s, and says nothing before its CPU
+    // has a rate). Until then, placement by load places by counts.
+    common::wait_for(
+        Duration::from_secs(120),
+        "every worker's load in its heartbeat",
+        || async {
+            let n = db
+                .store
+                .workers()
+                .count_documents(doc! {"load": {"$type": "object"}})
+                .await
+                .ok()?;
+            (n == SLOTS as u64).then_some(())
+        },
+    )
+    .await;
     let burner = burner(&db, cores);
     create_all(&db, &burner, cores, by, declare);
     (db, w)
