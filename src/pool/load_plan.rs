@@ -8,10 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::db::placement::SlotLoad;
 use crate::load::{Cost, Load};
 
-/// Scores this close count as equal when placing: the slot with fewer robots is
-/// chosen among them. Without this, idle robots would pile onto whichever holder
-/// measured least, rather than spread.
-use crate::load::SCORE_TIE as LOAD_TIE;
+use crate::load::SCORE_TIE;
 
 /// How far apart (in score points, 0 to 100) `rebalance --by load` leaves the
 /// busiest and the idlest holder, by default: a point, the noise of a minute's
@@ -98,12 +95,20 @@ impl Carried {
         }
     }
 
-    /// Its score with `more` on top of what it carries.
+    /// Its score with `more` on top of what it carries: what it measured, in whole
+    /// [`SCORE_TIE`] steps (a minute's measure of an idle worker varies by a few
+    /// tenths of a point: two idle holders are equal, and their robots spread by
+    /// count), plus exactly what the plan knows it adds (robots, what they declare
+    /// or were measured to cost).
     fn score_with(&self, more: Delta) -> f64 {
+        let measured = self.load.score_moved(0.0, 0.0, 0.0);
         let mut d = self.extra;
         d += more;
-        self.load
+        let added = self
+            .load
             .score_moved(d.robots, d.millicores, d.memory_bytes)
+            - measured;
+        (measured / SCORE_TIE).floor() * SCORE_TIE + added
     }
 
     fn score(&self) -> f64 {
@@ -133,10 +138,10 @@ fn known_holders<'a>(
 }
 
 /// Spreads `n` robots, each expected to cost `each`, over `slots` by their holders'
-/// load: each goes to a slot whose holder's score, with what it already carries
-/// and this robot on top, is lowest or within [`LOAD_TIE`] of it, the one with the
-/// fewest robots among those (then the lower score, then by id). None when some
-/// slot's holder is unknown: the caller places by counts.
+/// load: each goes to the slot whose holder's score, with what it already carries
+/// and this robot on top ([`Carried::score_with`]), is lowest, then to the one with
+/// the fewest robots, then by id. None when some slot's holder is unknown: the
+/// caller places by counts.
 pub(crate) fn plan_by_load(
     slots: &[SlotLoad],
     holders: &HashMap<String, Load>,
@@ -158,13 +163,11 @@ pub(crate) fn plan_by_load(
         let scores: Vec<f64> = (0..slots.len())
             .map(|i| known[holder(i)].score_with(each))
             .collect();
-        let lowest = scores.iter().copied().fold(f64::INFINITY, f64::min);
         let i = (0..slots.len())
-            .filter(|&i| scores[i] <= lowest + LOAD_TIE)
             .min_by(|&a, &b| {
-                counts[a]
-                    .cmp(&counts[b])
-                    .then(scores[a].total_cmp(&scores[b]))
+                scores[a]
+                    .total_cmp(&scores[b])
+                    .then(counts[a].cmp(&counts[b]))
                     .then(a.cmp(&b))
             })
             .expect("slots");
