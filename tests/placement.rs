@@ -198,6 +198,14 @@ async fn rebalance_by_load_moves_the_hogs_apart() {
         "a dry run moves nothing"
     );
     let out = db.cli_ok(&["rebalance", "--by", "load"]);
+    let event = db
+        .store
+        .events()
+        .find_one(bson::doc! {"kind": "rebalance"})
+        .await
+        .unwrap()
+        .expect("the rebalance is in events");
+    assert_eq!(event.get_str("detail").unwrap(), "1 robot(s) moved by load");
     let placed = slot_of(&db).await;
     assert_ne!(placed["hog-a"], placed["hog-b"], "{out}\n{placed:?}");
     let moved = if placed["hog-a"] == "slot-001" {

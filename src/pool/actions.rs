@@ -718,17 +718,12 @@ pub(crate) async fn rebalance(
             }
         }
         let moved: u64 = moves.iter().map(|p| p.moved).sum();
-        let how = match by {
-            Evening::Count => "by count",
-            Evening::Load { .. } => "by load",
+        // By count, as the event always said; by load, it says so.
+        let detail = match by {
+            Evening::Count => format!("{moved} robot(s) moved"),
+            Evening::Load { .. } => format!("{moved} robot(s) moved by load"),
         };
-        record(
-            store,
-            EventKind::Rebalance,
-            actor,
-            doc! {DETAIL: format!("{moved} robot(s) moved {how}")},
-        )
-        .await;
+        record(store, EventKind::Rebalance, actor, doc! {DETAIL: detail}).await;
     }
     Ok(Rebalance {
         dry_run,
