@@ -9,8 +9,18 @@
 #
 # With MONGODB_URI set, every command uses that server instead and starts nothing.
 # Port: SLOTPOOL_DEV_PORT (default 27777). Data: .state/mongo-data (git-ignored).
+#
+# The server runs behind mongod's rules (scripts/devdb/serve.py): what mongod refuses
+# and the dev server would take is refused as mongod refuses it, and a command shape
+# missing from docs/mongodb.md's audited table is refused too (SLOTPOOL_DEV_SHAPES=learn
+# only records it, =off skips the table). Every shape seen goes to .state/shapes/.
+#
 # SLOTPOOL_DEV_MAX_CONNECTIONS raises the server's limit of open connections (1,000,
 # which its command line cannot change): a pool of 200 workers keeps about 850.
+# SLOTPOOL_DEV_TEST_COMMANDS=1 turns on mongod's test commands (configureFailPoint),
+# as the test suite does; SLOTPOOL_DEV_SERVER_ARGS adds the server's own flags
+# (--auth, --standalone, --tls-cert-file ...); SLOTPOOL_DEV_REPORT_VERSION makes it
+# name another MongoDB version (the suite's check of the minimum version).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,9 +78,21 @@ start() {
   say "starting SecantusDB on 127.0.0.1:$PORT (data: $DATA, log: $LOG)"
   # A session of its own: a terminal's Ctrl-C (SIGINT to the caller's whole process
   # group, e.g. the demo's) must not take the database down under the workers.
-  local server=("$VENV/bin/secantusd-py")
+  local server=("$VENV/bin/python" "$ROOT/scripts/devdb/serve.py"
+    --shapes "${SLOTPOOL_DEV_SHAPES:-learn}" --shapes-dir "$STATE/shapes"
+    --audited "$ROOT/docs/mongodb.md")
   if [[ -n "${SLOTPOOL_DEV_MAX_CONNECTIONS:-}" ]]; then
-    server=("$VENV/bin/python" "$ROOT/scripts/devdb-more-connections.py" "$SLOTPOOL_DEV_MAX_CONNECTIONS")
+    server+=(--max-connections "$SLOTPOOL_DEV_MAX_CONNECTIONS")
+  fi
+  if [[ -n "${SLOTPOOL_DEV_REPORT_VERSION:-}" ]]; then
+    server+=(--report-version "$SLOTPOOL_DEV_REPORT_VERSION")
+  fi
+  local flags=()
+  if [[ "${SLOTPOOL_DEV_TEST_COMMANDS:-}" == 1 ]]; then flags+=(--enable-test-commands); fi
+  if [[ -n "${SLOTPOOL_DEV_SERVER_ARGS:-}" ]]; then
+    local more
+    read -ra more <<<"$SLOTPOOL_DEV_SERVER_ARGS"
+    flags+=("${more[@]}")
   fi
   # SLOTPOOL_DEV_SERVER_ENV: space-separated NAME=VALUE pairs for the server process
   # alone (tests put it under libfaketime this way: preloaded into this script, it
@@ -80,8 +102,8 @@ start() {
     read -ra extra <<<"$SLOTPOOL_DEV_SERVER_ENV"
     server=(env "${extra[@]}" "${server[@]}")
   fi
-  setsid nohup "${server[@]}" --host 127.0.0.1 --port "$PORT" --storage-path "$DATA" \
-    --log-level WARNING >>"$LOG" 2>&1 </dev/null &
+  setsid nohup "${server[@]}" -- --host 127.0.0.1 --port "$PORT" --storage-path "$DATA" \
+    --log-level WARNING "${flags[@]}" >>"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   for _ in $(seq 1 120); do
     if answers "$DEV_URI"; then echo "$DEV_URI"; return; fi

@@ -8,6 +8,12 @@ cd "$ROOT"
 phase() { echo "== [${SECONDS}s] $*"; }
 
 phase "test database"
+# Every dev server the suite starts (this one, and each a test starts of its own)
+# runs behind mongod's rules and the audited table (scripts/devdb/serve.py), with
+# mongod's test commands on (failpoints, step-down). Each writes the command shapes
+# it saw to .state/shapes/; the run fails at the end if any was not audited.
+export SLOTPOOL_DEV_TEST_COMMANDS=1
+rm -rf .state/shapes
 # A throwaway server of its own (port SLOTPOOL_TEST_PORT, default 27778), fresh each
 # run: the dev server's latency creeps up over a long process life, and tests should
 # not depend on what the demo left behind. With MONGODB_URI set, that server is used.
@@ -43,4 +49,7 @@ SLOTPOOL_IMAGE_BINARY=target/debug/slotpool scripts/images.sh
 phase "cargo test"
 cargo test --all-targets "$@"
 cargo test --doc --quiet
+
+phase "command shapes: every one the suite sent is in docs/mongodb.md's audited table"
+SLOTPOOL_SHAPES_SOFT=1 scripts/shapes.sh check
 phase "done"

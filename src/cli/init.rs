@@ -1,3 +1,4 @@
+use anyhow::Context;
 use clap::Args;
 
 use crate::db::store::Store;
@@ -17,6 +18,11 @@ pub(crate) struct InitArgs {
 }
 
 pub(crate) async fn run(store: &Store, args: InitArgs) -> anyhow::Result<()> {
+    store
+        .deployment()
+        .await
+        .context("reading what the database server is (hello)")?
+        .supported()?;
     let report = crate::pool::init::init(store, args.slots).await?;
     if args.json {
         super::output::print_json(&serde_json::to_value(&report)?);

@@ -168,6 +168,16 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "SLOTPOOL_NO_CHANGE_STREAM", hide = true)]
     no_change_stream: bool,
 
+    /// Behind mongos only: every mongos this pool's workers reach keeps its host's
+    /// clock in step with the others (NTP, well within --fence-margin). Each mongos
+    /// evaluates `$$NOW`, the clock every lease is judged by, with its own host's
+    /// clock, so a worker whose mongos runs ahead by more than the margin could claim
+    /// a slot whose holder still runs its robots. Without this flag a worker refuses
+    /// to start behind mongos (one mongos for the whole pool needs no flag only if
+    /// you are sure every worker reaches the same one; say so with this flag).
+    #[arg(long, env = "SLOTPOOL_MONGOS_CLOCKS_AGREE")]
+    mongos_clocks_agree: bool,
+
     /// Benchmarks only: every worker tries the first expired slot first.
     #[arg(long, hide = true)]
     no_hash: bool,
@@ -318,17 +328,17 @@ pub(crate) async fn run(
     let store = Store::connect_with(uri, policy)
         .await
         .context("connecting to MongoDB (set --mongodb-uri or MONGODB_URI)")?;
-    match store.topology().await {
-        Ok(topology) => {
-            for warning in topology.warnings() {
-                tracing::warn!("{warning}");
-            }
-        }
-        Err(e) => tracing::warn!("could not read the deployment's topology (hello): {e}"),
+    let deployment = store
+        .deployment()
+        .await
+        .context("reading what the database server is (hello)")?;
+    deployment.holds_leases(args.mongos_clocks_agree)?;
+    for warning in deployment.topology.warnings() {
+        tracing::warn!("{warning}");
     }
     tracing::info!(
         worker = %identity, listen = %listen, database = %store.db().name(), uri = %store.shown_uri(), write_concern = %store.write_concern(),
-        lease_ms = timing.lease_ms(), max_slots = ?args.max_slots, watchers = args.watchers,
+        server = %deployment.version, lease_ms = timing.lease_ms(), max_slots = ?args.max_slots, watchers = args.watchers,
         capacity = args.capacity, load_weights = %args.load_weights,
         release_poll_ms = release_poll.map_or(0, |p| p.as_millis() as u64),
         overflow_after_ms = args.overflow_after.unwrap_or(timing.lease()).as_millis() as u64, margin_ms = timing.margin.as_millis() as u64,

@@ -259,13 +259,31 @@ pub enum BeatError {
 /// The heartbeat's filter: this worker's document, unless another process's
 /// heartbeat there is still believed. A document without an instance (an older
 /// version) or whose time ran out (a predecessor that was killed) is taken over.
-/// No match makes the upsert collide with the existing `_id`: that duplicate key
-/// is how a second live process learns of the first.
+///
+/// Never an upsert's filter: mongod refuses `$expr` in the query of an upsert in
+/// every version (code 224, see docs/mongodb.md). Where it matches nothing,
+/// [`Roster::beat`] inserts a [`placeholder`] and beats again.
 fn own_heartbeat(me: &str, instance: &str) -> Document {
     doc! {"_id": me, "$expr": {"$or": [
         {"$eq": [{"$ifNull": [field(INSTANCE), instance]}, instance]},
         {"$lte": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]},
     ]}}
+}
+
+/// A worker's first `workers` document, inserted only where it has none: its `_id`
+/// and its process, believed by nobody (`alive_until_ms` 0, outside the line), so
+/// that [`own_heartbeat`] then matches it. The insert collides with any document
+/// already there: that duplicate key is how a second live process learns of the
+/// first. Its clock fields are this machine's (an insert cannot read `$$NOW`); the
+/// heartbeat that follows at once stamps the server's. One left behind by a crash
+/// between the two is removed by the TTL index, or taken over by the next start.
+fn placeholder(beat: &Beat<'_>, now: bson::DateTime) -> Document {
+    let forgotten = forgotten_after(beat.pace).as_millis() as i64;
+    doc! {
+        "_id": beat.me, INSTANCE: beat.instance,
+        LAST_SEEN: now, ALIVE_UNTIL_MS: 0_i64,
+        EXPIRE_AT: bson::DateTime::from_millis(now.timestamp_millis().saturating_add(forgotten)),
+    }
 }
 
 /// The heartbeat itself: who holds what, how long it is believed, and when its
@@ -338,20 +356,19 @@ impl Roster {
         beat: &Beat<'_>,
         read_clock: bool,
     ) -> Result<Option<ServerClock>, BeatError> {
-        let written = self
-            .workers()
-            .update_one(
-                own_heartbeat(beat.me, beat.instance),
-                heartbeat_update(beat),
-            )
-            .upsert(true)
-            .await;
-        match written {
-            Ok(_) => {}
-            Err(e) if crate::db::store::is_duplicate_key(&e) => {
+        if !self.beat_own(beat).await? {
+            // No document of this worker's yet, or another live process's.
+            let first = placeholder(beat, bson::DateTime::now());
+            match self.workers().insert_one(first).await {
+                Ok(_) => {}
+                Err(e) if crate::db::store::is_duplicate_key(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+            // Ours now, unless another process's heartbeat is believed there (or
+            // a predecessor's ran out between the two reads: then it is taken).
+            if !self.beat_own(beat).await? {
                 return Err(self.in_use(beat.me).await);
             }
-            Err(e) => return Err(e.into()),
         }
         if !read_clock {
             return Ok(None);
@@ -363,6 +380,19 @@ impl Roster {
             .get_datetime("localTime")
             .map_or(0, |t| t.timestamp_millis());
         Ok(Some(ServerClock::observed(server_ms, sent, Instant::now())))
+    }
+
+    /// Writes the heartbeat over this worker's own document ([`own_heartbeat`]);
+    /// false when there is none to write over.
+    async fn beat_own(&self, beat: &Beat<'_>) -> Result<bool, mongodb::error::Error> {
+        let written = self
+            .workers()
+            .update_one(
+                own_heartbeat(beat.me, beat.instance),
+                heartbeat_update(beat),
+            )
+            .await?;
+        Ok(written.matched_count == 1)
     }
 
     /// Replaces another process's heartbeat under this worker's identity with this

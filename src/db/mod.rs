@@ -20,6 +20,7 @@ pub(crate) mod robot_count;
 pub mod robot_doc;
 pub(crate) mod robots;
 pub(crate) mod schema;
+pub mod server;
 pub mod store;
 pub(crate) mod words;
 pub mod write_concern;

@@ -91,52 +91,6 @@ fn scrub(message: &str) -> String {
     crate::secrets::scrub(message).into_owned()
 }
 
-/// The deployment behind the connection, as `hello` describes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Topology {
-    /// The replica set's name; None for a standalone server (or a `mongos`).
-    pub set_name: Option<String>,
-    /// Its data-bearing members (`hosts`) and arbiters.
-    pub hosts: usize,
-    pub arbiters: usize,
-    /// A `mongos` of a sharded cluster.
-    pub router: bool,
-}
-
-impl Topology {
-    pub(crate) fn from_hello(hello: &Document) -> Topology {
-        let count = |key: &str| hello.get_array(key).map_or(0, |a| a.len());
-        Topology {
-            set_name: hello.get_str("setName").ok().map(str::to_string),
-            hosts: count("hosts"),
-            arbiters: count("arbiters"),
-            router: hello.get_str("msg") == Ok("isdbgrid"),
-        }
-    }
-
-    /// What an operator should know of this deployment for the lease: said once at
-    /// a worker's start.
-    pub fn warnings(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.set_name.is_none() && !self.router {
-            out.push(
-                "the database is a standalone server, not a replica set: no failover is \
-                 possible, and while it is down every holder suspends its robots"
-                    .to_string(),
-            );
-        }
-        if self.arbiters > 0 {
-            out.push(format!(
-                "the replica set has {} arbiter(s) beside {} data-bearing member(s): a \
-                 majority write needs every data-bearing member but one, so with one of \
-                 them down renewals wait, and holders suspend their robots until it is back",
-                self.arbiters, self.hosts
-            ));
-        }
-        out
-    }
-}
-
 /// A slot document, decoded leniently for the people who look at it (the CLI, the
 /// dashboard): a hand-edited slot is shown, not dropped. The lease itself never reads
 /// slots through this: [`crate::db::lease`] filters and judges on the server.
@@ -456,12 +410,6 @@ impl Store {
         )
     }
 
-    /// What the server says of its deployment (`hello`).
-    pub async fn topology(&self) -> Result<Topology, StoreError> {
-        let hello = self.db().run_command(doc! {"hello": 1}).await?;
-        Ok(Topology::from_hello(&hello))
-    }
-
     pub fn client(&self) -> Client {
         self.conn.read().expect("store lock").client.clone()
     }
@@ -692,11 +640,73 @@ pub(crate) fn is_namespace_exists(e: &mongodb::error::Error) -> bool {
 
 /// The server's codes for "not now, ask again": a primary stepping down, shutting
 /// down, or no longer primary, and a host not reached. The retryable-writes
-/// specification's list; a write refused with one of these did not happen, or may
+/// specification's list, and 134 (`ReadConcernMajorityNotAvailableYet`, which the
+/// retryable-reads specification adds: a whole replica set restarted has no majority
+/// snapshot for a moment). A write refused with one of these did not happen, or may
 /// have, and is never a refusal of the document.
-const TRANSIENT_CODES: [i32; 12] = [
-    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+const TRANSIENT_CODES: [i32; 13] = [
+    6, 7, 89, 91, 134, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
 ];
+
+/// What the server said when it refused a request outright: an answer that is not
+/// "not now" ([`is_transient`]), so sending it again gets the same answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: i32,
+    pub code_name: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = if self.code_name.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", self.code_name)
+        };
+        write!(f, "{} (code {}{name})", self.message, self.code)?;
+        match self.code {
+            13 => write!(
+                f,
+                ": the user lacks a privilege; a worker and the CLI need the readWrite role \
+                 on slotpool's database, slotpool web needs read, and init also dbAdmin \
+                 (docs/security.md)"
+            ),
+            18 => write!(f, ": check the user and password in the connection string"),
+            _ => write!(
+                f,
+                ": the server does not take a command slotpool sends; slotpool needs \
+                 MongoDB {} or later (docs/mongodb.md)",
+                crate::db::server::MINIMUM_VERSION
+            ),
+        }
+    }
+}
+
+/// The server's refusal in `e`, when the server answered and refused: a command
+/// error or a write error whose code is not transient. None for a network error, a
+/// transient code, a duplicate key (which callers read as an answer) and a
+/// validator's refusal of one document (code 121, which callers handle).
+pub fn refusal(e: &mongodb::error::Error) -> Option<Refusal> {
+    use mongodb::error::{ErrorKind, WriteFailure};
+    if is_transient(e) || is_duplicate_key(e) {
+        return None;
+    }
+    let (code, code_name, message) = match e.kind.as_ref() {
+        ErrorKind::Command(c) => (c.code, c.code_name.clone(), c.message.clone()),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => (
+            w.code,
+            w.code_name.clone().unwrap_or_default(),
+            w.message.clone(),
+        ),
+        _ => return None,
+    };
+    (code != 121).then(|| Refusal {
+        code,
+        code_name,
+        message: first_line(&scrub(&message)),
+    })
+}
 
 /// True when the database could not be reached, answered nothing usable, or could
 /// not make a write durable (a step-down, an election, a majority not reached): the
@@ -775,25 +785,6 @@ fn first_line(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_standalone_server_and_an_arbiter_are_warned_about() {
-        let standalone = Topology::from_hello(&doc! {"isWritablePrimary": true});
-        assert_eq!(standalone.warnings().len(), 1);
-        assert!(standalone.warnings()[0].contains("standalone"));
-        let psa = Topology::from_hello(&doc! {
-            "setName": "rs0", "hosts": ["a:27017", "b:27017"], "arbiters": ["c:27017"],
-        });
-        assert_eq!(psa.arbiters, 1);
-        assert_eq!(psa.warnings().len(), 1);
-        assert!(psa.warnings()[0].contains("arbiter"));
-        let pss = Topology::from_hello(&doc! {
-            "setName": "rs0", "hosts": ["a:27017", "b:27017", "c:27017"],
-        });
-        assert!(pss.warnings().is_empty());
-        let router = Topology::from_hello(&doc! {"msg": "isdbgrid"});
-        assert!(router.warnings().is_empty());
-    }
 
     #[test]
     fn a_patient_event_gives_three_sends_two_seconds_then_doubles_up_to_thirty() {

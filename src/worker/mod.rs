@@ -107,6 +107,10 @@ pub enum WorkerError {
     /// later, when its own heartbeat lapsed and the other took the identity over).
     #[error(transparent)]
     IdentityInUse(BeatError),
+    /// The server refused the first heartbeat outright (not "not now"): sent again,
+    /// it would be refused again, so the worker stops rather than retry for ever.
+    #[error("the database server refused this worker's first heartbeat: {0}")]
+    Refused(crate::db::store::Refusal),
 }
 
 /// What one heartbeat attempt gave.
@@ -116,6 +120,8 @@ enum Beaten {
     /// The database did not take it (unreachable, slow): tried again later. Says
     /// why, scrubbed of credentials.
     Failed(String),
+    /// The server answered and refused it: the same beat would be refused again.
+    Refused(crate::db::store::Refusal),
     InUse(BeatError),
 }
 
@@ -428,6 +434,7 @@ impl Worker {
                     self.db_failed(&format!("the first heartbeat was not written: {why}"));
                     self.tick()
                 }
+                Beaten::Refused(r) => return Err(WorkerError::Refused(r)),
                 Beaten::InUse(e) => match self.judge_predecessor(e, &mut first, pace).await? {
                     Some(pause) => pause,
                     None => return Ok(()),
@@ -922,7 +929,12 @@ impl Worker {
             self.status.lock().expect("status lock").round_done();
             match beaten {
                 Beaten::Written => self.beaten(ids, pace),
-                Beaten::Failed(why) => {
+                failed @ (Beaten::Failed(_) | Beaten::Refused(_)) => {
+                    let why = match failed {
+                        Beaten::Refused(r) => format!("refused by the server: {r}"),
+                        Beaten::Failed(why) => why,
+                        _ => unreachable!("matched above"),
+                    };
                     if self.judged_by_heartbeat() {
                         self.db_failed(&format!("the heartbeat was not written: {why}"));
                     }
@@ -1379,6 +1391,9 @@ impl Worker {
             }
             Ok(Err(e @ BeatError::IdentityInUse { .. })) => Beaten::InUse(e),
             Ok(Err(BeatError::Db(e))) => {
+                if let Some(refusal) = crate::db::store::refusal(&e) {
+                    return Beaten::Refused(refusal);
+                }
                 let why = self.store.scrub(&crate::db::store::brief(&e));
                 tracing::debug!("heartbeat failed: {why}");
                 Beaten::Failed(why)

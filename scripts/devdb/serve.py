@@ -1,0 +1,200 @@
+"""The dev server (SecantusDB) behind mongod's rules: what scripts/dev-mongo.sh runs.
+
+    python scripts/devdb/serve.py [--max-connections N] [--shapes-dir DIR]
+        [--audited FILE] [--shapes enforce|learn|off] [--report-version X.Y.Z]
+        -- SECANTUS-ARGS...
+
+Before each command reaches the server:
+
+1. `rules.refusal` answers as mongod would a command it refuses and the dev server
+   does not (an upsert whose filter holds `$expr`, a `$match` in an update pipeline,
+   an operator newer than the oldest MongoDB slotpool supports, ...).
+2. Each statement's shape (`rules.shapes`) is looked up in FILE's audited table
+   (docs/mongodb.md: every row whose first cell is a shape in backticks). With
+   `--shapes enforce` (the default) a shape missing there is refused with a message
+   that says so, and written to DIR/unaudited-PORT.tsv; scripts/test.sh fails the run
+   when any such file is not empty. `learn` only records; `off` skips the lookup.
+   Every shape seen, with the client's appName, goes to DIR/seen-PORT.tsv.
+
+`--max-connections` raises the server's limit of open connections (1,000, which its
+command line cannot change; a pool of 200 workers keeps about 850 open).
+`--report-version` makes `buildInfo` and `hello` name another server version, so
+the suite can show what slotpool does on a server older than it supports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import rules  # noqa: E402  (beside this file)
+import secantus.cli  # noqa: E402
+import secantus.commands  # noqa: E402
+import secantus.server  # noqa: E402
+
+#: Wire versions of the releases `--report-version` may name (the drivers' table).
+WIRE = {(4, 2): 8, (4, 4): 9, (5, 0): 13, (6, 0): 17, (7, 0): 21, (8, 0): 25}
+
+
+def audited_shapes(path: str) -> set[str]:
+    """Every shape in backticks that opens a row of a Markdown table in `path`."""
+    out = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("| `"):
+                continue
+            cell = line[2:].split(" |", 1)[0].strip()
+            if cell.startswith("`") and cell.endswith("`") and len(cell) > 2:
+                out.add(cell[1:-1].replace("\\|", "|"))
+    return out
+
+
+class Front:
+    """mongod's rules and the audited table, in front of SecantusDB's dispatch."""
+
+    def __init__(self, dispatch, mode: str, audited: set[str], shapes_dir: str | None, port: int):
+        self.dispatch = dispatch
+        self.mode = mode
+        self.audited = audited
+        self.lock = threading.Lock()
+        self.seen: set[tuple[str, str]] = set()
+        self.seen_file = self.unaudited_file = None
+        if shapes_dir:
+            os.makedirs(shapes_dir, exist_ok=True)
+            self.seen_file = os.path.join(shapes_dir, f"seen-{port}.tsv")
+            self.unaudited_file = os.path.join(shapes_dir, f"unaudited-{port}.tsv")
+
+    def __call__(self, doc: dict[str, Any], ctx) -> dict[str, Any]:
+        cmd = secantus.commands.command_name(doc)
+        error, refused = rules.refusal(cmd, doc)
+        if error is not None:
+            if cmd == "update" and refused:
+                return self.partly(doc, ctx, error, refused)
+            return error
+        if self.mode != "off":
+            missing = self.note(cmd, doc, ctx)
+            if missing is not None and self.mode == "enforce":
+                return {
+                    "ok": 0.0,
+                    "code": 2,
+                    "codeName": "BadValue",
+                    "errmsg": (
+                        "slotpool's dev server refuses a command shape that "
+                        f"docs/mongodb.md has not audited: {missing} -- check it against "
+                        "mongod's rules and add its row to the table (docs/mongodb.md, "
+                        "'Keeping the table true')"
+                    ),
+                }
+        return self.dispatch(doc, ctx)
+
+    def note(self, cmd: str, doc: Mapping, ctx) -> str | None:
+        """Records the command's shapes; returns the first one not audited."""
+        app = secantus.commands._failpoint_app_name(cmd, doc, ctx) or "-"
+        missing = None
+        for shape in rules.shapes(cmd, doc):
+            audited = shape in self.audited
+            if not audited and missing is None:
+                missing = shape
+            key = (shape, app)
+            if key in self.seen:
+                continue
+            with self.lock:
+                if key in self.seen:
+                    continue
+                self.seen.add(key)
+                self.append(self.seen_file, f"{shape}\t{app}\n")
+                if not audited:
+                    self.append(self.unaudited_file, f"{shape}\t{app}\n")
+        return missing
+
+    @staticmethod
+    def append(path: str | None, line: str) -> None:
+        if path is not None:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line)
+
+    def partly(self, doc: dict[str, Any], ctx, error: dict[str, Any], refused: list[int]):
+        """An update some of whose statements mongod refuses: the others run (all of
+        them when unordered, those before the first refused one when ordered), and the
+        refused ones come back as write errors in a reply whose `ok` is 1."""
+        statements = doc.get("updates") or []
+        ordered = doc.get("ordered", True) is not False
+        if ordered:
+            keep = list(range(refused[0]))
+            refused = refused[:1]
+        else:
+            keep = [i for i in range(len(statements)) if i not in set(refused)]
+        reply: dict[str, Any] = {"n": 0, "nModified": 0, "ok": 1.0}
+        if keep:
+            sub = dict(doc)
+            sub["updates"] = [statements[i] for i in keep]
+            reply = dict(self(sub, ctx))
+            if reply.get("ok") != 1:
+                return reply
+        errors = [dict(e, index=keep[e["index"]]) for e in reply.get("writeErrors", [])]
+        if "upserted" in reply:
+            reply["upserted"] = [dict(u, index=keep[u["index"]]) for u in reply["upserted"]]
+        if not (ordered and errors):
+            errors += [{"index": i, "code": error["code"], "errmsg": error["errmsg"]} for i in refused]
+        reply["writeErrors"] = sorted(errors, key=lambda e: e["index"])
+        return reply
+
+
+def report_version(text: str) -> None:
+    parts = [int(p) for p in text.split(".")]
+    while len(parts) < 4:
+        parts.append(0)
+    secantus.commands.SERVER_VERSION = ".".join(str(p) for p in parts[:3])
+    secantus.commands.SERVER_VERSION_ARRAY = parts
+    wire = WIRE.get((parts[0], parts[1]))
+    if wire is not None:
+        secantus.commands.WIRE_VERSION = wire
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--max-connections", type=int)
+    parser.add_argument("--shapes-dir")
+    parser.add_argument("--audited")
+    parser.add_argument("--shapes", choices=["enforce", "learn", "off"], default="enforce")
+    parser.add_argument("--report-version")
+    parser.add_argument("server", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    server_args = args.server[1:] if args.server[:1] == ["--"] else args.server
+
+    if args.max_connections:
+        start = secantus.server.SecantusDBServer.__init__
+
+        def with_limit(self, *a, **kw):
+            kw.setdefault("max_connections", args.max_connections)
+            start(self, *a, **kw)
+
+        secantus.server.SecantusDBServer.__init__ = with_limit
+    if args.report_version:
+        report_version(args.report_version)
+
+    mode = args.shapes
+    audited: set[str] = set()
+    if mode != "off":
+        if not args.audited:
+            parser.error("--audited FILE is needed unless --shapes off")
+        audited = audited_shapes(args.audited)
+    port = 0
+    if "--port" in server_args:
+        port = int(server_args[server_args.index("--port") + 1])
+    secantus.server.dispatch = Front(
+        secantus.server.dispatch, mode, audited, args.shapes_dir, port
+    )
+    sys.argv = ["secantusd-py", *server_args]
+    return secantus.cli.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
