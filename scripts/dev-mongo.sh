@@ -20,7 +20,8 @@
 # SLOTPOOL_DEV_TEST_COMMANDS=1 turns on mongod's test commands (configureFailPoint),
 # as the test suite does; SLOTPOOL_DEV_SERVER_ARGS adds the server's own flags
 # (--auth, --standalone, --tls-cert-file ...); SLOTPOOL_DEV_REPORT_VERSION makes it
-# name another MongoDB version (the suite's check of the minimum version).
+# name another MongoDB version (the suite's check of the minimum version), and
+# SLOTPOOL_DEV_REPORT_ROUTER=1 makes it answer `hello` as mongos does.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -87,6 +88,7 @@ start() {
   if [[ -n "${SLOTPOOL_DEV_REPORT_VERSION:-}" ]]; then
     server+=(--report-version "$SLOTPOOL_DEV_REPORT_VERSION")
   fi
+  if [[ "${SLOTPOOL_DEV_REPORT_ROUTER:-}" == 1 ]]; then server+=(--report-router); fi
   local flags=()
   if [[ "${SLOTPOOL_DEV_TEST_COMMANDS:-}" == 1 ]]; then flags+=(--enable-test-commands); fi
   if [[ -n "${SLOTPOOL_DEV_SERVER_ARGS:-}" ]]; then

@@ -20,6 +20,12 @@ Before each command reaches the server:
 command line cannot change; a pool of 200 workers keeps about 850 open).
 `--report-version` makes `buildInfo` and `hello` name another server version, so
 the suite can show what slotpool does on a server older than it supports.
+`--report-router` makes `hello` answer as mongos does (`msg: "isdbgrid"`, no replica
+set), so the suite can show what a worker does behind mongos.
+
+Every read preference other than the primary's that a command carries is written,
+with the command and the client's appName, to DIR/readprefs-PORT.tsv: the suite
+checks that a URI's `readPreference` sends none of slotpool's reads elsewhere.
 """
 
 from __future__ import annotations
@@ -59,20 +65,34 @@ def audited_shapes(path: str) -> set[str]:
 class Front:
     """mongod's rules and the audited table, in front of SecantusDB's dispatch."""
 
-    def __init__(self, dispatch, mode: str, audited: set[str], shapes_dir: str | None, port: int):
+    def __init__(
+        self,
+        dispatch,
+        mode: str,
+        audited: set[str],
+        shapes_dir: str | None,
+        port: int,
+        router: bool = False,
+    ):
         self.dispatch = dispatch
+        self.router = router
         self.mode = mode
         self.audited = audited
         self.lock = threading.Lock()
         self.seen: set[tuple[str, str]] = set()
-        self.seen_file = self.unaudited_file = None
+        self.seen_file = self.unaudited_file = self.readprefs_file = None
         if shapes_dir:
             os.makedirs(shapes_dir, exist_ok=True)
             self.seen_file = os.path.join(shapes_dir, f"seen-{port}.tsv")
             self.unaudited_file = os.path.join(shapes_dir, f"unaudited-{port}.tsv")
+            self.readprefs_file = os.path.join(shapes_dir, f"readprefs-{port}.tsv")
+        self.readprefs: set[tuple[str, str, str]] = set()
 
     def __call__(self, doc: dict[str, Any], ctx) -> dict[str, Any]:
         cmd = secantus.commands.command_name(doc)
+        self.note_read_preference(cmd, doc, ctx)
+        if self.router and cmd in ("hello", "isMaster", "ismaster"):
+            return as_router(self.dispatch(doc, ctx))
         error, refused = rules.refusal(cmd, doc)
         if error is not None:
             if cmd == "update" and refused:
@@ -114,6 +134,20 @@ class Front:
                     self.append(self.unaudited_file, f"{shape}\t{app}\n")
         return missing
 
+    def note_read_preference(self, cmd: str, doc: Mapping, ctx) -> None:
+        pref = doc.get("$readPreference")
+        mode = pref.get("mode") if isinstance(pref, Mapping) else None
+        if not isinstance(mode, str) or mode in ("primary", "primaryPreferred"):
+            return
+        app = secantus.commands._failpoint_app_name(cmd, doc, ctx) or "-"
+        key = (cmd, mode, app)
+        if key in self.readprefs:
+            return
+        with self.lock:
+            if key not in self.readprefs:
+                self.readprefs.add(key)
+                self.append(self.readprefs_file, f"{cmd}\t{mode}\t{app}\n")
+
     @staticmethod
     def append(path: str | None, line: str) -> None:
         if path is not None:
@@ -147,6 +181,22 @@ class Front:
         return reply
 
 
+#: What a replica set member's `hello` says and mongos's does not.
+REPLICA_SET_FIELDS = (
+    "setName", "setVersion", "hosts", "passives", "arbiters", "primary", "me",
+    "secondary", "electionId", "lastWrite", "isreplicaset",
+)
+
+
+def as_router(reply: dict[str, Any]) -> dict[str, Any]:
+    """A `hello` reply as mongos gives it."""
+    if reply.get("ok") != 1:
+        return reply
+    out = {k: v for k, v in reply.items() if k not in REPLICA_SET_FIELDS}
+    out["msg"] = "isdbgrid"
+    return out
+
+
 def report_version(text: str) -> None:
     parts = [int(p) for p in text.split(".")]
     while len(parts) < 4:
@@ -165,6 +215,7 @@ def main() -> int:
     parser.add_argument("--audited")
     parser.add_argument("--shapes", choices=["enforce", "learn", "off"], default="enforce")
     parser.add_argument("--report-version")
+    parser.add_argument("--report-router", action="store_true")
     parser.add_argument("server", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     server_args = args.server[1:] if args.server[:1] == ["--"] else args.server
@@ -190,7 +241,7 @@ def main() -> int:
     if "--port" in server_args:
         port = int(server_args[server_args.index("--port") + 1])
     secantus.server.dispatch = Front(
-        secantus.server.dispatch, mode, audited, args.shapes_dir, port
+        secantus.server.dispatch, mode, audited, args.shapes_dir, port, args.report_router
     )
     sys.argv = ["secantusd-py", *server_args]
     return secantus.cli.main()

@@ -181,6 +181,31 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// Every read goes to the primary, whatever `readPreference` the URI names: the
+/// survey, context loads and the group commit's read-back decide writes, and a
+/// secondary behind the primary would read a landed write as fenced (and restart
+/// the robot). docs/mongodb.md, "Topologies".
+fn primary_only(options: &mut ClientOptions) {
+    use mongodb::options::{ReadPreference, SelectionCriteria};
+    let primary = SelectionCriteria::ReadPreference(ReadPreference::Primary);
+    let named = match options.selection_criteria.replace(primary) {
+        Some(SelectionCriteria::ReadPreference(pref)) => match pref {
+            ReadPreference::Primary => return,
+            ReadPreference::PrimaryPreferred { .. } => "primaryPreferred",
+            ReadPreference::Secondary { .. } => "secondary",
+            ReadPreference::SecondaryPreferred { .. } => "secondaryPreferred",
+            ReadPreference::Nearest { .. } => "nearest",
+            _ => "another mode",
+        },
+        Some(_) => "a predicate",
+        None => return,
+    };
+    tracing::warn!(
+        "the URI's readPreference={named} is ignored: slotpool reads from the primary \
+         alone, since its reads decide its writes (docs/mongodb.md, \"Topologies\")"
+    );
+}
+
 impl Store {
     /// Connects and pings, failing within a few seconds when the server is unreachable.
     /// The database is the URI's path (`mongodb://host/NAME`), else `slotpool`.
@@ -210,6 +235,7 @@ impl Store {
             .connect_timeout
             .get_or_insert(Duration::from_secs(3));
         options.app_name.get_or_insert_with(|| "slotpool".into());
+        primary_only(&mut options);
         let monitor_from_uri = options.heartbeat_freq.is_some();
         options.heartbeat_freq.get_or_insert(MONITOR_EVERY);
         // Polled, not streamed: a streaming monitor opens a second connection per
