@@ -22,6 +22,9 @@
 # (--auth, --standalone, --tls-cert-file ...); SLOTPOOL_DEV_REPORT_VERSION makes it
 # name another MongoDB version (the suite's check of the minimum version), and
 # SLOTPOOL_DEV_REPORT_ROUTER=1 makes it answer `hello` as mongos does.
+# SLOTPOOL_DEV_URI_OPTIONS is appended to the URI printed (e.g. "&tls=true&tlsCAFile=
+# ..." for a server started with --tls-*), SLOTPOOL_DEV_SHAPES_DIR moves the record
+# of shapes (a test that sends an unaudited one on purpose keeps it out of the run's).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +42,7 @@ PACKAGE="SecantusDB==0.7.0b3"
 # 10,000th. A pool of 50 workers crosses that in minutes and then cannot renew in
 # time. Every slotpool write is fenced and idempotent and is read back rather than
 # resent, so nothing relies on the driver's one retry; on MongoDB, keep the default.
-DEV_URI="mongodb://127.0.0.1:$PORT/slotpool?directConnection=true&retryWrites=false"
+DEV_URI="mongodb://127.0.0.1:$PORT/slotpool?directConnection=true&retryWrites=false${SLOTPOOL_DEV_URI_OPTIONS:-}"
 
 say() { echo "dev-mongo: $*" >&2; }
 
@@ -55,8 +58,11 @@ install() {
 answers() {
   local uri="$1"
   "$VENV/bin/python" - "$uri" <<'PY' >/dev/null 2>&1
-import sys, pymongo
-pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=500).admin.command("ping")
+import sys, pymongo, pymongo.errors
+try:
+    pymongo.MongoClient(sys.argv[1], serverSelectionTimeoutMS=500).admin.command("ping")
+except pymongo.errors.OperationFailure:
+    pass  # it answers: a server with --auth refuses an unauthenticated ping
 PY
 }
 
@@ -80,7 +86,7 @@ start() {
   # A session of its own: a terminal's Ctrl-C (SIGINT to the caller's whole process
   # group, e.g. the demo's) must not take the database down under the workers.
   local server=("$VENV/bin/python" "$ROOT/scripts/devdb/serve.py"
-    --shapes "${SLOTPOOL_DEV_SHAPES:-learn}" --shapes-dir "$STATE/shapes"
+    --shapes "${SLOTPOOL_DEV_SHAPES:-learn}" --shapes-dir "${SLOTPOOL_DEV_SHAPES_DIR:-$STATE/shapes}"
     --audited "$ROOT/docs/mongodb.md")
   if [[ -n "${SLOTPOOL_DEV_MAX_CONNECTIONS:-}" ]]; then
     server+=(--max-connections "$SLOTPOOL_DEV_MAX_CONNECTIONS")

@@ -6,7 +6,9 @@
 # - chromium and chromium-driver: tests/browser.rs drives the dashboard in a real
 #   headless Chromium (required);
 # - groff, zsh and fish: tests/manual.rs renders every manual page with groff and
-#   completes every command in bash, zsh and fish (required).
+#   completes every command in bash, zsh and fish (required);
+# - openssl: tests/topologies.rs makes a CA and a server certificate for the dev
+#   server's TLS (required).
 set -euo pipefail
 missing=()
 [[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]] || missing+=(faketime)
@@ -16,6 +18,7 @@ command -v promtool >/dev/null || missing+=(prometheus)
 command -v groff >/dev/null || missing+=(groff-base)
 command -v zsh >/dev/null || missing+=(zsh)
 command -v fish >/dev/null || missing+=(fish)
+command -v openssl >/dev/null || missing+=(openssl)
 if [[ ${#missing[@]} == 0 ]]; then exit 0; fi
 if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
   echo "ensure-tools: installing ${missing[*]} (Debian packages)" >&2
@@ -29,5 +32,5 @@ if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
   if command -v service >/dev/null; then service prometheus stop >/dev/null 2>&1 || true; fi
   pkill -x prometheus >/dev/null 2>&1 || true
 else
-  echo "ensure-tools: please install ${missing[*]} (faketime for the clock-skew chaos test; prometheus for promtool; chromium and chromium-driver for the browser tests; groff-base, zsh and fish for the manual and completion tests)" >&2
+  echo "ensure-tools: please install ${missing[*]} (faketime for the clock-skew chaos test; prometheus for promtool; chromium and chromium-driver for the browser tests; groff-base, zsh and fish for the manual and completion tests; openssl for the TLS test)" >&2
 fi

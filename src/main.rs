@@ -24,7 +24,10 @@ async fn run() {
         .with_ansi(false)
         .init();
     if let Err(e) = slotpool::cli::run(cli).await {
-        eprintln!("error: {}", slotpool::printable::escape(&format!("{e:#}")));
+        eprintln!(
+            "error: {}",
+            slotpool::printable::escape(&slotpool::db::store::explain(&e))
+        );
         std::process::exit(1);
     }
 }

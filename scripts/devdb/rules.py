@@ -201,9 +201,18 @@ def _parts(*parts: tuple[str, str | None]) -> str:
     return "".join(f" {k}={v}" if v is not None else f" {k}" for k, v in parts if k and v != "")
 
 
+#: The commands whose first value names a collection (the others name a user, a
+#: parameter, ...: data, left out of the shape).
+ON_COLLECTION = frozenset(
+    {"find", "aggregate", "update", "delete", "insert", "findAndModify", "count",
+     "distinct", "create", "collMod", "createIndexes", "drop", "dropIndexes",
+     "listIndexes", "collStats", "validate"}
+)
+
+
 def _collection(cmd: str, doc: Mapping) -> str:
     target = doc.get(cmd)
-    return target if isinstance(target, str) else ""
+    return target if cmd in ON_COLLECTION and isinstance(target, str) else ""
 
 
 def shapes(cmd: str, doc: Mapping) -> list[str]:
@@ -329,6 +338,13 @@ def _update_refusal(q: Any, u: Any, upsert: bool, array_filters: bool) -> dict[s
         for stage in u:
             if isinstance(stage, Mapping) and stage:
                 name = next(iter(stage))
+                # The pipeline is parsed before its stages are vetted: a stage the
+                # minimum version does not know is unknown before it is misplaced.
+                later = LATER.get(name)
+                if later is not None and later[0] > MINIMUM and later[1] == "stage":
+                    found = _Found()
+                    found.stages.append(name)
+                    return _later(found, "update")
                 # src/mongo/db/update/pipeline_executor.cpp: only the stages that
                 # say `isAllowedWithinUpdatePipeline`.
                 if name not in UPDATE_STAGES:
@@ -339,6 +355,49 @@ def _update_refusal(q: Any, u: Any, upsert: bool, array_filters: bool) -> dict[s
         found = _Found()
         _pipeline(u, found)
         return _later(found, "update")
+    return None
+
+
+def _projection_refusal(projection: Any) -> dict[str, Any] | None:
+    """A projection that both includes and excludes fields (`_id` aside): the first
+    such field sets its kind. src/mongo/db/query/projection_parser.cpp (31253/31254)."""
+    if not isinstance(projection, Mapping):
+        return None
+    kind = None
+    for field, value in projection.items():
+        if field == "_id":
+            continue
+        if isinstance(value, bool) or isinstance(value, (int, float)):
+            this = "inclusion" if value else "exclusion"
+        else:
+            this = "inclusion"  # an expression, $slice, $elemMatch, $meta: included
+        if kind is None:
+            kind = this
+        elif this != kind:
+            if this == "exclusion":
+                return _reply(31254, "Location31254",
+                              f"Cannot do exclusion on field {field} in inclusion projection")
+            return _reply(31253, "Location31253",
+                          f"Cannot do inclusion on field {field} in exclusion projection")
+    return None
+
+
+def _conflict_refusal(u: Any) -> dict[str, Any] | None:
+    """A modifier update naming one path twice, or a path and a path inside it:
+    src/mongo/db/update/update_object_node.cpp (ConflictingUpdateOperators, 40)."""
+    if not _operator_doc(u):
+        return None
+    seen: list[str] = []
+    for fields in u.values():
+        if not isinstance(fields, Mapping):
+            continue
+        for path in fields:
+            for earlier in seen:
+                if path == earlier or path.startswith(earlier + ".") or earlier.startswith(path + "."):
+                    return _reply(40, "ConflictingUpdateOperators",
+                                  f"Updating the path '{path}' would create a conflict at "
+                                  f"'{min(path, earlier, key=len)}'")
+            seen.append(path)
     return None
 
 
@@ -361,9 +420,14 @@ def refusal(cmd: str, doc: Mapping) -> tuple[dict[str, Any] | None, list[int]]:
         for i, st in enumerate(doc.get("updates") or []):
             if not isinstance(st, Mapping):
                 continue
-            r = _update_refusal(
-                st.get("q"), st.get("u"), bool(st.get("upsert")), st.get("arrayFilters") is not None
-            ) or _query_refusal(st.get("q"))
+            r = (
+                _update_refusal(
+                    st.get("q"), st.get("u"), bool(st.get("upsert")),
+                    st.get("arrayFilters") is not None,
+                )
+                or _conflict_refusal(st.get("u"))
+                or _query_refusal(st.get("q"))
+            )
             if r is not None:
                 refused.append(i)
                 error = error or r
@@ -374,7 +438,8 @@ def refusal(cmd: str, doc: Mapping) -> tuple[dict[str, Any] | None, list[int]]:
             r = _update_refusal(
                 doc.get("query"), doc.get("update"), bool(doc.get("upsert")),
                 doc.get("arrayFilters") is not None,
-            )
+            ) or _conflict_refusal(doc.get("update"))
+        r = r or _projection_refusal(doc.get("fields"))
         return (r or _query_refusal(doc.get("query"))), []
     if cmd in ("find", "count", "distinct", "delete"):
         if cmd == "delete":
@@ -384,6 +449,10 @@ def refusal(cmd: str, doc: Mapping) -> tuple[dict[str, Any] | None, list[int]]:
                     if r is not None:
                         return r, []
             return None, []
+        if cmd == "find":
+            r = _projection_refusal(doc.get("projection"))
+            if r is not None:
+                return r, []
         return _query_refusal(doc.get("filter" if cmd == "find" else "query")), []
     if cmd == "aggregate":
         stages = doc.get("pipeline")
@@ -391,6 +460,10 @@ def refusal(cmd: str, doc: Mapping) -> tuple[dict[str, Any] | None, list[int]]:
             for stage in stages:
                 if isinstance(stage, Mapping) and stage:
                     name, arg = next(iter(stage.items()))
+                    if name == "$project":
+                        r = _projection_refusal(arg)
+                        if r is not None:
+                            return r, []
                     found = _Found()
                     _pipeline([stage], found)
                     r = _later(found, "$group" if name == "$group" else "aggregate")

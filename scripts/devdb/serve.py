@@ -23,6 +23,12 @@ the suite can show what slotpool does on a server older than it supports.
 `--report-router` makes `hello` answer as mongos does (`msg: "isdbgrid"`, no replica
 set), so the suite can show what a worker does behind mongos.
 
+Every command a `failCommand` failpoint failed (`configureFailPoint`, with
+`--enable-test-commands`) is written to DIR/failpoints-PORT.tsv as it happens: the
+command, the client's appName, and what it got (an error code, `wce:CODE` for a
+writeConcernError, or `closeConnection`). A test reads it to know its failpoint
+fired, and how often.
+
 Every read preference other than the primary's that a command carries is written,
 with the command and the client's appName, to DIR/readprefs-PORT.tsv: the suite
 checks that a URI's `readPreference` sends none of slotpool's reads elsewhere.
@@ -42,7 +48,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rules  # noqa: E402  (beside this file)
 import secantus.cli  # noqa: E402
 import secantus.commands  # noqa: E402
+import secantus.failpoints  # noqa: E402
 import secantus.server  # noqa: E402
+
+#: What mongod (and the dev server) says of a command a `failCommand` failpoint failed.
+FAILPOINT_MESSAGE = "Failing command via 'failCommand' failpoint"
 
 #: Wire versions of the releases `--report-version` may name (the drivers' table).
 WIRE = {(4, 2): 8, (4, 4): 9, (5, 0): 13, (6, 0): 17, (7, 0): 21, (8, 0): 25}
@@ -81,11 +91,13 @@ class Front:
         self.lock = threading.Lock()
         self.seen: set[tuple[str, str]] = set()
         self.seen_file = self.unaudited_file = self.readprefs_file = None
+        self.failpoints_file = None
         if shapes_dir:
             os.makedirs(shapes_dir, exist_ok=True)
             self.seen_file = os.path.join(shapes_dir, f"seen-{port}.tsv")
             self.unaudited_file = os.path.join(shapes_dir, f"unaudited-{port}.tsv")
             self.readprefs_file = os.path.join(shapes_dir, f"readprefs-{port}.tsv")
+            self.failpoints_file = os.path.join(shapes_dir, f"failpoints-{port}.tsv")
         self.readprefs: set[tuple[str, str, str]] = set()
 
     def __call__(self, doc: dict[str, Any], ctx) -> dict[str, Any]:
@@ -112,7 +124,23 @@ class Front:
                         "'Keeping the table true')"
                     ),
                 }
-        return self.dispatch(doc, ctx)
+        try:
+            reply = self.dispatch(doc, ctx)
+        except secantus.failpoints.CloseConnectionRequested:
+            self.failed_by_failpoint(cmd, ctx, doc, "closeConnection")
+            raise
+        if isinstance(reply, Mapping):
+            if reply.get("errmsg") == FAILPOINT_MESSAGE:
+                self.failed_by_failpoint(cmd, ctx, doc, str(reply.get("code")))
+            wce = reply.get("writeConcernError")
+            if isinstance(wce, Mapping):
+                self.failed_by_failpoint(cmd, ctx, doc, f"wce:{wce.get('code')}")
+        return reply
+
+    def failed_by_failpoint(self, cmd: str, ctx, doc: Mapping, what: str) -> None:
+        app = secantus.commands._failpoint_app_name(cmd, doc, ctx) or "-"
+        with self.lock:
+            self.append(self.failpoints_file, f"{cmd}\t{app}\t{what}\n")
 
     def note(self, cmd: str, doc: Mapping, ctx) -> str | None:
         """Records the command's shapes; returns the first one not audited."""

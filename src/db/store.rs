@@ -800,8 +800,39 @@ pub(crate) fn brief(e: &mongodb::error::Error) -> String {
             format!("{} (code {})", w.message, w.code)
         }
         ErrorKind::Command(c) => format!("{} (code {})", c.message, c.code),
+        ErrorKind::Io(io) => format!("the connection to the database failed: {io}"),
+        ErrorKind::ServerSelection { message, .. } => {
+            format!("no database server answered: {}", first_line(message))
+        }
+        ErrorKind::Authentication { message, .. } => {
+            format!("the database refused the credentials: {}", first_line(message))
+        }
         _ => first_line(&e.to_string()),
     }
+}
+
+/// What a person reads of an error whose cause is the database's: the contexts,
+/// then the server's refusal with what to do ([`Refusal`]) or a one-line summary
+/// ([`brief`]), never the driver's whole error.
+pub fn explain(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let db = cause
+            .downcast_ref::<mongodb::error::Error>()
+            .or_else(|| match cause.downcast_ref::<StoreError>() {
+                Some(StoreError::Db(d)) => Some(d),
+                _ => None,
+            });
+        if let Some(d) = db {
+            parts.push(match refusal(d) {
+                Some(r) => r.to_string(),
+                None => scrub(&brief(d)),
+            });
+            return parts.join(": ");
+        }
+        parts.push(cause.to_string());
+    }
+    format!("{e:#}")
 }
 
 fn first_line(s: &str) -> String {

@@ -532,13 +532,15 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         SlotEvent::Renewed { latency, rev } => {
             m.renew_latency.observe(latency);
             tracing::debug!(slot = %slot, rev, latency_ms = latency.as_millis() as u64, "renewed");
-            cx.health.answered(Instant::now(), latency, cx.timing.tick);
+            cx.health
+                .write_landed(Instant::now(), latency, cx.timing.tick);
             cx.health.ok(m, &cx.status);
             cx.status.lock().expect("status lock").renewed(lease);
         }
         SlotEvent::RenewFailed { why, left } => {
             m.renew_failures.inc();
             tracing::warn!(slot = %slot, epoch, left_ms = left.as_millis() as u64, "renewal failed: {why}");
+            cx.health.write_failed();
             cx.health.failed(m, &cx.status, &why);
         }
         SlotEvent::Draining => {

@@ -935,6 +935,7 @@ impl Worker {
                         Beaten::Failed(why) => why,
                         _ => unreachable!("matched above"),
                     };
+                    self.health.write_failed();
                     if self.judged_by_heartbeat() {
                         self.db_failed(&format!("the heartbeat was not written: {why}"));
                     }
@@ -1199,6 +1200,7 @@ impl Worker {
             Err(_) => {
                 // A claim may have landed without its answer: that slot then expires
                 // unrenewed after L and is claimed again, with a new epoch.
+                self.claim_failed();
                 self.db_failed(&format!(
                     "no answer to a claim within {} ms",
                     self.op_timeout().as_millis()
@@ -1241,8 +1243,19 @@ impl Worker {
                     None => {}
                 }
             }
-            Ok(Err(e)) => self.db_failed(&e.to_string()),
+            Ok(Err(e)) => {
+                self.claim_failed();
+                self.db_failed(&e.to_string());
+            }
         }
+    }
+
+    /// A claim failed (an election's "not primary", a lost answer): no contact
+    /// counts until a write lands (see [`Health::write_failed`]), and the heartbeat
+    /// is sent at the next round to find out when writes land again.
+    fn claim_failed(&mut self) {
+        self.health.write_failed();
+        self.looks.next_beat = self.clock.now();
     }
 
     /// Replaces the robots' client (and with it every connection in its pool) when
@@ -1380,7 +1393,8 @@ impl Worker {
         let sent = Instant::now();
         match tokio::time::timeout(limit, self.line.beat(&beat, read_clock)).await {
             Ok(Ok(clock)) => {
-                self.answered(sent.elapsed());
+                self.health
+                    .write_landed(Instant::now(), sent.elapsed(), self.tick());
                 if let Some(c) = clock {
                     let (server_ms, sent, received) = c.reading();
                     self.server_clock_read(server_ms, sent, received);

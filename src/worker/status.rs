@@ -159,6 +159,9 @@ pub(crate) struct Health {
     outages: std::sync::atomic::AtomicU64,
     /// When the database last answered this worker (see [`Health::answered`]).
     last_answer: Mutex<Option<Instant>>,
+    /// A write of this worker's failed and none has landed since (see
+    /// [`Health::write_failed`]): answers to reads are then no contact.
+    writes_failing: std::sync::atomic::AtomicBool,
 }
 
 /// The longest spacing of a worker's answers that still counts as unbroken contact
@@ -207,12 +210,34 @@ impl Health {
         let mut last = self.last_answer.lock().expect("health lock");
         let unseen = last.is_some_and(|prev| now.saturating_duration_since(prev) > gap);
         let mut up = self.up_since.lock().expect("health lock");
-        if took > gap || unseen {
+        if self.writes_failing.load(std::sync::atomic::Ordering::SeqCst) {
+            *up = None;
+        } else if took > gap || unseen {
             *up = Some(now);
         } else {
             up.get_or_insert(now);
         }
         *last = Some(now);
+    }
+
+    /// A write of this worker's (a claim, a heartbeat, a renewal) failed: no contact
+    /// counts until one lands ([`Health::write_landed`]), whatever reads answer. In
+    /// an election a member that is no longer primary (a step-down; a driver
+    /// connected to it directly) still answers reads, and a standby that counted
+    /// them as contact would claim a suspended holder's slot the moment writes
+    /// return, before the holder's late renewal (docs/guarantees.md, "Elections").
+    pub(crate) fn write_failed(&self) {
+        self.writes_failing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        *self.up_since.lock().expect("health lock") = None;
+    }
+
+    /// A write of this worker's landed, `took` after it was sent: contact counts
+    /// again from this answer (see [`Health::answered`]).
+    pub(crate) fn write_landed(&self, now: Instant, took: Duration, tick: Duration) {
+        self.writes_failing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.answered(now, took, tick);
     }
 
     pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
@@ -296,6 +321,27 @@ mod tests {
             crate::worker::standby_line::beat_pace(crate::worker::standby_line::Place::Rear, t);
         health.answered(back + pace, Duration::from_millis(5), t);
         assert_eq!(health.contact(back + pace), Duration::ZERO);
+    }
+
+    #[test]
+    fn after_a_failed_write_only_a_landed_write_starts_the_contact_again() {
+        let t = Duration::from_secs(1);
+        let health = Health::default();
+        let t0 = Instant::now();
+        let quick = Duration::from_millis(5);
+        health.answered(t0, quick, t);
+        assert_eq!(health.contact(t0 + t), t);
+        // A claim refused by a member that stepped down: reads still answer.
+        health.write_failed();
+        assert_eq!(health.contact(t0 + t), Duration::ZERO);
+        for k in 1..10 {
+            health.answered(t0 + t * k, quick, t);
+            assert_eq!(health.contact(t0 + t * k), Duration::ZERO, "a read is no contact");
+        }
+        // A heartbeat lands: contact counts from it.
+        health.write_landed(t0 + t * 10, quick, t);
+        health.answered(t0 + t * 11, quick, t);
+        assert_eq!(health.contact(t0 + t * 12), t * 2);
     }
 
     #[test]

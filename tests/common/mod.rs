@@ -778,24 +778,25 @@ impl TestDb {
 pub struct PrivateServer {
     pub uri: String,
     port: u16,
+    /// Environment for scripts/dev-mongo.sh itself (SLOTPOOL_DEV_SERVER_ARGS,
+    /// SLOTPOOL_DEV_REPORT_VERSION, ...), kept for restarts.
+    launcher: Vec<(String, String)>,
 }
 
 impl PrivateServer {
-    fn script(port: u16, cmd: &str) -> String {
-        Self::script_with(port, cmd, &[])
-    }
-
-    fn script_with(port: u16, cmd: &str, env: &[(&str, &str)]) -> String {
+    fn script(&self, cmd: &str, server_env: &[(&str, &str)]) -> String {
         let root = env!("CARGO_MANIFEST_DIR");
         let out = Command::new("bash")
             .arg(format!("{root}/scripts/dev-mongo.sh"))
             .arg(cmd)
-            .env("SLOTPOOL_DEV_PORT", port.to_string())
+            .env("SLOTPOOL_DEV_PORT", self.port.to_string())
             .env_remove("MONGODB_URI")
+            .envs(self.launcher.iter().map(|(k, v)| (k, v)))
             // For the server alone, not the script and its helpers.
             .env(
                 "SLOTPOOL_DEV_SERVER_ENV",
-                env.iter()
+                server_env
+                    .iter()
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect::<Vec<_>>()
                     .join(" "),
@@ -816,9 +817,52 @@ impl PrivateServer {
 
     /// Like `start`, with extra environment for the server (e.g. an LD_PRELOAD).
     pub fn start_with(env: &[(&str, &str)]) -> PrivateServer {
-        let port = free_port();
-        let uri = Self::script_with(port, "fresh", env);
-        PrivateServer { uri, port }
+        Self::launch(&[], env)
+    }
+
+    /// A server started by scripts/dev-mongo.sh with `launcher` in its environment
+    /// (SLOTPOOL_DEV_SERVER_ARGS="--auth", SLOTPOOL_DEV_REPORT_VERSION=5.0.0, ...)
+    /// and `env` in the server's alone.
+    pub fn launch(launcher: &[(&str, &str)], env: &[(&str, &str)]) -> PrivateServer {
+        let mut server = PrivateServer {
+            uri: String::new(),
+            port: free_port(),
+            launcher: launcher
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        server.uri = server.script("fresh", env);
+        server
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Where its front records what it saw (scripts/devdb/serve.py): shapes, read
+    /// preferences, failpoint hits.
+    pub fn records(&self) -> PathBuf {
+        self.launcher
+            .iter()
+            .find(|(k, _)| k == "SLOTPOOL_DEV_SHAPES_DIR")
+            .map(|(_, v)| PathBuf::from(v))
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".state/shapes"))
+    }
+
+    /// Every command a `failCommand` failpoint failed so far: (command, appName,
+    /// what it got: a code, `wce:CODE` or `closeConnection`).
+    pub fn failpoint_hits(&self) -> Vec<(String, String, String)> {
+        let file = self.records().join(format!("failpoints-{}.tsv", self.port));
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split('\t').map(str::to_string);
+                Some((f.next()?, f.next()?, f.next()?))
+            })
+            .collect()
     }
 
     /// kill -9 the server process.
@@ -838,19 +882,31 @@ impl PrivateServer {
 
     /// Starts it again on the same data.
     pub fn restart(&self) {
-        Self::script(self.port, "start");
+        self.script("start", &[]);
     }
 
     /// Starts it again on the same data, with extra environment (e.g. libfaketime,
     /// for a new primary whose clock differs).
     pub fn restart_with(&self, env: &[(&str, &str)]) {
-        Self::script_with(self.port, "start", env);
+        self.script("start", env);
+    }
+
+    /// Stops it, and starts it again on the same data with `launcher` instead (a
+    /// server whose users were made without `--auth`, now with it).
+    pub fn relaunch(&mut self, launcher: &[(&str, &str)]) -> String {
+        self.script("stop", &[]);
+        self.launcher = launcher
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.uri = self.script("start", &[]);
+        self.uri.clone()
     }
 }
 
 impl Drop for PrivateServer {
     fn drop(&mut self) {
-        Self::script(self.port, "stop");
+        self.script("stop", &[]);
         let root = env!("CARGO_MANIFEST_DIR");
         let _ = std::fs::remove_dir_all(format!("{root}/.state/mongo-data-{}", self.port));
     }
