@@ -56,7 +56,10 @@ async fn each_process_runs_under_the_roles_the_docs_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("dbAdmin"), "names the role: {err}");
-    assert!(!err.contains(PASSWORD), "never prints the credential: {err}");
+    assert!(
+        !err.contains(PASSWORD),
+        "never prints the credential: {err}"
+    );
 
     let out = cli("initer", &["init", "--slots", "2"]);
     assert!(out.status.success(), "{out:?}");
@@ -66,7 +69,9 @@ async fn each_process_runs_under_the_roles_the_docs_name() {
     let _w = WorkerProc::start(&writer, &dir, &[]);
     let out = cli(
         "writer",
-        &["robot", "create", "--name", "c", "--kind", "counter", "--count", "3"],
+        &[
+            "robot", "create", "--name", "c", "--kind", "counter", "--count", "3",
+        ],
     );
     assert!(out.status.success(), "{out:?}");
     let db = TestDb::on(&writer, &name).await;
@@ -75,11 +80,8 @@ async fn each_process_runs_under_the_roles_the_docs_name() {
         "every counter to step three times",
         || async {
             let robots = db.robots().await;
-            (robots.len() == 3
-                && robots
-                    .iter()
-                    .all(|r| r.get_i64("seq").unwrap_or(0) >= 3))
-            .then_some(())
+            (robots.len() == 3 && robots.iter().all(|r| r.get_i64("seq").unwrap_or(0) >= 3))
+                .then_some(())
         },
     )
     .await;

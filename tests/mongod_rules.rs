@@ -54,7 +54,7 @@ async fn expr_in_an_upserts_filter_is_refused_224() {
     let (code, msg) = refused(
         &db,
         doc! {"findAndModify": "rules", "query": upsert_with_expr(),
-              "update": {"$set": {"a": 1}}, "upsert": true},
+        "update": {"$set": {"a": 1}}, "upsert": true},
     )
     .await;
     assert_eq!(code, 224, "{msg}");
@@ -88,7 +88,10 @@ async fn a_stage_outside_the_update_six_is_refused_72() {
         )
         .await;
         assert_eq!(code, 72, "{msg}");
-        assert_eq!(msg, format!("{name} is not allowed to be used within an update"));
+        assert_eq!(
+            msg,
+            format!("{name} is not allowed to be used within an update")
+        );
     }
 }
 
@@ -156,7 +159,10 @@ async fn what_came_after_the_minimum_is_unknown() {
         ]},
     )
     .await;
-    assert_eq!((code, msg.as_str()), (168, "Unrecognized expression '$toUUID'"));
+    assert_eq!(
+        (code, msg.as_str()),
+        (168, "Unrecognized expression '$toUUID'")
+    );
 }
 
 /// mongod refuses an update statement by statement: in an ordered batch those
@@ -205,7 +211,10 @@ async fn a_refused_statement_leaves_the_others_as_mongod_does() {
         assert_eq!(by(1).await.as_deref(), Some(tag));
         let third = by(3).await;
         if ordered {
-            assert_eq!(third, None, "an ordered batch stops at the refused statement");
+            assert_eq!(
+                third, None,
+                "an ordered batch stops at the refused statement"
+            );
         } else {
             assert_eq!(third.as_deref(), Some(tag), "unordered, the rest run");
         }
@@ -263,7 +272,10 @@ async fn a_projection_that_both_includes_and_excludes_is_refused() {
     .await;
     assert_eq!(
         (code, msg.as_str()),
-        (31254, "Cannot do exclusion on field b in inclusion projection")
+        (
+            31254,
+            "Cannot do exclusion on field b in inclusion projection"
+        )
     );
     let (code, msg) = refused(
         &db,
@@ -272,7 +284,10 @@ async fn a_projection_that_both_includes_and_excludes_is_refused() {
     .await;
     assert_eq!(
         (code, msg.as_str()),
-        (31253, "Cannot do inclusion on field b in exclusion projection")
+        (
+            31253,
+            "Cannot do inclusion on field b in exclusion projection"
+        )
     );
 }
 
@@ -295,7 +310,7 @@ async fn an_update_naming_a_path_twice_is_refused_40() {
     let (code, _) = refused(
         &db,
         doc! {"findAndModify": "rules", "query": {"_id": 1},
-              "update": {"$set": {"a": 1}, "$inc": {"a": 1}}},
+        "update": {"$set": {"a": 1}, "$inc": {"a": 1}}},
     )
     .await;
     assert_eq!(code, 40);

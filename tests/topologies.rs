@@ -79,7 +79,10 @@ async fn a_standalone_server_runs_the_pool_and_the_worker_says_what_it_risks() {
     let db = TestDb::new_on(&server.uri, "standalone").await;
     let worker = runs_a_robot(&db, &[]).await;
     worker
-        .wait_log("standalone server, not a replica set", Duration::from_secs(5))
+        .wait_log(
+            "standalone server, not a replica set",
+            Duration::from_secs(5),
+        )
         .await;
     let report = common::invariants::check(&db).await;
     assert_eq!(report.robots, 1, "{report:?}");
@@ -98,8 +101,19 @@ fn certificates(dir: &Path) -> (String, String, String) {
     };
     std::fs::create_dir_all(dir).unwrap();
     run(&[
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-        "/CN=slotpool test CA", "-keyout", "ca.key", "-out", "ca.pem",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=slotpool test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
     ]);
     std::fs::write(
         dir.join("server.ext"),
@@ -107,12 +121,33 @@ fn certificates(dir: &Path) -> (String, String, String) {
     )
     .unwrap();
     run(&[
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
-        "server.key", "-out", "server.csr",
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
     ]);
     run(&[
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.pem",
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.pem",
     ]);
     (at("ca.pem"), at("server.pem"), at("server.key"))
 }
@@ -127,7 +162,10 @@ async fn over_tls_the_pool_runs() {
                 "SLOTPOOL_DEV_SERVER_ARGS",
                 &format!("--tls-cert-file {cert} --tls-key-file {key}"),
             ),
-            ("SLOTPOOL_DEV_URI_OPTIONS", &format!("&tls=true&tlsCAFile={ca}")),
+            (
+                "SLOTPOOL_DEV_URI_OPTIONS",
+                &format!("&tls=true&tlsCAFile={ca}"),
+            ),
         ],
         &[],
     );
@@ -149,7 +187,8 @@ async fn over_tls_the_pool_runs() {
 /// each non-primary read preference a command carries (scripts/devdb/serve.py).
 #[tokio::test]
 async fn a_uris_read_preference_sends_no_read_away_from_the_primary() {
-    let shapes = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("readpref-{}", std::process::id()));
+    let shapes =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("readpref-{}", std::process::id()));
     let server = PrivateServer::launch(
         &[("SLOTPOOL_DEV_SHAPES_DIR", shapes.to_str().unwrap())],
         &[],
@@ -158,7 +197,10 @@ async fn a_uris_read_preference_sends_no_read_away_from_the_primary() {
     let db = TestDb::new_on(&secondary, "readpref").await;
     let worker = runs_a_robot(&db, &[]).await;
     worker
-        .wait_log("readPreference=secondary is ignored", Duration::from_secs(5))
+        .wait_log(
+            "readPreference=secondary is ignored",
+            Duration::from_secs(5),
+        )
         .await;
     db.cli_ok(&["status"]);
     db.cli_ok(&["robot", "list"]);
@@ -171,14 +213,20 @@ async fn a_uris_read_preference_sends_no_read_away_from_the_primary() {
         .find_one(bson::doc! {})
         .await
         .unwrap();
-    let recorded =
-        std::fs::read_to_string(shapes.join(format!("readprefs-{}.tsv", server.port())))
-            .unwrap_or_default();
+    let recorded = std::fs::read_to_string(shapes.join(format!("readprefs-{}.tsv", server.port())))
+        .unwrap_or_default();
     let ours: Vec<&str> = recorded
         .lines()
-        .filter(|l| l.split('\t').nth(2).is_some_and(|app| app.starts_with("slotpool")))
+        .filter(|l| {
+            l.split('\t')
+                .nth(2)
+                .is_some_and(|app| app.starts_with("slotpool"))
+        })
         .collect();
-    assert!(ours.is_empty(), "slotpool read away from the primary: {ours:?}");
+    assert!(
+        ours.is_empty(),
+        "slotpool read away from the primary: {ours:?}"
+    );
     assert!(
         recorded.contains("find\tsecondary\t"),
         "the probe's read was recorded: {recorded:?}"

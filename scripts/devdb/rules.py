@@ -471,3 +471,23 @@ def refusal(cmd: str, doc: Mapping) -> tuple[dict[str, Any] | None, list[int]]:
                         return r, []
         return None, []
     return None, []
+
+
+# === roles ===
+
+#: Actions the dev server's `readWrite` grants and mongod's does not: mongod's
+#: readWrite (docs: reference/built-in-roles/#readWrite, source:
+#: src/mongo/db/auth/builtin_roles.yml) has no `collMod`, so it cannot set a validator,
+#: and no `bypassDocumentValidation` (dbAdmin and restore have them).
+NOT_IN_READ_WRITE = frozenset({"collMod", "bypassDocumentValidation"})
+
+
+def mongod_roles(built_in: dict[str, Any]) -> None:
+    """Narrows the dev server's built-in role table to mongod's, in place.
+
+    `built_in` maps a role's name to an object with an `actions` frozenset.
+    """
+    for name in ("readWrite", "readWriteAnyDatabase"):
+        spec = built_in.get(name)
+        if spec is not None:
+            spec.actions = frozenset(spec.actions) - NOT_IN_READ_WRITE

@@ -18,6 +18,10 @@ Before each command reaches the server:
 
 `--max-connections` raises the server's limit of open connections (1,000, which its
 command line cannot change; a pool of 200 workers keeps about 850 open).
+Its built-in roles are narrowed to mongod's (`rules.mongod_roles`): the dev server's
+`readWrite` also grants `collMod` and `bypassDocumentValidation`, which mongod's does
+not, so `slotpool init` under `readWrite` alone is refused here as on mongod.
+
 `--report-version` makes `buildInfo` and `hello` name another server version, so
 the suite can show what slotpool does on a server older than it supports.
 `--report-router` makes `hello` answer as mongos does (`msg: "isdbgrid"`, no replica
@@ -49,6 +53,7 @@ import rules  # noqa: E402  (beside this file)
 import secantus.cli  # noqa: E402
 import secantus.commands  # noqa: E402
 import secantus.failpoints  # noqa: E402
+import secantus.rbac  # noqa: E402
 import secantus.server  # noqa: E402
 
 #: What mongod (and the dev server) says of a command a `failCommand` failpoint failed.
@@ -258,6 +263,7 @@ def main() -> int:
         secantus.server.SecantusDBServer.__init__ = with_limit
     if args.report_version:
         report_version(args.report_version)
+    rules.mongod_roles(secantus.rbac.BUILT_IN_ROLES)
 
     mode = args.shapes
     audited: set[str] = set()

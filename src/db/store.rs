@@ -805,7 +805,10 @@ pub(crate) fn brief(e: &mongodb::error::Error) -> String {
             format!("no database server answered: {}", first_line(message))
         }
         ErrorKind::Authentication { message, .. } => {
-            format!("the database refused the credentials: {}", first_line(message))
+            format!(
+                "the database refused the credentials: {}",
+                first_line(message)
+            )
         }
         _ => first_line(&e.to_string()),
     }
@@ -817,12 +820,12 @@ pub(crate) fn brief(e: &mongodb::error::Error) -> String {
 pub fn explain(e: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in e.chain() {
-        let db = cause
-            .downcast_ref::<mongodb::error::Error>()
-            .or_else(|| match cause.downcast_ref::<StoreError>() {
+        let db = cause.downcast_ref::<mongodb::error::Error>().or_else(|| {
+            match cause.downcast_ref::<StoreError>() {
                 Some(StoreError::Db(d)) => Some(d),
                 _ => None,
-            });
+            }
+        });
         if let Some(d) = db {
             parts.push(match refusal(d) {
                 Some(r) => r.to_string(),

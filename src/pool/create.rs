@@ -218,7 +218,8 @@ pub(crate) async fn create(
                 "a robot of the same name was created by someone else meanwhile".to_string()
             } else if crate::db::store::is_transient(&e) {
                 format!(
-                    "the database became unreachable ({})",
+                    "the database did not take the write: it was unreachable or \
+                     changing primary ({})",
                     crate::db::store::brief(&e)
                 )
             } else {

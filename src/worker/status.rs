@@ -210,7 +210,10 @@ impl Health {
         let mut last = self.last_answer.lock().expect("health lock");
         let unseen = last.is_some_and(|prev| now.saturating_duration_since(prev) > gap);
         let mut up = self.up_since.lock().expect("health lock");
-        if self.writes_failing.load(std::sync::atomic::Ordering::SeqCst) {
+        if self
+            .writes_failing
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
             *up = None;
         } else if took > gap || unseen {
             *up = Some(now);
@@ -336,7 +339,11 @@ mod tests {
         assert_eq!(health.contact(t0 + t), Duration::ZERO);
         for k in 1..10 {
             health.answered(t0 + t * k, quick, t);
-            assert_eq!(health.contact(t0 + t * k), Duration::ZERO, "a read is no contact");
+            assert_eq!(
+                health.contact(t0 + t * k),
+                Duration::ZERO,
+                "a read is no contact"
+            );
         }
         // A heartbeat lands: contact counts from it.
         health.write_landed(t0 + t * 10, quick, t);
