@@ -11,9 +11,10 @@
 # Port: SLOTPOOL_DEV_PORT (default 27777). Data: .state/mongo-data (git-ignored).
 #
 # The server runs behind mongod's rules (scripts/devdb/serve.py): what mongod refuses
-# and the dev server would take is refused as mongod refuses it, and a command shape
-# missing from docs/mongodb.md's audited table is refused too (SLOTPOOL_DEV_SHAPES=learn
-# only records it, =off skips the table). Every shape seen goes to .state/shapes/.
+# and the dev server would take is refused as mongod refuses it. Every command shape
+# seen goes to .state/shapes/; SLOTPOOL_DEV_SHAPES=enforce (what scripts/test.sh sets)
+# also refuses one missing from docs/mongodb.md's audited table, the default `learn`
+# only records (the demo's users type their own queries into mongosh), `off` skips it.
 #
 # SLOTPOOL_DEV_MAX_CONNECTIONS raises the server's limit of open connections (1,000,
 # which its command line cannot change): a pool of 200 workers keeps about 850.

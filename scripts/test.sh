@@ -13,6 +13,7 @@ phase "test database"
 # mongod's test commands on (failpoints, step-down). Each writes the command shapes
 # it saw to .state/shapes/; the run fails at the end if any was not audited.
 export SLOTPOOL_DEV_TEST_COMMANDS=1
+export SLOTPOOL_DEV_SHAPES="${SLOTPOOL_DEV_SHAPES:-enforce}"
 rm -rf .state/shapes
 # A throwaway server of its own (port SLOTPOOL_TEST_PORT, default 27778), fresh each
 # run: the dev server's latency creeps up over a long process life, and tests should
@@ -51,5 +52,5 @@ cargo test --all-targets "$@"
 cargo test --doc --quiet
 
 phase "command shapes: every one the suite sent is in docs/mongodb.md's audited table"
-SLOTPOOL_SHAPES_SOFT=1 scripts/shapes.sh check
+scripts/shapes.sh check
 phase "done"

@@ -63,13 +63,20 @@ FAILPOINT_MESSAGE = "Failing command via 'failCommand' failpoint"
 WIRE = {(4, 2): 8, (4, 4): 9, (5, 0): 13, (6, 0): 17, (7, 0): 21, (8, 0): 25}
 
 
+#: The heading in docs/mongodb.md under which the audited table stands.
+AUDITED_HEADING = "## The audited command shapes"
+
+
 def audited_shapes(path: str) -> set[str]:
-    """Every shape in backticks that opens a row of a Markdown table in `path`."""
+    """Every shape in backticks that opens a table row under AUDITED_HEADING in `path`."""
     out = set()
     with open(path, encoding="utf-8") as f:
+        under = False
         for line in f:
             line = line.strip()
-            if not line.startswith("| `"):
+            if line.startswith("## "):
+                under = line == AUDITED_HEADING
+            if not under or not line.startswith("| `"):
                 continue
             cell = line[2:].split(" |", 1)[0].strip()
             if cell.startswith("`") and cell.endswith("`") and len(cell) > 2:
