@@ -18,6 +18,11 @@ if [[ -z "${MONGODB_URI:-}" ]]; then
   # The scale phase's 200 workers keep about 850 connections open, near the dev
   # server's own limit of 1,000.
   export SLOTPOOL_DEV_MAX_CONNECTIONS="${SLOTPOOL_DEV_MAX_CONNECTIONS:-4000}"
+  # mongod's test commands: the outage phase's step-down (replSetStepDown).
+  export SLOTPOOL_DEV_TEST_COMMANDS=1
+  # Its command shapes, apart from the tests' (reported at the end).
+  export SLOTPOOL_DEV_SHAPES_DIR="$ROOT/.state/shapes-bench"
+  rm -rf "$SLOTPOOL_DEV_SHAPES_DIR"
   trap 'env -u MONGODB_URI scripts/dev-mongo.sh stop >/dev/null 2>&1 || true' EXIT
   MONGODB_URI="$(scripts/dev-mongo.sh fresh)"
   export MONGODB_URI
@@ -29,3 +34,9 @@ if [[ "${1:-}" == "--statements" ]]; then
   exit
 fi
 cargo bench --bench pool -- "$@"
+if [[ -n "${SLOTPOOL_DEV_SHAPES_DIR:-}" ]]; then
+  # Every shape the phases sent, against docs/mongodb.md's audited table (the bench's
+  # server records them, as the tests' does, but refuses none: SLOTPOOL_DEV_SHAPES
+  # defaults to learn here).
+  SLOTPOOL_SHAPES_SOFT=1 scripts/shapes.sh check
+fi

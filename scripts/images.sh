@@ -9,7 +9,9 @@
 #                         layout of the Dockerfile: tini as PID 1, user 10001,
 #                         /opt/robots, port 7700, `worker` by default.
 #   slotpool-devdb:local  the dev database (SecantusDB, from wheels pip downloads on
-#                         the host) on the same base, serving port 27017, data in /data.
+#                         the host) on the same base, serving port 27017, data in /data,
+#                         behind mongod's rules (scripts/devdb, as dev-mongo.sh runs it;
+#                         SLOTPOOL_DEV_SHAPES in its environment as there).
 #
 #   scripts/images.sh            install and start the engine if needed, build all three
 #   scripts/images.sh engine     only make sure a Docker engine answers
@@ -126,6 +128,21 @@ devdb_image() {
   source "$ROOT/scripts/retry.sh"
   retry "images: pip download" python3 -m pip download --quiet --disable-pip-version-check \
     --only-binary=:all: --pre --dest "$ctx/wheels" "$SECANTUS" >&2
+  # The rules front (scripts/devdb) and the audited table it checks shapes against,
+  # as dev-mongo.sh runs them: a container database refuses what mongod refuses.
+  mkdir "$ctx/front"
+  cp scripts/devdb/serve.py scripts/devdb/rules.py docs/mongodb.md "$ctx/front/"
+  cat >"$ctx/front/run.sh" <<'EOF'
+#!/bin/sh
+# slotpool-devdb's entry: the dev server behind mongod's rules; "$@" is the data path.
+# SLOTPOOL_DEV_SHAPES: learn (the default: record shapes in DATA/shapes), enforce
+# (also refuse a shape docs/mongodb.md has not audited; the tests set it), off.
+exec /opt/devdb/bin/python /opt/devdb/front/serve.py \
+  --shapes "${SLOTPOOL_DEV_SHAPES:-learn}" --audited /opt/devdb/front/mongodb.md \
+  --shapes-dir "$1/shapes" -- \
+  --host 0.0.0.0 --port 27017 --log-level WARNING --storage-path "$@"
+EOF
+  chmod +x "$ctx/front/run.sh"
   cat >"$ctx/Dockerfile" <<EOF
 FROM $from
 COPY wheels /wheels
@@ -135,10 +152,11 @@ RUN python3 -m venv /opt/devdb \\
  && echo 'devdb:x:10002:10002:devdb:/nonexistent:/usr/sbin/nologin' >> /etc/passwd \\
  && echo 'devdb:x:10002:' >> /etc/group \\
  && mkdir /data && chown 10002:10002 /data
+COPY front /opt/devdb/front
 USER 10002
 VOLUME /data
 EXPOSE 27017
-ENTRYPOINT ["/usr/bin/tini", "--", "/opt/devdb/bin/secantusd-py", "--host", "0.0.0.0", "--port", "27017", "--log-level", "WARNING", "--storage-path"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/devdb/front/run.sh"]
 CMD ["/data"]
 EOF
   build slotpool-devdb:local "$ctx"

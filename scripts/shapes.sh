@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The command shapes the dev servers saw (scripts/devdb/serve.py writes them to
-# .state/shapes/), against docs/mongodb.md's audited table.
+# .state/shapes/, or SLOTPOOL_DEV_SHAPES_DIR), against docs/mongodb.md's audited table.
 #
 #   scripts/shapes.sh check     fail, listing them, if any shape seen is not audited
 #   scripts/shapes.sh seen      every shape seen, with the clients (appName) that sent it
@@ -11,7 +11,7 @@
 set -euo pipefail
 export LC_ALL=C
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR="$ROOT/.state/shapes"
+DIR="${SLOTPOOL_DEV_SHAPES_DIR:-$ROOT/.state/shapes}"
 audited() {
   "$ROOT/.venv/bin/python" -c '
 import sys; sys.path.insert(0, sys.argv[1])

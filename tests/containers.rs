@@ -877,7 +877,17 @@ async fn kube_pool() -> (KubeLike, TestDb, String, Vec<String>, u32) {
     }
     let mut k = KubeLike::new();
     // The database (the dev server's image), and the Secret the manifests expect.
-    k.run("mongo", 2, &["slotpool-devdb:local".to_string()]);
+    // Behind mongod's rules as every dev server of the suite (scripts/test.sh sets
+    // SLOTPOOL_DEV_SHAPES=enforce).
+    let shapes = format!(
+        "SLOTPOOL_DEV_SHAPES={}",
+        std::env::var("SLOTPOOL_DEV_SHAPES").unwrap_or_else(|_| "learn".into())
+    );
+    k.run(
+        "mongo",
+        2,
+        &["-e".into(), shapes, "slotpool-devdb:local".to_string()],
+    );
     let uri = format!(
         "mongodb://{}:27017/slotpool?{}",
         k.ip(2),

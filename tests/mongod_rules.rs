@@ -119,6 +119,18 @@ async fn array_filters_with_a_pipeline_are_refused_9() {
 #[tokio::test]
 async fn what_came_after_the_minimum_is_unknown() {
     let db = TestDb::new("rules_later").await;
+    let info = db
+        .store
+        .db()
+        .run_command(doc! {"buildInfo": 1})
+        .await
+        .unwrap();
+    let version = info.get_str("version").unwrap_or("?").to_string();
+    if !info.contains_key("slotpoolRulesFront") && !version.starts_with("6.0.") {
+        // A user's own MongoDB (MONGODB_URI), newer than 6.0: it knows these words.
+        println!("skipped: MongoDB {version} is newer than 6.0 and knows these operators");
+        return;
+    }
     let cases: [(Document, i32, &str); 4] = [
         (
             doc! {"aggregate": "rules", "cursor": {}, "pipeline": [

@@ -1,6 +1,7 @@
 //! The outage phase: the whole database away for 8 s (the bench's own dev server
 //! killed with -9 and started again on its data), as an election or a step-down
-//! looks to the pool. Measured with the default suspension, with `--suspend-for 0`
+//! looks to the pool; then the same pool through a `replSetStepDown` of 8 s, the
+//! server's own step-down (up, reads answered, writes refused). Measured with the default suspension, with `--suspend-for 0`
 //! (the stop at the deadline), and, given `SLOTPOOL_BENCH_BASELINE_BIN` (a release
 //! build of the commit before suspension), with that build's workers: robots
 //! restarted, slots moved, how long from the server's first write after its return
@@ -161,6 +162,18 @@ enum Workers<'a> {
     Build(&'a str),
 }
 
+/// How the database goes away for a round.
+#[derive(Clone, Copy, PartialEq)]
+enum Away {
+    /// The dev server killed with -9 and started again on its data after `down`.
+    Killed,
+    /// `replSetStepDown` for `down` (`force: true`): the server stays up, answers
+    /// reads, and refuses every write with 10107 until it is primary again, as an
+    /// election looks to a client (needs mongod's test commands; scripts/bench.sh
+    /// turns them on for its own server).
+    SteppedDown,
+}
+
 /// One configuration's rounds.
 struct Outcome {
     restarted: Vec<usize>,
@@ -178,6 +191,7 @@ struct Outcome {
 }
 
 async fn rounds(
+    away: Away,
     workers_of: Workers<'_>,
     slots: u32,
     robots: u32,
@@ -235,20 +249,37 @@ async fn rounds(
             .delete_many(doc! {})
             .await
             .expect("remove the probe");
-        // SAFETY: kill(2) on the bench's own dev server.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
         // The server's clock is this machine's: nothing it stamps after this instant
-        // was written before the kill.
-        let kill_ms = wall_ms();
-        tokio::time::sleep(down).await;
-        let starting = tokio::task::spawn_blocking(|| dev_server("start"));
+        // was written before the database went away.
+        let kill_ms;
+        let starting = match away {
+            Away::Killed => {
+                // SAFETY: kill(2) on the bench's own dev server.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                kill_ms = wall_ms();
+                tokio::time::sleep(down).await;
+                Some(tokio::task::spawn_blocking(|| dev_server("start")))
+            }
+            Away::SteppedDown => {
+                kill_ms = wall_ms();
+                db.store
+                    .client()
+                    .database("admin")
+                    .run_command(doc! {"replSetStepDown": down.as_secs() as i64, "force": true})
+                    .await
+                    .expect("replSetStepDown (mongod's test commands on)");
+                None
+            }
+        };
         let (back, back_ms, fresh) = first_write(&db.uri, &db.name).await;
         let limit = Duration::from_secs(120);
         let stamps = fresh.database(&db.name).collection("slots");
         let first = first_stamps_after(&stamps, kill_ms, slots as usize, limit).await;
-        starting.await.expect("the dev server's start");
+        if let Some(starting) = starting {
+            starting.await.expect("the dev server's start");
+        }
         // The bench's own client finds the server again (it asks until answered).
         server_ms(&db).await;
         o.all_renewed.push(match first.values().max() {
@@ -297,8 +328,26 @@ pub(super) async fn outage_rows(quick: bool) -> Vec<Row> {
         down.as_secs()
     );
     let (Some(with), Some(without)) = (
-        rounds(Workers::SuspendFor("60s"), slots, robots, workers, n, down).await,
-        rounds(Workers::SuspendFor("0s"), slots, robots, workers, n, down).await,
+        rounds(
+            Away::Killed,
+            Workers::SuspendFor("60s"),
+            slots,
+            robots,
+            workers,
+            n,
+            down,
+        )
+        .await,
+        rounds(
+            Away::Killed,
+            Workers::SuspendFor("0s"),
+            slots,
+            robots,
+            workers,
+            n,
+            down,
+        )
+        .await,
     ) else {
         return vec![Row {
             name,
@@ -307,47 +356,98 @@ pub(super) async fn outage_rows(quick: bool) -> Vec<Row> {
             goal: "-".into(),
         }];
     };
-    let describe = |o: &Outcome| {
-        let mut all = o.all_checkpointed.clone();
-        let mut renewed = o.all_renewed.clone();
-        let cpu = o.cpu_after.iter().sum::<f64>() / o.cpu_after.len().max(1) as f64;
-        format!(
-            "robots restarted per round {:?}, slots moved {:?}; from the server's first write after its return until every slot was renewed or claimed again: {}; until every robot checkpointed again (each steps every 10 s): {}; server CPU in the 30 s after: {cpu:.2} cores (without an outage: {:.2})",
-            o.restarted,
-            o.moved,
-            dist(&mut renewed),
-            dist(&mut all),
-            o.cpu_quiet
-        )
-    };
     let baseline = match std::env::var("SLOTPOOL_BENCH_BASELINE_BIN") {
         Ok(bin) => {
             let label = std::env::var("SLOTPOOL_BENCH_BASELINE_LABEL")
                 .unwrap_or_else(|_| "the commit before".into());
-            match rounds(Workers::Build(&bin), slots, robots, workers, n, down).await {
+            match rounds(
+                Away::Killed,
+                Workers::Build(&bin),
+                slots,
+                robots,
+                workers,
+                n,
+                down,
+            )
+            .await
+            {
                 Some(o) => format!(". Baseline, workers of {label}: {}", describe(&o)),
                 None => String::new(),
             }
         }
         Err(_) => String::new(),
     };
-    let restarted: usize = with.restarted.iter().sum();
-    let moved: usize = with.moved.iter().sum();
-    let slowest = with.all_renewed.iter().cloned().fold(0.0, f64::max);
-    let within = 1000.0 + 500.0;
-    vec![Row {
+    let killed = Row {
         name,
         figures: format!(
             "suspended (default, `--suspend-for 60s`): {}. Stopped at the deadline (`--suspend-for 0`): {}{baseline}",
             describe(&with),
             describe(&without)
         ),
-        goal: judged(
-            "0 robots restarted, 0 slots moved, every holder resumed within a tick + 500 ms of the return",
-            restarted == 0 && moved == 0 && slowest <= within,
-            format!(
-                "{restarted} restarted, {moved} moved in {n} rounds; the slowest round's last resume {slowest:.0} ms"
+        goal: nothing_lost(&with, n),
+    };
+    // The same pool through a step-down: the server up, reads answered, writes
+    // refused with 10107 (NotWritablePrimary) for as long.
+    let stepdown_name = format!(
+        "Step-down: {slots} slots, {robots} counters (a step every 10 s) on {workers} workers, tick 1 s; `replSetStepDown` for {} s (`force`), {n} rounds",
+        down.as_secs()
+    );
+    let stepdown = match rounds(
+        Away::SteppedDown,
+        Workers::SuspendFor("60s"),
+        slots,
+        robots,
+        workers,
+        n,
+        down,
+    )
+    .await
+    {
+        Some(o) => Row {
+            name: stepdown_name,
+            figures: format!(
+                "suspended (default, `--suspend-for 60s`), from the server's first write as primary again: {}",
+                describe(&o)
             ),
+            goal: nothing_lost(&o, n),
+        },
+        None => Row {
+            name: stepdown_name,
+            figures: "not measured: needs the bench's own dev server".into(),
+            goal: "-".into(),
+        },
+    };
+    vec![killed, stepdown]
+}
+
+/// One configuration's figures: what restarted and moved, how long until every
+/// holder renewed and every robot checkpointed again, the server's CPU.
+fn describe(o: &Outcome) -> String {
+    let mut all = o.all_checkpointed.clone();
+    let mut renewed = o.all_renewed.clone();
+    let cpu = o.cpu_after.iter().sum::<f64>() / o.cpu_after.len().max(1) as f64;
+    format!(
+        "robots restarted per round {:?}, slots moved {:?}; from the server's first write after its return until every slot was renewed or claimed again: {}; until every robot checkpointed again (each steps every 10 s): {}; server CPU in the 30 s after: {cpu:.2} cores (without an outage: {:.2})",
+        o.restarted,
+        o.moved,
+        dist(&mut renewed),
+        dist(&mut all),
+        o.cpu_quiet
+    )
+}
+
+/// The goal of a database away: nothing restarted or moved, every holder resumed
+/// within a tick and 500 ms of the server's return.
+fn nothing_lost(o: &Outcome, n: usize) -> String {
+    let restarted: usize = o.restarted.iter().sum();
+    let moved: usize = o.moved.iter().sum();
+    let slowest = o.all_renewed.iter().cloned().fold(0.0, f64::max);
+    let within = 1000.0 + 500.0;
+    judged(
+        "0 robots restarted, 0 slots moved, every holder resumed within a tick + 500 ms of the return",
+        restarted == 0 && moved == 0 && slowest <= within,
+        format!(
+            "{restarted} restarted, {moved} moved in {n} rounds; the slowest round's last resume {slowest:.0} ms"
         ),
-    }]
+    )
 }

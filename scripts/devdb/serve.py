@@ -141,6 +141,10 @@ class Front:
         except secantus.failpoints.CloseConnectionRequested:
             self.failed_by_failpoint(cmd, ctx, doc, "closeConnection")
             raise
+        if cmd.lower() == "buildinfo" and isinstance(reply, dict):
+            # Says a client meets the rules front, and the release whose rules it
+            # keeps (tests/mongod_rules.rs: a newer mongod knows what 6.0 does not).
+            reply["slotpoolRulesFront"] = ".".join(map(str, rules.MINIMUM))
         if isinstance(reply, Mapping):
             if reply.get("errmsg") == FAILPOINT_MESSAGE:
                 self.failed_by_failpoint(cmd, ctx, doc, str(reply.get("code")))
