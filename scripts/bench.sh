@@ -2,7 +2,7 @@
 # Benchmarks: takeover, handoff, orphan takeover without a standby, hand-back,
 # rebalance, claim storm, per-tick database cost, restore rate,
 # footprint, create rate, robot output at its worst, the web dashboard's cost and the leases under its load, an idle pool's requests, a tick sweep of takeovers with 1,000 robots, the adoption writes a takeover costs. Prints one table, writes it to docs/bench/runs/ and adds its line to BENCHMARKS.md.
-#   scripts/bench.sh [--quick] [--only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge,scale,outage,placement]
+#   scripts/bench.sh [--quick] [--only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge,scale,outage,placement,atscale]
 #   scripts/bench.sh --statements   what one robot write costs the server, by its form
 #                                   (update operators or a pipeline; scripts/statement-cost.py)
 # Runs against a fresh throwaway dev server unless MONGODB_URI is set.

@@ -5,11 +5,12 @@
 //!
 //!   scripts/bench.sh            full run
 //!   scripts/bench.sh --quick    fewer trials (a smoke run)
-//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge,scale,outage
+//!   scripts/bench.sh --only takeover,ctakeover,cpool,handoff,orphan,handback,rebalance,storm,cost,idle,sweep,adopt,standbys,create,output,restore,slots,web,webload,schedule,edge,scale,outage,atscale
 //!
 //! One file per phase; this one parses the arguments, runs the phases asked for
 //! and prints the table.
 
+mod at_scale;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod containers;
@@ -207,6 +208,9 @@ async fn main() {
     }
     if want("create") {
         show(&mut rows, create(1000).await);
+    }
+    if want("atscale") {
+        show(&mut rows, at_scale::at_scale(quick).await);
     }
     if want("standbys") {
         show(&mut rows, standbys(100).await);

@@ -91,7 +91,7 @@ class Front:
         self,
         dispatch,
         mode: str,
-        audited: set[str],
+        audited_path: str | None,
         shapes_dir: str | None,
         port: int,
         router: bool = False,
@@ -99,7 +99,9 @@ class Front:
         self.dispatch = dispatch
         self.router = router
         self.mode = mode
-        self.audited = audited
+        self.audited_path = audited_path
+        self.audited: set[str] = set()
+        self.audited_stamp: int | None = None
         self.lock = threading.Lock()
         self.seen: set[tuple[str, str]] = set()
         self.seen_file = self.unaudited_file = self.readprefs_file = None
@@ -158,12 +160,29 @@ class Front:
         with self.lock:
             self.append(self.failpoints_file, f"{cmd}\t{app}\t{what}\n")
 
+    def audited_table(self) -> set[str]:
+        """The audited shapes, read again whenever the file changes (a row added
+        while the demo's or a test run's server keeps running counts at once)."""
+        if self.audited_path is None:
+            return self.audited
+        try:
+            stamp = os.stat(self.audited_path).st_mtime_ns
+        except OSError:
+            return self.audited
+        if stamp != self.audited_stamp:
+            with self.lock:
+                if stamp != self.audited_stamp:
+                    self.audited = audited_shapes(self.audited_path)
+                    self.audited_stamp = stamp
+        return self.audited
+
     def note(self, cmd: str, doc: Mapping, ctx) -> str | None:
         """Records the command's shapes; returns the first one not audited."""
         app = secantus.commands._failpoint_app_name(cmd, doc, ctx) or "-"
         missing = None
+        table = self.audited_table()
         for shape in rules.shapes(cmd, doc):
-            audited = shape in self.audited
+            audited = shape in table
             if not audited and missing is None:
                 missing = shape
             key = (shape, app)
@@ -194,9 +213,17 @@ class Front:
 
     @staticmethod
     def append(path: str | None, line: str) -> None:
-        if path is not None:
+        """Appends a record line; the directory is made again if someone removed it
+        (`rm -rf .state/shapes` under a running demo), and a record that cannot be
+        written is reported, never the command's failure."""
+        if path is None:
+            return
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "a", encoding="utf-8") as f:
                 f.write(line)
+        except OSError as e:
+            print(f"serve.py: cannot record to {path}: {e}", file=sys.stderr)
 
     def partly(self, doc: dict[str, Any], ctx, error: dict[str, Any], refused: list[int]):
         """An update some of whose statements mongod refuses: the others run (all of
@@ -277,16 +304,20 @@ def main() -> int:
     rules.mongod_roles(secantus.rbac.BUILT_IN_ROLES)
 
     mode = args.shapes
-    audited: set[str] = set()
     if mode != "off":
         if not args.audited:
             parser.error("--audited FILE is needed unless --shapes off")
-        audited = audited_shapes(args.audited)
+        audited_shapes(args.audited)  # readable, before the server starts
     port = 0
     if "--port" in server_args:
         port = int(server_args[server_args.index("--port") + 1])
     secantus.server.dispatch = Front(
-        secantus.server.dispatch, mode, audited, args.shapes_dir, port, args.report_router
+        secantus.server.dispatch,
+        mode,
+        args.audited if mode != "off" else None,
+        args.shapes_dir,
+        port,
+        args.report_router,
     )
     sys.argv = ["secantusd-py", *server_args]
     return secantus.cli.main()

@@ -10,6 +10,8 @@ use futures::TryStreamExt;
 use crate::db::field::{
     EPOCH, ERROR, GEN, KIND, NAME, PAUSED, RESTARTS, SEQ, SLOT_ID, STATUS, WORKER,
 };
+use crate::db::indexed;
+use crate::db::robot_doc::RobotStatus;
 use crate::db::store::Store;
 
 type Result<T> = std::result::Result<T, mongodb::error::Error>;
@@ -60,20 +62,43 @@ pub(crate) async fn robots_listed(store: &Store, slot: Option<&str>) -> Result<V
         .await
 }
 
-/// The robots counted in one grouped query, so it stays cheap at thousands: each
-/// document's `_id` holds `slot`, `status`, `paused`, `worker` and, for a failed
-/// robot, its `error` (few distinct texts, each worth reading); `n` the count.
+/// The robots counted by state: each document's `_id` holds `slot`, `status`,
+/// `paused`, `worker` and, for a failed robot, its `error` (few distinct texts, each
+/// worth reading); `n` the count. Two reads that touch no robot document but the
+/// failed ones: a group over the [`indexed::SLOT_STATE`] index's own fields, and the
+/// failed robots through [`indexed::FAILED`] (they replace the first read's failed
+/// groups).
 pub(crate) async fn robots_by_state(store: &Store) -> Result<Vec<Document>> {
-    store
-        .robots()
-        .aggregate(vec![doc! {"$group": {
-            "_id": {"slot": "$slot_id", "status": "$status", "paused": "$paused", "worker": "$worker",
-                    "error": {"$cond": [{"$eq": ["$status", "failed"]}, "$error", null]}},
-            "n": {"$sum": 1},
-        }}])
-        .await?
-        .try_collect()
-        .await
+    let key =
+        doc! {"slot": "$slot_id", "status": "$status", "paused": "$paused", "worker": "$worker"};
+    let mut all: Vec<Document> = indexed::aggregate(
+        store,
+        indexed::SLOT_STATE,
+        vec![
+            doc! {"$project": {"_id": 0, SLOT_ID: 1, STATUS: 1, PAUSED: 1, WORKER: 1}},
+            doc! {"$group": {"_id": key.clone(), "n": {"$sum": 1}}},
+        ],
+    )
+    .await?;
+    let failed = RobotStatus::Failed.as_str();
+    all.retain(|d| {
+        d.get_document("_id")
+            .map_or(true, |k| k.get_str("status") != Ok(failed))
+    });
+    let mut with_error = key;
+    with_error.insert("error", "$error");
+    all.extend(
+        indexed::aggregate(
+            store,
+            indexed::FAILED,
+            vec![
+                doc! {"$match": indexed::failed_filter()},
+                doc! {"$group": {"_id": with_error, "n": {"$sum": 1}}},
+            ],
+        )
+        .await?,
+    );
+    Ok(all)
 }
 
 /// The dashboard's rows of the robots bound to `slot` (see

@@ -10,6 +10,7 @@ pub(crate) mod firing;
 pub mod group_commit;
 pub mod guard;
 pub(crate) mod heartbeat;
+pub mod indexed;
 pub mod lease;
 pub(crate) mod listing;
 pub(crate) mod load;

@@ -217,13 +217,14 @@ pub(crate) async fn stranded(
     store: &Store,
     slots: &[String],
 ) -> Result<Vec<(ObjectId, Option<String>)>> {
-    let docs: Vec<Document> = store
-        .robots()
-        .find(doc! {SLOT_ID: {"$nin": slots}})
-        .projection(doc! {"_id": 1, SLOT_ID: 1})
-        .await?
-        .try_collect()
-        .await?;
+    // Through the slot_id index: its keys outside `slots` are the stranded robots.
+    let docs = crate::db::indexed::find(
+        store,
+        crate::db::indexed::BY_SLOT,
+        doc! {SLOT_ID: {"$nin": slots}},
+        doc! {"_id": 1, SLOT_ID: 1},
+    )
+    .await?;
     Ok(docs
         .iter()
         .filter_map(|d| {
@@ -255,15 +256,15 @@ pub(crate) async fn pick(
 
 /// Every robot whose spec declares `limits`, as its slot and its `spec.limits`:
 /// what placement counts for robots no holder has measured yet. Usually few: only
-/// robots that declare limits are read.
+/// robots that declare limits are read, through the index that holds only them.
 pub(crate) async fn declared_limits(store: &Store) -> Result<Vec<(String, Document)>> {
-    let docs: Vec<Document> = store
-        .robots()
-        .find(doc! {"spec.limits": {"$type": "object"}})
-        .projection(doc! {SLOT_ID: 1, "spec.limits": 1})
-        .await?
-        .try_collect()
-        .await?;
+    let docs = crate::db::indexed::find(
+        store,
+        crate::db::indexed::DECLARES_LIMITS,
+        crate::db::indexed::declares_limits_filter(),
+        doc! {SLOT_ID: 1, "spec.limits": 1},
+    )
+    .await?;
     Ok(docs
         .iter()
         .filter_map(|d| {

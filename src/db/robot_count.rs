@@ -8,7 +8,7 @@
 use bson::{doc, Bson, Document};
 use futures::TryStreamExt;
 
-use crate::db::field::ROBOT_COUNT;
+use crate::db::field::{ROBOT_COUNT, SLOT_ID};
 use crate::db::store::{int, Store};
 
 /// When a slot's room was last reserved (server clock).
@@ -30,11 +30,17 @@ pub(crate) async fn true_counts(
     store: &Store,
 ) -> Result<std::collections::HashMap<String, i64>, mongodb::error::Error> {
     let mut counts = std::collections::HashMap::new();
-    let mut cursor = store
-        .robots()
-        .aggregate(vec![doc! {"$group": {"_id": "$slot_id", "n": {"$sum": 1}}}])
-        .await?;
-    while let Some(d) = cursor.try_next().await? {
+    // From the slot_state index alone (its first field), no robot document read.
+    let groups = crate::db::indexed::aggregate(
+        store,
+        crate::db::indexed::SLOT_STATE,
+        vec![
+            doc! {"$project": {"_id": 0, SLOT_ID: 1}},
+            doc! {"$group": {"_id": "$slot_id", "n": {"$sum": 1}}},
+        ],
+    )
+    .await?;
+    for d in groups {
         if let Ok(id) = d.get_str("_id") {
             let n = int(&d, "n").unwrap_or(0);
             counts.insert(id.to_string(), n);

@@ -83,6 +83,10 @@ async fn create_indexes(store: &Store) -> Result<(), StoreError> {
         .create_index(IndexModel::builder().keys(doc! {SLOT_ID: 1}).build())
         .await?;
     store
+        .robots()
+        .create_indexes(crate::db::indexed::models())
+        .await?;
+    store
         .workers()
         .create_index(IndexModel::builder().keys(doc! {SLOT_ID: 1}).build())
         .await?;
