@@ -30,6 +30,8 @@ case "${1:-check}" in
       echo "shapes: sent, and not in docs/mongodb.md's audited table:" >&2
       echo "$missing" | sed 's/^/  /' >&2
       [[ -n "${SLOTPOOL_SHAPES_SOFT:-}" ]] || exit 1
+      echo "shapes: $(seen | wc -l) distinct command shapes sent, $(echo "$missing" | wc -l) not audited (reported, not failed)"
+      exit 0
     fi
     echo "shapes: $(seen | wc -l) distinct command shapes sent, every one audited"
     ;;

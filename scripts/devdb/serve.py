@@ -101,7 +101,7 @@ class Front:
         self.mode = mode
         self.audited_path = audited_path
         self.audited: set[str] = set()
-        self.audited_stamp: int | None = None
+        self.audited_stamp: tuple[int, int, int] | None = None
         self.lock = threading.Lock()
         self.seen: set[tuple[str, str]] = set()
         self.seen_file = self.unaudited_file = self.readprefs_file = None
@@ -166,14 +166,23 @@ class Front:
         if self.audited_path is None:
             return self.audited
         try:
-            stamp = os.stat(self.audited_path).st_mtime_ns
+            st = os.stat(self.audited_path)
         except OSError:
             return self.audited
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp != self.audited_stamp:
             with self.lock:
                 if stamp != self.audited_stamp:
-                    self.audited = audited_shapes(self.audited_path)
-                    self.audited_stamp = stamp
+                    try:
+                        table = audited_shapes(self.audited_path)
+                    except (OSError, UnicodeDecodeError) as e:
+                        print(f"serve.py: cannot read {self.audited_path}: {e}", file=sys.stderr)
+                        table = set()
+                    # A file caught half-written (an editor's save, a checkout)
+                    # reads short: keep the table we had until it reads whole.
+                    if table or not self.audited:
+                        self.audited = table
+                        self.audited_stamp = stamp
         return self.audited
 
     def note(self, cmd: str, doc: Mapping, ctx) -> str | None:

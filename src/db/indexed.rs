@@ -57,8 +57,9 @@ pub(crate) fn models() -> Vec<IndexModel> {
                     .build(),
             )
             .build(),
+        // Keys of its own: mongod before 5.0 took no two indexes of one key pattern.
         IndexModel::builder()
-            .keys(doc! {SLOT_ID: 1, "_id": 1})
+            .keys(doc! {STATUS: 1, SLOT_ID: 1})
             .options(
                 named(FAILED)
                     .partial_filter_expression(failed_filter())

@@ -64,14 +64,14 @@ pub(crate) async fn robots_listed(store: &Store, slot: Option<&str>) -> Result<V
 
 /// The robots counted by state: each document's `_id` holds `slot`, `status`,
 /// `paused`, `worker` and, for a failed robot, its `error` (few distinct texts, each
-/// worth reading); `n` the count. Two reads that touch no robot document but the
-/// failed ones: a group over the [`indexed::SLOT_STATE`] index's own fields, and the
-/// failed robots through [`indexed::FAILED`] (they replace the first read's failed
-/// groups).
+/// worth reading); `n` the count. The counts come from one read that touches no
+/// robot document: a group over the [`indexed::SLOT_STATE`] index's own fields. The
+/// failed robots' errors come from a second, through [`indexed::FAILED`], and only
+/// split the first read's failed counts ([`with_errors`]).
 pub(crate) async fn robots_by_state(store: &Store) -> Result<Vec<Document>> {
     let key =
         doc! {"slot": "$slot_id", "status": "$status", "paused": "$paused", "worker": "$worker"};
-    let mut all: Vec<Document> = indexed::aggregate(
+    let groups = indexed::aggregate(
         store,
         indexed::SLOT_STATE,
         vec![
@@ -80,25 +80,59 @@ pub(crate) async fn robots_by_state(store: &Store) -> Result<Vec<Document>> {
         ],
     )
     .await?;
-    let failed = RobotStatus::Failed.as_str();
-    all.retain(|d| {
-        d.get_document("_id")
-            .map_or(true, |k| k.get_str("status") != Ok(failed))
-    });
-    let mut with_error = key;
-    with_error.insert("error", "$error");
-    all.extend(
-        indexed::aggregate(
-            store,
-            indexed::FAILED,
-            vec![
-                doc! {"$match": indexed::failed_filter()},
-                doc! {"$group": {"_id": with_error, "n": {"$sum": 1}}},
-            ],
-        )
-        .await?,
-    );
-    Ok(all)
+    let mut by_error = key;
+    by_error.insert("error", "$error");
+    let failed = indexed::aggregate(
+        store,
+        indexed::FAILED,
+        vec![
+            doc! {"$match": indexed::failed_filter()},
+            doc! {"$group": {"_id": by_error, "n": {"$sum": 1}}},
+        ],
+    )
+    .await?;
+    Ok(with_errors(groups, &failed))
+}
+
+/// `groups` with each failed group's count split by the error texts `failed` found
+/// for the same slot, paused flag and worker: the most common first, never more
+/// than the group's own count (a robot that failed between the two reads adds
+/// nothing), and what `failed` does not account for (one that left `failed`
+/// meanwhile) kept without a text.
+fn with_errors(groups: Vec<Document>, failed: &[Document]) -> Vec<Document> {
+    const SAME: [&str; 4] = ["slot", "status", "paused", "worker"];
+    let n_of = |d: &Document| crate::db::store::int(d, "n").unwrap_or(0);
+    let status_failed = RobotStatus::Failed.as_str();
+    let mut out = Vec::with_capacity(groups.len());
+    for group in groups {
+        let key = group.get_document("_id").cloned().unwrap_or_default();
+        if key.get_str("status") != Ok(status_failed) {
+            out.push(group);
+            continue;
+        }
+        let mut texts: Vec<(&Document, i64)> = failed
+            .iter()
+            .filter_map(|f| {
+                let k = f.get_document("_id").ok()?;
+                SAME.iter()
+                    .all(|field| k.get(*field) == key.get(*field))
+                    .then(|| (k, n_of(f)))
+            })
+            .collect();
+        texts.sort_by_key(|t| std::cmp::Reverse(t.1));
+        let mut left = n_of(&group);
+        for (k, n) in texts {
+            let take = n.min(left);
+            if take > 0 {
+                out.push(doc! {"_id": k.clone(), "n": take});
+                left -= take;
+            }
+        }
+        if left > 0 {
+            out.push(doc! {"_id": key, "n": left});
+        }
+    }
+    out
 }
 
 /// The dashboard's rows of the robots bound to `slot` (see
@@ -155,4 +189,75 @@ pub(crate) async fn events_after(
         .await?
         .try_collect()
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(slot: &str, status: &str, n: i64) -> Document {
+        doc! {"_id": {"slot": slot, "status": status, "paused": false, "worker": "w1"}, "n": n}
+    }
+
+    fn failed(slot: &str, error: &str, n: i64) -> Document {
+        doc! {"_id": {"slot": slot, "status": "failed", "paused": false, "worker": "w1", "error": error}, "n": n}
+    }
+
+    fn counts(docs: &[Document]) -> Vec<(String, Option<String>, i64)> {
+        let mut v: Vec<_> = docs
+            .iter()
+            .map(|d| {
+                let k = d.get_document("_id").unwrap();
+                (
+                    format!(
+                        "{}/{}",
+                        k.get_str("slot").unwrap(),
+                        k.get_str("status").unwrap()
+                    ),
+                    k.get_str("error").ok().map(str::to_string),
+                    d.get_i64("n").unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn the_counts_are_the_first_reads_and_the_errors_only_split_them() {
+        let groups = vec![
+            group("s1", "running", 5),
+            group("s1", "failed", 3),
+            group("s2", "failed", 1),
+        ];
+        // s1: one more failed between the reads (4 texts for 3); s2: its one left
+        // failed meanwhile; s3's failure came after the first read.
+        let errors = [
+            failed("s1", "boom", 3),
+            failed("s1", "bang", 1),
+            failed("s3", "late", 1),
+        ];
+        assert_eq!(
+            counts(&with_errors(groups, &errors)),
+            vec![
+                ("s1/failed".into(), Some("boom".into()), 3),
+                ("s1/running".into(), None, 5),
+                ("s2/failed".into(), None, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_group_the_errors_do_not_cover_keeps_its_count() {
+        let groups = vec![group("s1", "failed", 4)];
+        let errors = [failed("s1", "boom", 1), failed("s1", "bang", 2)];
+        assert_eq!(
+            counts(&with_errors(groups, &errors)),
+            vec![
+                ("s1/failed".into(), None, 1),
+                ("s1/failed".into(), Some("bang".into()), 2),
+                ("s1/failed".into(), Some("boom".into()), 1),
+            ]
+        );
+    }
 }

@@ -580,6 +580,9 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         SlotEvent::Resumed { robots, after } => {
             m.robots_suspended.inc_by(-(robots as i64));
             m.suspension_ended(SuspensionOutcome::Resumed);
+            // The late renewal is a write that landed.
+            cx.health
+                .write_landed(Instant::now(), Duration::ZERO, cx.timing.tick);
             cx.health.ok(m, &cx.status);
             cx.status
                 .lock()

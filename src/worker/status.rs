@@ -244,10 +244,16 @@ impl Health {
     }
 
     pub(crate) fn ok(&self, metrics: &Metrics, status: &SharedStatus) {
-        self.up_since
-            .lock()
-            .expect("health lock")
-            .get_or_insert_with(Instant::now);
+        // While a write of ours is failing, only a landed write starts contact.
+        if !self
+            .writes_failing
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.up_since
+                .lock()
+                .expect("health lock")
+                .get_or_insert_with(Instant::now);
+        }
         if let Some(since) = self.down_since.lock().expect("health lock").take() {
             tracing::info!(
                 down_ms = since.elapsed().as_millis() as u64,
