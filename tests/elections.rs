@@ -38,39 +38,6 @@ struct Pool {
     workers: Vec<WorkerProc>,
 }
 
-/// What must not change when nothing is lost: each slot's holder and epoch, and
-/// each robot's generation.
-async fn held(
-    db: &TestDb,
-) -> (
-    BTreeMap<String, (Option<String>, i64)>,
-    BTreeMap<String, i64>,
-) {
-    let slots = db
-        .slots()
-        .await
-        .iter()
-        .map(|s| {
-            (
-                s.get_str("_id").unwrap().to_string(),
-                (owner(s), s.get_i64("epoch").unwrap_or(0)),
-            )
-        })
-        .collect();
-    let gens = db
-        .robots()
-        .await
-        .iter()
-        .map(|r| {
-            (
-                r.get_str("name").unwrap().to_string(),
-                r.get_i64("gen").unwrap_or(0),
-            )
-        })
-        .collect();
-    (slots, gens)
-}
-
 /// How many times each robot has stepped (checkpoints) and fired (succeeded runs).
 async fn progress(db: &TestDb) -> BTreeMap<String, i64> {
     db.robots()
@@ -214,7 +181,7 @@ impl Pool {
 /// `replSetStepDown`: the server is a secondary for `secs`, and every write fails
 /// with 10107 while reads go on.
 async fn step_down(pool: &Pool, secs: i64) {
-    let before = held(&pool.db).await;
+    let before = pool.db.held().await;
     let restarts = pool.restarts();
     pool.admin(doc! {"replSetStepDown": secs, "force": true})
         .await;
@@ -230,7 +197,7 @@ async fn step_down(pool: &Pool, secs: i64) {
     .await;
     pool.every_robot_moves_on().await;
     assert_eq!(
-        held(&pool.db).await,
+        pool.db.held().await,
         before,
         "through a {secs} s step-down no slot moved and no robot started again"
     );
@@ -276,7 +243,7 @@ const TARGETS: [Target; 4] = [
 
 /// One failpoint on `target`, `data` its effect; then what must hold of it.
 async fn fail_on(pool: &mut Pool, target: Target, data: Document, label: &str) {
-    let before = held(&pool.db).await;
+    let before = pool.db.held().await;
     let restarts = pool.restarts();
     match target {
         Target::Renewals => {
@@ -332,7 +299,7 @@ async fn fail_on(pool: &mut Pool, target: Target, data: Document, label: &str) {
     }
     pool.every_robot_moves_on().await;
     assert_eq!(
-        held(&pool.db).await,
+        pool.db.held().await,
         before,
         "[{label}] nothing moved or restarted"
     );

@@ -18,40 +18,6 @@ use common::{invariants, owner, stubborn_robot, stubborn_steps, wait_for, TestDb
 /// machine's cores: more at once would share its timing past what the cases allow.
 static TWO_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
-/// What must not change through an outage: each slot's holder and epoch, and each
-/// robot's generation.
-#[derive(Debug, PartialEq)]
-struct Held {
-    slots: BTreeMap<String, (Option<String>, i64)>,
-    gens: BTreeMap<String, i64>,
-}
-
-async fn held(db: &TestDb) -> Held {
-    let slots = db
-        .slots()
-        .await
-        .iter()
-        .map(|s| {
-            (
-                s.get_str("_id").unwrap().to_string(),
-                (owner(s), s.get_i64("epoch").unwrap_or(0)),
-            )
-        })
-        .collect();
-    let gens = db
-        .robots()
-        .await
-        .iter()
-        .map(|r| {
-            (
-                r.get_str("name").unwrap().to_string(),
-                r.get_i64("gen").unwrap_or(0),
-            )
-        })
-        .collect();
-    Held { slots, gens }
-}
-
 fn seqs(robots: &[Document]) -> BTreeMap<String, i64> {
     robots
         .iter()
@@ -121,7 +87,7 @@ async fn server_back_after(down: Duration, env: &[(&str, &str)]) {
     let server = common::PrivateServer::start("outage_kill");
     let db = TestDb::new_on(&server.uri, "outage_kill").await;
     let w = pool(&db, None).await;
-    let before = held(&db).await;
+    let before = db.held().await;
     let pids = exec_pids(&db);
     assert_eq!(pids.len(), 2, "two exec robots running: {pids:?}");
     server.kill9();
@@ -136,7 +102,7 @@ async fn server_back_after(down: Duration, env: &[(&str, &str)]) {
         back.elapsed()
     );
     assert_eq!(
-        held(&db).await,
+        db.held().await,
         before,
         "no slot moved, no robot adopted again"
     );
@@ -222,7 +188,7 @@ async fn every_link_blackholed_for(down: Duration) {
     let db = TestDb::new("outage_blackhole").await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
     let _w = pool(&db, Some(&proxy)).await;
-    let before = held(&db).await;
+    let before = db.held().await;
     let pids = exec_pids(&db);
     proxy.set(Mode::Blackhole);
     // The outage itself: the time every link is held.
@@ -230,7 +196,7 @@ async fn every_link_blackholed_for(down: Duration) {
     proxy.set(Mode::Pass);
     every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
     assert_eq!(
-        held(&db).await,
+        db.held().await,
         before,
         "no slot moved, no robot adopted again after a {down:?} blackhole"
     );
@@ -392,7 +358,7 @@ async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
     let db = TestDb::new("outage_lost_answer").await;
     let proxy = Proxy::start(common::uri_addr(&db.uri)).await;
     let w = pool(&db, Some(&proxy)).await;
-    let before = held(&db).await;
+    let before = db.held().await;
     let pids = exec_pids(&db);
     // Cut (connections closed, new ones refused) rather than blackholed: bytes held
     // through a blackhole would pass later, and the first renewal after it could be
@@ -422,7 +388,7 @@ async fn a_late_renewal_whose_answer_is_lost_is_followed_by_one_that_resumes() {
     .await;
     every_robot_steps(&db, &seqs(&db.robots().await), 2).await;
     assert_eq!(
-        held(&db).await,
+        db.held().await,
         before,
         "no slot moved, no robot adopted again"
     );
@@ -462,7 +428,7 @@ async fn a_scheduled_run_in_flight_across_an_outage_finishes_once() {
         in_flight()
     })
     .await;
-    let before = held(&db).await;
+    let before = db.held().await;
     server.kill9();
     tokio::time::sleep(Duration::from_secs(5)).await;
     server.restart();
@@ -487,6 +453,6 @@ async fn a_scheduled_run_in_flight_across_an_outage_finishes_once() {
         .filter(|l| *l == format!("end {firing}"))
         .count();
     assert_eq!((starts, ends), (1, 1), "{text}");
-    assert_eq!(held(&db).await.slots, before.slots, "the slot did not move");
+    assert_eq!(db.held().await.slots, before.slots, "the slot did not move");
     invariants::check_firings(&db, false).await;
 }

@@ -932,3 +932,40 @@ pub async fn runs_on_once(db: &TestDb, robots: usize) {
     assert_eq!(report.robots, robots);
     println!("{report:?}");
 }
+
+/// What must not change through an outage or an election: each slot's holder and
+/// epoch, and each robot's generation.
+#[derive(Debug, PartialEq)]
+pub struct Held {
+    pub slots: std::collections::BTreeMap<String, (Option<String>, i64)>,
+    pub gens: std::collections::BTreeMap<String, i64>,
+}
+
+impl TestDb {
+    /// Each slot's holder and epoch, and each robot's generation, now.
+    pub async fn held(&self) -> Held {
+        let slots = self
+            .slots()
+            .await
+            .iter()
+            .map(|s| {
+                (
+                    s.get_str("_id").unwrap().to_string(),
+                    (owner(s), s.get_i64("epoch").unwrap_or(0)),
+                )
+            })
+            .collect();
+        let gens = self
+            .robots()
+            .await
+            .iter()
+            .map(|r| {
+                (
+                    r.get_str("name").unwrap().to_string(),
+                    r.get_i64("gen").unwrap_or(0),
+                )
+            })
+            .collect();
+        Held { slots, gens }
+    }
+}
