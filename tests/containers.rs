@@ -1186,10 +1186,17 @@ async fn with_the_isolation_patch_a_robot_reaches_neither_the_credentials_nor_it
 /// busy one's), the front of the line orders them by it, and when the holder is
 /// killed the idle one claims at the slot's expiry, the busy one a tenth of a tick
 /// later, so finding it taken.
+///
+/// That tenth is the whole head start the idle one has, so the pool ticks every
+/// 2 s (200 ms) rather than 1 s: at 100 ms, a 2-core machine running another test
+/// beside this one once held the idle standby's survey and claim back longer than
+/// that, and the busy one won the race the rule only orders. (A front standby reads
+/// the front every 30 ticks, so a longer tick would make the first wait minutes.)
 #[tokio::test(flavor = "multi_thread")]
 async fn the_idle_standby_takes_the_next_expired_slot() {
     let _alone = ONE_POOL.lock().await;
-    let pool = Pool::up_with(1, 1);
+    const TICK: &str = "2s";
+    let pool = Pool::up_ticking(1, 1, TICK);
     let mongo = pool.containers("mongo");
     let db = TestDb::on(&common::containers::devdb_uri(&mongo[0]), "slotpool").await;
     let holder = pool.containers("worker").remove(0);
@@ -1202,10 +1209,20 @@ async fn the_idle_standby_takes_the_next_expired_slot() {
         ip(&mongo[0]),
         common::containers::DEVDB_OPTIONS
     );
+    let tick = format!("SLOTPOOL_TICK={TICK}");
     let standby = |name: &str| {
         pool.run(
             name,
-            &["--cpus", "0.5", "-e", &env, "slotpool:local", "worker"],
+            &[
+                "--cpus",
+                "0.5",
+                "-e",
+                &env,
+                "-e",
+                &tick,
+                "slotpool:local",
+                "worker",
+            ],
         )
     };
     let (busy, idle) = (standby("busy"), standby("idle"));
@@ -1219,7 +1236,7 @@ async fn the_idle_standby_takes_the_next_expired_slot() {
         v["idler_in_front"].as_u64()
     };
     wait_for(
-        Duration::from_secs(120),
+        Duration::from_secs(180),
         "both standbys to order the front by load: the idle one first",
         || async { (idler(&idle_id) == Some(0) && idler(&busy_id) == Some(1)).then_some(()) },
     )

@@ -36,6 +36,8 @@ pub struct Pool {
     pub web_port: u16,
     /// `init --slots` (compose.yaml's `SLOTS`).
     pub slots: u32,
+    /// The workers' tick (compose.yaml's `TICK`).
+    pub tick: &'static str,
     /// Containers started beside compose's (`docker run`), removed on drop.
     extra: std::sync::Mutex<Vec<String>>,
 }
@@ -65,6 +67,7 @@ impl Pool {
             ])
             .args(args)
             .env("SLOTS", self.slots.to_string())
+            .env("TICK", self.tick)
             .env("WEB_PORT", self.web_port.to_string())
             .output()
             .expect("run docker-compose")
@@ -76,6 +79,11 @@ impl Pool {
     }
 
     pub fn up_with(slots: u32, workers: usize) -> Pool {
+        Self::up_ticking(slots, workers, "1s")
+    }
+
+    /// `slots` slots and `workers` workers renewing every `tick`.
+    pub fn up_ticking(slots: u32, workers: usize, tick: &'static str) -> Pool {
         for image in ["slotpool:local", "slotpool-devdb:local"] {
             let o = docker(&["image", "inspect", image]);
             assert!(
@@ -92,6 +100,7 @@ impl Pool {
             ),
             web_port: super::free_port(),
             slots,
+            tick,
             extra: Default::default(),
         };
         let scale = format!("worker={workers}");
