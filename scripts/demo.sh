@@ -72,4 +72,10 @@ fi
 echo "== live status (Ctrl-C to stop); kill a holder from another shell to watch the takeover:"
 echo "   kill -9 \$(pgrep -f 'advertise 127.0.0.1:$BASE_PORT')"
 sleep 2
-"$BIN" status --watch 1 || true
+# The view keeps watching through a database outage, saying so on screen, while the
+# holders ride it out. Should it end any other way, the workers are not stopped for
+# it: only Ctrl-C stops them.
+until "$BIN" status --watch 1; do
+  echo "== the status view ended (above); the workers keep running. Ctrl-C stops them; the view starts again in 5 s"
+  sleep 5
+done

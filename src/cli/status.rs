@@ -18,14 +18,16 @@ pub(crate) struct StatusArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
-    /// Redraw every this many seconds until interrupted.
+    /// Redraw every this many seconds until interrupted. A round that cannot read
+    /// the pool says since when and why (`database unreachable since …`), and the
+    /// view keeps watching.
     #[arg(long, value_name = "SECONDS")]
     watch: Option<f64>,
 }
 
 pub(crate) async fn run(store: &Store, args: StatusArgs) -> anyhow::Result<()> {
     let Some(every) = args.watch else {
-        return once(store, args.json).await;
+        return once(store, args.json, false).await;
     };
     if !(0.1..=3600.0).contains(&every) {
         anyhow::bail!("--watch takes 0.1 to 3600 seconds");
@@ -36,20 +38,87 @@ pub(crate) async fn run(store: &Store, args: StatusArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;
+    let every = Duration::from_secs_f64(every);
+    // Since when the rounds fail (wall clock, for the person reading), if they do.
+    let mut failing_since: Option<chrono::DateTime<chrono::Utc>> = None;
     loop {
         let round = async {
-            if !args.json {
-                print!("\x1b[2J\x1b[H");
+            match once(store, args.json, !args.json).await {
+                Ok(()) => failing_since = None,
+                Err(e) => {
+                    let now = chrono::Utc::now();
+                    let since = *failing_since.get_or_insert(now);
+                    let failed = FailedRound::new(since, now, &e, every);
+                    if args.json {
+                        print_json(&failed);
+                    } else {
+                        print!("\x1b[2J\x1b[H");
+                        for line in failed.lines() {
+                            say!("{line}");
+                        }
+                    }
+                }
             }
-            once(store, args.json).await?;
-            tokio::time::sleep(Duration::from_secs_f64(every)).await;
-            anyhow::Ok(())
+            tokio::time::sleep(every).await;
         };
         tokio::select! {
             _ = interrupt.recv() => return Ok(()),
             _ = terminate.recv() => return Ok(()),
-            r = round => r?,
+            () = round => {}
         }
+    }
+}
+
+/// A round of `status --watch` that could not read the pool: what the view shows
+/// instead, and goes on watching (as `watch` and `kubectl get -w` do). In `--json`,
+/// one object with these fields, so a script tells it from a summary.
+#[derive(Debug, Serialize, PartialEq)]
+struct FailedRound {
+    /// Whether the database did not answer (rather than refused).
+    unreachable: bool,
+    /// What failed, in words (never the driver's whole error, never a credential).
+    error: String,
+    /// When the rounds began to fail (RFC 3339, UTC).
+    failing_since: String,
+    /// For how long, in whole seconds.
+    failing_for_s: i64,
+    /// When the next round comes, in seconds.
+    retry_in_s: f64,
+}
+
+impl FailedRound {
+    fn new(
+        since: chrono::DateTime<chrono::Utc>,
+        now: chrono::DateTime<chrono::Utc>,
+        e: &anyhow::Error,
+        every: Duration,
+    ) -> FailedRound {
+        FailedRound {
+            unreachable: crate::db::store::is_unreachable(e),
+            error: crate::db::store::explain(e),
+            failing_since: since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            failing_for_s: (now - since).num_seconds().max(0),
+            retry_in_s: every.as_secs_f64(),
+        }
+    }
+
+    /// The text view: one line saying since when, and what failed.
+    fn lines(&self) -> [String; 2] {
+        let what = if self.unreachable {
+            "database unreachable"
+        } else {
+            "status failing"
+        };
+        [
+            format!(
+                "{what} since {} ({} s): {}",
+                self.failing_since, self.failing_for_s, self.error
+            ),
+            format!(
+                "still watching: the next round in {} s (Ctrl-C to stop)",
+                self.retry_in_s
+            ),
+        ]
     }
 }
 
@@ -138,10 +207,15 @@ struct StatusSlot {
     cost: Option<crate::load::SlotCost>,
 }
 
-async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
+/// One summary: every read first, then, when `clear` says so, the screen cleared
+/// and the summary printed (a round that fails prints nothing of its own).
+async fn once(store: &Store, as_json: bool, clear: bool) -> anyhow::Result<()> {
     let slots = slot_rows(store).await?;
     let workers = live_workers(store).await?;
     let counts = count_robots(store, &slots).await?;
+    if clear {
+        print!("\x1b[2J\x1b[H");
+    }
     let loads = state::loads(&workers);
     let holder_load = |s: &SlotRow| {
         state::SlotView::of(s)
@@ -293,6 +367,54 @@ async fn once(store: &Store, as_json: bool) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A round the database did not answer reads as one line in words: since when,
+    /// for how long, what failed; never the driver's debug form.
+    #[test]
+    fn a_failed_round_says_since_when_and_what_failed_in_words() {
+        let io = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "unexpected end of file");
+        let cut: mongodb::error::Error =
+            mongodb::error::ErrorKind::Io(std::sync::Arc::new(io)).into();
+        let e = anyhow::Error::new(cut).context("reading the slots");
+        let since = chrono::DateTime::parse_from_rfc3339("2026-12-06T10:00:00Z")
+            .unwrap()
+            .to_utc();
+        let now = since + chrono::Duration::seconds(42);
+        let round = FailedRound::new(since, now, &e, Duration::from_secs(1));
+        let [first, second] = round.lines();
+        assert_eq!(
+            first,
+            "database unreachable since 2026-12-06T10:00:00Z (42 s): reading the slots: \
+             the connection to the database failed: unexpected end of file"
+        );
+        assert!(second.starts_with("still watching"), "{second}");
+        for shown in [&first, &serde_json::to_string(&round).unwrap()] {
+            assert!(
+                !shown.contains("Kind:") && !shown.contains("labels"),
+                "{shown}"
+            );
+        }
+        // A refusal is no outage: the view says the status fails, and why.
+        let refused: mongodb::error::Error = mongodb::error::ErrorKind::Command(
+            bson::from_document(
+                doc! {"code": 13, "codeName": "Unauthorized", "errmsg": "not authorized"},
+            )
+            .unwrap(),
+        )
+        .into();
+        let round = FailedRound::new(
+            since,
+            since,
+            &anyhow::Error::new(refused),
+            Duration::from_secs(1),
+        );
+        assert!(!round.unreachable);
+        assert!(
+            round.lines()[0].starts_with("status failing since"),
+            "{:?}",
+            round.lines()
+        );
+    }
 
     /// Scripts read `status --json` by these names: a rename must fail here first.
     #[test]

@@ -147,6 +147,9 @@ pub(crate) const MONITOR_EVERY: Duration = Duration::from_secs(300);
 /// set `heartbeatFrequencyMS` lower in the URI to leave it sooner.
 pub(crate) const LEASE_MONITOR_EVERY: Duration = Duration::from_secs(60);
 
+/// How long [`Store::close`] waits for the driver to shut a client down.
+pub const CLOSE_WITHIN: Duration = Duration::from_secs(2);
+
 /// The connection and the database every component works in.
 #[derive(Clone)]
 pub struct Store {
@@ -438,6 +441,23 @@ impl Store {
 
     pub fn client(&self) -> Client {
         self.conn.read().expect("store lock").client.clone()
+    }
+
+    /// Shuts this store's client down (every clone's, as they share it): its
+    /// monitors stop and its connections close, without waiting for anything still
+    /// pending (at a worker's exit, its robots and slots are done with by then).
+    /// Bounded by [`CLOSE_WITHIN`]; any use after it fails with an error.
+    pub async fn close(&self) {
+        let client = self.client();
+        if tokio::time::timeout(CLOSE_WITHIN, client.shutdown().immediate(true))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the database client did not shut down within {} ms",
+                CLOSE_WITHIN.as_millis()
+            );
+        }
     }
 
     pub fn db(&self) -> Database {
@@ -820,13 +840,7 @@ pub(crate) fn brief(e: &mongodb::error::Error) -> String {
 pub fn explain(e: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in e.chain() {
-        let db = cause.downcast_ref::<mongodb::error::Error>().or_else(|| {
-            match cause.downcast_ref::<StoreError>() {
-                Some(StoreError::Db(d)) => Some(d),
-                _ => None,
-            }
-        });
-        if let Some(d) = db {
+        if let Some(d) = driver_error(cause) {
             parts.push(match refusal(d) {
                 Some(r) => r.to_string(),
                 None => scrub(&brief(d)),
@@ -836,6 +850,24 @@ pub fn explain(e: &anyhow::Error) -> String {
         parts.push(cause.to_string());
     }
     format!("{e:#}")
+}
+
+/// True when `e` comes of the database not answering, or not answering usably
+/// ([`is_transient`]): worth another try later, unlike a refusal.
+pub fn is_unreachable(e: &anyhow::Error) -> bool {
+    e.chain().filter_map(driver_error).any(is_transient)
+}
+
+/// The driver's error in one link of an error chain, bare or in a [`StoreError`].
+fn driver_error<'a>(
+    cause: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a mongodb::error::Error> {
+    cause.downcast_ref::<mongodb::error::Error>().or_else(|| {
+        match cause.downcast_ref::<StoreError>() {
+            Some(StoreError::Db(d)) => Some(d),
+            _ => None,
+        }
+    })
 }
 
 fn first_line(s: &str) -> String {
