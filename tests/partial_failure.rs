@@ -973,6 +973,150 @@ async fn a_holder_resumed_after_a_cut_trusts_no_connection_it_left_open() {
     assert_eq!(gens(db.robots().await), generations, "no robot restarted");
 }
 
+/// Whether a worker's `/status` lists `slot` as held and not suspended (None when
+/// it does not answer).
+fn holds_unsuspended(port: u16, slot: &str) -> Option<bool> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let body = out.split_once("\r\n\r\n")?.1;
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    Some(
+        v["slots"]
+            .as_array()?
+            .iter()
+            .any(|h| h["slot_id"] == slot && h["suspended"] == serde_json::Value::Bool(false)),
+    )
+}
+
+/// What [`poll_holders`] saw: (when, the first worker listed the slot as held and
+/// not suspended, the second did).
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(Instant, bool, bool)>>>;
+
+/// `/status` of two workers every 100 ms until told to stop, into the [`Seen`] it
+/// returns.
+fn poll_holders(
+    ports: [u16; 2],
+    slot: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Seen, std::thread::JoinHandle<()>) {
+    let seen: Seen = Default::default();
+    let into = seen.clone();
+    let poller = std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let at = Instant::now();
+            let a = holds_unsuspended(ports[0], slot).unwrap_or(false);
+            let b = holds_unsuspended(ports[1], slot).unwrap_or(false);
+            into.lock().unwrap().push((at, a, b));
+            std::thread::sleep(Duration::from_millis(100).saturating_sub(at.elapsed()));
+        }
+    });
+    (seen, poller)
+}
+
+/// The longest run of polls in which both workers said they held the slot, from the
+/// first such poll to the last.
+fn longest_overlap(seen: &[(Instant, bool, bool)]) -> Duration {
+    let mut longest = Duration::ZERO;
+    let mut since: Option<Instant> = None;
+    for &(at, a, b) in seen {
+        if a && b {
+            let first = *since.get_or_insert(at);
+            longest = longest.max(at - first);
+        } else {
+            since = None;
+        }
+    }
+    longest
+}
+
+/// A holder cut off (its link blackholed) long enough for the standby to claim its
+/// slot, then healed. Both workers' `/status` polled every 100 ms throughout: never
+/// do both list the slot as held and not suspended for 200 ms or more, and the cut
+/// holder stops its robots without waiting out the stop grace (suspended robots are
+/// aborted at once: they are not polled, so they cannot stop themselves). First
+/// seen: the cut holder listed the slot as held, no longer suspended, for 0.4-0.6 s
+/// after it learnt the slot lost (1.6 s with `--suspend-for 0`), while the new
+/// holder listed it too.
+async fn a_cut_holder_stops_listing_a_slot_taken_over(label: &str, flags: &[&str]) {
+    let (db, proxy, cut) = proxied_holder(label, 3, flags).await;
+    let standby = db.worker(&[]);
+    wait_for(Duration::from_secs(15), "the standby answering", || async {
+        standby.http_get("/status").map(|_| ())
+    })
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (seen, poller) = poll_holders([cut.port, standby.port], "slot-001", stop.clone());
+    wait_for(
+        Duration::from_secs(15),
+        "the holder seen holding",
+        || async { seen.lock().unwrap().iter().any(|s| s.1).then_some(()) },
+    )
+    .await;
+    proxy.set(common::proxy::Mode::Blackhole);
+    wait_for(
+        Duration::from_secs(60),
+        "the standby to claim the slot",
+        || async { (common::owner(&db.slot("slot-001").await)? == standby.id).then_some(()) },
+    )
+    .await;
+    proxy.set(common::proxy::Mode::Pass);
+    // The cut holder learns the slot is gone, and its robots stop.
+    wait_for(
+        Duration::from_secs(60),
+        "the cut holder to list no slot, held or leaving",
+        || async {
+            let (_, body) = cut.http_get("/status")?;
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            (v["slots"].as_array()?.is_empty() && v["leaving"].as_array()?.is_empty()).then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        Duration::from_secs(15),
+        "the new holder seen holding",
+        || async { seen.lock().unwrap().iter().any(|s| s.2).then_some(()) },
+    )
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    poller.join().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|s| s.1) && seen.iter().any(|s| s.2),
+        "each worker was seen holding the slot in turn ({} polls)",
+        seen.len()
+    );
+    let overlap = longest_overlap(&seen);
+    assert!(
+        overlap < Duration::from_millis(200),
+        "both workers listed slot-001 as held and not suspended for {overlap:?}"
+    );
+    let log = cut.log_text();
+    assert!(
+        !log.contains("after the stop grace"),
+        "the cut holder's robots were stopped without waiting out the grace:\n{log}"
+    );
+    let report = invariants::check(&db).await;
+    assert_eq!(report.robots, 3, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_suspended_holder_that_learns_its_slot_taken_stops_listing_it_at_once() {
+    a_cut_holder_stops_listing_a_slot_taken_over("lost_listing", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_self_fenced_holder_stops_listing_its_slot_at_once() {
+    a_cut_holder_stops_listing_a_slot_taken_over("fenced_listing", &["--suspend-for", "0"]).await;
+}
+
 /// A holder whose renewal came back slow lets it go by before it reads a changed
 /// slot's robots, and reads after a fast one: other holders are reading, and on a
 /// server that answers one command at a time its read would add to the queue every

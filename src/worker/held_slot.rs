@@ -548,6 +548,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         }
         SlotEvent::Lost { detail } => {
             m.losses.inc();
+            given_up(cx, slot, &detail);
             tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
         }
         SlotEvent::SelfFenced { detail } => {
@@ -557,6 +558,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
                 &cx.status,
                 "no renewal succeeded before the local deadline",
             );
+            given_up(cx, slot, &detail);
             tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
         }
         SlotEvent::Suspended { robots } => {
@@ -610,10 +612,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             if outcome == SuspensionOutcome::Lost {
                 m.losses.inc();
             }
-            cx.status
-                .lock()
-                .expect("status lock")
-                .suspended(slot, false);
+            given_up(cx, slot, &detail);
             tracing::warn!(slot = %slot, epoch, outcome = outcome.as_str(), "{detail}; stopping its robots: the suspended ones are killed, never thawed");
         }
         SlotEvent::RobotsStopped { kind, detail } => {
@@ -639,10 +638,20 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         }
         SlotEvent::ReleaseFailed { why } => tracing::warn!(slot = %slot, "{why}"),
         SlotEvent::Left => {
-            m.slot_held.inc_by(-1);
-            cx.status.lock().expect("status lock").left(slot);
+            if cx.status.lock().expect("status lock").left(slot) {
+                m.slot_held.inc_by(-1);
+            }
             cx.ended.notify_one();
         }
+    }
+}
+
+/// The slot learnt lost or given up: from now on neither `/status` nor
+/// `slotpool_slot_held` counts it as held, though its robots are still stopping
+/// (see [`SlotEvent::Left`]).
+fn given_up(cx: &HoldContext, slot: &str, why: &str) {
+    if cx.status.lock().expect("status lock").given_up(slot, why) {
+        cx.metrics.slot_held.inc_by(-1);
     }
 }
 

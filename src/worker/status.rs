@@ -25,6 +25,17 @@ pub(crate) struct HeldStatus {
     pub(crate) suspended: bool,
 }
 
+/// A slot this worker no longer holds, learnt lost or given up, whose robots are
+/// still being stopped: `/status` shows it apart from the held ones at once, so a
+/// view that counts holders never sees this worker and the slot's new holder both.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct LeavingStatus {
+    pub(crate) slot_id: String,
+    pub(crate) epoch: i64,
+    /// Why it was given up, in words.
+    pub(crate) why: String,
+}
+
 /// What `/status` shows, kept current by the loop and the held slots.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub(crate) struct WorkerStatus {
@@ -40,6 +51,8 @@ pub(crate) struct WorkerStatus {
     /// Age of the oldest renewal among the held slots.
     pub(crate) lease_age_ms: Option<u64>,
     pub(crate) slots: Vec<HeldStatus>,
+    /// Slots learnt lost or given up, their robots still stopping.
+    pub(crate) leaving: Vec<LeavingStatus>,
     pub(crate) max_slots: Option<usize>,
     /// As a standby: how many standbys at the front of the line are idler than this
     /// one (0: it claims the next expired slot first), as of its last whole place
@@ -102,9 +115,31 @@ impl WorkerStatus {
         }
     }
 
-    pub(crate) fn left(&mut self, slot_id: &str) {
+    /// The slot is no longer held (another worker claimed it, or this one gave it
+    /// up at its deadline or at `--suspend-for`): it moves to `leaving` while its
+    /// robots stop. True when it was listed as held.
+    pub(crate) fn given_up(&mut self, slot_id: &str, why: &str) -> bool {
+        let Some(at) = self.slots.iter().position(|s| s.slot_id == slot_id) else {
+            return false;
+        };
+        let held = self.slots.remove(at);
+        self.leaving.push(LeavingStatus {
+            slot_id: held.slot_id,
+            epoch: held.epoch,
+            why: why.to_string(),
+        });
+        self.summarize();
+        true
+    }
+
+    /// The slot's hold is over, its robots stopped. True when it was still listed
+    /// as held (released, drained or shut down: not given up first).
+    pub(crate) fn left(&mut self, slot_id: &str) -> bool {
+        self.leaving.retain(|s| s.slot_id != slot_id);
+        let before = self.slots.len();
         self.slots.retain(|s| s.slot_id != slot_id);
         self.summarize();
+        self.slots.len() < before
     }
 
     fn summarize(&mut self) {
@@ -283,6 +318,44 @@ impl Health {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn holding(slots: &[&str]) -> WorkerStatus {
+        let mut st = WorkerStatus::default();
+        for (i, id) in slots.iter().enumerate() {
+            st.slots.push(HeldStatus {
+                slot_id: id.to_string(),
+                epoch: i as i64 + 1,
+                overflow: i > 0,
+                last_renewed: Instant::now(),
+                lease_age_ms: 0,
+                suspended: true,
+            });
+        }
+        st.summarize();
+        st
+    }
+
+    /// A slot learnt lost leaves the held list at once, though its robots still
+    /// stop: no view that counts holders sees two for it.
+    #[test]
+    fn a_slot_given_up_is_no_longer_held_while_its_robots_stop() {
+        let mut st = holding(&["slot-001", "slot-002"]);
+        assert!(st.given_up("slot-001", "another worker claimed it"));
+        assert_eq!(st.slots.len(), 1);
+        assert_eq!(st.slot_id.as_deref(), Some("slot-002"));
+        assert_eq!(st.leaving.len(), 1);
+        assert_eq!(st.leaving[0].epoch, 1);
+        assert!(!st.given_up("slot-001", "again"), "given up once");
+        // Its robots stopped: it leaves `leaving`, and was not held any more.
+        assert!(!st.left("slot-001"));
+        assert!(st.leaving.is_empty());
+        // A slot released (never given up) was held until it left.
+        assert!(st.left("slot-002"));
+        assert_eq!(st.role, WorkerRole::Standby);
+        let served = serde_json::to_value(st.with_ages()).unwrap();
+        assert_eq!(served["slots"], serde_json::json!([]));
+        assert_eq!(served["leaving"], serde_json::json!([]));
+    }
 
     #[test]
     fn a_loop_is_judged_stuck_only_after_several_heartbeats_and_never_within_30_s() {

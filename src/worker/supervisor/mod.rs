@@ -1003,9 +1003,18 @@ impl Supervisor {
     }
 
     /// Stops every robot: cancel, wait up to the stop grace (plus a little for the
-    /// tasks to return), then abort whatever is left.
+    /// tasks to return), then abort whatever is left. Suspended robots are aborted
+    /// at once: they are not polled, so they could not see the cancellation, and a
+    /// suspended robot is never thawed to be stopped (see [`suspension`]).
     pub async fn stop_all(mut self) {
         self.root.cancel();
+        if self.suspension.is_suspended() {
+            tracing::info!(
+                robots = self.tasks.len(),
+                "the lease given up while suspended: aborting its robots at once"
+            );
+            self.tasks.abort_all();
+        }
         let limit = Instant::now() + self.timing.stop_grace + self.timing.abort_slack();
         while !self.tasks.is_empty() {
             match tokio::time::timeout_at(limit, self.tasks.join_next()).await {

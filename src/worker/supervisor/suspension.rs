@@ -39,6 +39,12 @@ impl Suspension {
     pub(crate) fn resume(&self) -> bool {
         self.0.send_if_modified(|s| std::mem::replace(s, false))
     }
+
+    /// Whether the robot futures are suspended now: not polled, so none of them
+    /// can see a cancellation either.
+    pub(crate) fn is_suspended(&self) -> bool {
+        *self.0.borrow()
+    }
 }
 
 /// `fut`, polled only while `suspended` says false. Once its [`Suspension`] is gone
