@@ -23,6 +23,8 @@
 # (--auth, --standalone, --tls-cert-file ...); SLOTPOOL_DEV_REPORT_VERSION makes it
 # name another MongoDB version (the suite's check of the minimum version), and
 # SLOTPOOL_DEV_REPORT_ROUTER=1 makes it answer `hello` as mongos does.
+# SLOTPOOL_DEV_RULES=off lets through what mongod refuses: only for a release older
+# than 0.3 (its heartbeat is one), as scripts/upgrade-check.sh runs it.
 # SLOTPOOL_DEV_URI_OPTIONS is appended to the URI printed (e.g. "&tls=true&tlsCAFile=
 # ..." for a server started with --tls-*), SLOTPOOL_DEV_SHAPES_DIR moves the record
 # of shapes (a test that sends an unaudited one on purpose keeps it out of the run's).
@@ -96,6 +98,7 @@ start() {
     server+=(--report-version "$SLOTPOOL_DEV_REPORT_VERSION")
   fi
   if [[ "${SLOTPOOL_DEV_REPORT_ROUTER:-}" == 1 ]]; then server+=(--report-router); fi
+  if [[ "${SLOTPOOL_DEV_RULES:-mongod}" == off ]]; then server+=(--rules off); fi
   local flags=()
   if [[ "${SLOTPOOL_DEV_TEST_COMMANDS:-}" == 1 ]]; then flags+=(--enable-test-commands); fi
   if [[ -n "${SLOTPOOL_DEV_SERVER_ARGS:-}" ]]; then

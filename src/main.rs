@@ -8,10 +8,21 @@ fn main() {
     // its holder's lease lapses (see slotpool::robot::shim). It needs no runtime.
     slotpool::run_if_requested();
     let runtime = tokio::runtime::Runtime::new().expect("start the tokio runtime");
-    runtime.block_on(run());
+    let code = runtime.block_on(run());
+    // The process ends here, the runtime with it, without dropping the runtime
+    // first: dropping it drops every task still spawned while its threads may still
+    // poll others, and a task waiting on one of the driver's connection pools then
+    // panics when the pool's own task is dropped before it (the driver's known
+    // shutdown race). Whatever had to finish has: a worker's robots stopped, its
+    // slots released, its clients shut down; a command's output written.
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code);
 }
 
-async fn run() {
+/// Runs the command; the process's exit code.
+async fn run() -> i32 {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLOTPOOL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,mongodb=warn"));
@@ -28,6 +39,7 @@ async fn run() {
             "error: {}",
             slotpool::printable::escape(&slotpool::db::store::explain(&e))
         );
-        std::process::exit(1);
+        return 1;
     }
+    0
 }

@@ -2,7 +2,7 @@
 
     python scripts/devdb/serve.py [--max-connections N] [--shapes-dir DIR]
         [--audited FILE] [--shapes enforce|learn|off] [--report-version X.Y.Z]
-        -- SECANTUS-ARGS...
+        [--rules mongod|off] -- SECANTUS-ARGS...
 
 Before each command reaches the server:
 
@@ -15,6 +15,11 @@ Before each command reaches the server:
    that says so, and written to DIR/unaudited-PORT.tsv; scripts/test.sh fails the run
    when any such file is not empty. `learn` only records; `off` skips the lookup.
    Every shape seen, with the client's appName, goes to DIR/seen-PORT.tsv.
+
+`--rules off` skips step 1: only for a release older than 0.3, whose first
+heartbeat mongod refuses (code 224) and which therefore never ran on mongod, when
+scripts/upgrade-check.sh upgrades a pool of it in place. Everything else keeps
+the rules.
 
 `--max-connections` raises the server's limit of open connections (1,000, which its
 command line cannot change; a pool of 200 workers keeps about 850 open).
@@ -95,9 +100,11 @@ class Front:
         shapes_dir: str | None,
         port: int,
         router: bool = False,
+        mongod_rules: bool = True,
     ):
         self.dispatch = dispatch
         self.router = router
+        self.mongod_rules = mongod_rules
         self.mode = mode
         self.audited_path = audited_path
         self.audited: set[str] = set()
@@ -119,7 +126,7 @@ class Front:
         self.note_read_preference(cmd, doc, ctx)
         if self.router and cmd in ("hello", "isMaster", "ismaster"):
             return as_router(self.dispatch(doc, ctx))
-        error, refused = rules.refusal(cmd, doc)
+        error, refused = rules.refusal(cmd, doc) if self.mongod_rules else (None, None)
         if error is not None:
             if cmd == "update" and refused:
                 return self.partly(doc, ctx, error, refused)
@@ -296,6 +303,7 @@ def main() -> int:
     parser.add_argument("--shapes", choices=["enforce", "learn", "off"], default="enforce")
     parser.add_argument("--report-version")
     parser.add_argument("--report-router", action="store_true")
+    parser.add_argument("--rules", choices=["mongod", "off"], default="mongod")
     parser.add_argument("server", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     server_args = args.server[1:] if args.server[:1] == ["--"] else args.server
@@ -327,6 +335,7 @@ def main() -> int:
         args.shapes_dir,
         port,
         args.report_router,
+        args.rules == "mongod",
     )
     sys.argv = ["secantusd-py", *server_args]
     return secantus.cli.main()
