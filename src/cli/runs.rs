@@ -45,6 +45,9 @@ struct Runs {
     running: Vec<String>,
     /// Firings claimed ahead of their time: not started yet.
     claimed: Vec<String>,
+    /// Runs a stopping instance cut off or handed on before they started
+    /// (`firings.lost`): the robot's next instance retries, starts or settles each.
+    handed_on: Vec<String>,
     /// Run-now requests waiting for the holder.
     triggers: usize,
     /// Firings missed outside the catch-up window, in all.
@@ -107,6 +110,7 @@ pub(crate) async fn runs(
         next: next.map(rfc3339),
         running: due.into_iter().map(rfc3339).collect(),
         claimed: claimed.into_iter().map(rfc3339).collect(),
+        handed_on: st.lost.iter().map(|e| rfc3339(e.firing)).collect(),
         triggers: st.triggers.len(),
         missed: st.missed,
         runs: records.iter().map(RunRow::from).collect(),
@@ -121,10 +125,11 @@ pub(crate) async fn runs(
     };
     say!("{name}: {schedule}");
     say!(
-        "next firing: {}; in flight: {}; claimed ahead: {}; run-now requests waiting: {}; missed in all: {}",
+        "next firing: {}; in flight: {}; claimed ahead: {}; handed on to the next instance: {}; run-now requests waiting: {}; missed in all: {}",
         out.next.as_deref().unwrap_or("-"),
         listed(&out.running),
         listed(&out.claimed),
+        listed(&out.handed_on),
         out.triggers,
         out.missed
     );
@@ -218,13 +223,24 @@ mod tests {
             next: None,
             running: vec![],
             claimed: vec![],
+            handed_on: vec![],
             triggers: 0,
             missed: 0,
             runs: vec![],
         };
         assert_eq!(
             keys(serde_json::to_value(&all).unwrap()),
-            ["claimed", "missed", "name", "next", "running", "runs", "schedule", "triggers"]
+            [
+                "claimed",
+                "handed_on",
+                "missed",
+                "name",
+                "next",
+                "running",
+                "runs",
+                "schedule",
+                "triggers"
+            ]
         );
     }
 }

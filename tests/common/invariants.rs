@@ -307,17 +307,14 @@ pub async fn check_firings(db: &TestDb, overlap_allowed: bool) -> FiringReport {
         if let (Some(p), Some(claimed), Some(first)) =
             (every_ms, claimed, covered.iter().next().copied())
         {
-            let running: Vec<i64> = r
-                .get_document("firings")
-                .ok()
-                .and_then(|f| f.get_array("running").ok())
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Bson::as_document)
-                        .filter_map(|e| int(e, "firing"))
-                        .collect()
-                })
-                .unwrap_or_default();
+            // In flight, or handed on to the next instance (`lost`): accounted for,
+            // and bounded in time by `check_in_flight`.
+            let running: Vec<i64> = ["running", "lost"]
+                .iter()
+                .filter_map(|k| r.get_document("firings").ok()?.get_array(k).ok())
+                .flatten()
+                .filter_map(|e| int(e.as_document()?, "firing"))
+                .collect();
             // Firings before `since` follow an earlier schedule (an update).
             let since = r.get_document("firings").ok().and_then(|f| int(f, "since"));
             let mut t = match since {
@@ -362,4 +359,63 @@ pub async fn check_firings(db: &TestDb, overlap_allowed: bool) -> FiringReport {
         report.succeeded += succeeded.len();
     }
     report
+}
+
+/// How long past its catch-up window a claimed firing may stay in flight without
+/// starting, at most, as the planner bounds it (`firing_plan::too_late_to_start`):
+/// a claim may land up to a minute past the window (a slow write) and its run may
+/// start up to a minute after it landed; then it is recorded missed. Plus a few
+/// ticks for the write that settles it.
+pub const IN_FLIGHT_PAST_WINDOW: std::time::Duration = std::time::Duration::from_secs(125);
+
+/// Checks that nothing stays in flight for ever: every firing in a scheduled robot's
+/// `firings.running` or `firings.lost` (claimed, or handed on, and not yet
+/// recorded) is younger than its catch-up window (`spec.schedule.catchup`, 10
+/// minutes by default) plus [`IN_FLIGHT_PAST_WINDOW`] plus `longest_run` (a run
+/// that started stays in `running` until it ends), on the server's clock. Returns
+/// how many entries it looked at.
+pub async fn check_in_flight(db: &TestDb, longest_run: std::time::Duration) -> usize {
+    let hello = db
+        .store
+        .db()
+        .run_command(doc! {"hello": 1})
+        .await
+        .expect("hello");
+    let now = hello
+        .get_datetime("localTime")
+        .expect("the server's localTime")
+        .timestamp_millis();
+    let mut seen = 0;
+    for r in db.robots().await {
+        let name = r.get_str("name").unwrap_or("?").to_string();
+        let Ok(firings) = r.get_document("firings") else {
+            continue;
+        };
+        let catchup = r
+            .get_document("spec")
+            .ok()
+            .and_then(|s| s.get_document("schedule").ok())
+            .and_then(|s| s.get_str("catchup").ok())
+            .map(|c| humantime::parse_duration(c).expect("a valid catchup"))
+            .unwrap_or(std::time::Duration::from_secs(600));
+        let bound = (catchup + IN_FLIGHT_PAST_WINDOW + longest_run).as_millis() as i64;
+        for key in ["running", "lost"] {
+            for e in firings
+                .get_array(key)
+                .map(|a| a.iter().filter_map(Bson::as_document).collect::<Vec<_>>())
+                .unwrap_or_default()
+            {
+                let Some(firing) = int(e, "firing") else {
+                    continue;
+                };
+                seen += 1;
+                assert!(
+                    now - firing <= bound,
+                    "{name}: firing {firing} still in `firings.{key}` {} ms after its time, past its window and the planner's bound ({bound} ms): {e}",
+                    now - firing
+                );
+            }
+        }
+    }
+    seen
 }

@@ -79,6 +79,9 @@ pub(crate) struct Facts {
     pub(crate) stopping: HashSet<ObjectId>,
     /// Runs that wait out a restart backoff: not started before these times.
     pub(crate) not_before: HashMap<ObjectId, i64>,
+    /// Runs whose start did not happen (their lease was not open), tried again no
+    /// sooner than these times. Not a backoff: the run stays held to its window.
+    pub(crate) start_again_at: HashMap<ObjectId, i64>,
     /// When this instance's write that put each run in flight landed (the server's
     /// time, estimated): a run claimed within its window may start a little past it
     /// (see [`too_late_to_start`]).
@@ -171,9 +174,19 @@ enum Theirs {
     NeverStarted,
     /// Its lease is over; it may have started, and was stopped with it.
     Lost,
+    /// An earlier instance of this robot under this very lease (an earlier
+    /// generation: an update, a restart, an early start undone) left it: that
+    /// instance has exited, since a slot starts a robot's next instance only once
+    /// the last one is gone (`plan_sync`). It may have started. Left so when the
+    /// instance stopped while the lease was suspended, and nobody else would ever
+    /// settle it: a later holder would, but the lease resumed.
+    Exited,
 }
 
 fn judge(e: &RunEntry, me: &Me, f: &Facts) -> Theirs {
+    if e.slot == me.slot && e.epoch == me.epoch && e.gen < me.gen {
+        return Theirs::Exited;
+    }
     let over = if e.slot == me.slot {
         e.epoch < me.epoch
     } else {
@@ -259,16 +272,20 @@ fn others_run(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Option<Step
                 "took over a firing an earlier holder claimed and never started",
             ))
         }
-        Theirs::Lost => {
+        theirs @ (Theirs::Lost | Theirs::Exited) => {
             next.running.remove(i);
-            let mut lost = me.record(
-                e.firing,
-                Outcome::Lost,
-                &format!(
+            let why = if theirs == Theirs::Exited {
+                format!(
+                    "in flight on {} (slot {}, epoch {}) when that instance (generation {}) stopped",
+                    e.worker, e.slot, e.epoch, e.gen
+                )
+            } else {
+                format!(
                     "in flight on {} (slot {}, epoch {}) when that lease ended",
                     e.worker, e.slot, e.epoch
-                ),
-            );
+                )
+            };
+            let mut lost = me.record(e.firing, Outcome::Lost, &why);
             lost.attempt = e.attempt;
             lost.worker = e.worker.clone();
             lost.slot = e.slot.clone();
@@ -382,10 +399,13 @@ impl<'a> Plan<'a> {
         !self.started.is_empty()
     }
 
-    /// When a claimed run may start: its firing, or the end of its restart backoff.
+    /// When a claimed run may start: its firing, or the end of its restart backoff,
+    /// or the next try of a start that did not happen.
     fn due_at(&self, e: &RunEntry) -> i64 {
+        let after = |m: &HashMap<ObjectId, i64>| m.get(&e.id).copied().unwrap_or(i64::MIN);
         e.firing
-            .max(self.f.not_before.get(&e.id).copied().unwrap_or(i64::MIN))
+            .max(after(&self.f.not_before))
+            .max(after(&self.f.start_again_at))
     }
 
     /// Stop this instance's runs in flight (`cancel_other`), those not asked already.
@@ -1080,16 +1100,51 @@ mod tests {
             poll: true,
         };
         assert_eq!(planned(&s, &st, &me(), &f), wait);
-        // The same holder's older generation (an update, a move back) too.
-        let mut mine_before = me();
-        mine_before.gen = 8;
-        let mut st2 = state(T0);
-        st2.running.push(mine_before.entry(T0, 1, None));
-        assert_eq!(planned(&s, &st2, &me(), &facts(T0 + 2 * MIN)), wait);
         // Once that slot changed hands, the run was lost.
         f.slot_epochs.insert("slot-002".into(), 3);
         let (_, records, _) = written(planned(&s, &st, &me(), &f));
         assert_eq!(records[0].outcome, Some(Outcome::Lost));
+    }
+
+    /// A run this lease's own earlier instance of the robot left in flight (it
+    /// stopped while the lease was suspended, and the lease resumed): that instance
+    /// has exited, so the run is settled as lost, and retried within the window or
+    /// missed past it. First seen under a catch-up flood: early starts undone at a
+    /// takeover left claims waited for as live until the slot changed hands.
+    #[test]
+    fn a_run_an_exited_instance_of_this_lease_left_is_lost_not_waited_for() {
+        let s = every("1m", "allow");
+        let mut mine_before = me();
+        mine_before.gen = me().gen - 1;
+        let mut st = state(T0);
+        st.running.push(mine_before.entry(T0, 1, None));
+        let (next, records, _) = written(planned(&s, &st, &me(), &facts(T0 + 2 * MIN)));
+        assert_eq!(records[0].outcome, Some(Outcome::Lost));
+        assert!(records[0]
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("instance"));
+        let retry = next
+            .running
+            .iter()
+            .find(|e| e.firing == T0)
+            .expect("retried");
+        assert_eq!((retry.attempt, retry.gen), (2, me().gen));
+        // Past the catch-up window (10 minutes by default): missed, not retried.
+        let (next, records, _) = written(planned(&s, &st, &me(), &facts(T0 + 20 * MIN)));
+        assert_eq!(records[1].outcome, Some(Outcome::Missed));
+        assert!(next.running.iter().all(|e| e.firing != T0));
+        // A newer generation's run is not this instance's to judge: waited for.
+        let mut newer = me();
+        newer.gen = me().gen + 1;
+        let mut st = state(T0);
+        st.running.push(newer.entry(T0, 1, None));
+        let wait = Step::Wait {
+            until_ms: None,
+            poll: true,
+        };
+        assert_eq!(planned(&s, &st, &me(), &facts(T0 + 2 * MIN)), wait);
     }
 
     #[test]
@@ -1471,6 +1526,39 @@ mod tests {
         f.claimed_at.insert(retry.id, T0 + 15 * MIN - 10);
         let (next, records, _) = written(planned(&s, &st, &me(), &f));
         assert!(next.running.is_empty());
+        assert_eq!(records[0].outcome, Some(Outcome::Missed));
+    }
+
+    /// A claimed run whose start keeps not happening (its lease not open at each
+    /// try) waits for its next try, yet stays held to its window: the tries do not
+    /// extend it, as a restart backoff does, so it is recorded missed in the end.
+    #[test]
+    fn a_start_tried_again_and_again_is_still_missed_past_its_window() {
+        let s = Schedule::from_spec(&doc! {"schedule": {"every": "1m", "catchup": "1m"}}, T0)
+            .unwrap()
+            .unwrap();
+        let mut st = state(T0);
+        let claim = me().entry(T0, 1, None);
+        st.running.push(claim.clone());
+        // Claimed in time; its start just failed: the next try is a second on.
+        let mut f = facts(T0 + 5_000);
+        f.claimed_at.insert(claim.id, T0 + 100);
+        f.start_again_at.insert(claim.id, T0 + 6_000);
+        assert_eq!(
+            planned(&s, &st, &me(), &f),
+            Step::Wait {
+                until_ms: Some(T0 + 6_000),
+                poll: false
+            }
+        );
+        // Every try failed, each setting the next a second on: past the window and
+        // the slack after its claim, it is missed, not tried again.
+        let late = T0 + MIN + START_SLACK_MS + 1_000;
+        let mut f = facts(late);
+        f.claimed_at.insert(claim.id, T0 + 100);
+        f.start_again_at.insert(claim.id, late + 1_000);
+        let (next, records, _) = written(planned(&s, &st, &me(), &f));
+        assert!(next.running.iter().all(|e| e.id != claim.id));
         assert_eq!(records[0].outcome, Some(Outcome::Missed));
     }
 

@@ -162,6 +162,10 @@ struct Run {
     stopping: bool,
     /// A retry (restart.on failure) starts no sooner than this server time.
     not_before: Option<i64>,
+    /// A start that did not happen (its lease was not open) is tried again no
+    /// sooner than this server time. Unlike a backoff, it never extends how long
+    /// the claim may wait to start (see `firing_plan::too_late_to_start`).
+    start_again_at: Option<i64>,
     /// When this instance's write that put it in flight landed (server ms,
     /// estimated).
     claimed_at: Option<i64>,
@@ -385,6 +389,7 @@ impl Scheduled {
             started: self.ids_where(|r| r.started.is_some()),
             stopping: self.ids_where(|r| r.stopping),
             not_before: self.by_id(|r| r.not_before),
+            start_again_at: self.by_id(|r| r.start_again_at),
             claimed_at: self.by_id(|r| r.claimed_at),
             ..Facts::default()
         };
@@ -742,6 +747,7 @@ impl Scheduled {
         let start_no = self.starts;
         let run = self.run_mut(id);
         run.not_before = None;
+        run.start_again_at = None;
         run.task = Some(task.id());
         run.ran = true;
         run.started = Some(Started {
@@ -893,7 +899,7 @@ impl Scheduled {
             .time
             .now_ms(self.clock())
             .unwrap_or(s.started_ms);
-        self.run_mut(id).not_before = Some(now_ms + POLL.as_millis() as i64);
+        self.run_mut(id).start_again_at = Some(now_ms + POLL.as_millis() as i64);
     }
 
     /// What became of run `s` ([`outcome_of`]), and when it ended on the server's
