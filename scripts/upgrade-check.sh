@@ -6,8 +6,9 @@
 # invariant and firing checkers after. Run it before each release and say in the
 # CHANGELOG that it passed.
 #
-#   scripts/upgrade-check.sh           from the newest release tag that is not this
-#                                      version (git tag -l 'v*')
+#   scripts/upgrade-check.sh           from the previous release: the newest release
+#                                      tag behind HEAD (the one before it, when HEAD
+#                                      is itself a release's commit)
 #   scripts/upgrade-check.sh v0.2.0    from that tag
 #
 # The old release is built once, from `git archive` of its tag, into
@@ -16,10 +17,14 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 say() { echo "upgrade-check: $*" >&2; }
-current="v$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)"
-from="${1:-$(git tag --list 'v*' --sort=-v:refname | grep -vxF "$current" | head -n 1 || true)}"
+previous() {
+  local base=HEAD
+  if git describe --tags --exact-match --match 'v*' HEAD >/dev/null 2>&1; then base=HEAD^; fi
+  git describe --tags --abbrev=0 --match 'v*' "$base" 2>/dev/null || true
+}
+from="${1:-$(previous)}"
 if [[ -z "$from" ]]; then
-  say "no release tag to upgrade from (git tag -l 'v*' lists none but $current)"
+  say "no release tag behind HEAD to upgrade from (git tag -l 'v*': $(git tag --list 'v*' | tr '\n' ' '); a clone without tags: git fetch --tags)"
   exit 2
 fi
 if ! git rev-parse -q --verify "refs/tags/$from" >/dev/null; then
