@@ -244,6 +244,15 @@ fn monotonic(deadline: Instant) -> u64 {
     shim::monotonic_ns().saturating_add(left.as_nanos() as u64)
 }
 
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Passes every change of the lease deadline on to the shim, until the robot ends.
 async fn forward_deadlines(
     mut deadlines: watch::Receiver<Instant>,
@@ -339,7 +348,10 @@ impl RobotKind for Exec {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            // Not killed on drop: a run dropped unpolled (a suspended robot aborted
+            // when its lease is given up) closes the shim's control pipe instead,
+            // and the shim, which sees it close, kills the robot's whole tree, frozen
+            // or not, then exits. Killing the shim would orphan that tree.
             // Its own group: a signal meant for the worker's group (a terminal's
             // Ctrl-C, a SIGSTOP of the group) does not reach the shim.
             .process_group(0);
@@ -381,7 +393,10 @@ impl RobotKind for Exec {
         // The first deadline before anything else: the shim starts the command only
         // once it has one.
         control.send(Control::Deadline(monotonic(deadline))).await;
-        let forwarder = tokio::spawn(forward_deadlines(deadlines, control.clone()));
+        // Ended with the run, however it ends: dropped unpolled too (a suspended
+        // robot's run aborted when its lease is given up), so that the shim's pipe
+        // closes with it and the shim kills the tree, frozen or not.
+        let forwarder = AbortOnDrop(tokio::spawn(forward_deadlines(deadlines, control.clone())));
         // The shim says what it applied before it starts the command: recorded
         // before any of the command's output is handled, as the run's first write.
         let mut reports = Reports {
@@ -421,7 +436,7 @@ impl RobotKind for Exec {
             control.send(Control::Kill).await;
             let _ = child.wait().await;
         }
-        forwarder.abort();
+        drop(forwarder);
         out.report_dropped();
         result
     }
