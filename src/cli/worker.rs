@@ -360,7 +360,7 @@ pub(crate) async fn run(
             capacity: args.capacity,
         },
     };
-    let worker = Worker::new(settings, store, Registry::builtin_with(exec_policy));
+    let worker = Worker::new(settings, store.clone(), Registry::builtin_with(exec_policy));
     let shutdown = worker.shutdown_token();
     let state = HttpState {
         metrics: worker.metrics(),
@@ -369,7 +369,10 @@ pub(crate) async fn run(
     };
     tokio::spawn(http::serve(listener, state, shutdown.child_token()));
     tokio::spawn(on_signals(shutdown));
-    worker.run().await?;
+    let ran = worker.run().await;
+    // The process ends next: the robots' client last (see main.rs).
+    store.close().await;
+    ran?;
     Ok(())
 }
 

@@ -409,11 +409,10 @@ impl Worker {
         }
         self.leave().await;
         sampler.abort();
-        // Last, the driver's clients: nothing of this worker's uses them any more,
-        // and a client shut down holds no request in flight when the process ends
-        // (see main.rs).
+        // Last, its own lease client: nothing of this worker's uses it any more, and
+        // a client shut down holds no request in flight when the process ends (see
+        // main.rs). The store it was given is its caller's to close.
         self.lease_store.close().await;
-        self.store.close().await;
         match self.refused.take() {
             Some(e) => Err(WorkerError::IdentityInUse(e)),
             None => Ok(()),
