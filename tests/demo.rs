@@ -146,6 +146,19 @@ async fn ctrl_c_stops_the_workers_and_leaves_the_dev_database_running() {
         !out.contains("Kind:") && !out.contains("labels:"),
         "the view names what failed in words, not the driver's debug form:\n{out}"
     );
+    // Away until every holder has passed its deadline and suspended its robots.
+    let fences = || -> u64 {
+        (base..base + 5)
+            .filter_map(|port| common::web::request(port, "GET", "/metrics", &[], b""))
+            .map(|r| common::metric(&r.body, "slotpool_self_fences_total"))
+            .sum()
+    };
+    common::wait_for(
+        Duration::from_secs(30),
+        "the 3 holders to suspend their robots",
+        || async { (fences() >= 3).then_some(()) },
+    )
+    .await;
     let started = dev_mongo(db_port, "start");
     assert!(
         started.status.success(),
@@ -166,9 +179,8 @@ async fn ctrl_c_stops_the_workers_and_leaves_the_dev_database_running() {
         demo.0.try_wait().unwrap().is_none(),
         "the demo still runs after the outage"
     );
-    // The outage outlasted every holder's self-fence deadline (the view waits out
-    // the driver's 5 s server selection before it says so): each of the 3 suspended
-    // its robots, and resumes them in place once its late renewal lands.
+    // Each of the 3 holders suspended its robots, and resumes them in place once
+    // its late renewal lands.
     let metrics = || -> Vec<(u16, String)> {
         (base..base + 5)
             .map(|port| {
