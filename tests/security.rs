@@ -546,3 +546,86 @@ async fn exec_allow_list_restricts_commands() {
     .await;
     assert_eq!(db.robot("outside").await.get_i64("seq").unwrap(), 0);
 }
+
+/// `EPOCH PID NANOS` lines a robot wrote in `steps`.
+fn steps_of(db: &TestDb) -> Vec<(i64, i32, u128)> {
+    std::fs::read_to_string(db.dir.join("steps"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// A robot that, asked to stop, stops its own shim (SIGSTOP to its parent, which it
+/// may signal: it runs as the worker's user here) and steps on. The shim then reads
+/// neither the stop nor the kill; the worker waits it out and ends the run, and
+/// must still see the robot dead before its next holder runs it: the shim is
+/// continued, kills the tree on its closed pipe, or is killed itself. Its steps end
+/// before the new copy's begin.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_robot_that_stops_its_shim_at_its_stop_still_dies_before_it_runs_elsewhere() {
+    let db = TestDb::new("stops_shim").await;
+    db.init(1).await;
+    let dir = db.dir.display();
+    let cmd = script(
+        &db,
+        "stopper.sh",
+        &format!(
+            r#"trap 'kill -STOP $PPID' TERM
+while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> {dir}/steps; sleep 0.1; done
+"#
+        ),
+    );
+    let mut first = db.exec_worker(&[]);
+    common::wait_for(Duration::from_secs(20), "the slot held", || async {
+        (common::owner(&db.slot("slot-001").await)? == first.id).then_some(())
+    })
+    .await;
+    db.exec("s", &cmd, &[]);
+    let epoch = common::epoch(&db.slot("slot-001").await);
+    let old = common::wait_for(Duration::from_secs(20), "the robot stepping", || async {
+        let s: Vec<_> = steps_of(&db).into_iter().filter(|s| s.0 == epoch).collect();
+        (s.len() >= 3).then(|| s[0].1)
+    })
+    .await;
+    let second = db.exec_worker(&[]);
+    common::wait_for(Duration::from_secs(20), "the standby answering", || async {
+        second.http_get("/status").map(|_| ())
+    })
+    .await;
+    first.signal(libc::SIGTERM);
+    common::wait_for(Duration::from_secs(60), "the stopped copy dead", || async {
+        (!common::alive(old)).then_some(())
+    })
+    .await;
+    let new = common::wait_for(
+        Duration::from_secs(60),
+        "the next holder's copy stepping",
+        || async {
+            let s: Vec<_> = steps_of(&db).into_iter().filter(|s| s.0 > epoch).collect();
+            (s.len() >= 3).then(|| s[0].2)
+        },
+    )
+    .await;
+    let last_old = steps_of(&db)
+        .iter()
+        .filter(|s| s.1 == old)
+        .map(|s| s.2)
+        .max()
+        .unwrap();
+    assert!(
+        last_old < new,
+        "the copy that stopped its shim stepped beside its next holder's"
+    );
+    let status = first
+        .wait_exit(Duration::from_secs(30))
+        .expect("the first worker exits");
+    assert!(status.success(), "{status}");
+}

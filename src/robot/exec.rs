@@ -244,6 +244,72 @@ fn monotonic(deadline: Instant) -> u64 {
     shim::monotonic_ns().saturating_add(left.as_nanos() as u64)
 }
 
+/// The shim's process, ended in order when a run is dropped without its end (a
+/// suspended robot aborted when its lease is given up, a stop that waited the shim
+/// out): the run's drop closes the shim's control pipe, and the shim, which sees it
+/// close, kills the robot's whole tree, frozen or escaped from its group, then
+/// exits. So the shim is first continued (a robot may have stopped it; only the
+/// shim is signalled, a frozen tree stays frozen until killed), and killed only if
+/// it is still there [`SHIM_GONE_WITHIN`] later: killed at once, it would leave a
+/// tree that escaped its group running, or frozen, for good; never killed, a shim
+/// a robot keeps stopped would leave the robot running unfenced.
+struct ShimChild(Option<tokio::process::Child>);
+
+/// How long a shim whose run was dropped has to kill its tree and exit before it
+/// is killed (its own death then takes the robot's direct child with it).
+const SHIM_GONE_WITHIN: Duration = Duration::from_secs(2);
+
+impl std::ops::Deref for ShimChild {
+    type Target = tokio::process::Child;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("the shim's process")
+    }
+}
+
+impl std::ops::DerefMut for ShimChild {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_mut().expect("the shim's process")
+    }
+}
+
+impl Drop for ShimChild {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        // Not reaped yet, so the pid is still the shim's.
+        if let Some(pid) = child.id() {
+            // SAFETY: kill(2) on this process's own child, not yet reaped.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGCONT);
+            }
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if tokio::time::timeout(SHIM_GONE_WITHIN, child.wait())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!(
+                            "a robot's shim did not end within {} ms of its run's end; killing it",
+                            SHIM_GONE_WITHIN.as_millis()
+                        );
+                        let _ = child.start_kill();
+                        let _ = child.wait().await;
+                    }
+                });
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+            }
+        }
+    }
+}
+
 /// A task aborted when this is dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -348,10 +414,7 @@ impl RobotKind for Exec {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Not killed on drop: a run dropped unpolled (a suspended robot aborted
-            // when its lease is given up) closes the shim's control pipe instead,
-            // and the shim, which sees it close, kills the robot's whole tree, frozen
-            // or not, then exits. Killing the shim would orphan that tree.
+            // Not killed on drop at once: see `ShimChild`.
             // Its own group: a signal meant for the worker's group (a terminal's
             // Ctrl-C, a SIGSTOP of the group) does not reach the shim.
             .process_group(0);
@@ -381,9 +444,9 @@ impl RobotKind for Exec {
         drop(context_fd);
         // Only the shim holds the write end now: the pipe ends when the shim does.
         drop(report_tx);
-        let mut child = spawned.map_err(|e| {
+        let mut child = ShimChild(Some(spawned.map_err(|e| {
             RobotError::Crashed(format!("cannot start the robot shim {:?}: {e}", self.shim))
-        })?;
+        })?));
         if let (Some(meter), Some(pid)) = (&run.meter, child.id()) {
             meter.track_process(pid as i32);
         }
