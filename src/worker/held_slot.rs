@@ -548,7 +548,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         }
         SlotEvent::Lost { detail } => {
             m.losses.inc();
-            given_up(cx, slot, &detail);
+            given_up(cx, slot, epoch, &detail);
             tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
         }
         SlotEvent::SelfFenced { detail } => {
@@ -558,7 +558,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
                 &cx.status,
                 "no renewal succeeded before the local deadline",
             );
-            given_up(cx, slot, &detail);
+            given_up(cx, slot, epoch, &detail);
             tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
         }
         SlotEvent::Suspended { robots } => {
@@ -612,7 +612,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
             if outcome == SuspensionOutcome::Lost {
                 m.losses.inc();
             }
-            given_up(cx, slot, &detail);
+            given_up(cx, slot, epoch, &detail);
             tracing::warn!(slot = %slot, epoch, outcome = outcome.as_str(), "{detail}; stopping its robots: the suspended ones are killed, never thawed");
         }
         SlotEvent::RobotsStopped { kind, detail } => {
@@ -638,7 +638,7 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         }
         SlotEvent::ReleaseFailed { why } => tracing::warn!(slot = %slot, "{why}"),
         SlotEvent::Left => {
-            if cx.status.lock().expect("status lock").left(slot) {
+            if cx.status.lock().expect("status lock").left(slot, epoch) {
                 m.slot_held.inc_by(-1);
             }
             cx.ended.notify_one();
@@ -649,8 +649,13 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
 /// The slot learnt lost or given up: from now on neither `/status` nor
 /// `slotpool_slot_held` counts it as held, though its robots are still stopping
 /// (see [`SlotEvent::Left`]).
-fn given_up(cx: &HoldContext, slot: &str, why: &str) {
-    if cx.status.lock().expect("status lock").given_up(slot, why) {
+fn given_up(cx: &HoldContext, slot: &str, epoch: i64, why: &str) {
+    if cx
+        .status
+        .lock()
+        .expect("status lock")
+        .given_up(slot, epoch, why)
+    {
         cx.metrics.slot_held.inc_by(-1);
     }
 }

@@ -118,8 +118,12 @@ impl WorkerStatus {
     /// The slot is no longer held (another worker claimed it, or this one gave it
     /// up at its deadline or at `--suspend-for`): it moves to `leaving` while its
     /// robots stop. True when it was listed as held.
-    pub(crate) fn given_up(&mut self, slot_id: &str, why: &str) -> bool {
-        let Some(at) = self.slots.iter().position(|s| s.slot_id == slot_id) else {
+    pub(crate) fn given_up(&mut self, slot_id: &str, epoch: i64, why: &str) -> bool {
+        let Some(at) = self
+            .slots
+            .iter()
+            .position(|s| s.slot_id == slot_id && s.epoch == epoch)
+        else {
             return false;
         };
         let held = self.slots.remove(at);
@@ -132,12 +136,14 @@ impl WorkerStatus {
         true
     }
 
-    /// The slot's hold is over, its robots stopped. True when it was still listed
-    /// as held (released, drained or shut down: not given up first).
-    pub(crate) fn left(&mut self, slot_id: &str) -> bool {
-        self.leaving.retain(|s| s.slot_id != slot_id);
+    /// The hold of the slot under `epoch` is over, its robots stopped. True when it
+    /// was still listed as held (released, drained or shut down: not given up
+    /// first). By epoch: the worker may hold the slot again already, under a new one.
+    pub(crate) fn left(&mut self, slot_id: &str, epoch: i64) -> bool {
+        let this = |id: &str, e: i64| id == slot_id && e == epoch;
+        self.leaving.retain(|s| !this(&s.slot_id, s.epoch));
         let before = self.slots.len();
-        self.slots.retain(|s| s.slot_id != slot_id);
+        self.slots.retain(|s| !this(&s.slot_id, s.epoch));
         self.summarize();
         self.slots.len() < before
     }
@@ -340,17 +346,26 @@ mod tests {
     #[test]
     fn a_slot_given_up_is_no_longer_held_while_its_robots_stop() {
         let mut st = holding(&["slot-001", "slot-002"]);
-        assert!(st.given_up("slot-001", "another worker claimed it"));
+        assert!(st.given_up("slot-001", 1, "another worker claimed it"));
         assert_eq!(st.slots.len(), 1);
         assert_eq!(st.slot_id.as_deref(), Some("slot-002"));
         assert_eq!(st.leaving.len(), 1);
         assert_eq!(st.leaving[0].epoch, 1);
-        assert!(!st.given_up("slot-001", "again"), "given up once");
-        // Its robots stopped: it leaves `leaving`, and was not held any more.
-        assert!(!st.left("slot-001"));
+        assert!(!st.given_up("slot-001", 1, "again"), "given up once");
+        // Claimed again under a new epoch while the old hold's robots still stop:
+        // the old hold's end leaves the new one listed.
+        let mut again = holding(&["slot-001"]);
+        again.slots[0].epoch = 5;
+        st.slots.push(again.slots.remove(0));
+        assert!(!st.left("slot-001", 1));
         assert!(st.leaving.is_empty());
+        assert!(st
+            .slots
+            .iter()
+            .any(|s| s.slot_id == "slot-001" && s.epoch == 5));
+        assert!(st.left("slot-001", 5));
         // A slot released (never given up) was held until it left.
-        assert!(st.left("slot-002"));
+        assert!(st.left("slot-002", 2));
         assert_eq!(st.role, WorkerRole::Standby);
         let served = serde_json::to_value(st.with_ages()).unwrap();
         assert_eq!(served["slots"], serde_json::json!([]));
