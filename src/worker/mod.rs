@@ -197,6 +197,9 @@ pub struct Worker {
     looks: Looks,
     /// The lease's own connection pool (see [`Store::dedicated`]).
     lease_store: Store,
+    /// Whether `lease_store` has a client of its own (else it shares `store`'s,
+    /// which is its caller's to close).
+    own_lease_client: bool,
     /// Whether the robots' pool was warmed (see [`ROBOT_POOL_WARM`]).
     robots_warmed: bool,
     /// The lease pool's spare connection: [`SPARE_NONE`], [`SPARE_OPENING`] or
@@ -248,10 +251,15 @@ impl Worker {
         // Lease traffic (survey, claim, renew, release, heartbeat) has a pool of its
         // own: robots' checkpoints must never delay a renewal. Each held slot renews
         // once a tick; a few connections serve several held slots at once.
-        let lease_store = store.for_leases(LEASE_POOL, 1).unwrap_or_else(|e| {
-            tracing::warn!("no dedicated lease connection pool ({e}); sharing the robots' pool");
-            store.clone()
-        });
+        let (lease_store, own_lease_client) = match store.for_leases(LEASE_POOL, 1) {
+            Ok(own) => (own, true),
+            Err(e) => {
+                tracing::warn!(
+                    "no dedicated lease connection pool ({e}); sharing the robots' pool"
+                );
+                (store.clone(), false)
+            }
+        };
         let mut protocol = LeaseProtocol::new(
             &lease_store,
             settings.identity,
@@ -303,6 +311,7 @@ impl Worker {
             clock_steps: Arc::default(),
             looks: Looks::new(now),
             lease_store,
+            own_lease_client,
             robots_warmed: false,
             lease_spare: Arc::new(std::sync::atomic::AtomicU8::new(SPARE_NONE)),
             born: now,
@@ -412,7 +421,9 @@ impl Worker {
         // Last, its own lease client: nothing of this worker's uses it any more, and
         // a client shut down holds no request in flight when the process ends (see
         // main.rs). The store it was given is its caller's to close.
-        self.lease_store.close().await;
+        if self.own_lease_client {
+            self.lease_store.close().await;
+        }
         match self.refused.take() {
             Some(e) => Err(WorkerError::IdentityInUse(e)),
             None => Ok(()),

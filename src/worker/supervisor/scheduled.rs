@@ -745,8 +745,9 @@ impl Scheduled {
         let began = self.r.clock.now();
         let alone = !self.any_started();
         let start_no = self.starts;
+        // Its backoff, if any, is kept: a start that does not happen is still held
+        // to the slack after the backoff (see `firing_plan::too_late_to_start`).
         let run = self.run_mut(id);
-        run.not_before = None;
         run.start_again_at = None;
         run.task = Some(task.id());
         run.ran = true;
