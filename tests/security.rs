@@ -547,22 +547,6 @@ async fn exec_allow_list_restricts_commands() {
     assert_eq!(db.robot("outside").await.get_i64("seq").unwrap(), 0);
 }
 
-/// `EPOCH PID NANOS` lines a robot wrote in `steps`.
-fn steps_of(db: &TestDb) -> Vec<(i64, i32, u128)> {
-    std::fs::read_to_string(db.dir.join("steps"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            Some((
-                f.next()?.parse().ok()?,
-                f.next()?.parse().ok()?,
-                f.next()?.parse().ok()?,
-            ))
-        })
-        .collect()
-}
-
 /// A robot that, asked to stop, stops its own shim (SIGSTOP to its parent, which it
 /// may signal: it runs as the worker's user here) and steps on. The shim then reads
 /// neither the stop nor the kill; the worker waits it out and ends the run, and
@@ -591,7 +575,10 @@ while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> {dir}/steps; sleep 0.1
     db.exec("s", &cmd, &[]);
     let epoch = common::epoch(&db.slot("slot-001").await);
     let old = common::wait_for(Duration::from_secs(20), "the robot stepping", || async {
-        let s: Vec<_> = steps_of(&db).into_iter().filter(|s| s.0 == epoch).collect();
+        let s: Vec<_> = common::stubborn_steps(&db)
+            .into_iter()
+            .filter(|s| s.0 == epoch)
+            .collect();
         (s.len() >= 3).then(|| s[0].1)
     })
     .await;
@@ -609,12 +596,15 @@ while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> {dir}/steps; sleep 0.1
         Duration::from_secs(60),
         "the next holder's copy stepping",
         || async {
-            let s: Vec<_> = steps_of(&db).into_iter().filter(|s| s.0 > epoch).collect();
+            let s: Vec<_> = common::stubborn_steps(&db)
+                .into_iter()
+                .filter(|s| s.0 > epoch)
+                .collect();
             (s.len() >= 3).then(|| s[0].2)
         },
     )
     .await;
-    let last_old = steps_of(&db)
+    let last_old = common::stubborn_steps(&db)
         .iter()
         .filter(|s| s.1 == old)
         .map(|s| s.2)
