@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod pool;
 #[doc(hidden)]
 pub mod printable;
+pub(crate) mod random;
 #[doc(hidden)]
 pub mod robot;
 pub(crate) mod secrets;
@@ -45,7 +46,8 @@ pub(crate) mod worker;
 pub use config::{ConfigError, Identity, LeaseTiming};
 pub use db::heartbeat::{BeatError, Predecessor};
 pub use db::lease::{Lease, LeaseError, LeaseProtocol};
-pub use db::store::{SlotDoc, Store};
+pub use db::slot_doc::SlotDoc;
+pub use db::store::Store;
 pub use load::LoadWeights;
 pub use robot::policy::ExecPolicy;
 pub use robot::shim::run_if_requested;

@@ -189,7 +189,7 @@ async fn drain(store: &Store, slot: &str, on: bool, wait: bool) -> anyhow::Resul
 mod tests {
     use super::*;
 
-    use crate::db::store::SlotDoc;
+    use crate::db::slot_doc::SlotDoc;
 
     /// Scripts read `slots list --json` by these names: a rename must fail here first.
     #[test]

@@ -22,6 +22,8 @@ pub mod robot_doc;
 pub(crate) mod robots;
 pub(crate) mod schema;
 pub mod server;
+pub mod slot_doc;
 pub mod store;
+pub mod version;
 pub(crate) mod words;
 pub mod write_concern;

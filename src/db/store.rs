@@ -1,7 +1,7 @@
 //! MongoDB handles, collection names, slot names, and how database errors read.
 
 use crate::db::event::EventKind;
-use crate::db::field::{AT, DRAINING, EPOCH, KIND, LEASE_MS, OWNER, REV, ROBOT_COUNT, SUSPEND_MS};
+use crate::db::field::{AT, KIND};
 use std::future::IntoFuture;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -89,47 +89,6 @@ pub(crate) use crate::secrets::redact_uri;
 
 fn scrub(message: &str) -> String {
     crate::secrets::scrub(message).into_owned()
-}
-
-/// A slot document, decoded leniently for the people who look at it (the CLI, the
-/// dashboard): a hand-edited slot is shown, not dropped. The lease itself never reads
-/// slots through this: [`crate::db::lease`] filters and judges on the server.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SlotDoc {
-    /// `_id` as text.
-    pub id: String,
-    /// Its holder (`ip:port`), or None once released.
-    pub owner: Option<String>,
-    /// Whole numbers only; None for anything else.
-    pub epoch: Option<i64>,
-    pub rev: Option<i64>,
-    /// The holder's lease `L`, written at its claim.
-    pub lease_ms: Option<i64>,
-    /// The holder's `--suspend-for`, written at its claim: how long past its lease
-    /// it may still renew late and resume its suspended robots.
-    pub suspend_ms: Option<i64>,
-    /// How many robots it says it has (0 when unset).
-    pub robot_count: i64,
-    /// True only when `draining` is `true`.
-    pub draining: bool,
-    /// Its robots' measured cost, as its holder last recorded it on a renewal.
-    pub cost: Option<crate::load::SlotCost>,
-}
-
-impl SlotDoc {
-    pub fn from_doc(d: &Document) -> SlotDoc {
-        SlotDoc {
-            id: crate::db::event::text(d, "_id").unwrap_or_default(),
-            owner: crate::db::event::text(d, OWNER),
-            epoch: int(d, EPOCH),
-            rev: int(d, REV),
-            lease_ms: int(d, LEASE_MS),
-            suspend_ms: int(d, SUSPEND_MS),
-            robot_count: int(d, ROBOT_COUNT).unwrap_or(0),
-            draining: matches!(d.get(DRAINING), Some(Bson::Boolean(true))),
-            cost: crate::db::load::cost_of(d),
-        }
-    }
 }
 
 /// How often the driver's server monitor checks each server for the robots' client
@@ -723,7 +682,7 @@ impl std::fmt::Display for Refusal {
                 f,
                 ": the server does not take a command slotpool sends; slotpool needs \
                  MongoDB {} or later (docs/mongodb.md)",
-                crate::db::server::MINIMUM_VERSION
+                crate::db::version::MINIMUM_VERSION
             ),
         }
     }

@@ -11,7 +11,8 @@ use bson::{doc, Bson, Document};
 
 pub(crate) use crate::db::heartbeat::WorkerRole;
 use crate::db::robot_doc::{RobotDoc, RobotStatus};
-use crate::db::store::{SlotDoc, Store};
+use crate::db::slot_doc::SlotDoc;
+use crate::db::store::Store;
 use crate::db::words::words;
 
 pub(crate) use crate::db::event::text;

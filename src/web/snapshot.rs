@@ -620,7 +620,7 @@ pub(crate) fn summarize(s: &Snapshot, unplaced: i64) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::store::SlotDoc;
+    use crate::db::slot_doc::SlotDoc;
     use bson::Bson;
 
     fn slot(id: &str, state: &str) -> SlotInfo {

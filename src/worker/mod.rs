@@ -37,6 +37,7 @@ use crate::db::heartbeat::{Beat, BeatError, LiveWorker, Roster};
 use crate::db::lease::{LeaseProtocol, Survey};
 use crate::db::store::Store;
 use crate::metrics::Metrics;
+use crate::random::{random_u64, random_unit};
 use crate::robot::Registry;
 use crate::worker::claim_policy::{peers, ClaimDecision, HandBack, Round, Seen};
 use crate::worker::held_slot::{Ended, HeldSlot, HoldContext};
@@ -1491,16 +1492,4 @@ impl Worker {
 /// advertising the same `ip:port`.
 fn new_instance() -> String {
     format!("{:016x}", random_u64())
-}
-
-/// 64 random bits from the operating system.
-pub(crate) fn random_u64() -> u64 {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).expect("the operating system's random source");
-    u64::from_le_bytes(bytes)
-}
-
-/// A random number in `[0, 1)` (53 bits, as an `f64` holds them).
-fn random_unit() -> f64 {
-    (random_u64() >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -343,7 +343,7 @@ impl Supervisor {
             synced_rev: None,
             warned: Default::default(),
             adopted: false,
-            next_full: next_full_read(now, Duration::ZERO, crate::worker::random_u64()),
+            next_full: next_full_read(now, Duration::ZERO, crate::random::random_u64()),
             listed_total: 0,
             expected: None,
             last_probe: now,
@@ -540,7 +540,7 @@ impl Supervisor {
     /// the read: a slow one leaves a renewal queued behind it too little room.
     async fn read_slot(&mut self) -> Result<Vec<Listed>, mongodb::error::Error> {
         let at = self.clock.now();
-        self.next_full = next_full_read(at, Duration::ZERO, crate::worker::random_u64());
+        self.next_full = next_full_read(at, Duration::ZERO, crate::random::random_u64());
         self.last_probe = at;
         self.expected = None;
         let began = Instant::now();
@@ -550,7 +550,7 @@ impl Supervisor {
                 .await,
         )?;
         let took = began.elapsed();
-        self.next_full = next_full_read(at, took, crate::worker::random_u64());
+        self.next_full = next_full_read(at, took, crate::random::random_u64());
         self.metrics.slot_read.observe(took);
         if read_threatens_lease(took, &self.timing) && self.warned.insert("slow-read".into()) {
             tracing::warn!(
