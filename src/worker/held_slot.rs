@@ -6,6 +6,10 @@
 //! shutdown it stops them (each may checkpoint) and then releases the slot. Each held
 //! slot renews on its own schedule and deadline over the lease's own connection pool,
 //! so no robot work and no other slot delays its renewals.
+//!
+//! Where the slot is in its life, and what each renewal's answer leads to, is
+//! [`Holding`]'s (pure, with its tests); this task only waits, sends, and carries
+//! out what each step says, and [`report`] writes each [`SlotEvent`] where it goes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -27,6 +31,8 @@ use crate::db::pacing::{busy_renewal, read_admitted, WritePacer, READ_WAITS_MOST
 use crate::db::store::Store;
 use crate::metrics::{Metrics, SuspensionOutcome};
 use crate::robot::Registry;
+pub(crate) use crate::worker::holding::Ended;
+use crate::worker::holding::{Answer, Do, Facts, Holding, RideOut, Seen, SlotEvent};
 use crate::worker::status::{Health, SharedStatus};
 use crate::worker::supervisor::Supervisor;
 
@@ -55,17 +61,6 @@ pub(crate) struct HoldContext {
     pub(crate) meters: crate::robot::meter::Meters,
     /// The latest measured costs: each renewal records its slot's when it changed.
     pub(crate) load: crate::worker::load_sampler::LoadReading,
-}
-
-/// How a held slot ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ended {
-    /// Given back on request (hand-back or shutdown): robots stopped, slot released.
-    Released,
-    /// An operator drained it: robots stopped, slot released.
-    Drained,
-    /// Lost to another worker, removed, or self-fenced: robots stopped at once.
-    Lost,
 }
 
 /// The worker's handle on one held slot.
@@ -127,7 +122,10 @@ pub(crate) fn first_renewal_after(tick: Duration) -> Duration {
     tick / 2
 }
 
-/// Holds one lease until it is lost, fenced, drained or given back.
+/// Holds one lease until it is lost, fenced, drained or given back: waits for what
+/// the slot's state waits for, steps the state with what came, and carries out
+/// what the step says; then stops the robots and, unless the slot was lost,
+/// releases it.
 async fn hold(
     mut lease: Lease,
     cx: HoldContext,
@@ -135,159 +133,37 @@ async fn hold(
     overflow: bool,
 ) -> Ended {
     let (recorded_tx, recorded) = tokio::sync::oneshot::channel();
-    report(
-        &cx,
-        &lease,
-        SlotEvent::Claimed {
-            overflow,
-            recorded: recorded_tx,
-        },
-    )
-    .await;
+    claimed(&cx, &lease, overflow, recorded_tx);
     let guard = WriteGuard::new(lease.deadline(), cx.clock.clone());
     let robots = start_supervisor(&cx, &lease, guard.clone(), recorded);
-    let tick = cx.timing.tick;
-    let mut next = lease.last_renewed() + first_renewal_after(tick);
-    let mut lost = None;
-    // Whether the renewals go at the tick's edges (see RenewalTiming).
-    let mut at_edges = false;
+    let mut state = Holding::claimed(lease.last_renewed() + first_renewal_after(cx.timing.tick));
     // The slot's cost as last recorded: a renewal records it again only changed.
     let mut recorded_cost = None;
-    let ended = loop {
-        tokio::select! {
-            _ = release.cancelled() => break Ended::Released,
-            _ = cx.clock.sleep_until(next.min(lease.deadline())) => {}
-        }
-        let sent = cx.clock.now();
-        // The round trip is a measurement of the database, on real time.
-        let began = Instant::now();
-        let cost = cx
-            .load
-            .slot(&lease.slot_id)
-            .filter(|c| recorded_cost.as_ref() != Some(c));
-        match cx.protocol.renew_reporting(&mut lease, cost.as_ref()).await {
-            Ok(renewed) => {
-                if cost.is_some() {
-                    recorded_cost = cost;
+    let (ended, lost) = loop {
+        let seen = match &state {
+            Holding::Renewing { next, .. } => tokio::select! {
+                _ = release.cancelled() => Seen::ReleaseAsked,
+                _ = cx.clock.sleep_until((*next).min(lease.deadline())) => {
+                    renew(&cx, &mut lease, &robots, &mut recorded_cost).await
                 }
-                let latency = began.elapsed();
-                guard.extend(lease.deadline());
-                report(
-                    &cx,
-                    &lease,
-                    SlotEvent::Renewed {
-                        latency,
-                        rev: renewed.rev,
-                    },
-                )
-                .await;
-                if renewed.draining {
-                    report(&cx, &lease, SlotEvent::Draining).await;
-                    break Ended::Drained;
-                }
-                next = sent + tick;
-                let advance = robots.renewals.advance(next, tick, &cx.clock);
-                if advance.is_some() != at_edges {
-                    at_edges = advance.is_some();
-                    if at_edges {
-                        tracing::info!(slot = %lease.slot_id, "renewals now go just after the edges of the tick, where firings fall (the slot runs scheduled robots)");
-                    } else {
-                        tracing::info!(slot = %lease.slot_id, "renewals keep their own phase again (no scheduled robot left)");
-                    }
-                }
-                next -= advance.unwrap_or_default();
-                robots.paced(latency, &cx.metrics);
-                robots.beats.send_replace(Renewal {
-                    rev: renewed.rev,
-                    at: cx.clock.now(),
-                    per_command: latency / renewed.commands.max(1),
-                });
-            }
-            Err(LeaseError::Db(e)) => {
-                let left = lease.deadline().saturating_duration_since(cx.clock.now());
-                let why = cx.store.scrub(&crate::db::store::brief(&e));
-                report(&cx, &lease, SlotEvent::RenewFailed { why, left }).await;
-                next = cx.clock.now() + (tick / 4).min(left);
-            }
-            Err(LeaseError::SelfFenced { .. }) if !cx.timing.suspend_for.is_zero() => {
-                let robots_now = robots.running.load(Ordering::Relaxed);
-                let since = cx.clock.now();
-                robots.suspension.suspend();
-                report(&cx, &lease, SlotEvent::Suspended { robots: robots_now }).await;
-                match ride_out(&cx, &mut lease, &release).await {
-                    RideOut::Resumed { renewed, sent } => {
-                        // New clients before the guard opens: the writes held back
-                        // go out, or are read back, the moment it does.
-                        cx.protocol.reopen_after(cx.health.outages());
-                        reopen_robots(&cx);
-                        guard.extend(lease.deadline());
-                        robots.suspension.resume();
-                        let after = cx.clock.since(since);
-                        report(
-                            &cx,
-                            &lease,
-                            SlotEvent::Resumed {
-                                robots: robots_now,
-                                after,
-                            },
-                        )
-                        .await;
-                        if renewed.draining {
-                            report(&cx, &lease, SlotEvent::Draining).await;
-                            break Ended::Drained;
-                        }
-                        next = sent + tick;
-                        robots.beats.send_replace(Renewal {
-                            rev: renewed.rev,
-                            at: cx.clock.now(),
-                            per_command: Duration::ZERO,
-                        });
-                    }
-                    RideOut::Ended { outcome, detail } => {
-                        // Killed, never thawed: the guard first, so nothing of theirs
-                        // is written, then the robots (see `Supervisor::stop_all`).
-                        guard.revoke();
-                        report(
-                            &cx,
-                            &lease,
-                            SlotEvent::SuspensionEnded {
-                                outcome,
-                                robots: robots_now,
-                                detail: detail.clone(),
-                            },
-                        )
-                        .await;
-                        let kind = match outcome {
-                            SuspensionOutcome::Lost => EventKind::Lost,
-                            _ => EventKind::SelfFence,
-                        };
-                        lost = Some((kind, detail));
-                        break Ended::Lost;
-                    }
-                }
-            }
-            Err(e) => {
-                guard.revoke();
-                let detail = e.to_string();
-                let (kind, event) = if matches!(e, LeaseError::Lost { .. }) {
-                    (
-                        EventKind::Lost,
-                        SlotEvent::Lost {
-                            detail: detail.clone(),
-                        },
-                    )
-                } else {
-                    (
-                        EventKind::SelfFence,
-                        SlotEvent::SelfFenced {
-                            detail: detail.clone(),
-                        },
-                    )
-                };
-                report(&cx, &lease, event).await;
-                lost = Some((kind, detail));
-                break Ended::Lost;
-            }
+            },
+            Holding::Suspended(s) => late_renewal(&cx, &mut lease, s, &release).await,
+            Holding::Releasing(ended) => break (*ended, None),
+            Holding::Lost { kind, detail } => break (Ended::Lost, Some((*kind, detail.clone()))),
+        };
+        let facts = Facts {
+            now: cx.clock.now(),
+            slot: &lease.slot_id,
+            epoch: lease.epoch,
+            deadline: lease.deadline(),
+            tick: cx.timing.tick,
+            suspend_for: cx.timing.suspend_for,
+            robots: robots.running.load(Ordering::Relaxed),
+        };
+        let (next, doing) = state.step(seen, &facts);
+        state = next;
+        for d in doing {
+            carry_out(&cx, &lease, &guard, &robots, d).await;
         }
     };
     if let Some((kind, detail)) = lost {
@@ -312,98 +188,133 @@ async fn hold(
     ended
 }
 
-/// How a suspension ended.
-enum RideOut {
-    /// A late renewal matched, sent at `sent`.
-    Resumed {
-        renewed: crate::db::lease::Renewed,
-        sent: Instant,
-    },
-    /// It did not, or could not, or the worker is going away.
-    Ended {
-        outcome: SuspensionOutcome,
-        detail: String,
-    },
+/// One renewal on time, and what it did.
+async fn renew(
+    cx: &HoldContext,
+    lease: &mut Lease,
+    robots: &SupervisorHandle,
+    recorded_cost: &mut Option<crate::load::SlotCost>,
+) -> Seen {
+    let sent = cx.clock.now();
+    // The round trip is a measurement of the database, on real time.
+    let began = Instant::now();
+    let cost = cx
+        .load
+        .slot(&lease.slot_id)
+        .filter(|c| recorded_cost.as_ref() != Some(c));
+    let answer = match cx.protocol.renew_reporting(lease, cost.as_ref()).await {
+        Ok(renewed) => {
+            if cost.is_some() {
+                *recorded_cost = cost;
+            }
+            let latency = began.elapsed();
+            let tick = cx.timing.tick;
+            let advance = robots.renewals.advance(sent + tick, tick, &cx.clock);
+            Answer::Renewed {
+                renewed,
+                latency,
+                advance,
+            }
+        }
+        Err(LeaseError::Db(e)) => Answer::Failed {
+            why: cx.store.scrub(&crate::db::store::brief(&e)),
+        },
+        Err(e @ LeaseError::Lost { .. }) => Answer::Lost {
+            detail: e.to_string(),
+        },
+        Err(e @ LeaseError::SelfFenced { .. }) => Answer::DeadlinePassed {
+            detail: e.to_string(),
+        },
+    };
+    Seen::Renewal { sent, answer }
 }
 
-/// While the slot's robots are suspended, renews late until a renewal matches
-/// (resume), the slot proves taken (lost), `--suspend-for` passes (expired), or the
-/// worker or the slot is going away (stopped).
-///
-/// One late renewal is in flight at a time, awaited for up to a tick: a link that
-/// holds its bytes (a partition, a paused server) answers it the moment it heals,
-/// while one stuck on a connection that will never answer (a server restarted under
-/// it) is replaced in time to renew within the lease of contact the standbys give
-/// this holder, on a new client: the one given up on keeps its place in the old
-/// client's queue. One that failed is sent again a quarter tick after it was sent.
-async fn ride_out(cx: &HoldContext, lease: &mut Lease, release: &CancellationToken) -> RideOut {
-    let until = lease.deadline() + cx.timing.suspend_for;
-    let ended = |outcome, detail: String| RideOut::Ended { outcome, detail };
-    let stopped = || {
-        ended(
-            SuspensionOutcome::Stopped,
-            "the slot was given up while suspended".into(),
-        )
-    };
-    let mut failures = 0u32;
-    loop {
-        if cx.clock.now() >= until {
-            return ended(
-                SuspensionOutcome::Expired,
-                format!(
-                    "no renewal within --suspend-for {} past the deadline",
-                    humantime::format_duration(cx.timing.suspend_for)
-                ),
-            );
+/// One late renewal of a suspended slot, when its turn comes, raced against the
+/// slot being given up. It is awaited for up to a tick ([`RideOut::give_up_at`]);
+/// one given up on is replaced on a new client, since it keeps its place in the old
+/// client's queue.
+async fn late_renewal(
+    cx: &HoldContext,
+    lease: &mut Lease,
+    s: &RideOut,
+    release: &CancellationToken,
+) -> Seen {
+    // The first goes at once, as the suspension begins.
+    if s.next > cx.clock.now() {
+        tokio::select! {
+            _ = release.cancelled() => return Seen::ReleaseAsked,
+            _ = cx.clock.sleep_until(s.next) => {}
         }
-        let sent = cx.clock.now();
-        let client = cx.protocol.client_generation();
-        let give_up = (sent + cx.timing.tick).min(until);
-        let reply = tokio::select! {
-            _ = release.cancelled() => return stopped(),
-            r = cx.protocol.late_renewal(lease) => Some(r),
-            _ = cx.clock.sleep_until(give_up) => None,
-        };
-        let settled = match reply {
-            Some(reply) => cx.protocol.settle_late(lease, sent, reply),
-            None => {
-                cx.protocol
-                    .reopen_after_giving_up(client, cx.health.outages());
-                Err(LeaseError::Db(mongodb::error::Error::custom(format!(
+    }
+    let sent = cx.clock.now();
+    if s.out_of_time(sent) {
+        return Seen::OutOfTime;
+    }
+    let client = cx.protocol.client_generation();
+    let give_up = s.give_up_at(sent, cx.timing.tick);
+    let reply = tokio::select! {
+        _ = release.cancelled() => return Seen::ReleaseAsked,
+        r = cx.protocol.late_renewal(lease) => Some(r),
+        _ = cx.clock.sleep_until(give_up) => None,
+    };
+    let answer = match reply.map(|reply| cx.protocol.settle_late(lease, sent, reply)) {
+        Some(Ok(renewed)) => Answer::Renewed {
+            renewed,
+            // Not a measurement: the link just came back, or the answer waited.
+            latency: Duration::ZERO,
+            advance: None,
+        },
+        Some(Err(e @ LeaseError::Lost { .. })) => Answer::Lost {
+            detail: e.to_string(),
+        },
+        Some(Err(e)) => Answer::Failed {
+            why: cx.store.scrub(&e.to_string()),
+        },
+        None => {
+            cx.protocol
+                .reopen_after_giving_up(client, cx.health.outages());
+            Answer::Failed {
+                why: format!(
                     "no answer to a late renewal within {} ms",
                     give_up.saturating_duration_since(sent).as_millis()
-                ))))
-            }
-        };
-        match settled {
-            Ok(renewed) => return RideOut::Resumed { renewed, sent },
-            Err(LeaseError::Lost { .. }) => {
-                return ended(
-                    SuspensionOutcome::Lost,
-                    format!(
-                        "lost slot {} (epoch {}) while suspended: another worker claimed it",
-                        lease.slot_id, lease.epoch
-                    ),
-                );
-            }
-            Err(e) => {
-                failures += 1;
-                // Once, then every twentieth: an outage of a minute says it a few times.
-                let why = cx.store.scrub(&e.to_string());
-                if failures == 1 || failures.is_multiple_of(20) {
-                    tracing::warn!(slot = %lease.slot_id, epoch = lease.epoch, tries = failures, "late renewal failed: {why}");
-                } else {
-                    tracing::debug!(slot = %lease.slot_id, epoch = lease.epoch, tries = failures, "late renewal failed: {why}");
-                }
+                ),
             }
         }
-        // At once after an answer that came too late (the link is back); otherwise
-        // a quarter tick after the last sending.
-        let again = (sent + cx.timing.tick / 4).min(until);
-        tokio::select! {
-            _ = release.cancelled() => return stopped(),
-            _ = cx.clock.sleep_until(again) => {}
+    };
+    Seen::LateRenewal { sent, answer }
+}
+
+/// Carries out one thing a step of the slot's state asked for.
+async fn carry_out(
+    cx: &HoldContext,
+    lease: &Lease,
+    guard: &WriteGuard,
+    robots: &SupervisorHandle,
+    d: Do,
+) {
+    match d {
+        Do::ExtendGuard => guard.extend(lease.deadline()),
+        Do::RevokeGuard => guard.revoke(),
+        Do::SuspendRobots => {
+            robots.suspension.suspend();
         }
+        Do::ResumeRobots => {
+            // New clients before the guard opens: the writes held back go out, or
+            // are read back, the moment it does.
+            cx.protocol.reopen_after(cx.health.outages());
+            reopen_robots(cx);
+            guard.extend(lease.deadline());
+            robots.suspension.resume();
+        }
+        Do::Pace(latency) => robots.paced(latency, &cx.metrics),
+        Do::Beat { rev, per_command } => {
+            robots.beats.send_replace(Renewal {
+                rev,
+                at: cx.clock.now(),
+                per_command,
+            });
+        }
+        Do::Report(event) => report(cx, lease, event).await,
     }
 }
 
@@ -448,180 +359,104 @@ async fn release_slot(cx: &HoldContext, lease: &mut Lease) -> bool {
     released
 }
 
-/// A step in one held slot's life. [`hold`] emits each into [`report`], the one place
-/// that turns it into log lines, metrics, the worker's status and `events`.
-#[derive(Debug)]
-enum SlotEvent {
-    /// The claim landed; `overflow` when the worker already held a slot.
-    /// `recorded` is told when the claim's event is written (or refused by the
-    /// server): the supervisor lets no robot write before that, so each epoch's
-    /// claim comes first in `events`, yet the event's write overlaps the slot's
-    /// listing.
-    Claimed {
-        overflow: bool,
-        recorded: tokio::sync::oneshot::Sender<()>,
-    },
-    /// A renewal landed after `latency`; `rev` is the slot's robot revision.
-    Renewed { latency: Duration, rev: i64 },
-    /// A renewal failed for a reason the next one may not have; `left` until the
-    /// local deadline.
-    RenewFailed { why: String, left: Duration },
-    /// An operator drained the slot: it is being handed back.
-    Draining,
-    /// Taken by another worker or removed: robots are being stopped.
-    Lost { detail: String },
-    /// No renewal succeeded before the local deadline: robots are being stopped.
-    SelfFenced { detail: String },
-    /// No renewal succeeded before the local deadline: the `robots` are suspended
-    /// while the holder renews late.
-    Suspended { robots: usize },
-    /// A late renewal matched `after` the suspension began: the robots go on.
-    Resumed { robots: usize, after: Duration },
-    /// The suspension ended without a renewal: the robots are being killed.
-    SuspensionEnded {
-        outcome: SuspensionOutcome,
-        robots: usize,
-        detail: String,
-    },
-    /// The robots of a lost (`kind` "lost") or self-fenced ("self_fence") slot are
-    /// all stopped.
-    RobotsStopped { kind: EventKind, detail: String },
-    /// A hand-back, drain or shutdown: the `running` robots are being stopped
-    /// (each may write a last checkpoint) before the slot is released.
-    Releasing { running: usize },
-    /// The slot was released: a standby may take it at once.
-    Released,
-    /// The release did not land; the slot expires by itself.
-    ReleaseFailed { why: String },
-    /// The held slot is over, however it ended.
-    Left,
+/// The claim landed; `overflow` when the worker already held a slot. `recorded` is
+/// told when the claim's event is written (or refused by the server): the
+/// supervisor lets no robot write before that, so each epoch's claim comes first in
+/// `events`, yet the event's write overlaps the slot's listing.
+fn claimed(
+    cx: &HoldContext,
+    lease: &Lease,
+    overflow: bool,
+    mut recorded: tokio::sync::oneshot::Sender<()>,
+) {
+    let (slot, epoch, owner) = (&lease.slot_id, lease.epoch, cx.protocol.owner());
+    tracing::info!(slot = %slot, epoch, worker = %owner, overflow, "claimed slot");
+    cx.metrics.claims.inc();
+    cx.metrics.slot_held.inc_by(1);
+    cx.metrics.epoch.set(epoch);
+    cx.status.lock().expect("status lock").held(lease, overflow);
+    // Written beside the supervisor's first reads, not before them; the supervisor
+    // waits for it before any robot writes, for as long as the slot is held: the
+    // write is never given up for want of an answer, and ends when the supervisor
+    // does (the hold ended first).
+    let store = cx.store.clone();
+    let fields = doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow};
+    tokio::spawn(async move {
+        let written = tokio::select! {
+            _ = store.record_event_patiently(EventKind::Claim, fields) => true,
+            _ = recorded.closed() => false,
+        };
+        if written {
+            let _ = recorded.send(());
+        }
+    });
 }
 
-/// Reports one step of a held slot to every sink at once: the log, the metrics, the
-/// worker's `/status` and database health, and the `events` collection.
+/// Reports one step of a held slot to every sink at once: the worker's `/status`
+/// and database health, the log and the metrics, and the `events` collection.
 async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
-    let (slot, epoch) = (&lease.slot_id, lease.epoch);
-    let owner = cx.protocol.owner();
-    let m = &cx.metrics;
+    // `/status` first: a slot learnt lost must stop counting as held at once.
+    show(cx, lease, &event);
+    log_and_count(cx, lease, &event);
+    record(cx, lease, event).await;
+}
+
+/// The log line and the metrics of one step.
+fn log_and_count(cx: &HoldContext, lease: &Lease, event: &SlotEvent) {
+    let (slot, epoch, m) = (&lease.slot_id, lease.epoch, &cx.metrics);
     match event {
-        SlotEvent::Claimed {
-            overflow,
-            mut recorded,
-        } => {
-            tracing::info!(slot = %slot, epoch, worker = %owner, overflow, "claimed slot");
-            m.claims.inc();
-            m.slot_held.inc_by(1);
-            m.epoch.set(epoch);
-            cx.status.lock().expect("status lock").held(lease, overflow);
-            // Written beside the supervisor's first reads, not before them; the
-            // supervisor waits for it before any robot writes, for as long as the
-            // slot is held: the write is never given up for want of an answer, and
-            // ends when the supervisor does (the hold ended first).
-            let store = cx.store.clone();
-            let fields = doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, OVERFLOW: overflow};
-            tokio::spawn(async move {
-                let written = tokio::select! {
-                    _ = store.record_event_patiently(EventKind::Claim, fields) => true,
-                    _ = recorded.closed() => false,
-                };
-                if written {
-                    let _ = recorded.send(());
-                }
-            });
-        }
         SlotEvent::Renewed { latency, rev } => {
-            m.renew_latency.observe(latency);
+            m.renew_latency.observe(*latency);
             tracing::debug!(slot = %slot, rev, latency_ms = latency.as_millis() as u64, "renewed");
-            cx.health
-                .write_landed(Instant::now(), latency, cx.timing.tick);
-            cx.health.ok(m, &cx.status);
-            cx.status.lock().expect("status lock").renewed(lease);
+        }
+        SlotEvent::Phase { at_edges: true } => {
+            tracing::info!(slot = %slot, "renewals now go just after the edges of the tick, where firings fall (the slot runs scheduled robots)");
+        }
+        SlotEvent::Phase { at_edges: false } => {
+            tracing::info!(slot = %slot, "renewals keep their own phase again (no scheduled robot left)");
         }
         SlotEvent::RenewFailed { why, left } => {
             m.renew_failures.inc();
             tracing::warn!(slot = %slot, epoch, left_ms = left.as_millis() as u64, "renewal failed: {why}");
-            cx.health.write_failed();
-            cx.health.failed(m, &cx.status, &why);
         }
-        SlotEvent::Draining => {
-            tracing::info!(slot = %slot, "slot is draining: handing it back");
-        }
+        SlotEvent::Draining => tracing::info!(slot = %slot, "slot is draining: handing it back"),
         SlotEvent::Lost { detail } => {
             m.losses.inc();
-            given_up(cx, slot, epoch, &detail);
             tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
         }
         SlotEvent::SelfFenced { detail } => {
             m.self_fences.inc();
-            cx.health.failed(
-                m,
-                &cx.status,
-                "no renewal succeeded before the local deadline",
-            );
-            given_up(cx, slot, epoch, &detail);
             tracing::warn!(slot = %slot, epoch, "{detail}; stopping its robots");
         }
         SlotEvent::Suspended { robots } => {
-            m.robots_suspended.inc_by(robots as i64);
+            m.robots_suspended.inc_by(*robots as i64);
             m.self_fences.inc();
-            cx.health.failed(
-                m,
-                &cx.status,
-                "no renewal succeeded before the local deadline",
-            );
-            cx.status.lock().expect("status lock").suspended(slot, true);
             tracing::warn!(slot = %slot, epoch, robots, suspend_for_ms = cx.timing.suspend_for.as_millis() as u64, "self-fenced: no renewal before the local deadline; robots suspended, not stopped, while the holder renews late");
-            // In the background: the database is most likely away, and the first
-            // late renewal must not wait for this.
-            let (store, fields) = (
-                cx.store.clone(),
-                doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "robots": robots as i64},
-            );
-            tokio::spawn(async move { store.record_event(EventKind::Suspend, fields).await });
+        }
+        // Once, then every twentieth: an outage of a minute says it a few times.
+        SlotEvent::LateRenewalFailed { why, tries } if *tries == 1 || tries.is_multiple_of(20) => {
+            tracing::warn!(slot = %slot, epoch, tries, "late renewal failed: {why}");
+        }
+        SlotEvent::LateRenewalFailed { why, tries } => {
+            tracing::debug!(slot = %slot, epoch, tries, "late renewal failed: {why}");
         }
         SlotEvent::Resumed { robots, after } => {
-            m.robots_suspended.inc_by(-(robots as i64));
+            m.robots_suspended.inc_by(-(*robots as i64));
             m.suspension_ended(SuspensionOutcome::Resumed);
-            // The late renewal is a write that landed.
-            cx.health
-                .write_landed(Instant::now(), Duration::ZERO, cx.timing.tick);
-            cx.health.ok(m, &cx.status);
-            cx.status
-                .lock()
-                .expect("status lock")
-                .suspended(slot, false);
-            cx.status.lock().expect("status lock").renewed(lease);
             tracing::info!(slot = %slot, epoch, robots, suspended_ms = after.as_millis() as u64, "a late renewal matched: robots resumed in place");
-            // In the background: the hold must go straight back to renewing, since
-            // the robots now run on a deadline about half a tick away, and this write
-            // may wait on a connection left open across the outage.
-            let (store, fields) = (
-                cx.store.clone(),
-                doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "suspended_ms": after.as_millis() as i64},
-            );
-            tokio::spawn(async move { store.record_event(EventKind::LeaseResume, fields).await });
         }
         SlotEvent::SuspensionEnded {
             outcome,
             robots,
             detail,
         } => {
-            m.robots_suspended.inc_by(-(robots as i64));
-            m.suspension_ended(outcome);
+            m.robots_suspended.inc_by(-(*robots as i64));
+            m.suspension_ended(*outcome);
             // The self-fence was counted at the suspension.
-            if outcome == SuspensionOutcome::Lost {
+            if *outcome == SuspensionOutcome::Lost {
                 m.losses.inc();
             }
-            given_up(cx, slot, epoch, &detail);
             tracing::warn!(slot = %slot, epoch, outcome = outcome.as_str(), "{detail}; stopping its robots: the suspended ones are killed, never thawed");
-        }
-        SlotEvent::RobotsStopped { kind, detail } => {
-            cx.store
-                .record_event(
-                    kind,
-                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, DETAIL: detail},
-                )
-                .await;
         }
         SlotEvent::Releasing { running } => {
             tracing::info!(slot = %slot, robots = running, "releasing: stopping robots");
@@ -629,20 +464,55 @@ async fn report(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
         SlotEvent::Released => {
             m.releases.inc();
             tracing::info!(slot = %slot, epoch, "released slot");
-            cx.store
-                .record_event(
-                    EventKind::Release,
-                    doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch},
-                )
-                .await;
         }
         SlotEvent::ReleaseFailed { why } => tracing::warn!(slot = %slot, "{why}"),
+        SlotEvent::RobotsStopped { .. } | SlotEvent::Left => {}
+    }
+}
+
+/// What `/status`, the worker's database health and `slotpool_slot_held` say after
+/// one step.
+fn show(cx: &HoldContext, lease: &Lease, event: &SlotEvent) {
+    let (slot, epoch, m) = (&lease.slot_id, lease.epoch, &cx.metrics);
+    let status = || cx.status.lock().expect("status lock");
+    let fenced = "no renewal succeeded before the local deadline";
+    match event {
+        SlotEvent::Renewed { latency, .. } => {
+            cx.health
+                .write_landed(Instant::now(), *latency, cx.timing.tick);
+            cx.health.ok(m, &cx.status);
+            status().renewed(lease);
+        }
+        SlotEvent::RenewFailed { why, .. } => {
+            cx.health.write_failed();
+            cx.health.failed(m, &cx.status, why);
+        }
+        SlotEvent::Lost { detail } | SlotEvent::SuspensionEnded { detail, .. } => {
+            given_up(cx, slot, epoch, detail);
+        }
+        SlotEvent::SelfFenced { detail } => {
+            cx.health.failed(m, &cx.status, fenced);
+            given_up(cx, slot, epoch, detail);
+        }
+        SlotEvent::Suspended { .. } => {
+            cx.health.failed(m, &cx.status, fenced);
+            status().suspended(slot, true);
+        }
+        SlotEvent::Resumed { .. } => {
+            // The late renewal is a write that landed.
+            cx.health
+                .write_landed(Instant::now(), Duration::ZERO, cx.timing.tick);
+            cx.health.ok(m, &cx.status);
+            status().suspended(slot, false);
+            status().renewed(lease);
+        }
         SlotEvent::Left => {
-            if cx.status.lock().expect("status lock").left(slot, epoch) {
+            if status().left(slot, epoch) {
                 m.slot_held.inc_by(-1);
             }
             cx.ended.notify_one();
         }
+        _ => {}
     }
 }
 
@@ -657,6 +527,41 @@ fn given_up(cx: &HoldContext, slot: &str, epoch: i64, why: &str) {
         .given_up(slot, epoch, why)
     {
         cx.metrics.slot_held.inc_by(-1);
+    }
+}
+
+/// What one step writes to `events`.
+async fn record(cx: &HoldContext, lease: &Lease, event: SlotEvent) {
+    let (slot, epoch, owner) = (&lease.slot_id, lease.epoch, cx.protocol.owner());
+    match event {
+        SlotEvent::Suspended { robots } => {
+            // In the background: the database is most likely away, and the first
+            // late renewal must not wait for this.
+            let (store, fields) = (
+                cx.store.clone(),
+                doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "robots": robots as i64},
+            );
+            tokio::spawn(async move { store.record_event(EventKind::Suspend, fields).await });
+        }
+        SlotEvent::Resumed { after, .. } => {
+            // In the background: the hold must go straight back to renewing, since
+            // the robots now run on a deadline about half a tick away, and this write
+            // may wait on a connection left open across the outage.
+            let (store, fields) = (
+                cx.store.clone(),
+                doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, "suspended_ms": after.as_millis() as i64},
+            );
+            tokio::spawn(async move { store.record_event(EventKind::LeaseResume, fields).await });
+        }
+        SlotEvent::RobotsStopped { kind, detail } => {
+            let fields = doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch, DETAIL: detail};
+            cx.store.record_event(kind, fields).await;
+        }
+        SlotEvent::Released => {
+            let fields = doc! {WORKER: owner, SLOT_ID: slot, EPOCH: epoch};
+            cx.store.record_event(EventKind::Release, fields).await;
+        }
+        _ => {}
     }
 }
 

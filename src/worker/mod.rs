@@ -12,6 +12,7 @@
 pub(crate) mod claim_policy;
 pub(crate) mod clock_step;
 pub(crate) mod held_slot;
+pub(crate) mod holding;
 pub(crate) mod http;
 pub(crate) mod identity;
 pub(crate) mod load_sampler;
