@@ -315,6 +315,19 @@ impl Scheduled {
                 self.pause_for(POLL).await;
                 continue;
             };
+            // A run that ended is recorded before anything else is planned: behind
+            // a backlog, the planner has a write to make at every step (the firings
+            // that fall out of their window meanwhile, one a period), and a run's
+            // end seen only while waiting was never seen, its run in flight for good
+            // (first seen under a catch-up flood of 300 robots every second).
+            if let Some(done) = self.tasks.try_join_next() {
+                first_step.take();
+                if !self.ended(done).await {
+                    self.stop_runs().await;
+                    return self.r.id;
+                }
+                continue;
+            }
             let facts = self.facts(now_ms).await;
             let step = plan(&self.schedule, &self.st, &self.me, &facts);
             let go_on = match step {
@@ -770,27 +783,32 @@ impl Scheduled {
         let clock = self.r.clock.clone();
         tokio::select! {
             _ = self.r.token.cancelled() => true,
-            Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => match done {
-                Ok((id, result, asked)) => {
-                    if let Some(run) = self.runs.get_mut(&id) {
-                        run.task = None;
-                    }
-                    self.finish(id, result, asked).await
-                }
-                Err(e) => {
-                    tracing::error!(robot = %self.r.name, "a run's task failed: {e}");
-                    match self.run_of_task(e.id()) {
-                        Some(id) => {
-                            let failed = Err(RobotError::Crashed(format!("its task failed: {e}")));
-                            self.finish(id, failed, false).await
-                        }
-                        None => true,
-                    }
-                }
-            },
+            Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => self.ended(done).await,
             _ = async { alarm.until(at.expect("checked")).await }, if at.is_some() => true,
             _ = clock.sleep(POLL), if poll => self.reload().await,
             _ = wake.notified() => self.reload().await,
+        }
+    }
+
+    /// A run's task ended, by itself or failing: see [`Scheduled::finish`].
+    async fn ended(&mut self, done: Result<RunDone, tokio::task::JoinError>) -> bool {
+        match done {
+            Ok((id, result, asked)) => {
+                if let Some(run) = self.runs.get_mut(&id) {
+                    run.task = None;
+                }
+                self.finish(id, result, asked).await
+            }
+            Err(e) => {
+                tracing::error!(robot = %self.r.name, "a run's task failed: {e}");
+                match self.run_of_task(e.id()) {
+                    Some(id) => {
+                        let failed = Err(RobotError::Crashed(format!("its task failed: {e}")));
+                        self.finish(id, failed, false).await
+                    }
+                    None => true,
+                }
+            }
         }
     }
 
