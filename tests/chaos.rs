@@ -888,10 +888,7 @@ async fn freeze_and_thaw_of_a_holder_with_a_robot_that_ignores_sigterm() {
             .then_some(())
         })
         .await;
-        let late = common::stubborn_steps(&db)
-            .into_iter()
-            .filter(|s| s.1 == old_pid && s.2 > frozen_at)
-            .count();
+        let late = common::stubborn_steps_of(&db, old_pid, frozen_at).len();
         println!("[thaw] round {round}: takeover {took:?}; the thawed copy took {late} step(s) after the thaw");
         assert!(
             late <= 1,

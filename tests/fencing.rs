@@ -270,10 +270,7 @@ async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_s
     all_held(&db, 1).await;
     let first_epoch = common::epoch(&db.slot("slot-001").await);
     let old = common::wait_for(Duration::from_secs(20), "three steps", || async {
-        let mine: Vec<_> = common::stubborn_steps(&db)
-            .into_iter()
-            .filter(|s| s.0 == first_epoch)
-            .collect();
+        let mine = common::stubborn_steps_under(&db, first_epoch);
         (mine.len() >= 3).then(|| mine.last().unwrap().1)
     })
     .await;
@@ -305,10 +302,7 @@ async fn a_holder_frozen_past_its_lease_and_thawed_lets_its_robot_take_no_more_s
         (!common::alive(old)).then_some(())
     })
     .await;
-    let late: Vec<_> = common::stubborn_steps(&db)
-        .into_iter()
-        .filter(|s| s.1 == old && s.2 > frozen_at)
-        .collect();
+    let late = common::stubborn_steps_of(&db, old, frozen_at);
     assert!(
         late.len() <= 1,
         "the thawed copy (epoch {first_epoch}) took {} steps beside the new one (epoch {new_epoch}): {late:?}",

@@ -575,10 +575,7 @@ while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> {dir}/steps; sleep 0.1
     db.exec("s", &cmd, &[]);
     let epoch = common::epoch(&db.slot("slot-001").await);
     let old = common::wait_for(Duration::from_secs(20), "the robot stepping", || async {
-        let s: Vec<_> = common::stubborn_steps(&db)
-            .into_iter()
-            .filter(|s| s.0 == epoch)
-            .collect();
+        let s = common::stubborn_steps_under(&db, epoch);
         (s.len() >= 3).then(|| s[0].1)
     })
     .await;
@@ -604,9 +601,8 @@ while true; do echo "$SLOTPOOL_EPOCH $$ $(date +%s%N)" >> {dir}/steps; sleep 0.1
         },
     )
     .await;
-    let last_old = common::stubborn_steps(&db)
+    let last_old = common::stubborn_steps_of(&db, old, 0)
         .iter()
-        .filter(|s| s.1 == old)
         .map(|s| s.2)
         .max()
         .unwrap();

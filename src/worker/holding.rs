@@ -415,6 +415,15 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// The slot is lost as `kind`, and the guard is revoked before anything else.
+    fn lost_as(state: &Holding, doing: &[Do], kind: EventKind) {
+        assert!(
+            matches!(state, Holding::Lost { kind: k, .. } if *k == kind),
+            "{state:?}"
+        );
+        assert_eq!(doing[0], Do::RevokeGuard);
+    }
+
     /// Renewing at `t0 + 1 s`, its deadline 2 s later.
     fn renewing(t0: Instant) -> Holding {
         Holding::claimed(t0 + TICK)
@@ -636,14 +645,7 @@ mod tests {
             },
             &f,
         );
-        assert!(matches!(
-            state,
-            Holding::Lost {
-                kind: EventKind::Lost,
-                ..
-            }
-        ));
-        assert_eq!(doing[0], Do::RevokeGuard);
+        lost_as(&state, &doing, EventKind::Lost);
         assert!(matches!(doing[1], Do::Report(SlotEvent::Lost { .. })));
     }
 
@@ -722,14 +724,7 @@ mod tests {
             Seen::OutOfTime,
             &facts(f.deadline + SUSPEND_FOR, f.deadline),
         );
-        assert!(matches!(
-            state,
-            Holding::Lost {
-                kind: EventKind::SelfFence,
-                ..
-            }
-        ));
-        assert_eq!(doing[0], Do::RevokeGuard);
+        lost_as(&state, &doing, EventKind::SelfFence);
         let Do::Report(SlotEvent::SuspensionEnded {
             outcome,
             robots,
@@ -756,14 +751,7 @@ mod tests {
             },
             &f,
         );
-        assert!(matches!(
-            state,
-            Holding::Lost {
-                kind: EventKind::Lost,
-                ..
-            }
-        ));
-        assert_eq!(doing[0], Do::RevokeGuard);
+        lost_as(&state, &doing, EventKind::Lost);
         assert!(matches!(
             &doing[1],
             Do::Report(SlotEvent::SuspensionEnded { outcome: SuspensionOutcome::Lost, detail, .. })
@@ -780,14 +768,7 @@ mod tests {
         assert!(doing.is_empty());
         let (state, f) = suspended(t0);
         let (state, doing) = state.step(Seen::ReleaseAsked, &f);
-        assert!(matches!(
-            state,
-            Holding::Lost {
-                kind: EventKind::SelfFence,
-                ..
-            }
-        ));
-        assert_eq!(doing[0], Do::RevokeGuard);
+        lost_as(&state, &doing, EventKind::SelfFence);
         assert!(matches!(
             &doing[1],
             Do::Report(SlotEvent::SuspensionEnded {

@@ -519,6 +519,22 @@ pub fn stubborn_steps(db: &TestDb) -> Vec<(i64, i32, u128)> {
         .collect()
 }
 
+/// The stubborn robot's steps taken under `epoch`, in order.
+pub fn stubborn_steps_under(db: &TestDb, epoch: i64) -> Vec<(i64, i32, u128)> {
+    stubborn_steps(db)
+        .into_iter()
+        .filter(|s| s.0 == epoch)
+        .collect()
+}
+
+/// The steps process `pid` of the stubborn robot took after `after_ns` (wall clock).
+pub fn stubborn_steps_of(db: &TestDb, pid: i32, after_ns: u128) -> Vec<(i64, i32, u128)> {
+    stubborn_steps(db)
+        .into_iter()
+        .filter(|s| s.1 == pid && s.2 > after_ns)
+        .collect()
+}
+
 pub fn wall_ns() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
