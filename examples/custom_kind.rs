@@ -107,7 +107,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut registry = Registry::builtin();
     registry.register(Greeter);
-    let worker = Worker::new(settings, store, registry);
+    let worker = Worker::new(settings, store.clone(), registry);
     let shutdown = worker.shutdown_token();
     tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -119,6 +119,10 @@ async fn main() -> anyhow::Result<()> {
         // Robots stopped (each may checkpoint), slots released.
         shutdown.cancel();
     });
-    worker.run().await?;
+    let ran = worker.run().await;
+    // The worker closes only the clients it made; this one is ours to close, last,
+    // so no request is left in flight when the process ends.
+    store.close().await;
+    ran?;
     Ok(())
 }

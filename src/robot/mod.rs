@@ -39,7 +39,8 @@
 //! slotpool::run_if_requested();
 //! let mut registry = Registry::builtin();
 //! registry.register(Greeter);
-//! // then: slotpool::Worker::new(settings, store, registry).run().await
+//! // then: slotpool::Worker::new(settings, store.clone(), registry).run().await,
+//! // and store.close().await last: the worker closes only the clients it made.
 //! ```
 
 pub(crate) mod cgroup;

@@ -382,7 +382,8 @@ impl Worker {
     /// Runs until the shutdown token is cancelled, then gives every slot back.
     /// Refuses to run (before claiming anything) while another live process
     /// advertises the same `ip:port`, and stops the same way if one takes the
-    /// identity over later.
+    /// identity over later. The store it was given stays open: its caller closes
+    /// it, last ([`Store::close`]); the worker closes only the clients it made.
     pub async fn run(mut self) -> Result<(), WorkerError> {
         tracing::info!(worker = %self.owner(), tick_ms = self.tick().as_millis() as u64, max_slots = ?self.settings.max_slots, "worker started as standby");
         let sampler = load_sampler::LoadSampler::new(

@@ -321,8 +321,7 @@ impl Scheduled {
             // end seen only while waiting was never seen, its run in flight for good
             // (first seen under a catch-up flood of 300 robots every second).
             if let Some(done) = self.tasks.try_join_next() {
-                first_step.take();
-                if !self.ended(done).await {
+                if !self.run_task_ended(done).await {
                     self.stop_runs().await;
                     return self.r.id;
                 }
@@ -783,7 +782,7 @@ impl Scheduled {
         let clock = self.r.clock.clone();
         tokio::select! {
             _ = self.r.token.cancelled() => true,
-            Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => self.ended(done).await,
+            Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => self.run_task_ended(done).await,
             _ = async { alarm.until(at.expect("checked")).await }, if at.is_some() => true,
             _ = clock.sleep(POLL), if poll => self.reload().await,
             _ = wake.notified() => self.reload().await,
@@ -791,7 +790,7 @@ impl Scheduled {
     }
 
     /// A run's task ended, by itself or failing: see [`Scheduled::finish`].
-    async fn ended(&mut self, done: Result<RunDone, tokio::task::JoinError>) -> bool {
+    async fn run_task_ended(&mut self, done: Result<RunDone, tokio::task::JoinError>) -> bool {
         match done {
             Ok((id, result, asked)) => {
                 if let Some(run) = self.runs.get_mut(&id) {
