@@ -12,14 +12,216 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::config::LeaseTiming;
 use crate::db::heartbeat::LiveWorker;
 use crate::db::heartbeat::REAR_TICKS;
-use crate::db::lease::Candidate;
+use crate::db::lease::{Candidate, Survey};
 use crate::load::SCORE_TIE;
 use crate::worker::standby_line::Place;
 
-// === The decision ===
+// === The one entry: a survey in, a decision and the memory out ===
+
+/// What one survey brought, and what the worker knows of itself then: all that
+/// [`decide`] weighs.
+#[derive(Debug, Clone)]
+pub(crate) struct Looked<'a> {
+    pub(crate) me: &'a str,
+    /// The live workers, when the round read them (see `Worker::live_if_needed`).
+    pub(crate) alive: &'a [LiveWorker],
+    /// The slots this worker holds.
+    pub(crate) held: usize,
+    pub(crate) max_slots: Option<usize>,
+    /// Standbys passed over by a hand-back (see [`crate::worker::hand_back`]).
+    pub(crate) passed_over: &'a HashMap<String, Option<i64>>,
+    pub(crate) survey: &'a Survey,
+    /// How long the survey took to come back.
+    pub(crate) survey_took: Duration,
+    /// The pace the survey was made at (see [`Memory::due`]).
+    pub(crate) pace: Pace,
+    /// The survey was woken (a poke, a release, a slot that ended) rather than due.
+    pub(crate) woken: bool,
+    /// The front of the line with the standbys' load scores, as the last whole
+    /// place read found it, and this worker's own score (see [`idler_in_front`]).
+    pub(crate) front: &'a [(String, Option<f64>)],
+    pub(crate) my_score: Option<f64>,
+    /// How long this worker has reached the database without a break.
+    pub(crate) contact: Duration,
+    /// The last slot this worker handed back was taken, or there was none.
+    pub(crate) ready_to_give_back: bool,
+    /// See [`Seen::step_hold`].
+    pub(crate) step_hold: Option<Duration>,
+    /// How long the worker has run.
+    pub(crate) age: Duration,
+    pub(crate) overflow_after: Duration,
+    pub(crate) timing: &'a LeaseTiming,
+    pub(crate) now: Instant,
+}
+
+/// The claim policy's one entry: what to do after a survey, and what to remember
+/// of it for the next (the slots expiring together, whether surveys stay narrow).
+pub(crate) fn decide(looked: &Looked, memory: Memory) -> (ClaimDecision, Memory) {
+    let (survey, now, tick) = (looked.survey, looked.now, looked.timing.tick);
+    let mut memory = memory;
+    // A wide survey that read too many slots: narrow ones for a while.
+    if looked.pace.horizon > tick && survey.read > WIDE_MOST {
+        memory.narrow_until = Some(now + NARROW_FOR);
+    }
+    // Slots expired or about to lapse together, as this survey or the one a tick
+    // before it saw them (see Round::expiring).
+    let expiring_now = survey.expired.len() + survey.expiring_soon;
+    let expiring = expiring_together(memory.expiring, expiring_now, now, tick);
+    memory.expiring = Some((now, expiring_now));
+    let workers = peers(
+        looked.alive,
+        looked.me,
+        looked.held,
+        looked.max_slots,
+        looked.passed_over,
+    );
+    let seen = Seen {
+        round: Round {
+            me: looked.me,
+            workers: &workers,
+            expired: &survey.expired,
+            overflow_after: looked.overflow_after,
+            tick,
+            contact: looked.contact,
+            idler_in_front: idler_in_front(looked.me, looked.my_score, looked.front),
+            expiring,
+        },
+        place: looked.pace.place,
+        woken: looked.woken,
+        narrow: looked.pace.narrow,
+        every: looked.pace.every,
+        next_expiry: survey.next_expiry,
+        ready_to_give_back: looked.ready_to_give_back,
+        step_hold: looked.step_hold,
+        age: looked.age,
+        survey_took: looked.survey_took,
+        timing: looked.timing,
+    };
+    (apply_rules(&seen), memory)
+}
+
+/// How many slots count as expiring together (see [`Round::expiring`]): the
+/// `expiring_now` this survey saw expired or expiring within a tick, or as many as
+/// the one `before` it saw, when that was no more than a tick before `now`.
+fn expiring_together(
+    before: Option<(Instant, usize)>,
+    expiring_now: usize,
+    now: Instant,
+    tick: Duration,
+) -> usize {
+    match before {
+        Some((at, n)) if now.saturating_duration_since(at) <= tick => n.max(expiring_now),
+        _ => expiring_now,
+    }
+}
+
+/// How a survey goes: where the worker stands, how far it reads, and when the next
+/// one is due at this pace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pace {
+    pub(crate) place: Place,
+    /// Only what expires within a tick is read (see [`survey_horizon`]).
+    pub(crate) narrow: bool,
+    pub(crate) every: Duration,
+    pub(crate) horizon: Duration,
+}
+
+/// Where a worker stands as it looks: what sets its surveys' pace.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Standing {
+    pub(crate) place: Place,
+    /// The slots it holds.
+    pub(crate) held: usize,
+    pub(crate) tick: Duration,
+    pub(crate) overflow_after: Duration,
+    pub(crate) now: Instant,
+    /// A number in `[0, 1)`: where in its second half a rear period ends (see
+    /// [`rear_survey_in`]).
+    pub(crate) random: f64,
+}
+
+/// What the claim policy remembers from one survey to the next.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Memory {
+    /// When the next survey is due.
+    next_survey: Instant,
+    /// How many slots the last survey saw expired or expiring within a tick, and
+    /// when (see [`Round::expiring`]).
+    expiring: Option<(Instant, usize)>,
+    /// Narrow surveys only until then: a wide one read too many slots (see
+    /// [`NARROW_FOR`]).
+    narrow_until: Option<Instant>,
+}
+
+impl Memory {
+    /// A worker that has looked at nothing yet: a survey is due now.
+    pub(crate) fn new(now: Instant) -> Memory {
+        Memory {
+            next_survey: now,
+            expiring: None,
+            narrow_until: None,
+        }
+    }
+
+    /// When the next survey is due.
+    pub(crate) fn next_survey(&self) -> Instant {
+        self.next_survey
+    }
+
+    /// The next survey is due at `at` (after a decision was carried out, or at once
+    /// when the worker moved up to the front).
+    pub(crate) fn next_at(&mut self, at: Instant) {
+        self.next_survey = at;
+    }
+
+    /// Whether a survey is due (or `woken`): its pace if so, the next one then
+    /// being due a period on, else how long until it is.
+    pub(crate) fn due(&mut self, at: &Standing, woken: bool) -> Result<Pace, Duration> {
+        let narrow = self.narrow_until.is_some_and(|t| at.now < t);
+        if !woken && at.now < self.next_survey {
+            return Err(self.next_survey - at.now);
+        }
+        let every = survey_every(at.place, at.held, narrow, at.tick, at.overflow_after);
+        let every = spread(at, every);
+        self.next_survey = at.now + every;
+        Ok(Pace {
+            place: at.place,
+            narrow,
+            every,
+            horizon: survey_horizon(at.place, at.held, narrow, at.tick),
+        })
+    }
+
+    /// The worker moved back to the rear (or first found itself there): its next
+    /// survey comes at the rear's pace, not the front's.
+    pub(crate) fn at_rear(&mut self, at: &Standing) {
+        let every = survey_every(Place::Rear, at.held, true, at.tick, at.overflow_after);
+        self.next_survey = at.now
+            + spread(
+                &Standing {
+                    place: Place::Rear,
+                    ..*at
+                },
+                every,
+            );
+    }
+}
+
+/// A survey period at the rear, spread to a random point of its second half (see
+/// [`rear_survey_in`]); anything shorter than a tick's few multiples is kept as it is.
+fn spread(at: &Standing, every: Duration) -> Duration {
+    if at.place != Place::Rear || every <= at.tick * REAR_TICKS {
+        return every;
+    }
+    rear_survey_in(every, at.random)
+}
+
+// === The rules ===
 
 /// What one survey saw, and what the worker knows of itself then.
 #[derive(Debug, Clone)]
@@ -81,7 +283,7 @@ impl ClaimDecision {
 }
 
 /// The decision after a survey: the rules of the module's documentation, in order.
-pub(crate) fn decide(seen: &Seen) -> ClaimDecision {
+pub(crate) fn apply_rules(seen: &Seen) -> ClaimDecision {
     let round = &seen.round;
     let (claimable, held_for) = after_clock_step(round.claimable(), seen.step_hold);
     let wake_in = [
@@ -1327,7 +1529,7 @@ mod tests {
         let timing = LeaseTiming::from_tick(T);
         let workers = [peer("me", 0), peer("b", 1)];
         let expired = [stamped("s2", 10), orphan("s1", 10)];
-        let d = decide(&seen(&workers, &expired, &timing));
+        let d = apply_rules(&seen(&workers, &expired, &timing));
         let ClaimDecision::Claim { slots, wake_in } = d else {
             panic!("{d:?}")
         };
@@ -1346,7 +1548,7 @@ mod tests {
         let mut s = seen(&workers, &expired, &timing);
         s.step_hold = Some(Duration::from_millis(300));
         assert_eq!(
-            decide(&s),
+            apply_rules(&s),
             ClaimDecision::Wait {
                 wake_in: Duration::from_millis(301),
                 held_back: None
@@ -1356,7 +1558,7 @@ mod tests {
         let expired = [stamped("s1", 10), orphan("s2", 10)];
         let mut s = seen(&workers, &expired, &timing);
         s.step_hold = Some(Duration::from_millis(300));
-        let ClaimDecision::Claim { slots, .. } = decide(&s) else {
+        let ClaimDecision::Claim { slots, .. } = apply_rules(&s) else {
             panic!()
         };
         assert_eq!(slots.len(), 1);
@@ -1368,10 +1570,10 @@ mod tests {
         let timing = LeaseTiming::from_tick(T);
         let workers = [peer("me", 2), peer("new", 0)];
         let s = seen(&workers, &[], &timing);
-        assert_eq!(decide(&s), ClaimDecision::GiveBack { wake_in: T });
+        assert_eq!(apply_rules(&s), ClaimDecision::GiveBack { wake_in: T });
         let mut pending = s.clone();
         pending.ready_to_give_back = false;
-        assert!(matches!(decide(&pending), ClaimDecision::Wait { .. }));
+        assert!(matches!(apply_rules(&pending), ClaimDecision::Wait { .. }));
     }
 
     #[test]
@@ -1383,7 +1585,7 @@ mod tests {
         let mut s = seen(&workers, &expired, &timing);
         s.age = Duration::from_millis(500);
         s.every = Duration::from_secs(10);
-        let d = decide(&s);
+        let d = apply_rules(&s);
         let ClaimDecision::Wait {
             wake_in,
             held_back: Some(ready),
@@ -1401,7 +1603,7 @@ mod tests {
         let expired = [orphan("s1", 100)];
         let mut s = seen(&workers, &expired, &timing);
         s.age = Duration::from_millis(500);
-        assert!(matches!(decide(&s), ClaimDecision::Claim { .. }));
+        assert!(matches!(apply_rules(&s), ClaimDecision::Claim { .. }));
     }
 
     #[test]
@@ -1413,7 +1615,7 @@ mod tests {
         // The pace of a holder of one slot: a look every tick + overflow_after.
         s.every = survey_every(Place::Front, 1, true, T, L);
         assert_eq!(s.every, T + L);
-        let ClaimDecision::Claim { wake_in, .. } = decide(&s) else {
+        let ClaimDecision::Claim { wake_in, .. } = apply_rules(&s) else {
             panic!()
         };
         assert_eq!(wake_in, T, "a holder of two looks every tick");
@@ -1429,12 +1631,18 @@ mod tests {
         // "b" holds as many and, with no scores, comes first by id: "me" waits its
         // turn after it.
         let turn = idle_first_step(T);
-        assert_eq!(decide(&s).wake_in(), Duration::from_millis(400) + L + turn);
+        assert_eq!(
+            apply_rules(&s).wake_in(),
+            Duration::from_millis(400) + L + turn
+        );
         // Behind the watchers, only when poked.
         s.place = Place::Rear;
-        assert_eq!(decide(&s).wake_in(), Duration::from_secs(10));
+        assert_eq!(apply_rules(&s).wake_in(), Duration::from_secs(10));
         s.woken = true;
-        assert_eq!(decide(&s).wake_in(), Duration::from_millis(400) + L + turn);
+        assert_eq!(
+            apply_rules(&s).wake_in(),
+            Duration::from_millis(400) + L + turn
+        );
     }
 
     #[test]
@@ -1469,5 +1677,199 @@ mod tests {
         assert_eq!(rear_survey_in(every, 0.5), every.mul_f64(0.75));
         assert!(rear_survey_in(every, 0.999_999) <= every);
         assert_eq!(rear_survey_in(every, 7.0), every, "clamped");
+    }
+
+    // === The one entry and its memory ===
+
+    fn standing(place: Place, held: usize, now: Instant) -> Standing {
+        Standing {
+            place,
+            held,
+            tick: T,
+            overflow_after: L,
+            now,
+            random: 0.0,
+        }
+    }
+
+    fn looked<'a>(
+        survey: &'a Survey,
+        pace: Pace,
+        timing: &'a LeaseTiming,
+        none: &'a HashMap<String, Option<i64>>,
+        now: Instant,
+    ) -> Looked<'a> {
+        Looked {
+            me: "me",
+            alive: &[],
+            held: 0,
+            max_slots: None,
+            passed_over: none,
+            survey,
+            survey_took: Duration::from_millis(5),
+            pace,
+            woken: false,
+            front: &[],
+            my_score: None,
+            contact: Duration::from_secs(3600),
+            ready_to_give_back: true,
+            step_hold: None,
+            age: Duration::from_secs(3600),
+            overflow_after: L,
+            timing,
+            now,
+        }
+    }
+
+    #[test]
+    fn a_survey_is_due_at_its_pace_and_at_once_when_woken() {
+        let t0 = Instant::now();
+        let mut memory = Memory::new(t0);
+        let pace = memory.due(&standing(Place::Front, 0, t0), false).unwrap();
+        assert_eq!(
+            (pace.every, pace.horizon, pace.narrow),
+            (2 * T, 2 * T, false),
+            "a front standby of a small pool surveys wide, once per horizon"
+        );
+        assert_eq!(memory.next_survey(), t0 + 2 * T);
+        let soon = t0 + Duration::from_millis(300);
+        assert_eq!(
+            memory.due(&standing(Place::Front, 0, soon), false),
+            Err(Duration::from_millis(1700)),
+            "not yet: the rest of the period"
+        );
+        assert!(
+            memory.due(&standing(Place::Front, 0, soon), true).is_ok(),
+            "woken"
+        );
+        assert_eq!(
+            memory.next_survey(),
+            soon + 2 * T,
+            "the next period counts from there"
+        );
+    }
+
+    #[test]
+    fn at_the_rear_surveys_spread_over_the_second_half_of_the_safety_period() {
+        let t0 = Instant::now();
+        let mut memory = Memory::new(t0);
+        memory.at_rear(&Standing {
+            random: 0.0,
+            ..standing(Place::Rear, 0, t0)
+        });
+        assert_eq!(memory.next_survey(), t0 + SAFETY_SURVEY / 2);
+        memory.at_rear(&Standing {
+            random: 0.999_999,
+            ..standing(Place::Front, 0, t0)
+        });
+        let last = memory.next_survey() - t0;
+        assert!(
+            last <= SAFETY_SURVEY && last > SAFETY_SURVEY.mul_f64(0.99),
+            "{last:?}"
+        );
+        memory.next_at(t0);
+        assert!(
+            memory.due(&standing(Place::Rear, 0, t0), false).is_ok(),
+            "moved up: at once"
+        );
+    }
+
+    #[test]
+    fn a_wide_survey_that_read_too_many_slots_keeps_surveys_narrow_for_a_while() {
+        let t0 = Instant::now();
+        let timing = LeaseTiming::from_tick(T);
+        let none = HashMap::new();
+        let mut memory = Memory::new(t0);
+        let wide = memory.due(&standing(Place::Front, 0, t0), false).unwrap();
+        let big = Survey {
+            read: WIDE_MOST + 1,
+            ..Survey::default()
+        };
+        let (_, after) = decide(&looked(&big, wide, &timing, &none, t0), memory);
+        let next = { after }
+            .due(&standing(Place::Front, 0, t0 + T), true)
+            .expect("due");
+        assert!(
+            next.narrow,
+            "narrow after a wide survey read {} slots",
+            WIDE_MOST + 1
+        );
+        assert_eq!(next.horizon, T);
+        let mut later = after;
+        let back = later
+            .due(&standing(Place::Front, 0, t0 + NARROW_FOR), true)
+            .expect("due");
+        assert!(!back.narrow, "wide again once NARROW_FOR passed");
+        let small = Survey {
+            read: WIDE_MOST,
+            ..Survey::default()
+        };
+        let (_, fine) = decide(&looked(&small, wide, &timing, &none, t0), memory);
+        assert!(
+            !{ fine }
+                .due(&standing(Place::Front, 0, t0 + T), true)
+                .unwrap()
+                .narrow
+        );
+        let narrow_pace = Pace {
+            horizon: T,
+            narrow: true,
+            ..wide
+        };
+        let (_, still) = decide(&looked(&big, narrow_pace, &timing, &none, t0), memory);
+        assert!(
+            !{ still }
+                .due(&standing(Place::Front, 0, t0 + T), true)
+                .unwrap()
+                .narrow,
+            "a narrow survey sets no deadline, however many it read"
+        );
+    }
+
+    #[test]
+    fn slots_seen_expiring_a_tick_before_still_count_at_the_next_survey() {
+        let t0 = Instant::now();
+        assert_eq!(expiring_together(None, 1, t0, T), 1, "nothing seen before");
+        let before = Some((t0, 2));
+        assert_eq!(
+            expiring_together(before, 1, t0 + T, T),
+            2,
+            "two seen a tick ago"
+        );
+        assert_eq!(expiring_together(before, 3, t0 + T, T), 3);
+        assert_eq!(
+            expiring_together(before, 1, t0 + T + Duration::from_millis(1), T),
+            1,
+            "more than a tick ago: only this survey counts"
+        );
+        let timing = LeaseTiming::from_tick(T);
+        let none = HashMap::new();
+        let pace = Memory::new(t0)
+            .due(&standing(Place::Front, 0, t0), false)
+            .unwrap();
+        let soon = Survey {
+            expiring_soon: 2,
+            ..Survey::default()
+        };
+        let (_, memory) = decide(&looked(&soon, pace, &timing, &none, t0), Memory::new(t0));
+        assert_eq!(
+            memory.expiring,
+            Some((t0, 2)),
+            "remembered for the next survey"
+        );
+        let one = Survey {
+            expired: vec![orphan("s1", 10)],
+            ..Survey::default()
+        };
+        let (decision, memory) = decide(&looked(&one, pace, &timing, &none, t0 + T), memory);
+        assert!(
+            matches!(decision, ClaimDecision::Claim { .. }),
+            "{decision:?}"
+        );
+        assert_eq!(
+            memory.expiring,
+            Some((t0 + T, 1)),
+            "this survey's own count"
+        );
     }
 }

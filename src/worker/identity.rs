@@ -8,9 +8,14 @@
 //! is still leased under it); else it waits or refuses. Loopback counts only within
 //! one [`network_namespace`]. See docs/internals.md, "Taking over a worker's identity".
 
-use crate::db::heartbeat::Predecessor;
 use std::net::SocketAddr;
 use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::db::heartbeat::{BeatError, Predecessor};
+use crate::worker::line_keeper::{Beaten, LineKeeper};
+use crate::worker::standby_line::beat_pace;
 
 use http_body_util::BodyExt;
 
@@ -140,6 +145,167 @@ struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+// === Taking the identity ===
+
+/// Why a worker stopped by itself rather than on request.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// Another live process advertises the same `ip:port`. Both would count as
+    /// one worker in the line, in hand-backs and on the dashboard, so the one that
+    /// finds the other refuses to run (at start, before it claims anything; or
+    /// later, when its own heartbeat lapsed and the other took the identity over).
+    #[error(transparent)]
+    IdentityInUse(BeatError),
+    /// The server refused the first heartbeat outright (not "not now"): sent again,
+    /// it would be refused again, so the worker stops rather than retry for ever.
+    #[error("the database server refused this worker's first heartbeat: {0}")]
+    Refused(crate::db::store::Refusal),
+}
+
+/// The other process's heartbeat under this identity, as this worker first found
+/// it, and when waiting for it is over.
+struct FirstSeen {
+    predecessor: Option<Predecessor>,
+    deadline: Instant,
+    /// Whether the wait was logged.
+    warned: bool,
+}
+
+/// Beats once before anything else, so a second process with this worker's
+/// `ip:port` is found before it claims a slot. Another process's heartbeat there is
+/// judged as [`verdict`] says: a predecessor gone from this worker's own address,
+/// holding no lease, is replaced at once; one that answers there, or beats again
+/// meanwhile, is a live second worker, and this one refuses to run; otherwise it is
+/// waited out, as long as it was still believed when first seen.
+pub(crate) async fn take_identity(line: &mut LineKeeper) -> Result<(), WorkerError> {
+    let mut first: Option<FirstSeen> = None;
+    let tick = line.tick();
+    while !line.shutdown().is_cancelled() {
+        let pace = beat_pace(line.place(), tick);
+        let pause = match line.beat(&[], pace).await {
+            Beaten::Written => {
+                line.beaten(Vec::new(), pace);
+                return Ok(());
+            }
+            Beaten::Failed(why) => {
+                line.db_failed(&format!("the first heartbeat was not written: {why}"));
+                tick
+            }
+            Beaten::Refused(r) => return Err(WorkerError::Refused(r)),
+            Beaten::InUse(e) => match judge_predecessor(line, e, &mut first, pace).await? {
+                Some(pause) => pause,
+                None => return Ok(()),
+            },
+        };
+        line.round_done();
+        let (shutdown, clock) = (line.shutdown().clone(), line.clock().clone());
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = clock.sleep(pause) => {}
+        }
+    }
+    Ok(())
+}
+
+/// One look at the other process's heartbeat under this identity (`e`, as this
+/// beat found it): `None` once this worker took the identity over, else how long to
+/// wait before the next look; an error when it must not run.
+async fn judge_predecessor(
+    line: &mut LineKeeper,
+    e: BeatError,
+    first: &mut Option<FirstSeen>,
+    pace: Duration,
+) -> Result<Option<Duration>, WorkerError> {
+    let tick = line.tick();
+    let (left, now_seen) = match &e {
+        BeatError::IdentityInUse {
+            left_ms,
+            predecessor,
+            ..
+        } => (
+            Duration::from_millis((*left_ms).max(0) as u64),
+            predecessor.clone(),
+        ),
+        BeatError::Db(_) => return Ok(Some(tick)),
+    };
+    let (identity, instance, netns) = line.who();
+    let (me, addr) = (identity.to_string(), identity.socket_addr());
+    let (instance, netns) = (instance.to_string(), netns.map(str::to_string));
+    let now = line.clock().now();
+    let seen = first.get_or_insert_with(|| FirstSeen {
+        predecessor: now_seen.clone(),
+        deadline: now + left + tick,
+        warned: false,
+    });
+    let past_deadline = now >= seen.deadline;
+    let until_deadline = seen.deadline.saturating_duration_since(now);
+    let (Some(was), Some(is)) = (seen.predecessor.clone(), now_seen) else {
+        // A heartbeat that names no process: only waiting it out is left.
+        if past_deadline {
+            tracing::error!(worker = %me, "{e}");
+            return Err(WorkerError::IdentityInUse(e));
+        }
+        if !std::mem::replace(&mut seen.warned, true) {
+            tracing::warn!(worker = %me, "{e}; waiting {} ms for it to lapse", left.as_millis());
+        }
+        let next = (left + Duration::from_millis(50)).min(until_deadline);
+        return Ok(Some(next.max(Duration::from_millis(50))));
+    };
+    let at = probe(addr, &instance, &is.instance).await;
+    let conclusive = answer_is_conclusive(
+        addr.ip().is_loopback(),
+        netns.as_deref(),
+        is.netns.as_deref(),
+    );
+    let leased = at == AtAddress::Me
+        && conclusive
+        && !matches!(
+            tokio::time::timeout(
+                line.bookkeeping_timeout(false),
+                line.protocol().leased_under_identity()
+            )
+            .await,
+            Ok(Ok(false))
+        );
+    match verdict(&was, &is, &at, conclusive, leased, past_deadline) {
+        Verdict::TakeOver => {
+            if line.take_over(&is, pace).await {
+                tracing::info!(worker = %me, predecessor = %is.instance, "took over this address's identity from a predecessor gone from it: this process answers at the address, and no slot is leased under it");
+                line.beaten(Vec::new(), pace);
+                return Ok(None);
+            }
+            // It beat meanwhile (the next look refuses), or the write failed or was
+            // refused: look again a tick on, not at once.
+            Ok(Some(tick))
+        }
+        Verdict::Refuse(why) => {
+            tracing::error!(worker = %me, "{e}: {why}");
+            Err(WorkerError::IdentityInUse(e))
+        }
+        Verdict::Wait => {
+            if !seen.warned {
+                seen.warned = true;
+                let about = if at == AtAddress::Me && conclusive {
+                    "a slot is still leased under it: waiting for that lease to run out or the heartbeat to lapse"
+                } else {
+                    "its address does not lead back to this process, so it may be alive: waiting for it to lapse, in case it was this worker's predecessor"
+                };
+                tracing::warn!(worker = %me, "{e}; {about} (at most {} ms)", until_deadline.as_millis());
+            }
+            // A lease runs out within one: look again each tick. Otherwise only the
+            // heartbeat's own lapse can change the answer.
+            let next = if at == AtAddress::Me && conclusive {
+                tick
+            } else {
+                left + Duration::from_millis(50)
+            };
+            Ok(Some(
+                next.min(until_deadline).max(Duration::from_millis(50)),
+            ))
+        }
     }
 }
 

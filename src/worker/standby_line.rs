@@ -10,8 +10,6 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::db::heartbeat::REAR_TICKS;
 
 /// How many workers at the front of the line watch at full rate, by default
@@ -111,7 +109,7 @@ pub(crate) fn beat_pace(place: Place, tick: Duration) -> Duration {
 /// under the 0.1 a standby may cost. Longer would cost more than it saves where it shows:
 /// a dead rear worker is believed for two beats and a second (81 s), and a worker
 /// restarted under the same `ip:port` waits that long for its predecessor's
-/// heartbeat to lapse before it runs (see `Worker::take_identity`).
+/// heartbeat to lapse before it runs (see `identity::take_identity`).
 pub(crate) const REAR_BEAT: Duration = Duration::from_secs(40);
 
 /// How much earlier than its pace the first heartbeat at a pace may come: up to half
@@ -157,79 +155,6 @@ pub(crate) const CLOCK_REFRESH: Duration = Duration::from_secs(60);
 /// or by an older version) so the survey's index sees them: at its start, and then
 /// this often rather than with every heartbeat.
 pub(crate) const MARK_EVERY: Duration = Duration::from_secs(30);
-
-/// The worker loop's scheduling of its looks at the pool: when it next surveys and
-/// beats, where it stands in the line, and what its last looks found. The rules
-/// above say how far apart the looks are; this is where the loop keeps track.
-#[derive(Debug, Clone)]
-pub(crate) struct Looks {
-    /// Live workers with room ahead of this one in the line (counted up to
-    /// `--watchers`); its place follows from it.
-    pub(crate) ahead: u64,
-    /// When slots without `expires_ms` were last marked (first in line only).
-    pub(crate) marked_at: Option<Instant>,
-    /// Whether this worker made sure of the indexes, as the first in line, once.
-    pub(crate) indexes_ensured: bool,
-    /// When this worker last read its place in line (see [`place_due`]).
-    pub(crate) placed_at: Option<Instant>,
-    /// Where its next place read starts, as a standby (see [`Placed::near`](crate::db::heartbeat::Placed::near)).
-    pub(crate) near: Option<String>,
-    /// The front of the line with the standbys' load scores, as its last whole place
-    /// read as a standby found it (see [`Placed::front`](crate::db::heartbeat::Placed::front)).
-    pub(crate) front: Vec<(String, Option<f64>)>,
-    /// How many slots the last survey saw expired or expiring within a tick, and
-    /// when (see [`Round::expiring`](crate::worker::claim_policy::Round::expiring)).
-    pub(crate) expiring: Option<(Instant, usize)>,
-    /// A poke asked for a place read too soon after the last one: it is read when
-    /// that is a tick old (see [`poked_place_in`]).
-    pub(crate) place_wanted: bool,
-    /// The slots the last heartbeat reported; a change sends one at once.
-    pub(crate) beaten: Option<Vec<String>>,
-    /// The pace the last heartbeat promised (see [`beat_pace`]).
-    pub(crate) pace: Duration,
-    /// A heartbeat failed since the last that landed: the next that lands is a first
-    /// at its pace (see [`next_beat_in`]).
-    pub(crate) beat_failed: bool,
-    pub(crate) next_beat: Instant,
-    pub(crate) next_survey: Instant,
-    /// The release poll found a free slot: the next survey is its.
-    pub(crate) polled_free: bool,
-    /// No release poll before this (see `Worker::survey_round`).
-    pub(crate) poll_muted_until: Instant,
-    /// Narrow surveys only until then: a wide one read too many slots (see
-    /// [`survey_horizon`](crate::worker::claim_policy::survey_horizon)).
-    pub(crate) narrow_until: Option<Instant>,
-}
-
-impl Looks {
-    /// A worker that has looked at nothing yet: everything is due now.
-    pub(crate) fn new(now: Instant) -> Looks {
-        Looks {
-            ahead: 0,
-            marked_at: None,
-            indexes_ensured: false,
-            placed_at: None,
-            near: None,
-            front: Vec::new(),
-            expiring: None,
-            place_wanted: false,
-            beaten: None,
-            pace: Duration::ZERO,
-            beat_failed: false,
-            next_beat: now,
-            next_survey: now,
-            polled_free: false,
-            poll_muted_until: now,
-            narrow_until: None,
-        }
-    }
-
-    /// Whether surveys stay narrow at `now` (see
-    /// [`NARROW_FOR`](crate::worker::claim_policy::NARROW_FOR)).
-    pub(crate) fn narrow(&self, now: Instant) -> bool {
-        self.narrow_until.is_some_and(|t| now < t)
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -220,7 +220,7 @@ pub(crate) fn contact_gap(tick: Duration) -> Duration {
 impl Health {
     /// How many outages have begun since the worker started: a change tells the
     /// worker that its connections may have died under it (see
-    /// `Worker::reopen_after_outage`).
+    /// `Connections::reopen_after`).
     pub(crate) fn outages(&self) -> u64 {
         self.outages.load(std::sync::atomic::Ordering::SeqCst)
     }
