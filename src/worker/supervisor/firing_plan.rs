@@ -28,9 +28,9 @@ pub(crate) const LEAD_MS: i64 = 60_000;
 /// a takeover run once more after it, never beside itself: the earlier holder
 /// stopped it with its lease.
 pub(crate) const DRIFT_MS: i64 = 1000;
-/// Why a write claims the next firing ahead of its time (the runner merges it with
-/// a run's end).
-pub(crate) const CLAIM_AHEAD: &str = "the next firing, claimed ahead";
+/// Why a write claims the next firing ahead of its time (a run's end merges it, see
+/// [`end_write`]).
+const CLAIM_AHEAD: &str = "the next firing, claimed ahead";
 
 /// How long after its claim landed a run claimed within its window may still
 /// start (see [`too_late_to_start`]): longer than a write may stay in doubt (30 s).
@@ -210,15 +210,38 @@ fn judge(e: &RunEntry, me: &Me, f: &Facts) -> Theirs {
 /// The next step for `me`, with `st` as stored: the first rule, in the order the
 /// module's documentation gives, that has something to do.
 pub(crate) fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
+    match planned(s, st, me, f) {
+        Planned::Step(step) => step,
+        Planned::Ahead { next, firing } => Step::Write {
+            next,
+            records: vec![],
+            claiming: Some(firing),
+            why: CLAIM_AHEAD,
+        },
+    }
+}
+
+/// The plan's step, with rule 10's claim ahead told apart from every other write
+/// (a run's end merges it, see [`end_write`]).
+enum Planned {
+    Step(Step),
+    /// Claim the next firing, `firing`, ahead of its time.
+    Ahead {
+        next: FiringState,
+        firing: i64,
+    },
+}
+
+fn planned(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Planned {
     if f.paused {
-        return idle();
+        return Planned::Step(idle());
     }
     if let Some(step) = others_run(s, st, me, f) {
-        return step;
+        return Planned::Step(step);
     }
     let st = with_first_schedule(s, st, f);
     if let Some(step) = schedule_changed(s, &st, me, f) {
-        return step;
+        return Planned::Step(step);
     }
     let p = Plan::new(s, &st, me, f);
     let rules: [fn(&Plan) -> Option<Step>; 6] = [
@@ -229,10 +252,10 @@ pub(crate) fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
         |p| p.run_now(),
         |p| p.catch_up(),
     ];
-    rules
-        .iter()
-        .find_map(|rule| rule(&p))
-        .unwrap_or_else(|| p.ahead_or_wait())
+    match rules.iter().find_map(|rule| rule(&p)) {
+        Some(step) => Planned::Step(step),
+        None => p.ahead_or_wait(),
+    }
 }
 
 /// Nothing to do until a run ends or the robot's document changes.
@@ -683,38 +706,33 @@ impl<'a> Plan<'a> {
 
     /// Rule 10: the next firing is claimed ahead of its time when no run is in
     /// flight; otherwise, wait for the first thing that can change the plan.
-    fn ahead_or_wait(&self) -> Step {
+    fn ahead_or_wait(&self) -> Planned {
         let first_pending = self.pending.iter().map(|e| self.due_at(e)).min();
         let Some(n) = self.owed.next else {
-            return Step::Wait {
+            return Planned::Step(Step::Wait {
                 until_ms: first_pending,
                 poll: false,
-            };
+            });
         };
         let free = (!self.busy() && self.pending.is_empty()) || self.s.overlap == Overlap::Allow;
         let claimed_already = self.st.claimed.is_some_and(|c| c >= n);
         if !free || claimed_already || !self.owed.due.is_empty() {
-            return Step::Wait {
+            return Planned::Step(Step::Wait {
                 until_ms: Some(first_pending.map_or(n, |p| p.min(n))),
                 poll: false,
-            };
+            });
         }
         if n - self.now > LEAD_MS {
-            return Step::Wait {
+            return Planned::Step(Step::Wait {
                 until_ms: Some(n - LEAD_MS),
                 poll: false,
-            };
+            });
         }
         let mut next = self.st.clone();
         next.running.push(self.me.entry(n, 1, None));
         next.claimed = Some(n);
         next.next = self.s.next_after(n);
-        Step::Write {
-            next,
-            records: vec![],
-            claiming: Some(n),
-            why: CLAIM_AHEAD,
-        }
+        Planned::Ahead { next, firing: n }
     }
 }
 
@@ -863,6 +881,111 @@ pub(crate) fn ended(st: &FiringState, me: &Me, end: RunEnd) -> Option<(FiringSta
         last: None,
     };
     Some((next, record))
+}
+
+/// The one write that records a run's end: its record, the firing's next attempt
+/// when the end asks for a retry, and the next firing's claim too when that is what
+/// the plan after the end would do (rule 10), so that one write does both, at a
+/// minute's edge for every robot at once. `facts` None (the server's time not
+/// known, or the instance stopping): the end alone.
+#[derive(Debug, Clone)]
+pub(crate) struct EndWrite {
+    pub(crate) next: FiringState,
+    pub(crate) records: Vec<RunRecord>,
+    pub(crate) claiming: Option<i64>,
+}
+
+/// See [`EndWrite`]; None when the run is not in flight (already recorded).
+pub(crate) fn end_write(
+    s: &Schedule,
+    st: &FiringState,
+    me: &Me,
+    end: RunEnd,
+    facts: Option<&Facts>,
+) -> Option<EndWrite> {
+    let (next, record) = ended(st, me, end)?;
+    let ahead = facts.map(|f| planned(s, &next, me, f));
+    Some(match ahead {
+        Some(Planned::Ahead { next, firing }) => EndWrite {
+            next,
+            records: vec![record],
+            claiming: Some(firing),
+        },
+        _ => EndWrite {
+            next,
+            records: vec![record],
+            claiming: None,
+        },
+    })
+}
+
+/// How often a run's end with its last step may match nothing while the robot reads
+/// unchanged before the step is dropped (see [`step_missed`]).
+const UNEXPLAINED_MISSES: u32 = 3;
+
+/// What to do about a run's end written with its last step (a checkpoint after
+/// `after_seq`) that matched nothing, once the robot was read again.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StepMissed {
+    /// Write the same again.
+    Again,
+    /// The step can never land: write the end without it, as `outcome` for `why`,
+    /// with the firing's next attempt in flight when `retry`.
+    Drop {
+        outcome: Outcome,
+        why: String,
+        retry: bool,
+    },
+}
+
+/// The rule for a run's last step that matched nothing: `stored_seq` is the
+/// robot's `seq` as read again, `unchanged` whether the robot read unchanged since
+/// the write was tried, `unexplained` how many such misses came before. Returns
+/// what to do, and the misses counted so far.
+///
+/// - The seq moved: another run of the robot checkpointed first (`overlap:
+///   allow`), or a hand edit. This step can never land; the firing is handed on as
+///   a run cut off, to be retried or skipped as `on_lost` says.
+/// - It matched nothing, yet the robot reads unchanged (an unreadable `seq` reads
+///   as 0): tried again, but not for ever.
+pub(crate) fn step_missed(
+    s: &Schedule,
+    after_seq: i64,
+    stored_seq: Option<i64>,
+    unchanged: bool,
+    unexplained: u32,
+) -> (StepMissed, u32) {
+    if stored_seq != Some(after_seq) {
+        let why = format!(
+            "its last step did not land: the robot's seq moved from {after_seq} to {} (another run of it checkpointed first?)",
+            stored_seq.map_or("something unreadable".to_string(), |q| q.to_string()),
+        );
+        let retry = s.on_lost == OnLost::Retry;
+        return (
+            StepMissed::Drop {
+                outcome: Outcome::Stopped,
+                why,
+                retry,
+            },
+            unexplained,
+        );
+    }
+    if !unchanged {
+        return (StepMissed::Again, unexplained);
+    }
+    let unexplained = unexplained + 1;
+    if unexplained < UNEXPLAINED_MISSES {
+        return (StepMissed::Again, unexplained);
+    }
+    let why = "its last step matched nothing three times although the robot read unchanged (is its seq a whole number?)".to_string();
+    (
+        StepMissed::Drop {
+            outcome: Outcome::Failed,
+            why,
+            retry: false,
+        },
+        unexplained,
+    )
 }
 
 #[cfg(test)]
@@ -1616,6 +1739,141 @@ mod tests {
         assert!(
             started.iter().all(|t| *t >= T0 + 9 * MIN),
             "a firing started past its window: {started:?}"
+        );
+    }
+
+    // === A run's end: the one write, and a last step that missed ===
+
+    fn run_end(id: ObjectId, ended_ms: i64) -> RunEnd {
+        RunEnd {
+            id,
+            outcome: Outcome::Succeeded,
+            reason: None,
+            started_ms: Some(T0 + MIN),
+            ended_ms,
+            retry: false,
+        }
+    }
+
+    #[test]
+    fn a_runs_end_carries_the_next_claim_when_the_plan_after_it_claims_ahead() {
+        let s = every("1m", "skip");
+        let mut st = state(T0 + MIN);
+        st.schedule = Some(s.describe());
+        let e = me().entry(T0 + MIN, 1, None);
+        st.running.push(e.clone());
+        let end = run_end(e.id, T0 + MIN + 20_000);
+        let mut f = facts(T0 + MIN + 20_000);
+        f.started.insert(e.id);
+        let merged = end_write(&s, &st, &me(), end.clone(), Some(&f)).unwrap();
+        assert_eq!(
+            merged.claiming,
+            Some(T0 + 2 * MIN),
+            "the next firing, ahead"
+        );
+        assert_eq!(merged.records.len(), 1);
+        assert_eq!(merged.records[0].firing, T0 + MIN);
+        assert_eq!(merged.records[0].outcome, Some(Outcome::Succeeded));
+        assert_eq!(merged.next.claimed, Some(T0 + 2 * MIN));
+        assert_eq!(merged.next.running.len(), 1);
+        assert_eq!(merged.next.running[0].firing, T0 + 2 * MIN);
+        // The same end, planned on its own, then claimed by the plan: the same.
+        let (alone, record) = ended(&st, &me(), end.clone()).unwrap();
+        let (then, records, claiming) = written(planned(&s, &alone, &me(), &f));
+        assert!(records.is_empty());
+        assert_eq!(claiming, merged.claiming);
+        assert_eq!(then.claimed, merged.next.claimed);
+        assert_eq!(record.firing, merged.records[0].firing);
+        // The server's time not known: the end alone.
+        let plain = end_write(&s, &st, &me(), end.clone(), None).unwrap();
+        assert_eq!(plain.claiming, None);
+        assert!(plain.next.running.is_empty());
+        assert_eq!(plain.next.claimed, Some(T0 + MIN));
+        // Not in flight: recorded already, nothing to write.
+        let stranger = run_end(ObjectId::new(), T0 + MIN + 20_000);
+        assert!(end_write(&s, &st, &me(), stranger, Some(&f)).is_none());
+    }
+
+    #[test]
+    fn a_runs_end_claims_nothing_when_the_next_firing_is_far_or_something_else_comes_first() {
+        let hourly = every("1h", "skip");
+        let mut st = state(T0);
+        st.schedule = Some(hourly.describe());
+        let e = me().entry(T0, 1, None);
+        st.running.push(e.clone());
+        let mut f = facts(T0 + 20_000);
+        f.started.insert(e.id);
+        let w = end_write(&hourly, &st, &me(), run_end(e.id, T0 + 20_000), Some(&f)).unwrap();
+        assert_eq!(w.claiming, None, "an hour away: claimed a minute before it");
+        assert!(w.next.running.is_empty());
+        // A retry puts the next attempt in flight: that is what comes next.
+        let minutely = every("1m", "skip");
+        st.schedule = Some(minutely.describe());
+        let end = RunEnd {
+            outcome: Outcome::Failed,
+            retry: true,
+            ..run_end(e.id, T0 + 20_000)
+        };
+        let w = end_write(&minutely, &st, &me(), end, Some(&f)).unwrap();
+        assert_eq!(w.claiming, None, "the retry first");
+        assert_eq!(w.next.running.len(), 1);
+        assert_eq!(
+            (w.next.running[0].firing, w.next.running[0].attempt),
+            (T0, 2)
+        );
+    }
+
+    #[test]
+    fn a_last_step_whose_seq_moved_is_dropped_and_the_firing_handed_on_as_on_lost_says() {
+        let retry = every("1m", "skip");
+        let (missed, count) = step_missed(&retry, 7, Some(8), true, 0);
+        assert_eq!(count, 0);
+        let StepMissed::Drop {
+            outcome,
+            why,
+            retry: again,
+        } = missed
+        else {
+            panic!("{missed:?}")
+        };
+        assert_eq!(outcome, Outcome::Stopped);
+        assert!(again, "on_lost: retry (the default)");
+        assert!(why.contains("from 7 to 8"), "{why}");
+        let skip = Schedule::from_spec(&doc! {"schedule": {"every": "1m", "on_lost": "skip"}}, T0)
+            .unwrap()
+            .unwrap();
+        let (missed, _) = step_missed(&skip, 7, None, false, 2);
+        assert!(
+            matches!(&missed, StepMissed::Drop { retry: false, why, .. } if why.contains("something unreadable")),
+            "{missed:?}"
+        );
+    }
+
+    #[test]
+    fn a_last_step_that_misses_while_nothing_changed_is_dropped_the_third_time() {
+        let s = every("1m", "skip");
+        let (missed, count) = step_missed(&s, 7, Some(7), true, 0);
+        assert_eq!((missed, count), (StepMissed::Again, 1));
+        let (missed, count) = step_missed(&s, 7, Some(7), false, count);
+        assert_eq!(
+            (missed, count),
+            (StepMissed::Again, 1),
+            "the robot changed: explained, not counted"
+        );
+        let (missed, count) = step_missed(&s, 7, Some(7), true, count);
+        assert_eq!((missed, count), (StepMissed::Again, 2));
+        let (missed, count) = step_missed(&s, 7, Some(7), true, count);
+        assert_eq!(count, 3);
+        assert!(
+            matches!(
+                missed,
+                StepMissed::Drop {
+                    outcome: Outcome::Failed,
+                    retry: false,
+                    ..
+                }
+            ),
+            "{missed:?}"
         );
     }
 }

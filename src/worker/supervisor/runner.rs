@@ -21,6 +21,14 @@ use crate::robot::{history_len, Registry, RobotError, RobotRun};
 use super::firing_clock::Shared;
 use crate::robot::meter::metered;
 
+/// A scheduled run's firing: which one, which attempt, and where the run says how
+/// it left its robot.
+pub(super) struct FiringRun {
+    pub(super) firing: i64,
+    pub(super) attempt: i64,
+    pub(super) left: Arc<std::sync::Mutex<crate::robot::Left>>,
+}
+
 /// One robot's life on this holder: start, watch, restart with backoff.
 pub(super) struct Runner {
     pub(super) id: ObjectId,
@@ -366,33 +374,50 @@ impl Runner {
                 self.name
             )));
         }
+        self.launch(kind, loaded, self.token.clone(), None).await
+    }
+
+    /// One run of the robot from what was `loaded`, stopped by `stop`, as a future
+    /// to await or spawn: built once for plain and scheduled robots (`firing` says
+    /// which firing a scheduled run is), wrapped for suspension (unless the kind
+    /// suspends itself) and for metering. While it lives, the run is listed for the
+    /// slot's cost and counts as a robot running; both are given back however it
+    /// ends: returned, panicked or aborted.
+    pub(super) fn launch(
+        &self,
+        kind: Arc<dyn crate::robot::RobotKind>,
+        loaded: Loaded,
+        stop: CancellationToken,
+        firing: Option<FiringRun>,
+    ) -> impl std::future::Future<Output = Result<(), RobotError>> + Send + 'static {
         let listed = self.listed(&loaded.spec);
+        let meter = listed.meter.clone();
         let run = RobotRun {
             id: self.id,
             gen: self.gen,
-            name: loaded.name.clone(),
+            name: loaded.name,
             history: history_len(&loaded.spec),
             seq: Arc::new(std::sync::atomic::AtomicI64::new(loaded.seq)),
             spec: loaded.spec,
             context: loaded.context,
             store: self.ctx.clone(),
-            stop: self.token.clone(),
+            stop,
             grace: self.grace,
             backstop: self.backstop,
             suspend_for: self.suspend_for,
-            firing: None,
-            attempt: None,
-            left: None,
-            meter: Some(listed.meter.clone()),
+            firing: firing.as_ref().map(|f| f.firing),
+            attempt: firing.as_ref().map(|f| f.attempt),
+            left: firing.map(|f| f.left),
+            meter: Some(meter.clone()),
         };
-        // Given back however the run ends, an abort after the stop grace included.
-        let _running = crate::metrics::Held::new(&self.metrics.robots_running);
-        let meter = listed.meter.clone();
-        if kind.suspends_itself() {
-            metered(kind.run(run), meter).await
-        } else {
-            let run = super::suspension::suspendable(kind.run(run), self.suspended.clone());
-            metered(run, meter).await
+        let running = crate::metrics::Held::new(&self.metrics.robots_running);
+        let suspended = (!kind.suspends_itself()).then(|| self.suspended.clone());
+        async move {
+            let _given_back = (running, listed);
+            match suspended {
+                Some(s) => metered(super::suspension::suspendable(kind.run(run), s), meter).await,
+                None => metered(kind.run(run), meter).await,
+            }
         }
     }
 }

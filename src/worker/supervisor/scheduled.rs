@@ -6,7 +6,7 @@
 //! time, and one timer for all the slot's scheduled robots.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,15 +16,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::firing_clock::Shared;
-use super::firing_plan::{ended, plan, Facts, Me, RunEnd, Step, CLAIM_AHEAD};
-use super::runner::Runner;
+use super::firing_plan::{end_write, plan, step_missed, Facts, Me, RunEnd, Step, StepMissed};
+use super::runner::{FiringRun, Runner};
 use crate::clock::SharedClock;
 use crate::db::context::{ContextError, Loaded};
 use crate::db::firing::{FiringState, FiringWrite, LastStep, Outcome, RunEntry, RunRecord};
 use crate::db::group_commit::Written;
 use crate::robot::restart::{Budget, Next, RestartOn, RestartPolicy};
-use crate::robot::schedule::{OnLost, Schedule};
-use crate::robot::{history_len, Left, RobotError, RobotRun};
+use crate::robot::schedule::Schedule;
+use crate::robot::{Left, RobotError};
 
 /// The robot as the instance's next run starts from, after run `s` ended: what its
 /// checkpoints left, when known. Only for a run that no other run of the instance
@@ -708,26 +708,16 @@ impl Scheduled {
         let token = self.r.token.child_token();
         let left = Arc::new(Mutex::new(Left::Unchanged));
         let from = loaded.clone();
-        let listed = self.r.listed(&loaded.spec);
-        let meter = listed.meter.clone();
-        let run = RobotRun {
-            id: self.r.id,
-            gen: self.r.gen,
-            name: loaded.name,
-            history: history_len(&loaded.spec),
-            seq: Arc::new(AtomicI64::new(loaded.seq)),
-            spec: loaded.spec,
-            context: loaded.context,
-            store: self.r.ctx.clone(),
-            stop: token.clone(),
-            grace: self.r.grace,
-            backstop: self.r.backstop,
-            suspend_for: self.r.suspend_for,
-            firing: Some(e.firing),
-            attempt: Some(e.attempt),
-            left: Some(left.clone()),
-            meter: Some(meter.clone()),
-        };
+        let run = self.r.launch(
+            kind,
+            loaded,
+            token.clone(),
+            Some(FiringRun {
+                firing: e.firing,
+                attempt: e.attempt,
+                left: left.clone(),
+            }),
+        );
         let started_ms = self.shared.time.now_ms(self.clock()).unwrap_or(now_ms);
         let lateness = (started_ms - e.firing).max(0);
         self.r
@@ -735,22 +725,11 @@ impl Scheduled {
             .firing_lateness
             .observe(Duration::from_millis(lateness as u64));
         self.r.metrics.firings_started.inc();
-        let running = crate::metrics::Held::new(&self.r.metrics.robots_running);
         tracing::info!(robot = %self.r.name, firing = %crate::robot::schedule::rfc3339(e.firing), attempt = e.attempt, lateness_ms = lateness, "firing started");
         let id = e.id;
         let asked = token.clone();
-        let suspended = (!kind.suspends_itself()).then(|| self.r.suspended.clone());
         let task = self.tasks.spawn(async move {
-            // Given back however the run ends: returned, panicked or aborted.
-            let _running = running;
-            let _listed = listed;
-            let result = match suspended {
-                Some(s) => {
-                    let run = super::suspension::suspendable(kind.run(run), s);
-                    crate::robot::meter::metered(run, meter).await
-                }
-                None => crate::robot::meter::metered(kind.run(run), meter).await,
-            };
+            let result = run.await;
             (id, result, asked.is_cancelled())
         });
         self.starts += 1;
@@ -999,30 +978,29 @@ impl Scheduled {
             if self.r.token.is_cancelled() {
                 return (false, false);
             }
-            let Some((next, record)) = ended(&self.st, &self.me, end.clone()) else {
+            if !self.st.running.iter().any(|e| e.id == end.id) {
+                // Its end is on record already: nothing to plan around it.
                 return (true, false);
+            }
+            let facts = match self.shared.time.now_ms(self.clock()) {
+                Some(now_ms) if !self.r.token.is_cancelled() => Some(self.facts(now_ms).await),
+                _ => None,
             };
-            let (next, claiming) = match self.shared.time.now_ms(self.clock()) {
-                Some(now_ms) if !self.r.token.is_cancelled() => {
-                    let facts = self.facts(now_ms).await;
-                    match plan(&self.schedule, &next, &self.me, &facts) {
-                        Step::Write {
-                            next: claimed,
-                            records,
-                            claiming: Some(t),
-                            why: CLAIM_AHEAD,
-                        } if records.is_empty() => (claimed, Some(t)),
-                        _ => (next, None),
-                    }
-                }
-                _ => (next, None),
+            let Some(write) = end_write(
+                &self.schedule,
+                &self.st,
+                &self.me,
+                end.clone(),
+                facts.as_ref(),
+            ) else {
+                return (true, false);
             };
             let rev = self.st.rev;
             let tried = self
                 .try_write(
-                    next,
-                    vec![record],
-                    claiming,
+                    write.next,
+                    write.records,
+                    write.claiming,
                     last_step.as_ref(),
                     "a run's end",
                 )
@@ -1043,25 +1021,21 @@ impl Scheduled {
             let Some(step) = last_step.as_ref().filter(|_| in_flight && reread) else {
                 continue;
             };
-            if self.stored_seq != Some(step.after_seq) {
-                // Another run of the robot checkpointed first (`overlap: allow`), or a
-                // hand edit: this step can never land. The firing is handed on as a
-                // run cut off, to be retried or skipped as `on_lost` says.
-                let why = format!(
-                    "its last step did not land: the robot's seq moved from {} to {} (another run of it checkpointed first?)",
-                    step.after_seq,
-                    self.stored_seq.map_or("something unreadable".to_string(), |q| q.to_string()),
-                );
-                let retry = self.schedule.on_lost == OnLost::Retry;
-                self.drop_step(&mut end, &mut last_step, Outcome::Stopped, why, retry);
-            } else if self.st.rev == rev {
-                // Matched nothing, yet reads unchanged (an unreadable `seq` reads as
-                // 0): not again and again.
-                unexplained += 1;
-                if unexplained >= 3 {
-                    let why = "its last step matched nothing three times although the robot read unchanged (is its seq a whole number?)".to_string();
-                    self.drop_step(&mut end, &mut last_step, Outcome::Failed, why, false);
-                }
+            let (missed, count) = step_missed(
+                &self.schedule,
+                step.after_seq,
+                self.stored_seq,
+                self.st.rev == rev,
+                unexplained,
+            );
+            unexplained = count;
+            if let StepMissed::Drop {
+                outcome,
+                why,
+                retry,
+            } = missed
+            {
+                self.drop_step(&mut end, &mut last_step, outcome, why, retry);
             }
         }
     }
