@@ -210,12 +210,24 @@ struct StatusSlot {
 /// One summary: every read first, then, when `clear` says so, the screen cleared
 /// and the summary printed (a round that fails prints nothing of its own).
 async fn once(store: &Store, as_json: bool, clear: bool) -> anyhow::Result<()> {
-    let slots = slot_rows(store).await?;
-    let workers = live_workers(store).await?;
-    let counts = count_robots(store, &slots).await?;
+    let status = summary(store).await?;
     if clear {
         print!("\x1b[2J\x1b[H");
     }
+    if as_json {
+        print_json(&status);
+    } else {
+        print_slots(&status.slots);
+        print_totals(&status);
+    }
+    Ok(())
+}
+
+/// The pool as its slots, heartbeats and robots say, read now.
+async fn summary(store: &Store) -> anyhow::Result<Status> {
+    let slots = slot_rows(store).await?;
+    let workers = live_workers(store).await?;
+    let counts = count_robots(store, &slots).await?;
     let loads = state::loads(&workers);
     let holder_load = |s: &SlotRow| {
         state::SlotView::of(s)
@@ -232,8 +244,8 @@ async fn once(store: &Store, as_json: bool, clear: bool) -> anyhow::Result<()> {
         .collect();
     let state::Capacity {
         held,
-        unheld: claimable,
-        failures_absorbable: absorb,
+        unheld,
+        failures_absorbable,
     } = state::capacity(slots.iter().map(|s| s.state), standbys.len());
     let total: i64 = counts.per_state.values().sum();
     let running = counts
@@ -241,51 +253,47 @@ async fn once(store: &Store, as_json: bool, clear: bool) -> anyhow::Result<()> {
         .get(RobotState::Running.as_str())
         .copied()
         .unwrap_or(0);
-    if as_json {
-        print_json(&Status {
-            slots: slots
-                .iter()
-                .map(|s| StatusSlot {
-                    id: s.slot.id.clone(),
-                    state: s.state,
-                    owner: state::SlotView::of(s).holder,
-                    epoch: s.slot.epoch,
-                    lease_age_ms: s.lease_age_ms,
-                    robots: counts.per_slot.get(&s.slot.id).copied().unwrap_or(0),
-                    holder_load: holder_load(s).map(|l| l.score()),
-                    cost: s.slot.cost.clone(),
-                })
-                .collect(),
-            loads: loads.iter().map(|(w, l)| (w.clone(), l.into())).collect(),
-            held,
-            unheld: claimable,
-            standbys,
-            workers: workers.len(),
-            robots: total,
-            robots_by_state: counts.per_state,
-            robots_not_running: total - running,
-            not_running_why: counts.not_running,
-            failures_absorbable: absorb,
-        });
-        return Ok(());
-    }
+    Ok(Status {
+        slots: slots
+            .iter()
+            .map(|s| StatusSlot {
+                id: s.slot.id.clone(),
+                state: s.state,
+                owner: state::SlotView::of(s).holder,
+                epoch: s.slot.epoch,
+                lease_age_ms: s.lease_age_ms,
+                robots: counts.per_slot.get(&s.slot.id).copied().unwrap_or(0),
+                holder_load: holder_load(s).map(|l| l.score()),
+                cost: s.slot.cost.clone(),
+            })
+            .collect(),
+        loads: loads.iter().map(|(w, l)| (w.clone(), l.into())).collect(),
+        held,
+        unheld,
+        standbys,
+        workers: workers.len(),
+        robots: total,
+        robots_by_state: counts.per_state,
+        robots_not_running: total - running,
+        not_running_why: counts.not_running,
+        failures_absorbable,
+    })
+}
+
+/// The slots as a table, one row each.
+fn print_slots(slots: &[StatusSlot]) {
     let rows: Vec<Vec<String>> = slots
         .iter()
         .map(|s| {
             vec![
-                s.slot.id.clone(),
+                s.id.clone(),
                 s.state.to_string(),
-                state::SlotView::of(s).holder.unwrap_or_else(|| "-".into()),
-                s.slot.epoch.map_or("-".into(), |e| e.to_string()),
+                s.owner.clone().unwrap_or_else(|| "-".into()),
+                s.epoch.map_or("-".into(), |e| e.to_string()),
                 age(s.lease_age_ms),
-                counts
-                    .per_slot
-                    .get(&s.slot.id)
-                    .copied()
-                    .unwrap_or(0)
-                    .to_string(),
-                state::shown_score(holder_load(s).as_ref()),
-                state::shown_cpu(s.slot.cost.as_ref()),
+                s.robots.to_string(),
+                s.holder_load.map_or("-".into(), |l| format!("{l:.1}")),
+                state::shown_cpu(s.cost.as_ref()),
             ]
         })
         .collect();
@@ -302,15 +310,20 @@ async fn once(store: &Store, as_json: bool, clear: bool) -> anyhow::Result<()> {
         ],
         &rows,
     );
-    let by: Vec<String> = counts
-        .per_state
+}
+
+/// The totals under the table, in words.
+fn print_totals(status: &Status) {
+    let (held, claimable, total) = (status.held, status.unheld, status.robots);
+    let by: Vec<String> = status
+        .robots_by_state
         .iter()
         .map(|(s, n)| format!("{n} {s}"))
         .collect();
     say!("");
     say!(
         "slots:    {held} of {} held{}",
-        slots.len(),
+        status.slots.len(),
         if claimable > 0 {
             format!(", {claimable} waiting for a worker")
         } else {
@@ -325,15 +338,16 @@ async fn once(store: &Store, as_json: bool, clear: bool) -> anyhow::Result<()> {
             format!(" ({})", by.join(", "))
         }
     );
-    if total > running {
-        say!("          {} not running now:", total - running);
-        for (why, n) in &counts.not_running {
+    if status.robots_not_running > 0 {
+        say!("          {} not running now:", status.robots_not_running);
+        for (why, n) in &status.not_running_why {
             say!("            {n} {why}");
         }
     }
+    let standbys = &status.standbys;
     say!(
         "workers:  {} live, {} standby{}",
-        workers.len(),
+        status.workers,
         standbys.len(),
         if standbys.is_empty() {
             String::new()
@@ -341,18 +355,20 @@ async fn once(store: &Store, as_json: bool, clear: bool) -> anyhow::Result<()> {
             format!(" ({})", standbys.join(", "))
         }
     );
-    if !loads.is_empty() {
-        let mut by_score: Vec<(&String, &crate::load::Load)> = loads.iter().collect();
-        by_score.sort_by(|a, b| a.1.score().total_cmp(&b.1.score()).then(a.0.cmp(b.0)));
+    if !status.loads.is_empty() {
+        let mut by_score: Vec<(&String, f64)> =
+            status.loads.iter().map(|(w, l)| (w, l.score)).collect();
+        by_score.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(b.0)));
         let shown: Vec<String> = by_score
             .iter()
-            .map(|(w, l)| format!("{w} {:.1}", l.score()))
+            .map(|(w, score)| format!("{w} {score:.1}"))
             .collect();
         say!(
             "load:     {} (idlest first; 0 idle, 100 full)",
             shown.join(", ")
         );
     }
+    let absorb = status.failures_absorbable;
     say!(
         "can absorb {absorb} holder failure(s) now with a standby{}",
         if absorb == 0 {
@@ -361,7 +377,6 @@ async fn once(store: &Store, as_json: bool, clear: bool) -> anyhow::Result<()> {
             ""
         }
     );
-    Ok(())
 }
 
 #[cfg(test)]

@@ -126,17 +126,12 @@ pub(crate) fn check(req: &NewRobots) -> Result<(), CreateError> {
     Ok(())
 }
 
-/// Creates the robots of `req` that do not exist yet (see the module docs).
-pub(crate) async fn create(
-    store: &Store,
+/// The names of `req` not among `existing` (the robots of those names found): a
+/// robot found with another kind or spec is a conflict (the first ten named).
+fn still_to_create(
     req: &NewRobots,
-    actor: &Actor,
-) -> Result<Created, CreateError> {
-    check(req)?;
-    // A rerun after an interrupted create finishes it: robots that exist with the
-    // same kind and spec are kept, the rest are created. Any other robot of one
-    // of these names is a conflict.
-    let existing = crate::db::robots::named(store, &req.names).await?;
+    existing: &std::collections::HashMap<String, Document>,
+) -> Result<Vec<String>, CreateError> {
     let mut conflicts = Vec::new();
     for d in existing.values() {
         if text(d, KIND).as_deref() != Some(req.kind.as_str())
@@ -150,12 +145,26 @@ pub(crate) async fn create(
         conflicts.truncate(10);
         return Err(CreateError::Conflict(conflicts.join(", ")));
     }
-    let todo: Vec<String> = req
+    Ok(req
         .names
         .iter()
         .filter(|n| !existing.contains_key(*n))
         .cloned()
-        .collect();
+        .collect())
+}
+
+/// Creates the robots of `req` that do not exist yet (see the module docs).
+pub(crate) async fn create(
+    store: &Store,
+    req: &NewRobots,
+    actor: &Actor,
+) -> Result<Created, CreateError> {
+    check(req)?;
+    // A rerun after an interrupted create finishes it: robots that exist with the
+    // same kind and spec are kept, the rest are created. Any other robot of one
+    // of these names is a conflict.
+    let existing = crate::db::robots::named(store, &req.names).await?;
+    let todo = still_to_create(req, &existing)?;
     let mut done = Created {
         existing: existing.len(),
         ..Default::default()

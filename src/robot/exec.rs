@@ -83,6 +83,59 @@ impl Exec {
             recorded: Recorded::default(),
         }
     }
+
+    /// The shim's command for `run`: its arguments (grace, suspension, limits, user,
+    /// the robot's command), and an environment built from scratch, with the
+    /// context in `SLOTPOOL_CONTEXT` when it fits (`in_env`).
+    fn shim_command(
+        &self,
+        run: &RobotRun,
+        spec: &ExecSpec,
+        context_json: &str,
+        in_env: bool,
+        limits: &Limits,
+        via: limits::Via,
+    ) -> Command {
+        let mut cmd = Command::new(&self.shim);
+        cmd.arg(shim::SHIM_ARG)
+            // The shim's own SIGKILL comes a little after the worker's, as a backstop
+            // for a worker that is stopped or dead, still inside the fence margin.
+            .arg(run.backstop.as_millis().to_string())
+            .arg(run.suspend_for.as_millis().to_string())
+            .arg(via.as_str())
+            .arg(limits.to_arg())
+            .arg(super::run_as::RunAs::to_arg(self.policy.run_as()))
+            .arg(&spec.command)
+            .args(&spec.args)
+            // From scratch: a few of the worker's variables, never its credentials.
+            .env_clear()
+            .envs(
+                policy::INHERITED
+                    .iter()
+                    .filter_map(|k| std::env::var_os(k).map(|v| (*k, v))),
+            )
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env("SLOTPOOL_CONTEXT_FILE", CONTEXT_FILE)
+            .env("SLOTPOOL_ROBOT", run.name())
+            .env("SLOTPOOL_EPOCH", run.epoch().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Not killed on drop at once: see `ShimChild`.
+            // Its own group: a signal meant for the worker's group (a terminal's
+            // Ctrl-C, a SIGSTOP of the group) does not reach the shim.
+            .process_group(0);
+        if in_env {
+            cmd.env("SLOTPOOL_CONTEXT", context_json);
+        }
+        if let Some(firing) = run.firing() {
+            cmd.env("SLOTPOOL_FIRING", super::schedule::rfc3339(firing));
+        }
+        if let Some(attempt) = run.attempt() {
+            cmd.env("SLOTPOOL_ATTEMPT", attempt.to_string());
+        }
+        cmd
+    }
 }
 
 struct ExecSpec {
@@ -389,44 +442,7 @@ impl RobotKind for Exec {
         let (report_rx, report_tx) = report_pipe()
             .map_err(|e| RobotError::Crashed(format!("cannot make the shim's report pipe: {e}")))?;
         let (limits, via) = self.policy.limits_for(spec.limits);
-        let mut cmd = Command::new(&self.shim);
-        cmd.arg(shim::SHIM_ARG)
-            // The shim's own SIGKILL comes a little after the worker's, as a backstop
-            // for a worker that is stopped or dead, still inside the fence margin.
-            .arg(run.backstop.as_millis().to_string())
-            .arg(run.suspend_for.as_millis().to_string())
-            .arg(via.as_str())
-            .arg(limits.to_arg())
-            .arg(super::run_as::RunAs::to_arg(self.policy.run_as()))
-            .arg(&spec.command)
-            .args(&spec.args)
-            // From scratch: a few of the worker's variables, never its credentials.
-            .env_clear()
-            .envs(
-                policy::INHERITED
-                    .iter()
-                    .filter_map(|k| std::env::var_os(k).map(|v| (*k, v))),
-            )
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env("SLOTPOOL_CONTEXT_FILE", CONTEXT_FILE)
-            .env("SLOTPOOL_ROBOT", run.name())
-            .env("SLOTPOOL_EPOCH", run.epoch().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Not killed on drop at once: see `ShimChild`.
-            // Its own group: a signal meant for the worker's group (a terminal's
-            // Ctrl-C, a SIGSTOP of the group) does not reach the shim.
-            .process_group(0);
-        if in_env {
-            cmd.env("SLOTPOOL_CONTEXT", &context_json);
-        }
-        if let Some(firing) = run.firing() {
-            cmd.env("SLOTPOOL_FIRING", super::schedule::rfc3339(firing));
-        }
-        if let Some(attempt) = run.attempt() {
-            cmd.env("SLOTPOOL_ATTEMPT", attempt.to_string());
-        }
+        let mut cmd = self.shim_command(&run, &spec, &context_json, in_env, &limits, via);
         let fd = context_fd.as_raw_fd();
         let report_fd = report_tx.as_raw_fd();
         // SAFETY: dup2 is async-signal-safe; it runs in the child between fork and

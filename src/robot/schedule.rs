@@ -148,52 +148,7 @@ impl Schedule {
                 ));
             }
         }
-        let pattern = match (s.get("cron"), s.get("every")) {
-            (Some(_), Some(_)) => {
-                return Err("spec.schedule has both cron and every: give one".into())
-            }
-            (None, None) => {
-                return Err(
-                    "spec.schedule needs cron (e.g. \"*/5 * * * *\") or every (e.g. \"30s\")"
-                        .into(),
-                )
-            }
-            (Some(c), None) => {
-                let zone = match s.get("timezone") {
-                    None | Some(Bson::Null) => Tz::UTC,
-                    Some(Bson::String(z)) => parse_zone(z)?,
-                    Some(other) => {
-                        return Err(format!(
-                            "spec.schedule.timezone must be an IANA zone name such as \"Europe/Berlin\", found {other}"
-                        ))
-                    }
-                };
-                let Bson::String(text) = c else {
-                    return Err(format!(
-                        "spec.schedule.cron must be text such as \"*/5 * * * *\", found {c}"
-                    ));
-                };
-                Pattern::Cron {
-                    cron: Box::new(parse_cron(text)?),
-                    zone,
-                }
-            }
-            (None, Some(e)) => {
-                if s.contains_key("timezone") {
-                    return Err("spec.schedule.timezone applies to cron only: every counts real time from the Unix epoch, in no zone".into());
-                }
-                let period = spec_duration("schedule.every", e, MIN_EVERY, MAX_EVERY)?;
-                if period.subsec_millis() != 0 || period.subsec_nanos() != 0 {
-                    return Err(format!(
-                        "spec.schedule.every must be whole seconds, got {}",
-                        humantime::format_duration(period)
-                    ));
-                }
-                Pattern::Every {
-                    period_ms: period.as_millis() as i64,
-                }
-            }
-        };
+        let pattern = Pattern::from_schedule(s)?;
         let overlap = match s.get("overlap") {
             None | Some(Bson::Null) => Overlap::Skip,
             Some(v) => word(v, "overlap", Overlap::parse, Overlap::ALL)?,
@@ -208,23 +163,7 @@ impl Schedule {
         };
         let keep_runs = match s.get("keep_runs") {
             None | Some(Bson::Null) => DEFAULT_KEEP_RUNS,
-            Some(v) => {
-                let n = match v {
-                    Bson::Int32(n) => *n as i64,
-                    Bson::Int64(n) => *n,
-                    other => {
-                        return Err(format!(
-                            "spec.schedule.keep_runs must be a whole number, found {other}"
-                        ))
-                    }
-                };
-                if !(1..=MAX_KEEP_RUNS as i64).contains(&n) {
-                    return Err(format!(
-                        "spec.schedule.keep_runs must be between 1 and {MAX_KEEP_RUNS}, got {n}"
-                    ));
-                }
-                n as u32
-            }
+            Some(v) => keep_runs(v)?,
         };
         let schedule = Schedule {
             pattern,
@@ -422,6 +361,73 @@ pub fn rfc3339(ms: i64) -> String {
         .single()
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
         .unwrap_or_else(|| ms.to_string())
+}
+
+impl Pattern {
+    /// The pattern a `spec.schedule` document asks for: `cron` (with its
+    /// `timezone`) or `every`, exactly one.
+    fn from_schedule(s: &Document) -> Result<Pattern, String> {
+        match (s.get("cron"), s.get("every")) {
+            (Some(_), Some(_)) => Err("spec.schedule has both cron and every: give one".into()),
+            (None, None) => Err(
+                "spec.schedule needs cron (e.g. \"*/5 * * * *\") or every (e.g. \"30s\")".into(),
+            ),
+            (Some(c), None) => {
+                let zone = match s.get("timezone") {
+                    None | Some(Bson::Null) => Tz::UTC,
+                    Some(Bson::String(z)) => parse_zone(z)?,
+                    Some(other) => {
+                        return Err(format!(
+                            "spec.schedule.timezone must be an IANA zone name such as \"Europe/Berlin\", found {other}"
+                        ))
+                    }
+                };
+                let Bson::String(text) = c else {
+                    return Err(format!(
+                        "spec.schedule.cron must be text such as \"*/5 * * * *\", found {c}"
+                    ));
+                };
+                Ok(Pattern::Cron {
+                    cron: Box::new(parse_cron(text)?),
+                    zone,
+                })
+            }
+            (None, Some(e)) => {
+                if s.contains_key("timezone") {
+                    return Err("spec.schedule.timezone applies to cron only: every counts real time from the Unix epoch, in no zone".into());
+                }
+                let period = spec_duration("schedule.every", e, MIN_EVERY, MAX_EVERY)?;
+                if period.subsec_millis() != 0 || period.subsec_nanos() != 0 {
+                    return Err(format!(
+                        "spec.schedule.every must be whole seconds, got {}",
+                        humantime::format_duration(period)
+                    ));
+                }
+                Ok(Pattern::Every {
+                    period_ms: period.as_millis() as i64,
+                })
+            }
+        }
+    }
+}
+
+/// `spec.schedule.keep_runs`, checked: a whole number from 1 to [`MAX_KEEP_RUNS`].
+fn keep_runs(v: &Bson) -> Result<u32, String> {
+    let n = match v {
+        Bson::Int32(n) => *n as i64,
+        Bson::Int64(n) => *n,
+        other => {
+            return Err(format!(
+                "spec.schedule.keep_runs must be a whole number, found {other}"
+            ))
+        }
+    };
+    if !(1..=MAX_KEEP_RUNS as i64).contains(&n) {
+        return Err(format!(
+            "spec.schedule.keep_runs must be between 1 and {MAX_KEEP_RUNS}, got {n}"
+        ));
+    }
+    Ok(n as u32)
 }
 
 #[cfg(test)]

@@ -558,15 +558,38 @@ pub fn run_if_requested() {
     std::process::exit(code);
 }
 
+/// The shim's command line: `GRACE_MS SUSPEND_MS VIA LIMITS USER COMMAND [ARGS…]`.
+struct ShimArgs<'a> {
+    grace: Duration,
+    suspend_for: Duration,
+    via: super::limits::Via,
+    limits: super::limits::Limits,
+    run_as: Option<super::run_as::RunAs>,
+    command: &'a str,
+    rest: &'a [String],
+}
+
+impl<'a> ShimArgs<'a> {
+    fn parse(args: &'a [String]) -> Result<ShimArgs<'a>, Refused> {
+        let [grace_ms, suspend_ms, via, limits, user, command, rest @ ..] = args else {
+            return Err(Refused::Cannot(format!(
+                "usage: slotpool {SHIM_ARG} GRACE_MS SUSPEND_MS auto|cgroup|rlimit LIMITS UID:GID|- COMMAND [ARGS…]"
+            )));
+        };
+        Ok(ShimArgs {
+            run_as: super::run_as::RunAs::from_arg(user)?,
+            grace: Duration::from_millis(grace_ms.parse().map_err(|_| "bad grace")?),
+            suspend_for: Duration::from_millis(suspend_ms.parse().map_err(|_| "bad suspension")?),
+            via: super::limits::Via::parse(via).ok_or("bad limits mechanism")?,
+            limits: super::limits::Limits::from_arg(limits)?,
+            command,
+            rest,
+        })
+    }
+}
+
 fn run(args: &[String]) -> Result<ExitStatus, Refused> {
-    let [grace_ms, suspend_ms, via, limits, user, command, rest @ ..] = args else {
-        return Err(Refused::Cannot(format!(
-            "usage: slotpool {SHIM_ARG} GRACE_MS SUSPEND_MS auto|cgroup|rlimit LIMITS UID:GID|- COMMAND [ARGS…]"
-        )));
-    };
-    let run_as = super::run_as::RunAs::from_arg(user)?;
-    let grace = Duration::from_millis(grace_ms.parse().map_err(|_| "bad grace")?);
-    let suspend_for = Duration::from_millis(suspend_ms.parse().map_err(|_| "bad suspension")?);
+    let args = ShimArgs::parse(args)?;
     // Non-dumpable: /proc/<shim>/fd (its report pipe among them) and its memory are
     // closed to the robot, which runs as the same user. Without this, in a
     // container, where shim and robot share user and capabilities, the robot could
@@ -576,8 +599,6 @@ fn run(args: &[String]) -> Result<ExitStatus, Refused> {
     unsafe {
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
     }
-    let via = super::limits::Via::parse(via).ok_or("bad limits mechanism")?;
-    let limits = super::limits::Limits::from_arg(limits)?;
     let mut reporter = Reporter::take();
     let (tx, rx) = mpsc::channel();
     let deadline = first_live_deadline(&mut std::io::stdin().lock())?;
@@ -586,15 +607,52 @@ fn run(args: &[String]) -> Result<ExitStatus, Refused> {
     unsafe {
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     }
-    let mut enforcement = Enforcement::prepare(via, &limits)?;
+    let mut enforcement = Enforcement::prepare(args.via, &args.limits)?;
     reporter.send(&Report::Limits(enforcement.applied().cloned()));
-    let (join, rlimits) = match &enforcement {
+    let group = spawn_robot(&args, &enforcement)?;
+    listen(group, tx);
+    let mut enforcer = Enforcer::suspending(deadline, args.grace, args.suspend_for);
+    let mut tree = Tree {
+        group,
+        cgroup: match &mut enforcement {
+            Enforcement::Cgroup(cg, _) => Some(cg),
+            _ => None,
+        },
+        frozen_by_cgroup: false,
+        memory_killed: false,
+        pids_reported: None,
+    };
+    loop {
+        let wait = enforcer.next_due(monotonic_ns()).min(tree.look());
+        let event = rx.recv_timeout(wait);
+        tree.check_limits(&mut reporter);
+        let action = match event {
+            Ok(Event::Exited(status)) => {
+                // Whatever the robot left behind, in its group or not, goes with it.
+                kill_tree(group);
+                return Ok(status);
+            }
+            Ok(Event::Control(msg)) => enforcer.on_message(msg, monotonic_ns()),
+            Err(mpsc::RecvTimeoutError::Timeout) => enforcer.on_time(monotonic_ns()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(GroupSignal::Kill),
+        };
+        if let Some(signal) = action {
+            tree.signal(signal);
+        }
+    }
+}
+
+/// Starts the robot's command in a process group of its own, under the limits
+/// `enforcement` made ready and as the user asked; returns the group.
+fn spawn_robot(args: &ShimArgs, enforcement: &Enforcement) -> Result<i32, Refused> {
+    let (join, rlimits) = match enforcement {
         Enforcement::None => (Vec::new(), Vec::new()),
         Enforcement::Cgroup(cg, _) => (cg.join_fds(), Vec::new()),
         Enforcement::Rlimit(r, _) => (Vec::new(), r.clone()),
     };
-    let mut cmd = Command::new(command);
-    cmd.args(rest).stdin(Stdio::null()).process_group(0);
+    let run_as = args.run_as;
+    let mut cmd = Command::new(args.command);
+    cmd.args(args.rest).stdin(Stdio::null()).process_group(0);
     let shim_pid = std::process::id() as libc::pid_t;
     // SAFETY: prctl, write, setrlimit and the set*id calls run in the child between
     // fork and exec, on descriptors and data the shim owns. glibc's set*id wrappers
@@ -625,10 +683,18 @@ fn run(args: &[String]) -> Result<ExitStatus, Refused> {
     }
     let child = cmd
         .spawn()
-        .map_err(|e| format!("cannot start command {command:?}: {e}"))?;
+        .map_err(|e| format!("cannot start command {:?}: {e}", args.command))?;
     let group = child.id() as i32;
-    // The reaper below waits for every child, so the std handle must never wait.
+    // The reaper (see `listen`) waits for every child, so the std handle must never
+    // wait.
     std::mem::forget(child);
+    Ok(group)
+}
+
+/// Starts the shim's two threads, after the robot (it forks with none): one reads
+/// the worker's control lines, one reaps every child and tells when `group`'s
+/// leader exited.
+fn listen(group: i32, tx: mpsc::Sender<Event>) {
     let control = tx.clone();
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
@@ -642,78 +708,84 @@ fn run(args: &[String]) -> Result<ExitStatus, Refused> {
         let _ = control.send(Event::Control(None));
     });
     std::thread::spawn(move || reap(group, tx));
-    let mut enforcer = Enforcer::suspending(deadline, grace, suspend_for);
-    let mut cgroup = match &mut enforcement {
-        Enforcement::Cgroup(cg, _) => Some(cg),
-        _ => None,
-    };
-    // Frozen by the cgroup (true) or by signals (false), while suspended.
-    let mut frozen_by_cgroup = false;
-    // A cgroup's counters are read this often (a small file each), so an OOM kill
-    // of one of the robot's processes ends the rest of it promptly.
-    let look = if cgroup.is_some() {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_secs(1)
-    };
-    let mut memory_killed = false;
-    let mut pids_reported: Option<std::time::Instant> = None;
-    loop {
-        let wait = enforcer.next_due(monotonic_ns()).min(look);
-        let event = rx.recv_timeout(wait);
-        if let Some(cg) = cgroup.as_deref_mut() {
-            if cg.has_memory() && !memory_killed && cg.oom_killed() {
-                memory_killed = true;
-                reporter.send(&Report::MemoryKilled);
-                kill_tree(group);
-            }
-            if cg.pids_limit_hit()
-                && pids_reported.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
-            {
-                pids_reported = Some(std::time::Instant::now());
-                reporter.send(&Report::PidsLimitHit);
-            }
+}
+
+/// The robot's process tree as the shim's loop acts on it.
+struct Tree<'a> {
+    group: i32,
+    /// The run's cgroup, when limits are enforced by one.
+    cgroup: Option<&'a mut super::cgroup::RobotCgroup>,
+    /// Frozen by the cgroup (true) or by signals (false), while suspended.
+    frozen_by_cgroup: bool,
+    memory_killed: bool,
+    pids_reported: Option<std::time::Instant>,
+}
+
+impl Tree<'_> {
+    /// How often the loop looks at the tree: a cgroup's counters are read this often
+    /// (a small file each), so an OOM kill of one of the robot's processes ends the
+    /// rest of it promptly.
+    fn look(&self) -> Duration {
+        if self.cgroup.is_some() {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(1)
         }
-        let action = match event {
-            Ok(Event::Exited(status)) => {
-                // Whatever the robot left behind, in its group or not, goes with it.
-                kill_tree(group);
-                return Ok(status);
-            }
-            Ok(Event::Control(msg)) => enforcer.on_message(msg, monotonic_ns()),
-            Err(mpsc::RecvTimeoutError::Timeout) => enforcer.on_time(monotonic_ns()),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Some(GroupSignal::Kill),
+    }
+
+    /// An OOM kill of one process kills the whole tree (said once); a pids limit hit
+    /// is said at most once a second.
+    fn check_limits(&mut self, reporter: &mut Reporter) {
+        let Some(cg) = self.cgroup.as_deref_mut() else {
+            return;
         };
-        match action {
-            Some(GroupSignal::Term) => signal_tree(group, libc::SIGTERM),
-            Some(GroupSignal::Kill) => {
+        if cg.has_memory() && !self.memory_killed && cg.oom_killed() {
+            self.memory_killed = true;
+            reporter.send(&Report::MemoryKilled);
+            kill_tree(self.group);
+        }
+        if cg.pids_limit_hit()
+            && self
+                .pids_reported
+                .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.pids_reported = Some(std::time::Instant::now());
+            reporter.send(&Report::PidsLimitHit);
+        }
+    }
+
+    /// Carries out what the enforcer decided.
+    fn signal(&mut self, signal: GroupSignal) {
+        let group = self.group;
+        match signal {
+            GroupSignal::Term => signal_tree(group, libc::SIGTERM),
+            GroupSignal::Kill => {
                 kill_tree(group);
-                if frozen_by_cgroup {
+                if self.frozen_by_cgroup {
                     // Killed while frozen: SIGKILL reaches frozen tasks, but thaw
                     // so that the reaper sees them go at once.
-                    if let Some(cg) = cgroup.as_deref() {
+                    if let Some(cg) = self.cgroup.as_deref() {
                         cg.freeze(false);
                     }
-                    frozen_by_cgroup = false;
+                    self.frozen_by_cgroup = false;
                 }
             }
-            Some(GroupSignal::Freeze) => {
-                frozen_by_cgroup = cgroup.as_deref().is_some_and(|cg| cg.freeze(true));
-                if !frozen_by_cgroup {
+            GroupSignal::Freeze => {
+                self.frozen_by_cgroup = self.cgroup.as_deref().is_some_and(|cg| cg.freeze(true));
+                if !self.frozen_by_cgroup {
                     stop_tree(group);
                 }
             }
-            Some(GroupSignal::Thaw) => {
-                if frozen_by_cgroup {
-                    if let Some(cg) = cgroup.as_deref() {
+            GroupSignal::Thaw => {
+                if self.frozen_by_cgroup {
+                    if let Some(cg) = self.cgroup.as_deref() {
                         cg.freeze(false);
                     }
-                    frozen_by_cgroup = false;
+                    self.frozen_by_cgroup = false;
                 } else {
                     signal_tree(group, libc::SIGCONT);
                 }
             }
-            None => {}
         }
     }
 }

@@ -428,18 +428,7 @@ pub(crate) async fn robot(
         }
     };
     let v = answers::robot_json(&d, &snap);
-    let txt = |k: &str| match v.robot.get(k) {
-        None | Some(serde_json::Value::Null) => "-".to_string(),
-        Some(serde_json::Value::String(s)) => s.clone(),
-        // A date, as relaxed extended JSON renders it: {"$date": "…"}.
-        Some(serde_json::Value::Object(o)) if o.len() == 1 && o.contains_key("$date") => {
-            match &o["$date"] {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            }
-        }
-        Some(other) => other.to_string(),
-    };
+    let txt = |k: &str| shown_field(&v.robot, k);
     let state = v.state.to_string();
     let history = d.doc.get_array(HISTORY).ok();
     let events: Vec<_> = snap
@@ -462,40 +451,7 @@ pub(crate) async fn robot(
             @if let Some(why) = v.why.as_deref() { " — " span #why { (why) } }
         }
         @if let Some(s) = &s {
-            section #actions {
-                @let (act, label) = if paused { ("resume", "Resume") } else { ("pause", "Pause") };
-                form.inline method="post" action=(format!("{href}/{act}")) {
-                    input type="hidden" name="csrf" value=(s.csrf);
-                    button #(act) type="submit" { (label) }
-                }
-                form.inline method="post" action=(format!("{href}/restart")) {
-                    input type="hidden" name="csrf" value=(s.csrf);
-                    button #restart type="submit" { "Restart" }
-                }
-                @if scheduled {
-                    form.inline method="post" action=(format!("{href}/trigger")) {
-                        input type="hidden" name="csrf" value=(s.csrf);
-                        button #trigger type="submit" title="one extra run now, under the schedule's overlap policy" { "Run now" }
-                    }
-                }
-                form.inline method="post" action=(format!("{href}/move")) {
-                    input type="hidden" name="csrf" value=(s.csrf);
-                    select name="to" { @for slot in &snap.slots { option value=(slot.id) { (slot.id) } } }
-                    button #move type="submit" { "Move" }
-                }
-                form.inline method="post" action=(format!("{href}/delete")) {
-                    input type="hidden" name="csrf" value=(s.csrf);
-                    label { input type="checkbox" name="confirm" value="yes" required; " sure" }
-                    button #delete type="submit" { "Delete" }
-                }
-                form #update-form method="post" action=(format!("{href}/update")) {
-                    input type="hidden" name="csrf" value=(s.csrf);
-                    label { "Spec (JSON, the whole spec) " }
-                    textarea name="spec" rows="6" cols="70" { (pretty(d.doc.get(SPEC))) }
-                    label { " Kind " input type="text" name="kind" value=(txt(KIND)) size="10"; }
-                    button #update type="submit" { "Update" }
-                }
-            }
+            (robot_actions(&href, &s.csrf, paused, scheduled, &snap.slots, &d.doc, &txt(KIND)))
         }
         @if let Some(u) = update_line(&d.doc) {
             p #update-state { (u) }
@@ -528,6 +484,72 @@ pub(crate) async fn robot(
         ol #robot-events { @for e in &events { (event_item(e)) } }
     };
     page(&app, s.as_ref(), "robot", &name, body).into_response()
+}
+
+/// The robot page's actions for a signed-in user: pause or resume, restart, run now
+/// (scheduled robots), move, delete, and update its spec or kind.
+fn robot_actions(
+    href: &str,
+    csrf: &str,
+    paused: bool,
+    scheduled: bool,
+    slots: &[SlotInfo],
+    doc: &bson::Document,
+    kind: &str,
+) -> Markup {
+    html! {
+        section #actions {
+            @let (act, label) = if paused { ("resume", "Resume") } else { ("pause", "Pause") };
+            form.inline method="post" action=(format!("{href}/{act}")) {
+                input type="hidden" name="csrf" value=(csrf);
+                button #(act) type="submit" { (label) }
+            }
+            form.inline method="post" action=(format!("{href}/restart")) {
+                input type="hidden" name="csrf" value=(csrf);
+                button #restart type="submit" { "Restart" }
+            }
+            @if scheduled {
+                form.inline method="post" action=(format!("{href}/trigger")) {
+                    input type="hidden" name="csrf" value=(csrf);
+                    button #trigger type="submit" title="one extra run now, under the schedule's overlap policy" { "Run now" }
+                }
+            }
+            form.inline method="post" action=(format!("{href}/move")) {
+                input type="hidden" name="csrf" value=(csrf);
+                select name="to" { @for slot in slots { option value=(slot.id) { (slot.id) } } }
+                button #move type="submit" { "Move" }
+            }
+            form.inline method="post" action=(format!("{href}/delete")) {
+                input type="hidden" name="csrf" value=(csrf);
+                label { input type="checkbox" name="confirm" value="yes" required; " sure" }
+                button #delete type="submit" { "Delete" }
+            }
+            form #update-form method="post" action=(format!("{href}/update")) {
+                input type="hidden" name="csrf" value=(csrf);
+                label { "Spec (JSON, the whole spec) " }
+                textarea name="spec" rows="6" cols="70" { (pretty(doc.get(SPEC))) }
+                label { " Kind " input type="text" name="kind" value=(kind) size="10"; }
+                button #update type="submit" { "Update" }
+            }
+        }
+    }
+}
+
+/// A field of a robot's JSON answer as the page shows it: `-` for none, a string
+/// or a date as its text, anything else as JSON.
+fn shown_field(robot: &serde_json::Value, k: &str) -> String {
+    match robot.get(k) {
+        None | Some(serde_json::Value::Null) => "-".to_string(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        // A date, as relaxed extended JSON renders it: {"$date": "…"}.
+        Some(serde_json::Value::Object(o)) if o.len() == 1 && o.contains_key("$date") => {
+            match &o["$date"] {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }
+        }
+        Some(other) => other.to_string(),
+    }
 }
 
 /// The robot's last update as one line: waiting for its holder, applied or refused.
