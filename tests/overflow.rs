@@ -17,11 +17,23 @@ async fn holders(db: &TestDb) -> BTreeMap<String, usize> {
 }
 
 async fn wait_holders(db: &TestDb, what: &str, want: impl Fn(&BTreeMap<String, usize>) -> bool) {
-    common::wait_for(Duration::from_secs(30), what, || async {
-        let h = holders(db).await;
-        want(&h).then_some(())
-    })
-    .await
+    let last = std::sync::Mutex::new(BTreeMap::new());
+    let waited = tokio::time::timeout(
+        Duration::from_secs(30),
+        common::wait_for(Duration::from_secs(31), what, || async {
+            let h = holders(db).await;
+            let met = want(&h);
+            *last.lock().unwrap() = h;
+            met.then_some(())
+        }),
+    )
+    .await;
+    if waited.is_err() {
+        panic!(
+            "timed out after 30s waiting for {what}; the holders then: {:?}",
+            last.lock().unwrap()
+        );
+    }
 }
 
 /// Every robot's seq moved past where it was.
@@ -143,16 +155,45 @@ async fn no_standby_kill_9_a_holder_a_survivor_runs_its_robots_then_hands_back()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_orphans_land_on_two_different_survivors() {
-    let db = TestDb::new("two_orphans").await;
+    two_orphans_on_two_survivors("two_orphans", &[], Victims::OfSlotsOneAndThree).await;
+}
+
+/// With one watcher, only the first in line (the smallest id) surveys at a cold start;
+/// the three behind it claim their first slot when poked, from behind the front, and
+/// move up to the front with that claim's own place read. Each must then survey at
+/// the front's pace, not the rear's (minutes): the watcher and one other die, and the
+/// two survivors, both claimers from the rear, must each take an orphan in its turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn holders_that_claimed_from_the_rear_take_their_overflow_turn() {
+    two_orphans_on_two_survivors("rear_claimers", &["--watchers", "1"], Victims::FirstAndLast)
+        .await;
+}
+
+/// Which two holders a test kills.
+enum Victims {
+    /// The holders of slot-001 and slot-003.
+    OfSlotsOneAndThree,
+    /// The holders with the smallest and the largest id.
+    FirstAndLast,
+}
+
+async fn two_orphans_on_two_survivors(name: &str, flags: &[&str], which: Victims) {
+    let db = TestDb::new(name).await;
     db.init(4).await;
-    let mut workers: Vec<WorkerProc> = (0..4).map(|_| db.worker(&[])).collect();
+    let mut workers: Vec<WorkerProc> = (0..4).map(|_| db.worker(flags)).collect();
     wait_holders(&db, "four holders", |h| h.len() == 4).await;
     db.create_counters(8);
     all_progress(&db, Duration::from_secs(20)).await;
-    let victims = [
-        owner(&db.slot("slot-001").await).unwrap(),
-        owner(&db.slot("slot-003").await).unwrap(),
-    ];
+    let victims = match which {
+        Victims::OfSlotsOneAndThree => [
+            owner(&db.slot("slot-001").await).unwrap(),
+            owner(&db.slot("slot-003").await).unwrap(),
+        ],
+        Victims::FirstAndLast => {
+            let ids: Vec<String> = holders(&db).await.into_keys().collect();
+            [ids[0].clone(), ids[ids.len() - 1].clone()]
+        }
+    };
     for v in &victims {
         let i = workers.iter().position(|w| &w.id == v).unwrap();
         workers[i].signal(libc::SIGKILL);

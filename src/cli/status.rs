@@ -292,7 +292,7 @@ fn print_slots(slots: &[StatusSlot]) {
                 s.epoch.map_or("-".into(), |e| e.to_string()),
                 age(s.lease_age_ms),
                 s.robots.to_string(),
-                s.holder_load.map_or("-".into(), |l| format!("{l:.1}")),
+                state::shown_score_of(s.holder_load),
                 state::shown_cpu(s.cost.as_ref()),
             ]
         })

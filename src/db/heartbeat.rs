@@ -486,21 +486,27 @@ impl Roster {
         })
     }
 
-    /// The first live standbys in line after `me` (by id, as the line orders them),
-    /// at most `n`: their addresses as their heartbeats give them, for the pokes a
-    /// releasing holder sends (see [`crate::worker::poke`]). Judged on the server's
-    /// clock; read through the line's index on `(room, held, _id)`.
-    pub(crate) async fn front_standbys(
+    /// The first live workers in line other than `me`, at most `n`, as the line
+    /// orders them (standbys first by id, then holders with room by how many slots
+    /// they hold): their addresses as their heartbeats give them, for pokes (see
+    /// [`crate::worker::poke`]). `standbys_only` stops at the standbys. Judged on the
+    /// server's clock; read through the line's index on `(room, held, _id)`.
+    pub(crate) async fn first_in_line(
         &self,
         me: &str,
         n: u64,
+        standbys_only: bool,
     ) -> Result<Vec<String>, mongodb::error::Error> {
+        let mut filter = doc! {
+            ROOM: true, "_id": {"$ne": me},
+            "$expr": {"$gt": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]},
+        };
+        if standbys_only {
+            filter.insert(HELD, 0_i64);
+        }
         let found: Vec<Document> = self
             .workers()
-            .find(doc! {
-                ROOM: true, HELD: 0_i64, "_id": {"$ne": me},
-                "$expr": {"$gt": [{"$ifNull": [field(ALIVE_UNTIL_MS), 0_i64]}, {"$toLong": "$$NOW"}]},
-            })
+            .find(filter)
             .sort(doc! {ROOM: 1, HELD: 1, "_id": 1})
             .projection(doc! {"_id": 1})
             .limit(n as i64)

@@ -152,7 +152,12 @@ pub(crate) fn loads(workers: &[Document]) -> HashMap<String, crate::load::Load> 
 
 /// A load score as the CLI prints it: `12.5`, or `-` when unknown.
 pub(crate) fn shown_score(l: Option<&crate::load::Load>) -> String {
-    l.map_or("-".into(), |l| format!("{:.1}", l.score()))
+    shown_score_of(l.map(|l| l.score()))
+}
+
+/// A load score as the tables show it (see [`shown_score`]).
+pub(crate) fn shown_score_of(score: Option<f64>) -> String {
+    score.map_or("-".into(), |s| format!("{s:.1}"))
 }
 
 /// A slot's measured CPU as the CLI prints it, in cores: `0.95`, or `-`.

@@ -1,6 +1,7 @@
 //! When a worker claims a slot, gives one back, and looks again, decided without I/O
-//! from what one survey saw: [`decide`] applies these rules in order and returns one
-//! [`ClaimDecision`]. See docs/internals.md, "Claim rules".
+//! from what one survey saw. [`decide`] is the one entry: it takes what the survey
+//! brought and the policy's [`Memory`] of the last, and returns one [`ClaimDecision`]
+//! and the memory for the next; [`apply_rules`] applies these rules in order. See docs/internals.md, "Claim rules".
 //!
 //! 1. Who may take what ([`Round`]): a standby at once, a holder by overflow, and
 //!    a lapsed lease only after a full lease of contact ([`outage_hold`]).
@@ -195,6 +196,17 @@ impl Memory {
             every,
             horizon: survey_horizon(at.place, at.held, narrow, at.tick),
         })
+    }
+
+    /// The worker moved up to the front as a claim's own place read found (the
+    /// claim was decided at the rear's pace): its next survey comes no later than
+    /// the front's pace from now. A holder of one slot left surveying at the rear's
+    /// pace (minutes) would miss every overflow turn, and the slots of dead holders
+    /// would all go to the other survivors.
+    pub(crate) fn at_front(&mut self, at: &Standing) {
+        let narrow = self.narrow_until.is_some_and(|t| at.now < t);
+        let every = survey_every(Place::Front, at.held, narrow, at.tick, at.overflow_after);
+        self.next_survey = self.next_survey.min(at.now + every);
     }
 
     /// The worker moved back to the rear (or first found itself there): its next
@@ -1871,5 +1883,23 @@ mod tests {
             Some((t0 + T, 1)),
             "this survey's own count"
         );
+    }
+
+    #[test]
+    fn a_claimer_that_moved_up_to_the_front_surveys_at_the_fronts_pace() {
+        let t0 = Instant::now();
+        let mut memory = Memory::new(t0);
+        // Decided at the rear: the next survey minutes away.
+        memory.next_at(t0 + SAFETY_SURVEY);
+        memory.at_front(&standing(Place::Front, 1, t0));
+        assert_eq!(
+            memory.next_survey(),
+            t0 + T + L,
+            "a front holder of one slot: every tick and overflow_after"
+        );
+        // Never later than it was.
+        memory.next_at(t0 + T);
+        memory.at_front(&standing(Place::Front, 1, t0));
+        assert_eq!(memory.next_survey(), t0 + T);
     }
 }

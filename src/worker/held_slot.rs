@@ -181,7 +181,8 @@ async fn hold(
         // A drained slot is for nobody; a released one, for the first standby.
         if released && ended == Ended::Released {
             let me = cx.protocol.owner();
-            crate::worker::poke::poke_front(&cx.line, me, cx.watchers, &cx.metrics).await;
+            let standbys = crate::worker::poke::Poked::Standbys;
+            crate::worker::poke::poke_front(&cx.line, me, cx.watchers, standbys, &cx.metrics).await;
         }
     }
     report(&cx, &lease, SlotEvent::Left).await;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::db::heartbeat::{BeatError, Predecessor};
-use crate::worker::line_keeper::{Beaten, LineKeeper};
+use crate::worker::line_keeper::{Beaten, Holdings, LineKeeper};
 use crate::worker::standby_line::beat_pace;
 
 use http_body_util::BodyExt;
@@ -185,7 +185,7 @@ pub(crate) async fn take_identity(line: &mut LineKeeper) -> Result<(), WorkerErr
     let tick = line.tick();
     while !line.shutdown().is_cancelled() {
         let pace = beat_pace(line.place(), tick);
-        let pause = match line.beat(&[], pace).await {
+        let pause = match line.beat(Holdings::NONE, pace).await {
             Beaten::Written => {
                 line.beaten(Vec::new(), pace);
                 return Ok(());

@@ -20,6 +20,7 @@ use crate::random::random_unit;
 use crate::worker::claim_policy;
 use crate::worker::connections::Connections;
 use crate::worker::load_sampler::LoadReading;
+use crate::worker::poke::Poked;
 use crate::worker::server_watch::ServerWatch;
 use crate::worker::standby_line::{
     beat_every, beat_pace, next_beat_in, place_due, poked_place_in, successors_to_poke, Place,
@@ -50,6 +51,25 @@ pub(crate) struct KeeperParts {
     pub(crate) connections: Arc<Connections>,
     pub(crate) shutdown: CancellationToken,
     pub(crate) server: ServerWatch,
+}
+
+/// What this worker holds, as the keeper reports it and judges by it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Holdings<'a> {
+    /// `(slot, epoch)` of every slot held and not ended: what the heartbeat and the
+    /// place read report.
+    pub(crate) leases: &'a [(String, i64)],
+    /// Whether any slot is held, one whose task just ended and is not yet
+    /// forgotten included: a holder's bounds and health are judged by it.
+    pub(crate) any: bool,
+}
+
+impl Holdings<'_> {
+    /// A worker that holds nothing (its first heartbeat).
+    pub(crate) const NONE: Holdings<'static> = Holdings {
+        leases: &[],
+        any: false,
+    };
 }
 
 /// What one heartbeat attempt gave.
@@ -279,8 +299,8 @@ impl LineKeeper {
     /// Heartbeats when one is due or what this worker holds (`held`) changed, and
     /// then re-reads its place in the line when that is due (see [`place_due`]) or
     /// when `woken` (a poke: someone ahead may have claimed).
-    pub(crate) async fn keep_place(&mut self, held: &[(String, i64)], woken: bool) -> Moved {
-        let ids: Vec<String> = held.iter().map(|(s, _)| s.clone()).collect();
+    pub(crate) async fn keep_place(&mut self, held: Holdings<'_>, woken: bool) -> Moved {
+        let ids: Vec<String> = held.leases.iter().map(|(s, _)| s.clone()).collect();
         let changed = self.beaten.as_ref() != Some(&ids);
         let beat_due = changed || self.clock.now() >= self.next_beat;
         if beat_due {
@@ -289,7 +309,7 @@ impl LineKeeper {
             // A step of the round: `/livez` judges the loop by these too, as one
             // round may hold a survey, two heartbeats and a place read.
             self.status.lock().expect("status lock").round_done();
-            if !self.landed(beaten, ids, pace, !held.is_empty()) {
+            if !self.landed(beaten, ids, pace, held.any) {
                 return Moved::Stayed;
             }
         }
@@ -313,7 +333,7 @@ impl LineKeeper {
             let pace = beat_pace(Place::Front, self.timing.tick);
             if self.pace > pace {
                 if let Beaten::Written = self.beat(held, pace).await {
-                    self.beaten(held.iter().map(|(s, _)| s.clone()).collect(), pace);
+                    self.beaten(held.leases.iter().map(|(s, _)| s.clone()).collect(), pace);
                 }
             }
         }
@@ -374,8 +394,8 @@ impl LineKeeper {
     /// A standby waits longer (see [`LineKeeper::bookkeeping_timeout`]). Not bounded
     /// by less: a heartbeat is two round trips, and one abandoned in flight costs
     /// the lease's pool a connection that a renewal may then have to wait for.
-    pub(crate) async fn beat(&mut self, held: &[(String, i64)], pace: Duration) -> Beaten {
-        let limit = self.bookkeeping_timeout(!held.is_empty());
+    pub(crate) async fn beat(&mut self, held: Holdings<'_>, pace: Duration) -> Beaten {
+        let limit = self.bookkeeping_timeout(held.any);
         // The first beat reads no clock: the place read that follows it does.
         let read_clock = match self.server.last() {
             None => self.beaten.is_some(),
@@ -383,7 +403,7 @@ impl LineKeeper {
         };
         let sent = Instant::now();
         let written = {
-            let beat = self.beat_of(held, pace);
+            let beat = self.beat_of(held.leases, pace);
             tokio::time::timeout(limit, self.roster.beat(&beat, read_clock)).await
         };
         match written {
@@ -393,7 +413,7 @@ impl LineKeeper {
                 if let Some(c) = clock {
                     self.server.read(c);
                 }
-                self.reached_database(!held.is_empty());
+                self.reached_database(held.any);
                 Beaten::Written
             }
             Ok(Err(e @ BeatError::IdentityInUse { .. })) => Beaten::InUse(e),
@@ -429,10 +449,10 @@ impl LineKeeper {
     /// Unsure where it stands (no answer), a worker watches, as every worker did
     /// before the line; `settled` says it stood somewhere already, so a move to the
     /// rear slows its surveys to the rear's pace.
-    pub(crate) async fn read_place(&mut self, held: &[(String, i64)], settled: bool) -> Moved {
+    pub(crate) async fn read_place(&mut self, held: Holdings<'_>, settled: bool) -> Moved {
         self.placed_at = Some(self.clock.now());
-        let holding = held.len();
-        let limit = self.bookkeeping_timeout(holding > 0);
+        let holding = held.leases.len();
+        let limit = self.bookkeeping_timeout(held.any);
         let was = self.place();
         // Kept through a failed read: any standby ahead is a sound place to start.
         let near = self.near.clone();
@@ -441,7 +461,7 @@ impl LineKeeper {
             .place(&self.me, holding, self.watchers, near.as_deref());
         let sent = Instant::now();
         match tokio::time::timeout(limit, read).await {
-            Ok(Ok(placed)) => self.placed(placed, holding, sent.elapsed()),
+            Ok(Ok(placed)) => self.placed(placed, held, sent.elapsed()),
             Ok(Err(_)) | Err(_) => self.ahead = 0,
         }
         let place = self.place();
@@ -462,8 +482,9 @@ impl LineKeeper {
     }
 
     /// Takes in a place read that came back after `took`, for a worker holding
-    /// `holding` slots.
-    fn placed(&mut self, placed: crate::db::heartbeat::Placed, holding: usize, took: Duration) {
+    /// `held`.
+    fn placed(&mut self, placed: crate::db::heartbeat::Placed, held: Holdings<'_>, took: Duration) {
+        let holding = held.leases.len();
         self.metrics.place_reads.inc();
         if placed.whole {
             self.metrics.place_reads_whole.inc();
@@ -487,7 +508,7 @@ impl LineKeeper {
             self.server.read(c);
         }
         self.answered(took);
-        self.reached_database(holding > 0);
+        self.reached_database(held.any);
     }
 
     /// The first in line, now and then (one marker is enough): the first time, makes
@@ -543,10 +564,11 @@ impl LineKeeper {
         }
     }
 
-    /// A standby that claimed one of `seen` claimable slots pokes the next standbys
-    /// in line, in the background: one for each slot it left (they may expire
-    /// together: a machine's workers died at once), and `--watchers` more for the
-    /// place it leaves at the front. A poked worker surveys at once and re-reads its
+    /// A standby that claimed one of `seen` claimable slots pokes the next in line,
+    /// in the background: one for each slot it left (they may expire together: a
+    /// machine's workers died at once), and `--watchers` more for the place it
+    /// leaves at the front. Standbys first; when fewer are left, holders with room,
+    /// which may stand at the front now (see [`Poked::Line`]). A poked worker surveys at once and re-reads its
     /// place (at most once a tick), so the rest are claimed within a round trip or
     /// two rather than at the rear's next look, and the front is whole again. A lost
     /// poke costs latency only (see [`crate::worker::poke`]).
@@ -554,7 +576,7 @@ impl LineKeeper {
         let n = successors_to_poke(seen, self.watchers);
         let (line, me, metrics) = (self.roster.clone(), self.me.clone(), self.metrics.clone());
         tokio::spawn(async move {
-            crate::worker::poke::poke_front(&line, &me, n, &metrics).await;
+            crate::worker::poke::poke_front(&line, &me, n, Poked::Line, &metrics).await;
         });
     }
 

@@ -49,7 +49,7 @@ use crate::worker::claim_policy::ClaimDecision;
 use crate::worker::connections::Connections;
 use crate::worker::hand_back::{HandBacks, Standby};
 use crate::worker::held_slot::{Ended, HeldSlot, HoldContext};
-use crate::worker::line_keeper::{KeeperParts, LineKeeper, Moved};
+use crate::worker::line_keeper::{Holdings, KeeperParts, LineKeeper, Moved};
 use crate::worker::server_watch::ServerWatch;
 use crate::worker::status::{Health, SharedStatus, WorkerStatus};
 
@@ -308,11 +308,16 @@ impl Worker {
             self.status.clone(),
             self.shutdown.child_token(),
         );
-        identity::take_identity(&mut self.line).await?;
+        if let Err(e) = identity::take_identity(&mut self.line).await {
+            // Nothing was claimed: only what began is ended.
+            sampler.abort();
+            self.connections.close().await;
+            return Err(e);
+        }
         // Where it stands, before its first survey: at a pool's cold start, only the
         // front surveys at once (the rest learn of the vacancies from the claimers'
         // pokes), rather than every new worker surveying and racing for every slot.
-        let moved = self.line.read_place(&[], false).await;
+        let moved = self.line.read_place(Holdings::NONE, false).await;
         self.follow(moved);
         let mut woken = false;
         while !self.shutdown.is_cancelled() {
@@ -422,7 +427,8 @@ impl Worker {
         // A claim this round has read the place already (what it holds changed):
         // the poke is served.
         let poked = woken && self.line.placed_before(began);
-        let moved = self.line.keep_place(&self.held_leases(), poked).await;
+        let leases = self.held_leases();
+        let moved = self.line.keep_place(self.holdings(&leases), poked).await;
         if self.follow(moved) {
             // Moving up: look at once rather than at the rear's pace.
             self.surveys.next_at(self.clock.now());
@@ -517,13 +523,23 @@ impl Worker {
         let (decision, memory) = claim_policy::decide(&looked, self.surveys);
         self.surveys = memory;
         let wait = decision.wake_in();
-        self.act(decision, &alive).await;
-        self.surveys.next_at(self.clock.now() + wait);
-        wait
+        let moved = self.act(decision, &alive).await;
+        let now = self.clock.now();
+        self.surveys.next_at(now + wait);
+        // A claim reads the place again: the next survey follows where it stands
+        // now, not where it stood when the claim was decided.
+        let standing = self.standing();
+        match moved {
+            Moved::ToFront => self.surveys.at_front(&standing),
+            Moved::ToRear => self.surveys.at_rear(&standing),
+            Moved::Stayed => {}
+        }
+        self.surveys.next_survey().saturating_duration_since(now)
     }
 
-    /// Carries out what the claim policy decided.
-    async fn act(&mut self, decision: ClaimDecision, alive: &[LiveWorker]) {
+    /// Carries out what the claim policy decided; how a claim moved the worker in
+    /// the line.
+    async fn act(&mut self, decision: ClaimDecision, alive: &[LiveWorker]) -> Moved {
         match decision {
             ClaimDecision::GiveBack { .. } => {
                 let standbys = alive
@@ -535,7 +551,7 @@ impl Worker {
             }
             ClaimDecision::Claim { slots, .. } => {
                 self.connections.spare_lease();
-                self.claim(&slots, !self.held.is_empty()).await;
+                return self.claim(&slots, !self.held.is_empty()).await;
             }
             ClaimDecision::Wait {
                 held_back: Some(ready),
@@ -552,6 +568,7 @@ impl Worker {
                 held_back: None, ..
             } => {}
         }
+        Moved::Stayed
     }
 
     /// One survey of the slots, reading what expires within `horizon` too (it tells
@@ -641,6 +658,15 @@ impl Worker {
             .collect()
     }
 
+    /// What this worker holds, for the line keeper: `leases` (see
+    /// [`Worker::held_leases`]), and whether it holds anything at all.
+    fn holdings<'a>(&self, leases: &'a [(String, i64)]) -> Holdings<'a> {
+        Holdings {
+            leases,
+            any: !self.held.is_empty(),
+        }
+    }
+
     /// Logs each broken slot document once (per reason).
     fn report_invalid(&mut self, invalid: &[crate::db::lease::InvalidSlot]) {
         for bad in invalid {
@@ -650,8 +676,9 @@ impl Worker {
         }
     }
 
-    /// Claims one of `claimable` (hash start, compare-and-set) and starts holding it.
-    async fn claim(&mut self, claimable: &[crate::db::lease::Candidate], overflow: bool) {
+    /// Claims one of `claimable` (hash start, compare-and-set) and starts holding it;
+    /// how the place read after it moved the worker in the line.
+    async fn claim(&mut self, claimable: &[crate::db::lease::Candidate], overflow: bool) -> Moved {
         let limit = self.line.op_timeout();
         let outcome = match tokio::time::timeout(limit, self.protocol.claim_among(claimable)).await
         {
@@ -668,7 +695,7 @@ impl Worker {
                     Ok(Err(e)) => e.to_string(),
                     _ => format!("no answer to a claim within {} ms", limit.as_millis()),
                 });
-                return;
+                return Moved::Stayed;
             }
         };
         self.report_invalid(&outcome.refused);
@@ -683,18 +710,19 @@ impl Worker {
                     "every expired slot was taken first by another worker"
                 );
             }
-            return;
+            return Moved::Stayed;
         };
         self.connections.reopen_after(self.health.outages());
         let held = HeldSlot::spawn(lease, self.hold_context(), overflow);
         self.held.push(held);
         // Tell the others who holds what right away (and move back in the line).
-        let moved = self.line.keep_place(&self.held_leases(), false).await;
-        self.follow(moved);
+        let leases = self.held_leases();
+        let moved = self.line.keep_place(self.holdings(&leases), false).await;
         if !overflow {
             self.line.poke_successors(claimable.len());
         }
         self.connections.holding(self.held.len(), limit);
+        moved
     }
 
     /// Hands the most recently claimed slot back to a standby.

@@ -101,14 +101,34 @@ impl PokeGate {
     }
 }
 
-/// Pokes the first standbys in line at once, and waits up to [`ANSWER_WITHIN`] for
-/// their answers. Returns how many answered; what failed is logged and counted,
-/// never an error: a lost poke costs latency only.
-pub(crate) async fn poke_front(line: &Roster, me: &str, n: u64, metrics: &Metrics) -> usize {
-    let standbys = match tokio::time::timeout(ANSWER_WITHIN, line.front_standbys(me, n)).await {
+/// Who a poke is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Poked {
+    /// The first standbys: a slot was released, and a standby takes it.
+    Standbys,
+    /// The first in line, holders with room behind the standbys: a standby claimed,
+    /// and those behind it may have moved up. A holder's place counts the workers
+    /// holding fewer slots, so a holder stands behind the standbys until they have
+    /// claimed; poked, it re-reads its place at once rather than at the rear's pace,
+    /// and surveys at the front's pace in time for its overflow turn.
+    Line,
+}
+
+/// Pokes the first `n` in line (as `whom` says) at once, and waits up to
+/// [`ANSWER_WITHIN`] for their answers. Returns how many answered; what failed is
+/// logged and counted, never an error: a lost poke costs latency only.
+pub(crate) async fn poke_front(
+    line: &Roster,
+    me: &str,
+    n: u64,
+    whom: Poked,
+    metrics: &Metrics,
+) -> usize {
+    let found = line.first_in_line(me, n, whom == Poked::Standbys);
+    let standbys = match tokio::time::timeout(ANSWER_WITHIN, found).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            tracing::debug!("no standbys to poke: {}", crate::db::store::brief(&e));
+            tracing::debug!("no one in line to poke: {}", crate::db::store::brief(&e));
             return 0;
         }
         Err(_) => return 0,
@@ -128,7 +148,7 @@ pub(crate) async fn poke_front(line: &Roster, me: &str, n: u64, metrics: &Metric
             }
             Err(why) => {
                 metrics.pokes_lost.inc();
-                tracing::info!(standby = %crate::printable::escape(to), "poke not delivered ({why}); the standby finds the released slot at its next survey");
+                tracing::info!(worker = %crate::printable::escape(to), "poke not delivered ({why}); that worker finds the change at its next look");
             }
         }
     }

@@ -133,7 +133,7 @@ pub(crate) fn next_beat_in(pace: Duration, first: bool, random: f64) -> Duration
     }
 }
 
-/// How many times [`crate::worker::Worker`]'s usual bound a standby waits for its
+/// How many times the worker's usual bound (`line_keeper::op_timeout`) a standby waits for its
 /// heartbeat and the read of its place.
 ///
 /// A standby has no lease for a slow answer to hold back, and an abandoned request

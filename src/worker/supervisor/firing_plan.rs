@@ -210,7 +210,7 @@ fn judge(e: &RunEntry, me: &Me, f: &Facts) -> Theirs {
 /// The next step for `me`, with `st` as stored: the first rule, in the order the
 /// module's documentation gives, that has something to do.
 pub(crate) fn plan(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Step {
-    match planned(s, st, me, f) {
+    match next_step(s, st, me, f) {
         Planned::Step(step) => step,
         Planned::Ahead { next, firing } => Step::Write {
             next,
@@ -232,7 +232,7 @@ enum Planned {
     },
 }
 
-fn planned(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Planned {
+fn next_step(s: &Schedule, st: &FiringState, me: &Me, f: &Facts) -> Planned {
     if f.paused {
         return Planned::Step(idle());
     }
@@ -904,7 +904,7 @@ pub(crate) fn end_write(
     facts: Option<&Facts>,
 ) -> Option<EndWrite> {
     let (next, record) = ended(st, me, end)?;
-    let ahead = facts.map(|f| planned(s, &next, me, f));
+    let ahead = facts.map(|f| next_step(s, &next, me, f));
     Some(match ahead {
         Some(Planned::Ahead { next, firing }) => EndWrite {
             next,
