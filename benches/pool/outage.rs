@@ -298,12 +298,22 @@ async fn rounds(
         o.all_checkpointed
             .push(back.elapsed().as_secs_f64() * 1000.0);
         let (slots_after, gens_after) = held(&db).await;
-        o.moved.push(
-            slots_before
-                .iter()
-                .filter(|(id, was)| slots_after.get(*id) != Some(was))
-                .count(),
-        );
+        let moved: Vec<_> = slots_before
+            .iter()
+            .filter(|(id, was)| slots_after.get(*id) != Some(was))
+            .collect();
+        // Which slot, from whom to whom, and where the workers' logs are: a move
+        // here is rare (one round in twenty), and its cause is in those logs.
+        for (id, was) in &moved {
+            eprintln!(
+                "[outage] round {}: {id} was {was:?}, now {:?}; its first lease stamp after the return at {:?} ms, the server's first write at {back_ms} ms; worker logs in {}",
+                o.moved.len() + 1,
+                slots_after.get(*id),
+                first.get(*id),
+                db.dir.display()
+            );
+        }
+        o.moved.push(moved.len());
         o.restarted.push(
             gens_before
                 .iter()
