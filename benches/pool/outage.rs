@@ -302,14 +302,25 @@ async fn rounds(
             .iter()
             .filter(|(id, was)| slots_after.get(*id) != Some(was))
             .collect();
-        // Which slot, from whom to whom, and where the workers' logs are: a move
-        // here is rare (one round in twenty), and its cause is in those logs.
-        for (id, was) in &moved {
+        // Which slots, from whom to whom, and where the workers' logs are, in one
+        // line a round: a move with the suspension on is rare (one round in twenty)
+        // and its cause is in those logs; at `--suspend-for 0` every slot moves.
+        if !moved.is_empty() {
+            let each: Vec<String> = moved
+                .iter()
+                .map(|(id, was)| {
+                    format!(
+                        "{id} was {was:?}, now {:?}, first stamp {:?} ms",
+                        slots_after.get(*id),
+                        first.get(*id)
+                    )
+                })
+                .collect();
             eprintln!(
-                "[outage] round {}: {id} was {was:?}, now {:?}; its first lease stamp after the return at {:?} ms, the server's first write at {back_ms} ms; worker logs in {}",
+                "[outage] round {}: {} moved ({}); the server's first write at {back_ms} ms; worker logs in {}",
                 o.moved.len() + 1,
-                slots_after.get(*id),
-                first.get(*id),
+                moved.len(),
+                each.join("; "),
                 db.dir.display()
             );
         }
